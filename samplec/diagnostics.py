@@ -1,0 +1,85 @@
+"""Diagnostics: source spans, the one error type samplec raises, and `file:line:col` rendering with a caret."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Span:
+    """A source range; lines and columns are 1-based, `end_col` is exclusive."""
+    file: str
+    line: int
+    col: int
+    end_line: int
+    end_col: int
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line}:{self.col}"
+
+
+@dataclass(frozen=True)
+class Diagnostic:
+    severity: str  # "error" | "warning"
+    message: str
+    span: Span | None = None
+
+    def render(self, source: str | None = None) -> str:
+        """`file:line:col: error: message`, then the source line and a caret under the span."""
+        if self.span is None:
+            return f"{self.severity}: {self.message}"
+        head = f"{self.span}: {self.severity}: {self.message}"
+        lines = (source or "").splitlines()
+        if not (1 <= self.span.line <= len(lines)):
+            return head
+        text = lines[self.span.line - 1].expandtabs(1)
+        width = 1
+        if self.span.end_line == self.span.line and self.span.end_col > self.span.col:
+            width = self.span.end_col - self.span.col
+        width = max(1, min(width, len(text) - self.span.col + 1))
+        caret = " " * (self.span.col - 1) + "^" + "~" * (width - 1)
+        return f"{head}\n{text}\n{caret}"
+
+
+class SamplecError(Exception):
+    """Every user-facing failure: compile errors (with diagnostics), bad programs, bad run-time values."""
+
+    def __init__(self, message: str, diagnostics: tuple[Diagnostic, ...] = (), source: str | None = None):
+        self.diagnostics = tuple(diagnostics)
+        self.source = source
+        super().__init__(message)
+
+    def render(self) -> str:
+        if self.diagnostics:
+            return "\n".join(d.render(self.source) for d in self.diagnostics)
+        return f"error: {self}"
+
+    def __str__(self) -> str:  # a diagnostic-carrying error prints as its rendered diagnostics
+        if self.diagnostics:
+            return self.render()
+        return super().__str__()
+
+
+@dataclass
+class DiagnosticSink:
+    """Collects diagnostics during checking; `raise_if_errors` turns them into one SamplecError."""
+    source: str
+    items: list[Diagnostic] = field(default_factory=list)
+
+    def error(self, message: str, span: Span | None) -> None:
+        self.items.append(Diagnostic("error", message, span))
+
+    def warning(self, message: str, span: Span | None) -> None:
+        self.items.append(Diagnostic("warning", message, span))
+
+    @property
+    def errors(self) -> list[Diagnostic]:
+        return [d for d in self.items if d.severity == "error"]
+
+    @property
+    def warnings(self) -> list[Diagnostic]:
+        return [d for d in self.items if d.severity == "warning"]
+
+    def raise_if_errors(self) -> None:
+        if self.errors:
+            first = self.errors[0]
+            raise SamplecError(first.message, tuple(self.errors), self.source)
