@@ -39,6 +39,13 @@ class Range:
         return f"{lo}{f(self.lo)}, {f(self.hi)}{hi}"
 
 
+    @staticmethod
+    def parse(text: str) -> "Range":
+        """Inverse of describe(): "(0.0, 1.0]" -> Range(0.0, 1.0, lo_open=True)."""
+        lo, hi = text.strip()[1:-1].split(",")
+        return Range(float(lo), float(hi), text.strip()[0] == "(", text.strip()[-1] == ")")
+
+
 ANY = Range()
 
 

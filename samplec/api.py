@@ -1,0 +1,71 @@
+"""The Python API of spec §5: compile source (or a file) into a `Program`, and load a saved `.smpb`."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from samplec.diagnostics import SamplecError
+from samplec.frontend.check import check
+from samplec.frontend.lower import _param_ranges, lower
+from samplec.frontend.parser import parse
+from samplec.ir.graph import Graph
+from samplec.passes import run_pipeline
+from samplec.program import Program
+from samplec.stages import SCALAR_TYPES
+
+__all__ = ["compile", "compile_file", "load", "lower_source", "Program", "SamplecError"]
+
+
+def lower_source(source: str, sampler: str | None = None, bindings: dict | None = None,
+                 filename: str = "<string>") -> tuple[Graph, list]:
+    """Parse, check and lower; returns the unoptimized graph and the warnings."""
+    checked, warnings = check(parse(source, filename), sampler)
+    binds = _check_bindings(checked, dict(bindings or {}))
+    return lower(checked, binds), warnings
+
+
+def compile(source: str, sampler: str | None = None, opt_level: int = 2, bindings: dict | None = None,
+            filename: str = "<string>", after_pass=None) -> Program:  # noqa: A001 - the spec names it compile
+    if opt_level not in (0, 1, 2):
+        raise SamplecError(f"opt_level must be 0, 1 or 2, got {opt_level!r}")
+    graph, _ = lower_source(source, sampler, bindings, filename)
+    return Program(run_pipeline(graph, opt_level, after=after_pass))
+
+
+def compile_file(path: str | os.PathLike, sampler: str | None = None, opt_level: int = 2,
+                 bindings: dict | None = None, after_pass=None) -> Program:
+    path = Path(path)
+    try:
+        source = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise SamplecError(f"cannot read {path}: {e}") from None
+    return compile(source, sampler, opt_level, bindings, filename=str(path), after_pass=after_pass)
+
+
+def load(path: str | os.PathLike) -> Program:
+    from samplec.serialize import load as load_graph
+    return Program(load_graph(path))
+
+
+def _check_bindings(checked, bindings: dict) -> dict:
+    """--set NAME=VALUE: the parameter must exist, be a scalar, and its value lie in the range of its uses."""
+    params = {p.name: p for p in checked.params}
+    ranges = _param_ranges(checked)
+    out = {}
+    for name, value in bindings.items():
+        if name not in params:
+            raise SamplecError(f"--set {name}: the sampler '{checked.name}' has no parameter '{name}' "
+                               f"(it has: {', '.join(params) or 'none'})")
+        kind = params[name].type
+        if kind not in SCALAR_TYPES:
+            raise SamplecError(f"--set {name}: a {kind} parameter cannot be bound at compile time")
+        try:
+            num = float(value) if kind == "float" else int(str(value), 0) if isinstance(value, str) else int(value)
+        except (TypeError, ValueError):
+            raise SamplecError(f"--set {name}: expected a {kind}, got {value!r}") from None
+        if kind == "int" and not -2**31 <= num < 2**31 or kind == "seed" and not 0 <= num < 2**64:
+            raise SamplecError(f"--set {name}={value}: out of range for a {kind}")
+        if name in ranges and not ranges[name].contains(float(num)):
+            raise SamplecError(f"--set {name}={value}: out of range {ranges[name].describe()}")
+        out[name] = num
+    return out

@@ -1,0 +1,114 @@
+"""One MLX kernel per IR op: `KERNELS[op](inputs, attrs) -> mx.array`. Everything computes in float32."""
+from __future__ import annotations
+
+import mlx.core as mx
+import numpy as np
+
+from samplec.backend_mlx.rng import random_bits
+
+DT = {"f32": mx.float32, "i32": mx.int32, "u32": mx.uint32, "u64": mx.uint64, "bool": mx.bool_}
+NP_DT = {"f32": np.float32, "i32": np.int32, "u32": np.uint32, "u64": np.uint64, "bool": np.bool_}
+
+
+def _const(ins, a):
+    # through numpy: MLX cannot build a uint64 scalar above 2**63 directly
+    return mx.array(np.array(a["value"], dtype=NP_DT[a["dtype"]]))
+
+
+def _sort(ins, a):
+    x = ins[0]
+    return -mx.sort(-x, axis=-1) if a["descending"] else mx.sort(x, axis=-1)
+
+
+def _argsort(ins, a):
+    # MLX's sort is stable, so ties keep id order in both directions
+    x = ins[0]
+    return mx.argsort(-x if a["descending"] else x, axis=-1).astype(mx.int32)
+
+
+def _take_along(ins, a):
+    x, idx = ins
+    lead = np.broadcast_shapes(x.shape[:-1], idx.shape[:-1])
+    x = mx.broadcast_to(x, lead + x.shape[-1:])
+    idx = mx.broadcast_to(idx, lead + idx.shape[-1:])
+    return mx.take_along_axis(x, idx, axis=-1)
+
+
+def _topk_ids(ins, a):
+    x, k = ins[0], a["k"]
+    if k > x.shape[-1]:
+        raise ValueError(f"k = {k} exceeds the vocabulary size V = {x.shape[-1]}")
+    return mx.argsort(-x, axis=-1)[..., :k].astype(mx.int32)
+
+
+def _topk(ins, a):
+    x, k = ins[0], a["k"]
+    if k > x.shape[-1]:
+        raise ValueError(f"k = {k} exceeds the vocabulary size V = {x.shape[-1]}")
+    return -mx.sort(-mx.topk(x, k, axis=-1), axis=-1)
+
+
+def _kth_largest(ins, a):
+    x, k = ins
+    s = -mx.sort(-x, axis=-1)
+    idx = mx.clip(k.astype(mx.int32) - 1, 0, x.shape[-1] - 1)
+    return _take_along([s, mx.broadcast_to(idx, x.shape[:-1] + (1,))], a)
+
+
+def _kth_largest_static(ins, a):
+    x, k = ins[0], a["k"]
+    if k >= x.shape[-1]:
+        return mx.min(x, axis=-1, keepdims=True)
+    return mx.min(mx.topk(x, k, axis=-1), axis=-1, keepdims=True)
+
+
+def _scatter_add(ins, a):
+    base, idx, upd = ins
+    lead = base.shape[:-1]
+    idx = mx.broadcast_to(idx, lead + idx.shape[-1:])
+    upd = mx.broadcast_to(upd, idx.shape)
+    rows = mx.broadcast_to(mx.arange(base.shape[0])[:, None], idx.shape) if lead else None
+    return base.at[rows, idx].add(upd) if lead else base.at[idx].add(upd)
+
+
+def _sparse_add(ins, a):
+    x = ins[0]
+    ids = mx.array(np.array(a["ids"], dtype=np.int32))
+    vals = mx.array(np.array(a["values"], dtype=np.float32))
+    return x.at[..., ids].add(vals)
+
+
+def _red(fn):
+    return lambda ins, a: fn(ins[0], axis=-1, keepdims=True)
+
+
+KERNELS = {
+    "add": lambda i, a: i[0] + i[1], "sub": lambda i, a: i[0] - i[1], "mul": lambda i, a: i[0] * i[1],
+    "div": lambda i, a: i[0] / i[1], "maximum": lambda i, a: mx.maximum(*i), "minimum": lambda i, a: mx.minimum(*i),
+    "lt": lambda i, a: i[0] < i[1], "le": lambda i, a: i[0] <= i[1], "gt": lambda i, a: i[0] > i[1],
+    "ge": lambda i, a: i[0] >= i[1], "eq": lambda i, a: i[0] == i[1], "ne": lambda i, a: i[0] != i[1],
+    "logical_and": lambda i, a: mx.logical_and(*i), "logical_or": lambda i, a: mx.logical_or(*i),
+    "logical_not": lambda i, a: mx.logical_not(i[0]),
+    "bit_and": lambda i, a: i[0] & i[1], "bit_or": lambda i, a: i[0] | i[1], "bit_xor": lambda i, a: i[0] ^ i[1],
+    "shl": lambda i, a: i[0] << i[1], "shr": lambda i, a: i[0] >> i[1],
+    "neg": lambda i, a: -i[0], "abs": lambda i, a: mx.abs(i[0]), "exp": lambda i, a: mx.exp(i[0]),
+    "log": lambda i, a: mx.log(i[0]), "sqrt": lambda i, a: mx.sqrt(i[0]),
+    "isnan": lambda i, a: mx.isnan(i[0]), "isposinf": lambda i, a: mx.isposinf(i[0]),
+    "isfinite": lambda i, a: mx.isfinite(i[0]),
+    "cast": lambda i, a: i[0].astype(DT[a["dtype"]]),
+    "where": lambda i, a: mx.where(*i),
+    "const": _const,
+    "expand": lambda i, a: mx.expand_dims(i[0], -1),
+    "squeeze": lambda i, a: mx.squeeze(i[0], -1),
+    "iota": lambda i, a: mx.arange(i[0].shape[-1], dtype=mx.int32),
+    "slice": lambda i, a: i[0][..., a["start"]:a["stop"]],
+    "reduce_max": _red(mx.max), "reduce_min": _red(mx.min), "reduce_sum": _red(mx.sum), "reduce_any": _red(mx.any),
+    "argmax": lambda i, a: mx.argmax(i[0], axis=-1, keepdims=True).astype(mx.int32),
+    "sort": _sort, "argsort": _argsort, "topk": _topk, "topk_ids": _topk_ids,
+    "cumsum": lambda i, a: mx.cumsum(i[0], axis=-1, inclusive=not a["exclusive"]),
+    "kth_largest": _kth_largest, "kth_largest_static": _kth_largest_static,
+    "filter": lambda i, a: mx.where(i[1], i[0], mx.array(-np.inf, dtype=mx.float32)),
+    "zeros_like": lambda i, a: mx.zeros(i[0].shape, dtype=DT[a["dtype"]]),
+    "take_along": _take_along, "scatter_add": _scatter_add, "sparse_add": _sparse_add,
+    "random_bits": lambda i, a: random_bits(*i),
+}

@@ -1,0 +1,41 @@
+"""RandomBits: Threefry-2x32 with 20 rounds (Random123), the generator behind MLX's `random::bits` (spec §4).
+
+Written with MLX uint32 ops so it runs on any device and fuses under `mx.compile`; the key of a 64-bit seed is
+`(seed >> 32, seed & 0xFFFFFFFF)`, exactly `mlx.core.random.key(seed)`.
+"""
+from __future__ import annotations
+
+import mlx.core as mx
+
+ROTATIONS = (13, 15, 26, 6, 17, 29, 16, 24)
+PARITY = 0x1BD11BDA
+
+
+def _rotl(x: mx.array, r: int) -> mx.array:
+    return (x << r) | (x >> (32 - r))
+
+
+def threefry2x32(k0: mx.array, k1: mx.array, c0: mx.array, c1: mx.array) -> tuple[mx.array, mx.array]:
+    """Both output words of Threefry-2x32-20 for key (k0, k1) and counter (c0, c1), all uint32, broadcasting."""
+    u = lambda v: mx.array(v, dtype=mx.uint32)
+    ks = (k0, k1, k0 ^ k1 ^ u(PARITY))
+    x0, x1 = c0 + k0, c1 + k1
+    for i in range(5):
+        for r in ROTATIONS[(i % 2) * 4:(i % 2) * 4 + 4]:
+            x0 = x0 + x1
+            x1 = _rotl(x1, r) ^ x0
+        x0 = x0 + ks[(i + 1) % 3]
+        x1 = x1 + ks[(i + 2) % 3] + u(i + 1)
+    return x0, x1
+
+
+def key_words(seed: mx.array) -> tuple[mx.array, mx.array]:
+    """A uint64 seed -> the (hi, lo) uint32 key words."""
+    seed = seed.astype(mx.uint64)
+    return (seed >> 32).astype(mx.uint32), (seed & 0xFFFFFFFF).astype(mx.uint32)
+
+
+def random_bits(seed: mx.array, c0: mx.array, c1: mx.array) -> mx.array:
+    """The first output word for counter (c0, c1) under key(seed)."""
+    k0, k1 = key_words(seed)
+    return threefry2x32(k0, k1, c0.astype(mx.uint32), c1.astype(mx.uint32))[0]

@@ -1,0 +1,293 @@
+"""Lowering: a checked sampler becomes a graph of low-level ops, stage by stage, exactly as spec §2–§4 define them.
+
+Every stage is written as `x' = where(off, x, stage(x))`, where `off` compares the stage's parameter with its off
+value; for a constant parameter that comparison folds, so removing a stage at its off value is ordinary constant
+folding. Masking filters that are guaranteed to keep the argmax use the `filter` op, so the passes can see that
+`greedy` does not need them. `--set` bindings are applied here: a bound parameter becomes a constant node.
+"""
+from __future__ import annotations
+
+import math
+
+from samplec.diagnostics import SamplecError
+from samplec.frontend.ast import CheckedSampler, DictLit, Literal, Name
+from samplec.ir.graph import INPUT, Check, Graph, Node, Param, make
+from samplec.ir.types import BOOL, F32, I32, U32, U64, Type
+from samplec.stages import STAGES, Range
+
+PARAM_IR_TYPES = {
+    "float": Type(F32, ("B",)), "int": Type(I32, ("B",)), "seed": Type(U64, ("B",)),
+    "tokens": Type(I32, ("B", "H")), "mask": Type(BOOL, ("B", "V")), "bias": Type(F32, ("B", "V")),
+}
+NEG_INF = -math.inf
+XTC_COUNTER = 0xFFFFFFFF
+OS_SEED = "_os_seed"    # implicit parameter of `sample()` without a seed: fresh OS entropy per call
+
+
+# ---- small op helpers ------------------------------------------------------------------------------------------
+
+def const(value, dtype=F32) -> Node:
+    value = float(value) if dtype == F32 else int(value)
+    return make("const", value=value, dtype=dtype)
+
+
+def where(c, a, b, name=None):
+    return make("where", c, a, b, name=name)
+
+
+def softmax(x: Node, name="p") -> Node:
+    e = make("exp", make("sub", x, make("reduce_max", x)))
+    return make("div", e, make("reduce_sum", e), name=name)
+
+
+def log_softmax(x: Node, name="logp") -> Node:
+    shifted = make("sub", x, make("reduce_max", x))
+    return make("sub", shifted, make("log", make("reduce_sum", make("exp", shifted))), name=name)
+
+
+def uniform(bits: Node) -> Node:
+    """u = ((bits >> 9) + 0.5) * 2**-23, exact in float32 and never 0 or 1 (spec §4)."""
+    mant = make("cast", make("shr", bits, const(9, U32)), dtype=F32)
+    return make("mul", make("add", mant, const(0.5)), const(2.0 ** -23), name="u")
+
+
+def gumbel(bits: Node) -> Node:
+    return make("neg", make("log", make("neg", make("log", uniform(bits)))), name="gumbel")
+
+
+def last_index(x: Node) -> Node:
+    """V - 1 for an operand whose last axis has V entries, as i32[1]."""
+    return make("reduce_max", make("iota", x))
+
+
+def any_rows(flags: Node) -> Node:
+    """bool[B,V] -> bool[B]: does the row hold any true entry."""
+    return make("squeeze", make("reduce_any", flags))
+
+
+def empty_rows(x: Node) -> Node:
+    return any_rows(make("eq", make("reduce_max", x), const(NEG_INF)))
+
+
+# ---- the lowering ----------------------------------------------------------------------------------------------
+
+class Lowering:
+    def __init__(self, sampler: CheckedSampler, bindings: dict):
+        self.sampler = sampler
+        self.bindings = bindings
+        self.params: list[Param] = []
+        self.nodes: dict[str, Node] = {}
+        self.checks: list[Check] = []
+        ranges = _param_ranges(sampler)
+        logits = Node(INPUT, (), (), Type(F32, ("B", "V")), "logits")
+        self.params.append(Param("logits", "logits", logits))
+        for p in sampler.params:
+            if p.name == "logits":
+                raise SamplecError("a sampler parameter may not be called 'logits' (the logits are its input)")
+            if p.name in bindings:
+                continue
+            node = Node(INPUT, (), (), PARAM_IR_TYPES[p.type], p.name)
+            default = None if p.default is None else p.default.value
+            rng = ranges.get(p.name)
+            self.params.append(Param(p.name, p.type, node, default, rng.describe() if rng else None))
+            self.nodes[p.name] = node
+
+    # -- arguments --
+    def scalar(self, expr, dtype: str) -> Node:
+        """A scalar stage argument as a node broadcastable against [B,V]: const [] or param [B,1]."""
+        if isinstance(expr, Literal):
+            return const(expr.value, dtype)
+        if expr.name in self.bindings:
+            return const(self.bindings[expr.name], dtype)
+        node = self.nodes[expr.name]
+        if node.type.dtype != dtype:
+            node = make("cast", node, dtype=dtype)
+        return make("expand", node)
+
+    def tensor(self, expr: Name) -> Node:
+        if expr.name in self.bindings:
+            raise SamplecError(f"parameter '{expr.name}' is a tensor and cannot be bound with --set")
+        return self.nodes[expr.name]
+
+    def seed(self, expr) -> Node:
+        if expr is None:   # sample() without a seed
+            if OS_SEED not in self.nodes:
+                node = Node(INPUT, (), (), PARAM_IR_TYPES["seed"], OS_SEED)
+                self.params.append(Param(OS_SEED, "seed", node, "os"))
+                self.nodes[OS_SEED] = node
+            return make("expand", self.nodes[OS_SEED])
+        return self.scalar(expr, U64)
+
+    # -- the chain --
+    def run(self) -> Graph:
+        logits = self.params[0].node
+        self.checks.append(Check(any_rows(make("logical_or", make("isnan", logits), make("isposinf", logits))),
+                                 "logits: NaN or +inf"))
+        self.checks.append(Check(empty_rows(logits), "logits: every entry is -inf"))
+        x, token = logits, None
+        for st in self.sampler.stages:
+            fn = getattr(self, "stage_" + st.name)
+            if STAGES[st.name].terminal:
+                token = fn(x, **st.args)
+            else:
+                x = fn(x, **st.args)
+        return Graph(self.sampler.name, tuple(self.params), self.outputs(logits, x, token), tuple(self.checks))
+
+    def outputs(self, logits: Node, x: Node, token: Node | None):
+        out = []
+        tok2 = None if token is None else make("expand", token)
+        for o in self.sampler.outputs:
+            if o.name == "token":
+                out.append(("token", token))
+            elif o.name == "logprob":
+                out.append(("logprob", make("squeeze", make("take_along", log_softmax(x), tok2), name="logprob")))
+            elif o.name == "raw_logprob":
+                out.append(("raw_logprob", make("squeeze", make("take_along", log_softmax(logits, "raw_logp"), tok2),
+                                                 name="raw_logprob")))
+            elif o.name == "top_logprobs":
+                lp = log_softmax(logits, "raw_logp")
+                ids = make("topk_ids", lp, k=o.arg, name="top_ids")
+                out += [("top_logprobs.ids", ids), ("top_logprobs.values", make("take_along", lp, ids, name="top_lp"))]
+            elif o.name == "probs":
+                out.append(("probs", softmax(x, "probs")))
+            elif o.name == "candidates":
+                ids = make("topk_ids", x, k=o.arg, name="cand_ids")
+                out += [("candidates.ids", ids), ("candidates.values", make("take_along", x, ids, name="cand_x"))]
+        return tuple(out)
+
+    # -- stages (spec §2) --
+    def stage_temperature(self, x, t):
+        t = self.scalar(t, F32)
+        zero = make("eq", t, const(0.0))
+        greedy_x = make("filter", x, make("eq", make("iota", x), make("argmax", x)), name="x_t0")
+        scaled = make("div", x, where(zero, const(1.0), t), name="x_scaled")
+        return where(make("eq", t, const(1.0)), x, where(zero, greedy_x, scaled), name="x_temp")
+
+    def stage_top_k(self, x, k):
+        k = self.scalar(k, I32)
+        vk = make("kth_largest", x, k, name="v_k")
+        kept = make("filter", x, make("ge", x, vk))
+        return where(make("le", k, const(0, I32)), x, kept, name="x_topk")
+
+    def stage_top_p(self, x, p):
+        p = self.scalar(p, F32)
+        probs = softmax(x)
+        ps = make("sort", probs, descending=True)
+        before = make("cumsum", ps, exclusive=True, name="mass_before")      # S of each sorted position
+        n_kept = make("reduce_sum", make("cast", make("lt", before, p), dtype=I32))
+        last = make("maximum", make("sub", n_kept, const(1, I32)), const(0, I32))
+        p_min = make("take_along", ps, last, name="p_min")                  # smallest kept probability
+        kept = make("filter", x, make("ge", probs, p_min))
+        return where(make("ge", p, const(1.0)), x, kept, name="x_topp")
+
+    def stage_min_p(self, x, m):
+        m = self.scalar(m, F32)
+        floor = make("add", make("reduce_max", x), make("log", m), name="minp_floor")
+        kept = make("filter", x, make("ge", x, floor))
+        return where(make("eq", m, const(0.0)), x, kept, name="x_minp")
+
+    def stage_typical_p(self, x, m):
+        m = self.scalar(m, F32)
+        probs = softmax(x)
+        plogp = where(make("gt", probs, const(0.0)), make("mul", probs, make("log", probs)), const(0.0))
+        entropy = make("neg", make("reduce_sum", plogp), name="entropy")
+        score = make("abs", make("sub", make("neg", make("log", probs)), entropy), name="score")
+        order = make("argsort", score, descending=False)
+        mass = make("cumsum", make("take_along", probs, order), exclusive=False)
+        first = make("reduce_sum", make("cast", make("lt", mass, m), dtype=I32))     # first index with mass >= m
+        n_finite = make("reduce_sum", make("cast", make("isfinite", score), dtype=I32))
+        at = make("minimum", first, make("sub", n_finite, const(1, I32)))
+        cutoff = make("take_along", make("take_along", score, order), at, name="score_cutoff")
+        keep = make("logical_or", make("le", score, cutoff), make("eq", x, make("reduce_max", x)))
+        return where(make("ge", m, const(1.0)), x, make("filter", x, keep), name="x_typical")
+
+    def stage_top_n_sigma(self, x, n):
+        n = self.scalar(n, F32)
+        finite = make("isfinite", x)
+        count = make("reduce_sum", make("cast", finite, dtype=F32))
+        mean = make("div", make("reduce_sum", where(finite, x, const(0.0))), count, name="mean")
+        dev = where(finite, make("sub", x, mean), const(0.0))
+        std = make("sqrt", make("div", make("reduce_sum", make("mul", dev, dev)), count), name="std")
+        floor = make("sub", make("reduce_max", x), make("mul", n, std), name="sigma_floor")
+        kept = make("filter", x, make("ge", x, floor))
+        return where(make("le", n, const(0.0)), x, kept, name="x_nsigma")
+
+    def stage_xtc(self, x, threshold, probability, seed, position):
+        thr, prob = self.scalar(threshold, F32), self.scalar(probability, F32)
+        pos = make("cast", self.scalar(position, I32), dtype=U32)
+        coin = uniform(make("random_bits", self.seed(seed), const(XTC_COUNTER, U32), pos, name="xtc_bits"))
+        probs = softmax(x)
+        top = make("ge", probs, thr, name="xtc_top")
+        n_top = make("reduce_sum", make("cast", top, dtype=I32))
+        p_least = make("reduce_min", where(top, probs, const(math.inf)))
+        survivor = make("argmax", make("logical_and", top, make("eq", probs, p_least)), name="xtc_survivor")
+        remove = make("logical_and", top, make("ne", make("iota", x), survivor))
+        fire = make("logical_and", make("lt", coin, prob), make("ge", n_top, const(2, I32)))
+        cut = where(make("logical_and", fire, remove), const(NEG_INF), x)
+        return where(make("eq", prob, const(0.0)), x, cut, name="x_xtc")
+
+    def stage_penalties(self, x, history, last_n, repeat, frequency, presence):
+        hist = self.tensor(history)
+        last_n, rep = self.scalar(last_n, I32), self.scalar(repeat, F32)
+        freq, pres = self.scalar(frequency, F32), self.scalar(presence, F32)
+        col = make("iota", hist)
+        h = make("add", make("reduce_max", col), const(1, I32))
+        in_window = make("logical_or", make("eq", last_n, const(-1, I32)), make("ge", col, make("sub", h, last_n)))
+        valid = make("logical_and", make("ge", hist, const(0, I32)), in_window, name="hist_valid")
+        ids = where(valid, hist, const(0, I32))
+        counts = make("scatter_add", make("zeros_like", x, dtype=F32), ids, make("cast", valid, dtype=F32),
+                      name="counts")
+        seen = make("gt", counts, const(0.0))
+        rep_x = where(make("gt", x, const(0.0)), make("div", x, rep), make("mul", x, rep))
+        x1 = where(seen, rep_x, x)
+        x2 = where(seen, make("sub", x1, make("add", make("mul", counts, freq), pres)), x1)
+        neutral = make("logical_and", make("eq", rep, const(1.0)),
+                       make("logical_and", make("eq", freq, const(0.0)), make("eq", pres, const(0.0))))
+        return where(neutral, x, x2, name="x_pen")
+
+    def stage_logit_bias(self, x, b):
+        if isinstance(b, DictLit):
+            ids = tuple(int(k) for k, _ in b.items)
+            vals = tuple(float(v) for _, v in b.items)
+            out = make("sparse_add", x, ids=ids, values=vals, name="x_bias")
+        else:
+            out = make("add", x, self.tensor(b), name="x_bias")
+        self.checks.append(Check(empty_rows(out), "logit_bias: a -inf bias removed every token"))
+        return out
+
+    def stage_allow(self, x, mask):
+        out = where(self.tensor(mask), x, const(NEG_INF), name="x_allowed")
+        self.checks.append(Check(empty_rows(out), "allow: the mask allows no token"))
+        return out
+
+    def stage_greedy(self, x):
+        return make("squeeze", make("argmax", x), name="token")
+
+    def stage_sample(self, x, seed, position):
+        pos = make("cast", self.scalar(position, I32), dtype=U32)
+        ids = make("cast", make("iota", x), dtype=U32)
+        bits = make("random_bits", self.seed(seed), ids, pos, name="bits")
+        return make("squeeze", make("argmax", make("add", x, gumbel(bits), name="noisy")), name="token")
+
+
+def _param_ranges(sampler: CheckedSampler) -> dict[str, Range]:
+    """The run-time range of each scalar parameter: the intersection of the ranges of the stage slots it feeds."""
+    out: dict[str, Range] = {}
+    for st in sampler.stages:
+        sig = {p.name: p for p in STAGES[st.name].params}
+        for slot, expr in st.args.items():
+            if isinstance(expr, Name) and sig[slot].range != Range() and sig[slot].type != "seed":
+                r = sig[slot].range
+                prev = out.get(expr.name)
+                out[expr.name] = r if prev is None else _intersect(prev, r)
+    return out
+
+
+def _intersect(a: Range, b: Range) -> Range:
+    lo, lo_open = max((a.lo, a.lo_open), (b.lo, b.lo_open))
+    hi, hi_open = min((a.hi, not a.hi_open), (b.hi, not b.hi_open))
+    return Range(lo, hi, lo_open, not hi_open)
+
+
+def lower(sampler: CheckedSampler, bindings: dict | None = None) -> Graph:
+    return Lowering(sampler, dict(bindings or {})).run()

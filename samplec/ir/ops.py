@@ -1,0 +1,230 @@
+"""The op table: every IR op is declared once here (name, arity, attributes, result type rule).
+
+The verifier, the textual printer and parser, the flatbuffer writer and reader, the passes and the MLX kernels all
+read this table; `tests/test_schema.py` checks that the flatbuffer schema lists exactly these ops.
+All ops are pure. Reductions, sorts, scans and gathers work along the last axis; elementwise ops broadcast
+numpy-style over symbolic shapes such as `[B,V]`, `[B,1]`, `[V]` and `[]`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from samplec.ir.types import BOOL, F32, I32, U32, U64, DTYPES, Type, TypeError_, broadcast
+
+# attribute kinds: "int", "float", "bool", "str", "dtype", "ints", "floats"
+
+
+@dataclass(frozen=True)
+class OpDef:
+    name: str
+    arity: int
+    attrs: tuple[tuple[str, str], ...]   # (name, kind) in declaration order
+    infer: Callable[..., Type]           # infer(input_types, attrs_dict) -> Type
+    doc: str
+
+
+def _same_dtype(ts: list[Type], allowed=None) -> str:
+    d = ts[0].dtype
+    for t in ts[1:]:
+        if t.dtype != d:
+            raise TypeError_(f"operand dtypes differ: {d} vs {t.dtype}")
+    if allowed and d not in allowed:
+        raise TypeError_(f"dtype {d} not allowed here (expects one of {', '.join(allowed)})")
+    return d
+
+
+def _arith(ts, a):
+    return Type(_same_dtype(ts, (F32, I32, U32, U64)), broadcast(*(t.shape for t in ts)))
+
+
+def _compare(ts, a):
+    _same_dtype(ts)
+    return Type(BOOL, broadcast(*(t.shape for t in ts)))
+
+
+def _logical(ts, a):
+    return Type(_same_dtype(ts, (BOOL,)), broadcast(*(t.shape for t in ts)))
+
+
+def _bits(ts, a):
+    return Type(_same_dtype(ts, (U32, I32)), broadcast(*(t.shape for t in ts)))
+
+
+def _float_unary(ts, a):
+    return Type(_same_dtype(ts, (F32,)), ts[0].shape)
+
+
+def _float_pred(ts, a):
+    _same_dtype(ts, (F32,))
+    return Type(BOOL, ts[0].shape)
+
+
+def _same(ts, a):
+    return ts[0]
+
+
+def _where(ts, a):
+    c, x, y = ts
+    if c.dtype != BOOL:
+        raise TypeError_("where: condition must be bool")
+    return Type(_same_dtype([x, y]), broadcast(c.shape, x.shape, y.shape))
+
+
+def _reduce(dtypes=None, out=None):
+    def infer(ts, a):
+        t = ts[0]
+        if not t.shape:
+            raise TypeError_("reduction of a scalar")
+        if dtypes and t.dtype not in dtypes:
+            raise TypeError_(f"dtype {t.dtype} not allowed here")
+        return Type(out or t.dtype, t.shape[:-1] + (1,))
+    return infer
+
+
+def _expand(ts, a):
+    return Type(ts[0].dtype, ts[0].shape + (1,))
+
+
+def _squeeze(ts, a):
+    if not ts[0].shape or ts[0].shape[-1] != 1:
+        raise TypeError_("squeeze: last dimension must be 1")
+    return Type(ts[0].dtype, ts[0].shape[:-1])
+
+
+def _iota(ts, a):
+    if not ts[0].shape:
+        raise TypeError_("iota of a scalar")
+    return Type(I32, (ts[0].shape[-1],))
+
+
+def _argsort(ts, a):
+    return Type(I32, ts[0].shape)
+
+
+def _topk(dtype):
+    def infer(ts, a):
+        if a["k"] < 1:
+            raise TypeError_("k must be >= 1")
+        return Type(dtype or ts[0].dtype, ts[0].shape[:-1] + (a["k"],))
+    return infer
+
+
+def _slice(ts, a):
+    if not 0 <= a["start"] < a["stop"]:
+        raise TypeError_("slice: need 0 <= start < stop")
+    return Type(ts[0].dtype, ts[0].shape[:-1] + (a["stop"] - a["start"],))
+
+
+def _take_along(ts, a):
+    x, idx = ts
+    if idx.dtype != I32:
+        raise TypeError_("take_along: indices must be i32")
+    lead = broadcast(x.shape[:-1], idx.shape[:-1])
+    return Type(x.dtype, lead + idx.shape[-1:])
+
+
+def _scatter_add(ts, a):
+    base, idx, upd = ts
+    if idx.dtype != I32 or upd.dtype != base.dtype:
+        raise TypeError_("scatter_add: indices must be i32 and updates match the base dtype")
+    return base
+
+
+def _kth(ts, a):
+    x, k = ts
+    if k.dtype != I32:
+        raise TypeError_("kth_largest: k must be i32")
+    return Type(_same_dtype([x], (F32,)), broadcast(x.shape[:-1] + (1,), k.shape))
+
+
+def _kth_static(ts, a):
+    if a["k"] < 1:
+        raise TypeError_("k must be >= 1")
+    return Type(_same_dtype(ts, (F32,)), ts[0].shape[:-1] + (1,))
+
+
+def _filter(ts, a):
+    x, keep = ts
+    if keep.dtype != BOOL:
+        raise TypeError_("filter: keep must be bool")
+    return Type(_same_dtype([x], (F32,)), broadcast(x.shape, keep.shape))
+
+
+def _cast(ts, a):
+    if a["dtype"] not in DTYPES:
+        raise TypeError_(f"unknown dtype {a['dtype']}")
+    return Type(a["dtype"], ts[0].shape)
+
+
+def _const(ts, a):
+    return Type(a["dtype"], ())
+
+
+def _random_bits(ts, a):
+    seed, c0, c1 = ts
+    if seed.dtype != U64 or c0.dtype != U32 or c1.dtype != U32:
+        raise TypeError_("random_bits: operands are (u64 seed, u32 counter0, u32 counter1)")
+    return Type(U32, broadcast(seed.shape, c0.shape, c1.shape))
+
+
+def _sparse_add(ts, a):
+    if len(a["ids"]) != len(a["values"]):
+        raise TypeError_("sparse_add: ids and values differ in length")
+    return Type(_same_dtype(ts, (F32,)), ts[0].shape)
+
+
+_E = "elementwise"
+OPS: dict[str, OpDef] = {d.name: d for d in [
+    # elementwise arithmetic and comparison (numpy broadcasting)
+    OpDef("add", 2, (), _arith, _E), OpDef("sub", 2, (), _arith, _E), OpDef("mul", 2, (), _arith, _E),
+    OpDef("div", 2, (), _arith, _E), OpDef("maximum", 2, (), _arith, _E), OpDef("minimum", 2, (), _arith, _E),
+    OpDef("lt", 2, (), _compare, _E), OpDef("le", 2, (), _compare, _E), OpDef("gt", 2, (), _compare, _E),
+    OpDef("ge", 2, (), _compare, _E), OpDef("eq", 2, (), _compare, _E), OpDef("ne", 2, (), _compare, _E),
+    OpDef("logical_and", 2, (), _logical, _E), OpDef("logical_or", 2, (), _logical, _E),
+    OpDef("logical_not", 1, (), _logical, _E),
+    OpDef("bit_and", 2, (), _bits, _E), OpDef("bit_or", 2, (), _bits, _E), OpDef("bit_xor", 2, (), _bits, _E),
+    OpDef("shl", 2, (), _bits, _E), OpDef("shr", 2, (), _bits, _E),
+    OpDef("neg", 1, (), _arith, _E), OpDef("abs", 1, (), _arith, _E),
+    OpDef("exp", 1, (), _float_unary, _E), OpDef("log", 1, (), _float_unary, _E),
+    OpDef("sqrt", 1, (), _float_unary, _E),
+    OpDef("isnan", 1, (), _float_pred, _E), OpDef("isposinf", 1, (), _float_pred, _E),
+    OpDef("isfinite", 1, (), _float_pred, _E),
+    OpDef("cast", 1, (("dtype", "dtype"),), _cast, "convert dtype (float->int truncates)"),
+    OpDef("where", 3, (), _where, "select: cond ? a : b"),
+    OpDef("const", 0, (("value", "scalar"), ("dtype", "dtype")), _const, "a scalar constant"),
+    # shapes
+    OpDef("expand", 1, (), _expand, "append a unit axis: [B] -> [B,1]"),
+    OpDef("squeeze", 1, (), _squeeze, "drop a unit last axis: [B,1] -> [B]"),
+    OpDef("iota", 1, (), _iota, "0..n-1 over the operand's last axis, i32"),
+    OpDef("slice", 1, (("start", "int"), ("stop", "int")), _slice, "x[..., start:stop]"),
+    # reductions over the last axis, keeping it as size 1
+    OpDef("reduce_max", 1, (), _reduce((F32, I32)), "max over the last axis"),
+    OpDef("reduce_min", 1, (), _reduce((F32, I32)), "min over the last axis"),
+    OpDef("reduce_sum", 1, (), _reduce((F32, I32)), "sum over the last axis"),
+    OpDef("reduce_any", 1, (), _reduce((BOOL,)), "any over the last axis"),
+    OpDef("argmax", 1, (), _reduce((F32, I32, BOOL), I32), "index of the max, lowest on ties"),
+    # ordering, scans and selection
+    OpDef("sort", 1, (("descending", "bool"),), _same, "sort along the last axis"),
+    OpDef("argsort", 1, (("descending", "bool"),), _argsort, "stable argsort; ties keep id order"),
+    OpDef("topk", 1, (("k", "int"),), _topk(None), "the k largest values, descending (partition, no sort)"),
+    OpDef("topk_ids", 1, (("k", "int"),), _topk(I32), "ids of the k largest, descending, lowest id first on ties"),
+    OpDef("cumsum", 1, (("exclusive", "bool"),), _same, "prefix sum along the last axis (exclusive: starts at 0)"),
+    OpDef("kth_largest", 2, (), _kth, "the min(max(k,1),V)-th largest value of x (k may differ per row); sorts"),
+    OpDef("kth_largest_static", 1, (("k", "int"),), _kth_static,
+          "kth_largest with a constant k, by partial selection (no full sort)"),
+    OpDef("filter", 2, (), _filter,
+          "where(keep, x, -inf) where keep always holds the argmax of x (top_k/top_p/min_p/... guarantee it)"),
+    OpDef("zeros_like", 1, (("dtype", "dtype"),), _cast, "zeros shaped like the operand"),
+    OpDef("take_along", 2, (), _take_along, "gather along the last axis"),
+    OpDef("scatter_add", 3, (), _scatter_add, "base with updates added at indices along the last axis"),
+    OpDef("sparse_add", 1, (("ids", "ints"), ("values", "floats")), _sparse_add,
+          "x[..., ids] += values (a constant logit bias)"),
+    # randomness
+    OpDef("random_bits", 3, (), _random_bits,
+          "first word of Threefry-2x32-20(key(seed), (counter0, counter1)); the only source of randomness"),
+]}
+
+
+def op(name: str) -> OpDef:
+    return OPS[name]

@@ -1,0 +1,66 @@
+"""The pass manager: a registry of named passes, the -O0/-O1/-O2 pipelines, and IR printing after each pass.
+
+The verifier runs after every pass, so a pass that breaks the IR is caught where it happens.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from samplec.ir.graph import Check, Graph, verify
+from samplec.passes import rules as R
+from samplec.passes.rewrite import rewrite
+
+
+@dataclass(frozen=True)
+class Pass:
+    name: str
+    run: Callable[[Graph], Graph]
+    doc: str
+
+
+def _rules(*rules, cse=False):
+    return lambda g: rewrite(g, rules, cse=cse)
+
+
+def dce(g: Graph) -> Graph:
+    """Drop checks that can never fire and duplicates; unreachable nodes are gone by construction."""
+    seen, checks = set(), []
+    for c in g.checks:
+        if c.flag.is_const(False) or (id(c.flag), c.message) in seen:
+            continue
+        seen.add((id(c.flag), c.message))
+        checks.append(c)
+    return Graph(g.name, g.params, g.outputs, tuple(checks))
+
+
+PASSES: dict[str, Pass] = {p.name: p for p in [
+    Pass("fold", _rules(R.fold_constants), "constant folding and partial evaluation of bound parameters"),
+    Pass("simplify", _rules(R.fold_constants, R.where_const, R.where_same, R.logical_const, R.arith_identity),
+         "algebraic identities; removes stages at their off value"),
+    Pass("dead-branch", _rules(R.one_hot_sample), "temperature 0 before sample: no noise, no RandomBits"),
+    Pass("greedy-absorb", _rules(R.absorb_filters), "drop filters that always keep the argmax before an argmax"),
+    Pass("partition-topk", _rules(R.partition_top_k), "top_k with a constant k by partial selection"),
+    Pass("cse", _rules(cse=True), "common-subexpression elimination"),
+    Pass("dce", dce, "dead-code elimination (dead nodes, constant-false checks)"),
+]}
+
+PIPELINES: dict[int, tuple[str, ...]] = {
+    0: (),
+    1: ("fold", "simplify", "cse", "dce"),
+    2: ("fold", "simplify", "dead-branch", "greedy-absorb", "partition-topk", "simplify", "cse", "dce"),
+}
+
+
+def run_pipeline(g: Graph, level: int = 2, after: Callable[[str, Graph], None] | None = None,
+                 passes: tuple[str, ...] | None = None) -> Graph:
+    verify(g)
+    for name in passes if passes is not None else PIPELINES[level]:
+        g = PASSES[name].run(g)
+        verify(g)
+        if after:
+            after(name, g)
+    return g
+
+
+__all__ = ["Pass", "PASSES", "PIPELINES", "run_pipeline", "Check"]

@@ -1,0 +1,134 @@
+"""Local rewrite rules, one small function and one comment each, grouped into the named passes."""
+from __future__ import annotations
+
+import numpy as np
+
+from samplec.ir.graph import Node, make
+from samplec.ir.types import BOOL, F32, I32, U32, U64
+
+NP = {F32: np.float32, I32: np.int32, U32: np.uint32, U64: np.uint64, BOOL: np.bool_}
+
+_FOLD = {
+    "add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide, "maximum": np.maximum,
+    "minimum": np.minimum, "lt": np.less, "le": np.less_equal, "gt": np.greater, "ge": np.greater_equal,
+    "eq": np.equal, "ne": np.not_equal, "logical_and": np.logical_and, "logical_or": np.logical_or,
+    "logical_not": np.logical_not, "bit_and": np.bitwise_and, "bit_or": np.bitwise_or,
+    "bit_xor": np.bitwise_xor, "shl": np.left_shift, "shr": np.right_shift, "neg": np.negative, "abs": np.abs,
+    "exp": np.exp, "log": np.log, "sqrt": np.sqrt, "isnan": np.isnan, "isposinf": np.isposinf,
+    "isfinite": np.isfinite,
+}
+
+
+def const_value(n: Node):
+    return NP[n.type.dtype](n.attr("value"))
+
+
+def const_of(value, dtype: str) -> Node:
+    v = NP[dtype](value)
+    py = float(v) if dtype == F32 else int(v)
+    return make("const", value=py, dtype=dtype)
+
+
+def is_c(n: Node, value=None) -> bool:
+    return n.is_const(value)
+
+
+# ---- fold: evaluate ops whose operands are all scalar constants, in the op's own dtype -----------------------
+
+def fold_constants(n: Node):
+    """op(const, const, ...) -> const, computed with numpy scalars of the IR dtype (float32 stays float32)."""
+    if n.op in _FOLD and n.inputs and all(i.op == "const" for i in n.inputs):
+        with np.errstate(all="ignore"):
+            return const_of(_FOLD[n.op](*(const_value(i) for i in n.inputs)), n.type.dtype)
+    if n.op == "cast" and n.inputs[0].op == "const":
+        with np.errstate(all="ignore"):
+            return const_of(const_value(n.inputs[0]).astype(NP[n.attr("dtype")]), n.attr("dtype"))
+    if n.op == "where" and all(i.op == "const" for i in n.inputs):
+        c, a, b = n.inputs
+        return a if const_value(c) else b
+    return None
+
+
+# ---- simplify: identities; with folded stage parameters these remove stages at their off value ---------------
+
+def where_const(n: Node):
+    """where(true, a, b) -> a; where(false, a, b) -> b  (an off stage's guard folded to a constant)."""
+    if n.op == "where" and n.inputs[0].op == "const" and n.inputs[1].type == n.type == n.inputs[2].type:
+        return n.inputs[1] if const_value(n.inputs[0]) else n.inputs[2]
+    return None
+
+
+def where_same(n: Node):
+    """where(c, a, a) -> a."""
+    if n.op == "where" and n.inputs[1] is n.inputs[2] and n.inputs[1].type == n.type:
+        return n.inputs[1]
+    return None
+
+
+def logical_const(n: Node):
+    """x and true -> x; x or false -> x; x and false -> false; x or true -> true (same shape only)."""
+    if n.op not in ("logical_and", "logical_or"):
+        return None
+    absorbing = n.op == "logical_or"
+    for a, b in (n.inputs, n.inputs[::-1]):
+        if a.op == "const":
+            if bool(const_value(a)) == absorbing and a.type == n.type:
+                return a
+            if bool(const_value(a)) != absorbing and b.type == n.type:
+                return b
+    return None
+
+
+def arith_identity(n: Node):
+    """x / 1 -> x; x * 1 -> x; x + 0 -> x; x - 0 -> x (exact in IEEE arithmetic, -0.0 aside)."""
+    if n.op in ("div", "mul", "add", "sub") and n.type.dtype == F32:
+        x, c = n.inputs
+        unit = 1.0 if n.op in ("div", "mul") else 0.0
+        if c.op == "const" and float(c.attr("value")) == unit and x.type == n.type:
+            return x
+        if n.op in ("mul", "add") and x.op == "const" and float(x.attr("value")) == unit and c.type == n.type:
+            return c
+    return None
+
+
+# ---- greedy absorption and dead branches -----------------------------------------------------------------------
+
+def _strip_filters(x: Node) -> Node:
+    """Follow x through filters (which keep the argmax and never change a kept value) and off-guards around them."""
+    while True:
+        if x.op == "filter":
+            x = x.inputs[0]
+        elif x.op == "where" and x.inputs[2].op == "filter" and x.inputs[2].inputs[0] is x.inputs[1]:
+            x = x.inputs[1]      # where(off, x, filter(x, keep)): either way the argmax of x survives
+        else:
+            return x
+
+
+def absorb_filters(n: Node):
+    """argmax(filter(x, keep)) -> argmax(x): top_k/top_p/min_p/typical_p/top_n_sigma/temp 0 keep the argmax."""
+    if n.op == "argmax":
+        inner = _strip_filters(n.inputs[0])
+        if inner is not n.inputs[0] and inner.type == n.inputs[0].type:
+            return make("argmax", inner, name=n.name)
+    return None
+
+
+def one_hot_sample(n: Node):
+    """argmax(filter(y, iota(y) == argmax(y)) + g) -> argmax(y): sampling a row with one token left needs no noise
+    (temperature 0 before sample)."""
+    if n.op != "argmax" or n.inputs[0].op != "add":
+        return None
+    for f in n.inputs[0].inputs:
+        if f.op == "filter" and f.inputs[1].op == "eq" and f.type == n.inputs[0].type:
+            y, (a, b) = f.inputs[0], f.inputs[1].inputs
+            if a.op == "iota" and a.inputs[0] is y and b.op == "argmax" and b.inputs[0] is y:
+                return b
+    return None
+
+
+def partition_top_k(n: Node):
+    """kth_largest(x, const k) -> kth_largest_static{k}: select the k largest without sorting the vocabulary."""
+    if n.op == "kth_largest" and n.inputs[1].op == "const" and int(n.inputs[1].attr("value")) >= 1:
+        out = make("kth_largest_static", n.inputs[0], k=int(n.inputs[1].attr("value")), name=n.name)
+        return out if out.type == n.type else None
+    return None

@@ -1,0 +1,237 @@
+"""A compiled sampler program: its graph, its run-time interface (spec §5) and its MLX executable.
+
+Calling a program checks and normalizes the inputs (numpy or MLX; scalars or one value per row), runs the
+compiled graph once, evaluates outputs and check flags together (the one host synchronization of a call) and
+raises a `SamplecError` naming the parameter or stage and the rows when something is wrong.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import mlx.core as mx
+import numpy as np
+
+from samplec.diagnostics import SamplecError
+from samplec.ir.graph import Graph, Param
+from samplec.ir.printer import print_graph
+from samplec.stages import Range
+
+SCALAR_NP = {"float": np.float32, "int": np.int32, "seed": np.uint64}
+
+
+@dataclass(frozen=True)
+class IdsValues:
+    ids: mx.array
+    values: mx.array
+
+    def __iter__(self):
+        return iter((self.ids, self.values))
+
+
+class Outputs:
+    """The outputs of one call, as attributes named like the sampler's outputs (MLX arrays)."""
+
+    def __init__(self, values: dict[str, mx.array]):
+        self._values = values
+        for key in {k.split(".")[0] for k in values}:
+            if key in ("top_logprobs", "candidates"):
+                setattr(self, key, IdsValues(values[key + ".ids"], values[key + ".values"]))
+            else:
+                setattr(self, key, values[key])
+
+    def __getattr__(self, name):
+        raise AttributeError(f"this program has no output '{name}' (it has: {', '.join(self.names())})")
+
+    def names(self) -> list[str]:
+        return list(dict.fromkeys(k.split(".")[0] for k in self._values))
+
+    def to_dict(self) -> dict[str, mx.array]:
+        return dict(self._values)
+
+
+def _rows(mask: np.ndarray, limit: int = 8) -> str:
+    rows = np.nonzero(mask)[0].tolist()
+    text = ", ".join(map(str, rows[:limit])) + (", ..." if len(rows) > limit else "")
+    return f"row{'s' if len(rows) > 1 else ''} {text}"
+
+
+class Program:
+    def __init__(self, graph: Graph, compile: bool = True):
+        from samplec.backend_mlx.interpreter import Executable
+        self.graph = graph
+        self.exe = Executable(graph, compile=compile)
+        self._max_bias_id = max((max(n.attr("ids"), default=-1) for n in graph.toposort() if n.op == "sparse_add"),
+                                default=-1)
+
+    # ---- introspection and persistence ----
+    @property
+    def name(self) -> str:
+        return self.graph.name
+
+    @property
+    def params(self) -> tuple[Param, ...]:
+        return self.graph.params[1:]
+
+    def ir(self) -> str:
+        return print_graph(self.graph)
+
+    def to_bytes(self) -> bytes:
+        from samplec.serialize import to_bytes
+        return to_bytes(self.graph)
+
+    def save(self, path) -> None:
+        from samplec.serialize import save
+        save(self.graph, path)
+
+    def __repr__(self) -> str:
+        ps = ", ".join(p.name for p in self.params)
+        return f"<samplec.Program {self.name}({ps}) -> {', '.join(k for k, _ in self.graph.outputs)}>"
+
+    # ---- running ----
+    def __call__(self, logits, **params) -> Outputs:
+        args = self.prepare(logits, params)
+        outs, flags = self.exe(*args)
+        mx.eval(outs + flags)
+        for check, flag in zip(self.graph.checks, flags):
+            bad = np.array(flag)
+            if bad.any():
+                raise SamplecError(f"{check.message} ({_rows(bad)})")
+        return Outputs({k: v for (k, _), v in zip(self.graph.outputs, outs)})
+
+    def prepare(self, logits, params: dict) -> list[mx.array]:
+        """Check and normalize the call's inputs into the executable's positional arguments."""
+        x = _as_mx(logits, "logits")
+        if x.ndim == 1:
+            x = x[None, :]
+        if x.ndim != 2 or x.shape[-1] < 1 or x.shape[0] < 1:
+            raise SamplecError(f"logits: expected shape [V] or [B, V], got {list(x.shape)}")
+        if x.dtype not in (mx.float32, mx.float16, mx.bfloat16):
+            raise SamplecError(f"logits: expected float32, float16 or bfloat16, got {x.dtype}")
+        x = x.astype(mx.float32)
+        B, V = x.shape
+        if self._max_bias_id >= V:
+            raise SamplecError(f"logit_bias: token id {self._max_bias_id} is out of range for V = {V}")
+        known = {p.name for p in self.params}
+        unknown = sorted(set(params) - known)
+        if unknown:
+            hint = f" (parameters: {', '.join(sorted(known))})" if known else " (this sampler takes none)"
+            raise SamplecError(f"unknown parameter '{unknown[0]}'{hint}")
+        args = [x]
+        for p in self.params:
+            value = params.get(p.name)
+            if value is None:
+                if p.default is None:
+                    raise SamplecError(f"missing required parameter '{p.name}' ({p.kind})")
+                value = _os_seeds(B) if p.default == "os" else p.default
+            args.append(_prepare_param(p, value, B, V))
+        return args
+
+
+def _os_seeds(B: int) -> np.ndarray:
+    return np.frombuffer(os.urandom(8 * B), dtype=np.uint64).copy()
+
+
+def _as_mx(value, name: str) -> mx.array:
+    if isinstance(value, mx.array):
+        return value
+    try:
+        arr = np.asarray(value)
+    except Exception as e:  # noqa: BLE001 - anything numpy cannot read is a bad value
+        raise SamplecError(f"{name}: cannot convert {type(value).__name__} to an array ({e})") from None
+    if arr.dtype == object:
+        raise SamplecError(f"{name}: expected numbers, got {type(value).__name__}")
+    if arr.dtype == np.float64:
+        arr = arr.astype(np.float32)
+    return mx.array(arr)
+
+
+def _prepare_param(p: Param, value, B: int, V: int) -> mx.array:
+    if p.kind in SCALAR_NP:
+        return mx.array(_scalar_param(p, value, B))
+    arr = value if isinstance(value, mx.array) else _as_mx(value, p.name)
+    if arr.ndim == 1:
+        arr = mx.broadcast_to(arr[None, :], (B, arr.shape[0]))
+    if arr.ndim != 2 or arr.shape[0] != B:
+        raise SamplecError(f"{p.name}: expected shape [B, ...] with B = {B}, got {list(arr.shape)}")
+    if p.kind == "tokens":
+        if not mx.issubdtype(arr.dtype, mx.integer):
+            raise SamplecError(f"{p.name}: token history must be integers, got {arr.dtype}")
+        arr = arr.astype(mx.int32)
+        if arr.shape[1] == 0:
+            arr = mx.full((B, 1), -1, dtype=mx.int32)
+        over = np.array(mx.any(arr >= V, axis=-1))
+        if over.any():
+            raise SamplecError(f"{p.name}: token id >= V = {V} in the history ({_rows(over)})")
+        return arr
+    if p.kind == "mask":
+        return _mask(p.name, arr, B, V)
+    if p.kind == "bias":
+        if arr.shape[1] != V:
+            raise SamplecError(f"{p.name}: expected shape [{B}, {V}], got {list(arr.shape)}")
+        arr = arr.astype(mx.float32)
+        bad = np.array(mx.any(mx.isnan(arr) | mx.isposinf(arr), axis=-1))
+        if bad.any():
+            raise SamplecError(f"{p.name}: NaN or +inf bias ({_rows(bad)})")
+        return arr
+    raise SamplecError(f"{p.name}: unsupported parameter kind {p.kind}")
+
+
+def _mask(name: str, arr: mx.array, B: int, V: int) -> mx.array:
+    """A bool [B, V] mask, or a packed int32 bitmask [B, ceil(V/32)] (bit j of word w is token 32*w + j)."""
+    words = (V + 31) // 32
+    if arr.dtype == mx.bool_:
+        if arr.shape[1] != V:
+            raise SamplecError(f"{name}: expected a bool mask of shape [{B}, {V}], got {list(arr.shape)}")
+        return arr
+    if not mx.issubdtype(arr.dtype, mx.integer):
+        raise SamplecError(f"{name}: expected bool [B, V] or a packed int32 bitmask [B, {words}], got {arr.dtype}")
+    if arr.shape[1] == V and V != words:
+        return arr != 0
+    if arr.shape[1] != words:
+        raise SamplecError(f"{name}: a packed bitmask needs ceil(V/32) = {words} words per row, "
+                           f"got {arr.shape[1]}")
+    bits = (arr.astype(mx.uint32)[..., None] >> mx.arange(32, dtype=mx.uint32)) & 1
+    return (bits.reshape(B, words * 32)[:, :V]) != 0
+
+
+def _scalar_param(p: Param, value, B: int) -> np.ndarray:
+    if isinstance(value, mx.array):
+        value = np.array(value)
+    if p.kind == "seed":
+        arr = np.asarray(value, dtype=object if not isinstance(value, np.ndarray) else None)
+        try:
+            ints = [int(v) for v in np.ravel(arr)]
+        except (TypeError, ValueError):
+            raise SamplecError(f"{p.name}: seeds must be integers") from None
+        if any(not 0 <= v < 2 ** 64 for v in ints):
+            bad = np.array([not 0 <= v < 2 ** 64 for v in ints])
+            raise SamplecError(f"{p.name}: seeds must be in [0, 2**64) ({_rows(bad)})")
+        arr = np.array(ints, dtype=np.uint64).reshape(np.shape(arr))
+    else:
+        try:
+            arr = np.asarray(value, dtype=np.float64)
+        except (TypeError, ValueError):
+            raise SamplecError(f"{p.name}: expected a number or one number per row, got {value!r}") from None
+    if arr.ndim == 0:
+        arr = np.broadcast_to(arr, (B,))
+    if arr.ndim != 1 or arr.shape[0] != B:
+        raise SamplecError(f"{p.name}: expected a scalar or {B} values (one per row), got shape {list(arr.shape)}")
+    if p.kind == "int" and arr.dtype.kind == "f":
+        bad = ~np.isfinite(arr) | (arr != np.round(arr))
+        if bad.any():
+            raise SamplecError(f"{p.name}: expected an integer ({_rows(bad)})")
+    if p.kind == "float" and np.isnan(arr).any():
+        raise SamplecError(f"{p.name}: NaN ({_rows(np.isnan(arr))})")
+    if p.range and p.kind != "seed":
+        r = Range.parse(p.range)
+        bad = np.array([not r.contains(float(v)) for v in arr])
+        if bad.any():
+            vals = ", ".join(f"{float(v):g}" for v in arr[bad][:4])
+            raise SamplecError(f"{p.name} = {vals} is out of range {p.range} ({_rows(bad)})")
+    if p.kind == "int" and (np.abs(arr) > 2 ** 31 - 1).any():
+        raise SamplecError(f"{p.name}: integer out of the int32 range")
+    return arr.astype(SCALAR_NP[p.kind])
+
+
+__all__ = ["Program", "Outputs", "IdsValues"]
