@@ -24,6 +24,7 @@ class Name:
 class DictLit:
     items: tuple[tuple[int, float], ...]  # (token_id, bias) in source order
     span: Span
+    item_spans: tuple[tuple[Span, Span], ...] = ()  # (key span, value span) per item, for diagnostics
 
 
 Expr = Union[Literal, Name, DictLit]
@@ -50,6 +51,7 @@ class Param:
     type: str                 # float | int | seed | tokens | mask | bias (checked later)
     default: Literal | None
     span: Span
+    type_span: Span | None = None  # just the type name, for diagnostics
 
 
 @dataclass(frozen=True)

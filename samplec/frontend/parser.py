@@ -1,0 +1,190 @@
+"""Parse `.smp` source text into the AST of samplec.frontend.ast (syntax only; meaning is checked in check.py).
+
+The grammar lives in grammar/samplec.lark; `ToAst` has one method per rule or alias that survives into the tree.
+Syntax errors become a `SamplecError` carrying one `Diagnostic` at the offending token.
+"""
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+
+from lark import Lark, Transformer, v_args
+from lark.exceptions import UnexpectedCharacters, UnexpectedInput, UnexpectedToken
+from lark.lexer import PatternStr
+
+from samplec.diagnostics import Diagnostic, SamplecError, Span
+from samplec.frontend.ast import Arg, DictLit, Literal, Module, Name, Output, Param, Sampler, Stage
+
+GRAMMAR_PATH = Path(__file__).resolve().parent.parent / "grammar" / "samplec.lark"
+
+
+@lru_cache(maxsize=1)
+def _lark() -> Lark:
+    """The LALR parser, built once per process.
+
+    `strict=True` (which needs the optional `interegular` package) is enforced by a test rather than here, so that
+    loading the parser neither needs that package nor pays for its collision search.
+    """
+    return Lark(GRAMMAR_PATH.read_text(encoding="utf-8"), parser="lalr", lexer="contextual",
+                propagate_positions=True, maybe_placeholders=True)
+
+
+def parse(source: str, filename: str = "<string>") -> Module:
+    """Parse one `.smp` file holding zero or more samplers. Raises SamplecError on a syntax error."""
+    try:
+        tree = _lark().parse(source)
+    except UnexpectedInput as e:
+        diag = _syntax_diagnostic(e, source, filename)
+        raise SamplecError(diag.message, (diag,), source) from None
+    return ToAst(filename, source).transform(tree)
+
+
+# ---- tree -> AST ----------------------------------------------------------------------------------------------
+
+def _span(file: str, m) -> Span:
+    """Span of a lark Meta or Token (lark columns are 1-based, end_column exclusive, like ours)."""
+    return Span(file, m.line, m.column, m.end_line, m.end_column)
+
+
+@v_args(meta=True, inline=True)
+class ToAst(Transformer):
+    def __init__(self, filename: str, source: str):
+        super().__init__()
+        self.file = filename
+        self.source = source
+
+    def module(self, meta, *samplers):
+        return Module(tuple(samplers), self.file, self.source)
+
+    def sampler(self, meta, name, params, outputs, body):
+        return Sampler(str(name), params, outputs, body, _span(self.file, meta), _span(self.file, name))
+
+    def params(self, meta, *params):
+        return tuple(params)
+
+    def param(self, meta, name, type_, default):
+        return Param(str(name), str(type_), default, _span(self.file, meta), type_span=_span(self.file, type_))
+
+    def outputs(self, meta, *outputs):
+        return tuple(outputs)
+
+    def output(self, meta, name, arg):
+        return Output(str(name), None if arg is None else int(arg), _span(self.file, meta))
+
+    def body(self, meta, *stages):
+        return tuple(stages)
+
+    def stage(self, meta, name, *args):
+        return Stage(str(name), tuple(args), _span(self.file, meta), _span(self.file, name))
+
+    def positional(self, meta, value):
+        return Arg(None, value, _span(self.file, meta))
+
+    def keyword(self, meta, key, value):
+        return Arg(str(key), value, _span(self.file, meta))
+
+    def name(self, meta, tok):
+        return Name(str(tok), _span(self.file, tok))
+
+    def dict(self, meta, *items):
+        return DictLit(tuple((k.value, v.value) for k, v in items), _span(self.file, meta),
+                       item_spans=tuple((k.span, v.span) for k, v in items))
+
+    def dict_item(self, meta, key, value):
+        # Values are stored as floats (a bias is a float); the checker validates both sides using the spans.
+        return Literal(int(key), "int", _span(self.file, key)), Literal(float(value.value), "float", value.span)
+
+    def int_lit(self, meta, tok):
+        return Literal(int(tok), "int", _span(self.file, tok))
+
+    def float_lit(self, meta, tok):
+        return Literal(float(tok), "float", _span(self.file, tok))  # float() reads `inf`, `-inf`, `+inf` too
+
+
+# ---- syntax errors --------------------------------------------------------------------------------------------
+
+# How expected tokens are named in messages; string tokens are shown quoted ('(' , '->').
+_TOKEN_WORDS = {"NAME": "a name", "INT": "an integer", "FLOAT": "a number", "INF": "a number", "$END": "end of file"}
+
+# Where the bare list of expected tokens reads poorly, a hint chosen by the LALR state the error happened in; the
+# message is "unexpected <what>; <hint>". Like `UnexpectedInput.match_examples`, but keyed by the state alone:
+# match_examples also compares stack depth, so its examples would only match at the same nesting depth.
+# A hint mentioning {prev} is the whole message and points at the token before the error (the stage's name).
+_HINTS = {
+    "expected the sampler's name after 'sampler'": ["sampler (", "sampler {"],
+    "expected '(' and a parameter list after the sampler's name, e.g. sampler name() { ... }": [
+        "sampler s {", "sampler s -> token"],
+    "expected a parameter type after ':' (float, int, seed, tokens, mask or bias)": ["sampler s(x: )"],
+    "a parameter needs a type, e.g. 'temperature: float'": ["sampler s(x)"],
+    "expected a stage or '}'": ["sampler s() { ,", "sampler s() { top_k(1) ,"],
+    "stage '{prev}' needs parentheses: {prev}(...)": ["sampler s() { greedy }"],
+    "expected '{' and the sampler's stages": ["sampler s() )", "sampler s() -> token )"],
+    "expected an argument (a number, a parameter name or a {token_id: bias} dict)": [
+        "sampler s() { top_k(k = )", "sampler s() { top_k(1, ,", "sampler s() { top_k(,"],
+    "expected an integer token id": ["sampler s() { logit_bias({x", "sampler s() { logit_bias({1: 2, x"],
+    "expected ':' after the token id (token ids are integers)": ["sampler s() { logit_bias({1 2"],
+}
+
+
+@lru_cache(maxsize=1)
+def _hint_states() -> dict[int, str]:
+    """LALR state number -> hint, found by parsing each example (each fails in the state its hint is for)."""
+    states: dict[int, str] = {}
+    for hint, examples in _HINTS.items():
+        for example in examples:
+            try:
+                _lark().parse(example)
+            except UnexpectedInput as e:
+                states.setdefault(e.state.position, hint)
+            else:
+                raise AssertionError(f"hint example parses: {example!r}")
+    return states
+
+
+def _describe(term: str) -> str:
+    if term in _TOKEN_WORDS:
+        return _TOKEN_WORDS[term]
+    pattern = _lark().get_terminal(term).pattern
+    return f"'{pattern.value}'" if isinstance(pattern, PatternStr) else term
+
+
+def _expected(names) -> str:
+    words = {_describe(n) for n in names}
+    if "a number" in words:
+        words.discard("an integer")
+    words = sorted(words, key=lambda w: (not w.startswith("'"), w))
+    if not words:
+        return ""
+    return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " or " + words[-1]
+
+
+def _syntax_diagnostic(e: UnexpectedInput, source: str, filename: str) -> Diagnostic:
+    if isinstance(e, UnexpectedCharacters):
+        found = f"character {source[e.pos_in_stream]!r}"
+        expected = e.allowed
+    elif isinstance(e, UnexpectedToken):
+        found = "end of file" if e.token.type == "$END" else f"'{e.token.value}'"
+        expected = e.accepts or e.expected
+    else:  # UnexpectedEOF is raised only by the Earley parser; kept for completeness
+        found, expected = "end of file", getattr(e, "expected", ())
+    head = "unexpected end of file" if found == "end of file" else f"unexpected {found}"
+    hint = _hint_states().get(e.state.position) if getattr(e, "state", None) is not None else None
+    if hint and "{prev}" in hint:
+        prev = e.state.value_stack[-1]
+        return Diagnostic("error", hint.format(prev=prev), _span(filename, prev))
+    if hint is None:
+        want = _expected(t for t in expected if t not in ("WS", "COMMENT"))
+        hint = f"expected {want}" if want else None
+    return Diagnostic("error", f"{head}; {hint}" if hint else head, _error_span(e, filename))
+
+
+def _error_span(e: UnexpectedInput, filename: str) -> Span:
+    if isinstance(e, UnexpectedToken) and e.token.type == "$END":
+        # The end token borrows the last real token's position: point just past that token.
+        tok = e.token
+        if tok.end_line is None:  # empty input
+            return Span(filename, 1, 1, 1, 1)
+        return Span(filename, tok.end_line, tok.end_column, tok.end_line, tok.end_column + 1)
+    if isinstance(e, UnexpectedToken):
+        return _span(filename, e.token)
+    return Span(filename, e.line, e.column, e.line, e.column + 1)

@@ -1,0 +1,209 @@
+"""Helpers behind `samplec run`: reading arrays and --param values, repeated draws, and output formatting."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import mlx.core as mx
+import numpy as np
+
+from samplec.diagnostics import SamplecError
+from samplec.ir.graph import Graph
+from samplec.program import Outputs, Program
+
+DRAW_CHUNK_FLOATS = 1 << 23   # logits entries per batched call during --draws
+
+
+def load_array(path: Path, flag: str) -> mx.array:
+    """A .npy, .npz or .safetensors file holding one array (or one named 'logits')."""
+    path = Path(path)
+    if not path.exists():
+        raise SamplecError(f"{flag}: {path}: no such file")
+    if path.suffix not in (".npy", ".npz", ".safetensors"):
+        raise SamplecError(f"{flag}: {path}: expected a .npy, .npz or .safetensors file")
+    try:
+        data = mx.load(str(path))
+    except Exception as e:  # noqa: BLE001 - any reader failure is a bad file
+        raise SamplecError(f"{flag}: cannot read {path}: {e}") from None
+    if isinstance(data, dict):
+        if not data:
+            raise SamplecError(f"{flag}: {path} holds no array")
+        if len(data) > 1 and "logits" not in data:
+            raise SamplecError(f"{flag}: {path} holds several arrays ({', '.join(sorted(data))}); "
+                               "name the one to use 'logits'")
+        data = data.get("logits", next(iter(data.values())))
+    return data
+
+
+def param_of_kind(prog: Program, kind: str, flag: str) -> str:
+    names = [p.name for p in prog.params if p.kind == kind]
+    if len(names) != 1:
+        what = "no" if not names else f"{len(names)} ({', '.join(names)})"
+        raise SamplecError(f"{flag}: the sampler has {what} parameters of type {kind}; use --param NAME=VALUE")
+    return names[0]
+
+
+def parse_value(prog: Program, name: str, text: str):
+    """A --param value: a number or a comma-separated list (one per row), typed by the parameter."""
+    params = {p.name: p for p in prog.params}
+    if name not in params:
+        raise SamplecError(f"--param {name}: no such parameter (parameters: {', '.join(params) or 'none'})")
+    p = params[name]
+    if p.kind not in ("float", "int", "seed"):
+        raise SamplecError(f"--param {name}: a {p.kind} parameter takes a .npy file (--history/--mask/--bias)")
+    items = [t.strip() for t in str(text).split(",")]
+    try:
+        vals = [float(t) if p.kind == "float" else int(t, 0) for t in items]
+    except ValueError:
+        raise SamplecError(f"--param {name}: expected {'numbers' if p.kind == 'float' else 'integers'}, "
+                           f"got {text!r}") from None
+    return vals[0] if len(vals) == 1 else vals
+
+
+def parse_params(prog: Program, pairs: dict[str, str]) -> dict:
+    return {name: parse_value(prog, name, value) for name, value in pairs.items()}
+
+
+def to_json(out: Outputs) -> dict:
+    res = {}
+    for name in out.names():
+        v = getattr(out, name)
+        if name in ("top_logprobs", "candidates"):
+            res[name] = {"ids": np.array(v.ids).tolist(), "values": np.array(v.values).tolist()}
+        else:
+            res[name] = np.array(v).tolist()
+    return res
+
+
+def format_outputs(out: Outputs) -> str:
+    lines = []
+    data = to_json(out)
+    rows = len(next(iter(data.values()))["ids"] if isinstance(next(iter(data.values())), dict)
+               else next(iter(data.values())))
+    for r in range(rows):
+        lines.append(f"row {r}:")
+        for name, v in data.items():
+            if isinstance(v, dict):
+                pairs = ", ".join(f"{i}:{x:.6g}" for i, x in zip(v["ids"][r], v["values"][r]))
+                lines.append(f"  {name:12} {pairs}")
+            elif name == "probs":
+                p = np.array(v[r])
+                top = np.argsort(-p, kind="stable")[:8]
+                lines.append(f"  {name:12} " + ", ".join(f"{i}:{p[i]:.6g}" for i in top)
+                             + f"  ({int((p > 0).sum())} tokens > 0)")
+            else:
+                lines.append(f"  {name:12} {v[r]}")
+    return "\n".join(lines)
+
+
+# ---- repeated draws --------------------------------------------------------------------------------------------
+
+def _token_distribution(graph: Graph) -> Graph:
+    """The program with its token output replaced by the exact final distribution the token is drawn from."""
+    from samplec.frontend.lower import softmax
+    from samplec.ir.graph import make
+    token = dict(graph.outputs).get("token")
+    if token is None:
+        raise SamplecError("--draws needs a sampler with a 'token' output")
+    am = token.inputs[0]                      # squeeze(argmax(...))
+    arg = am.inputs[0]
+    if arg.op == "add" and any(_is_noise(i) for i in arg.inputs):
+        x = next(i for i in arg.inputs if not _is_noise(i))
+        dist = softmax(x, "probs")
+    else:                                     # greedy: all the mass on the argmax
+        dist = make("cast", make("eq", make("iota", arg), am), dtype="f32")
+    return Graph(graph.name, graph.params, (("token", token), ("probs", dist)), graph.checks)
+
+
+def _is_noise(n) -> bool:
+    seen, stack = set(), [n]
+    while stack:
+        m = stack.pop()
+        if m.op == "random_bits":
+            return True
+        if id(m) not in seen:
+            seen.add(id(m))
+            stack.extend(m.inputs)
+    return False
+
+
+def draws(prog: Program, logits: mx.array, values: dict, n: int) -> dict:
+    """Sample n times with seeds seed..seed+n-1 (every seed parameter advanced together)."""
+    from samplec.program import _scalar_param
+    dist_prog = Program(_token_distribution(prog.graph))
+    x = logits if logits.ndim == 2 else logits[None, :]
+    B, V = x.shape
+    seeds = [p for p in prog.params if p.kind == "seed"]
+    if not seeds:
+        raise SamplecError("--draws needs a sampler with a seed (sample(seed) or sample())")
+    base = {p.name: _scalar_param(p, values.get(p.name, 0 if p.default in (None, "os") else p.default), B)
+            for p in seeds}
+    chunk = max(1, min(n, DRAW_CHUNK_FLOATS // max(1, B * V)))
+    counts = np.zeros((B, V), dtype=np.int64)
+    probs = None
+    from rich.progress import Progress
+    with Progress(transient=True, disable=n <= chunk) as bar:
+        task = bar.add_task("drawing", total=n)
+        for start in range(0, n, chunk):
+            c = min(chunk, n - start)
+            call = {}
+            for name, v in values.items():
+                if name in base:
+                    continue
+                arr = v if isinstance(v, mx.array) else np.asarray(v)
+                call[name] = _repeat_rows(arr, B, c)
+            for name, b in base.items():
+                offs = np.arange(start, start + c, dtype=np.uint64)
+                call[name] = (b[:, None] + offs[None, :]).reshape(-1)
+            out = dist_prog(_repeat_rows(x, B, c), **call)
+            toks = np.array(out.token).reshape(B, c)
+            for r in range(B):
+                np.add.at(counts[r], toks[r], 1)
+            if probs is None:
+                probs = np.array(out.probs).reshape(B, c, V)[:, 0, :]
+            bar.advance(task, c)
+    rows = []
+    for r in range(B):
+        drawn = np.nonzero(counts[r])[0]
+        likely = np.argsort(-probs[r], kind="stable")[:10]
+        ids = sorted(set(drawn.tolist()) | {int(i) for i in likely if probs[r, i] > 0},
+                     key=lambda i: (-counts[r, i], -probs[r, i], i))
+        rows.append({"tokens": ids, "counts": [int(counts[r, i]) for i in ids],
+                     "frequency": [counts[r, i] / n for i in ids],
+                     "probability": [float(probs[r, i]) for i in ids]})
+    return {"draws": n, "rows": rows}
+
+
+def _repeat_rows(arr, B: int, c: int):
+    """Repeat each row c times (row r becomes rows r*c .. r*c+c-1); scalars pass through."""
+    if isinstance(arr, mx.array):
+        if arr.ndim == 0:
+            return arr
+        if arr.ndim == 1 and arr.shape[0] != B:
+            arr = mx.broadcast_to(arr[None], (B, arr.shape[0]))
+        return mx.repeat(arr, c, axis=0)
+    arr = np.asarray(arr)
+    if arr.ndim == 0:
+        return arr
+    if arr.ndim == 1 and arr.shape[0] != B:
+        arr = np.broadcast_to(arr[None], (B, arr.shape[0]))
+    return np.repeat(arr, c, axis=0)
+
+
+def format_draws(result: dict) -> str:
+    n = result["draws"]
+    lines = []
+    for r, row in enumerate(result["rows"]):
+        lines.append(f"row {r}: {n} draws")
+        lines.append(f"  {'token':>8} {'count':>8} {'frequency':>10} {'probability':>12}")
+        for t, c, f, p in zip(row["tokens"], row["counts"], row["frequency"], row["probability"]):
+            lines.append(f"  {t:>8} {c:>8} {f:>10.4f} {p:>12.4f}")
+        lines.append(f"  chi-square vs probability over drawn tokens: {_chi2(row, n):.2f}")
+    return "\n".join(lines)
+
+
+def _chi2(row: dict, n: int) -> float:
+    return float(sum((c - n * p) ** 2 / (n * p) for c, p in zip(row["counts"], row["probability"]) if p > 0))
+
+
+__all__ = ["load_array", "parse_params", "parse_value", "param_of_kind", "draws", "format_draws",
+           "to_json", "format_outputs"]

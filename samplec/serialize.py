@@ -1,0 +1,464 @@
+"""The .smpb file format: a Graph as a flatbuffer (schema/samplec.fbs), written deterministically and read defensively.
+
+Values are numbered: 0..P-1 are the params in order, then the nodes in topological order; a node may only use
+smaller numbers, so the loader is one linear pass and a cycle cannot even be written down. `from_bytes` checks
+everything (identifier, version, sizes, every index, attribute kinds, every recorded type against the op table,
+names) before it returns, and turns any problem with the bytes into `SamplecError("invalid .smpb: ...")`.
+The per-op tables are reached through the op table (`<CamelName>Node`), never through a list of op names.
+"""
+from __future__ import annotations
+
+import importlib
+import os
+import re
+import secrets
+import struct
+from pathlib import Path
+
+import flatbuffers
+
+from samplec.diagnostics import SamplecError
+from samplec.ir.graph import INPUT, Check, Graph, Node, Param, VerifyError, make, verify
+from samplec.ir.ops import OPS
+from samplec.ir.types import DTYPES, Type
+from samplec.schema_gen import CheckEntry as fb_check
+from samplec.schema_gen import Node as fb_node
+from samplec.schema_gen import Output as fb_output
+from samplec.schema_gen import Param as fb_param
+from samplec.schema_gen import Program as fb_program
+from samplec.schema_gen import Scalar as fb_scalar
+from samplec.schema_gen.ScalarKind import ScalarKind
+
+FORMAT_VERSION = 1
+FILE_IDENTIFIER = b"SMPB"
+MAX_ITEMS = 1_000_000            # params, nodes, outputs, checks, operands or attribute entries in one list
+U64_MAX = 2**64 - 1
+I64_MIN, I64_MAX = -(2**63), 2**63 - 1
+
+OP_NAMES = list(OPS)              # union type i+1 <-> OP_NAMES[i]  (0 is NONE)
+OP_INDEX = {name: i + 1 for i, name in enumerate(OP_NAMES)}
+
+
+def _camel(name: str) -> str:
+    return "".join(part.capitalize() for part in name.split("_"))
+
+
+def _op_module(op: str):
+    """The generated module of an op's table: `random_bits` -> samplec.schema_gen.RandomBitsNode."""
+    return importlib.import_module(f"samplec.schema_gen.{_camel(op)}Node")
+
+
+OP_MODULES = {name: _op_module(name) for name in OP_NAMES}
+OP_CLASSES = {name: getattr(m, f"{_camel(name)}Node") for name, m in OP_MODULES.items()}
+_DIM = re.compile(r"0|[1-9][0-9]{0,17}|[A-Za-z_][A-Za-z0-9_]{0,63}")
+_DECODE_ERRORS = (IndexError, KeyError, struct.error, UnicodeError, ValueError, TypeError, AttributeError,
+                  OverflowError, RecursionError, MemoryError, AssertionError)
+
+
+# ---- writing -----------------------------------------------------------------------------------------------------
+
+class _Writer:
+    def __init__(self):
+        self.b = flatbuffers.Builder(1024)
+        self.b.ForceDefaults(True)    # write every field, so -0.0 and other default-equal values survive exactly
+
+    def string(self, s: str) -> int:
+        try:
+            return self.b.CreateString(s)
+        except UnicodeError:
+            raise SamplecError(f"cannot serialize: {s!r} is not valid UTF-8 text") from None
+
+    def offsets(self, offs: list[int]) -> int:
+        self.b.StartVector(4, len(offs), 4)
+        for off in reversed(offs):
+            self.b.PrependUOffsetTRelative(off)
+        return self.b.EndVector()
+
+    def numbers(self, prepend, size: int, values) -> int:
+        self.b.StartVector(size, len(values), size)
+        for v in reversed(values):
+            prepend(v)
+        return self.b.EndVector()
+
+    def strings(self, items) -> int:
+        return self.offsets([self.string(s) for s in items])
+
+    def shape(self, t: Type) -> int:
+        dims = [str(d) for d in t.shape]
+        for d in dims:
+            if not _DIM.fullmatch(d):
+                raise SamplecError(f"cannot serialize: dimension {d!r} of {t} is not a symbol or a small integer")
+        return self.strings(dims)
+
+    def scalar(self, v) -> int:
+        b, m = self.b, fb_scalar
+        if isinstance(v, bool):
+            kind, negative, magnitude, f = ScalarKind.Bool, False, int(v), 0.0
+        elif isinstance(v, int):
+            if abs(v) > U64_MAX:
+                raise SamplecError(f"cannot serialize: integer {v} does not fit in 64 bits")
+            kind, negative, magnitude, f = ScalarKind.Int, v < 0, abs(v), 0.0
+        elif isinstance(v, float):
+            kind, negative, magnitude, f = ScalarKind.Float, False, 0, v
+        else:
+            raise SamplecError(f"cannot serialize: {v!r} is not a number")
+        m.Start(b)
+        m.AddKind(b, kind)
+        m.AddNegative(b, negative)
+        m.AddMagnitude(b, magnitude)
+        m.AddF(b, f)
+        return m.End(b)
+
+
+def _dtype_index(dtype: str) -> int:
+    if dtype not in DTYPES:
+        raise SamplecError(f"cannot serialize: unknown dtype {dtype!r}")
+    return DTYPES.index(dtype)
+
+
+def _write_op(w: _Writer, n: Node) -> int:
+    """The `<Op>Node` table of one node, its fields being the op's attributes in declaration order."""
+    m, b, attrs = OP_MODULES[n.op], w.b, n.attr_dict
+    values = {}
+    for name, kind in OPS[n.op].attrs:           # children (vectors, tables, strings) go before the table
+        if name not in attrs:
+            raise SamplecError(f"cannot serialize: {n.op} lacks attribute {name}")
+        v = attrs[name]
+        if kind in ("int", "ints"):
+            for x in (v if kind == "ints" else (v,)):
+                if not isinstance(x, int) or not I64_MIN <= x <= I64_MAX:
+                    raise SamplecError(f"cannot serialize: {n.op} attribute {name} = {v!r} is not a 64-bit int")
+        if kind == "ints":
+            values[name] = w.numbers(b.PrependInt64, 8, v)
+        elif kind == "floats":
+            values[name] = w.numbers(b.PrependFloat64, 8, [float(x) for x in v])
+        elif kind == "scalar":
+            values[name] = w.scalar(v)
+        elif kind == "str":
+            values[name] = w.string(v)
+        elif kind == "dtype":
+            values[name] = _dtype_index(v)
+        else:
+            values[name] = v
+    m.Start(b)
+    for name, _ in OPS[n.op].attrs:
+        getattr(m, "Add" + _camel(name))(b, values[name])
+    return m.End(b)
+
+
+def to_bytes(g: Graph) -> bytes:
+    """The .smpb bytes of `g`: params in order, then the reachable nodes in `g.toposort()` order."""
+    index = {id(p.node): i for i, p in enumerate(g.params)}
+    if len(index) != len(g.params):
+        raise SamplecError("cannot serialize: two parameters share a node")
+    nodes = [n for n in g.toposort() if id(n) not in index]
+    for n in nodes:
+        if n.op == INPUT:
+            raise SamplecError(f"cannot serialize: input {n.name!r} is not a declared parameter")
+        if n.op not in OPS:
+            raise SamplecError(f"cannot serialize: unknown op {n.op!r}")
+        index[id(n)] = len(index)
+    w = _Writer()
+    b = w.b
+
+    params = []
+    for p in g.params:
+        name, kind, shape = w.string(p.name), w.string(p.kind), w.shape(p.node.type)
+        rng = None if p.range is None else w.string(p.range)
+        default = None if p.default is None or p.default == "os" else w.scalar(p.default)
+        m = fb_param
+        m.Start(b)
+        m.AddName(b, name)
+        m.AddKind(b, kind)
+        m.AddDtype(b, _dtype_index(p.node.type.dtype))
+        m.AddShape(b, shape)
+        if default is not None:
+            m.AddDefault(b, default)
+        m.AddDefaultOs(b, isinstance(p.default, str) and p.default == "os")
+        if rng is not None:
+            m.AddRange(b, rng)
+        params.append(m.End(b))
+
+    fb_nodes = []
+    for n in nodes:
+        op = _write_op(w, n)
+        inputs = w.numbers(b.PrependUint32, 4, [index[id(i)] for i in n.inputs])
+        shape = w.shape(n.type)
+        name = None if n.name is None else w.string(n.name)
+        m = fb_node
+        m.Start(b)
+        m.AddOpType(b, OP_INDEX[n.op])
+        m.AddOp(b, op)
+        m.AddInputs(b, inputs)
+        m.AddDtype(b, _dtype_index(n.type.dtype))
+        m.AddShape(b, shape)
+        if name is not None:
+            m.AddName(b, name)
+        fb_nodes.append(m.End(b))
+
+    outputs = []
+    for key, n in g.outputs:
+        if id(n) not in index:
+            raise SamplecError(f"cannot serialize: output {key!r} is an undeclared input")
+        name = w.string(key)
+        fb_output.Start(b)
+        fb_output.AddName(b, name)
+        fb_output.AddValue(b, index[id(n)])
+        outputs.append(fb_output.End(b))
+
+    checks = []
+    for c in g.checks:
+        if id(c.flag) not in index:
+            raise SamplecError(f"cannot serialize: check {c.message!r} is on an undeclared input")
+        msg = w.string(c.message)
+        fb_check.Start(b)
+        fb_check.AddValue(b, index[id(c.flag)])
+        fb_check.AddMessage(b, msg)
+        checks.append(fb_check.End(b))
+
+    name, params_v, nodes_v = w.string(g.name), w.offsets(params), w.offsets(fb_nodes)
+    outputs_v, checks_v = w.offsets(outputs), w.offsets(checks)
+    m = fb_program
+    m.Start(b)
+    m.AddFormatVersion(b, FORMAT_VERSION)
+    m.AddName(b, name)
+    m.AddParams(b, params_v)
+    m.AddNodes(b, nodes_v)
+    m.AddOutputs(b, outputs_v)
+    m.AddChecks(b, checks_v)
+    b.Finish(m.End(b), file_identifier=FILE_IDENTIFIER)
+    return bytes(b.Output())
+
+
+def save(g: Graph, path) -> None:
+    """Write `g` to `path` atomically: the bytes go to a temp file in the same directory, then os.replace."""
+    data = to_bytes(g)
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+# ---- reading -----------------------------------------------------------------------------------------------------
+
+class _Invalid(Exception):
+    """A problem with the bytes; from_bytes reports it as SamplecError("invalid .smpb: ...")."""
+
+
+class _Reader:
+    """Checked access to the generated flatbuffer classes.
+
+    The flatbuffers runtime bounds-checks single reads (they raise), but a vector's length or a string's offset
+    is whatever the bytes say, and tables may alias one another. Every vector and string read is charged to a
+    budget of the buffer's length (an honest file never reads a byte twice), so a malicious file that points
+    many nodes at one huge vector is rejected instead of taking quadratic time.
+    """
+
+    def __init__(self, data: bytes):
+        self.size = len(data)
+        self.budget = len(data)
+
+    def charge(self, nbytes: int, what: str) -> None:
+        self.budget -= nbytes
+        if nbytes > self.size or self.budget < 0:
+            raise _Invalid(f"{what} runs past the end of the file or overlaps other data")
+
+    def length(self, obj, field: str, elem_size: int, what: str) -> int:
+        n = getattr(obj, field + "Length")()
+        if n > MAX_ITEMS:
+            raise _Invalid(f"{what} has {n} entries (more than {MAX_ITEMS})")
+        self.charge(4 + n * elem_size, what)
+        return n
+
+    def text(self, raw, what: str, required: bool = True) -> str | None:
+        if raw is None:
+            if required:
+                raise _Invalid(f"{what} is missing")
+            return None
+        self.charge(4 + len(raw) + 1, what)
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise _Invalid(f"{what} is not valid UTF-8") from None
+
+    def numbers(self, obj, field: str, what: str, elem_size: int = 8) -> tuple:
+        get = getattr(obj, field)
+        return tuple(get(j) for j in range(self.length(obj, field, elem_size, what)))
+
+    def dtype(self, i: int, what: str) -> str:
+        if not 0 <= i < len(DTYPES):
+            raise _Invalid(f"{what} has unknown dtype number {i}")
+        return DTYPES[i]
+
+    def type(self, obj, what: str) -> Type:
+        dtype = self.dtype(obj.Dtype(), what)
+        dims = []
+        for j in range(self.length(obj, "Shape", 4, f"{what} shape")):
+            d = self.text(obj.Shape(j), f"{what} dimension {j}")
+            if not _DIM.fullmatch(d):
+                raise _Invalid(f"{what} has a bad dimension {d!r}")
+            dims.append(int(d) if d[0].isdigit() else d)
+        return Type(dtype, tuple(dims))
+
+    def scalar(self, s, what: str):
+        if s is None:
+            raise _Invalid(f"{what} is missing")
+        kind, negative, magnitude = s.Kind(), s.Negative(), s.Magnitude()
+        if kind == ScalarKind.Float:
+            return s.F()
+        if kind == ScalarKind.Int:
+            if negative and magnitude == 0:
+                raise _Invalid(f"{what} is a negative zero integer")
+            return -magnitude if negative else magnitude
+        if kind == ScalarKind.Bool and magnitude in (0, 1) and not negative:
+            return bool(magnitude)
+        raise _Invalid(f"{what} is a malformed scalar (kind {kind})")
+
+    def attrs(self, op: str, table, what: str) -> dict:
+        if table is None:
+            raise _Invalid(f"{what} has no op table")
+        obj = OP_CLASSES[op]()
+        obj.Init(table.Bytes, table.Pos)
+        out = {}
+        for name, kind in OPS[op].attrs:
+            field, where = _camel(name), f"{what} attribute {name}"
+            if kind in ("int", "float", "bool"):
+                out[name] = getattr(obj, field)()
+            elif kind == "dtype":
+                out[name] = self.dtype(getattr(obj, field)(), where)
+            elif kind == "str":
+                out[name] = self.text(getattr(obj, field)(), where)
+            elif kind == "scalar":
+                out[name] = self.scalar(getattr(obj, field)(), where)
+            elif kind in ("ints", "floats"):
+                out[name] = self.numbers(obj, field, where)
+            else:
+                raise _Invalid(f"{where} has kind {kind!r}, which the format does not know")
+        return out
+
+
+def _read(data: bytes) -> Graph:
+    if len(data) < 8:
+        raise _Invalid(f"{len(data)} bytes is too short for a .smpb file")
+    if data[4:8] != FILE_IDENTIFIER:
+        raise _Invalid(f"file identifier is {data[4:8]!r}, expected {FILE_IDENTIFIER!r} (not a .smpb file)")
+    r = _Reader(data)
+    prog = fb_program.Program.GetRootAs(data, 0)
+    version = prog.FormatVersion()
+    if version != FORMAT_VERSION:
+        raise _Invalid(f"format version {version} is not supported (this samplec reads version {FORMAT_VERSION})")
+    gname = r.text(prog.Name(), "program name")
+
+    values: list[Node] = []
+    params: list[Param] = []
+    for i in range(r.length(prog, "Params", 4, "params")):
+        p, what = prog.Params(i), f"param {i}"
+        name = r.text(p.Name(), f"{what} name")
+        what = f"param {i} ({name!r})"
+        kind = r.text(p.Kind(), f"{what} kind")
+        t = r.type(p, what)
+        default = p.Default()
+        if p.DefaultOs():
+            if default is not None:
+                raise _Invalid(f"{what} has both a default value and the 'os' default")
+            default = "os"
+        elif default is not None:
+            default = r.scalar(default, f"{what} default")
+        rng = r.text(p.Range(), f"{what} range", required=False)
+        node = Node(INPUT, (), (), t, name)
+        params.append(Param(name, kind, node, default, rng))
+        values.append(node)
+    if not params or params[0].kind != "logits":
+        raise _Invalid("the first parameter must be the logits")
+    names = [p.name for p in params]
+    if len(set(names)) != len(names) or "" in names:
+        raise _Invalid("parameter names must be distinct and non-empty")
+
+    used = [False] * (len(params) + r.length(prog, "Nodes", 4, "nodes"))
+    for k in range(len(used) - len(params)):
+        n, me = prog.Nodes(k), len(values)
+        what = f"node {k} (value {me})"
+        tag = n.OpType()
+        if not 1 <= tag <= len(OP_NAMES):
+            raise _Invalid(f"{what} has unknown op number {tag}")
+        op = OP_NAMES[tag - 1]
+        what = f"node {k} (value {me}, {op})"
+        inputs = r.numbers(n, "Inputs", f"{what} operands", 4)
+        if len(inputs) != OPS[op].arity:
+            raise _Invalid(f"{what} has {len(inputs)} operands, {op} takes {OPS[op].arity}")
+        for j in inputs:
+            if j >= me:
+                raise _Invalid(f"{what} uses value {j}, which is not defined before it (forward reference or cycle)")
+            used[j] = True
+        attrs = r.attrs(op, n.Op(), what)
+        recorded = r.type(n, what)
+        hint = r.text(n.Name(), f"{what} name", required=False)
+        try:
+            node = make(op, *(values[j] for j in inputs), name=hint, **attrs)
+        except Exception as e:  # TypeError_ from the op table, or anything odd the attributes provoke
+            raise _Invalid(f"{what}: {e}") from None
+        if node.type != recorded:
+            raise _Invalid(f"{what} records type {recorded} but its operands give {node.type}")
+        values.append(node)
+
+    def value(j: int, what: str) -> Node:
+        if not 0 <= j < len(values):
+            raise _Invalid(f"{what} refers to value {j}, but there are only {len(values)}")
+        used[j] = True
+        return values[j]
+
+    outputs = []
+    for i in range(r.length(prog, "Outputs", 4, "outputs")):
+        o = prog.Outputs(i)
+        key = r.text(o.Name(), f"output {i} name")
+        if not key:
+            raise _Invalid(f"output {i} has an empty name")
+        outputs.append((key, value(o.Value(), f"output {key!r}")))
+    if len({k for k, _ in outputs}) != len(outputs):
+        raise _Invalid("output names must be distinct")
+    checks = []
+    for i in range(r.length(prog, "Checks", 4, "checks")):
+        c = prog.Checks(i)
+        checks.append(Check(value(c.Value(), f"check {i}"), r.text(c.Message(), f"check {i} message")))
+    unused = [j for j in range(len(params), len(values)) if not used[j]]
+    if unused:
+        raise _Invalid(f"value {unused[0]} ({values[unused[0]].op}) is computed but never used")
+    return Graph(gname, tuple(params), tuple(outputs), tuple(checks))
+
+
+def from_bytes(data: bytes) -> Graph:
+    """The Graph in `data`, checked completely; any problem raises SamplecError("invalid .smpb: ...")."""
+    data = bytes(data)
+    try:
+        g = _read(data)
+    except _Invalid as e:
+        raise SamplecError(f"invalid .smpb: {e}") from None
+    except _DECODE_ERRORS as e:
+        raise SamplecError(f"invalid .smpb: corrupt flatbuffer ({type(e).__name__}: {e})") from None
+    try:
+        verify(g)
+    except VerifyError as e:
+        raise SamplecError(f"invalid .smpb: {e}") from None
+    return g
+
+
+def load(path) -> Graph:
+    try:
+        data = Path(path).read_bytes()
+    except OSError as e:
+        raise SamplecError(f"cannot read {path}: {e.strerror or e}") from None
+    try:
+        return from_bytes(data)
+    except SamplecError as e:
+        raise SamplecError(f"{path}: {e}") from None
+
+
+__all__ = ["FORMAT_VERSION", "to_bytes", "from_bytes", "save", "load"]
