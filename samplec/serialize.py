@@ -148,6 +148,10 @@ def _write_op(w: _Writer, n: Node) -> int:
 
 def to_bytes(g: Graph) -> bytes:
     """The .smpb bytes of `g`: params in order, then the reachable nodes in `g.toposort()` order."""
+    try:
+        verify(g)      # never write a file that from_bytes would reject
+    except VerifyError as e:
+        raise SamplecError(f"cannot serialize: {e}") from None
     index = {id(p.node): i for i, p in enumerate(g.params)}
     if len(index) != len(g.params):
         raise SamplecError("cannot serialize: two parameters share a node")
@@ -251,6 +255,20 @@ def save(g: Graph, path) -> None:
 
 class _Invalid(Exception):
     """A problem with the bytes; from_bytes reports it as SamplecError("invalid .smpb: ...")."""
+
+
+class _CheckedBytes(bytes):
+    """The file's bytes, but a slice that runs outside them raises instead of quietly coming back short.
+
+    flatbuffers reads a string as `Bytes[start:start + length]`; with plain bytes a corrupt length or offset
+    would give a truncated or wrapped-around string rather than an error.
+    """
+
+    def __getitem__(self, key):
+        if isinstance(key, slice) and not (0 <= (key.start or 0) <= (len(self) if key.stop is None else key.stop)
+                                           <= len(self)):
+            raise IndexError(f"bytes {key.start}..{key.stop} lie outside the {len(self)}-byte file")
+        return super().__getitem__(key)
 
 
 class _Reader:
@@ -436,11 +454,14 @@ def _read(data: bytes) -> Graph:
 
 def from_bytes(data: bytes) -> Graph:
     """The Graph in `data`, checked completely; any problem raises SamplecError("invalid .smpb: ...")."""
-    data = bytes(data)
+    data = _CheckedBytes(data)
     try:
         g = _read(data)
     except _Invalid as e:
         raise SamplecError(f"invalid .smpb: {e}") from None
+    except (struct.error, IndexError, TypeError) as e:   # flatbuffers raises TypeError for a negative offset
+        raise SamplecError(f"invalid .smpb: corrupt flatbuffer: an offset or length points outside the file ({e})") \
+            from None
     except _DECODE_ERRORS as e:
         raise SamplecError(f"invalid .smpb: corrupt flatbuffer ({type(e).__name__}: {e})") from None
     try:

@@ -78,6 +78,53 @@ def _sparse_add(ins, a):
     return x.at[..., ids].add(vals)
 
 
+def _blocks(x: mx.array, bs: int) -> mx.array:
+    V = x.shape[-1]
+    nb = -(-V // bs)
+    if nb * bs != V:
+        pad = mx.full(x.shape[:-1] + (nb * bs - V,), -np.inf, dtype=x.dtype)
+        x = mx.concatenate([x, pad], axis=-1)
+    return x.reshape(x.shape[:-1] + (nb, bs))
+
+
+def _top_blocks(ins, a):
+    bm, m = ins[0], a["blocks"]
+    nb = bm.shape[-1]
+    if nb <= m:
+        return mx.broadcast_to(mx.arange(m, dtype=mx.int32), bm.shape[:-1] + (m,))
+    idx = mx.argpartition(-bm, kth=m - 1, axis=-1)[..., :m]
+    return mx.sort(idx.astype(mx.int32), axis=-1)
+
+
+def _block_bound(ins, a):
+    bm, m = ins[0], a["blocks"]
+    if bm.shape[-1] <= m:
+        return mx.full(bm.shape[:-1] + (1,), -np.inf, dtype=bm.dtype)
+    return -mx.partition(-bm, kth=m, axis=-1)[..., m:m + 1]
+
+
+def _block_ids(ins, a):
+    top, bs = ins[0], a["block_size"]
+    ids = top[..., None] * bs + mx.arange(bs, dtype=mx.int32)
+    return ids.reshape(top.shape[:-1] + (top.shape[-1] * bs,))
+
+
+def _take_tokens(ins, a):
+    x, ids = ins
+    V = x.shape[-1]
+    vals = _take_along([x, mx.minimum(ids, V - 1)], a)
+    return mx.where(ids < V, vals, mx.array(-np.inf, dtype=x.dtype))
+
+
+def _topk_positions(ins, a):
+    x, k = ins[0], a["k"]
+    n = x.shape[-1]
+    if k >= n:
+        return mx.broadcast_to(mx.arange(k, dtype=mx.int32) % n, x.shape[:-1] + (k,))
+    idx = mx.argpartition(-x, kth=k - 1, axis=-1)[..., :k]
+    return mx.sort(idx.astype(mx.int32), axis=-1)
+
+
 def _red(fn):
     return lambda ins, a: fn(ins[0], axis=-1, keepdims=True)
 
@@ -111,4 +158,7 @@ KERNELS = {
     "zeros_like": lambda i, a: mx.zeros(i[0].shape, dtype=DT[a["dtype"]]),
     "take_along": _take_along, "scatter_add": _scatter_add, "sparse_add": _sparse_add,
     "random_bits": lambda i, a: random_bits(*i),
+    "block_max": lambda i, a: mx.max(_blocks(i[0], a["block_size"]), axis=-1),
+    "top_blocks": _top_blocks, "block_bound": _block_bound, "block_ids": _block_ids,
+    "take_tokens": _take_tokens, "topk_positions": _topk_positions,
 }

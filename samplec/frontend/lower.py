@@ -121,14 +121,17 @@ class Lowering:
     # -- the chain --
     def run(self) -> Graph:
         logits = self.params[0].node
-        self.checks.append(Check(any_rows(make("logical_or", make("isnan", logits), make("isposinf", logits))),
+        # argmax returns the position of a NaN (else of a +inf) when there is one, so one gathered value per row
+        # checks the whole row -- and greedy shares the argmax
+        top = make("squeeze", make("take_along", logits, make("argmax", logits)), name="logits_top")
+        self.checks.append(Check(make("logical_or", make("isnan", top), make("isposinf", top)),
                                  "logits: NaN or +inf"))
-        self.checks.append(Check(empty_rows(logits), "logits: every entry is -inf"))
+        self.checks.append(Check(make("eq", top, const(NEG_INF)), "logits: every entry is -inf"))
         x, token = logits, None
         for st in self.sampler.stages:
             fn = getattr(self, "stage_" + st.name)
             if STAGES[st.name].terminal:
-                token = fn(x, **st.args)
+                token = self.to_token(fn(x, **st.args))
             else:
                 x = fn(x, **st.args)
         return Graph(self.sampler.name, tuple(self.params), self.outputs(logits, x, token), tuple(self.checks))
@@ -235,8 +238,7 @@ class Lowering:
         in_window = make("logical_or", make("eq", last_n, const(-1, I32)), make("ge", col, make("sub", h, last_n)))
         valid = make("logical_and", make("ge", hist, const(0, I32)), in_window, name="hist_valid")
         ids = where(valid, hist, const(0, I32))
-        counts = make("scatter_add", make("zeros_like", x, dtype=F32), ids, make("cast", valid, dtype=F32),
-                      name="counts")
+        counts = self.token_counts(ids, make("cast", valid, dtype=F32), x)
         seen = make("gt", counts, const(0.0))
         rep_x = where(make("gt", x, const(0.0)), make("div", x, rep), make("mul", x, rep))
         x1 = where(seen, rep_x, x)
@@ -261,13 +263,25 @@ class Lowering:
         return out
 
     def stage_greedy(self, x):
-        return make("squeeze", make("argmax", x), name="token")
+        return make("argmax", x)
 
     def stage_sample(self, x, seed, position):
         pos = make("cast", self.scalar(position, I32), dtype=U32)
-        ids = make("cast", make("iota", x), dtype=U32)
-        bits = make("random_bits", self.seed(seed), ids, pos, name="bits")
-        return make("squeeze", make("argmax", make("add", x, gumbel(bits), name="noisy")), name="token")
+        bits = make("random_bits", self.seed(seed), self.token_ids(x), pos, name="bits")
+        return make("argmax", make("add", x, gumbel(bits), name="noisy"))
+
+    # -- the vocabulary domain: the plan in plan.py overrides these to work on a candidate subset --
+    def token_ids(self, x: Node) -> Node:
+        """u32 token id of each position of x (the RandomBits counter)."""
+        return make("cast", make("iota", x), dtype=U32)
+
+    def to_token(self, position: Node) -> Node:
+        """[B,1] argmax position in x -> int32 [B] token id."""
+        return make("squeeze", position, name="token")
+
+    def token_counts(self, ids: Node, weights: Node, x: Node) -> Node:
+        """f32 count of each token of x among `ids` (weighted 0/1)."""
+        return make("scatter_add", make("zeros_like", x, dtype=F32), ids, weights, name="counts")
 
 
 def _param_ranges(sampler: CheckedSampler) -> dict[str, Range]:

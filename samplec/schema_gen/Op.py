@@ -56,4 +56,10 @@ class Op(object):
     TakeAlongNode = 50
     ScatterAddNode = 51
     SparseAddNode = 52
-    RandomBitsNode = 53
+    BlockMaxNode = 53
+    TopBlocksNode = 54
+    BlockBoundNode = 55
+    BlockIdsNode = 56
+    TakeTokensNode = 57
+    TopkPositionsNode = 58
+    RandomBitsNode = 59

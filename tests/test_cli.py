@@ -1,0 +1,203 @@
+"""The command line end to end, including bad input: every failure is a clear message and a non-zero exit."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from samplec.cli import app
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+runner = CliRunner()
+
+CHAIN = """sampler s(t: float = 0.8, p: float = 0.9, seed: seed = 0) -> token, logprob, top_logprobs(2) {
+    top_k(20)
+    top_p(p)
+    temperature(t)
+    sample(seed)
+}
+"""
+
+
+def cli(*args):
+    result = runner.invoke(app, [str(a) for a in args])
+    assert "Traceback" not in result.output and "Traceback" not in (result.stderr or "")
+    return result
+
+
+@pytest.fixture
+def files(tmp_path):
+    src = tmp_path / "s.smp"
+    src.write_text(CHAIN)
+    x = np.random.default_rng(0).normal(size=(3, 50)).astype(np.float32) * 2
+    np.save(tmp_path / "x.npy", x)
+    return tmp_path, src, x
+
+
+def test_compile_writes_smpb_and_inspect_prints_ir(files):
+    d, src, _ = files
+    r = cli("compile", src, "-o", d / "s.smpb")
+    assert r.exit_code == 0, r.output
+    assert (d / "s.smpb").read_bytes()[4:8] == b"SMPB"
+    r2 = cli("inspect", d / "s.smpb")
+    assert r2.exit_code == 0 and r2.stdout.startswith("sampler @s {")
+    r3 = cli("compile", src, "--emit", "ir")
+    assert r3.stdout == r2.stdout
+
+
+def test_compile_default_output_path(files):
+    d, src, _ = files
+    assert cli("compile", src).exit_code == 0
+    assert (d / "s.smpb").exists()
+
+
+def test_emit_variants_and_levels(files):
+    d, src, _ = files
+    unopt = cli("compile", src, "--emit", "ir-unopt").stdout
+    o0 = cli("compile", src, "-O0", "--emit", "ir").stdout
+    o2 = cli("compile", src, "-O2", "--emit", "ir").stdout
+    assert unopt == o0 and "kth_largest %logits" in o0
+    assert "kth_largest_static" in o2 and len(o2) < len(o0)
+    dot = cli("compile", src, "--emit", "dot").stdout
+    assert dot.startswith('digraph "s"') and "->" in dot
+    assert not (d / "s.smpb").exists()
+    after = cli("compile", src, "--emit", "ir", "--print-after-all")
+    assert "// ---- after simplify ----" in after.stdout
+
+
+def test_set_temperature_zero_leaves_no_randomness(files):
+    _, src, _ = files
+    r = cli("compile", src, "--set", "t=0", "--emit", "ir")
+    assert r.exit_code == 0, r.output
+    assert "random_bits" not in r.stdout and "%t:" not in r.stdout
+
+
+def test_set_out_of_range_and_unknown(files):
+    _, src, _ = files
+    r = cli("compile", src, "--set", "p=1.5")
+    assert r.exit_code == 1 and "p=1.5" in r.output and "out of range" in r.output
+    r = cli("compile", src, "--set", "q=1")
+    assert r.exit_code == 1 and "no parameter 'q'" in r.output
+    r = cli("compile", src, "--set", "p")
+    assert r.exit_code == 1 and "NAME=VALUE" in r.output
+
+
+def test_syntax_error_renders_location_and_writes_nothing(tmp_path):
+    bad = tmp_path / "bad.smp"
+    bad.write_text("sampler s() {\n    top_k(40\n    greedy()\n}\n")
+    out = tmp_path / "bad.smpb"
+    r = cli("compile", bad, "-o", out)
+    assert r.exit_code == 1
+    first = r.output.splitlines()[0]
+    assert first.startswith(f"{bad}:3:5: error:"), r.output
+    assert "^" in r.output
+    assert not out.exists()
+
+
+def test_semantic_error(tmp_path):
+    bad = tmp_path / "bad.smp"
+    bad.write_text("sampler s() {\n    top_p(1.5)\n    greedy()\n}\n")
+    r = cli("compile", bad)
+    assert r.exit_code == 1 and ":2:11: error:" in r.output and "out of range" in r.output
+
+
+def test_run_json_text_and_per_row_params(files):
+    d, src, x = files
+    r = cli("run", src, "--logits", d / "x.npy", "--seed", "5", "--param", "t=0.5,1.0,0", "--json")
+    assert r.exit_code == 0, r.output
+    data = json.loads(r.stdout)
+    assert set(data) == {"token", "logprob", "top_logprobs"}
+    assert len(data["token"]) == 3 and len(data["top_logprobs"]["ids"][0]) == 2
+    assert data["token"][2] == int(np.argmax(x[2]))          # t = 0 in row 2 is greedy
+    text = cli("run", src, "--logits", d / "x.npy", "--seed", "5", "--param", "t=0.5,1.0,0")
+    assert text.exit_code == 0 and "row 2:" in text.stdout
+
+
+def test_run_smpb_equals_source(files):
+    d, src, _ = files
+    cli("compile", src, "-o", d / "s.smpb")
+    a = json.loads(cli("run", src, "--logits", d / "x.npy", "--seed", "9", "--json").stdout)
+    b = json.loads(cli("run", d / "s.smpb", "--logits", d / "x.npy", "--seed", "9", "--json").stdout)
+    assert a == b
+
+
+def test_run_example_with_history():
+    r = cli("run", EXAMPLES / "llama.smp", "--logits", EXAMPLES / "logits.npy", "--history",
+            EXAMPLES / "history.npy", "--json")
+    assert r.exit_code == 0, r.output
+    assert len(json.loads(r.stdout)["token"]) == 2
+
+
+def test_draws_frequencies_match_probabilities(files):
+    d, src, _ = files
+    r = cli("run", src, "--logits", d / "x.npy", "--seed", "0", "--draws", "400", "--json")
+    assert r.exit_code == 0, r.output
+    data = json.loads(r.stdout)
+    assert data["draws"] == 400 and len(data["rows"]) == 3
+    for row in data["rows"]:
+        assert sum(row["counts"]) == 400
+        assert abs(sum(row["probability"]) - 1) < 0.05 or len(row["tokens"]) >= 10
+        top = int(np.argmax(row["probability"]))
+        assert abs(row["frequency"][top] - row["probability"][top]) < 0.1
+    text = cli("run", src, "--logits", d / "x.npy", "--draws", "50")
+    assert text.exit_code == 0 and "probability" in text.stdout
+
+
+def test_bad_smpb(tmp_path, files):
+    d, _, _ = files
+    bad = tmp_path / "bad.smpb"
+    bad.write_bytes(b"\x10\x00\x00\x00SMPB" + b"\xff" * 40)
+    for cmd in (["inspect", bad], ["run", bad, "--logits", d / "x.npy"]):
+        r = cli(*cmd)
+        assert r.exit_code == 1 and "invalid .smpb" in r.output
+
+
+def test_nan_logits_names_the_row(files, tmp_path):
+    _, src, x = files
+    y = x.copy()
+    y[1, 7] = np.nan
+    np.save(tmp_path / "nan.npy", y)
+    r = cli("run", src, "--logits", tmp_path / "nan.npy")
+    assert r.exit_code == 1 and "NaN" in r.output and "row 1" in r.output
+
+
+def test_wrong_shaped_logits(files, tmp_path):
+    _, src, _ = files
+    np.save(tmp_path / "cube.npy", np.zeros((2, 2, 2), np.float32))
+    r = cli("run", src, "--logits", tmp_path / "cube.npy")
+    assert r.exit_code == 1 and "logits" in r.output and "shape" in r.output
+    np.save(tmp_path / "ints.npy", np.zeros((2, 5), np.int32))
+    r = cli("run", src, "--logits", tmp_path / "ints.npy")
+    assert r.exit_code == 1 and "float32" in r.output
+
+
+def test_run_param_errors(files):
+    d, src, _ = files
+    r = cli("run", src, "--logits", d / "x.npy", "--param", "p=0.5,1.5,0.9")
+    assert r.exit_code == 1 and "p = 1.5" in r.output and "row 1" in r.output
+    r = cli("run", src, "--logits", d / "x.npy", "--param", "zz=1")
+    assert r.exit_code == 1 and "zz" in r.output
+    r = cli("run", src, "--logits", d / "x.npy", "--history", d / "x.npy")
+    assert r.exit_code == 1 and "tokens" in r.output
+    r = cli("run", src, "--logits", d / "missing.npy")
+    assert r.exit_code == 1 and "no such file" in r.output
+
+
+def test_safetensors_and_npz(files, tmp_path):
+    import mlx.core as mx
+    d, src, x = files
+    mx.save_safetensors(str(tmp_path / "x.safetensors"), {"logits": mx.array(x).astype(mx.bfloat16)})
+    np.savez(tmp_path / "x.npz", logits=x)
+    a = cli("run", src, "--logits", tmp_path / "x.npz", "--seed", "1", "--json")
+    b = cli("run", src, "--logits", tmp_path / "x.safetensors", "--seed", "1", "--json")
+    assert a.exit_code == 0 and b.exit_code == 0, a.output + b.output
+
+
+def test_help_lists_commands():
+    r = cli("--help")
+    assert r.exit_code == 0
+    for cmd in ("compile", "run", "inspect"):
+        assert cmd in r.stdout
