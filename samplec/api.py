@@ -8,6 +8,7 @@ from samplec.diagnostics import SamplecError
 from samplec.frontend.check import check
 from samplec.frontend.lower import _param_ranges, lower
 from samplec.frontend.parser import parse
+from samplec.frontend.plan import plan
 from samplec.ir.graph import Graph
 from samplec.passes import run_pipeline
 from samplec.program import Program
@@ -19,17 +20,25 @@ __all__ = ["compile", "compile_file", "load", "lower_source", "Program", "Sample
 def lower_source(source: str, sampler: str | None = None, bindings: dict | None = None,
                  filename: str = "<string>") -> tuple[Graph, list]:
     """Parse, check and lower; returns the unoptimized graph and the warnings."""
-    checked, warnings = check(parse(source, filename), sampler)
-    binds = _check_bindings(checked, dict(bindings or {}))
+    checked, warnings, binds = _front(source, sampler, bindings, filename)
     return lower(checked, binds), warnings
+
+
+def _front(source, sampler, bindings, filename):
+    checked, warnings = check(parse(source, filename), sampler)
+    return checked, warnings, _check_bindings(checked, dict(bindings or {}))
 
 
 def compile(source: str, sampler: str | None = None, opt_level: int = 2, bindings: dict | None = None,
             filename: str = "<string>", after_pass=None) -> Program:  # noqa: A001 - the spec names it compile
     if opt_level not in (0, 1, 2):
         raise SamplecError(f"opt_level must be 0, 1 or 2, got {opt_level!r}")
-    graph, _ = lower_source(source, sampler, bindings, filename)
-    return Program(run_pipeline(graph, opt_level, after=after_pass))
+    checked, _, binds = _front(source, sampler, bindings, filename)
+    graph = run_pipeline(lower(checked, binds), opt_level, after=after_pass)
+    fast = plan(checked, binds) if opt_level >= 2 else None
+    if fast is not None:
+        fast = run_pipeline(fast, opt_level)
+    return Program(graph, fast)
 
 
 def compile_file(path: str | os.PathLike, sampler: str | None = None, opt_level: int = 2,
@@ -43,8 +52,8 @@ def compile_file(path: str | os.PathLike, sampler: str | None = None, opt_level:
 
 
 def load(path: str | os.PathLike) -> Program:
-    from samplec.serialize import load as load_graph
-    return Program(load_graph(path))
+    from samplec.serialize import load_with_plan
+    return Program(*load_with_plan(path))
 
 
 def _check_bindings(checked, bindings: dict) -> dict:

@@ -57,10 +57,16 @@ def _rows(mask: np.ndarray, limit: int = 8) -> str:
 
 
 class Program:
-    def __init__(self, graph: Graph, compile: bool = True):
+    """A compiled sampler. `graph` is the exact program; `plan` (at -O2, when it applies) is the candidate plan
+    that runs first: where its guard flags a row, the call is answered by the exact program instead."""
+
+    def __init__(self, graph: Graph, plan: Graph | None = None, compile: bool = True):
         from samplec.backend_mlx.interpreter import Executable
         self.graph = graph
+        self.plan = plan
         self.exe = Executable(graph, compile=compile)
+        self.plan_exe = None if plan is None else Executable(plan, compile=compile)
+        self.fallbacks = 0   # calls the plan handed to the exact program
         self._max_bias_id = max((max(n.attr("ids"), default=-1) for n in graph.toposort() if n.op == "sparse_add"),
                                 default=-1)
 
@@ -74,15 +80,19 @@ class Program:
         return self.graph.params[1:]
 
     def ir(self) -> str:
-        return print_graph(self.graph)
+        text = print_graph(self.graph)
+        if self.plan is not None:
+            text += "\n// -O2 candidate plan: runs first; a row it flags is answered by the program above\n"
+            text += print_graph(self.plan)
+        return text
 
     def to_bytes(self) -> bytes:
         from samplec.serialize import to_bytes
-        return to_bytes(self.graph)
+        return to_bytes(self.graph, self.plan)
 
     def save(self, path) -> None:
         from samplec.serialize import save
-        save(self.graph, path)
+        save(self.graph, path, self.plan)
 
     def __repr__(self) -> str:
         ps = ", ".join(p.name for p in self.params)
@@ -91,6 +101,12 @@ class Program:
     # ---- running ----
     def __call__(self, logits, **params) -> Outputs:
         args = self.prepare(logits, params)
+        if self.plan_exe is not None:
+            outs, flags = self.plan_exe(*args)
+            mx.eval(outs + flags)
+            if not np.array(flags[0]).any():
+                return Outputs({k: v for (k, _), v in zip(self.plan.outputs, outs)})
+            self.fallbacks += 1
         outs, flags = self.exe(*args)
         mx.eval(outs + flags)
         for check, flag in zip(self.graph.checks, flags):

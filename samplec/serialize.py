@@ -146,8 +146,19 @@ def _write_op(w: _Writer, n: Node) -> int:
     return m.End(b)
 
 
-def to_bytes(g: Graph) -> bytes:
-    """The .smpb bytes of `g`: params in order, then the reachable nodes in `g.toposort()` order."""
+def to_bytes(g: Graph, plan: Graph | None = None) -> bytes:
+    """The .smpb bytes of `g` (and its optional -O2 plan): params in order, then the reachable nodes in
+    `g.toposort()` order."""
+    if plan is not None and [(p.name, p.kind, p.default) for p in plan.params] != \
+            [(p.name, p.kind, p.default) for p in g.params]:
+        raise SamplecError("cannot serialize: the plan's parameters differ from the program's")
+    w = _Writer()
+    plan_off = None if plan is None else _write_program(w, plan, None)
+    w.b.Finish(_write_program(w, g, plan_off), file_identifier=FILE_IDENTIFIER)
+    return bytes(w.b.Output())
+
+
+def _write_program(w: "_Writer", g: Graph, plan_off: int | None) -> int:
     try:
         verify(g)      # never write a file that from_bytes would reject
     except VerifyError as e:
@@ -162,7 +173,6 @@ def to_bytes(g: Graph) -> bytes:
         if n.op not in OPS:
             raise SamplecError(f"cannot serialize: unknown op {n.op!r}")
         index[id(n)] = len(index)
-    w = _Writer()
     b = w.b
 
     params = []
@@ -230,22 +240,29 @@ def to_bytes(g: Graph) -> bytes:
     m.AddNodes(b, nodes_v)
     m.AddOutputs(b, outputs_v)
     m.AddChecks(b, checks_v)
-    b.Finish(m.End(b), file_identifier=FILE_IDENTIFIER)
-    return bytes(b.Output())
+    if plan_off is not None:
+        m.AddPlan(b, plan_off)
+    return m.End(b)
 
 
-def save(g: Graph, path) -> None:
+def save(g: Graph, path, plan: Graph | None = None) -> None:
     """Write `g` to `path` atomically: the bytes go to a temp file in the same directory, then os.replace."""
-    data = to_bytes(g)
+    data = to_bytes(g, plan)
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    except OSError as e:
+        raise SamplecError(f"cannot write {path}: {e.strerror or e}") from None
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise SamplecError(f"cannot write {path}: {e.strerror or e}") from None
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
@@ -373,6 +390,22 @@ def _read(data: bytes) -> Graph:
     version = prog.FormatVersion()
     if version != FORMAT_VERSION:
         raise _Invalid(f"format version {version} is not supported (this samplec reads version {FORMAT_VERSION})")
+    g = _read_program(r, prog)
+    plan_table = prog.Plan()
+    if plan_table is None:
+        return g, None
+    if plan_table.Plan() is not None:
+        raise _Invalid("a plan may not have a plan of its own")
+    plan = _read_program(r, plan_table)
+    if [(p.name, p.kind, p.node.type, p.default, p.range) for p in plan.params] != \
+            [(p.name, p.kind, p.node.type, p.default, p.range) for p in g.params]:
+        raise _Invalid("the plan's parameters differ from the program's")
+    if [(k, n.type) for k, n in plan.outputs] != [(k, n.type) for k, n in g.outputs] or len(plan.checks) != 1:
+        raise _Invalid("the plan's outputs differ from the program's, or it lacks its one guard check")
+    return g, plan
+
+
+def _read_program(r: "_Reader", prog) -> Graph:
     gname = r.text(prog.Name(), "program name")
 
     values: list[Node] = []
@@ -454,9 +487,14 @@ def _read(data: bytes) -> Graph:
 
 def from_bytes(data: bytes) -> Graph:
     """The Graph in `data`, checked completely; any problem raises SamplecError("invalid .smpb: ...")."""
+    return from_bytes_with_plan(data)[0]
+
+
+def from_bytes_with_plan(data: bytes) -> tuple[Graph, Graph | None]:
+    """The program and its optional -O2 plan, both checked completely."""
     data = _CheckedBytes(data)
     try:
-        g = _read(data)
+        g, plan = _read(data)
     except _Invalid as e:
         raise SamplecError(f"invalid .smpb: {e}") from None
     except (struct.error, IndexError, TypeError) as e:   # flatbuffers raises TypeError for a negative offset
@@ -466,20 +504,26 @@ def from_bytes(data: bytes) -> Graph:
         raise SamplecError(f"invalid .smpb: corrupt flatbuffer ({type(e).__name__}: {e})") from None
     try:
         verify(g)
+        if plan is not None:
+            verify(plan)
     except VerifyError as e:
         raise SamplecError(f"invalid .smpb: {e}") from None
-    return g
+    return g, plan
 
 
 def load(path) -> Graph:
+    return load_with_plan(path)[0]
+
+
+def load_with_plan(path) -> tuple[Graph, Graph | None]:
     try:
         data = Path(path).read_bytes()
     except OSError as e:
         raise SamplecError(f"cannot read {path}: {e.strerror or e}") from None
     try:
-        return from_bytes(data)
+        return from_bytes_with_plan(data)
     except SamplecError as e:
         raise SamplecError(f"{path}: {e}") from None
 
 
-__all__ = ["FORMAT_VERSION", "to_bytes", "from_bytes", "save", "load"]
+__all__ = ["FORMAT_VERSION", "to_bytes", "from_bytes", "from_bytes_with_plan", "save", "load", "load_with_plan"]

@@ -119,6 +119,7 @@ def schema_text() -> str:
         "  nodes:[Node];",
         "  outputs:[Output];",
         "  checks:[CheckEntry];",
+        "  plan:Program;          // the -O2 candidate plan: same params and outputs, one guard check",
         "}",
         "",
         "root_type Program;",

@@ -172,7 +172,7 @@ def test_save_is_atomic(tmp_path, monkeypatch):
     def boom(*a):
         raise OSError("disk full")
     monkeypatch.setattr(serialize.os, "replace", boom)
-    with pytest.raises(OSError):
+    with pytest.raises(SamplecError, match="cannot write .*disk full"):
         serialize.save(demo_graph(), path)
     assert path.read_bytes() == before
     assert [p.name for p in tmp_path.iterdir()] == ["prog.smpb"]

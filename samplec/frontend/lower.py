@@ -131,19 +131,22 @@ class Lowering:
         for st in self.sampler.stages:
             fn = getattr(self, "stage_" + st.name)
             if STAGES[st.name].terminal:
-                token = self.to_token(fn(x, **st.args))
+                self.token_position = fn(x, **st.args)
+                token = self.to_token(self.token_position)
             else:
                 x = fn(x, **st.args)
         return Graph(self.sampler.name, tuple(self.params), self.outputs(logits, x, token), tuple(self.checks))
 
-    def outputs(self, logits: Node, x: Node, token: Node | None):
+    def outputs(self, logits: Node, x: Node, token: Node | None, logprob_x: Node | None = None):
         out = []
         tok2 = None if token is None else make("expand", token)
         for o in self.sampler.outputs:
             if o.name == "token":
                 out.append(("token", token))
             elif o.name == "logprob":
-                out.append(("logprob", make("squeeze", make("take_along", log_softmax(x), tok2), name="logprob")))
+                # the terminal's argmax position in x; an explicit full-vocabulary x is indexed by token id
+                lp, at = (log_softmax(x), self.token_position) if logprob_x is None else (log_softmax(logprob_x), tok2)
+                out.append(("logprob", make("squeeze", make("take_along", lp, at), name="logprob")))
             elif o.name == "raw_logprob":
                 out.append(("raw_logprob", make("squeeze", make("take_along", log_softmax(logits, "raw_logp"), tok2),
                                                  name="raw_logprob")))
@@ -154,8 +157,9 @@ class Lowering:
             elif o.name == "probs":
                 out.append(("probs", softmax(x, "probs")))
             elif o.name == "candidates":
-                ids = make("topk_ids", x, k=o.arg, name="cand_ids")
-                out += [("candidates.ids", ids), ("candidates.values", make("take_along", x, ids, name="cand_x"))]
+                pos = make("topk_ids", x, k=o.arg, name="cand_pos")
+                out += [("candidates.ids", self.positions_to_ids(pos)),
+                        ("candidates.values", make("take_along", x, pos, name="cand_x"))]
         return tuple(out)
 
     # -- stages (spec §2) --
@@ -278,6 +282,9 @@ class Lowering:
     def to_token(self, position: Node) -> Node:
         """[B,1] argmax position in x -> int32 [B] token id."""
         return make("squeeze", position, name="token")
+
+    def positions_to_ids(self, positions: Node) -> Node:
+        return positions
 
     def token_counts(self, ids: Node, weights: Node, x: Node) -> Node:
         """f32 count of each token of x among `ids` (weighted 0/1)."""

@@ -1,0 +1,257 @@
+"""Multi-step decoding on the device: model forward (with its KV cache) + compiled sampler, `chunk` steps per sync.
+
+`generate(model, program, prompt, max_tokens, chunk=k)` builds k decode steps as one lazy MLX graph: each step's
+sampled token feeds the next forward pass without a round trip to the host; the host synchronizes once per chunk
+(to read the chunk's tokens, look for end-of-sequence and check the program's run-time flags), while the next chunk
+is already queued with `mx.async_eval`.
+
+Position convention (the same in the mlx-lm adapter): the token at index `i` of the sequence (prompt length +
+tokens generated before it) is sampled with `position = i`, and the token history the program sees is the whole
+sequence before it (prompt + generated). A run is therefore reproducible from (prompt, seed) alone, and every
+`chunk` gives exactly the tokens of `chunk=1` and of `samplec.integrations.mlx_lm.Sampler`.
+
+`ProgramFeed` is the small piece both share: it finds which program parameters a decode loop drives (the seed,
+the position, the token history), checks the other parameters once, and afterwards calls the executable directly,
+with no host synchronization.
+"""
+from __future__ import annotations
+
+from typing import Iterable, Sequence
+
+import mlx.core as mx
+import numpy as np
+
+from samplec.diagnostics import SamplecError
+from samplec.ir.graph import INPUT
+from samplec.program import Outputs, Program
+
+__all__ = ["generate", "ProgramFeed", "position_params", "pad_history", "HISTORY_BLOCK"]
+
+HISTORY_BLOCK = 256      # the token history is left-padded with -1 to a multiple of this (fewer shapes to compile)
+PREFILL_STEP = 2048      # prompt tokens per prefill forward pass (mlx-lm's default, for identical logits)
+
+
+def position_params(program: Program) -> list[str]:
+    """Names of the `int` parameters that reach a random-bits counter (the `position` of `sample` / `xtc`)."""
+    by_node = {id(p.node): p for p in program.params}
+    names: list[str] = []
+    for node in program.graph.toposort():
+        if node.op != "random_bits":
+            continue
+        src = node.inputs[2]
+        while src.op in ("expand", "cast", "broadcast", "reshape", "squeeze") and src.inputs:
+            src = src.inputs[0]
+        p = by_node.get(id(src)) if src.op == INPUT else None
+        if p is not None and p.kind == "int" and p.name not in names:
+            names.append(p.name)
+    return names
+
+
+def pad_history(seq: mx.array, length: int) -> mx.array:
+    """Left-pad int32 [B, length] with -1 (padding, ignored by `penalties`) to a multiple of HISTORY_BLOCK.
+
+    The most recent tokens stay in the last columns, so `last_n` windows are unchanged.
+    """
+    cap = max(HISTORY_BLOCK, -(-length // HISTORY_BLOCK) * HISTORY_BLOCK)
+    seq = seq.astype(mx.int32)
+    if cap == length:
+        return seq
+    return mx.concatenate([mx.full((seq.shape[0], cap - length), -1, dtype=mx.int32), seq], axis=1)
+
+
+class ProgramFeed:
+    """Feeds one compiled program step after step: logits, position and history change, the rest is fixed.
+
+    `seed` is given to the program's `seed` parameters (unless one is passed by name in `params`); the positions
+    go to the `int` parameters that reach `sample`/`xtc` positions (`position_params`); the history goes to its
+    one `tokens` parameter. Those driven parameters may not be passed in `params`.
+    """
+
+    def __init__(self, program: Program, seed: int | None, params: dict):
+        if not isinstance(program, Program):
+            raise SamplecError(f"expected a samplec Program, got {type(program).__name__}")
+        self.program = program
+        names = [k for k, _ in program.graph.outputs]
+        if "token" not in names:
+            raise SamplecError(f"the sampler '{program.name}' has no 'token' output (it ends without a terminal); "
+                               "a decode loop needs one")
+        self.output_names = names
+        self.token_index = names.index("token")
+        kinds = {p.name: p.kind for p in program.params}
+        self.position_names = position_params(program)
+        hist = [p.name for p in program.params if p.kind == "tokens"]
+        if len(hist) > 1:
+            raise SamplecError(f"the sampler '{program.name}' has {len(hist)} token-history parameters "
+                               f"({', '.join(hist)}); a decode loop feeds exactly one")
+        self.history_name = hist[0] if hist else None
+        driven = [n for n in self.position_names + hist if n in params]
+        if driven:
+            raise SamplecError(f"parameter '{driven[0]}' is set by the decode loop (the position / token history "
+                               "of the token being sampled); do not pass it")
+        self.params = dict(params)
+        if seed is not None:
+            for name, kind in kinds.items():
+                if kind == "seed" and name not in self.params:
+                    self.params[name] = seed
+        names_in_order = [p.name for p in program.params]
+        self._pos_idx = [1 + names_in_order.index(n) for n in self.position_names]
+        self._hist_idx = 1 + names_in_order.index(self.history_name) if self.history_name else None
+        self._base: dict[tuple[int, int], list[mx.array]] = {}
+
+    @property
+    def needs_history(self) -> bool:
+        return self.history_name is not None
+
+    def _base_args(self, B: int, V: int) -> list[mx.array]:
+        """The checked, normalized arguments for a batch of B rows over V tokens (computed once per shape)."""
+        key = (B, V)
+        if key not in self._base:
+            values = dict(self.params)
+            if self.history_name:
+                values[self.history_name] = np.full((B, 1), -1, dtype=np.int32)
+            for n in self.position_names:
+                values[n] = 0
+            self._base[key] = self.program.prepare(mx.zeros((B, V), dtype=mx.float32), values)
+        return self._base[key]
+
+    def check_history(self, tokens, V: int) -> None:
+        """Host check (once, on the prompt) that the history holds no id >= V."""
+        arr = np.asarray(tokens)
+        if arr.size and (arr >= V).any():
+            raise SamplecError(f"{self.history_name or 'prompt'}: token id {int(arr.max())} >= V = {V}")
+
+    def __call__(self, logits: mx.array, positions: Sequence[int] | mx.array, history: mx.array | None = None
+                 ) -> tuple[list[mx.array], list[mx.array]]:
+        """One lazy call: logits [B, V], positions [B], history int32 [B, H] (already padded, or None)."""
+        if logits.ndim == 1:
+            logits = logits[None]
+        if logits.dtype != mx.float32:
+            logits = logits.astype(mx.float32)
+        B, V = logits.shape
+        args = list(self._base_args(B, V))
+        args[0] = logits
+        if self._pos_idx:
+            pos = positions if isinstance(positions, mx.array) else mx.array(list(positions), dtype=mx.int32)
+            for i in self._pos_idx:
+                args[i] = pos.astype(mx.int32)
+        if self._hist_idx is not None:
+            if history is None:
+                raise SamplecError(f"the sampler needs its token history '{self.history_name}'")
+            args[self._hist_idx] = history
+        return self.program.exe(*args)
+
+    def outputs(self, outs: list[mx.array]) -> Outputs:
+        return Outputs(dict(zip(self.output_names, outs)))
+
+    def raise_flags(self, flags: Iterable[np.ndarray], where: str) -> None:
+        """Raise the first fired run-time check: flags are bool arrays (any shape) in the graph's check order."""
+        for check, flag in zip(self.program.graph.checks, flags):
+            if np.asarray(flag).any():
+                raise SamplecError(f"{check.message} ({where})")
+
+
+def _make_cache(model):
+    if hasattr(model, "make_cache"):
+        return model.make_cache()
+    try:
+        from mlx_lm.models.cache import make_prompt_cache
+    except ImportError:  # pragma: no cover - mlx-lm is an optional dependency
+        raise SamplecError("samplec.decode.generate needs mlx-lm for the model's KV cache "
+                           "(pip install 'samplec[mlx-lm]')") from None
+    return make_prompt_cache(model)
+
+
+def _as_prompt(prompt) -> list[int]:
+    if isinstance(prompt, mx.array):
+        prompt = np.array(prompt)
+    arr = np.asarray(prompt)
+    if arr.ndim != 1 or arr.size == 0 or not np.issubdtype(arr.dtype, np.integer):
+        raise SamplecError(f"prompt: expected a non-empty list of token ids, got shape {list(arr.shape)} "
+                           f"of {arr.dtype}")
+    if (arr < 0).any():
+        raise SamplecError("prompt: negative token id")
+    return arr.astype(np.int64).tolist()
+
+
+def _eos_set(eos_token_id) -> set[int]:
+    if eos_token_id is None:
+        return set()
+    if isinstance(eos_token_id, (int, np.integer)):
+        return {int(eos_token_id)}
+    return {int(t) for t in eos_token_id}
+
+
+def generate(model, program: Program, prompt, max_tokens: int, *, chunk: int = 1, seed: int = 0,
+             eos_token_id=None, **params) -> list[int]:
+    """Generate up to `max_tokens` tokens after `prompt`, `chunk` decode steps per host synchronization.
+
+    `model` is an mlx-lm model (`model(tokens[None], cache=cache)` returns logits [1, L, V]); `program` is a
+    compiled sampler with a `token` output. `seed` goes to the program's seed parameter(s); `params` are its other
+    run-time parameters (its position and token-history parameters are driven by the loop). The result is the
+    generated tokens, ending with the first end-of-sequence token if one of `eos_token_id` (an id or a list) came.
+    """
+    if not isinstance(chunk, (int, np.integer)) or chunk < 1:
+        raise SamplecError(f"chunk must be an integer >= 1, got {chunk!r}")
+    if not isinstance(max_tokens, (int, np.integer)) or max_tokens < 0:
+        raise SamplecError(f"max_tokens must be an integer >= 0, got {max_tokens!r}")
+    tokens = _as_prompt(prompt)
+    feed = ProgramFeed(program, seed, params)
+    eos = _eos_set(eos_token_id)
+    if max_tokens == 0:
+        return []
+
+    cache = _make_cache(model)
+    seq = mx.array(tokens, dtype=mx.int32)
+    # prefill exactly as mlx-lm's generate_step does (all but the last prompt token, in PREFILL_STEP pieces), so
+    # that the first logits -- and every later one -- are bit-identical to the adapter's
+    rest = seq
+    while rest.shape[0] > 1:
+        n = min(PREFILL_STEP, rest.shape[0] - 1)
+        model(rest[:n][None], cache=cache)
+        mx.eval([c.state for c in cache])
+        rest = rest[n:]
+    logits = model(rest[None], cache=cache)[:, -1, :]
+    V = logits.shape[-1]
+    feed.check_history(tokens, V)
+
+    hist = seq[None]                   # [1, n] lazy: prompt + tokens sampled so far
+    length = len(tokens)
+    y = None
+    out: list[int] = []
+    pending = None                     # (tokens [n], flags per check [n, 1], first position) of the chunk in flight
+    step = 0
+    while True:
+        launched = None
+        if step < max_tokens:
+            toks, flags = [], []
+            first = length
+            for _ in range(min(chunk, max_tokens - step)):
+                if y is not None:
+                    logits = model(y[None], cache=cache)[:, -1, :]
+                history = pad_history(hist, length) if feed.needs_history else None
+                outs, fl = feed(logits, [length], history)
+                y = outs[feed.token_index].astype(mx.int32)
+                if feed.needs_history:
+                    hist = mx.concatenate([hist, y[None]], axis=1)
+                length += 1
+                step += 1
+                toks.append(y)
+                flags.append(fl)
+            chunk_tokens = mx.concatenate(toks)
+            chunk_flags = [mx.stack([fl[c] for fl in flags]) for c in range(len(program.graph.checks))]
+            mx.async_eval(chunk_tokens, *chunk_flags)
+            launched = (chunk_tokens, chunk_flags, first)
+        if pending is not None:
+            done, done_flags, first = pending
+            host_flags = [np.array(f) for f in done_flags]
+            for check, f in zip(program.graph.checks, host_flags):
+                if f.any():
+                    at = first + int(np.nonzero(f.reshape(f.shape[0], -1).any(axis=1))[0][0])
+                    raise SamplecError(f"{check.message} (at position {at})")
+            for t in np.array(done).tolist():
+                out.append(int(t))
+                if t in eos:
+                    return out
+        if launched is None:
+            return out
+        pending = launched

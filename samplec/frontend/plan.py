@@ -1,0 +1,236 @@
+"""The -O2 candidate plan: run the chain on a few candidate tokens instead of the whole vocabulary, exactly.
+
+The vocabulary is cut into blocks; one pass computes every block's maximum, and the chain then runs on the tokens
+of the `M` blocks with the largest maxima (ids ascending, so ties still resolve to the lowest id, and RandomBits
+is indexed by token id, so the noise of a token does not depend on the plan). Every token outside those blocks is
+at most `bound`, the (M+1)-th largest block maximum. The plan applies when the first stage that needs the whole
+distribution is preceded by a stage that removes everything below a threshold the plan can compute on the
+candidates alone:
+
+    top_k(k)      threshold = the k-th largest (exact: the k largest all lie in the k best blocks), then the
+                  k survivors are compacted so later stages work on k tokens
+    min_p(m)      threshold = max + ln m
+    top_p(p)      threshold = the smallest kept probability; the normalizer is summed over the vocabulary
+    temperature + sample, nothing else
+                  no token whose logit plus the largest possible Gumbel noise stays below the winner's noisy score
+                  can win: threshold = t * (winner - g_max)
+
+A row whose `bound` reaches its threshold (ties across blocks, flat distributions), or whose logits are invalid,
+raises the plan's guard; the program then runs the exact graph for that call, which also reports real errors.
+`penalties` whose effect can only lower logits (repeat >= 1, frequency >= 0, presence >= 0) are applied on the
+candidates; other leading stages (logit_bias, allow, other penalties) run on the whole vocabulary first.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from samplec.frontend.ast import CheckedSampler, Literal, Name
+from samplec.frontend.lower import NEG_INF, Lowering, const, where
+from samplec.ir.graph import Check, Graph, Node, make
+from samplec.ir.types import F32, I32, U32
+
+PLAN_GUARD = "plan: this row needs the exact program"
+BLOCK = 64          # tokens per block: divides 32000, 152064 and 262144, so no padding copy
+BLOCKS = 16         # candidate blocks when no top_k fixes the count
+MAX_TOP_K = 256     # beyond this a partition over the vocabulary is as cheap
+PREFIX = ("penalties", "logit_bias", "allow")
+# the largest Gumbel noise float32 can produce: u = (2^23 - 1 + 0.5) * 2^-23
+_U_MAX = np.float32((2 ** 23 - 1 + 0.5) * 2.0 ** -23)
+G_MAX = float(-np.log(-np.log(_U_MAX)))
+MARGIN = 1e-3
+
+
+def _const_value(expr, bindings: dict):
+    if isinstance(expr, Literal):
+        return expr.value
+    if isinstance(expr, Name) and expr.name in bindings:
+        return bindings[expr.name]
+    return None
+
+
+class PlanLowering(Lowering):
+    """Lowering on a candidate domain: `ids` (i32 [B,C], ascending) are the token ids of the positions of x."""
+
+    def __init__(self, sampler: CheckedSampler, bindings: dict):
+        super().__init__(sampler, bindings)
+        self.ids: Node | None = None
+        self.guards: list[Node] = []
+
+    # -- domain hooks --
+    def token_ids(self, x):
+        return make("cast", self.ids, dtype=U32) if self.ids is not None else super().token_ids(x)
+
+    def to_token(self, position):
+        if self.ids is None:
+            return super().to_token(position)
+        return make("squeeze", make("take_along", self.ids, position), name="token")
+
+    def positions_to_ids(self, positions):
+        return positions if self.ids is None else make("take_along", self.ids, positions)
+
+    def token_counts(self, ids, weights, x):
+        if self.ids is None:
+            return super().token_counts(ids, weights, x)
+        full = make("scatter_add", make("zeros_like", self.params[0].node, dtype=F32), ids, weights, name="counts")
+        return make("take_tokens", full, self.ids)
+
+    def guard(self, flag: Node) -> None:
+        """flag: bool [B,1] or [B] -- true where the row must run the exact program."""
+        if len(flag.type.shape) == 2:
+            flag = make("squeeze", flag)
+        self.guards.append(flag)
+
+    # -- the plan --
+    def plan(self) -> Graph | None:
+        stages = list(self.sampler.stages)
+        outputs = {o.name for o in self.sampler.outputs}
+        if not stages or stages[-1].name != "sample" and stages[-1].name != "greedy" or "probs" in outputs:
+            return None
+        body, terminal = stages[:-1], stages[-1]
+        i = 0
+        while i < len(body) and body[i].name in PREFIX:
+            i += 1
+        prefix, rest = body[:i], body[i:]
+        mode = self._mode(rest, terminal)
+        if mode is None:
+            return None
+        deferred = all(st.name == "penalties" and self._lowers_only(st) for st in prefix)
+
+        logits = self.params[0].node
+        x = logits
+        if prefix and not deferred:
+            self._exact_checks(logits)
+            for st in prefix:
+                x = getattr(self, "stage_" + st.name)(x, **st.args)
+        bm = make("block_max", x, block_size=BLOCK, name="block_max")
+        vmax = make("reduce_max", bm, name="vmax")
+        if not prefix or deferred:
+            self.guard(make("logical_not", make("isfinite", vmax)))     # NaN, +inf, or an empty row
+        else:
+            self.guard(make("eq", vmax, const(NEG_INF)))
+        k = int(_const_value(rest[0].args["k"], self.bindings)) if mode == "top_k" else 0
+        m = k if mode == "top_k" else BLOCKS
+        top = make("top_blocks", bm, blocks=m)
+        bound = make("block_bound", bm, blocks=m, name="bound")
+        self.ids = make("block_ids", top, block_size=BLOCK, name="cand_ids")
+        xc = make("take_tokens", x, self.ids, name="cand_x")
+        if prefix and deferred:
+            for st in prefix:
+                self._guard_lowering(st)
+                xc = self.stage_penalties(xc, **st.args)
+
+        if mode == "top_k":
+            xc = self._top_k(xc, k, bound)
+            rest = rest[1:]
+        elif mode == "min_p":
+            xc = self.stage_min_p(xc, **rest[0].args)
+            floor = make("add", make("reduce_max", xc), make("log", self.scalar(rest[0].args["m"], F32)))
+            self.guard(make("ge", bound, floor))
+            rest = rest[1:]
+        elif mode == "top_p":
+            xc = self._top_p(x, xc, vmax, bound, rest[0].args["p"])
+            rest = rest[1:]
+        x_final_full = None
+        if mode == "window":
+            t = self.scalar(rest[0].args["t"], F32) if rest else const(1.0)
+            for st in rest:
+                xc = self.stage_temperature(xc, **st.args)
+            if "logprob" in outputs:       # the normalizer of an untruncated row spans the vocabulary
+                x_final_full = x
+                for st in rest:
+                    x_final_full = Lowering.stage_temperature(self, x_final_full, **st.args)
+            rest = []
+        for st in rest:
+            xc = getattr(self, "stage_" + st.name)(xc, **st.args)
+        position = self.token_position = getattr(self, "stage_" + terminal.name)(xc, **terminal.args)
+        if mode == "window":
+            self._window_guard(xc, position, bound, vmax, t)
+        token = self.to_token(position)
+        self._candidates_guard(xc)
+        outs = self.outputs(logits, xc, token, logprob_x=x_final_full)
+        flag = self.guards[0]
+        for g in self.guards[1:]:
+            flag = make("logical_or", flag, g)
+        return Graph(self.sampler.name, tuple(self.params), outs, (Check(flag, PLAN_GUARD),))
+
+    def _mode(self, rest, terminal) -> str | None:
+        if rest and rest[0].name == "top_k":
+            k = _const_value(rest[0].args["k"], self.bindings)
+            return "top_k" if k is not None and 1 <= int(k) <= MAX_TOP_K else None
+        if rest and rest[0].name == "min_p":
+            m = _const_value(rest[0].args["m"], self.bindings)
+            return "min_p" if m is not None and 0 < float(m) else None
+        if rest and rest[0].name == "top_p":
+            p = _const_value(rest[0].args["p"], self.bindings)
+            return "top_p" if p is not None and float(p) < 1 else None
+        if terminal.name == "sample" and len(rest) <= 1 and all(st.name == "temperature" for st in rest):
+            return "window"
+        return None
+
+    def _lowers_only(self, st) -> bool:
+        """penalties that can never raise a logit (else they must run before candidate selection)."""
+        rules = {"repeat": lambda v: v >= 1, "frequency": lambda v: v >= 0, "presence": lambda v: v >= 0}
+        for key, ok in rules.items():
+            v = _const_value(st.args[key], self.bindings)
+            if v is not None and not ok(float(v)):
+                return False
+        return True
+
+    def _guard_lowering(self, st) -> None:
+        """Run-time penalty parameters: fall back where a row's values could raise a logit."""
+        for key, bad in (("repeat", ("lt", 1.0)), ("frequency", ("lt", 0.0)), ("presence", ("lt", 0.0))):
+            if _const_value(st.args[key], self.bindings) is None:
+                self.guard(make(bad[0], self.scalar(st.args[key], F32), const(bad[1])))
+
+    def _exact_checks(self, logits: Node) -> None:
+        """With leading stages on the whole vocabulary, check the raw logits as the exact program does."""
+        top = make("squeeze", make("take_along", logits, make("argmax", logits)))
+        self.guard(make("logical_not", make("isfinite", top)))
+
+    def _top_k(self, xc: Node, k: int, bound: Node) -> Node:
+        pos = make("topk_positions", xc, k=k)
+        vals = make("take_along", xc, pos)
+        v_k = make("reduce_min", vals, name="v_k")
+        self.guard(make("ge", bound, v_k))                                       # a tie outside the blocks
+        n_kept = make("reduce_sum", make("cast", make("ge", xc, v_k), dtype=I32))
+        self.guard(make("ne", n_kept, const(k, I32)))                           # ties at v_k beyond k
+        self.ids = make("take_along", self.ids, pos, name="topk_ids")
+        return vals
+
+    def _top_p(self, x: Node, xc: Node, vmax: Node, bound: Node, p_expr) -> Node:
+        p = self.scalar(p_expr, F32)
+        z = make("reduce_sum", make("exp", make("sub", x, vmax)), name="z")      # over the whole vocabulary
+        probs = make("div", make("exp", make("sub", xc, vmax)), z, name="p")
+        ps = make("sort", probs, descending=True)
+        before = make("cumsum", ps, exclusive=True, name="mass_before")
+        n_kept = make("reduce_sum", make("cast", make("lt", before, p), dtype=I32))
+        last = make("maximum", make("sub", n_kept, const(1, I32)), const(0, I32))
+        p_min = make("take_along", ps, last, name="p_min")
+        p_bound = make("div", make("exp", make("sub", bound, vmax)), z)
+        self.guard(make("ge", p_bound, p_min))
+        return make("filter", xc, make("ge", probs, p_min), name="x_topp")
+
+    def _window_guard(self, xc, position, bound, vmax, t) -> None:
+        """No token outside the candidates can beat the winner's noisy score (t == 0: the argmax is inside)."""
+        noisy = position.inputs[0]                      # argmax(add(x, gumbel))
+        best = make("take_along", noisy, position, name="winner")
+        zero = make("eq", t, const(0.0))
+        reach = make("add", make("div", bound, where(zero, const(1.0), t)), const(G_MAX + MARGIN))
+        slack = make("mul", make("abs", best), const(1e-6))
+        hot = make("ge", reach, make("sub", best, slack))
+        cold = make("ge", bound, vmax)
+        self.guard(where(zero, cold, hot))
+
+    def _candidates_guard(self, xc: Node) -> None:
+        for o in self.sampler.outputs:
+            if o.name == "candidates":
+                finite = make("reduce_sum", make("cast", make("isfinite", xc), dtype=I32))
+                self.guard(make("lt", finite, const(o.arg, I32)))
+
+
+def plan(sampler: CheckedSampler, bindings: dict | None = None) -> Graph | None:
+    """The candidate plan of a checked sampler, or None when it does not apply."""
+    return PlanLowering(sampler, dict(bindings or {})).plan()
+
+
+__all__ = ["plan", "PLAN_GUARD", "G_MAX"]

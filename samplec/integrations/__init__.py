@@ -1,0 +1,5 @@
+"""Adapters that plug compiled samplec programs into other inference stacks (optional dependencies).
+
+- `samplec.integrations.mlx_lm`: `Sampler`, usable as `sampler=` / `logits_processors=` in mlx-lm's
+  `generate_step`, `generate` and `stream_generate` (needs `pip install 'samplec[mlx-lm]'`).
+"""

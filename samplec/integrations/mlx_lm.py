@@ -1,0 +1,215 @@
+"""samplec inside mlx-lm: a compiled sampler program as mlx-lm's `sampler=` (plus its `logits_processors=`).
+
+    from mlx_lm import stream_generate
+    from samplec.integrations.mlx_lm import Sampler
+
+    sampler = Sampler(samplec.compile_file("examples/llama.smp"), seed=7, temperature=0.7)
+    for r in stream_generate(model, tokenizer, prompt, max_tokens=64,
+                             sampler=sampler, logits_processors=sampler.logits_processors):
+        print(r.text, end="")
+    sampler.check()                       # surface run-time check failures of the last steps
+    lp = sampler.output("logprob")        # [steps, 1]: the program's outputs, step by step
+
+How it fits mlx-lm (mlx_lm/generate.py, `generate_step._step`): for each token, mlx-lm runs the model, calls every
+logits processor as `proc(tokens, logits)` with the whole sequence so far (prompt + generated), then calls
+`sampler(logprobs)` with `logprobs = logits - logsumexp(logits)`. The adapter's processor does not change the
+logits: it records them, raw, together with the sequence. The sampler then runs the program on those raw logits
+with `history` = the sequence and `position` = its length (the index of the token being sampled), and ignores the
+log-probabilities mlx-lm hands it. So stages that are not shift-invariant (`penalties`: `x / repeat` for positive
+logits, `x * repeat` for negative ones) see the model's logits as the language specifies, and the result is
+bit-identical to `samplec.decode.generate` for the same seed. Put `sampler.logits_processors` last in the list:
+what it records is what the program sees.
+
+Without the processor, the sampler runs the program on mlx-lm's log-probabilities. That gives the same
+distribution for shift-invariant programs (every stage but `penalties`), so it is allowed only for programs that
+take neither a token history nor a position parameter.
+
+`random_llama` and `local_tokenizer` build a small llama with random weights (fixed seed) and a byte-level BPE
+tokenizer without downloading anything; tests, `examples/decode_loop.py` and `benchmarks/bench_decode.py` use them.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import mlx.core as mx
+import numpy as np
+
+from samplec.decode import ProgramFeed, pad_history
+from samplec.diagnostics import SamplecError
+from samplec.program import Outputs, Program
+
+__all__ = ["Sampler", "Step", "random_llama", "local_tokenizer"]
+
+_CHECK_LAG = 2   # a step's check flags are read two sampler calls later, when mlx-lm has already synced on it
+
+
+@dataclass(frozen=True)
+class Step:
+    """One sampler call: the position(s) of the token sampled (one per row) and the program's outputs."""
+    position: tuple[int, ...]
+    outputs: Outputs
+
+
+class Sampler:
+    """A compiled samplec program usable as mlx-lm's `sampler=`; pass `logits_processors=s.logits_processors`.
+
+    `seed` goes to the program's `seed` parameter(s); `params` are its other run-time parameters. The program's
+    position parameters (the `int` parameters used as `position =` of `sample`/`xtc`) and its one `tokens`
+    parameter are driven by the adapter. `steps` lists the program's outputs for every sampler call of the
+    current generation (mlx-lm samples one token ahead, so there may be one more step than tokens it yielded);
+    a new generation (a position that does not follow the last one) starts a new list.
+    """
+
+    def __init__(self, program: Program, seed: int | None = 0, **params):
+        self.program = program
+        self._feed = ProgramFeed(program, seed, params)
+        self._captured: list[tuple[mx.array, mx.array]] = []
+        self._unchecked: list[tuple[list[mx.array], tuple[int, ...]]] = []
+        self._last_position: int | None = None
+        self.steps: list[Step] = []
+        self.logits_processors = [self._capture]
+
+    # ---- the logits processor: record the raw logits and the sequence ----
+    def _capture(self, tokens: mx.array, logits: mx.array) -> mx.array:
+        self._captured.append((tokens, logits))
+        return logits
+
+    # ---- the sampler ----
+    def __call__(self, logprobs: mx.array) -> mx.array:
+        B, V = logprobs.shape
+        captured, self._captured = self._captured, []
+        if captured:
+            logits, positions, history = self._from_captured(captured, B, V)
+        else:
+            if self._feed.needs_history or self._feed.position_names:
+                needs = [*self._feed.position_names, *([self._feed.history_name] if self._feed.needs_history else [])]
+                raise SamplecError(f"the sampler '{self.program.name}' needs the token history / position "
+                                   f"({', '.join(needs)}): pass logits_processors=sampler.logits_processors "
+                                   "to mlx-lm together with sampler=sampler")
+            logits, positions, history = logprobs, (0,) * B, None
+        if B == 1 and (self._last_position is None or positions[0] != self._last_position + 1):
+            self._new_generation(captured)
+        self._last_position = positions[0] if B == 1 else None
+        outs, flags = self._feed(logits, positions, history)
+        if flags:
+            mx.async_eval(flags)
+        self._unchecked.append((flags, positions))
+        self.steps.append(Step(positions, self._feed.outputs(outs)))
+        while len(self._unchecked) > _CHECK_LAG:
+            self._check_one(self._unchecked.pop(0))
+        return outs[self._feed.token_index]
+
+    def _from_captured(self, captured, B: int, V: int):
+        rows_logits, rows_tokens = [], []
+        for tokens, logits in captured:
+            logits = logits if logits.ndim == 2 else logits[None]
+            tokens = tokens if tokens.ndim == 2 else tokens[None]
+            if tokens.shape[0] != logits.shape[0]:
+                tokens = mx.broadcast_to(tokens, (logits.shape[0], tokens.shape[1]))
+            rows_logits.append(logits)
+            rows_tokens.extend(tokens[i] for i in range(tokens.shape[0]))
+        logits = rows_logits[0] if len(rows_logits) == 1 else mx.concatenate(rows_logits, axis=0)
+        if logits.shape != (B, V):
+            raise SamplecError(f"the adapter's logits processor saw logits of shape {list(logits.shape)} but the "
+                               f"sampler was called with [{B}, {V}]; was sampler.logits_processors passed to "
+                               "this generation only?")
+        positions = tuple(int(t.shape[0]) for t in rows_tokens)
+        history = None
+        if self._feed.needs_history:
+            width = max(positions)
+            rows = [mx.concatenate([mx.full((width - p,), -1, dtype=mx.int32), t.astype(mx.int32)])
+                    if p < width else t.astype(mx.int32) for t, p in zip(rows_tokens, positions)]
+            history = pad_history(mx.stack(rows), width)
+        return logits, positions, history
+
+    def _new_generation(self, captured) -> None:
+        self.check()
+        self.steps = []
+        if captured and self._feed.needs_history:   # the first call of a run: the sequence is the prompt
+            for tokens, logits in captured:
+                self._feed.check_history(np.array(tokens), logits.shape[-1])
+
+    def _check_one(self, entry) -> None:
+        flags, positions = entry
+        where = f"at position {positions[0]}" if len(positions) == 1 else f"at positions {list(positions)}"
+        self._feed.raise_flags([np.array(f) for f in flags], where)
+
+    # ---- results ----
+    def check(self) -> None:
+        """Read the run-time check flags not yet read (the last steps') and raise the first that fired."""
+        pending, self._unchecked = self._unchecked, []
+        for entry in pending:
+            self._check_one(entry)
+
+    @property
+    def last(self) -> Outputs:
+        if not self.steps:
+            raise SamplecError("the sampler has not been called yet")
+        return self.steps[-1].outputs
+
+    def output(self, name: str, ids: bool = False) -> mx.array:
+        """One output stacked over the steps: [steps, B] (or [steps, B, n] for top_logprobs / candidates,
+        their values, or their ids with `ids=True`)."""
+        self.check()
+        if not self.steps:
+            raise SamplecError("the sampler has not been called yet")
+        vals = []
+        for s in self.steps:
+            v = getattr(s.outputs, name)
+            vals.append(v.ids if ids else v.values) if hasattr(v, "ids") else vals.append(v)
+        return mx.stack(vals)
+
+    def reset(self) -> None:
+        """Forget the current generation (its steps and unread flags)."""
+        self._captured, self._unchecked, self.steps, self._last_position = [], [], [], None
+
+
+# ---- a small random llama and a local tokenizer (no downloads) ----
+
+def random_llama(seed: int = 0, *, layers: int = 2, hidden: int = 64, vocab: int = 512, heads: int = 4,
+                 kv_heads: int = 2, intermediate: int | None = None):
+    """An `mlx_lm.models.llama.Model` with random weights drawn from `seed` (deterministic; re-seeds MLX's
+    global random generator)."""
+    from mlx_lm.models import llama
+
+    args = llama.ModelArgs(model_type="llama", hidden_size=hidden, num_hidden_layers=layers,
+                           intermediate_size=intermediate or 2 * hidden, num_attention_heads=heads,
+                           num_key_value_heads=kv_heads, rms_norm_eps=1e-5, vocab_size=vocab,
+                           tie_word_embeddings=True)
+    mx.random.seed(seed)          # nn layers draw their initial weights from MLX's global generator
+    model = llama.Model(args)
+    mx.eval(model.parameters())
+    return model
+
+
+_CORPUS = """\
+A sampler chain turns the logits of a language model into the next token. Penalties push down tokens that were
+already generated; top-k keeps the k most likely tokens; top-p keeps the smallest set whose probability mass
+reaches p; min-p drops tokens much less likely than the best one; temperature sharpens or flattens what is left,
+and the last stage draws a token. The compiler reads the chain, checks it, lowers it to a graph of simple ops,
+folds what it can and runs the rest on the device. The same seed and position always give the same token, on any
+batch size and at any optimization level. Quick brown foxes jump over lazy dogs while the model keeps talking,
+counting one, two, three, four, five, six, seven, eight, nine, ten tokens per step.
+"""
+
+
+def local_tokenizer(vocab_size: int = 512):
+    """A byte-level BPE tokenizer trained on a built-in paragraph, wrapped for mlx-lm (exactly `vocab_size` ids;
+    id 1 is `</s>`, the end-of-sequence token)."""
+    from mlx_lm.tokenizer_utils import TokenizerWrapper
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    if vocab_size < 260:
+        raise SamplecError("local_tokenizer: vocab_size must be at least 260 (256 bytes and special tokens)")
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<s>", "</s>"], show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator([_CORPUS] * 4, trainer=trainer)
+    missing = vocab_size - tok.get_vocab_size()
+    if missing > 0:
+        tok.add_special_tokens([f"<extra_{i}>" for i in range(missing)])
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>")
+    return TokenizerWrapper(fast)
