@@ -182,13 +182,15 @@ def _eos_set(eos_token_id) -> set[int]:
 
 
 def generate(model, program: Program, prompt, max_tokens: int, *, chunk: int = 1, seed: int = 0,
-             eos_token_id=None, **params) -> list[int]:
+             eos_token_id=None, prompt_in_history: bool = True, **params) -> list[int]:
     """Generate up to `max_tokens` tokens after `prompt`, `chunk` decode steps per host synchronization.
 
     `model` is an mlx-lm model (`model(tokens[None], cache=cache)` returns logits [1, L, V]); `program` is a
     compiled sampler with a `token` output. `seed` goes to the program's seed parameter(s); `params` are its other
-    run-time parameters (its position and token-history parameters are driven by the loop). The result is the
-    generated tokens, ending with the first end-of-sequence token if one of `eos_token_id` (an id or a list) came.
+    run-time parameters (its position and token-history parameters are driven by the loop). The token history is
+    the prompt and the tokens generated so far; with `prompt_in_history=False` only the generated ones (OpenAI's
+    presence/frequency penalties count those). The result is the generated tokens, ending with the first
+    end-of-sequence token if one of `eos_token_id` (an id or a list) came.
     """
     if not isinstance(chunk, (int, np.integer)) or chunk < 1:
         raise SamplecError(f"chunk must be an integer >= 1, got {chunk!r}")
@@ -214,7 +216,8 @@ def generate(model, program: Program, prompt, max_tokens: int, *, chunk: int = 1
     V = logits.shape[-1]
     feed.check_history(tokens, V)
 
-    hist = seq[None]                   # [1, n] lazy: prompt + tokens sampled so far
+    hist = seq[None] if prompt_in_history else mx.zeros((1, 0), dtype=mx.int32)   # [1, n] lazy
+    hist_len = hist.shape[1]
     length = len(tokens)
     y = None
     out: list[int] = []
@@ -228,11 +231,12 @@ def generate(model, program: Program, prompt, max_tokens: int, *, chunk: int = 1
             for _ in range(min(chunk, max_tokens - step)):
                 if y is not None:
                     logits = model(y[None], cache=cache)[:, -1, :]
-                history = pad_history(hist, length) if feed.needs_history else None
+                history = pad_history(hist, hist_len) if feed.needs_history else None
                 outs, fl = feed(logits, [length], history)
                 y = outs[feed.token_index].astype(mx.int32)
                 if feed.needs_history:
                     hist = mx.concatenate([hist, y[None]], axis=1)
+                    hist_len += 1
                 length += 1
                 step += 1
                 toks.append(y)

@@ -246,9 +246,9 @@ def _check_dict(d: DictLit, sink: DiagnosticSink) -> None:
         elif key in first:
             sink.error(f"logit_bias: token id {key} appears twice (first at {_at(first[key])})", kspan)
         first.setdefault(key, kspan)
-        if not math.isfinite(bias):
-            sink.error(f"logit_bias: the bias of token {_show(key)} must be a finite number, not {_show(bias)}"
-                       " (use allow(mask) to remove tokens)", vspan)
+        if math.isnan(bias) or bias == math.inf:   # -inf bans the token, as in llama.cpp
+            sink.error(f"logit_bias: the bias of token {_show(key)} must be a number or -inf, not {_show(bias)}",
+                       vspan)
 
 
 # ---- terminals and outputs ------------------------------------------------------------------------------------

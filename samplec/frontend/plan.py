@@ -94,6 +94,9 @@ class PlanLowering(Lowering):
         mode = self._mode(rest, terminal)
         if mode is None:
             return None
+        domain = int(_const_value(rest[0].args["k"], self.bindings)) if mode == "top_k" else BLOCKS * BLOCK
+        if any(o.name == "candidates" and o.arg > domain for o in self.sampler.outputs):
+            return None     # more candidates asked for than the plan's domain holds
         deferred = all(st.name == "penalties" and self._lowers_only(st) for st in prefix)
 
         logits = self.params[0].node

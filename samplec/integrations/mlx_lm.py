@@ -55,13 +55,16 @@ class Sampler:
 
     `seed` goes to the program's `seed` parameter(s); `params` are its other run-time parameters. The program's
     position parameters (the `int` parameters used as `position =` of `sample`/`xtc`) and its one `tokens`
-    parameter are driven by the adapter. `steps` lists the program's outputs for every sampler call of the
-    current generation (mlx-lm samples one token ahead, so there may be one more step than tokens it yielded);
-    a new generation (a position that does not follow the last one) starts a new list.
+    parameter are driven by the adapter: the history is the whole sequence before the token (prompt + generated),
+    or only the generated tokens with `prompt_in_history=False`. `steps` lists the program's outputs for every
+    sampler call of the current generation (mlx-lm samples one token ahead, so there may be one more step than
+    tokens it yielded); a new generation (a position that does not follow the last one) starts a new list.
     """
 
-    def __init__(self, program: Program, seed: int | None = 0, **params):
+    def __init__(self, program: Program, seed: int | None = 0, *, prompt_in_history: bool = True, **params):
         self.program = program
+        self.prompt_in_history = prompt_in_history
+        self._prompt_len = 0
         self._feed = ProgramFeed(program, seed, params)
         self._captured: list[tuple[mx.array, mx.array]] = []
         self._unchecked: list[tuple[list[mx.array], tuple[int, ...]]] = []
@@ -89,7 +92,13 @@ class Sampler:
             logits, positions, history = logprobs, (0,) * B, None
         if B == 1 and (self._last_position is None or positions[0] != self._last_position + 1):
             self._new_generation(captured)
+            self._prompt_len = positions[0]
         self._last_position = positions[0] if B == 1 else None
+        if history is not None and not self.prompt_in_history:
+            if B != 1:
+                raise SamplecError("prompt_in_history=False needs one sequence per Sampler (batch size 1)")
+            kept = positions[0] - self._prompt_len
+            history = pad_history(history[:, history.shape[1] - kept:], kept)
         outs, flags = self._feed(logits, positions, history)
         if flags:
             mx.async_eval(flags)

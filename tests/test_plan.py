@@ -1,0 +1,135 @@
+"""The -O2 candidate plan: it must give exactly the exact program's outputs, and hand flagged rows back to it."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import samplec
+from samplec.frontend.plan import PLAN_GUARD
+
+V = 8192   # 128 blocks of 64: large enough that the plan looks at a small part of the vocabulary
+
+
+def realistic(B: int, seed: int, tail: float = 1.0) -> np.ndarray:
+    r = np.random.default_rng(seed)
+    x = r.normal(0, tail, size=(B, V)).astype(np.float32)
+    for b in range(B):
+        x[b, r.choice(V, 40, replace=False)] += (14 / np.arange(1, 41) ** 0.5).astype(np.float32)
+    return x
+
+
+CHAINS = {
+    "top_k": "top_k(40) temperature(0.8) sample(seed, position = pos)",
+    "llama": "top_k(40) top_p(0.95) min_p(0.05) temperature(0.8) sample(seed, position = pos)",
+    "min_p": "min_p(0.05) temperature(t) sample(seed, position = pos)",
+    "top_p": "top_p(0.9) temperature(0.7) sample(seed, position = pos)",
+    "window": "temperature(t) sample(seed, position = pos)",
+    "plain": "sample(seed, position = pos)",
+    "k_then_typical": "top_k(20) typical_p(0.8) top_n_sigma(1.0) xtc(0.05, 0.5, seed) sample(seed, position = pos)",
+    "greedy_k": "top_k(5) greedy()",
+    "pen": "penalties(h, last_n = 16, repeat = r, frequency = f, presence = q) top_k(30) sample(seed, position = pos)",
+    "bias": "logit_bias({5: 3.0, 9: -inf}) min_p(0.1) sample(seed, position = pos)",
+}
+SIG = "(seed: seed = 0, pos: int = 0, t: float = 0.8, h: tokens, r: float = 1.1, f: float = 0.0, q: float = 0.0)"
+
+
+def programs(name: str, outputs: str = "token, logprob, raw_logprob"):
+    src = f"sampler s{SIG} -> {outputs} {{ {CHAINS[name]} }}"
+    return samplec.compile(src, opt_level=0), samplec.compile(src, opt_level=2)
+
+
+def run_both(p0, p2, x, **params):
+    params.setdefault("h", hist(len(x)))
+    a, b = p0(x, **params), p2(x, **params)
+    for key in a.to_dict():
+        va, vb = np.array(a.to_dict()[key]), np.array(b.to_dict()[key])
+        if va.dtype.kind in "iu":
+            assert np.array_equal(va, vb), (key, va, vb)
+        else:
+            np.testing.assert_allclose(va, vb, atol=2e-5, rtol=0, err_msg=key)
+    return a
+
+
+def hist(B):
+    return np.random.default_rng(3).integers(-1, V, size=(B, 24)).astype(np.int32)
+
+
+@pytest.mark.parametrize("name", sorted(CHAINS))
+def test_plan_matches_exact_program(name):
+    p0, p2 = programs(name)
+    assert p2.plan is not None and p0.plan is None
+    assert [c.message for c in p2.plan.checks] == [PLAN_GUARD]
+    x = realistic(8, 1)
+    for s in range(6):
+        run_both(p0, p2, x, seed=list(range(8 * s, 8 * s + 8)), pos=s, h=hist(8))
+    if name not in ("window", "plain", "top_p"):
+        assert p2.fallbacks == 0, "the plan should cover these rows"
+
+
+def test_no_plan_where_it_cannot_be_exact():
+    for body, outs in [("top_p(0.9) sample(seed)", "probs"), ("typical_p(0.9) sample(seed)", "token"),
+                       ("top_k(k) sample(seed)", "token"), ("greedy()", "token")]:
+        sig = "(seed: seed = 0, k: int = 4)"
+        prog = samplec.compile(f"sampler s{sig} -> {outs} {{ {body} }}")
+        assert prog.plan is None, body
+
+
+def test_ties_across_blocks_fall_back_and_stay_exact():
+    p0, p2 = programs("top_k")
+    x = np.full((2, V), -5.0, np.float32)
+    x[:, ::64] = 3.0          # one equal value in every block: v_k ties far outside the 40 chosen blocks
+    run_both(p0, p2, x, seed=[1, 2])
+    assert p2.fallbacks == 1
+
+
+def test_flat_rows_fall_back():
+    for name in ("window", "min_p"):
+        p0, p2 = programs(name)
+        x = np.zeros((3, V), np.float32)
+        run_both(p0, p2, x, seed=[4, 5, 6], t=[0.5, 1.0, 0.0])
+        assert p2.fallbacks == 1
+
+
+def test_window_plan_with_per_row_temperature_and_zero():
+    p0, p2 = programs("window")
+    x = realistic(4, 7, tail=0.5)
+    for s in range(5):
+        run_both(p0, p2, x, seed=[s, s + 10, s + 20, s + 30], t=[0.0, 0.3, 0.6, 1.0])
+
+
+def test_penalties_that_raise_logits_fall_back():
+    p0, p2 = programs("pen")
+    x = realistic(4, 9)
+    run_both(p0, p2, x, seed=[1, 2, 3, 4], h=hist(4))
+    assert p2.fallbacks == 0
+    run_both(p0, p2, x, seed=[1, 2, 3, 4], h=hist(4), q=[0.0, -2.0, 0.0, 0.0])
+    assert p2.fallbacks == 1
+
+
+def test_errors_still_come_from_the_exact_program():
+    _, p2 = programs("llama")
+    x = realistic(3, 2)
+    x[2, 17] = np.nan
+    with pytest.raises(samplec.SamplecError, match="NaN.*row 2"):
+        p2(x, seed=0, h=hist(3))
+
+
+def test_candidates_output_with_few_survivors():
+    p0, p2 = programs("min_p", "token, candidates(8)")
+    x = realistic(2, 5)
+    x[1] = -30.0
+    x[1, :3] = 0.0                     # row 1 keeps 3 tokens: the plan's candidates differ, so it falls back
+    out = run_both(p0, p2, x, seed=[1, 2])
+    assert np.isneginf(np.array(out.candidates.values)[1, 3:]).all()
+    assert p2.fallbacks == 1
+    assert programs("greedy_k", "token, candidates(8)")[1].plan is None
+
+
+def test_plan_survives_save_and_load(tmp_path):
+    _, p2 = programs("llama")
+    p2.save(tmp_path / "p.smpb")
+    loaded = samplec.load(tmp_path / "p.smpb")
+    assert loaded.ir() == p2.ir() and loaded.plan is not None
+    x = realistic(2, 4)
+    h = hist(2)
+    assert np.array_equal(np.array(loaded(x, seed=3, h=h).token), np.array(p2(x, seed=3, h=h).token))
