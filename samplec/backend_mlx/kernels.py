@@ -78,13 +78,15 @@ def _sparse_add(ins, a):
     return x.at[..., ids].add(vals)
 
 
-def _blocks(x: mx.array, bs: int) -> mx.array:
+def _block_max(ins, a):
+    """Block j = tokens j, j+NB, j+2NB, ...: reducing over the middle axis vectorizes along the last."""
+    x, bs = ins[0], a["block_size"]
     V = x.shape[-1]
     nb = -(-V // bs)
     if nb * bs != V:
         pad = mx.full(x.shape[:-1] + (nb * bs - V,), -np.inf, dtype=x.dtype)
         x = mx.concatenate([x, pad], axis=-1)
-    return x.reshape(x.shape[:-1] + (nb, bs))
+    return mx.max(x.reshape(x.shape[:-1] + (bs, nb)), axis=-2)
 
 
 def _top_blocks(ins, a):
@@ -104,8 +106,9 @@ def _block_bound(ins, a):
 
 
 def _block_ids(ins, a):
-    top, bs = ins[0], a["block_size"]
-    ids = top[..., None] * bs + mx.arange(bs, dtype=mx.int32)
+    top, bm = ins
+    bs, nb = a["block_size"], bm.shape[-1]
+    ids = (mx.arange(bs, dtype=mx.int32) * nb)[:, None] + top[..., None, :]     # [.., bs, M]: ascending
     return ids.reshape(top.shape[:-1] + (top.shape[-1] * bs,))
 
 
@@ -158,7 +161,7 @@ KERNELS = {
     "zeros_like": lambda i, a: mx.zeros(i[0].shape, dtype=DT[a["dtype"]]),
     "take_along": _take_along, "scatter_add": _scatter_add, "sparse_add": _sparse_add,
     "random_bits": lambda i, a: random_bits(*i),
-    "block_max": lambda i, a: mx.max(_blocks(i[0], a["block_size"]), axis=-1),
+    "block_max": _block_max,
     "top_blocks": _top_blocks, "block_bound": _block_bound, "block_ids": _block_ids,
     "take_tokens": _take_tokens, "topk_positions": _topk_positions,
 }

@@ -32,6 +32,7 @@ from samplec.ir.types import F32, I32, U32
 PLAN_GUARD = "plan: this row needs the exact program"
 BLOCK = 64          # tokens per block: divides 32000, 152064 and 262144, so no padding copy
 BLOCKS = 16         # candidate blocks when no top_k fixes the count
+WINDOW_BLOCKS = 64  # temperature + sample: the Gumbel window reaches further down
 MAX_TOP_K = 256     # beyond this a partition over the vocabulary is as cheap
 PREFIX = ("penalties", "logit_bias", "allow")
 # the largest Gumbel noise float32 can produce: u = (2^23 - 1 + 0.5) * 2^-23
@@ -94,7 +95,9 @@ class PlanLowering(Lowering):
         mode = self._mode(rest, terminal)
         if mode is None:
             return None
-        domain = int(_const_value(rest[0].args["k"], self.bindings)) if mode == "top_k" else BLOCKS * BLOCK
+        m = {"top_k": lambda: int(_const_value(rest[0].args["k"], self.bindings)), "window": lambda: WINDOW_BLOCKS}
+        m = m.get(mode, lambda: BLOCKS)()
+        domain = m if mode == "top_k" else m * BLOCK
         if any(o.name == "candidates" and o.arg > domain for o in self.sampler.outputs):
             return None     # more candidates asked for than the plan's domain holds
         deferred = all(st.name == "penalties" and self._lowers_only(st) for st in prefix)
@@ -111,11 +114,10 @@ class PlanLowering(Lowering):
             self.guard(make("logical_not", make("isfinite", vmax)))     # NaN, +inf, or an empty row
         else:
             self.guard(make("eq", vmax, const(NEG_INF)))
-        k = int(_const_value(rest[0].args["k"], self.bindings)) if mode == "top_k" else 0
-        m = k if mode == "top_k" else BLOCKS
+        k = m if mode == "top_k" else 0
         top = make("top_blocks", bm, blocks=m)
         bound = make("block_bound", bm, blocks=m, name="bound")
-        self.ids = make("block_ids", top, block_size=BLOCK, name="cand_ids")
+        self.ids = make("block_ids", top, bm, block_size=BLOCK, name="cand_ids")
         xc = make("take_tokens", x, self.ids, name="cand_x")
         if prefix and deferred:
             for st in prefix:

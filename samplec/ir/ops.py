@@ -171,10 +171,10 @@ def _block_bound(ts, a):
 
 
 def _block_ids(ts, a):
-    t = ts[0]
+    t, bm = ts
     if t.dtype != I32 or not t.shape or not isinstance(t.shape[-1], int):
         raise TypeError_("block_ids: expects i32 block ids with a static last dimension")
-    return Type(I32, t.shape[:-1] + (t.shape[-1] * a["block_size"],))
+    return Type(I32, broadcast(t.shape[:-1], bm.shape[:-1]) + (t.shape[-1] * a["block_size"],))
 
 
 def _take_tokens(ts, a):
@@ -255,12 +255,14 @@ OPS: dict[str, OpDef] = {d.name: d for d in [
           "x[..., ids] += values (a constant logit bias)"),
     # candidate selection (the -O2 plan): exact two-level selection over blocks of the vocabulary
     OpDef("block_max", 1, (("block_size", "int"),), _block_max,
-          "max of each block of block_size consecutive tokens (the last block padded with -inf)"),
+          "max of each of NB = ceil(V/block_size) blocks; block j holds tokens j, j+NB, j+2NB, ... (a strided "
+          "reduction, which vectorizes; the vocabulary padded with -inf)"),
     OpDef("top_blocks", 1, (("blocks", "int"),), _top_blocks,
           "ids of the `blocks` blocks with the largest maxima, ascending (all blocks, padded, when fewer)"),
     OpDef("block_bound", 1, (("blocks", "int"),), _block_bound,
           "the (blocks+1)-th largest block maximum: every token outside the top blocks is <= it (-inf if none)"),
-    OpDef("block_ids", 1, (("block_size", "int"),), _block_ids, "block ids -> the token ids they cover, ascending"),
+    OpDef("block_ids", 2, (("block_size", "int"),), _block_ids,
+          "(block ids ascending, block maxima) -> the token ids the blocks hold, ascending"),
     OpDef("take_tokens", 2, (), _take_tokens, "x at token ids along the last axis; -inf for ids >= V"),
     OpDef("topk_positions", 1, (("k", "int"),), _topk(I32),
           "positions of the k largest (any order among ties at the k-th), ascending"),

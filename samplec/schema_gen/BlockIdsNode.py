@@ -6,7 +6,7 @@ import flatbuffers
 from flatbuffers.compat import import_numpy
 np = import_numpy()
 
-# block_ids (1 operand): block ids -> the token ids they cover, ascending
+# block_ids (2 operands): (block ids ascending, block maxima) -> the token ids the blocks hold, ascending
 class BlockIdsNode(object):
     __slots__ = ['_tab']
 

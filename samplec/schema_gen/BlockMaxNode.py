@@ -6,7 +6,7 @@ import flatbuffers
 from flatbuffers.compat import import_numpy
 np = import_numpy()
 
-# block_max (1 operand): max of each block of block_size consecutive tokens (the last block padded with -inf)
+# block_max (1 operand): max of each of NB = ceil(V/block_size) blocks; block j holds tokens j, j+NB, j+2NB, ... (a strided reduction, which vectorizes; the vocabulary padded with -inf)
 class BlockMaxNode(object):
     __slots__ = ['_tab']
 
