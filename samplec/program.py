@@ -216,10 +216,11 @@ def _scalar_param(p: Param, value, B: int) -> np.ndarray:
         value = np.array(value)
     if p.kind == "seed":
         arr = np.asarray(value, dtype=object if not isinstance(value, np.ndarray) else None)
-        try:
-            ints = [int(v) for v in np.ravel(arr)]
-        except (TypeError, ValueError):
-            raise SamplecError(f"{p.name}: seeds must be integers") from None
+        items = list(np.ravel(arr))
+        if any(isinstance(v, (str, bytes, bool, np.bool_)) or not isinstance(v, (int, np.integer)) and
+               not (isinstance(v, (float, np.floating)) and float(v).is_integer()) for v in items):
+            raise SamplecError(f"{p.name}: seeds must be integers, got {value!r}")
+        ints = [int(v) for v in items]
         if any(not 0 <= v < 2 ** 64 for v in ints):
             bad = np.array([not 0 <= v < 2 ** 64 for v in ints])
             raise SamplecError(f"{p.name}: seeds must be in [0, 2**64) ({_rows(bad)})")

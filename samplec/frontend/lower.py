@@ -167,7 +167,8 @@ class Lowering:
         t = self.scalar(t, F32)
         zero = make("eq", t, const(0.0))
         greedy_x = make("filter", x, make("eq", make("iota", x), make("argmax", x)), name="x_t0")
-        scaled = make("div", x, where(zero, const(1.0), t), name="x_scaled")
+        # a removed token stays removed even for t = inf (-inf / inf would be NaN)
+        scaled = where(make("eq", x, const(NEG_INF)), x, make("div", x, where(zero, const(1.0), t)), name="x_scaled")
         return where(make("eq", t, const(1.0)), x, where(zero, greedy_x, scaled), name="x_temp")
 
     def stage_top_k(self, x, k):
@@ -196,9 +197,12 @@ class Lowering:
     def stage_typical_p(self, x, m):
         m = self.scalar(m, F32)
         probs = softmax(x)
-        plogp = where(make("gt", probs, const(0.0)), make("mul", probs, make("log", probs)), const(0.0))
-        entropy = make("neg", make("reduce_sum", plogp), name="entropy")
-        score = make("abs", make("sub", make("neg", make("log", probs)), entropy), name="score")
+        # -log p_i - H = (log Z - d_i) - (log Z - sum_j p_j d_j) with d = x - max: log Z cancels, so the score is
+        # |mean(d) - d_i|, computed without the cancellation of two numbers near log V (float32 loses ~1e-6 there)
+        live = make("gt", probs, const(0.0))
+        d = make("sub", x, make("reduce_max", x))
+        mean_d = make("reduce_sum", where(live, make("mul", probs, d), const(0.0)), name="mean_d")
+        score = where(live, make("abs", make("sub", mean_d, d)), const(math.inf), name="score")
         order = make("argsort", score, descending=False)
         mass = make("cumsum", make("take_along", probs, order), exclusive=False)
         first = make("reduce_sum", make("cast", make("lt", mass, m), dtype=I32))     # first index with mass >= m
@@ -215,8 +219,10 @@ class Lowering:
         mean = make("div", make("reduce_sum", where(finite, x, const(0.0))), count, name="mean")
         dev = where(finite, make("sub", x, mean), const(0.0))
         std = make("sqrt", make("div", make("reduce_sum", make("mul", dev, dev)), count), name="std")
-        floor = make("sub", make("reduce_max", x), make("mul", n, std), name="sigma_floor")
-        kept = make("filter", x, make("ge", x, floor))
+        top = make("reduce_max", x)
+        floor = make("sub", top, make("mul", n, std), name="sigma_floor")
+        # the most probable token always stays (n = inf with one kept token gives inf * 0 = NaN)
+        kept = make("filter", x, make("logical_or", make("ge", x, floor), make("eq", x, top)))
         return where(make("le", n, const(0.0)), x, kept, name="x_nsigma")
 
     def stage_xtc(self, x, threshold, probability, seed, position):
@@ -224,7 +230,7 @@ class Lowering:
         pos = make("cast", self.scalar(position, I32), dtype=U32)
         coin = uniform(make("random_bits", self.seed(seed), const(XTC_COUNTER, U32), pos, name="xtc_bits"))
         probs = softmax(x)
-        top = make("ge", probs, thr, name="xtc_top")
+        top = make("logical_and", make("ge", probs, thr), make("isfinite", x), name="xtc_top")
         n_top = make("reduce_sum", make("cast", top, dtype=I32))
         p_least = make("reduce_min", where(top, probs, const(math.inf)))
         survivor = make("argmax", make("logical_and", top, make("eq", probs, p_least)), name="xtc_survivor")
@@ -257,12 +263,12 @@ class Lowering:
             vals = tuple(float(v) for _, v in b.items)
             out = make("sparse_add", x, ids=ids, values=vals, name="x_bias")
         else:
-            out = make("add", x, self.tensor(b), name="x_bias")
+            out = make("add", x, self.on_domain(self.tensor(b)), name="x_bias")
         self.checks.append(Check(empty_rows(out), "logit_bias: a -inf bias removed every token"))
         return out
 
     def stage_allow(self, x, mask):
-        out = where(self.tensor(mask), x, const(NEG_INF), name="x_allowed")
+        out = where(self.on_domain(self.tensor(mask)), x, const(NEG_INF), name="x_allowed")
         self.checks.append(Check(empty_rows(out), "allow: the mask allows no token"))
         return out
 
@@ -285,6 +291,10 @@ class Lowering:
 
     def positions_to_ids(self, positions: Node) -> Node:
         return positions
+
+    def on_domain(self, tensor: Node) -> Node:
+        """A [B,V] tensor parameter (mask, bias) restricted to the positions of x."""
+        return tensor
 
     def token_counts(self, ids: Node, weights: Node, x: Node) -> Node:
         """f32 count of each token of x among `ids` (weighted 0/1)."""

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from samplec.frontend.ast import CheckedSampler, Literal, Name
+from samplec.frontend.ast import CheckedSampler, DictLit, Literal, Name
 from samplec.frontend.lower import NEG_INF, Lowering, const, where
 from samplec.ir.graph import Check, Graph, Node, make
 from samplec.ir.types import F32, I32, U32
@@ -66,6 +66,9 @@ class PlanLowering(Lowering):
             return super().to_token(position)
         return make("squeeze", make("take_along", self.ids, position), name="token")
 
+    def on_domain(self, tensor):
+        return tensor if self.ids is None else make("take_tokens", tensor, self.ids)
+
     def positions_to_ids(self, positions):
         return positions if self.ids is None else make("take_along", self.ids, positions)
 
@@ -93,8 +96,8 @@ class PlanLowering(Lowering):
             i += 1
         prefix, rest = body[:i], body[i:]
         mode = self._mode(rest, terminal)
-        if mode is None:
-            return None
+        if mode is None or any(st.name == "logit_bias" and isinstance(st.args["b"], DictLit) for st in rest):
+            return None     # (a constant bias addresses token ids, not candidate positions)
         m = {"top_k": lambda: int(_const_value(rest[0].args["k"], self.bindings)), "window": lambda: WINDOW_BLOCKS}
         m = m.get(mode, lambda: BLOCKS)()
         domain = m if mode == "top_k" else m * BLOCK
@@ -147,6 +150,7 @@ class PlanLowering(Lowering):
             rest = []
         for st in rest:
             xc = getattr(self, "stage_" + st.name)(xc, **st.args)
+        self.guard(make("eq", make("reduce_max", xc), const(NEG_INF)))      # emptied: the exact program says why
         position = self.token_position = getattr(self, "stage_" + terminal.name)(xc, **terminal.args)
         if mode == "window":
             self._window_guard(xc, position, bound, vmax, t)

@@ -202,9 +202,22 @@ counting one, two, three, four, five, six, seven, eight, nine, ten tokens per st
 """
 
 
+def _pseudo_words(count: int, seed: int = 0) -> str:
+    """Deterministic made-up words (syllables drawn from a fixed seed): enough distinct pairs for big vocabularies."""
+    rng = np.random.default_rng(seed)
+    syllables = [c + v for c in "bdfgklmnprstvz" for v in "aeiou"] + ["th", "sh", "ch", "qu", "ng", "st"]
+    lengths = rng.integers(1, 5, size=count)
+    picks = rng.integers(0, len(syllables), size=int(lengths.sum()))
+    words, at = [], 0
+    for n in lengths:
+        words.append("".join(syllables[i] for i in picks[at:at + n]))
+        at += n
+    return " ".join(words)
+
+
 def local_tokenizer(vocab_size: int = 512):
-    """A byte-level BPE tokenizer trained on a built-in paragraph, wrapped for mlx-lm (exactly `vocab_size` ids;
-    id 1 is `</s>`, the end-of-sequence token)."""
+    """A byte-level BPE tokenizer trained on a built-in paragraph and made-up words, wrapped for mlx-lm (exactly
+    `vocab_size` ids; id 1 is `</s>`, the end-of-sequence token)."""
     from mlx_lm.tokenizer_utils import TokenizerWrapper
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
@@ -216,7 +229,7 @@ def local_tokenizer(vocab_size: int = 512):
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<s>", "</s>"], show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator([_CORPUS] * 4, trainer=trainer)
+    tok.train_from_iterator([_CORPUS] * 4 + [_pseudo_words(max(0, vocab_size - 400) * 20)], trainer=trainer)
     missing = vocab_size - tok.get_vocab_size()
     if missing > 0:
         tok.add_special_tokens([f"<extra_{i}>" for i in range(missing)])

@@ -263,7 +263,8 @@ OPS: dict[str, OpDef] = {d.name: d for d in [
           "the (blocks+1)-th largest block maximum: every token outside the top blocks is <= it (-inf if none)"),
     OpDef("block_ids", 2, (("block_size", "int"),), _block_ids,
           "(block ids ascending, block maxima) -> the token ids the blocks hold, ascending"),
-    OpDef("take_tokens", 2, (), _take_tokens, "x at token ids along the last axis; -inf for ids >= V"),
+    OpDef("take_tokens", 2, (), _take_tokens,
+          "x at token ids along the last axis; for ids >= V: -inf (floats), else zero / false"),
     OpDef("topk_positions", 1, (("k", "int"),), _topk(I32),
           "positions of the k largest (any order among ties at the k-th), ascending"),
     # randomness

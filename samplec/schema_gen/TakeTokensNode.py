@@ -6,7 +6,7 @@ import flatbuffers
 from flatbuffers.compat import import_numpy
 np = import_numpy()
 
-# take_tokens (2 operands): x at token ids along the last axis; -inf for ids >= V
+# take_tokens (2 operands): x at token ids along the last axis; for ids >= V: -inf (floats), else zero / false
 class TakeTokensNode(object):
     __slots__ = ['_tab']
 
