@@ -68,7 +68,7 @@ def test_plan_matches_exact_program(name):
 
 def test_no_plan_where_it_cannot_be_exact():
     for body, outs in [("top_p(0.9) sample(seed)", "probs"), ("typical_p(0.9) sample(seed)", "token"),
-                       ("top_k(k) sample(seed)", "token"), ("greedy()", "token")]:
+                       ("top_k(k) sample(seed)", "token"), ("temperature(0.5) greedy()", "token")]:
         sig = "(seed: seed = 0, k: int = 4)"
         prog = samplec.compile(f"sampler s{sig} -> {outs} {{ {body} }}")
         assert prog.plan is None, body
@@ -79,6 +79,17 @@ def test_ties_across_blocks_fall_back_and_stay_exact():
     x = np.full((2, V), -5.0, np.float32)
     x[:, ::64] = 3.0          # one equal value in every block: v_k ties far outside the 40 chosen blocks
     run_both(p0, p2, x, seed=[1, 2])
+    assert p2.fallbacks == 1
+
+
+def test_greedy_plan_reads_one_block():
+    p0, p2 = programs("greedy_k", "token, raw_logprob, top_logprobs(3)")
+    assert "kth_largest" not in str(p2.plan) and "top_blocks %block_max {blocks = 1}" in str(p2.plan)
+    x = realistic(8, 11)
+    run_both(p0, p2, x)
+    assert p2.fallbacks == 0
+    x[3, 100] = x[3, 101] = x[3].max() + 1       # the maximum twice, in two blocks: the exact program answers
+    run_both(p0, p2, x)
     assert p2.fallbacks == 1
 
 

@@ -11,6 +11,8 @@ candidates alone:
                   k survivors are compacted so later stages work on k tokens
     min_p(m)      threshold = max + ln m
     top_p(p)      threshold = the smallest kept probability; the normalizer is summed over the vocabulary
+    greedy        (after filters that keep the argmax) the best block alone holds the argmax unless another block
+                  ties its maximum
     temperature + sample, nothing else
                   no token whose logit plus the largest possible Gumbel noise stays below the winner's noisy score
                   can win: threshold = t * (winner - g_max)
@@ -33,6 +35,7 @@ PLAN_GUARD = "plan: this row needs the exact program"
 BLOCK = 64          # tokens per block: divides 32000, 152064 and 262144, so no padding copy
 BLOCKS = 16         # candidate blocks when no top_k fixes the count
 WINDOW_BLOCKS = 64  # temperature + sample: the Gumbel window reaches further down
+ABSORBED = ("top_k", "top_p", "min_p", "typical_p", "top_n_sigma")   # filters that keep the argmax
 MAX_TOP_K = 256     # beyond this a partition over the vocabulary is as cheap
 PREFIX = ("penalties", "logit_bias", "allow")
 # the largest Gumbel noise float32 can produce: u = (2^23 - 1 + 0.5) * 2^-23
@@ -98,7 +101,8 @@ class PlanLowering(Lowering):
         mode = self._mode(rest, terminal)
         if mode is None or any(st.name == "logit_bias" and isinstance(st.args["b"], DictLit) for st in rest):
             return None     # (a constant bias addresses token ids, not candidate positions)
-        m = {"top_k": lambda: int(_const_value(rest[0].args["k"], self.bindings)), "window": lambda: WINDOW_BLOCKS}
+        m = {"top_k": lambda: int(_const_value(rest[0].args["k"], self.bindings)), "window": lambda: WINDOW_BLOCKS,
+             "greedy": lambda: 1}
         m = m.get(mode, lambda: BLOCKS)()
         domain = m if mode == "top_k" else m * BLOCK
         if any(o.name == "candidates" and o.arg > domain for o in self.sampler.outputs):
@@ -138,6 +142,9 @@ class PlanLowering(Lowering):
         elif mode == "top_p":
             xc = self._top_p(x, xc, vmax, bound, rest[0].args["p"])
             rest = rest[1:]
+        elif mode == "greedy":   # the filters keep the argmax; it lies in the best block unless another ties it
+            self.guard(make("ge", bound, vmax))
+            rest = []
         x_final_full = None
         if mode == "window":
             t = self.scalar(rest[0].args["t"], F32) if rest else const(1.0)
@@ -163,6 +170,9 @@ class PlanLowering(Lowering):
         return Graph(self.sampler.name, tuple(self.params), outs, (Check(flag, PLAN_GUARD),))
 
     def _mode(self, rest, terminal) -> str | None:
+        if terminal.name == "greedy" and all(st.name in ABSORBED for st in rest) and \
+                {o.name for o in self.sampler.outputs} <= {"token", "raw_logprob", "top_logprobs"}:
+            return "greedy"
         if rest and rest[0].name == "top_k":
             k = _const_value(rest[0].args["k"], self.bindings)
             return "top_k" if k is not None and 1 <= int(k) <= MAX_TOP_K else None
