@@ -88,7 +88,7 @@ class _Writer:
         for d in dims:
             if not _DIM.fullmatch(d):
                 raise SamplecError(f"cannot serialize: dimension {d!r} of {t} is not a symbol or a small integer")
-        return self.strings(dims)
+        return self.string(",".join(dims))
 
     def scalar(self, v) -> int:
         b, m = self.b, fb_scalar
@@ -300,6 +300,7 @@ class _Reader:
     def __init__(self, data: bytes):
         self.size = len(data)
         self.budget = len(data)
+        self.shapes: dict[str, tuple] = {}      # shape text -> dims (most values share a handful of shapes)
 
     def charge(self, nbytes: int, what: str) -> None:
         self.budget -= nbytes
@@ -325,8 +326,17 @@ class _Reader:
             raise _Invalid(f"{what} is not valid UTF-8") from None
 
     def numbers(self, obj, field: str, what: str, elem_size: int = 8) -> tuple:
+        n = self.length(obj, field, elem_size, what)
+        if n == 0:
+            return ()
+        as_numpy = getattr(obj, field + "AsNumpy", None)
+        if as_numpy is not None:                  # one bounds-checked slice instead of n table lookups
+            arr = as_numpy()
+            if len(arr) != n:
+                raise _Invalid(f"{what} runs past the end of the file")
+            return tuple(arr.tolist())
         get = getattr(obj, field)
-        return tuple(get(j) for j in range(self.length(obj, field, elem_size, what)))
+        return tuple(get(j) for j in range(n))
 
     def dtype(self, i: int, what: str) -> str:
         if not 0 <= i < len(DTYPES):
@@ -335,13 +345,15 @@ class _Reader:
 
     def type(self, obj, what: str) -> Type:
         dtype = self.dtype(obj.Dtype(), what)
-        dims = []
-        for j in range(self.length(obj, "Shape", 4, f"{what} shape")):
-            d = self.text(obj.Shape(j), f"{what} dimension {j}")
-            if not _DIM.fullmatch(d):
-                raise _Invalid(f"{what} has a bad dimension {d!r}")
-            dims.append(int(d) if d[0].isdigit() else d)
-        return Type(dtype, tuple(dims))
+        text = self.text(obj.Shape(), f"{what} shape")
+        dims = self.shapes.get(text)
+        if dims is None:
+            parts = text.split(",") if text else []
+            for d in parts:
+                if not _DIM.fullmatch(d):
+                    raise _Invalid(f"{what} has a bad dimension {d!r}")
+            dims = self.shapes[text] = tuple(int(d) if d[0].isdigit() else d for d in parts)
+        return Type(dtype, dims)
 
     def scalar(self, s, what: str):
         if s is None:

@@ -319,7 +319,7 @@ def raw_program(nodes, params=(("logits", "logits", 0, ["B", "V"]),), outputs=((
 
     ps = []
     for name, kind, dtype, shape in params:
-        n, k, s = b.CreateString(name), b.CreateString(kind), strings(shape)
+        n, k, s = b.CreateString(name), b.CreateString(kind), b.CreateString(",".join(shape))
         fb_param.Start(b); fb_param.AddName(b, n); fb_param.AddKind(b, k)
         fb_param.AddDtype(b, dtype); fb_param.AddShape(b, s)
         ps.append(fb_param.End(b))
@@ -346,7 +346,7 @@ def raw_program(nodes, params=(("logits", "logits", 0, ["B", "V"]),), outputs=((
         for i in reversed(spec["inputs"]):
             b.PrependUint32(i)
         inputs = b.EndVector()
-        shape = strings(spec["shape"])
+        shape = b.CreateString(",".join(spec["shape"]))
         fb_node.Start(b)
         fb_node.AddOpType(b, spec.get("tag", serialize.OP_INDEX[op]))
         fb_node.AddOp(b, table)

@@ -80,24 +80,11 @@ class Node(object):
         return 0
 
     # Node
-    def Shape(self, j):
+    def Shape(self):
         o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(12))
         if o != 0:
-            a = self._tab.Vector(o)
-            return self._tab.String(a + flatbuffers.number_types.UOffsetTFlags.py_type(j * 4))
-        return ""
-
-    # Node
-    def ShapeLength(self):
-        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(12))
-        if o != 0:
-            return self._tab.VectorLen(o)
-        return 0
-
-    # Node
-    def ShapeIsNone(self):
-        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(12))
-        return o == 0
+            return self._tab.String(o + self._tab.Pos)
+        return None
 
     # Node
     def Name(self):
@@ -147,12 +134,6 @@ def NodeAddShape(builder, shape):
 
 def AddShape(builder, shape):
     NodeAddShape(builder, shape)
-
-def NodeStartShapeVector(builder, numElems):
-    return builder.StartVector(4, numElems, 4)
-
-def StartShapeVector(builder, numElems):
-    return NodeStartShapeVector(builder, numElems)
 
 def NodeAddName(builder, name):
     builder.PrependUOffsetTRelativeSlot(5, flatbuffers.number_types.UOffsetTFlags.py_type(name), 0)

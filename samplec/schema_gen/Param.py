@@ -51,24 +51,11 @@ class Param(object):
         return 0
 
     # Param
-    def Shape(self, j):
+    def Shape(self):
         o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(10))
         if o != 0:
-            a = self._tab.Vector(o)
-            return self._tab.String(a + flatbuffers.number_types.UOffsetTFlags.py_type(j * 4))
-        return ""
-
-    # Param
-    def ShapeLength(self):
-        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(10))
-        if o != 0:
-            return self._tab.VectorLen(o)
-        return 0
-
-    # Param
-    def ShapeIsNone(self):
-        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(10))
-        return o == 0
+            return self._tab.String(o + self._tab.Pos)
+        return None
 
     # Param
     def Default(self):
@@ -124,12 +111,6 @@ def ParamAddShape(builder, shape):
 
 def AddShape(builder, shape):
     ParamAddShape(builder, shape)
-
-def ParamStartShapeVector(builder, numElems):
-    return builder.StartVector(4, numElems, 4)
-
-def StartShapeVector(builder, numElems):
-    return ParamStartShapeVector(builder, numElems)
 
 def ParamAddDefault(builder, default):
     builder.PrependUOffsetTRelativeSlot(4, flatbuffers.number_types.UOffsetTFlags.py_type(default), 0)
