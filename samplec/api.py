@@ -8,7 +8,7 @@ from samplec.diagnostics import SamplecError
 from samplec.frontend.check import check
 from samplec.frontend.lower import _param_ranges, lower
 from samplec.frontend.parser import parse
-from samplec.frontend.plan import plan
+from samplec.frontend.plan import plans
 from samplec.ir.graph import Graph
 from samplec.passes import run_pipeline
 from samplec.program import Program
@@ -35,9 +35,7 @@ def compile(source: str, sampler: str | None = None, opt_level: int = 2, binding
         raise SamplecError(f"opt_level must be 0, 1 or 2, got {opt_level!r}")
     checked, _, binds = _front(source, sampler, bindings, filename)
     graph = run_pipeline(lower(checked, binds), opt_level, after=after_pass)
-    fast = plan(checked, binds) if opt_level >= 2 else None
-    if fast is not None:
-        fast = run_pipeline(fast, opt_level)
+    fast = [run_pipeline(p, opt_level) for p in plans(checked, binds)] if opt_level >= 2 else []
     return Program(graph, fast)
 
 
@@ -52,8 +50,8 @@ def compile_file(path: str | os.PathLike, sampler: str | None = None, opt_level:
 
 
 def load(path: str | os.PathLike) -> Program:
-    from samplec.serialize import load_with_plan
-    return Program(*load_with_plan(path))
+    from samplec.serialize import load_with_plans
+    return Program(*load_with_plans(path))
 
 
 def _check_bindings(checked, bindings: dict) -> dict:

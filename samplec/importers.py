@@ -82,11 +82,16 @@ def _number(name: str, value, kind: type = float, lo: float = -math.inf, hi: flo
     if isinstance(value, bool) or not isinstance(value, (int, float, str)):
         raise SamplecError(f"{name}: expected a number, got {value!r}")
     try:
-        v = float(value)
-        if kind is int:
-            if v != int(v):
-                raise ValueError
-            v = int(v)
+        if kind is int and isinstance(value, int):
+            v = value
+        elif kind is int and isinstance(value, str) and value.strip().lstrip("+-").isdigit():
+            v = int(value.strip())                      # exact, even past 2**53 (seeds)
+        else:
+            v = float(value)
+            if kind is int:
+                if v != int(v):
+                    raise ValueError
+                v = int(v)
     except (TypeError, ValueError, OverflowError):
         raise SamplecError(f"{name}: expected {'an integer' if kind is int else 'a number'}, got {value!r}") \
             from None

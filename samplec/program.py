@@ -57,18 +57,24 @@ def _rows(mask: np.ndarray, limit: int = 8) -> str:
 
 
 class Program:
-    """A compiled sampler. `graph` is the exact program; `plan` (at -O2, when it applies) is the candidate plan
-    that runs first: where its guard flags a row, the call is answered by the exact program instead."""
+    """A compiled sampler. `graph` is the exact program; `plans` (at -O2, when they apply) are candidate plans
+    tried in order first: a plan whose guard flags a row hands the call on, the exact program answering last."""
 
-    def __init__(self, graph: Graph, plan: Graph | None = None, compile: bool = True):
+    def __init__(self, graph: Graph, plans: list[Graph] | tuple = (), compile: bool = True):
         from samplec.backend_mlx.interpreter import Executable
         self.graph = graph
-        self.plan = plan
+        self.plans = tuple(plans)
         self.exe = Executable(graph, compile=compile)
-        self.plan_exe = None if plan is None else Executable(plan, compile=compile)
-        self.fallbacks = 0   # calls the plan handed to the exact program
+        self.plan_exes = tuple(Executable(p, compile=compile) for p in self.plans)
+        self.fallbacks = 0   # calls that the plans handed on to the exact program
+        self.last_tier = None  # which answered the last call: plan index, or len(plans) for the exact program
         self._max_bias_id = max((max(n.attr("ids"), default=-1) for n in graph.toposort() if n.op == "sparse_add"),
                                 default=-1)
+
+    @property
+    def plan(self) -> Graph | None:
+        """The first candidate plan (None without one)."""
+        return self.plans[0] if self.plans else None
 
     # ---- introspection and persistence ----
     @property
@@ -81,18 +87,19 @@ class Program:
 
     def ir(self) -> str:
         text = print_graph(self.graph)
-        if self.plan is not None:
-            text += "\n// -O2 candidate plan: runs first; a row it flags is answered by the program above\n"
-            text += print_graph(self.plan)
+        for i, plan in enumerate(self.plans):
+            text += (f"\n// -O2 candidate plan {i + 1} of {len(self.plans)}: tried in order before the program "
+                     "above; a call with a flagged row moves on\n")
+            text += print_graph(plan)
         return text
 
     def to_bytes(self) -> bytes:
         from samplec.serialize import to_bytes
-        return to_bytes(self.graph, self.plan)
+        return to_bytes(self.graph, self.plans)
 
     def save(self, path) -> None:
         from samplec.serialize import save
-        save(self.graph, path, self.plan)
+        save(self.graph, path, self.plans)
 
     def __repr__(self) -> str:
         ps = ", ".join(p.name for p in self.params)
@@ -101,12 +108,14 @@ class Program:
     # ---- running ----
     def __call__(self, logits, **params) -> Outputs:
         args = self.prepare(logits, params)
-        if self.plan_exe is not None:
-            outs, flags = self.plan_exe(*args)
+        for tier, (plan, exe) in enumerate(zip(self.plans, self.plan_exes)):
+            outs, flags = exe(*args)
             mx.eval(outs + flags)
             if not np.array(flags[0]).any():
-                return Outputs({k: v for (k, _), v in zip(self.plan.outputs, outs)})
-            self.fallbacks += 1
+                self.last_tier = tier
+                return Outputs({k: v for (k, _), v in zip(plan.outputs, outs)})
+        self.fallbacks += bool(self.plans)
+        self.last_tier = len(self.plans)
         outs, flags = self.exe(*args)
         mx.eval(outs + flags)
         for check, flag in zip(self.graph.checks, flags):

@@ -30,6 +30,7 @@ from samplec.schema_gen import Scalar as fb_scalar
 from samplec.schema_gen.ScalarKind import ScalarKind
 
 FORMAT_VERSION = 1
+MAX_PLANS = 4
 FILE_IDENTIFIER = b"SMPB"
 MAX_ITEMS = 1_000_000            # params, nodes, outputs, checks, operands or attribute entries in one list
 U64_MAX = 2**64 - 1
@@ -146,15 +147,20 @@ def _write_op(w: _Writer, n: Node) -> int:
     return m.End(b)
 
 
-def to_bytes(g: Graph, plan: Graph | None = None) -> bytes:
-    """The .smpb bytes of `g` (and its optional -O2 plan): params in order, then the reachable nodes in
-    `g.toposort()` order."""
-    if plan is not None and [(p.name, p.kind, p.default) for p in plan.params] != \
-            [(p.name, p.kind, p.default) for p in g.params]:
-        raise SamplecError("cannot serialize: the plan's parameters differ from the program's")
+def to_bytes(g: Graph, plans=()) -> bytes:
+    """The .smpb bytes of `g` and its -O2 plans (a chain: the program's `plan`, that plan's `plan`, ...): params
+    in order, then the reachable nodes in `g.toposort()` order."""
+    plans = list(plans or ())
+    if len(plans) > MAX_PLANS:
+        raise SamplecError(f"cannot serialize: more than {MAX_PLANS} plans")
+    for plan in plans:
+        if [(p.name, p.kind, p.default) for p in plan.params] != [(p.name, p.kind, p.default) for p in g.params]:
+            raise SamplecError("cannot serialize: a plan's parameters differ from the program's")
     w = _Writer()
-    plan_off = None if plan is None else _write_program(w, plan, None)
-    w.b.Finish(_write_program(w, g, plan_off), file_identifier=FILE_IDENTIFIER)
+    off = None
+    for plan in reversed(plans):
+        off = _write_program(w, plan, off)
+    w.b.Finish(_write_program(w, g, off), file_identifier=FILE_IDENTIFIER)
     return bytes(w.b.Output())
 
 
@@ -245,9 +251,9 @@ def _write_program(w: "_Writer", g: Graph, plan_off: int | None) -> int:
     return m.End(b)
 
 
-def save(g: Graph, path, plan: Graph | None = None) -> None:
+def save(g: Graph, path, plans=()) -> None:
     """Write `g` to `path` atomically: the bytes go to a temp file in the same directory, then os.replace."""
-    data = to_bytes(g, plan)
+    data = to_bytes(g, plans)
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
     try:
@@ -403,18 +409,19 @@ def _read(data: bytes) -> Graph:
     if version != FORMAT_VERSION:
         raise _Invalid(f"format version {version} is not supported (this samplec reads version {FORMAT_VERSION})")
     g = _read_program(r, prog)
-    plan_table = prog.Plan()
-    if plan_table is None:
-        return g, None
-    if plan_table.Plan() is not None:
-        raise _Invalid("a plan may not have a plan of its own")
-    plan = _read_program(r, plan_table)
-    if [(p.name, p.kind, p.node.type, p.default, p.range) for p in plan.params] != \
-            [(p.name, p.kind, p.node.type, p.default, p.range) for p in g.params]:
-        raise _Invalid("the plan's parameters differ from the program's")
-    if [(k, n.type) for k, n in plan.outputs] != [(k, n.type) for k, n in g.outputs] or len(plan.checks) != 1:
-        raise _Invalid("the plan's outputs differ from the program's, or it lacks its one guard check")
-    return g, plan
+    plans, table = [], prog.Plan()
+    while table is not None:
+        if len(plans) == MAX_PLANS:
+            raise _Invalid(f"more than {MAX_PLANS} plans")
+        plan = _read_program(r, table)
+        if [(p.name, p.kind, p.node.type, p.default, p.range) for p in plan.params] != \
+                [(p.name, p.kind, p.node.type, p.default, p.range) for p in g.params]:
+            raise _Invalid("a plan's parameters differ from the program's")
+        if [(k, n.type) for k, n in plan.outputs] != [(k, n.type) for k, n in g.outputs] or len(plan.checks) != 1:
+            raise _Invalid("a plan's outputs differ from the program's, or it lacks its one guard check")
+        plans.append(plan)
+        table = table.Plan()
+    return g, plans
 
 
 def _read_program(r: "_Reader", prog) -> Graph:
@@ -499,14 +506,14 @@ def _read_program(r: "_Reader", prog) -> Graph:
 
 def from_bytes(data: bytes) -> Graph:
     """The Graph in `data`, checked completely; any problem raises SamplecError("invalid .smpb: ...")."""
-    return from_bytes_with_plan(data)[0]
+    return from_bytes_with_plans(data)[0]
 
 
-def from_bytes_with_plan(data: bytes) -> tuple[Graph, Graph | None]:
-    """The program and its optional -O2 plan, both checked completely."""
+def from_bytes_with_plans(data: bytes) -> tuple[Graph, list[Graph]]:
+    """The program and its -O2 plans, all checked completely."""
     data = _CheckedBytes(data)
     try:
-        g, plan = _read(data)
+        g, plans = _read(data)
     except _Invalid as e:
         raise SamplecError(f"invalid .smpb: {e}") from None
     except (struct.error, IndexError, TypeError) as e:   # flatbuffers raises TypeError for a negative offset
@@ -516,26 +523,27 @@ def from_bytes_with_plan(data: bytes) -> tuple[Graph, Graph | None]:
         raise SamplecError(f"invalid .smpb: corrupt flatbuffer ({type(e).__name__}: {e})") from None
     try:
         verify(g)
-        if plan is not None:
+        for plan in plans:
             verify(plan)
     except VerifyError as e:
         raise SamplecError(f"invalid .smpb: {e}") from None
-    return g, plan
+    return g, plans
 
 
 def load(path) -> Graph:
-    return load_with_plan(path)[0]
+    return load_with_plans(path)[0]
 
 
-def load_with_plan(path) -> tuple[Graph, Graph | None]:
+def load_with_plans(path) -> tuple[Graph, list[Graph]]:
     try:
         data = Path(path).read_bytes()
     except OSError as e:
         raise SamplecError(f"cannot read {path}: {e.strerror or e}") from None
     try:
-        return from_bytes_with_plan(data)
+        return from_bytes_with_plans(data)
     except SamplecError as e:
         raise SamplecError(f"{path}: {e}") from None
 
 
-__all__ = ["FORMAT_VERSION", "to_bytes", "from_bytes", "from_bytes_with_plan", "save", "load", "load_with_plan"]
+__all__ = ["FORMAT_VERSION", "MAX_PLANS", "to_bytes", "from_bytes", "from_bytes_with_plans", "save", "load",
+           "load_with_plans"]

@@ -93,6 +93,16 @@ def test_greedy_plan_reads_one_block():
     assert p2.fallbacks == 1
 
 
+def test_top_p_tiers_bounded_normalizer_then_exact_sum():
+    p0, p2 = programs("top_p")
+    assert len(p2.plans) == 2 and "block_max" in str(p2.plans[0]) and "%z =" in str(p2.plans[1])
+    run_both(p0, p2, realistic(4, 3), seed=[1, 2, 3, 4])
+    assert p2.last_tier == 0                   # a peaked row: the bound on the normalizer decides the cut
+    wide = realistic(4, 3, tail=2.5)           # a heavy tail: the bound is too loose, the exact sum decides
+    run_both(p0, p2, wide, seed=[1, 2, 3, 4])
+    assert p2.last_tier in (1, 2)
+
+
 def test_flat_rows_fall_back():
     for name in ("window", "min_p"):
         p0, p2 = programs(name)

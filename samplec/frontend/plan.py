@@ -27,14 +27,14 @@ from __future__ import annotations
 import numpy as np
 
 from samplec.frontend.ast import CheckedSampler, DictLit, Literal, Name
-from samplec.frontend.lower import NEG_INF, Lowering, const, where
+from samplec.frontend.lower import NEG_INF, Lowering, const, last_index, where
 from samplec.ir.graph import Check, Graph, Node, make
 from samplec.ir.types import F32, I32, U32
 
 PLAN_GUARD = "plan: this row needs the exact program"
 BLOCK = 64          # tokens per block: divides 32000, 152064 and 262144, so no padding copy
 BLOCKS = 16         # candidate blocks when no top_k fixes the count
-WINDOW_BLOCKS = 64  # temperature + sample: the Gumbel window reaches further down
+WINDOW_BLOCKS = 64  # temperature + sample, and top_p with a bounded normalizer: they reach further down
 ABSORBED = ("top_k", "top_p", "min_p", "typical_p", "top_n_sigma")   # filters that keep the argmax
 MAX_TOP_K = 256     # beyond this a partition over the vocabulary is as cheap
 PREFIX = ("penalties", "logit_bias", "allow")
@@ -42,6 +42,8 @@ PREFIX = ("penalties", "logit_bias", "allow")
 _U_MAX = np.float32((2 ** 23 - 1 + 0.5) * 2.0 ** -23)
 G_MAX = float(-np.log(-np.log(_U_MAX)))
 MARGIN = 1e-3
+COMPACT = 64            # survivors of a bounded top_p are compacted to this many positions
+TOP_P_MARGIN = 1e-3     # relative: covers float32 prefix sums over the <= 4096 candidates of a top_p plan
 
 
 def _const_value(expr, bindings: dict):
@@ -55,10 +57,12 @@ def _const_value(expr, bindings: dict):
 class PlanLowering(Lowering):
     """Lowering on a candidate domain: `ids` (i32 [B,C], ascending) are the token ids of the positions of x."""
 
-    def __init__(self, sampler: CheckedSampler, bindings: dict):
+    def __init__(self, sampler: CheckedSampler, bindings: dict, bounded_z: bool = False):
         super().__init__(sampler, bindings)
         self.ids: Node | None = None
         self.guards: list[Node] = []
+        self.bounded_z = bounded_z     # top_p: bound the normalizer from block maxima instead of an exp pass
+        self.used_bounded = False
 
     # -- domain hooks --
     def token_ids(self, x):
@@ -102,7 +106,7 @@ class PlanLowering(Lowering):
         if mode is None or any(st.name == "logit_bias" and isinstance(st.args["b"], DictLit) for st in rest):
             return None     # (a constant bias addresses token ids, not candidate positions)
         m = {"top_k": lambda: int(_const_value(rest[0].args["k"], self.bindings)), "window": lambda: WINDOW_BLOCKS,
-             "greedy": lambda: 1}
+             "greedy": lambda: 1, "top_p": lambda: WINDOW_BLOCKS if self.bounded_z else BLOCKS}
         m = m.get(mode, lambda: BLOCKS)()
         domain = m if mode == "top_k" else m * BLOCK
         if any(o.name == "candidates" and o.arg > domain for o in self.sampler.outputs):
@@ -140,7 +144,11 @@ class PlanLowering(Lowering):
             self.guard(make("ge", bound, floor))
             rest = rest[1:]
         elif mode == "top_p":
-            xc = self._top_p(x, xc, vmax, bound, rest[0].args["p"])
+            top_p = self._top_p_bounded if self.bounded_z else self._top_p
+            self.used_bounded = self.bounded_z
+            xc = top_p(x if not self.bounded_z else bm, xc, vmax, bound, rest[0].args["p"])
+            if self.bounded_z:
+                xc = self._compact(xc, COMPACT)
             rest = rest[1:]
         elif mode == "greedy":   # the filters keep the argmax; it lies in the best block unless another ties it
             self.guard(make("ge", bound, vmax))
@@ -216,6 +224,14 @@ class PlanLowering(Lowering):
         self.ids = make("take_along", self.ids, pos, name="topk_ids")
         return vals
 
+    def _compact(self, xc: Node, k: int) -> Node:
+        """Keep the k best positions (ids ascending) when at most k tokens survive; else the guard fires."""
+        alive = make("reduce_sum", make("cast", make("isfinite", xc), dtype=I32))
+        self.guard(make("gt", alive, const(k, I32)))
+        pos = make("topk_positions", xc, k=k)
+        self.ids = make("take_along", self.ids, pos, name="kept_ids")
+        return make("take_along", xc, pos, name="kept_x")
+
     def _top_p(self, x: Node, xc: Node, vmax: Node, bound: Node, p_expr) -> Node:
         p = self.scalar(p_expr, F32)
         z = make("reduce_sum", make("exp", make("sub", x, vmax)), name="z")      # over the whole vocabulary
@@ -228,6 +244,30 @@ class PlanLowering(Lowering):
         p_bound = make("div", make("exp", make("sub", bound, vmax)), z)
         self.guard(make("ge", p_bound, p_min))
         return make("filter", xc, make("ge", probs, p_min), name="x_topp")
+
+    def _top_p_bounded(self, bm: Node, xc: Node, vmax: Node, bound: Node, p_expr) -> Node:
+        """top_p without an exp pass over the vocabulary: the normalizer Z lies between the candidates' mass and
+        that plus BLOCK * exp(block max - max) for every other block. Where that uncertainty (with a margin for
+        float32 rounding) could change the cut, or rounding could merge the last kept probability with the next,
+        the guard hands the row on."""
+        p = self.scalar(p_expr, F32)
+        e = make("exp", make("sub", xc, vmax), name="e")
+        es = make("sort", e, descending=True)
+        before = make("cumsum", es, exclusive=True, name="mass_before")
+        z_lo = make("reduce_sum", e, name="z_cand")
+        others = where(make("le", bm, bound), make("exp", make("sub", bm, vmax)), const(0.0))
+        z_hi = make("add", z_lo, make("mul", make("reduce_sum", others), const(float(BLOCK))), name="z_hi")
+        count = lambda cond: make("reduce_sum", make("cast", cond, dtype=I32))
+        n_sure = count(make("lt", make("mul", before, const(1 + TOP_P_MARGIN)), make("mul", p, z_lo)))
+        n_maybe = count(make("lt", make("mul", before, const(1 - TOP_P_MARGIN)), make("mul", p, z_hi)))
+        self.guard(make("ne", n_sure, n_maybe))
+        last = make("maximum", make("sub", n_sure, const(1, I32)), const(0, I32))
+        e_min = make("take_along", es, last, name="e_min")
+        self.guard(make("ge", make("exp", make("sub", bound, vmax)), e_min))
+        nxt = make("take_along", es, make("minimum", n_sure, last_index(es)))      # the first probability cut
+        close = make("logical_and", make("lt", nxt, e_min), make("ge", make("mul", nxt, const(1 + 2.0 ** -20)), e_min))
+        self.guard(close)
+        return make("filter", xc, make("ge", e, e_min), name="x_topp")
 
     def _window_guard(self, xc, position, bound, vmax, t) -> None:
         """No token outside the candidates can beat the winner's noisy score (t == 0: the argmax is inside)."""
@@ -247,9 +287,15 @@ class PlanLowering(Lowering):
                 self.guard(make("lt", finite, const(o.arg, I32)))
 
 
-def plan(sampler: CheckedSampler, bindings: dict | None = None) -> Graph | None:
-    """The candidate plan of a checked sampler, or None when it does not apply."""
-    return PlanLowering(sampler, dict(bindings or {})).plan()
+def plans(sampler: CheckedSampler, bindings: dict | None = None) -> list[Graph]:
+    """The candidate plans of a checked sampler, tried in order before the exact program (none: not applicable).
+    A leading top_p gets two: one that bounds the normalizer from block maxima, then one that sums it exactly."""
+    first = PlanLowering(sampler, dict(bindings or {})).plan()
+    if first is None:
+        return []
+    bounded = PlanLowering(sampler, dict(bindings or {}), bounded_z=True)
+    fast = bounded.plan()
+    return [fast, first] if fast is not None and bounded.used_bounded else [first]
 
 
-__all__ = ["plan", "PLAN_GUARD", "G_MAX"]
+__all__ = ["plans", "PLAN_GUARD", "G_MAX"]

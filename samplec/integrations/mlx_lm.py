@@ -45,7 +45,8 @@ _CHECK_LAG = 2   # a step's check flags are read two sampler calls later, when m
 
 @dataclass(frozen=True)
 class Step:
-    """One sampler call: the position(s) of the token sampled (one per row) and the program's outputs."""
+    """One sampler call: the position(s) of the token sampled (one per row; -1 when the adapter's logits processor
+    was not installed) and the program's outputs."""
     position: tuple[int, ...]
     outputs: Outputs
 
@@ -89,8 +90,8 @@ class Sampler:
                 raise SamplecError(f"the sampler '{self.program.name}' needs the token history / position "
                                    f"({', '.join(needs)}): pass logits_processors=sampler.logits_processors "
                                    "to mlx-lm together with sampler=sampler")
-            logits, positions, history = logprobs, (0,) * B, None
-        if B == 1 and (self._last_position is None or positions[0] != self._last_position + 1):
+            logits, positions, history = logprobs, (-1,) * B, None     # positions unknown (and unused)
+        if captured and B == 1 and (self._last_position is None or positions[0] != self._last_position + 1):
             self._new_generation(captured)
             self._prompt_len = positions[0]
         self._last_position = positions[0] if B == 1 else None
@@ -99,9 +100,9 @@ class Sampler:
                 raise SamplecError("prompt_in_history=False needs one sequence per Sampler (batch size 1)")
             kept = positions[0] - self._prompt_len
             history = pad_history(history[:, history.shape[1] - kept:], kept)
-        outs, flags = self._feed(logits, positions, history)
-        if flags:
-            mx.async_eval(flags)
+        outs, flags = self._feed(logits, [max(p, 0) for p in positions], history)
+        # materialize every output with the token: a kept step then holds small arrays, not a graph over [B, V]
+        mx.async_eval(*outs, *flags)
         self._unchecked.append((flags, positions))
         self.steps.append(Step(positions, self._feed.outputs(outs)))
         while len(self._unchecked) > _CHECK_LAG:
@@ -162,10 +163,9 @@ class Sampler:
         self.check()
         if not self.steps:
             raise SamplecError("the sampler has not been called yet")
-        vals = []
-        for s in self.steps:
-            v = getattr(s.outputs, name)
-            vals.append(v.ids if ids else v.values) if hasattr(v, "ids") else vals.append(v)
+        vals = [getattr(s.outputs, name) for s in self.steps]
+        if hasattr(vals[0], "ids"):
+            vals = [v.ids if ids else v.values for v in vals]
         return mx.stack(vals)
 
     def reset(self) -> None:
