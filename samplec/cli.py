@@ -1,4 +1,4 @@
-"""The `samplec` command line (spec §5): compile, run, inspect, passes.
+"""The `samplec` command line (spec §5): compile, run, inspect, import, passes.
 
 Every user error is printed as a diagnostic (`file:line:col: error: ...` with a caret for source errors) and
 exits with status 1; nothing is written on failure and no traceback is shown (set SAMPLEC_DEBUG=1 to see one).
@@ -125,6 +125,17 @@ def inspect(file: Path = typer.Argument(..., help="a compiled .smpb program")):
     if not file.exists():
         raise SamplecError(f"{file}: no such file")
     typer.echo(samplec.load(file).ir(), nl=False)
+
+
+@app.command("import")
+@_guard
+def import_cmd(
+    file: Path = typer.Argument(..., help="a generation_config.json, a llama.cpp flags file, or a request body"),
+    source: str = typer.Option(..., "--from", help="hf | llama-cpp | openai"),
+):
+    """Print an equivalent .smp sampler for another system's sampling settings."""
+    from samplec.importers import import_source
+    typer.echo(import_source(source, file), nl=False)
 
 
 @app.command()

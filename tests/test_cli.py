@@ -203,3 +203,16 @@ def test_help_lists_commands():
     assert r.exit_code == 0
     for cmd in ("compile", "run", "inspect"):
         assert cmd in r.stdout
+
+
+def test_import_prints_a_source_that_compiles(tmp_path):
+    fixtures = Path(__file__).resolve().parent / "fixtures" / "import"
+    for kind, name in (("hf", "generation_config.json"), ("llama-cpp", "llama_cpp_flags.txt"),
+                       ("openai", "openai_request.json")):
+        r = cli("import", "--from", kind, fixtures / name)
+        assert r.exit_code == 0, r.output
+        src = tmp_path / f"{kind}.smp"
+        src.write_text(r.stdout)
+        assert cli("compile", src, "-o", tmp_path / f"{kind}.smpb").exit_code == 0
+    r = cli("import", "--from", "nope", fixtures / "generation_config.json")
+    assert r.exit_code == 1 and "unknown import kind" in r.output

@@ -1,0 +1,459 @@
+"""Importers (`samplec import --from hf|llama-cpp|openai`): the imported program against two oracles.
+
+1. The system's own semantics, written here in numpy from its source (transformers' logits processors and warpers,
+   llama.cpp's `llama-sampler.cpp`, OpenAI's documented penalty formula as vLLM applies it), run on the same logits:
+   the final distributions must agree (same kept tokens, same probabilities), and drawing from the system's final
+   logits with samplec's noise (reference `sample`, same seed and position) must give the program's token.
+2. The samplec numpy reference (`tests/reference.py::run_chain`) on the stage list the importer must emit.
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import samplec
+from samplec import SamplecError
+from samplec.importers import from_hf, from_llama_cpp, from_openai, import_source
+
+try:  # works whether or not tests/ is a package
+    from .reference import run_chain, sample as ref_sample
+except ImportError:  # pragma: no cover
+    from reference import run_chain, sample as ref_sample  # type: ignore[no-redef]
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "import"
+F32 = np.float32
+V = 50304
+B = 8
+POS = 37
+
+
+# ---- shared inputs ----
+
+def make_inputs(seed: int = 0, boosted=(7, 1820, 15043, 29871, 50256)):
+    rng = np.random.default_rng(seed)
+    logits = (rng.normal(size=(B, V)) * 2.0).astype(F32)
+    logits[:, list(boosted)] += F32(6.0)                  # make the biased ids matter
+    history = []
+    for r in range(B):
+        top = np.argsort(-logits[r])[:12]
+        h = np.concatenate([rng.integers(0, V, 150), rng.choice(top, 40), rng.choice(top[:3], 10)])
+        history.append(rng.permutation(h).astype(np.int32))
+    return logits, np.stack(history)
+
+
+def compile_with_probs(source: str):
+    """The imported program, with `probs` (the final distribution before the terminal) added to its outputs."""
+    src = re.sub(r"-> ([^{]*) \{", lambda m: f"-> {m.group(1).strip()}, probs {{", source, count=1)
+    return samplec.compile(src)
+
+
+def softmax(x):
+    x = np.asarray(x, dtype=np.float64)
+    e = np.exp(x - np.max(x))
+    return e / e.sum()
+
+
+def run_program(prog, logits, history, seed):
+    kw = {}
+    names = {p.name for p in prog.params}
+    if "seed" in names:
+        kw["seed"] = seed
+    if "pos" in names:
+        kw["pos"] = POS
+    if "history" in names:
+        kw["history"] = history
+    return prog(logits, **kw)
+
+
+def check_against_system(prog, logits, history, seed, system_final, greedy=False, boundary_mass=0.0):
+    """`boundary_mass`: the kept sets may differ by tokens holding at most this much probability in total (a
+    top_p boundary deep in a long tail of tiny probabilities moves with float32 rounding of the running sum)."""
+    out = run_program(prog, logits, history, seed)
+    probs, tokens = np.array(out.probs), np.array(out.token)
+    for r in range(B):
+        x = system_final(logits[r], history[r])
+        p = softmax(x)
+        differ = (probs[r] > 0) != (p > 0)
+        if boundary_mass:
+            assert p[differ].sum() + probs[r][differ].sum() <= boundary_mass, f"row {r}"
+        else:
+            np.testing.assert_array_equal(probs[r] > 0, p > 0, err_msg=f"kept tokens differ (row {r})")
+        np.testing.assert_allclose(probs[r][~differ], p[~differ], rtol=1e-4 + 2 * boundary_mass, atol=1e-7,
+                                   err_msg=f"row {r}")
+        expected = int(np.argmax(x)) if greedy else ref_sample(x.astype(F32), seed, POS)
+        assert tokens[r] == expected, f"row {r}"
+    return out
+
+
+def check_against_reference(prog, logits, history, seed, stages, terminal="sample", boundary_mass=0.0):
+    out = run_program(prog, logits, history, seed)
+    for r in range(B):
+        st = [(n, {**kw, "history": history[r]} if n == "penalties" else kw) for n, kw in stages]
+        if terminal == "sample":
+            st_kw = [(n, {**kw, "seed": seed, "position": POS} if n == "xtc" else kw) for n, kw in st]
+            ref = run_chain(logits[r], st_kw, ("sample", {"seed": seed, "position": POS}), row=r)
+        else:
+            ref = run_chain(logits[r], st, ("greedy", {}), row=r)
+        assert int(out.token[r]) == ref["token"], f"row {r}"
+        key = "logprob" if "logprob" in out.names() else "raw_logprob"
+        np.testing.assert_allclose(float(getattr(out, key)[r]), ref[key], rtol=1e-4, atol=1e-5)
+        probs = np.array(out.probs[r])
+        differ = (probs > 0) != (ref["probs"] > 0)
+        assert probs[differ].sum() + ref["probs"][differ].sum() <= boundary_mass, f"row {r}"
+        np.testing.assert_allclose(probs[~differ], ref["probs"][~differ], rtol=1e-4 + 2 * boundary_mass, atol=1e-7)
+
+
+def stage_lines(source: str) -> list[str]:
+    body = source[source.index("{") + 1:source.rindex("}")]
+    return [ln.strip() for ln in body.strip().splitlines()]
+
+
+# ---- Hugging Face transformers (generation/logits_process.py), float32 like torch ----
+
+def hf_final(cfg, keep_argmax_in_typical=True):
+    """transformers' processors. `keep_argmax_in_typical`: see `llama_final`."""
+    def final(logits, input_ids):
+        x = logits.astype(F32).copy()
+        V_ = x.shape[0]
+        r = cfg.get("repetition_penalty", 1.0)
+        if r != 1.0:                                     # RepetitionPenaltyLogitsProcessor
+            ids = np.unique(input_ids)
+            s = x[ids]
+            x[ids] = np.where(s < 0, s * F32(r), s / F32(r))
+        if not cfg.get("do_sample", False):
+            return x
+        t = cfg.get("temperature", 1.0)
+        if t != 1.0:                                     # TemperatureLogitsWarper
+            x = (x / F32(t)).astype(F32)
+        k = cfg.get("top_k", 50)
+        if k:                                            # TopKLogitsWarper: scores < k-th largest -> -inf
+            k = min(max(k, 1), V_)
+            kth = np.sort(x)[::-1][k - 1]
+            x = np.where(x < kth, -np.inf, x).astype(F32)
+        p = cfg.get("top_p", 1.0)
+        if p < 1.0:                                      # TopPLogitsWarper: ascending sort, remove cum <= 1 - p
+            order = np.argsort(x, kind="stable")
+            cum = np.cumsum(softmax(x[order]).astype(F32), dtype=F32)
+            remove = cum <= F32(1 - p)
+            remove[-1] = False
+            x = x.copy()
+            x[order[remove]] = -np.inf
+        m = cfg.get("min_p")
+        if m is not None:                                # MinPLogitsWarper
+            probs = softmax(x)
+            remove = probs < m * probs.max()
+            remove[np.argmax(probs)] = False
+            x = np.where(remove, -np.inf, x).astype(F32)
+        typ = cfg.get("typical_p", 1.0)
+        if typ < 1.0:                                    # TypicalLogitsWarper
+            with np.errstate(divide="ignore", invalid="ignore"):
+                logp = np.log(softmax(x))
+                ent = -np.nansum(logp * np.exp(logp))
+                shifted = np.abs(-logp - ent)
+            order = np.argsort(shifted, kind="stable")
+            cum = np.cumsum(softmax(x[order]))
+            last = min(int((cum < typ).sum()), V_ - 1)
+            remove = shifted[order] > shifted[order][last]
+            remove[0] = False
+            if keep_argmax_in_typical:
+                remove[order == np.argmax(x)] = False
+            x = x.copy()
+            x[order[remove]] = -np.inf
+        return x
+    return final
+
+
+HF_CASES = {
+    "generation_config.json": (["temperature(0.6)", "top_k(50)", "top_p(0.9)", "sample(seed, position = pos)"],
+                               [("temperature", {"t": 0.6}), ("top_k", {"k": 50}), ("top_p", {"p": 0.9})]),
+    "generation_config_full.json": (
+        ["penalties(history, repeat = 1.05)", "temperature(0.7)", "top_k(20)", "top_p(0.8)", "min_p(0.02)",
+         "typical_p(0.95)", "sample(seed, position = pos)"],
+        [("penalties", {"repeat": 1.05}), ("temperature", {"t": 0.7}), ("top_k", {"k": 20}), ("top_p", {"p": 0.8}),
+         ("min_p", {"m": 0.02}), ("typical_p", {"m": 0.95})]),
+    "generation_config_greedy.json": (["penalties(history, repeat = 1.3)", "greedy()"],
+                                      [("penalties", {"repeat": 1.3})]),
+}
+
+
+@pytest.mark.parametrize("fixture", sorted(HF_CASES))
+def test_hf_import(fixture):
+    import json
+    source = import_source("hf", FIXTURES / fixture)
+    lines, stages = HF_CASES[fixture]
+    assert stage_lines(source) == lines
+    cfg = json.loads((FIXTURES / fixture).read_text())
+    prog = compile_with_probs(source)
+    logits, history = make_inputs(1)
+    greedy = lines[-1] == "greedy()"
+    check_against_system(prog, logits, history, 5, hf_final(cfg), greedy=greedy)
+    check_against_reference(prog, logits, history, 5, stages, "greedy" if greedy else "sample")
+
+
+# ---- llama.cpp (src/llama-sampler.cpp), on the shrinking candidate list ----
+
+def llama_final(stages, keep_argmax_in_typical=True):
+    """llama.cpp's chain. `keep_argmax_in_typical`: the one documented divergence -- samplec's typical_p always
+    keeps the most probable token (spec section 2); llama.cpp's drops it when it is atypical."""
+    def final(logits, history):
+        x = logits.astype(F32).copy()
+        alive = np.ones(x.shape[0], dtype=bool)
+
+        def probs_desc():
+            ids = np.flatnonzero(alive)
+            ids = ids[np.argsort(-x[ids], kind="stable")]
+            e = np.exp((x[ids] - x[ids][0]).astype(F32)).astype(F32)
+            return ids, (e / e.sum(dtype=F32)).astype(F32)
+
+        for name, a in stages:
+            if name == "logit_bias":
+                for t, b in a.items():
+                    x[t] += F32(b)
+            elif name == "penalties":
+                window = history[-a["last_n"]:] if a["last_n"] > 0 else history
+                ids, counts = np.unique(window, return_counts=True)
+                s = x[ids]
+                s = np.where(s <= 0, s * F32(a["repeat"]), s / F32(a["repeat"])).astype(F32)
+                x[ids] = s - (counts.astype(F32) * F32(a["freq"]) + F32(a["present"]))
+            elif name == "top_n_sigma":
+                v = x[alive]
+                thr = v.max() - F32(a) * np.std(v.astype(np.float64))
+                alive &= ~(x < thr)
+            elif name == "top_k":
+                ids, _ = probs_desc()
+                alive[:] = False
+                alive[ids[:a]] = True
+            elif name == "typical":
+                ids, p = probs_desc()
+                ent = -np.sum(p * np.log(p))
+                order = np.argsort(np.abs(-np.log(p) - ent), kind="stable")
+                cum = np.cumsum(p[order], dtype=F32)
+                last = int(np.argmax(cum > a)) + 1 if (cum > a).any() else len(order)
+                alive[:] = False
+                alive[ids[order[:last]]] = True
+                if keep_argmax_in_typical:
+                    alive[ids[0]] = True
+            elif name == "top_p":
+                ids, p = probs_desc()
+                cum = np.cumsum(p, dtype=F32)
+                last = int(np.argmax(cum >= a)) + 1 if (cum >= a).any() else len(ids)
+                alive[:] = False
+                alive[ids[:last]] = True
+            elif name == "min_p":
+                alive &= x >= x[alive].max() + np.log(F32(a))
+            elif name == "xtc":                           # probability 1: the coin always says yes
+                ids, p = probs_desc()
+                above = np.flatnonzero(p >= F32(a))
+                pos_last = int(above[-1]) if above.size and above[0] == 0 else 0
+                if pos_last > 0:
+                    alive[ids[:pos_last]] = False
+            elif name == "temp":
+                x = (x / F32(a)).astype(F32)
+        return np.where(alive, x, -np.inf).astype(F32)
+    return final
+
+
+LLAMA_CASES = {
+    "llama_cpp_flags.txt": (
+        1234,
+        ["logit_bias({15043: 1.5, 29871: -2.0})",
+         "penalties(history, last_n = 128, repeat = 1.15, frequency = 0.2, presence = 0.3)",
+         "top_k(50)", "top_p(0.9)", "min_p(0.05)", "temperature(0.7)", "sample(seed, position = pos)"],
+        [("logit_bias", {15043: 1.5, 29871: -2.0}),
+         ("penalties", {"last_n": 128, "repeat": 1.15, "freq": 0.2, "present": 0.3}),
+         ("top_k", 50), ("top_p", 0.9), ("min_p", 0.05), ("temp", 0.7)],
+        [("logit_bias", {"b": {15043: 1.5, 29871: -2.0}}),
+         ("penalties", {"last_n": 128, "repeat": 1.15, "frequency": 0.2, "presence": 0.3}),
+         ("top_k", {"k": 50}), ("top_p", {"p": 0.9}), ("min_p", {"m": 0.05}), ("temperature", {"t": 0.7})]),
+    "llama_cpp_custom.txt": (
+        42,
+        ["top_k(60)", "typical_p(0.9)", "xtc(0.05, 1.0, seed, position = pos)", "top_n_sigma(1.5)",
+         "temperature(1.3)", "sample(seed, position = pos)"],
+        [("top_k", 60), ("typical", 0.9), ("xtc", 0.05), ("top_n_sigma", 1.5), ("temp", 1.3)],
+        [("top_k", {"k": 60}), ("typical_p", {"m": 0.9}), ("xtc", {"threshold": 0.05, "probability": 1.0}),
+         ("top_n_sigma", {"n": 1.5}), ("temperature", {"t": 1.3})]),
+}
+
+
+@pytest.mark.parametrize("fixture", sorted(LLAMA_CASES))
+def test_llama_cpp_import(fixture):
+    seed, lines, system, stages = LLAMA_CASES[fixture]
+    source = import_source("llama-cpp", FIXTURES / fixture)
+    assert stage_lines(source) == lines
+    assert f"seed: seed = {seed}" in source
+    prog = compile_with_probs(source)
+    logits, history = make_inputs(2)
+    check_against_system(prog, logits, history, seed, llama_final(system))
+    check_against_reference(prog, logits, history, seed, stages)
+
+
+def test_typical_p_keeps_the_most_likely_token_unlike_llama_cpp():
+    """The documented divergence: when the most likely token is atypical, llama.cpp (and transformers) drop it;
+    samplec keeps it (spec section 2), so the imported chain keeps one more token on such rows."""
+    source = import_source("llama-cpp", FIXTURES / "llama_cpp_custom.txt")
+    assert "typical_p" in source and "keeps the most likely token" in source
+    logits, history = make_inputs(2)
+    chain = [("top_k", 60), ("typical", 0.9)]
+    strict, ours = llama_final(chain, keep_argmax_in_typical=False), llama_final(chain)
+    prog = compile_with_probs(from_llama_cpp("--samplers 'top_k;typ_p' --top-k 60 --typical 0.9 -s 1"))
+    probs = np.array(run_program(prog, logits, history, 1).probs)
+    diverged = 0
+    for r in range(B):
+        np.testing.assert_array_equal(probs[r] > 0, np.isfinite(ours(logits[r], history[r])))
+        a, b = np.isfinite(strict(logits[r], history[r])), np.isfinite(ours(logits[r], history[r]))
+        if (a != b).any():
+            assert (b & ~a).sum() == 1 and np.argmax(np.where(b & ~a, 1, 0)) == np.argmax(logits[r])
+            diverged += 1
+    assert diverged >= 1
+
+
+def test_llama_cpp_defaults_and_flag_forms():
+    src = from_llama_cpp("llama-cli -m m.gguf -n -1 --color -p 'a # b'")
+    assert stage_lines(src) == ["top_k(40)", "top_p(0.95)", "min_p(0.05)", "temperature(0.8)",
+                                "sample(seed, position = pos)"]
+    assert "sampler llama_cpp(seed: seed, pos: int = 0)" in src            # random seed: required
+    assert "-n -1" in src and "--color" in src                             # listed as ignored
+    src = from_llama_cpp(["--sampler-seq", "tkep", "--temp=-1", "--seed", "-1", "--repeat-penalty", "1.2"])
+    assert stage_lines(src) == ["temperature(0.0)", "top_k(40)", "penalties(history, last_n = 64, repeat = 1.2)",
+                                "top_p(0.95)", "sample(seed, position = pos)"]
+    samplec.compile(src)
+    src = from_llama_cpp("--samplers 'Top-K;nucleus;TEMP' --top-k 0 --top-p 1 --temp 1")
+    assert stage_lines(src) == ["sample(seed, position = pos)"]
+
+
+@pytest.mark.parametrize("flags, message", [
+    ("--mirostat 2", "--mirostat"),
+    ("--dry-multiplier 0.8", "DRY"),
+    ("--dynatemp-range 0.5", "dynamic temperature"),
+    ("--grammar 'root ::= \"a\"'", "grammars"),
+    ("--ignore-eos", "ignore-eos"),
+    ("--samplers 'top_k;bogus'", "unknown sampler 'bogus'"),
+    ("--sampler-seq kq", "unknown sampler letter 'q'"),
+    ("--top-k", "missing value"),
+    ("--top-k many", "expected an integer"),
+    ("--logit-bias 15043", "TOKEN_ID"),
+    ("--logit-bias 15043-inf", "allow"),
+    ("--min-p 1.5", "out of range"),
+    ("--repeat-penalty 0", "greater than 0"),
+])
+def test_llama_cpp_errors(flags, message):
+    with pytest.raises(SamplecError, match=re.escape(message)):
+        from_llama_cpp(flags)
+
+
+# ---- OpenAI chat completions (documented formula; vLLM's order) ----
+
+def openai_final(body):
+    def final(logits, generated):
+        x = logits.astype(F32).copy()
+        for t, b in (body.get("logit_bias") or {}).items():
+            x[int(t)] += F32(b)
+        ids, counts = np.unique(generated, return_counts=True)
+        x[ids] -= counts.astype(F32) * F32(body.get("frequency_penalty", 0)) + F32(body.get("presence_penalty", 0))
+        t = body.get("temperature", 1.0)
+        if t == 0:
+            keep = np.zeros_like(x, dtype=bool)
+            keep[np.argmax(x)] = True
+            return np.where(keep, x, -np.inf).astype(F32)
+        x = (x / F32(t)).astype(F32)
+        p = body.get("top_p", 1.0)
+        if p < 1.0:                       # smallest set of most likely tokens whose mass reaches top_p
+            order = np.argsort(-x, kind="stable")
+            cum = np.cumsum(softmax(x[order]).astype(F32), dtype=F32)
+            last = int(np.argmax(cum >= F32(p))) + 1
+            keep = np.zeros_like(x, dtype=bool)
+            keep[order[:last]] = True
+            x = np.where(keep, x, -np.inf).astype(F32)
+        return x
+    return final
+
+
+def test_openai_import():
+    import json
+    body = json.loads((FIXTURES / "openai_request.json").read_text())
+    source = import_source("openai", FIXTURES / "openai_request.json")
+    assert stage_lines(source) == ["logit_bias({7: -2.5, 1820: 5.0, 50256: -100.0})",
+                                   "penalties(history, frequency = 0.4, presence = 0.6)", "temperature(0.8)",
+                                   "top_p(0.95)", "sample(seed, position = pos)"]
+    assert "seed: seed = 2024" in source and "-> token, raw_logprob, top_logprobs(4)" in source
+    prog = compile_with_probs(source)
+    logits, history = make_inputs(3)
+    generated = history[:, -60:]                       # OpenAI counts the generated tokens only
+    out = check_against_system(prog, logits, generated, 2024, openai_final(body), boundary_mass=1e-4)
+    lsm = logits - np.log(np.exp(logits - logits.max(1, keepdims=True)).sum(1, keepdims=True)) \
+        - logits.max(1, keepdims=True)
+    np.testing.assert_allclose(np.array(out.top_logprobs.values), -np.sort(-lsm, axis=1)[:, :4], atol=1e-4)
+    np.testing.assert_allclose(np.array(out.raw_logprob), lsm[np.arange(B), np.array(out.token)], atol=1e-4)
+    stages = [("logit_bias", {"b": {7: -2.5, 1820: 5.0, 50256: -100.0}}),
+              ("penalties", {"frequency": 0.4, "presence": 0.6}), ("temperature", {"t": 0.8}), ("top_p", {"p": 0.95})]
+    check_against_reference(prog, logits, generated, 2024, stages, boundary_mass=1e-4)
+
+
+def test_openai_greedy_and_defaults():
+    import json
+    body = json.loads((FIXTURES / "openai_greedy.json").read_text())
+    source = import_source("openai", FIXTURES / "openai_greedy.json")
+    assert stage_lines(source) == ["temperature(0.0)", "greedy()"]
+    prog = compile_with_probs(source)
+    logits, history = make_inputs(4)
+    check_against_system(prog, logits, history, 0, openai_final(body), greedy=True)
+    assert stage_lines(from_openai({"messages": []})) == ["sample(seed, position = pos)"]
+    assert "seed: seed = 9223372036854775813," in from_openai({"seed": 2 ** 63 + 5})      # exact, not via float
+    assert "seed: seed = 1," in from_llama_cpp("--seed 4294967297")                       # llama.cpp's uint32
+
+
+@pytest.mark.parametrize("body, message", [
+    ({"temperature": 2.5}, "temperature = 2.5 is out of range"),
+    ({"top_p": 0}, "top_p = 0 is out of range"),
+    ({"presence_penalty": 3}, "presence_penalty"),
+    ({"logit_bias": {"12": 101}}, "logit_bias[12]"),
+    ({"logit_bias": {"abc": 1}}, "logit_bias token 'abc'"),
+    ({"top_logprobs": 3}, "needs logprobs"),
+    ({"response_format": {"type": "json_schema"}}, "constrained decoding"),
+    ([1, 2], "JSON object"),
+])
+def test_openai_errors(body, message):
+    with pytest.raises(SamplecError, match=re.escape(message)):
+        from_openai(body)
+
+
+# ---- Hugging Face errors and the entry point ----
+
+@pytest.mark.parametrize("cfg, message", [
+    ({"num_beams": 4}, "num_beams"),
+    ({"do_sample": True, "temperature": 0}, "temperature = 0 is out of range"),
+    ({"do_sample": True, "top_k": -1}, "top_k"),
+    ({"no_repeat_ngram_size": 3}, "no_repeat_ngram_size"),
+    ({"suppress_tokens": [1, 2]}, "suppress_tokens"),
+    ({"do_sample": "yes"}, "do_sample"),
+    ({"repetition_penalty": 0}, "repetition_penalty"),
+])
+def test_hf_errors(cfg, message):
+    with pytest.raises(SamplecError, match=re.escape(message)):
+        from_hf(cfg)
+
+
+def test_hf_defaults():
+    assert stage_lines(from_hf({"do_sample": True})) == ["top_k(50)", "sample(seed, position = pos)"]
+    assert stage_lines(from_hf({"do_sample": True, "top_k": None, "min_p": 0.1, "penalty_alpha": 0,
+                                "guidance_scale": 1})) == ["top_k(50)", "min_p(0.1)", "sample(seed, position = pos)"]
+    assert stage_lines(from_hf({})) == ["greedy()"]
+
+
+def test_import_source_entry_point(tmp_path):
+    with pytest.raises(SamplecError, match="unknown import kind 'vllm'"):
+        import_source("vllm", FIXTURES / "openai_request.json")
+    with pytest.raises(SamplecError, match="cannot read"):
+        import_source("hf", tmp_path / "missing.json")
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    with pytest.raises(SamplecError, match=r"bad\.json: invalid JSON"):
+        import_source("hf", bad)
+    assert import_source("llama_cpp", FIXTURES / "llama_cpp_custom.txt") == \
+        import_source("llama-cpp", FIXTURES / "llama_cpp_custom.txt")
+    for kind, name in (("hf", "generation_config.json"), ("llama-cpp", "llama_cpp_flags.txt"),
+                       ("openai", "openai_request.json")):
+        samplec.compile(import_source(kind, FIXTURES / name))       # every fixture compiles as is

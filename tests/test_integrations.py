@@ -1,0 +1,223 @@
+"""The mlx-lm adapter and multi-step decoding on a real (tiny, random, local) mlx-lm llama.
+
+Position convention under test: the token at sequence index i (prompt length + tokens generated before it) is
+sampled with position = i and history = the whole sequence before it, so every path -- mlx-lm's generate_step with
+the adapter, stream_generate, samplec.decode.generate at any chunk size, and plain `prog(...)` calls step by step --
+gives the same tokens for the same (prompt, seed).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+mlx_lm = pytest.importorskip("mlx_lm")
+
+import mlx.core as mx  # noqa: E402
+from mlx_lm.generate import generate_step, stream_generate  # noqa: E402
+from mlx_lm.models.cache import make_prompt_cache  # noqa: E402
+
+import samplec  # noqa: E402
+from samplec import SamplecError  # noqa: E402
+from samplec.decode import generate, pad_history, position_params  # noqa: E402
+from samplec.integrations.mlx_lm import Sampler, local_tokenizer, random_llama  # noqa: E402
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+PROMPT = [5, 17, 300, 42, 7, 9, 5]
+
+
+@pytest.fixture(scope="module")
+def model():
+    return random_llama(0, layers=2, hidden=64, vocab=512)
+
+
+@pytest.fixture(scope="module")
+def llama_prog():
+    return samplec.compile_file(EXAMPLES / "llama.smp", sampler="llama")
+
+
+@pytest.fixture(scope="module")
+def nucleus_prog():
+    return samplec.compile_file(EXAMPLES / "llama.smp", sampler="nucleus")
+
+
+def adapter_tokens(model, prog, prompt, n, seed, **params):
+    s = Sampler(prog, seed=seed, **params)
+    toks = [t for t, _ in generate_step(mx.array(prompt), model, max_tokens=n, sampler=s,
+                                        logits_processors=s.logits_processors)]
+    s.check()
+    return toks, s
+
+
+def reference_tokens(model, prog, prompt, n, seed, **params):
+    """The contract spelled out: one model step at a time, `prog(...)` with position = index, history = sequence."""
+    cache = make_prompt_cache(model)
+    seq = list(prompt)
+    if len(seq) > 1:
+        model(mx.array(seq[:-1])[None], cache=cache)
+    logits = model(mx.array(seq[-1:])[None], cache=cache)[:, -1, :]
+    out = []
+    for _ in range(n):
+        kw = dict(params, seed=seed, pos=len(seq))
+        if any(p.kind == "tokens" for p in prog.params):
+            kw["history"] = np.array(seq, dtype=np.int32)
+        tok = int(prog(logits, **kw).token[0])
+        out.append(tok)
+        seq.append(tok)
+        logits = model(mx.array([tok])[None], cache=cache)[:, -1, :]
+    return out
+
+
+def test_adapter_follows_the_position_convention(model, llama_prog):
+    toks, s = adapter_tokens(model, llama_prog, PROMPT, 24, seed=7)
+    assert toks == reference_tokens(model, llama_prog, PROMPT, 24, seed=7)
+    assert [st.position[0] for st in s.steps[:24]] == list(range(len(PROMPT), len(PROMPT) + 24))
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 8, 40])
+def test_decode_any_chunk_gives_the_adapter_tokens(model, llama_prog, chunk):
+    expected, _ = adapter_tokens(model, llama_prog, PROMPT, 30, seed=3, temperature=1.2)
+    assert generate(model, llama_prog, PROMPT, 30, chunk=chunk, seed=3, temperature=1.2) == expected
+
+
+def test_decode_single_token_prompt_and_seeds(model, nucleus_prog):
+    a = generate(model, nucleus_prog, [11], 16, chunk=4, seed=1)
+    assert a == generate(model, nucleus_prog, [11], 16, chunk=1, seed=1)
+    assert a == adapter_tokens(model, nucleus_prog, [11], 16, seed=1)[0]
+    assert generate(model, nucleus_prog, [11], 16, chunk=4, seed=1, temperature=5.0) != \
+        generate(model, nucleus_prog, [11], 16, chunk=4, seed=2, temperature=5.0)
+    assert generate(model, nucleus_prog, [11], 0) == []
+
+
+def test_decode_truncates_after_the_first_eos(model, llama_prog):
+    full = generate(model, llama_prog, PROMPT, 30, seed=5, temperature=1.5)
+    k = next(i for i in range(3, 30) if full[i] not in full[:i])   # a token whose first occurrence is at i
+    for chunk in (1, 4, 16):
+        assert generate(model, llama_prog, PROMPT, 30, chunk=chunk, seed=5, temperature=1.5,
+                        eos_token_id=[999, full[k]]) == full[:k + 1]
+
+
+def test_adapter_runs_the_program_on_raw_logits():
+    """penalties are not shift-invariant: the adapter must feed the captured raw logits, not mlx-lm's logprobs."""
+    prog = samplec.compile("sampler p(seed: seed = 0, pos: int = 0, history: tokens) -> token, logprob {"
+                           " penalties(history, repeat = 4.0) greedy() }")
+    logits = mx.array([[3.0, 2.0, 1.0, 0.5, -1.0]])
+    hist = mx.array([0, 3])
+    s = Sampler(prog)
+    s.logits_processors[0](hist, logits)
+    tok = s(logits - mx.logsumexp(logits, axis=-1, keepdims=True))
+    # raw logits: 3/4 = 0.75 vs 2.0 -> token 1; on log-probabilities every entry is negative, so the repeated
+    # token 0 would be multiplied (x * 4) and token 1 still wins, but the logprob output shows the difference
+    assert int(tok[0]) == 1
+    direct = prog(logits, history=np.array([0, 3]), pos=2)
+    assert int(direct.token[0]) == 1
+    np.testing.assert_allclose(np.array(s.last.logprob), np.array(direct.logprob), rtol=1e-6)
+    on_logprobs = prog(logits - mx.logsumexp(logits, axis=-1, keepdims=True), history=np.array([0, 3]), pos=2)
+    assert not np.allclose(np.array(on_logprobs.logprob), np.array(direct.logprob))
+
+
+def test_adapter_logprob_outputs_match_mlx_lm(model, nucleus_prog):
+    s = Sampler(nucleus_prog, seed=9)
+    yielded = list(generate_step(mx.array(PROMPT), model, max_tokens=6, sampler=s,
+                                 logits_processors=s.logits_processors))
+    ids, vals = s.output("top_logprobs", ids=True), s.output("top_logprobs")
+    assert ids.shape == (7, 1, 5) and s.output("logprob").shape == (7, 1)
+    for i, (tok, logprobs) in enumerate(yielded):
+        assert int(s.steps[i].outputs.token[0]) == tok
+        lp = np.array(logprobs)                       # mlx-lm's log-probabilities of the model's distribution
+        np.testing.assert_array_equal(np.array(ids[i, 0]), np.argsort(-lp, kind="stable")[:5])
+        np.testing.assert_allclose(np.array(vals[i, 0]), lp[np.array(ids[i, 0])], atol=1e-5)
+
+
+def test_stream_generate_with_a_local_tokenizer(model, llama_prog):
+    tok = local_tokenizer(512)
+    assert tok.decode(tok.encode("top-p keeps the mass")) == "top-p keeps the mass"
+    prompt = tok.encode("The sampler chain")
+    s = Sampler(llama_prog, seed=11, temperature=1.3)
+    got = [r.token for r in stream_generate(model, tok, prompt, max_tokens=20, sampler=s,
+                                            logits_processors=s.logits_processors)]
+    expected = generate(model, llama_prog, prompt, 20, chunk=5, seed=11, temperature=1.3,
+                        eos_token_id=tok.eos_token_id)
+    if expected and expected[-1] == tok.eos_token_id:    # stream_generate stops at EOS without yielding it
+        expected = expected[:-1]
+    assert got[:len(expected)] == expected
+
+
+def test_adapter_without_processor(model, llama_prog):
+    greedy = samplec.compile("sampler g() -> token, logprob { top_k(5) greedy() }")
+    s = Sampler(greedy, seed=None)
+    toks = [t for t, _ in generate_step(mx.array(PROMPT), model, max_tokens=8, sampler=s)]
+    assert toks == [t for t, _ in generate_step(mx.array(PROMPT), model, max_tokens=8)]   # mlx-lm's argmax
+    assert len(s.steps) == 9 and s.output("token")[:8, 0].tolist() == toks
+    s = Sampler(llama_prog)
+    with pytest.raises(SamplecError, match="logits_processors"):
+        list(generate_step(mx.array(PROMPT), model, max_tokens=2, sampler=s))
+
+
+def test_run_time_checks_surface(model):
+    prog = samplec.compile("sampler a(m: mask, seed: seed = 0, pos: int = 0) -> token { allow(m) sample(seed, "
+                           "position = pos) }")
+    nothing = np.zeros((1, 512), dtype=bool)
+    with pytest.raises(SamplecError, match=r"allow: the mask allows no token \(at position 7\)"):
+        generate(model, prog, PROMPT, 5, chunk=2, m=nothing)
+    s = Sampler(prog, m=nothing)
+    with pytest.raises(SamplecError, match="allow: the mask allows no token"):
+        list(generate_step(mx.array(PROMPT), model, max_tokens=5, sampler=s,
+                           logits_processors=s.logits_processors))
+        s.check()
+
+
+def test_driven_and_bad_arguments(model, llama_prog):
+    assert position_params(llama_prog) == ["pos"]
+    with pytest.raises(SamplecError, match="'pos' is set by the decode loop"):
+        generate(model, llama_prog, PROMPT, 3, pos=4)
+    with pytest.raises(SamplecError, match="chunk"):
+        generate(model, llama_prog, PROMPT, 3, chunk=0)
+    with pytest.raises(SamplecError, match="prompt"):
+        generate(model, llama_prog, [], 3)
+    with pytest.raises(SamplecError, match="unknown parameter 'top_k'"):
+        generate(model, llama_prog, PROMPT, 3, top_k=3)
+    with pytest.raises(SamplecError, match="no 'token' output"):
+        generate(model, samplec.compile("sampler q() -> probs { top_k(3) }"), PROMPT, 3)
+
+
+def test_history_padding_is_transparent(llama_prog):
+    rng = np.random.default_rng(0)
+    logits = rng.normal(size=(1, 512)).astype(np.float32) * 3
+    hist = rng.integers(0, 512, size=(1, 90)).astype(np.int32)
+    hist[0, -10:] = np.argsort(-logits[0])[:10]              # recent repeats of the likely tokens
+    padded = pad_history(mx.array(hist), 90)
+    assert padded.shape == (1, 256)
+    a = llama_prog(logits, history=hist, pos=90, seed=4)
+    b = llama_prog(logits, history=padded, pos=90, seed=4)
+    assert int(a.token[0]) == int(b.token[0])
+    np.testing.assert_array_equal(np.array(a.logprob), np.array(b.logprob))
+
+
+def test_history_without_the_prompt(model):
+    """prompt_in_history=False: penalties count generated tokens only (OpenAI's presence/frequency penalties)."""
+    prog = samplec.compile("sampler o(seed: seed = 0, pos: int = 0, history: tokens) -> token {"
+                           " penalties(history, presence = 2.0, frequency = 1.0) temperature(0.7)"
+                           " sample(seed, position = pos) }")
+    expected, _ = adapter_tokens_no_prompt(model, prog, PROMPT, 20, seed=2)
+    for chunk in (1, 6):
+        assert generate(model, prog, PROMPT, 20, chunk=chunk, seed=2, prompt_in_history=False) == expected
+    # the contract spelled out, step by step
+    cache = make_prompt_cache(model)
+    model(mx.array(PROMPT[:-1])[None], cache=cache)
+    logits = model(mx.array(PROMPT[-1:])[None], cache=cache)[:, -1, :]
+    gen: list[int] = []
+    for i in range(20):
+        tok = int(prog(logits, seed=2, pos=len(PROMPT) + i, history=np.array(gen, dtype=np.int32)).token[0])
+        gen.append(tok)
+        logits = model(mx.array([tok])[None], cache=cache)[:, -1, :]
+    assert gen == expected
+
+
+def adapter_tokens_no_prompt(model, prog, prompt, n, seed):
+    s = Sampler(prog, seed=seed, prompt_in_history=False)
+    toks = [t for t, _ in generate_step(mx.array(prompt), model, max_tokens=n, sampler=s,
+                                        logits_processors=s.logits_processors)]
+    s.check()
+    return toks, s
