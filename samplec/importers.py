@@ -374,9 +374,8 @@ def _llama_bias(value: str) -> tuple[int, float]:
         bias = float(mag) * (-1.0 if sign == "-" else 1.0)
     except ValueError:
         raise SamplecError(f"--logit-bias {value!r}: expected TOKEN_ID(+/-)BIAS, e.g. 15043+1") from None
-    if not math.isfinite(bias):
-        raise SamplecError(f"--logit-bias {value!r}: an infinite bias removes the token; samplec expresses that "
-                           "with allow(mask)")
+    if math.isnan(bias) or bias == math.inf:
+        raise SamplecError(f"--logit-bias {value!r}: the bias must be a number or -inf (which bans the token)")
     return token, bias
 
 

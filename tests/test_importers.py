@@ -335,7 +335,7 @@ def test_llama_cpp_defaults_and_flag_forms():
     ("--top-k", "missing value"),
     ("--top-k many", "expected an integer"),
     ("--logit-bias 15043", "TOKEN_ID"),
-    ("--logit-bias 15043-inf", "allow"),
+    ("--logit-bias 15043+inf", "number or -inf"),
     ("--min-p 1.5", "out of range"),
     ("--repeat-penalty 0", "greater than 0"),
 ])
@@ -457,3 +457,8 @@ def test_import_source_entry_point(tmp_path):
     for kind, name in (("hf", "generation_config.json"), ("llama-cpp", "llama_cpp_flags.txt"),
                        ("openai", "openai_request.json")):
         samplec.compile(import_source(kind, FIXTURES / name))       # every fixture compiles as is
+
+
+def test_llama_cpp_negative_infinite_bias_bans_the_token():
+    src = from_llama_cpp("--logit-bias 3-inf --temp 0")
+    assert "3: -inf" in src
