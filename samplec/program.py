@@ -50,8 +50,9 @@ class Outputs:
         return dict(self._values)
 
 
-def _rows(mask: np.ndarray, limit: int = 8) -> str:
-    rows = np.nonzero(mask)[0].tolist()
+def _rows(mask: np.ndarray, ids: np.ndarray | None = None, limit: int = 8) -> str:
+    rows = np.nonzero(mask)[0]
+    rows = (rows if ids is None else ids[rows]).tolist()
     text = ", ".join(map(str, rows[:limit])) + (", ..." if len(rows) > limit else "")
     return f"row{'s' if len(rows) > 1 else ''} {text}"
 
@@ -108,21 +109,39 @@ class Program:
     # ---- running ----
     def __call__(self, logits, **params) -> Outputs:
         args = self.prepare(logits, params)
-        for tier, (plan, exe) in enumerate(zip(self.plans, self.plan_exes)):
-            outs, flags = exe(*args)
+        names = [k for k, _ in self.graph.outputs]
+        rows = np.arange(args[0].shape[0])
+        return Outputs(dict(zip(names, self._run(args, rows, 0))))
+
+    def _run(self, args: list[mx.array], rows: np.ndarray, tier: int) -> list[mx.array]:
+        """Answer the rows with plan `tier` (or the exact program past the last plan). Rows whose guard fires
+        are answered by the next tier on their own: a row's result never depends on the other rows."""
+        if tier == len(self.plans):
+            self.fallbacks += bool(self.plans)
+            self.last_tier = tier
+            outs, flags = self.exe(*args)
             mx.eval(outs + flags)
-            if not np.array(flags[0]).any():
-                self.last_tier = tier
-                return Outputs({k: v for (k, _), v in zip(plan.outputs, outs)})
-        self.fallbacks += bool(self.plans)
-        self.last_tier = len(self.plans)
-        outs, flags = self.exe(*args)
+            for check, flag in zip(self.graph.checks, flags):
+                bad = np.array(flag)
+                if bad.any():
+                    raise SamplecError(f"{check.message} ({_rows(bad, rows)})")
+            return outs
+        outs, flags = self.plan_exes[tier](*args)
         mx.eval(outs + flags)
-        for check, flag in zip(self.graph.checks, flags):
-            bad = np.array(flag)
-            if bad.any():
-                raise SamplecError(f"{check.message} ({_rows(bad)})")
-        return Outputs({k: v for (k, _), v in zip(self.graph.outputs, outs)})
+        flagged = np.array(flags[0])
+        if not flagged.any():
+            self.last_tier = tier
+            return outs
+        if flagged.all():
+            return self._run(args, rows, tier + 1)
+        idx = np.nonzero(flagged)[0]
+        sub = self._run([a[mx.array(idx)] for a in args], rows[idx], tier + 1)
+        merged = []
+        for whole, part in zip(outs, sub):
+            whole = np.array(whole)
+            whole[idx] = np.array(part)
+            merged.append(mx.array(whole))
+        return merged
 
     def prepare(self, logits, params: dict) -> list[mx.array]:
         """Check and normalize the call's inputs into the executable's positional arguments."""

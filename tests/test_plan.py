@@ -154,3 +154,14 @@ def test_plan_survives_save_and_load(tmp_path):
     x = realistic(2, 4)
     h = hist(2)
     assert np.array_equal(np.array(loaded(x, seed=3, h=h).token), np.array(p2(x, seed=3, h=h).token))
+
+
+def test_only_flagged_rows_move_on():
+    p0, p2 = programs("llama", "token, logprob, raw_logprob, top_logprobs(3)")
+    x = realistic(5, 21)
+    x[1] = -5.0
+    x[1, ::64] = 3.0            # row 1 ties across blocks: only it is answered by the exact program
+    x[3] = 0.0                  # a flat row, likewise
+    out = run_both(p0, p2, x, seed=[9, 8, 7, 6, 5])
+    assert p2.fallbacks == 1 and p2.last_tier == len(p2.plans)
+    assert np.array(out.top_logprobs.ids).shape == (5, 3)
