@@ -55,6 +55,15 @@ def gumbel(bits: Node) -> Node:
     return make("neg", make("log", make("neg", make("log", uniform(bits)))), name="gumbel")
 
 
+def top_p_floor(probs: Node, p: Node) -> Node:
+    """The smallest probability top_p keeps: sort descending, S = exclusive prefix mass, keep while S < p."""
+    ps = make("sort", probs, descending=True)
+    before = make("cumsum", ps, exclusive=True, name="mass_before")      # S of each sorted position
+    n_kept = make("reduce_sum", make("cast", make("lt", before, p), dtype=I32))
+    last = make("maximum", make("sub", n_kept, const(1, I32)), const(0, I32))
+    return make("take_along", ps, last, name="p_min")
+
+
 def last_index(x: Node) -> Node:
     """V - 1 for an operand whose last axis has V entries, as i32[1]."""
     return make("reduce_max", make("iota", x))
@@ -180,12 +189,7 @@ class Lowering:
     def stage_top_p(self, x, p):
         p = self.scalar(p, F32)
         probs = softmax(x)
-        ps = make("sort", probs, descending=True)
-        before = make("cumsum", ps, exclusive=True, name="mass_before")      # S of each sorted position
-        n_kept = make("reduce_sum", make("cast", make("lt", before, p), dtype=I32))
-        last = make("maximum", make("sub", n_kept, const(1, I32)), const(0, I32))
-        p_min = make("take_along", ps, last, name="p_min")                  # smallest kept probability
-        kept = make("filter", x, make("ge", probs, p_min))
+        kept = make("filter", x, make("ge", probs, top_p_floor(probs, p)))
         return where(make("ge", p, const(1.0)), x, kept, name="x_topp")
 
     def stage_min_p(self, x, m):

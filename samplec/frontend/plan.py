@@ -27,7 +27,7 @@ from __future__ import annotations
 import numpy as np
 
 from samplec.frontend.ast import CheckedSampler, DictLit, Literal, Name
-from samplec.frontend.lower import NEG_INF, Lowering, const, last_index, where
+from samplec.frontend.lower import NEG_INF, Lowering, const, last_index, top_p_floor, where
 from samplec.ir.graph import Check, Graph, Node, make
 from samplec.ir.types import F32, I32, U32
 
@@ -236,11 +236,7 @@ class PlanLowering(Lowering):
         p = self.scalar(p_expr, F32)
         z = make("reduce_sum", make("exp", make("sub", x, vmax)), name="z")      # over the whole vocabulary
         probs = make("div", make("exp", make("sub", xc, vmax)), z, name="p")
-        ps = make("sort", probs, descending=True)
-        before = make("cumsum", ps, exclusive=True, name="mass_before")
-        n_kept = make("reduce_sum", make("cast", make("lt", before, p), dtype=I32))
-        last = make("maximum", make("sub", n_kept, const(1, I32)), const(0, I32))
-        p_min = make("take_along", ps, last, name="p_min")
+        p_min = top_p_floor(probs, p)
         p_bound = make("div", make("exp", make("sub", bound, vmax)), z)
         self.guard(make("ge", p_bound, p_min))
         return make("filter", xc, make("ge", probs, p_min), name="x_topp")
