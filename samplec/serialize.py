@@ -335,8 +335,8 @@ class _Reader:
         n = self.length(obj, field, elem_size, what)
         if n == 0:
             return ()
-        as_numpy = getattr(obj, field + "AsNumpy", None)
-        if as_numpy is not None:                  # one bounds-checked slice instead of n table lookups
+        as_numpy = getattr(obj, field + "AsNumpy", None) if n > 16 else None
+        if as_numpy is not None:                  # long vectors: one bounds-checked slice, not n table lookups
             arr = as_numpy()
             if len(arr) != n:
                 raise _Invalid(f"{what} runs past the end of the file")
