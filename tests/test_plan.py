@@ -165,3 +165,28 @@ def test_only_flagged_rows_move_on():
     out = run_both(p0, p2, x, seed=[9, 8, 7, 6, 5])
     assert p2.fallbacks == 1 and p2.last_tier == len(p2.plans)
     assert np.array(out.top_logprobs.ids).shape == (5, 3)
+
+
+@pytest.mark.parametrize("body, outs", [
+    ("penalties(h, repeat = 3.0) greedy()", "token"),
+    ("penalties(h, repeat = 3.0) top_k(5) greedy()", "token"),
+    ("penalties(h, repeat = 3.0) top_p(0.5) sample(seed)", "token, logprob"),
+    ("penalties(h, repeat = 2.0) sample(seed)", "token, logprob"),
+    ("penalties(h, repeat = 2.0) temperature(0) sample(seed)", "token, logprob"),
+    ("penalties(h, repeat = 2.0) temperature(0.9) sample(seed)", "token, logprob"),
+])
+def test_deferred_penalties_that_change_the_top(body, outs):
+    """Penalizing the strongest token: the plan must see the penalized maximum (review findings D1-D3)."""
+    src = f"sampler s(h: tokens, seed: seed = 0) -> {outs} {{ {body} }}"
+    p0, p2 = samplec.compile(src, opt_level=0), samplec.compile(src, opt_level=2)
+    x = np.zeros((3, V), np.float32)
+    x[:, :6] = [10, 9.7, 9.4, 9.1, 8.8, 8.5]
+    x[2, 7] = 30
+    h = np.array([[0], [0], [7]], np.int32)
+    for seed in range(12):
+        run_both(p0, p2, x, h=h, seed=[seed, seed + 1, seed + 2])
+
+
+def test_window_plan_refuses_candidates_output():
+    src = "sampler s(seed: seed = 0) -> token, candidates(10) { sample(seed) }"
+    assert samplec.compile(src).plan is None

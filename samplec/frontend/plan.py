@@ -109,9 +109,12 @@ class PlanLowering(Lowering):
              "greedy": lambda: 1, "top_p": lambda: WINDOW_BLOCKS if self.bounded_z else BLOCKS}
         m = m.get(mode, lambda: BLOCKS)()
         domain = m if mode == "top_k" else m * BLOCK
-        if any(o.name == "candidates" and o.arg > domain for o in self.sampler.outputs):
-            return None     # more candidates asked for than the plan's domain holds
-        deferred = all(st.name == "penalties" and self._lowers_only(st) for st in prefix)
+        if any(o.name == "candidates" and (o.arg > domain or mode == "window") for o in self.sampler.outputs):
+            return None     # more candidates than the domain holds; or untruncated ones, whose order reaches past it
+        # penalties that can only lower logits may run on the candidates -- unless something later needs the
+        # penalized logits of the whole vocabulary: the exact normalizer of top_p, or a window-mode logprob
+        needs_full = mode == "top_p" and not self.bounded_z or mode == "window" and "logprob" in outputs
+        deferred = not needs_full and all(st.name == "penalties" and self._lowers_only(st) for st in prefix)
 
         logits = self.params[0].node
         x = logits
@@ -130,10 +133,12 @@ class PlanLowering(Lowering):
         bound = make("block_bound", bm, blocks=m, name="bound")
         self.ids = make("block_ids", top, bm, block_size=BLOCK, name="cand_ids")
         xc = make("take_tokens", x, self.ids, name="cand_x")
+        top_c = vmax                 # the maximum of the (penalized) logits; deferred penalties can lower it
         if prefix and deferred:
             for st in prefix:
                 self._guard_lowering(st)
                 xc = self.stage_penalties(xc, **st.args)
+            top_c = make("reduce_max", xc, name="cand_max")
 
         if mode == "top_k":
             xc = self._top_k(xc, k, bound)
@@ -151,7 +156,7 @@ class PlanLowering(Lowering):
                 xc = self._compact(xc, COMPACT)
             rest = rest[1:]
         elif mode == "greedy":   # the filters keep the argmax; it lies in the best block unless another ties it
-            self.guard(make("ge", bound, vmax))
+            self.guard(make("ge", bound, top_c))
             rest = []
         x_final_full = None
         if mode == "window":
@@ -168,7 +173,7 @@ class PlanLowering(Lowering):
         self.guard(make("eq", make("reduce_max", xc), const(NEG_INF)))      # emptied: the exact program says why
         position = self.token_position = getattr(self, "stage_" + terminal.name)(xc, **terminal.args)
         if mode == "window":
-            self._window_guard(xc, position, bound, vmax, t)
+            self._window_guard(xc, position, bound, top_c, t)
         token = self.to_token(position)
         self._candidates_guard(xc)
         outs = self.outputs(logits, xc, token, logprob_x=x_final_full)
@@ -265,7 +270,7 @@ class PlanLowering(Lowering):
         self.guard(close)
         return make("filter", xc, make("ge", e, e_min), name="x_topp")
 
-    def _window_guard(self, xc, position, bound, vmax, t) -> None:
+    def _window_guard(self, xc, position, bound, top_c, t) -> None:
         """No token outside the candidates can beat the winner's noisy score (t == 0: the argmax is inside)."""
         noisy = position.inputs[0]                      # argmax(add(x, gumbel))
         best = make("take_along", noisy, position, name="winner")
@@ -273,7 +278,7 @@ class PlanLowering(Lowering):
         reach = make("add", make("div", bound, where(zero, const(1.0), t)), const(G_MAX + MARGIN))
         slack = make("mul", make("abs", best), const(1e-6))
         hot = make("ge", reach, make("sub", best, slack))
-        cold = make("ge", bound, vmax)
+        cold = make("ge", bound, top_c)
         self.guard(where(zero, cold, hot))
 
     def _candidates_guard(self, xc: Node) -> None:
