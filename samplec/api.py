@@ -29,11 +29,14 @@ def _front(source, sampler, bindings, filename):
     return checked, warnings, _check_bindings(checked, dict(bindings or {}))
 
 
-def compile(source: str, sampler: str | None = None, opt_level: int = 2, bindings: dict | None = None,
+def compile(source_text: str, sampler: str | None = None, opt_level: int = 2, bindings: dict | None = None,
             filename: str = "<string>", after_pass=None) -> Program:  # noqa: A001 - the spec names it compile
+    """Compile `.smp` source text (the sampler named `sampler`, else the first) into a Program."""
     if opt_level not in (0, 1, 2):
         raise SamplecError(f"opt_level must be 0, 1 or 2, got {opt_level!r}")
-    checked, _, binds = _front(source, sampler, bindings, filename)
+    if not isinstance(source_text, str):
+        raise SamplecError(f"source_text must be a str, got {type(source_text).__name__}")
+    checked, _, binds = _front(source_text, sampler, bindings, filename)
     graph = run_pipeline(lower(checked, binds), opt_level, after=after_pass)
     fast = [run_pipeline(p, opt_level) for p in plans(checked, binds)] if opt_level >= 2 else []
     return Program(graph, fast)
@@ -43,7 +46,7 @@ def compile_file(path: str | os.PathLike, sampler: str | None = None, opt_level:
                  bindings: dict | None = None, after_pass=None) -> Program:
     path = Path(path)
     try:
-        source = path.read_text(encoding="utf-8")
+        source = path.read_text(encoding="utf-8-sig")      # a byte-order mark is not part of the source
     except (OSError, UnicodeDecodeError) as e:
         raise SamplecError(f"cannot read {path}: {e}") from None
     return compile(source, sampler, opt_level, bindings, filename=str(path), after_pass=after_pass)

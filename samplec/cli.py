@@ -70,6 +70,8 @@ def _load_program(path: Path, sampler: str | None, opt: int, bindings: dict | No
 @_guard
 def compile_cmd(
     file: Path = typer.Argument(..., help="the .smp source"),
+    more_sets: Optional[List[str]] = typer.Argument(None, metavar="[NAME=VALUE]...",
+                                                     help="more --set bindings: --set a=1 b=2"),
     output: Optional[Path] = typer.Option(None, "-o", "--output", help="where to write the .smpb "
                                           "(default: FILE with the suffix .smpb; nothing is written with --emit)"),
     sampler: Optional[str] = typer.Option(None, "--sampler", help="which sampler of the file (default: the first)"),
@@ -83,12 +85,12 @@ def compile_cmd(
     from samplec.ir.printer import print_graph
     if emit not in (None, "ir", "ir-unopt", "dot"):
         raise SamplecError(f"--emit must be ir, ir-unopt or dot, got {emit!r}")
-    bindings = _pairs(set_, "--set")
+    bindings = _pairs(list(set_ or []) + list(more_sets or []), "--set")
     after = None
     if print_after_all:
         after = lambda name, g: typer.echo(f"// ---- after {name} ----\n{print_graph(g)}", err=emit is None)
     if emit == "ir-unopt":
-        source = file.read_text(encoding="utf-8") if file.exists() else _fail(f"{file}: no such file")
+        source = file.read_text(encoding="utf-8-sig") if file.exists() else _fail(f"{file}: no such file")
         graph, _ = api.lower_source(source, sampler, bindings, filename=str(file))
         typer.echo(print_graph(graph), nl=False)
         return
@@ -153,6 +155,8 @@ def passes():
 @_guard
 def run(
     file: Path = typer.Argument(..., help="a .smp source or a compiled .smpb"),
+    more_params: Optional[List[str]] = typer.Argument(None, metavar="[NAME=VALUE]...",
+                                                       help="more --param values: --param a=1 b=2"),
     logits: Path = typer.Option(..., "--logits", help=".npy, .npz or .safetensors; shape [V] or [B, V]"),
     sampler: Optional[str] = typer.Option(None, "--sampler"),
     opt: int = typer.Option(2, "-O", min=0, max=2, help="optimization level for a .smp source"),
@@ -168,7 +172,7 @@ def run(
     from samplec import runner
     prog = _load_program(file, sampler, opt)
     x = runner.load_array(logits, "--logits")
-    values = runner.parse_params(prog, _pairs(param, "--param"))
+    values = runner.parse_params(prog, _pairs(list(param or []) + list(more_params or []), "--param"))
     for flag, kind, value in (("--seed", "seed", seed), ("--history", "tokens", history),
                               ("--mask", "mask", mask), ("--bias", "bias", bias)):
         if value is not None:

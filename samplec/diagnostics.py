@@ -40,7 +40,7 @@ class Diagnostic:
         return f"{head}\n{text}\n{caret}"
 
 
-class SamplecError(Exception):
+class SamplecError(ValueError):
     """Every user-facing failure: compile errors (with diagnostics), bad programs, bad run-time values."""
 
     def __init__(self, message: str, diagnostics: tuple[Diagnostic, ...] = (), source: str | None = None):

@@ -150,6 +150,8 @@ class Program:
             x = x[None, :]
         if x.ndim != 2 or x.shape[-1] < 1 or x.shape[0] < 1:
             raise SamplecError(f"logits: expected shape [V] or [B, V], got {list(x.shape)}")
+        if x.dtype == mx.float64:
+            x = x.astype(mx.float32)
         if x.dtype not in (mx.float32, mx.float16, mx.bfloat16):
             raise SamplecError(f"logits: expected float32, float16 or bfloat16, got {x.dtype}")
         x = x.astype(mx.float32)

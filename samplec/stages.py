@@ -71,6 +71,7 @@ def _sig(name, *params, terminal=False, doc=""):
 
 
 U64 = Range(0, 2**64 - 1)
+FINITE = Range(lo_open=True, hi_open=True)
 
 STAGES: dict[str, StageSig] = {s.name: s for s in [
     _sig("temperature", StageParam("t", "float", range=Range(0)),
@@ -85,9 +86,9 @@ STAGES: dict[str, StageSig] = {s.name: s for s in [
          doc="exclude top choices"),
     _sig("penalties", StageParam("history", "tokens", literal_ok=False),
          StageParam("last_n", "int", default=-1, range=Range(-1)),
-         StageParam("repeat", "float", default=1.0, range=Range(0, lo_open=True)),
-         StageParam("frequency", "float", default=0.0),
-         StageParam("presence", "float", default=0.0),
+         StageParam("repeat", "float", default=1.0, range=Range(0, lo_open=True, hi_open=True)),
+         StageParam("frequency", "float", default=0.0, range=FINITE),
+         StageParam("presence", "float", default=0.0, range=FINITE),
          doc="repetition / frequency / presence penalties over a token history"),
     _sig("logit_bias", StageParam("b", "bias_or_dict"), doc="x + b"),
     _sig("allow", StageParam("mask", "mask", literal_ok=False), doc="remove tokens whose mask is false"),

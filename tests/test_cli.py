@@ -216,3 +216,18 @@ def test_import_prints_a_source_that_compiles(tmp_path):
         assert cli("compile", src, "-o", tmp_path / f"{kind}.smpb").exit_code == 0
     r = cli("import", "--from", "nope", fixtures / "generation_config.json")
     assert r.exit_code == 1 and "unknown import kind" in r.output
+
+
+def test_variadic_params_bom_and_float64_logits(tmp_path):
+    src = tmp_path / "bom.smp"
+    src.write_bytes(b"\xef\xbb\xbf" + CHAIN.encode())
+    np.save(tmp_path / "x64.npy", np.random.default_rng(0).standard_normal((2, 50)))   # float64
+    r = cli("run", src, "--logits", tmp_path / "x64.npy", "--param", "t=0.5", "p=0.7", "--seed", "3", "--json")
+    assert r.exit_code == 0, r.output
+    r2 = cli("run", src, "--logits", tmp_path / "x64.npy", "--param", "t=0.5", "--param", "p=0.7", "--seed", "3",
+             "--json")
+    assert r.stdout == r2.stdout
+    r = cli("compile", src, "--set", "t=0", "p=0.5", "--emit", "ir")
+    assert r.exit_code == 0 and "%t:" not in r.stdout and "%p:" not in r.stdout
+    r = cli("run", src, "--logits", tmp_path / "x64.npy", "stray")
+    assert r.exit_code == 1 and "NAME=VALUE" in r.output

@@ -459,7 +459,7 @@ def test_every_stage_accepts_well_typed_arguments():
     ("sampler s(h: tokens) { penalties(h, last_n = -2) greedy() }",
      "penalties: last_n = -2 is out of range [-1, inf]", 1, 46),
     ("sampler s(h: tokens) { penalties(h, repeat = 0) greedy() }",
-     "penalties: repeat = 0 is out of range (0.0, inf]", 1, 46),
+     "penalties: repeat = 0 is out of range (0.0, inf)", 1, 46),
     ("sampler s() { sample(-1) }", "sample: seed = -1 is out of range [0, 18446744073709551615]", 1, 22),
     ("sampler s() { sample(18446744073709551616) }", "sample: seed = 18446744073709551616 is out of range", 1, 22),
     ("sampler s() { top_k(2147483648) greedy() }", "top_k: k = 2147483648 does not fit in a 32-bit int", 1, 21),

@@ -190,3 +190,13 @@ def test_deferred_penalties_that_change_the_top(body, outs):
 def test_window_plan_refuses_candidates_output():
     src = "sampler s(seed: seed = 0) -> token, candidates(10) { sample(seed) }"
     assert samplec.compile(src).plan is None
+
+
+def test_api_spec_names_and_error_type():
+    prog = samplec.compile(source_text="sampler s() { greedy() }", sampler=None, opt_level=2, bindings=None)
+    assert np.array(prog(np.array([0.0, 2.0, 1.0], np.float64)).token).tolist() == [1]
+    with pytest.raises(ValueError):          # SamplecError is a ValueError
+        samplec.compile("sampler s() { top_p(1.5) greedy() }")
+    with pytest.raises(samplec.SamplecError, match=r"f = inf is out of range .*row 0"):
+        samplec.compile("sampler s(h: tokens, f: float) { penalties(h, frequency = f) greedy() }")(
+            np.zeros((1, 8), np.float32), h=[[1]], f=np.inf)
