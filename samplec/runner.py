@@ -133,8 +133,7 @@ def draws(prog: Program, logits: mx.array, values: dict, n: int) -> dict:
     x = logits if logits.ndim == 2 else logits[None, :]
     B, V = x.shape
     seeds = [p for p in prog.params if p.kind == "seed"]
-    if not seeds:
-        raise SamplecError("--draws needs a sampler with a seed (sample(seed) or sample())")
+    # (a sampler without a seed is deterministic: every draw gives the same token)
     base = {p.name: _scalar_param(p, values.get(p.name, 0 if p.default in (None, "os") else p.default), B)
             for p in seeds}
     chunk = max(1, min(n, DRAW_CHUNK_FLOATS // max(1, B * V)))

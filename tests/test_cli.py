@@ -231,3 +231,13 @@ def test_variadic_params_bom_and_float64_logits(tmp_path):
     assert r.exit_code == 0 and "%t:" not in r.stdout and "%p:" not in r.stdout
     r = cli("run", src, "--logits", tmp_path / "x64.npy", "stray")
     assert r.exit_code == 1 and "NAME=VALUE" in r.output
+
+
+def test_draws_of_a_greedy_sampler(tmp_path, files):
+    d, _, x = files
+    src = tmp_path / "g.smp"
+    src.write_text("sampler g() { top_k(3) greedy() }")
+    r = cli("run", src, "--logits", d / "x.npy", "--draws", "20", "--json")
+    assert r.exit_code == 0, r.output
+    row = json.loads(r.stdout)["rows"][0]
+    assert row["tokens"][0] == int(np.argmax(x[0])) and row["counts"][0] == 20 and row["probability"][0] == 1.0
