@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import functools
 
-import mlx.core as mx
 import numpy as np
 
 import samplec
