@@ -238,6 +238,7 @@ def generate(model, program: Program, prompt, max_tokens: int, *, chunk: int = 1
     # With -O2 candidate plans the chunk runs the first plan, speculatively: its guard is read with the chunk, and
     # from the first flagged step on the chunk is replayed with the exact program (the KV cache trimmed back).
     speculate = bool(program.plans) and _can_trim(cache)
+    chunks = replays = 0                # speculation stops when a quarter of the chunks needed a replay
     pending = None                     # the chunk in flight: its tokens, flags, first position and replay states
     step = 0
     while True:
@@ -262,13 +263,16 @@ def generate(model, program: Program, prompt, max_tokens: int, *, chunk: int = 1
             chunk_tokens = mx.concatenate(toks)
             chunk_flags = [mx.stack([fl[c] for fl in flags]) for c in range(len(flags[0]))]
             mx.async_eval(chunk_tokens, *chunk_flags)
-            launched = (chunk_tokens, chunk_flags, first, states, step - len(toks))
+            launched = (chunk_tokens, chunk_flags, first, states, step - len(toks), speculate)
         if pending is not None:
-            done, done_flags, first, states, step0 = pending
+            chunks += 1
+            done, done_flags, first, states, step0, spec = pending
             host_flags = [np.array(f) for f in done_flags]
-            if speculate:
+            if spec:
                 rows = host_flags[0].reshape(host_flags[0].shape[0], -1).any(axis=1)
                 if rows.any():         # replay from the first flagged step with the exact program
+                    replays += 1
+                    speculate = not (replays >= 2 and replays * 4 > chunks)
                     at = int(np.nonzero(rows)[0][0])
                     fed_after = (len(states) - 1 - at) + (launched[3].__len__() if launched else 0)
                     _trim(cache, fed_after)

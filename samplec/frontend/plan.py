@@ -19,8 +19,7 @@ candidates alone:
 
 A row whose `bound` reaches its threshold (ties across blocks, flat distributions), or whose logits are invalid,
 raises the plan's guard; the program then runs the exact graph for that call, which also reports real errors.
-`penalties` whose effect can only lower logits (repeat >= 1, frequency >= 0, presence >= 0) are applied on the
-candidates; other leading stages (logit_bias, allow, other penalties) run on the whole vocabulary first.
+Leading elementwise stages (penalties, logit_bias, allow) run on the whole vocabulary first.
 """
 from __future__ import annotations
 
@@ -111,20 +110,21 @@ class PlanLowering(Lowering):
         domain = m if mode == "top_k" else m * BLOCK
         if any(o.name == "candidates" and (o.arg > domain or mode == "window") for o in self.sampler.outputs):
             return None     # more candidates than the domain holds; or untruncated ones, whose order reaches past it
-        # penalties that can only lower logits may run on the candidates -- unless something later needs the
-        # penalized logits of the whole vocabulary: the exact normalizer of top_p, or a window-mode logprob
-        needs_full = mode == "top_p" and not self.bounded_z or mode == "window" and "logprob" in outputs
-        deferred = not needs_full and all(st.name == "penalties" and self._lowers_only(st) for st in prefix)
+        # leading elementwise stages (penalties, logit_bias, allow) run on the whole vocabulary, so the block
+        # maxima bound the values the chain sees. (Penalties only on the candidates would be cheaper, but in a
+        # decode loop the history *is* the top tokens: penalizing them drops the threshold below the bound of
+        # the unpenalized blocks and the guard would fire on most steps.)
+        only_penalties = all(st.name == "penalties" for st in prefix)
 
         logits = self.params[0].node
         x = logits
-        if prefix and not deferred:
+        if prefix and not only_penalties:      # allow / -inf biases could hide a NaN logit from the maxima
             self._exact_checks(logits)
-            for st in prefix:
-                x = getattr(self, "stage_" + st.name)(x, **st.args)
+        for st in prefix:
+            x = getattr(self, "stage_" + st.name)(x, **st.args)
         bm = make("block_max", x, block_size=BLOCK, name="block_max")
         vmax = make("reduce_max", bm, name="vmax")
-        if not prefix or deferred:
+        if only_penalties:                     # penalties keep NaN, +inf and -inf as they are
             self.guard(make("logical_not", make("isfinite", vmax)))     # NaN, +inf, or an empty row
         else:
             self.guard(make("eq", vmax, const(NEG_INF)))
@@ -133,12 +133,7 @@ class PlanLowering(Lowering):
         bound = make("block_bound", bm, blocks=m, name="bound")
         self.ids = make("block_ids", top, bm, block_size=BLOCK, name="cand_ids")
         xc = make("take_tokens", x, self.ids, name="cand_x")
-        top_c = vmax                 # the maximum of the (penalized) logits; deferred penalties can lower it
-        if prefix and deferred:
-            for st in prefix:
-                self._guard_lowering(st)
-                xc = self.stage_penalties(xc, **st.args)
-            top_c = make("reduce_max", xc, name="cand_max")
+        top_c = vmax                 # the maximum of the logits the chain sees
 
         if mode == "top_k":
             xc = self._top_k(xc, k, bound)
@@ -198,21 +193,6 @@ class PlanLowering(Lowering):
         if terminal.name == "sample" and len(rest) <= 1 and all(st.name == "temperature" for st in rest):
             return "window"
         return None
-
-    def _lowers_only(self, st) -> bool:
-        """penalties that can never raise a logit (else they must run before candidate selection)."""
-        rules = {"repeat": lambda v: v >= 1, "frequency": lambda v: v >= 0, "presence": lambda v: v >= 0}
-        for key, ok in rules.items():
-            v = _const_value(st.args[key], self.bindings)
-            if v is not None and not ok(float(v)):
-                return False
-        return True
-
-    def _guard_lowering(self, st) -> None:
-        """Run-time penalty parameters: fall back where a row's values could raise a logit."""
-        for key, bad in (("repeat", ("lt", 1.0)), ("frequency", ("lt", 0.0)), ("presence", ("lt", 0.0))):
-            if _const_value(st.args[key], self.bindings) is None:
-                self.guard(make(bad[0], self.scalar(st.args[key], F32), const(bad[1])))
 
     def _exact_checks(self, logits: Node) -> None:
         """With leading stages on the whole vocabulary, check the raw logits as the exact program does."""
