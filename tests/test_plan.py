@@ -123,6 +123,8 @@ def test_penalties_run_on_the_vocabulary_first():
     x = realistic(4, 9)
     h = hist(4)
     h[:, -1] = np.argmax(x, axis=1)            # the history holds each row's top token, as in a decode loop
+    h[:, -4:-1] = [[0, -1, 0]]                 # token 0 twice, and padding (both written back sparsely)
+    h[1, -6:-4] = h[1, -1]                     # a repeated top token
     run_both(p0, p2, x, seed=[1, 2, 3, 4], h=h)
     run_both(p0, p2, x, seed=[1, 2, 3, 4], h=h, q=[0.0, -2.0, 0.0, 0.0], r=[1.0, 0.5, 3.0, 1.1])
     assert p2.fallbacks == 0

@@ -71,6 +71,12 @@ def _scatter_add(ins, a):
     return base.at[rows, idx].add(upd) if lead else base.at[idx].add(upd)
 
 
+def _put_along(ins, a):
+    base, idx, vals = ins
+    idx = mx.broadcast_to(idx, base.shape[:-1] + idx.shape[-1:])
+    return mx.put_along_axis(base, idx, mx.broadcast_to(vals, idx.shape), axis=-1)
+
+
 def _sparse_add(ins, a):
     x = ins[0]
     ids = mx.array(np.array(a["ids"], dtype=np.int32))
@@ -183,7 +189,7 @@ KERNELS = {
     "kth_largest": _kth_largest, "kth_largest_static": _kth_largest_static,
     "filter": lambda i, a: mx.where(i[1], i[0], mx.array(-np.inf, dtype=mx.float32)),
     "zeros_like": lambda i, a: mx.zeros(i[0].shape, dtype=DT[a["dtype"]]),
-    "take_along": _take_along, "scatter_add": _scatter_add, "sparse_add": _sparse_add,
+    "take_along": _take_along, "scatter_add": _scatter_add, "put_along": _put_along, "sparse_add": _sparse_add,
     "random_bits": lambda i, a: random_bits(*i),
     "block_max": _block_max,
     "top_blocks": _top_blocks, "block_bound": _block_bound, "block_ids": _block_ids,

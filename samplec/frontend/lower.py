@@ -64,6 +64,19 @@ def top_p_floor(probs: Node, p: Node) -> Node:
     return make("take_along", ps, last, name="p_min")
 
 
+def penalize(x: Node, counts: Node, rep: Node, freq: Node, pres: Node) -> Node:
+    """Where a token was seen (count > 0): x > 0 ? x / repeat : x * repeat, then minus count * frequency + presence."""
+    seen = make("gt", counts, const(0.0))
+    rep_x = where(make("gt", x, const(0.0)), make("div", x, rep), make("mul", x, rep))
+    x1 = where(seen, rep_x, x)
+    return where(seen, make("sub", x1, make("add", make("mul", counts, freq), pres)), x1)
+
+
+def penalties_neutral(rep: Node, freq: Node, pres: Node) -> Node:
+    return make("logical_and", make("eq", rep, const(1.0)),
+                make("logical_and", make("eq", freq, const(0.0)), make("eq", pres, const(0.0))))
+
+
 def last_index(x: Node) -> Node:
     """V - 1 for an operand whose last axis has V entries, as i32[1]."""
     return make("reduce_max", make("iota", x))
@@ -244,22 +257,19 @@ class Lowering:
         return where(make("eq", prob, const(0.0)), x, cut, name="x_xtc")
 
     def stage_penalties(self, x, history, last_n, repeat, frequency, presence):
-        hist = self.tensor(history)
-        last_n, rep = self.scalar(last_n, I32), self.scalar(repeat, F32)
-        freq, pres = self.scalar(frequency, F32), self.scalar(presence, F32)
+        rep, freq, pres = self.scalar(repeat, F32), self.scalar(frequency, F32), self.scalar(presence, F32)
+        ids, valid = self.history_window(history, last_n)
+        counts = self.token_counts(ids, make("cast", valid, dtype=F32), x)
+        return where(penalties_neutral(rep, freq, pres), x, penalize(x, counts, rep, freq, pres), name="x_pen")
+
+    def history_window(self, history, last_n) -> tuple[Node, Node]:
+        """The history's ids (0 where not counted) and which entries count: not padding, in the last last_n."""
+        hist, last_n = self.tensor(history), self.scalar(last_n, I32)
         col = make("iota", hist)
         h = make("add", make("reduce_max", col), const(1, I32))
         in_window = make("logical_or", make("eq", last_n, const(-1, I32)), make("ge", col, make("sub", h, last_n)))
         valid = make("logical_and", make("ge", hist, const(0, I32)), in_window, name="hist_valid")
-        ids = where(valid, hist, const(0, I32))
-        counts = self.token_counts(ids, make("cast", valid, dtype=F32), x)
-        seen = make("gt", counts, const(0.0))
-        rep_x = where(make("gt", x, const(0.0)), make("div", x, rep), make("mul", x, rep))
-        x1 = where(seen, rep_x, x)
-        x2 = where(seen, make("sub", x1, make("add", make("mul", counts, freq), pres)), x1)
-        neutral = make("logical_and", make("eq", rep, const(1.0)),
-                       make("logical_and", make("eq", freq, const(0.0)), make("eq", pres, const(0.0))))
-        return where(neutral, x, x2, name="x_pen")
+        return where(valid, hist, const(0, I32)), valid
 
     def stage_logit_bias(self, x, b):
         if isinstance(b, DictLit):

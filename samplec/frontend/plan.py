@@ -26,7 +26,8 @@ from __future__ import annotations
 import numpy as np
 
 from samplec.frontend.ast import CheckedSampler, DictLit, Literal, Name
-from samplec.frontend.lower import NEG_INF, Lowering, const, last_index, top_p_floor, where
+from samplec.frontend.lower import (NEG_INF, Lowering, const, last_index, penalize, penalties_neutral, top_p_floor,
+                                    where)
 from samplec.ir.graph import Check, Graph, Node, make
 from samplec.ir.types import F32, I32, U32
 
@@ -71,6 +72,18 @@ class PlanLowering(Lowering):
         if self.ids is None:
             return super().to_token(position)
         return make("squeeze", make("take_along", self.ids, position), name="token")
+
+    def stage_penalties(self, x, history, last_n, repeat, frequency, presence):
+        """On the whole vocabulary, sparsely: only the history's tokens change, so penalize their gathered logits
+        and write them back (every write of a token carries the same value; uncounted entries point at token 0 and
+        carry token 0's own final value)."""
+        if self.ids is not None:
+            return super().stage_penalties(x, history, last_n, repeat, frequency, presence)
+        rep, freq, pres = self.scalar(repeat, F32), self.scalar(frequency, F32), self.scalar(presence, F32)
+        ids, valid = self.history_window(history, last_n)
+        counts = self.token_counts(ids, make("cast", valid, dtype=F32), x)
+        penalized = penalize(make("take_along", x, ids), make("take_along", counts, ids), rep, freq, pres)
+        return where(penalties_neutral(rep, freq, pres), x, make("put_along", x, ids, penalized), name="x_pen")
 
     def on_domain(self, tensor):
         return tensor if self.ids is None else make("take_tokens", tensor, self.ids)

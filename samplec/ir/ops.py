@@ -251,6 +251,8 @@ OPS: dict[str, OpDef] = {d.name: d for d in [
     OpDef("zeros_like", 1, (("dtype", "dtype"),), _cast, "zeros shaped like the operand"),
     OpDef("take_along", 2, (), _take_along, "gather along the last axis"),
     OpDef("scatter_add", 3, (), _scatter_add, "base with updates added at indices along the last axis"),
+    OpDef("put_along", 3, (), _scatter_add,
+          "base with values written at indices along the last axis (a repeated index gets equal values)"),
     OpDef("sparse_add", 1, (("ids", "ints"), ("values", "floats")), _sparse_add,
           "x[..., ids] += values (a constant logit bias)"),
     # candidate selection (the -O2 plan): exact two-level selection over blocks of the vocabulary
