@@ -71,6 +71,9 @@ class Program:
         self.last_tier = None  # which answered the last call: plan index, or len(plans) for the exact program
         self._max_bias_id = max((max(n.attr("ids"), default=-1) for n in graph.toposort() if n.op == "sparse_add"),
                                 default=-1)
+        self._known = {p.name for p in self.params}
+        self._ranges = {p.name: Range.parse(p.range) for p in self.params if p.range and p.kind != "seed"}
+        self._scalars: dict = {}    # (name, value, B) -> the prepared MLX array of a plain Python scalar
 
     @property
     def plan(self) -> Graph | None:
@@ -154,13 +157,15 @@ class Program:
             x = x.astype(mx.float32)
         if x.dtype not in (mx.float32, mx.float16, mx.bfloat16):
             raise SamplecError(f"logits: expected float32, float16 or bfloat16, got {x.dtype}")
-        x = x.astype(mx.float32)
+        if x.dtype != mx.float32:
+            x = x.astype(mx.float32)
         B, V = x.shape
         if self._max_bias_id >= V:
             raise SamplecError(f"logit_bias: token id {self._max_bias_id} is out of range for V = {V}")
-        known = {p.name for p in self.params}
-        unknown = sorted(set(params) - known)
+        known = self._known
+        unknown = [k for k in params if k not in known]
         if unknown:
+            unknown.sort()
             hint = f" (parameters: {', '.join(sorted(known))})" if known else " (this sampler takes none)"
             raise SamplecError(f"unknown parameter '{unknown[0]}'{hint}")
         args = [x]
@@ -170,8 +175,30 @@ class Program:
                 if p.default is None:
                     raise SamplecError(f"missing required parameter '{p.name}' ({p.kind})")
                 value = _os_seeds(B) if p.default == "os" else p.default
-            args.append(_prepare_param(p, value, B, V))
+            args.append(self._scalar(p, value, B) if p.kind in SCALAR_NP else _prepare_param(p, value, B, V))
         return args
+
+    def _scalar(self, p: Param, value, B: int) -> mx.array:
+        """A scalar parameter as an MLX array [B]. Plain Python numbers (the common case in a decode loop) take a
+        short path and are cached; everything else goes through the full checks of `_scalar_param`."""
+        if type(value) is int or type(value) is float:
+            key = (p.name, type(value), value, B)
+            hit = self._scalars.get(key)
+            if hit is not None:
+                return hit
+            if p.kind == "seed" and type(value) is int and 0 <= value < 2 ** 64 or \
+                    p.kind == "int" and type(value) is int and -2 ** 31 < value < 2 ** 31 and \
+                    (p.name not in self._ranges or self._ranges[p.name].contains(value)) or \
+                    p.kind == "float" and (p.name not in self._ranges or self._ranges[p.name].contains(value)) \
+                    and value == value:
+                arr = mx.array(np.full((B,), value, dtype=SCALAR_NP[p.kind]))
+                if len(self._scalars) > 256:
+                    self._scalars.clear()
+                self._scalars[key] = arr
+                return arr
+        if p.kind == "seed" and isinstance(value, np.ndarray) and value.dtype == np.uint64 and value.shape == (B,):
+            return mx.array(value)
+        return mx.array(_scalar_param(p, value, B))
 
 
 def _os_seeds(B: int) -> np.ndarray:

@@ -16,8 +16,9 @@ def _const(ins, a):
 
 
 def _sort(ins, a):
-    x = ins[0]
-    return -mx.sort(-x, axis=-1) if a["descending"] else mx.sort(x, axis=-1)
+    # values only: equal values are interchangeable, so descending is the ascending sort reversed
+    s = mx.sort(ins[0], axis=-1)
+    return s[..., ::-1] if a["descending"] else s
 
 
 def _argsort(ins, a):
@@ -28,9 +29,10 @@ def _argsort(ins, a):
 
 def _take_along(ins, a):
     x, idx = ins
-    lead = np.broadcast_shapes(x.shape[:-1], idx.shape[:-1])
-    x = mx.broadcast_to(x, lead + x.shape[-1:])
-    idx = mx.broadcast_to(idx, lead + idx.shape[-1:])
+    if x.shape[:-1] != idx.shape[:-1]:
+        lead = np.broadcast_shapes(x.shape[:-1], idx.shape[:-1])
+        x = mx.broadcast_to(x, lead + x.shape[-1:])
+        idx = mx.broadcast_to(idx, lead + idx.shape[-1:])
     return mx.take_along_axis(x, idx, axis=-1)
 
 
@@ -56,10 +58,19 @@ def _kth_largest(ins, a):
 
 
 def _kth_largest_static(ins, a):
+    """The k-th largest value; -inf past the row. One ascending argpartition, shared (MLX's compile merges equal
+    primitives) with `topk_positions(k - 1)`, whose (k - 1) largest sit right after this one."""
     x, k = ins[0], a["k"]
-    if k >= x.shape[-1]:
+    n = x.shape[-1]
+    if k > n:
+        return mx.full(x.shape[:-1] + (1,), -np.inf, dtype=x.dtype)
+    if k == n:
         return mx.min(x, axis=-1, keepdims=True)
-    return mx.min(mx.topk(x, k, axis=-1), axis=-1, keepdims=True)
+    return mx.take_along_axis(x, _partition_ascending(x, n - k)[..., n - k:n - k + 1], axis=-1)
+
+
+def _partition_ascending(x, kth):
+    return mx.argpartition(x, kth=kth, axis=-1)
 
 
 def _scatter_add(ins, a):
@@ -97,18 +108,14 @@ def _block_max(ins, a):
 
 def _top_blocks(ins, a):
     bm, m = ins[0], a["blocks"]
-    nb = bm.shape[-1]
-    if nb <= m:
-        return mx.broadcast_to(mx.arange(m, dtype=mx.int32), bm.shape[:-1] + (m,))
-    idx = mx.argpartition(-bm, kth=m - 1, axis=-1)[..., :m]
-    return mx.sort(idx.astype(mx.int32), axis=-1)
+    if bm.shape[-1] <= m:      # every block, then padding blocks past the vocabulary
+        return mx.broadcast_to(mx.array(np.arange(m, dtype=np.int32)), bm.shape[:-1] + (m,))
+    return _topk_positions([bm], {"k": m})
 
 
 def _block_bound(ins, a):
-    bm, m = ins[0], a["blocks"]
-    if bm.shape[-1] <= m:
-        return mx.full(bm.shape[:-1] + (1,), -np.inf, dtype=bm.dtype)
-    return -mx.partition(-bm, kth=m, axis=-1)[..., m:m + 1]
+    # the (m+1)-th largest block maximum: the same argpartition as top_blocks
+    return _kth_largest_static(ins, {"k": a["blocks"] + 1})
 
 
 def _block_ids(ins, a):
@@ -117,7 +124,7 @@ def _block_ids(ins, a):
     # block g holds tokens g, g + nb, g + 2 nb, ...: ordered by (row, block) the ids ascend. Padding blocks
     # (g >= nb, when there are fewer blocks than asked for) map past the vocabulary, where x is -inf.
     base = mx.where(top < nb, top, bs * nb + top)
-    ids = (mx.arange(bs, dtype=mx.int32) * nb)[:, None] + base[..., None, :]     # [.., bs, M]
+    ids = mx.array((np.arange(bs, dtype=np.int32) * nb)[:, None]) + base[..., None, :]     # [.., bs, M]
     return ids.reshape(top.shape[:-1] + (top.shape[-1] * bs,))
 
 
@@ -138,7 +145,7 @@ def _reduce_sum(ins, a):
     A sequential float32 sum loses ~1e-5 at V = 32000 and, on a peaked row (one 1 and many tiny terms), most of
     the tiny terms' mass; here each level's groups hold like-sized terms and the error stays a few ulps."""
     x = ins[0]
-    if x.dtype != mx.float32:
+    if x.dtype != mx.float32 or x.shape[-1] <= 2 * GROUP:
         return mx.sum(x, axis=-1, keepdims=True)
     while x.shape[-1] > GROUP:
         n = x.shape[-1]
@@ -150,12 +157,14 @@ def _reduce_sum(ins, a):
 
 
 def _topk_positions(ins, a):
+    """Positions of the k largest, ascending (which of equal values at the k-th place is unspecified: the plans
+    guard that case). Past the row, positions repeat (the plans' padding blocks)."""
     x, k = ins[0], a["k"]
     n = x.shape[-1]
     if k >= n:
-        return mx.broadcast_to(mx.arange(k, dtype=mx.int32) % n, x.shape[:-1] + (k,))
-    idx = mx.argpartition(-x, kth=k - 1, axis=-1)[..., :k]
-    return mx.sort(idx.astype(mx.int32), axis=-1)
+        return mx.broadcast_to(mx.array(np.arange(k, dtype=np.int32) % n), x.shape[:-1] + (k,))
+    idx = _partition_ascending(x, n - k - 1)[..., n - k:]
+    return mx.sort(idx, axis=-1).astype(mx.int32)      # (the cast fuses into what follows)
 
 
 def _red(fn):

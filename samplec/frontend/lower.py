@@ -35,8 +35,8 @@ def where(c, a, b, name=None):
     return make("where", c, a, b, name=name)
 
 
-def softmax(x: Node, name="p") -> Node:
-    e = make("exp", make("sub", x, make("reduce_max", x)))
+def softmax(x: Node, name="p", row_max: Node | None = None) -> Node:
+    e = make("exp", make("sub", x, make("reduce_max", x) if row_max is None else row_max))
     return make("div", e, make("reduce_sum", e), name=name)
 
 
@@ -201,15 +201,23 @@ class Lowering:
 
     def stage_top_p(self, x, p):
         p = self.scalar(p, F32)
-        probs = softmax(x)
+        probs = softmax(x, row_max=self.row_max(x))
         kept = make("filter", x, make("ge", probs, top_p_floor(probs, p)))
-        return where(make("ge", p, const(1.0)), x, kept, name="x_topp")
+        return self.keeps_max(x, where(make("ge", p, const(1.0)), x, kept, name="x_topp"))
 
     def stage_min_p(self, x, m):
         m = self.scalar(m, F32)
-        floor = make("add", make("reduce_max", x), make("log", m), name="minp_floor")
+        floor = make("add", self.row_max(x), make("log", m), name="minp_floor")
         kept = make("filter", x, make("ge", x, floor))
-        return where(make("eq", m, const(0.0)), x, kept, name="x_minp")
+        return self.keeps_max(x, where(make("eq", m, const(0.0)), x, kept, name="x_minp"))
+
+    def row_max(self, x: Node) -> Node:
+        """The maximum of each row of x (a plan may know it without a reduction)."""
+        return make("reduce_max", x)
+
+    def keeps_max(self, x: Node, out: Node) -> Node:
+        """`out` holds the same row maximum as `x` (a filter that always keeps the most probable token)."""
+        return out
 
     def stage_typical_p(self, x, m):
         m = self.scalar(m, F32)

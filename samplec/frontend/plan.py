@@ -63,6 +63,15 @@ class PlanLowering(Lowering):
         self.guards: list[Node] = []
         self.bounded_z = bounded_z     # top_p: bound the normalizer from block maxima instead of an exp pass
         self.used_bounded = False
+        self.known_max: dict[int, Node] = {}    # id(x) -> a node holding x's row maximum (no reduction needed)
+
+    def row_max(self, x):
+        return self.known_max.get(id(x)) or super().row_max(x)
+
+    def keeps_max(self, x, out):
+        if id(x) in self.known_max:
+            self.known_max[id(out)] = self.known_max[id(x)]
+        return out
 
     # -- domain hooks --
     def token_ids(self, x):
@@ -99,8 +108,8 @@ class PlanLowering(Lowering):
 
     def guard(self, flag: Node) -> None:
         """flag: bool [B,1] or [B] -- true where the row must run the exact program."""
-        if len(flag.type.shape) == 2:
-            flag = make("squeeze", flag)
+        if len(flag.type.shape) == 1:
+            flag = make("expand", flag)
         self.guards.append(flag)
 
     # -- the plan --
@@ -147,13 +156,15 @@ class PlanLowering(Lowering):
         self.ids = make("block_ids", top, bm, block_size=BLOCK, name="cand_ids")
         xc = make("take_tokens", x, self.ids, name="cand_x")
         top_c = vmax                 # the maximum of the logits the chain sees
+        self.known_max[id(xc)] = vmax      # (the best block is a candidate)
 
         if mode == "top_k":
             xc = self._top_k(xc, k, bound)
+            self.known_max[id(xc)] = vmax      # the k largest hold the largest
             rest = rest[1:]
         elif mode == "min_p":
             xc = self.stage_min_p(xc, **rest[0].args)
-            floor = make("add", make("reduce_max", xc), make("log", self.scalar(rest[0].args["m"], F32)))
+            floor = make("add", self.row_max(xc), make("log", self.scalar(rest[0].args["m"], F32)))
             self.guard(make("ge", bound, floor))
             rest = rest[1:]
         elif mode == "top_p":
@@ -178,7 +189,8 @@ class PlanLowering(Lowering):
             rest = []
         for st in rest:
             xc = getattr(self, "stage_" + st.name)(xc, **st.args)
-        self.guard(make("eq", make("reduce_max", xc), const(NEG_INF)))      # emptied: the exact program says why
+        if id(xc) not in self.known_max:       # (a known maximum is vmax, guarded above)
+            self.guard(make("eq", make("reduce_max", xc), const(NEG_INF)))      # emptied: the exact program says why
         position = self.token_position = getattr(self, "stage_" + terminal.name)(xc, **terminal.args)
         if mode == "window":
             self._window_guard(xc, position, bound, top_c, t)
@@ -188,6 +200,7 @@ class PlanLowering(Lowering):
         flag = self.guards[0]
         for g in self.guards[1:]:
             flag = make("logical_or", flag, g)
+        flag = make("squeeze", flag)       # (one squeeze: every guard is [B,1] until here)
         return Graph(self.sampler.name, tuple(self.params), outs, (Check(flag, PLAN_GUARD),))
 
     def _mode(self, rest, terminal) -> str | None:
@@ -209,16 +222,17 @@ class PlanLowering(Lowering):
 
     def _exact_checks(self, logits: Node) -> None:
         """With leading stages on the whole vocabulary, check the raw logits as the exact program does."""
-        top = make("squeeze", make("take_along", logits, make("argmax", logits)))
+        top = make("take_along", logits, make("argmax", logits))
         self.guard(make("logical_not", make("isfinite", top)))
 
     def _top_k(self, xc: Node, k: int, bound: Node) -> Node:
         pos = make("topk_positions", xc, k=k)
         vals = make("take_along", xc, pos)
         v_k = make("reduce_min", vals, name="v_k")
-        self.guard(make("ge", bound, v_k))                                       # a tie outside the blocks
-        n_kept = make("reduce_sum", make("cast", make("ge", xc, v_k), dtype=I32))
-        self.guard(make("ne", n_kept, const(k, I32)))                           # ties at v_k beyond k
+        # a token outside the blocks reaching v_k, or a (k+1)-th candidate tying it (one partition gives both
+        # the k largest and the next one)
+        nxt = make("kth_largest_static", xc, k=k + 1, name="v_next")
+        self.guard(make("ge", make("maximum", bound, nxt), v_k))
         self.ids = make("take_along", self.ids, pos, name="topk_ids")
         return vals
 
