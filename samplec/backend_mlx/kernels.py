@@ -167,6 +167,12 @@ def _topk_positions(ins, a):
     return mx.sort(idx, axis=-1).astype(mx.int32)      # (the cast fuses into what follows)
 
 
+def _mass_above(ins, a):
+    p = ins[0]
+    pj, pi = mx.expand_dims(p, -2), mx.expand_dims(p, -1)
+    return mx.sum(mx.where(pj > pi, pj, 0.0), axis=-1)
+
+
 def _red(fn):
     return lambda ins, a: fn(ins[0], axis=-1, keepdims=True)
 
@@ -202,5 +208,5 @@ KERNELS = {
     "random_bits": lambda i, a: random_bits(*i),
     "block_max": _block_max,
     "top_blocks": _top_blocks, "block_bound": _block_bound, "block_ids": _block_ids,
-    "take_tokens": _take_tokens, "topk_positions": _topk_positions,
+    "take_tokens": _take_tokens, "topk_positions": _topk_positions, "mass_above": _mass_above,
 }

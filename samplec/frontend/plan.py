@@ -26,8 +26,8 @@ from __future__ import annotations
 import numpy as np
 
 from samplec.frontend.ast import CheckedSampler, DictLit, Literal, Name
-from samplec.frontend.lower import (NEG_INF, Lowering, const, last_index, penalize, penalties_neutral, top_p_floor,
-                                    where)
+from samplec.frontend.lower import (NEG_INF, Lowering, const, last_index, penalize, penalties_neutral, softmax,
+                                    top_p_floor, where)
 from samplec.ir.graph import Check, Graph, Node, make
 from samplec.ir.types import F32, I32, U32
 
@@ -42,6 +42,7 @@ PREFIX = ("penalties", "logit_bias", "allow")
 _U_MAX = np.float32((2 ** 23 - 1 + 0.5) * 2.0 ** -23)
 G_MAX = float(-np.log(-np.log(_U_MAX)))
 MARGIN = 1e-3
+PAIRWISE = 256          # top_p on at most this many candidates: pairwise masses, no sort
 COMPACT = 64            # survivors of a bounded top_p are compacted to this many positions
 TOP_P_MARGIN = 1e-3     # relative: covers float32 prefix sums over the <= 4096 candidates of a top_p plan
 
@@ -67,6 +68,29 @@ class PlanLowering(Lowering):
 
     def row_max(self, x):
         return self.known_max.get(id(x)) or super().row_max(x)
+
+    def stage_top_p(self, x, p):
+        """On at most PAIRWISE candidates, S_i (the mass above token i) pairwise, as the spec defines it: one
+        [C, C] comparison instead of a sort, a cumulative sum and a gather."""
+        n = x.type.shape[-1]
+        if self.ids is None or not isinstance(n, int) or n > PAIRWISE:
+            return super().stage_top_p(x, p)
+        p = self.scalar(p, F32)
+        probs = softmax(x, row_max=self.row_max(x))
+        kept = make("filter", x, make("lt", make("mass_above", probs, name="mass_above"), p))
+        return self.keeps_max(x, where(make("ge", p, const(1.0)), x, kept, name="x_topp"))
+
+    def stage_temperature(self, x, t):
+        """x / t is monotone for t > 0 (and float division rounds monotonically), so a known maximum m of x
+        gives the maximum of the result as the same stage applied to m (t = 0 keeps the argmax: m)."""
+        out = super().stage_temperature(x, t)
+        m = self.known_max.get(id(x))
+        if m is not None:
+            t = self.scalar(t, F32)
+            zero = make("eq", t, const(0.0))
+            scaled = where(make("eq", m, const(NEG_INF)), m, make("div", m, where(zero, const(1.0), t)))
+            self.known_max[id(out)] = where(make("eq", t, const(1.0)), m, where(zero, m, scaled))
+        return out
 
     def keeps_max(self, x, out):
         if id(x) in self.known_max:
@@ -189,8 +213,8 @@ class PlanLowering(Lowering):
             rest = []
         for st in rest:
             xc = getattr(self, "stage_" + st.name)(xc, **st.args)
-        if id(xc) not in self.known_max:       # (a known maximum is vmax, guarded above)
-            self.guard(make("eq", make("reduce_max", xc), const(NEG_INF)))      # emptied: the exact program says why
+        if self.known_max.get(id(xc)) is not vmax:       # (vmax is guarded above)
+            self.guard(make("eq", self.row_max(xc), const(NEG_INF)))      # emptied: the exact program says why
         position = self.token_position = getattr(self, "stage_" + terminal.name)(xc, **terminal.args)
         if mode == "window":
             self._window_guard(xc, position, bound, top_c, t)

@@ -272,6 +272,10 @@ OPS: dict[str, OpDef] = {d.name: d for d in [
     # randomness
     OpDef("random_bits", 3, (), _random_bits,
           "first word of Threefry-2x32-20(key(seed), (counter0, counter1)); the only source of randomness"),
+    # (appended: op numbers in .smpb files stay as they were)
+    OpDef("mass_above", 1, (), _same,
+          "S_i = sum of p_j over p_j > p_i along the last axis (top_p's definition, pairwise: no sort; for "
+          "the few candidates of a plan)"),
 ]}
 
 

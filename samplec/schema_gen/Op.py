@@ -64,3 +64,4 @@ class Op(object):
     TakeTokensNode = 58
     TopkPositionsNode = 59
     RandomBitsNode = 60
+    MassAboveNode = 61
