@@ -18,7 +18,7 @@ from pathlib import Path
 import flatbuffers
 
 from samplec.diagnostics import SamplecError
-from samplec.ir.graph import INPUT, Check, Graph, Node, Param, VerifyError, make, verify
+from samplec.ir.graph import INPUT, Check, Graph, Node, Param, VerifyError, verify
 from samplec.ir.ops import OPS
 from samplec.ir.types import DTYPES, Type
 from samplec.schema_gen import CheckEntry as fb_check
@@ -280,6 +280,13 @@ class _Invalid(Exception):
     """A problem with the bytes; from_bytes reports it as SamplecError("invalid .smpb: ...")."""
 
 
+_U32, _I32, _VT = struct.Struct("<I"), struct.Struct("<i"), struct.Struct("<HH")
+_U8, _U64, _I64, _F64 = struct.Struct("<B"), struct.Struct("<Q"), struct.Struct("<q"), struct.Struct("<d")
+_ATTR_NUMBER = {"int": (_I64, 0), "float": (_F64, 0.0), "bool": (struct.Struct("<?"), False), "dtype": (_U8, 0)}
+NODE_FIELDS = ("OpType", "Op", "Inputs", "Dtype", "Shape", "Name")   # the Node table's fields, in vtable order
+_PROGRAM_NODES = 3     # Program.nodes is the Program table's 4th field (both checked against the generated code)
+
+
 class _CheckedBytes(bytes):
     """The file's bytes, but a slice that runs outside them raises instead of quietly coming back short.
 
@@ -304,6 +311,7 @@ class _Reader:
     """
 
     def __init__(self, data: bytes):
+        self.buf = bytes(data)       # plain bytes for the direct reads below, which check every position
         self.size = len(data)
         self.budget = len(data)
         self.shapes: dict[str, tuple] = {}      # shape text -> dims (most values share a handful of shapes)
@@ -344,14 +352,79 @@ class _Reader:
         get = getattr(obj, field)
         return tuple(get(j) for j in range(n))
 
+    # -- the node table, read directly: the generated accessors look the vtable up again for every field and
+    # -- cost ~35 us a node; one vtable read and a few unpacks do the same checks (this is what makes loading
+    # -- a program with its plans take ~1-3 ms instead of ~10)
+    def u32(self, pos: int, what: str) -> int:
+        if not 0 <= pos <= self.size - 4:
+            raise _Invalid(f"{what} points outside the file")
+        return _U32.unpack_from(self.buf, pos)[0]
+
+    def fields(self, pos: int, n: int, what: str) -> tuple:
+        """Absolute positions of a table's first n fields (0 where absent), from its vtable."""
+        if not 0 <= pos <= self.size - 4:
+            raise _Invalid(f"{what} points outside the file")
+        vt = pos - _I32.unpack_from(self.buf, pos)[0]
+        if not 0 <= vt <= self.size - 4:
+            raise _Invalid(f"{what} has a vtable outside the file")
+        vsize, tsize = _VT.unpack_from(self.buf, vt)
+        k = min(n, max(0, (vsize - 4) // 2))
+        if vt + 4 + 2 * k > self.size:
+            raise _Invalid(f"{what} has a vtable outside the file")
+        offs = struct.unpack_from(f"<{k}H", self.buf, vt + 4)
+        return tuple(pos + o if o else 0 for o in offs) + (0,) * (n - k)
+
+    def ref(self, field: int, what: str) -> int:
+        """The absolute position a uoffset field points at."""
+        return field + self.u32(field, what)
+
+    def vector_u32(self, field: int, what: str) -> tuple:
+        if not field:
+            return ()
+        start = self.ref(field, what)
+        n = self.u32(start, what)
+        if n > MAX_ITEMS:
+            raise _Invalid(f"{what} has {n} entries (more than {MAX_ITEMS})")
+        self.charge(4 + 4 * n, what)
+        if start + 4 + 4 * n > self.size:
+            raise _Invalid(f"{what} runs past the end of the file")
+        return struct.unpack_from(f"<{n}I", self.buf, start + 4)
+
+    def tables(self, field: int, what: str) -> list[int]:
+        """Absolute positions of the tables of a vector of tables (each entry is an offset from itself)."""
+        if not field:
+            return []
+        start = self.ref(field, what) + 4
+        offsets = self.vector_u32(field, what)
+        return [start + 4 * k + o for k, o in enumerate(offsets)]
+
+    def string(self, field: int, what: str, required: bool = True) -> str | None:
+        if not field:
+            return self.text(None, what, required)
+        start = self.ref(field, what)
+        n = self.u32(start, what)
+        if start + 4 + n > self.size:
+            raise _Invalid(f"{what} runs past the end of the file")
+        return self.text(self.buf[start + 4:start + 4 + n], what, required)
+
+    def node(self, pos: int, what: str):
+        """(op tag, op table position, operands, dtype number, shape text, name) of the Node table at pos."""
+        f_tag, f_op, f_inputs, f_dtype, f_shape, f_name = self.fields(pos, 6, what)
+        tag = self.at(f_tag, _U8, what) if f_tag else 0
+        return (tag, self.ref(f_op, f"{what} op table") if f_op else 0, self.vector_u32(f_inputs, f"{what} operands"),
+                self.at(f_dtype, _U8, what) if f_dtype else 0, self.string(f_shape, f"{what} shape"),
+                self.string(f_name, f"{what} name", required=False))
+
     def dtype(self, i: int, what: str) -> str:
         if not 0 <= i < len(DTYPES):
             raise _Invalid(f"{what} has unknown dtype number {i}")
         return DTYPES[i]
 
     def type(self, obj, what: str) -> Type:
-        dtype = self.dtype(obj.Dtype(), what)
-        text = self.text(obj.Shape(), f"{what} shape")
+        return self.make_type(obj.Dtype(), self.text(obj.Shape(), f"{what} shape"), what)
+
+    def make_type(self, dtype_number: int, text: str, what: str) -> Type:
+        dtype = self.dtype(dtype_number, what)
         dims = self.shapes.get(text)
         if dims is None:
             parts = text.split(",") if text else []
@@ -364,9 +437,11 @@ class _Reader:
     def scalar(self, s, what: str):
         if s is None:
             raise _Invalid(f"{what} is missing")
-        kind, negative, magnitude = s.Kind(), s.Negative(), s.Magnitude()
+        return self.scalar_value(s.Kind(), s.Negative(), s.Magnitude(), s.F(), what)
+
+    def scalar_value(self, kind: int, negative: bool, magnitude: int, f: float, what: str):
         if kind == ScalarKind.Float:
-            return s.F()
+            return f
         if kind == ScalarKind.Int:
             if negative and magnitude == 0:
                 raise _Invalid(f"{what} is a negative zero integer")
@@ -375,27 +450,55 @@ class _Reader:
             return bool(magnitude)
         raise _Invalid(f"{what} is a malformed scalar (kind {kind})")
 
-    def attrs(self, op: str, table, what: str) -> dict:
-        if table is None:
+    def at(self, pos: int, fmt: struct.Struct, what: str):
+        if not 0 <= pos <= self.size - fmt.size:
+            raise _Invalid(f"{what} lies outside the file")
+        return fmt.unpack_from(self.buf, pos)[0]
+
+    def attrs(self, op: str, table_pos: int, what: str) -> dict:
+        """The op's attributes from its per-op table, read straight from the table's vtable (field i of the table
+        is attribute i of the op; absent fields take flatbuffers' defaults, as the generated accessors do)."""
+        spec = OPS[op].attrs
+        if not spec:
+            return {}
+        if not table_pos:
             raise _Invalid(f"{what} has no op table")
-        obj = OP_CLASSES[op]()
-        obj.Init(table.Bytes, table.Pos)
         out = {}
-        for name, kind in OPS[op].attrs:
-            field, where = _camel(name), f"{what} attribute {name}"
-            if kind in ("int", "float", "bool"):
-                out[name] = getattr(obj, field)()
-            elif kind == "dtype":
-                out[name] = self.dtype(getattr(obj, field)(), where)
+        for (name, kind), pos in zip(spec, self.fields(table_pos, len(spec), f"{what} op table")):
+            where = f"{what} attribute {name}"
+            if kind in _ATTR_NUMBER:
+                fmt, default = _ATTR_NUMBER[kind]
+                v = self.at(pos, fmt, where) if pos else default
+                out[name] = self.dtype(v, where) if kind == "dtype" else v
             elif kind == "str":
-                out[name] = self.text(getattr(obj, field)(), where)
+                out[name] = self.string(pos, where)
             elif kind == "scalar":
-                out[name] = self.scalar(getattr(obj, field)(), where)
+                if not pos:
+                    raise _Invalid(f"{where} is missing")
+                kind_f, neg_f, mag_f, f_f = self.fields(self.ref(pos, where), 4, where)
+                out[name] = self.scalar_value(self.at(kind_f, _U8, where) if kind_f else 0,
+                                              bool(self.at(neg_f, _U8, where)) if neg_f else False,
+                                              self.at(mag_f, _U64, where) if mag_f else 0,
+                                              self.at(f_f, _F64, where) if f_f else 0.0, where)
             elif kind in ("ints", "floats"):
-                out[name] = self.numbers(obj, field, where)
+                out[name] = self.vector_numbers(pos, "q" if kind == "ints" else "d", where)
             else:
                 raise _Invalid(f"{where} has kind {kind!r}, which the format does not know")
+            if kind == "scalar" and isinstance(out[name], bool):
+                raise _Invalid(f"{where} = {out[name]!r} is not a scalar")
         return out
+
+    def vector_numbers(self, field: int, code: str, what: str) -> tuple:
+        if not field:
+            return ()
+        start = self.ref(field, what)
+        n = self.u32(start, what)
+        if n > MAX_ITEMS:
+            raise _Invalid(f"{what} has {n} entries (more than {MAX_ITEMS})")
+        self.charge(4 + 8 * n, what)
+        if start + 4 + 8 * n > self.size:
+            raise _Invalid(f"{what} runs past the end of the file")
+        return struct.unpack_from(f"<{n}{code}", self.buf, start + 4)
 
 
 def _read(data: bytes) -> Graph:
@@ -452,27 +555,30 @@ def _read_program(r: "_Reader", prog) -> Graph:
     if len(set(names)) != len(names) or "" in names:
         raise _Invalid("parameter names must be distinct and non-empty")
 
-    used = [False] * (len(params) + r.length(prog, "Nodes", 4, "nodes"))
-    for k in range(len(used) - len(params)):
-        n, me = prog.Nodes(k), len(values)
+    n_nodes = r.length(prog, "Nodes", 4, "nodes")
+    used = [False] * (len(params) + n_nodes)
+    tables = r.tables(r.fields(prog._tab.Pos, _PROGRAM_NODES + 1, "program")[_PROGRAM_NODES], "nodes")
+    if len(tables) != n_nodes:
+        raise _Invalid("the node list is malformed")
+    for k in range(n_nodes):
+        me = len(values)
         what = f"node {k} (value {me})"
-        tag = n.OpType()
+        tag, op_table, inputs, dtype_number, shape, hint = r.node(tables[k], what)
         if not 1 <= tag <= len(OP_NAMES):
             raise _Invalid(f"{what} has unknown op number {tag}")
         op = OP_NAMES[tag - 1]
         what = f"node {k} (value {me}, {op})"
-        inputs = r.numbers(n, "Inputs", f"{what} operands", 4)
         if len(inputs) != OPS[op].arity:
             raise _Invalid(f"{what} has {len(inputs)} operands, {op} takes {OPS[op].arity}")
         for j in inputs:
             if j >= me:
                 raise _Invalid(f"{what} uses value {j}, which is not defined before it (forward reference or cycle)")
             used[j] = True
-        attrs = r.attrs(op, n.Op(), what)
-        recorded = r.type(n, what)
-        hint = r.text(n.Name(), f"{what} name", required=False)
-        try:
-            node = make(op, *(values[j] for j in inputs), name=hint, **attrs)
+        attrs = r.attrs(op, op_table, what)
+        recorded = r.make_type(dtype_number, shape, what)
+        operands = tuple(values[j] for j in inputs)
+        try:   # (`make` without its generic checks: the reader gave every attribute, each of its declared kind)
+            node = Node(op, operands, tuple(attrs.items()), OPS[op].infer([i.type for i in operands], attrs), hint)
         except Exception as e:  # TypeError_ from the op table, or anything odd the attributes provoke
             raise _Invalid(f"{what}: {e}") from None
         if node.type != recorded:
@@ -521,10 +627,10 @@ def from_bytes_with_plans(data: bytes) -> tuple[Graph, list[Graph]]:
             from None
     except _DECODE_ERRORS as e:
         raise SamplecError(f"invalid .smpb: corrupt flatbuffer ({type(e).__name__}: {e})") from None
-    try:
-        verify(g)
+    try:       # (the reader built every node with `make`, which inferred and checked its type)
+        verify(g, infer=False)
         for plan in plans:
-            verify(plan)
+            verify(plan, infer=False)
     except VerifyError as e:
         raise SamplecError(f"invalid .smpb: {e}") from None
     return g, plans

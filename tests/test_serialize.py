@@ -261,6 +261,16 @@ def load_or_reject(data: bytes) -> bool:
     return True
 
 
+def test_direct_node_reader_matches_the_generated_code():
+    """The loader reads Node tables (and Program.nodes) straight from their vtables; their slots must be the ones
+    the generated accessors use."""
+    import inspect
+    from samplec.schema_gen import Node, Program
+    for i, field in enumerate(serialize.NODE_FIELDS):
+        assert f"Offset({4 + 2 * i})" in inspect.getsource(getattr(Node.Node, field)), field
+    assert f"Offset({4 + 2 * serialize._PROGRAM_NODES})" in inspect.getsource(Program.Program.Nodes)
+
+
 def test_truncated_files_are_rejected():
     data = serialize.to_bytes(small_graph())
     with time_limit(60):

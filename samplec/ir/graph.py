@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Iterable
 
 from samplec.ir.ops import OPS
@@ -97,6 +98,10 @@ class Graph:
 
     def toposort(self) -> list[Node]:
         """Every node reachable from the outputs and checks, inputs before users, in a deterministic order."""
+        return list(self._order)
+
+    @cached_property
+    def _order(self) -> tuple[Node, ...]:       # (a graph is immutable: sort it once)
         order: list[Node] = []
         seen: set[int] = set()
         for root in self.roots():
@@ -113,7 +118,7 @@ class Graph:
                 else:
                     seen.add(id(node))
                     order.append(node)
-        return order
+        return tuple(order)
 
     def nodes(self) -> list[Node]:
         """Parameters first (in declaration order), then the computation."""
@@ -192,8 +197,9 @@ def make(op: str, *inputs: Node, name: str | None = None, **attrs) -> Node:
     return Node(op, tuple(inputs), ordered, t, name)
 
 
-def verify(g: Graph) -> None:
-    """Check every node against the op table; raise VerifyError naming the first bad node."""
+def verify(g: Graph, infer: bool = True) -> None:
+    """Check every node against the op table; raise VerifyError naming the first bad node. `infer=False` skips
+    re-inferring node types, for graphs whose nodes were all built by `make` (the .smpb reader's)."""
     params = {id(p.node) for p in g.params}
     if not g.params or g.params[0].kind != "logits":
         raise VerifyError("the first parameter must be the logits")
@@ -210,6 +216,8 @@ def verify(g: Graph) -> None:
             continue
         if n.op not in OPS:
             raise VerifyError(f"unknown op {n.op}")
+        if not infer:
+            continue
         try:
             t = infer_type(n.op, n.inputs, n.attr_dict)
         except TypeError_ as e:
