@@ -1,6 +1,8 @@
 """The -O2 candidate plan: it must give exactly the exact program's outputs, and hand flagged rows back to it."""
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -203,3 +205,69 @@ def test_api_spec_names_and_error_type():
     with pytest.raises(samplec.SamplecError, match=r"f = inf is out of range .*row 0"):
         samplec.compile("sampler s(h: tokens, f: float) { penalties(h, frequency = f) greedy() }")(
             np.zeros((1, 8), np.float32), h=[[1]], f=np.inf)
+
+
+def test_mass_above_is_the_spec_definition_with_ties():
+    """mass_above (top_p on a plan's candidates): S_i = sum of p_j over p_j > p_i, ties excluded, any order."""
+    import mlx.core as mx
+    from samplec.backend_mlx.kernels import KERNELS
+    r = np.random.default_rng(5)
+    p = r.choice(np.float32([0.0, 0.05, 0.1, 0.1, 0.2, 0.25]), size=(4, 40)).astype(np.float32)
+    got = np.array(KERNELS["mass_above"]([mx.array(p)], {}))
+    want = np.array([[sum(float(q) for q in row if q > v) for v in row] for row in p])
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+    assert (got[p == p.max(axis=1, keepdims=True)] == 0).all()
+
+
+def test_top_p_after_top_k_with_tied_probabilities():
+    """Ties at the top_p boundary on the candidates: all kept or none, as the exact program decides."""
+    src = "sampler s(seed: seed = 0, p: float = 0.5) { top_k(8) top_p(p) sample(seed) }"
+    p0, p2 = samplec.compile(src, opt_level=0), samplec.compile(src, opt_level=2)
+    x = np.full((6, V), -5.0, np.float32)
+    x[:, [3, 700, 1400, 2100]] = 2.0          # four equal tokens: 0.25 each (nearly)
+    x[:, [9, 4000]] = 1.0
+    x[:, [11, 5000]] = 0.5                    # the 8 best are unambiguous; four of them tie
+    for p in (0.2, 0.25, 0.5, 0.75, 0.9, 1.0):
+        for s in range(5):
+            a, b = p0(x, seed=s, p=p), p2(x, seed=s, p=p)
+            assert np.array_equal(np.array(a.token), np.array(b.token)), (p, s)
+    assert p2.last_tier == 0 and p2.fallbacks == 0
+
+
+def test_temperature_known_maximum_edge_values():
+    """The plan derives the maximum after temperature from vmax; t = 0, tiny, huge and inf must agree with
+    the exact program (including rows whose scaled logits overflow)."""
+    src = ("sampler s(seed: seed = 0, t: float = 1.0) -> token, logprob "
+           "{ top_k(16) min_p(0.01) temperature(t) sample(seed) }")
+    p0, p2 = samplec.compile(src, opt_level=0), samplec.compile(src, opt_level=2)
+    x = realistic(5, 11)
+    x[3] -= 3e38 / 2            # very negative finite logits: x / tiny t overflows to -inf
+    for t in ([0.0, 1e-30, 0.7, 1e30, np.inf], [1.0] * 5, [1e-30] * 5):
+        for s in range(3):
+            try:
+                a = p0(x, seed=s, t=t)
+            except samplec.SamplecError as e:
+                with pytest.raises(samplec.SamplecError, match=re.escape(str(e)[:20])):
+                    p2(x, seed=s, t=t)
+                continue
+            b = p2(x, seed=s, t=t)
+            assert np.array_equal(np.array(a.token), np.array(b.token)), (t, s)
+
+
+def test_scalar_parameters_short_path_checks_and_caches():
+    src = "sampler s(seed: seed = 0, pos: int = 0, t: float = 0.8) { top_k(40) temperature(t) sample(seed, position = pos) }"
+    p0, p2 = samplec.compile(src, opt_level=0), samplec.compile(src, opt_level=2)
+    x = realistic(3, 2)
+    toks = {s: np.array(p2(x, seed=s, pos=s, t=0.5).token) for s in range(4)}
+    for s in range(4):      # cached arrays give the same answers, and each value its own
+        assert np.array_equal(np.array(p2(x, seed=s, pos=s, t=0.5).token), toks[s])
+        assert np.array_equal(np.array(p0(x, seed=s, pos=s, t=0.5).token), toks[s])
+    for bad, match in ((dict(t=-1.0), "t = -1"), (dict(t=float("nan")), "t: NaN"), (dict(seed=-1), "seed"),
+                       (dict(seed=2 ** 64), "seed"), (dict(pos=2 ** 40), "pos"), (dict(pos=True), None),
+                       (dict(seed=1.5), "seed")):
+        if match is None:
+            p2(x, **bad)             # a bool is an int for numpy: the full path decides, as before
+            continue
+        with pytest.raises(samplec.SamplecError, match=match):
+            p2(x, **bad)
+    assert np.array_equal(np.array(p2(x, seed=np.uint64(3), pos=np.int32(3), t=np.float32(0.5)).token), toks[3])
