@@ -80,3 +80,10 @@ def test_every_op_has_a_kernel_and_a_doc():
     from samplec.backend_mlx.kernels import KERNELS
     assert set(OPS) == set(KERNELS)
     assert all(op.doc for op in OPS.values())
+
+
+def test_docs_op_table_is_the_op_table():
+    from pathlib import Path
+    from samplec.ir.ops import markdown_table
+    doc = (Path(__file__).parent.parent / "docs" / "compiler.md").read_text()
+    assert markdown_table() in doc, "docs/compiler.md's op table is stale: paste samplec.ir.ops.markdown_table()"

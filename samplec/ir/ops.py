@@ -281,3 +281,12 @@ OPS: dict[str, OpDef] = {d.name: d for d in [
 
 def op(name: str) -> OpDef:
     return OPS[name]
+
+
+def markdown_table() -> str:
+    """The op table as the markdown table in docs/compiler.md (a test keeps the doc equal to it)."""
+    rows = ["| op | operands | attributes | meaning |", "|---|---|---|---|"]
+    for d in OPS.values():
+        rows.append(f"| `{d.name}` | {d.arity} | {', '.join(a for a, _ in d.attrs) or '—'} | {d.doc} |")
+    return "\n".join(rows)
+
