@@ -23,6 +23,7 @@ def realistic(B: int, seed: int, tail: float = 1.0) -> np.ndarray:
 CHAINS = {
     "top_k": "top_k(40) temperature(0.8) sample(seed, position = pos)",
     "llama": "top_k(40) top_p(0.95) min_p(0.05) temperature(0.8) sample(seed, position = pos)",
+    "wide_llama": "top_k(100) top_p(0.9) min_p(0.01) temperature(t) sample(seed, position = pos)",  # sorted top_p
     "min_p": "min_p(0.05) temperature(t) sample(seed, position = pos)",
     "top_p": "top_p(0.9) temperature(0.7) sample(seed, position = pos)",
     "window": "temperature(t) sample(seed, position = pos)",

@@ -42,7 +42,7 @@ PREFIX = ("penalties", "logit_bias", "allow")
 _U_MAX = np.float32((2 ** 23 - 1 + 0.5) * 2.0 ** -23)
 G_MAX = float(-np.log(-np.log(_U_MAX)))
 MARGIN = 1e-3
-PAIRWISE = 256          # top_p on at most this many candidates: pairwise masses, no sort
+PAIRWISE = 64           # top_p on at most this many candidates: pairwise masses (C^2 work), no sort
 COMPACT = 64            # survivors of a bounded top_p are compacted to this many positions
 TOP_P_MARGIN = 1e-3     # relative: covers float32 prefix sums over the <= 4096 candidates of a top_p plan
 
