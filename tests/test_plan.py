@@ -272,3 +272,21 @@ def test_scalar_parameters_short_path_checks_and_caches():
         with pytest.raises(samplec.SamplecError, match=match):
             p2(x, **bad)
     assert np.array_equal(np.array(p2(x, seed=np.uint64(3), pos=np.int32(3), t=np.float32(0.5)).token), toks[3])
+
+
+def test_batched_partition_keys_order_like_values():
+    """The batched partition (packed value/position keys) selects exactly the k largest, -inf, -0.0 and ties
+    included, like an argpartition of the values."""
+    import mlx.core as mx
+    from samplec.backend_mlx.kernels import KERNELS
+    r = np.random.default_rng(8)
+    x = r.choice(np.float32([-np.inf, -3.5, -0.0, 0.0, 1e-30, 2.0, 7.25, 1e30]), size=(6, 300)).astype(np.float32)
+    x[:, 5] = np.float32(9.0)
+    for k in (1, 5, 40, 299):
+        pos = np.array(KERNELS["topk_positions"]([mx.array(x)], {"k": k}))
+        kth = np.array(KERNELS["kth_largest_static"]([mx.array(x)], {"k": k}))[:, 0]
+        want = -np.sort(-x, axis=1)
+        assert (np.diff(pos, axis=1) > 0).all()                     # ascending positions
+        got = np.sort(np.take_along_axis(x, pos, axis=1), axis=1)[:, ::-1]
+        np.testing.assert_array_equal(got, want[:, :k])             # the k largest values
+        np.testing.assert_array_equal(kth, want[:, k - 1])

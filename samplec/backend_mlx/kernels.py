@@ -58,19 +58,56 @@ def _kth_largest(ins, a):
 
 
 def _kth_largest_static(ins, a):
-    """The k-th largest value; -inf past the row. One ascending argpartition, shared (MLX's compile merges equal
-    primitives) with `topk_positions(k - 1)`, whose (k - 1) largest sit right after this one."""
+    """The k-th largest value; -inf past the row. On a plan's candidates (short rows) through the same packed-key
+    partition as `topk_positions(k - 1)` (MLX's compile merges the equal primitives, so the tie guard costs one
+    gather); on a vocabulary, one partition of the values."""
     x, k = ins[0], a["k"]
     n = x.shape[-1]
     if k > n:
         return mx.full(x.shape[:-1] + (1,), -np.inf, dtype=x.dtype)
     if k == n:
         return mx.min(x, axis=-1, keepdims=True)
-    return mx.take_along_axis(x, _partition_ascending(x, n - k)[..., n - k:n - k + 1], axis=-1)
+    if n > PACKED_MAX:
+        return mx.partition(x, kth=n - k, axis=-1)[..., n - k:n - k + 1]
+    return mx.take_along_axis(x, _partition_positions(x, n - k, n - k, n - k + 1), axis=-1)
 
 
-def _partition_ascending(x, kth):
-    return mx.argpartition(x, kth=kth, axis=-1)
+PACKED_MAX = 1 << 16      # rows up to this long are partitioned by the helpers below
+
+
+def _partition_positions(x: mx.array, kth: int, lo: int, hi: int) -> mx.array:
+    """Positions [lo, hi) of an ascending argpartition of x's rows at kth (uint32 or int32: callers index with
+    them or cast them). A batch goes through one
+    partition of packed keys (on MLX's CPU backend a partition of values is ~1.6x faster than an argpartition:
+    B = 8, 2376 floats, 0.16 against 0.25 ms); a single row, where the five extra primitives that build and unpack
+    the keys cost more than the partition saves, through `argpartition`. Which of equal values lands where is
+    unspecified either way (the plans guard every tie that could matter)."""
+    if x.ndim < 2 or x.shape[0] < 2:
+        return mx.argpartition(x, kth=kth, axis=-1)[..., lo:hi]
+    return _key_positions(_partition_keys(x, kth)[..., lo:hi])
+
+
+def _partition_keys(x: mx.array, kth: int) -> mx.array:
+    """A partition of uint64 keys (order-preserving bits of the float32 value, position) along the last axis.
+    Equal values order by position; -0.0 sorts below 0.0."""
+    bits = x.view(mx.uint32)
+    ordered = mx.where(bits >= 0x80000000, ~bits, bits | 0x80000000).astype(mx.uint64)
+    return mx.partition((ordered << 32) | _positions64(x.shape[-1]), kth=kth, axis=-1)
+
+
+def _key_positions(keys: mx.array) -> mx.array:
+    return (keys & 0xFFFFFFFF).astype(mx.uint32)
+
+
+_POSITIONS64: dict[int, mx.array] = {}
+
+
+def _positions64(n: int) -> mx.array:
+    # one array per length, so that two kernels partitioning the same row build identical keys (and MLX's
+    # compile merges them)
+    if n not in _POSITIONS64:
+        _POSITIONS64[n] = mx.array(np.arange(n, dtype=np.uint64))
+    return _POSITIONS64[n]
 
 
 def _scatter_add(ins, a):
@@ -163,8 +200,7 @@ def _topk_positions(ins, a):
     n = x.shape[-1]
     if k >= n:
         return mx.broadcast_to(mx.array(np.arange(k, dtype=np.int32) % n), x.shape[:-1] + (k,))
-    idx = _partition_ascending(x, n - k - 1)[..., n - k:]
-    return mx.sort(idx, axis=-1).astype(mx.int32)      # (the cast fuses into what follows)
+    return mx.sort(_partition_positions(x, n - k - 1, n - k, n), axis=-1).astype(mx.int32)
 
 
 def _mass_above(ins, a):
