@@ -64,10 +64,18 @@ class PlanLowering(Lowering):
         self.guards: list[Node] = []
         self.bounded_z = bounded_z     # top_p: bound the normalizer from block maxima instead of an exp pass
         self.used_bounded = False
-        self.known_max: dict[int, Node] = {}    # id(x) -> a node holding x's row maximum (no reduction needed)
+        self._known_max: dict[int, tuple[Node, Node]] = {}   # id(x) -> (x, a node holding x's row maximum)
+
+    def known_max(self, x: Node) -> Node | None:
+        entry = self._known_max.get(id(x))
+        return entry[1] if entry is not None and entry[0] is x else None
+
+    def set_known_max(self, x: Node, m: Node) -> None:
+        self._known_max[id(x)] = (x, m)      # (x is kept, so its id cannot be reused by another node)
 
     def row_max(self, x):
-        return self.known_max.get(id(x)) or super().row_max(x)
+        m = self.known_max(x)
+        return super().row_max(x) if m is None else m
 
     def stage_top_p(self, x, p):
         """On at most PAIRWISE candidates, S_i (the mass above token i) pairwise, as the spec defines it: one
@@ -84,17 +92,18 @@ class PlanLowering(Lowering):
         """x / t is monotone for t > 0 (and float division rounds monotonically), so a known maximum m of x
         gives the maximum of the result as the same stage applied to m (t = 0 keeps the argmax: m)."""
         out = super().stage_temperature(x, t)
-        m = self.known_max.get(id(x))
+        m = self.known_max(x)
         if m is not None:
             t = self.scalar(t, F32)
             zero = make("eq", t, const(0.0))
             scaled = where(make("eq", m, const(NEG_INF)), m, make("div", m, where(zero, const(1.0), t)))
-            self.known_max[id(out)] = where(make("eq", t, const(1.0)), m, where(zero, m, scaled))
+            self.set_known_max(out, where(make("eq", t, const(1.0)), m, where(zero, m, scaled)))
         return out
 
     def keeps_max(self, x, out):
-        if id(x) in self.known_max:
-            self.known_max[id(out)] = self.known_max[id(x)]
+        m = self.known_max(x)
+        if m is not None:
+            self.set_known_max(out, m)
         return out
 
     # -- domain hooks --
@@ -180,11 +189,11 @@ class PlanLowering(Lowering):
         self.ids = make("block_ids", top, bm, block_size=BLOCK, name="cand_ids")
         xc = make("take_tokens", x, self.ids, name="cand_x")
         top_c = vmax                 # the maximum of the logits the chain sees
-        self.known_max[id(xc)] = vmax      # (the best block is a candidate)
+        self.set_known_max(xc, vmax)       # (the best block is a candidate)
 
         if mode == "top_k":
             xc = self._top_k(xc, k, bound)
-            self.known_max[id(xc)] = vmax      # the k largest hold the largest
+            self.set_known_max(xc, vmax)       # the k largest hold the largest
             rest = rest[1:]
         elif mode == "min_p":
             xc = self.stage_min_p(xc, **rest[0].args)
@@ -213,7 +222,7 @@ class PlanLowering(Lowering):
             rest = []
         for st in rest:
             xc = getattr(self, "stage_" + st.name)(xc, **st.args)
-        if self.known_max.get(id(xc)) is not vmax:       # (vmax is guarded above)
+        if self.known_max(xc) is not vmax:       # (vmax is guarded above)
             self.guard(make("eq", self.row_max(xc), const(NEG_INF)))      # emptied: the exact program says why
         position = self.token_position = getattr(self, "stage_" + terminal.name)(xc, **terminal.args)
         if mode == "window":
