@@ -72,6 +72,7 @@ class Program:
         self._max_bias_id = max((max(n.attr("ids"), default=-1) for n in graph.toposort() if n.op == "sparse_add"),
                                 default=-1)
         self._known = {p.name for p in self.params}
+        self._names = [k for k, _ in graph.outputs]
         self._ranges = {p.name: Range.parse(p.range) for p in self.params if p.range and p.kind != "seed"}
         self._scalars: dict = {}    # (name, value, B) -> the prepared MLX array of a plain Python scalar
 
@@ -112,13 +113,14 @@ class Program:
     # ---- running ----
     def __call__(self, logits, **params) -> Outputs:
         args = self.prepare(logits, params)
-        names = [k for k, _ in self.graph.outputs]
-        rows = np.arange(args[0].shape[0])
-        return Outputs(dict(zip(names, self._run(args, rows, 0))))
+        return Outputs(dict(zip(self._names, self._run(args, None, 0))))
 
-    def _run(self, args: list[mx.array], rows: np.ndarray, tier: int) -> list[mx.array]:
-        """Answer the rows with plan `tier` (or the exact program past the last plan). Rows whose guard fires
-        are answered by the next tier on their own: a row's result never depends on the other rows."""
+    def _run(self, args: list[mx.array], rows: np.ndarray | None, tier: int) -> list[mx.array]:
+        """Answer the rows (None: all of them) with plan `tier` (or the exact program past the last plan). Rows
+        whose guard fires are answered by the next tier on their own: a row's result never depends on the other
+        rows."""
+        if rows is None and (tier > 0 or not self.plans):     # (the plan's common path needs no row list)
+            rows = np.arange(args[0].shape[0])
         if tier == len(self.plans):
             self.fallbacks += bool(self.plans)
             self.last_tier = tier
@@ -137,6 +139,7 @@ class Program:
             return outs
         if flagged.all():
             return self._run(args, rows, tier + 1)
+        rows = np.arange(len(flagged)) if rows is None else rows
         idx = np.nonzero(flagged)[0]
         sub = self._run([a[mx.array(idx)] for a in args], rows[idx], tier + 1)
         merged = []
