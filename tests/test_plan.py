@@ -290,3 +290,22 @@ def test_batched_partition_keys_order_like_values():
         got = np.sort(np.take_along_axis(x, pos, axis=1), axis=1)[:, ::-1]
         np.testing.assert_array_equal(got, want[:, :k])             # the k largest values
         np.testing.assert_array_equal(kth, want[:, k - 1])
+
+
+@pytest.mark.parametrize("H", [1, 24, 600])
+def test_penalty_counts_short_and_long_histories(H):
+    """count_at: pairwise for short histories, a scatter over the vocabulary for long ones -- same counts."""
+    import mlx.core as mx
+    from samplec.backend_mlx.kernels import KERNELS
+    r = np.random.default_rng(H)
+    ids = r.integers(0, 50, size=(3, H)).astype(np.int32)
+    w = (r.random((3, H)) < 0.8).astype(np.float32)
+    got = np.array(KERNELS["count_at"]([mx.array(ids), mx.array(w), mx.zeros((3, 50))], {}))
+    want = np.array([[w[b][ids[b] == i].sum() for i in ids[b]] for b in range(3)])
+    np.testing.assert_array_equal(got, want)
+    p0, p2 = programs("pen")
+    x = realistic(4, H)
+    h = np.random.default_rng(H).integers(-1, V, size=(4, H)).astype(np.int32)
+    h[:, ::7] = np.argmax(x, axis=1)[:, None]      # the top token, repeated, in the window
+    for s in range(3):
+        run_both(p0, p2, x, seed=[s, s + 1, s + 2, s + 3], pos=s, h=h, r=1.3, f=0.2, q=0.1)

@@ -209,6 +209,19 @@ def _mass_above(ins, a):
     return mx.sum(mx.where(pj > pi, pj, 0.0), axis=-1)
 
 
+PAIRWISE_COUNTS = 512     # histories up to this long count by pairwise comparison, longer ones by a scatter
+
+
+def _count_at(ins, a):
+    ids, w, x = ins
+    w = mx.broadcast_to(w, ids.shape) if w.shape != ids.shape else w
+    if ids.shape[-1] <= PAIRWISE_COUNTS:
+        same = mx.expand_dims(ids, -1) == mx.expand_dims(ids, -2)
+        return mx.sum(mx.where(same, mx.expand_dims(w, -2), 0.0), axis=-1)
+    counts = _scatter_add([mx.zeros(x.shape, dtype=mx.float32), ids, w], a)
+    return _take_along([counts, ids], a)
+
+
 def _red(fn):
     return lambda ins, a: fn(ins[0], axis=-1, keepdims=True)
 
@@ -245,4 +258,5 @@ KERNELS = {
     "block_max": _block_max,
     "top_blocks": _top_blocks, "block_bound": _block_bound, "block_ids": _block_ids,
     "take_tokens": _take_tokens, "topk_positions": _topk_positions, "mass_above": _mass_above,
+    "count_at": _count_at,
 }

@@ -123,8 +123,8 @@ class PlanLowering(Lowering):
             return super().stage_penalties(x, history, last_n, repeat, frequency, presence)
         rep, freq, pres = self.scalar(repeat, F32), self.scalar(frequency, F32), self.scalar(presence, F32)
         ids, valid = self.history_window(history, last_n)
-        counts = self.token_counts(ids, make("cast", valid, dtype=F32), x)
-        penalized = penalize(make("take_along", x, ids), make("take_along", counts, ids), rep, freq, pres)
+        counts = make("count_at", ids, make("cast", valid, dtype=F32), x, name="counts")
+        penalized = penalize(make("take_along", x, ids), counts, rep, freq, pres)
         return where(penalties_neutral(rep, freq, pres), x, make("put_along", x, ids, penalized), name="x_pen")
 
     def on_domain(self, tensor):

@@ -131,6 +131,13 @@ def _scatter_add(ts, a):
     return base
 
 
+def _count_at(ts, a):
+    ids, w, x = ts
+    if ids.dtype != I32 or w.dtype != F32 or x.dtype != F32:
+        raise TypeError_("count_at: ids must be i32, weights and x f32")
+    return Type(F32, broadcast(ids.shape, w.shape))
+
+
 def _kth(ts, a):
     x, k = ts
     if k.dtype != I32:
@@ -276,6 +283,9 @@ OPS: dict[str, OpDef] = {d.name: d for d in [
     OpDef("mass_above", 1, (), _same,
           "S_i = sum of p_j over p_j > p_i along the last axis (top_p's definition, pairwise: no sort; for "
           "the few candidates of a plan)"),
+    OpDef("count_at", 3, (), _count_at,
+          "(ids, weights, x): for each entry, the total weight of the entries with the same id (x: the "
+          "vocabulary, for long histories); the counts a penalty reads, without a [B, V] array for short ones"),
 ]}
 
 

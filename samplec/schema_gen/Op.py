@@ -65,3 +65,4 @@ class Op(object):
     TopkPositionsNode = 59
     RandomBitsNode = 60
     MassAboveNode = 61
+    CountAtNode = 62
