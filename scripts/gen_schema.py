@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Regenerate the .smpb flatbuffer schema and its Python reader/writer code from the IR's op table.
 
-    python scripts/gen_schema.py            # write schema/samplec.fbs and samplec/schema_gen/
+    python scripts/gen_schema.py            # write schema/samplec.fbs, samplec/schema_gen/, docs/compiler.md's op table
     python scripts/gen_schema.py --check    # regenerate into a temp dir; exit 1 if the committed files differ
 
 The schema is written from `samplec.ir.ops.OPS` (one `<CamelName>Node` table per op, its attributes as fields
@@ -21,13 +21,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from samplec.ir.ops import OPS  # noqa: E402
+from samplec.ir.ops import OPS, markdown_table  # noqa: E402
 from samplec.ir.types import DTYPES  # noqa: E402
 
 FLATC_VERSION = "25.12.19"
 NAMESPACE = "samplec.schema_gen"           # flatc's Python imports are absolute: `from samplec.schema_gen.X import X`
 SCHEMA = Path("schema/samplec.fbs")
 GEN_DIR = Path("samplec/schema_gen")
+DOCS = Path("docs/compiler.md")              # its op table is written from the op table too
 
 # attribute kind -> flatbuffer field type
 FIELD_TYPES = {"int": "long", "float": "double", "bool": "bool", "str": "string", "dtype": "DType",
@@ -191,8 +192,20 @@ def main() -> int:
     if args.check:
         return check()
     generate(ROOT)
-    print(f"gen_schema: wrote {SCHEMA} and {GEN_DIR}/ ({len(OPS)} ops)")
+    write_docs_table(ROOT / DOCS)
+    print(f"gen_schema: wrote {SCHEMA}, {GEN_DIR}/ and the op table of {DOCS} ({len(OPS)} ops)")
     return 0
+
+
+def write_docs_table(path: Path) -> None:
+    """Replace the op table in docs/compiler.md (its header line through the last `| `op` |` row)."""
+    lines = path.read_text().split("\n")
+    start = lines.index(markdown_table().split("\n")[0])
+    end = start + 2
+    while end < len(lines) and lines[end].startswith("| `"):
+        end += 1
+    lines[start:end] = markdown_table().split("\n")
+    path.write_text("\n".join(lines))
 
 
 if __name__ == "__main__":

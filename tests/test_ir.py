@@ -86,4 +86,4 @@ def test_docs_op_table_is_the_op_table():
     from pathlib import Path
     from samplec.ir.ops import markdown_table
     doc = (Path(__file__).parent.parent / "docs" / "compiler.md").read_text()
-    assert markdown_table() in doc, "docs/compiler.md's op table is stale: paste samplec.ir.ops.markdown_table()"
+    assert markdown_table() in doc, "docs/compiler.md's op table is stale: run python scripts/gen_schema.py"
