@@ -8,8 +8,11 @@ Peers: samplec -O2 and -O0; mlx-lm's `make_sampler` (+ `make_logits_processors` 
 logits processors + `torch.multinomial`; a straightforward MLX composition (full sort + cumsum for top_p, as the
 ExecuTorch MLX sampler lowers it); llama.cpp's own sampler chain through llama-cpp-python's `llama_sampler_*` API on
 a token-data array. A peer that is not installed is skipped and says so. Each time is the median wall time of one
-full call (for lazy frameworks: until the token is on the host). Ratios are a peer's time divided by samplec -O2's
-in the same run. The run checks as it goes that samplec -O2 gives the tokens of -O0 for the same seeds.
+full call (for lazy frameworks: until the token is on the host). samplec -O2 and llama.cpp, the two closest, are
+timed in interleaved rounds (one call each per round) so that a burst of load on a shared machine hits both alike;
+the other peers one after the other (interleaving with torch, whose idle worker threads keep spinning, would
+measure contention for the two cores rather than the samplers). Ratios are a peer's time divided by samplec
+-O2's in the same run. The run checks as it goes that samplec -O2 gives the tokens of -O0 for the same seeds.
 
 Logits: a heavy tail N(0, 1) over the vocabulary plus a Zipf-like head of 64 strong tokens (token i of the head
 gets 10 + 12 / i**0.5), fixed seed -- the shape of a confident LLM step. `--flat` uses N(0, 2) with a weak head
@@ -258,6 +261,30 @@ def median_ms(step, budget_s: float, min_reps: int = 3, max_reps: int = 50) -> f
     return statistics.median(times) * 1e3
 
 
+def interleaved_medians(steps: dict, budget_s: float, min_reps: int = 3, max_reps: int = 60) -> dict:
+    """Median ms of each step, timed in rounds (one call of every step per round) so that a burst of load on this
+    shared machine falls on all peers alike. A step stops once it has max_reps calls, or min_reps and budget_s of
+    its own time."""
+    for step in steps.values():
+        step(0)
+        step(1)   # warm-up: compilation, caches
+    times = {k: [] for k in steps}
+    spent = dict.fromkeys(steps, 0.0)
+    active = set(steps)
+    n = 2
+    while active:
+        for k in [k for k in steps if k in active]:
+            t0 = time.perf_counter()
+            steps[k](n)
+            dt = time.perf_counter() - t0
+            times[k].append(dt)
+            spent[k] += dt
+            if len(times[k]) >= max_reps or len(times[k]) >= min_reps and spent[k] >= budget_s:
+                active.discard(k)
+        n += 1
+    return {k: statistics.median(v) * 1e3 for k, v in times.items()}
+
+
 def floors(V: int, B: int, budget: float) -> dict:
     x = mx.array(make_logits(B, V))
     ev = lambda f: (lambda _: mx.eval(f()))
@@ -306,16 +333,18 @@ def run(args) -> dict:
             for chain in chains:
                 check_tokens(ps[0], ps[1], chain, x, hist)
                 row = {"chain": chain, "V": V, "B": B, "ms": {}}
+                steps = {p.name: p.setup(chain, x, hist) for p in ps}
+                o2 = ps[0]
+                before = o2.prog.fallbacks
+                paired = [k for k in (o2.name, LlamaCpp.name) if k in steps]
+                measured = interleaved_medians({k: steps[k] for k in paired}, budget)
+                for k in steps:
+                    if k not in paired:
+                        measured[k] = median_ms(steps[k], budget)
+                row["ms"] = {p.name: measured[p.name] for p in ps}
+                row["plan"] = o2.prog.plan is not None
+                row["fallback"] = o2.prog.fallbacks > before
                 for p in ps:
-                    if B > 8 and p.name == "samplec -O0" and V > 32000 and args.quick:
-                        continue
-                    step = p.setup(chain, x, hist)
-                    if p.name == "samplec -O2":
-                        before = p.prog.fallbacks
-                    row["ms"][p.name] = median_ms(step, budget)
-                    if p.name == "samplec -O2":
-                        row["plan"] = p.prog.plan is not None
-                        row["fallback"] = p.prog.fallbacks > before
                     if hasattr(p, "teardown"):
                         p.teardown()
                 base = row["ms"]["samplec -O2"]

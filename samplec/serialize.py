@@ -284,7 +284,8 @@ _U32, _I32, _VT = struct.Struct("<I"), struct.Struct("<i"), struct.Struct("<HH")
 _U8, _U64, _I64, _F64 = struct.Struct("<B"), struct.Struct("<Q"), struct.Struct("<q"), struct.Struct("<d")
 _ATTR_NUMBER = {"int": (_I64, 0), "float": (_F64, 0.0), "bool": (struct.Struct("<?"), False), "dtype": (_U8, 0)}
 NODE_FIELDS = ("OpType", "Op", "Inputs", "Dtype", "Shape", "Name")   # the Node table's fields, in vtable order
-_PROGRAM_NODES = 3     # Program.nodes is the Program table's 4th field (both checked against the generated code)
+_PROGRAM_PARAMS, _PROGRAM_NODES = 2, 3   # Program.params and .nodes: its 3rd and 4th fields (tests check these
+PARAM_FIELDS = ("Name", "Kind", "Dtype", "Shape", "Default", "DefaultOs", "Range")   # against the generated code)
 
 
 class _CheckedBytes(bytes):
@@ -315,6 +316,7 @@ class _Reader:
         self.size = len(data)
         self.budget = len(data)
         self.shapes: dict[str, tuple] = {}      # shape text -> dims (most values share a handful of shapes)
+        self.types: dict[tuple, Type] = {}      # (dtype number, shape text) -> Type
 
     def charge(self, nbytes: int, what: str) -> None:
         self.budget -= nbytes
@@ -372,7 +374,7 @@ class _Reader:
         if vt + 4 + 2 * k > self.size:
             raise _Invalid(f"{what} has a vtable outside the file")
         offs = struct.unpack_from(f"<{k}H", self.buf, vt + 4)
-        return tuple(pos + o if o else 0 for o in offs) + (0,) * (n - k)
+        return [pos + o if o else 0 for o in offs] + [0] * (n - k)
 
     def ref(self, field: int, what: str) -> int:
         """The absolute position a uoffset field points at."""
@@ -408,12 +410,16 @@ class _Reader:
         return self.text(self.buf[start + 4:start + 4 + n], what, required)
 
     def node(self, pos: int, what: str):
-        """(op tag, op table position, operands, dtype number, shape text, name) of the Node table at pos."""
+        """(op tag, op table position, operands, dtype number, shape text, name) of the Node table at pos.
+        (The hot loop of loading: positions are checked inline, messages are only formatted on failure.)"""
         f_tag, f_op, f_inputs, f_dtype, f_shape, f_name = self.fields(pos, 6, what)
-        tag = self.at(f_tag, _U8, what) if f_tag else 0
-        return (tag, self.ref(f_op, f"{what} op table") if f_op else 0, self.vector_u32(f_inputs, f"{what} operands"),
-                self.at(f_dtype, _U8, what) if f_dtype else 0, self.string(f_shape, f"{what} shape"),
-                self.string(f_name, f"{what} name", required=False))
+        buf, end = self.buf, self.size
+        if f_tag >= end or f_dtype >= end:
+            raise _Invalid(f"{what} points outside the file")
+        tag = buf[f_tag] if f_tag else 0
+        dtype_number = buf[f_dtype] if f_dtype else 0
+        return (tag, self.ref(f_op, what) if f_op else 0, self.vector_u32(f_inputs, what),
+                dtype_number, self.string(f_shape, what), self.string(f_name, what, required=False))
 
     def dtype(self, i: int, what: str) -> str:
         if not 0 <= i < len(DTYPES):
@@ -424,6 +430,12 @@ class _Reader:
         return self.make_type(obj.Dtype(), self.text(obj.Shape(), f"{what} shape"), what)
 
     def make_type(self, dtype_number: int, text: str, what: str) -> Type:
+        t = self.types.get((dtype_number, text))
+        if t is None:
+            t = self.types[(dtype_number, text)] = self._make_type(dtype_number, text, what)
+        return t
+
+    def _make_type(self, dtype_number: int, text: str, what: str) -> Type:
         dtype = self.dtype(dtype_number, what)
         dims = self.shapes.get(text)
         if dims is None:
@@ -450,6 +462,14 @@ class _Reader:
             return bool(magnitude)
         raise _Invalid(f"{what} is a malformed scalar (kind {kind})")
 
+    def scalar_table(self, field: int, what: str):
+        """The value of the Scalar table a field points at."""
+        kind_f, neg_f, mag_f, f_f = self.fields(self.ref(field, what), 4, what)
+        return self.scalar_value(self.at(kind_f, _U8, what) if kind_f else 0,
+                                 bool(self.at(neg_f, _U8, what)) if neg_f else False,
+                                 self.at(mag_f, _U64, what) if mag_f else 0,
+                                 self.at(f_f, _F64, what) if f_f else 0.0, what)
+
     def at(self, pos: int, fmt: struct.Struct, what: str):
         if not 0 <= pos <= self.size - fmt.size:
             raise _Invalid(f"{what} lies outside the file")
@@ -475,11 +495,7 @@ class _Reader:
             elif kind == "scalar":
                 if not pos:
                     raise _Invalid(f"{where} is missing")
-                kind_f, neg_f, mag_f, f_f = self.fields(self.ref(pos, where), 4, where)
-                out[name] = self.scalar_value(self.at(kind_f, _U8, where) if kind_f else 0,
-                                              bool(self.at(neg_f, _U8, where)) if neg_f else False,
-                                              self.at(mag_f, _U64, where) if mag_f else 0,
-                                              self.at(f_f, _F64, where) if f_f else 0.0, where)
+                out[name] = self.scalar_table(pos, where)
             elif kind in ("ints", "floats"):
                 out[name] = self.vector_numbers(pos, "q" if kind == "ints" else "d", where)
             else:
@@ -532,20 +548,20 @@ def _read_program(r: "_Reader", prog) -> Graph:
 
     values: list[Node] = []
     params: list[Param] = []
-    for i in range(r.length(prog, "Params", 4, "params")):
-        p, what = prog.Params(i), f"param {i}"
-        name = r.text(p.Name(), f"{what} name")
+    fields = r.fields(prog._tab.Pos, 7, "program")
+    for i, pos in enumerate(r.tables(fields[_PROGRAM_PARAMS], "params")):
+        what = f"param {i}"
+        f_name, f_kind, f_dtype, f_shape, f_default, f_os, f_range = r.fields(pos, 7, what)
+        name = r.string(f_name, f"{what} name")
         what = f"param {i} ({name!r})"
-        kind = r.text(p.Kind(), f"{what} kind")
-        t = r.type(p, what)
-        default = p.Default()
-        if p.DefaultOs():
+        kind = r.string(f_kind, f"{what} kind")
+        t = r.make_type(r.at(f_dtype, _U8, what) if f_dtype else 0, r.string(f_shape, f"{what} shape"), what)
+        default = r.scalar_table(f_default, f"{what} default") if f_default else None
+        if f_os and r.at(f_os, _U8, what):
             if default is not None:
                 raise _Invalid(f"{what} has both a default value and the 'os' default")
             default = "os"
-        elif default is not None:
-            default = r.scalar(default, f"{what} default")
-        rng = r.text(p.Range(), f"{what} range", required=False)
+        rng = r.string(f_range, f"{what} range", required=False)
         node = Node(INPUT, (), (), t, name)
         params.append(Param(name, kind, node, default, rng))
         values.append(node)
@@ -555,11 +571,9 @@ def _read_program(r: "_Reader", prog) -> Graph:
     if len(set(names)) != len(names) or "" in names:
         raise _Invalid("parameter names must be distinct and non-empty")
 
-    n_nodes = r.length(prog, "Nodes", 4, "nodes")
+    tables = r.tables(fields[_PROGRAM_NODES], "nodes")
+    n_nodes = len(tables)
     used = [False] * (len(params) + n_nodes)
-    tables = r.tables(r.fields(prog._tab.Pos, _PROGRAM_NODES + 1, "program")[_PROGRAM_NODES], "nodes")
-    if len(tables) != n_nodes:
-        raise _Invalid("the node list is malformed")
     for k in range(n_nodes):
         me = len(values)
         what = f"node {k} (value {me})"

@@ -269,6 +269,10 @@ def test_direct_node_reader_matches_the_generated_code():
     for i, field in enumerate(serialize.NODE_FIELDS):
         assert f"Offset({4 + 2 * i})" in inspect.getsource(getattr(Node.Node, field)), field
     assert f"Offset({4 + 2 * serialize._PROGRAM_NODES})" in inspect.getsource(Program.Program.Nodes)
+    assert f"Offset({4 + 2 * serialize._PROGRAM_PARAMS})" in inspect.getsource(Program.Program.Params)
+    from samplec.schema_gen import Param
+    for i, field in enumerate(serialize.PARAM_FIELDS):
+        assert f"Offset({4 + 2 * i})" in inspect.getsource(getattr(Param.Param, field)), field
 
 
 def test_truncated_files_are_rejected():

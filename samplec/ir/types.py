@@ -34,7 +34,7 @@ class Type:
 def broadcast(*shapes: tuple[Dim, ...]) -> tuple[Dim, ...]:
     """numpy broadcasting over symbolic dims: equal dims, or one of them 1."""
     first = shapes[0]
-    if all(s == first for s in shapes):
+    if len(shapes) == 2 and shapes[1] == first or all(s == first for s in shapes):
         return first
     rank = max(len(s) for s in shapes)
     out: list[Dim] = []
