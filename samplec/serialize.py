@@ -50,7 +50,6 @@ def _op_module(op: str):
 
 
 OP_MODULES = {name: _op_module(name) for name in OP_NAMES}
-OP_CLASSES = {name: getattr(m, f"{_camel(name)}Node") for name, m in OP_MODULES.items()}
 _DIM = re.compile(r"0|[1-9][0-9]{0,17}|[A-Za-z_][A-Za-z0-9_]{0,63}")
 _DECODE_ERRORS = (IndexError, KeyError, struct.error, UnicodeError, ValueError, TypeError, AttributeError,
                   OverflowError, RecursionError, MemoryError, AssertionError)
@@ -341,19 +340,6 @@ class _Reader:
         except UnicodeDecodeError:
             raise _Invalid(f"{what} is not valid UTF-8") from None
 
-    def numbers(self, obj, field: str, what: str, elem_size: int = 8) -> tuple:
-        n = self.length(obj, field, elem_size, what)
-        if n == 0:
-            return ()
-        as_numpy = getattr(obj, field + "AsNumpy", None) if n > 16 else None
-        if as_numpy is not None:                  # long vectors: one bounds-checked slice, not n table lookups
-            arr = as_numpy()
-            if len(arr) != n:
-                raise _Invalid(f"{what} runs past the end of the file")
-            return tuple(arr.tolist())
-        get = getattr(obj, field)
-        return tuple(get(j) for j in range(n))
-
     # -- the node table, read directly: the generated accessors look the vtable up again for every field and
     # -- cost ~35 us a node; one vtable read and a few unpacks do the same checks (this is what makes loading
     # -- a program with its plans take ~1-3 ms instead of ~10)
@@ -426,9 +412,6 @@ class _Reader:
             raise _Invalid(f"{what} has unknown dtype number {i}")
         return DTYPES[i]
 
-    def type(self, obj, what: str) -> Type:
-        return self.make_type(obj.Dtype(), self.text(obj.Shape(), f"{what} shape"), what)
-
     def make_type(self, dtype_number: int, text: str, what: str) -> Type:
         t = self.types.get((dtype_number, text))
         if t is None:
@@ -445,11 +428,6 @@ class _Reader:
                     raise _Invalid(f"{what} has a bad dimension {d!r}")
             dims = self.shapes[text] = tuple(int(d) if d[0].isdigit() else d for d in parts)
         return Type(dtype, dims)
-
-    def scalar(self, s, what: str):
-        if s is None:
-            raise _Invalid(f"{what} is missing")
-        return self.scalar_value(s.Kind(), s.Negative(), s.Magnitude(), s.F(), what)
 
     def scalar_value(self, kind: int, negative: bool, magnitude: int, f: float, what: str):
         if kind == ScalarKind.Float:
