@@ -4,6 +4,7 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 
+from samplec.backend_mlx import native
 from samplec.backend_mlx.rng import random_bits
 
 DT = {"f32": mx.float32, "i32": mx.int32, "u32": mx.uint32, "u64": mx.uint64, "bool": mx.bool_}
@@ -69,6 +70,9 @@ def _kth_largest_static(ins, a):
         return mx.min(x, axis=-1, keepdims=True)
     if n > PACKED_MAX:
         return mx.partition(x, kth=n - k, axis=-1)[..., n - k:n - k + 1]
+    fused = native.topk_select(x, k - 1) if k >= 2 else None
+    if fused is not None:
+        return fused[1]
     return mx.take_along_axis(x, _partition_positions(x, n - k, n - k, n - k + 1), axis=-1)
 
 
@@ -135,6 +139,9 @@ def _sparse_add(ins, a):
 def _block_max(ins, a):
     """Block j = tokens j, j+NB, j+2NB, ...: reducing over the middle axis vectorizes along the last."""
     x, bs = ins[0], a["block_size"]
+    fused = native.block_max(x, bs)
+    if fused is not None:
+        return fused
     V = x.shape[-1]
     nb = -(-V // bs)
     if nb * bs != V:
@@ -145,6 +152,9 @@ def _block_max(ins, a):
 
 def _top_blocks(ins, a):
     bm, m = ins[0], a["blocks"]
+    fused = native.block_top(bm, m)
+    if fused is not None:
+        return fused[0]
     if bm.shape[-1] <= m:      # every block, then padding blocks past the vocabulary
         return mx.broadcast_to(mx.array(np.arange(m, dtype=np.int32)), bm.shape[:-1] + (m,))
     return _topk_positions([bm], {"k": m})
@@ -152,12 +162,18 @@ def _top_blocks(ins, a):
 
 def _block_bound(ins, a):
     # the (m+1)-th largest block maximum: the same argpartition as top_blocks
+    fused = native.block_top(ins[0], a["blocks"])
+    if fused is not None:
+        return fused[1]
     return _kth_largest_static(ins, {"k": a["blocks"] + 1})
 
 
 def _block_ids(ins, a):
     top, bm = ins
     bs, nb = a["block_size"], bm.shape[-1]
+    fused = native.block_ids(top, nb, bs)
+    if fused is not None:
+        return fused
     # block g holds tokens g, g + nb, g + 2 nb, ...: ordered by (row, block) the ids ascend. Padding blocks
     # (g >= nb, when there are fewer blocks than asked for) map past the vocabulary, where x is -inf.
     base = mx.where(top < nb, top, bs * nb + top)
@@ -168,6 +184,9 @@ def _block_ids(ins, a):
 def _take_tokens(ins, a):
     """x at token ids; past the vocabulary: -inf for floats (a removed token), else zero / false."""
     x, ids = ins
+    fused = native.take_tokens(x, ids)
+    if fused is not None:
+        return fused
     V = x.shape[-1]
     vals = _take_along([x, mx.minimum(ids, V - 1)], a)
     fill = -np.inf if x.dtype == mx.float32 else 0
@@ -200,6 +219,9 @@ def _topk_positions(ins, a):
     n = x.shape[-1]
     if k >= n:
         return mx.broadcast_to(mx.array(np.arange(k, dtype=np.int32) % n), x.shape[:-1] + (k,))
+    fused = native.topk_select(x, k) if n <= PACKED_MAX else None
+    if fused is not None:
+        return fused[0]
     return mx.sort(_partition_positions(x, n - k - 1, n - k, n), axis=-1).astype(mx.int32)
 
 
@@ -220,6 +242,11 @@ def _count_at(ins, a):
         return mx.sum(mx.where(same, mx.expand_dims(w, -2), 0.0), axis=-1)
     counts = _scatter_add([mx.zeros(x.shape, dtype=mx.float32), ids, w], a)
     return _take_along([counts, ids], a)
+
+
+def _random_bits(seed, c0, c1):
+    out = native.threefry_bits(seed, c0, c1)          # one primitive on the CPU when samplec-native is built
+    return random_bits(seed, c0, c1) if out is None else out
 
 
 def _red(fn):
@@ -254,7 +281,7 @@ KERNELS = {
     "filter": lambda i, a: mx.where(i[1], i[0], mx.array(-np.inf, dtype=mx.float32)),
     "zeros_like": lambda i, a: mx.zeros(i[0].shape, dtype=DT[a["dtype"]]),
     "take_along": _take_along, "scatter_add": _scatter_add, "put_along": _put_along, "sparse_add": _sparse_add,
-    "random_bits": lambda i, a: random_bits(*i),
+    "random_bits": lambda i, a: _random_bits(*i),
     "block_max": _block_max,
     "top_blocks": _top_blocks, "block_bound": _block_bound, "block_ids": _block_ids,
     "take_tokens": _take_tokens, "topk_positions": _topk_positions, "mass_above": _mass_above,

@@ -1,0 +1,391 @@
+// samplec-native: MLX CPU primitives for the hot ops of samplec's -O2 plans.
+//
+// On MLX's CPU backend every primitive in a graph costs microseconds of dispatch however small its input, and
+// MLX's `compile` fuses at most ~11 levels of elementwise ops into one kernel: Threefry's 20 dependent rounds
+// become 18 kernels when written with MLX ops (samplec/backend_mlx/rng.py). Here they are one primitive, with
+// exactly the same bits (tests/test_native.py checks it against the MLX-ops version and the spec's known
+// answers). The primitive is CPU-only; samplec uses the MLX-ops version everywhere else.
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <stdexcept>
+#include <vector>
+
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/vector.h>
+
+#include "mlx/allocator.h"
+#include "mlx/backend/cpu/encoder.h"
+#include "mlx/mlx.h"
+#include "mlx/primitives.h"
+
+namespace nb = nanobind;
+namespace mx = mlx::core;
+
+namespace {
+
+constexpr uint32_t kParity = 0x1BD11BDA;
+constexpr int kRotations[8] = {13, 15, 26, 6, 17, 29, 16, 24};
+
+inline uint32_t rotl(uint32_t x, int r) {
+  return (x << r) | (x >> (32 - r));
+}
+
+// The first output word of Threefry-2x32-20 for key (k0, k1) and counter (c0, c1) (Random123; spec section 4).
+inline uint32_t threefry_first_word(uint32_t k0, uint32_t k1, uint32_t c0, uint32_t c1) {
+  const uint32_t ks[3] = {k0, k1, k0 ^ k1 ^ kParity};
+  uint32_t x0 = c0 + k0, x1 = c1 + k1;
+  for (int i = 0; i < 5; ++i) {
+    const int* rot = kRotations + (i % 2) * 4;
+    for (int j = 0; j < 4; ++j) {
+      x0 += x1;
+      x1 = rotl(x1, rot[j]) ^ x0;
+    }
+    x0 += ks[(i + 1) % 3];
+    x1 += ks[(i + 2) % 3] + static_cast<uint32_t>(i + 1);
+  }
+  return x0;
+}
+
+// RandomBits over [B, C]: seed (uint64), c0, c1 (uint32), each [B, C] with any strides (broadcast views have
+// zero strides), -> uint32 [B, C] row contiguous.
+class ThreefryBits : public mx::Primitive {
+ public:
+  explicit ThreefryBits(mx::Stream stream) : mx::Primitive(stream) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
+    auto& out = outputs[0];
+    out.set_data(mx::allocator::malloc(out.nbytes()));
+    auto& encoder = mx::cpu::get_command_encoder(stream());
+    for (auto& in : inputs) {
+      encoder.set_input_array(in);
+    }
+    encoder.set_output_array(out);
+    encoder.dispatch([seed = mx::array::unsafe_weak_copy(inputs[0]),
+                      c0 = mx::array::unsafe_weak_copy(inputs[1]),
+                      c1 = mx::array::unsafe_weak_copy(inputs[2]),
+                      out = mx::array::unsafe_weak_copy(out)]() mutable {
+      const int64_t rows = out.shape(0), cols = out.shape(1);
+      const uint64_t* s = seed.data<uint64_t>();
+      const uint32_t* a = c0.data<uint32_t>();
+      const uint32_t* b = c1.data<uint32_t>();
+      uint32_t* o = out.data<uint32_t>();
+      const auto &ss = seed.strides(), &as = c0.strides(), &bs = c1.strides();
+      for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t c = 0; c < cols; ++c) {
+          const uint64_t key = s[r * ss[0] + c * ss[1]];
+          o[r * cols + c] = threefry_first_word(static_cast<uint32_t>(key >> 32), static_cast<uint32_t>(key),
+                                                a[r * as[0] + c * as[1]], b[r * bs[0] + c * bs[1]]);
+        }
+      }
+    });
+  }
+
+  void eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) override {
+    throw std::runtime_error("samplec_native.threefry_bits runs on the CPU only");
+  }
+
+  const char* name() const override {
+    return "SamplecThreefryBits";
+  }
+
+  bool is_equivalent(const mx::Primitive& other) const override {
+    return true;  // no state: equal inputs give equal bits (lets MLX's compile merge duplicates)
+  }
+
+  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
+    return {inputs[1].shape()};
+  }
+};
+
+mx::array threefry_bits(const mx::array& seed, const mx::array& c0, const mx::array& c1) {
+  if (seed.dtype() != mx::uint64 || c0.dtype() != mx::uint32 || c1.dtype() != mx::uint32) {
+    throw std::invalid_argument("threefry_bits: expected seed uint64, counters uint32");
+  }
+  if (seed.ndim() != 2 || c0.ndim() != 2 || c1.ndim() != 2 || seed.shape() != c0.shape() ||
+      c1.shape() != c0.shape()) {
+    throw std::invalid_argument("threefry_bits: expected three [B, C] arrays of one shape (broadcast first)");
+  }
+  auto stream = mx::default_stream(mx::Device::cpu);
+  return mx::array(c0.shape(), mx::uint32, std::make_shared<ThreefryBits>(stream), {seed, c0, c1});
+}
+
+// ---- candidate selection (the -O2 plan's first steps), each one primitive ------------------------------------
+//
+// Each class below is the C++ twin of one IR op's MLX kernel in samplec/backend_mlx/kernels.py, with the same
+// results (tests/test_native.py compares them): inputs are made row contiguous by the Python side.
+
+inline bool greater_nan(float a, float b) {  // a > b, NaN above everything (it must win a maximum)
+  return a > b || (std::isnan(a) && !std::isnan(b));
+}
+
+// A primitive whose CPU work is `fn(inputs, outputs)` on row-contiguous inputs, run on MLX's CPU stream.
+template <class Impl>
+class RowPrimitive : public mx::Primitive {
+ public:
+  RowPrimitive(mx::Stream stream, Impl impl) : mx::Primitive(stream), impl_(std::move(impl)) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
+    for (auto& out : outputs) {
+      out.set_data(mx::allocator::malloc(out.nbytes()));
+    }
+    auto& encoder = mx::cpu::get_command_encoder(stream());
+    std::vector<mx::array> ins, outs;
+    for (auto& in : inputs) {
+      encoder.set_input_array(in);
+      ins.push_back(mx::array::unsafe_weak_copy(in));
+    }
+    for (auto& out : outputs) {
+      encoder.set_output_array(out);
+      outs.push_back(mx::array::unsafe_weak_copy(out));
+    }
+    encoder.dispatch([impl = impl_, ins = std::move(ins), outs = std::move(outs)]() mutable { impl(ins, outs); });
+  }
+
+  void eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) override {
+    throw std::runtime_error(std::string("samplec_native.") + Impl::kName + " runs on the CPU only");
+  }
+
+  const char* name() const override {
+    return Impl::kName;
+  }
+
+  bool is_equivalent(const mx::Primitive& other) const override {
+    auto* o = dynamic_cast<const RowPrimitive<Impl>*>(&other);
+    return o != nullptr && o->impl_ == impl_;
+  }
+
+ private:
+  Impl impl_;
+};
+
+template <class Impl>
+std::vector<mx::array> make(Impl impl, std::vector<mx::Shape> shapes, std::vector<mx::Dtype> dtypes,
+                            std::vector<mx::array> inputs) {
+  auto stream = mx::default_stream(mx::Device::cpu);
+  return mx::array::make_arrays(std::move(shapes), dtypes, std::make_shared<RowPrimitive<Impl>>(stream, impl),
+                                inputs);
+}
+
+void need_rows(const mx::array& a, mx::Dtype dtype, const char* what) {
+  if (a.dtype() != dtype || a.ndim() != 2) {
+    throw std::invalid_argument(std::string(what) + ": expected a 2-D array of the right dtype");
+  }
+}
+
+// Element (r, c) of a 2-D input with any strides (MLX views: slices, broadcasts, transposes).
+template <class T>
+struct Rows {
+  const T* p;
+  int64_t s0, s1;
+  explicit Rows(const mx::array& a) : p(a.data<T>()), s0(a.strides()[0]), s1(a.strides()[1]) {}
+  T operator()(int64_t r, int64_t c) const { return p[r * s0 + c * s1]; }
+};
+
+// block_max: block j of a row holds tokens j, j + NB, j + 2 NB, ... (NB = ceil(V / bs)); padding is -inf.
+struct BlockMax {
+  static constexpr const char* kName = "SamplecBlockMax";
+  int bs;
+  bool operator==(const BlockMax& o) const { return bs == o.bs; }
+  void operator()(std::vector<mx::array>& in, std::vector<mx::array>& out) const {
+    const int64_t rows = in[0].shape(0), V = in[0].shape(1), nb = out[0].shape(1);
+    const Rows<float> x(in[0]);
+    float* o = out[0].data<float>();
+    for (int64_t r = 0; r < rows; ++r) {
+      float* orow = o + r * nb;
+      for (int64_t j = 0; j < nb; ++j) orow[j] = -INFINITY;
+      for (int64_t t = 0; t < bs; ++t) {
+        const int64_t n = std::min<int64_t>(nb, V - t * nb);
+        if (x.s1 == 1) {                        // the common case: a contiguous row, vectorizable
+          const float* seg = x.p + r * x.s0 + t * nb;
+          for (int64_t j = 0; j < n; ++j) {
+            const float v = seg[j], cur = orow[j];
+            orow[j] = (v > cur || v != v) ? v : cur;     // NaN wins, as in MLX's max
+          }
+        } else {
+          for (int64_t j = 0; j < n; ++j) {
+            const float v = x(r, t * nb + j);
+            if (greater_nan(v, orow[j])) orow[j] = v;
+          }
+        }
+      }
+    }
+  }
+};
+
+// The k largest of v[0..n) (their positions, ascending) and the (k+1)-th largest value (-inf when n <= k), in
+// one pass with a min-heap of k + 1 entries: most values fall below the heap's minimum and cost one compare.
+void select_top(const float* v, int64_t n, int k, int32_t* top, float* next,
+                std::vector<std::pair<float, int32_t>>& heap) {
+  // heap order: the smallest (value, then the larger position) on top, so ties keep the lower positions
+  auto worse = [](const std::pair<float, int32_t>& a, const std::pair<float, int32_t>& b) {
+    return greater_nan(a.first, b.first) || (a.first == b.first && a.second < b.second) ||
+           (std::isnan(a.first) && std::isnan(b.first) && a.second < b.second);
+  };
+  const int64_t keep = std::min<int64_t>(n, k + 1);
+  heap.clear();
+  for (int64_t i = 0; i < keep; ++i) heap.emplace_back(v[i], static_cast<int32_t>(i));
+  std::make_heap(heap.begin(), heap.end(), worse);
+  for (int64_t i = keep; i < n; ++i) {
+    if (greater_nan(v[i], heap.front().first)) {
+      std::pop_heap(heap.begin(), heap.end(), worse);
+      heap.back() = {v[i], static_cast<int32_t>(i)};
+      std::push_heap(heap.begin(), heap.end(), worse);
+    }
+  }
+  if (n > k) {
+    *next = heap.front().first;
+    std::pop_heap(heap.begin(), heap.end(), worse);
+    heap.pop_back();
+  } else {
+    *next = -INFINITY;
+  }
+  for (int i = 0; i < k; ++i) top[i] = heap[i].second;
+  std::sort(top, top + k);
+}
+
+// top_blocks + block_bound: the m blocks with the largest maxima (ids ascending; all blocks then padding ids
+// when NB <= m) and the (m+1)-th largest maximum (-inf when NB <= m).
+struct BlockTop {
+  static constexpr const char* kName = "SamplecBlockTop";
+  int m;
+  bool operator==(const BlockTop& o) const { return m == o.m; }
+  void operator()(std::vector<mx::array>& in, std::vector<mx::array>& out) const {
+    const int64_t rows = in[0].shape(0), nb = in[0].shape(1);
+    const Rows<float> bm(in[0]);
+    int32_t* top = out[0].data<int32_t>();
+    float* bound = out[1].data<float>();
+    std::vector<float> row(nb);
+    std::vector<std::pair<float, int32_t>> heap;
+    for (int64_t r = 0; r < rows; ++r) {
+      int32_t* t = top + r * m;
+      if (nb <= m) {
+        for (int i = 0; i < m; ++i) t[i] = i;
+        bound[r] = -INFINITY;
+        continue;
+      }
+      const float* v = bm.p + r * bm.s0;
+      if (bm.s1 != 1) {
+        for (int64_t i = 0; i < nb; ++i) row[i] = bm(r, i);
+        v = row.data();
+      }
+      select_top(v, nb, m, t, bound + r, heap);
+    }
+  }
+};
+
+// block_ids: the token ids of the blocks `top` (ascending) -- position j * m + i holds j * NB + top[i]; a
+// padding block (top >= NB) maps past the vocabulary.
+struct BlockIds {
+  static constexpr const char* kName = "SamplecBlockIds";
+  int bs;
+  int64_t nb;
+  bool operator==(const BlockIds& o) const { return bs == o.bs && nb == o.nb; }
+  void operator()(std::vector<mx::array>& in, std::vector<mx::array>& out) const {
+    const int64_t rows = in[0].shape(0), m = in[0].shape(1);
+    const Rows<int32_t> top(in[0]);
+    int32_t* ids = out[0].data<int32_t>();
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t j = 0; j < bs; ++j) {
+        for (int64_t i = 0; i < m; ++i) {
+          const int64_t g = top(r, i);
+          const int64_t base = g < nb ? g : bs * nb + g;
+          ids[(r * bs + j) * m + i] = static_cast<int32_t>(j * nb + base);
+        }
+      }
+    }
+  }
+};
+
+// take_tokens: x at token ids (ids >= V: -inf).
+struct TakeTokens {
+  static constexpr const char* kName = "SamplecTakeTokens";
+  bool operator==(const TakeTokens&) const { return true; }
+  void operator()(std::vector<mx::array>& in, std::vector<mx::array>& out) const {
+    const int64_t rows = in[0].shape(0), V = in[0].shape(1), C = in[1].shape(1);
+    const Rows<float> x(in[0]);
+    const Rows<int32_t> ids(in[1]);
+    const int64_t id_rows = in[1].shape(0);
+    float* o = out[0].data<float>();
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t ir = id_rows == 1 ? 0 : r;
+      for (int64_t c = 0; c < C; ++c) {
+        const int64_t t = ids(ir, c);
+        o[r * C + c] = (t >= 0 && t < V) ? x(r, t) : -INFINITY;
+      }
+    }
+  }
+};
+
+// topk_positions + kth_largest_static(k + 1): positions of the k largest (ascending) and the (k+1)-th largest
+// value (-inf when k + 1 > n). Which of equal values at the k-th place is taken is unspecified (plans guard it).
+struct TopKSelect {
+  static constexpr const char* kName = "SamplecTopKSelect";
+  int k;
+  bool operator==(const TopKSelect& o) const { return k == o.k; }
+  void operator()(std::vector<mx::array>& in, std::vector<mx::array>& out) const {
+    const int64_t rows = in[0].shape(0), n = in[0].shape(1);
+    const Rows<float> x(in[0]);
+    int32_t* pos = out[0].data<int32_t>();
+    float* next = out[1].data<float>();
+    std::vector<float> row(n);
+    std::vector<std::pair<float, int32_t>> heap;
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* v = x.p + r * x.s0;
+      if (x.s1 != 1) {
+        for (int64_t i = 0; i < n; ++i) row[i] = x(r, i);
+        v = row.data();
+      }
+      select_top(v, n, k, pos + r * k, next + r, heap);
+    }
+  }
+};
+
+mx::array block_max(const mx::array& x, int bs) {
+  need_rows(x, mx::float32, "block_max");
+  const int64_t nb = (x.shape(1) + bs - 1) / bs;
+  return make(BlockMax{bs}, {{x.shape(0), static_cast<int>(nb)}}, {mx::float32}, {x})[0];
+}
+
+std::vector<mx::array> block_top(const mx::array& bm, int m) {
+  need_rows(bm, mx::float32, "block_top");
+  return make(BlockTop{m}, {{bm.shape(0), m}, {bm.shape(0), 1}}, {mx::int32, mx::float32}, {bm});
+}
+
+mx::array block_ids(const mx::array& top, int64_t nb, int bs) {
+  need_rows(top, mx::int32, "block_ids");
+  return make(BlockIds{bs, nb}, {{top.shape(0), top.shape(1) * bs}}, {mx::int32}, {top})[0];
+}
+
+mx::array take_tokens(const mx::array& x, const mx::array& ids) {
+  need_rows(x, mx::float32, "take_tokens");
+  need_rows(ids, mx::int32, "take_tokens");
+  if (ids.shape(0) != x.shape(0) && ids.shape(0) != 1) {
+    throw std::invalid_argument("take_tokens: ids rows must match x's or be 1");
+  }
+  return make(TakeTokens{}, {{x.shape(0), ids.shape(1)}}, {mx::float32}, {x, ids})[0];
+}
+
+std::vector<mx::array> topk_select(const mx::array& x, int k) {
+  need_rows(x, mx::float32, "topk_select");
+  if (k < 1 || k > x.shape(1)) {
+    throw std::invalid_argument("topk_select: need 1 <= k <= n");
+  }
+  return make(TopKSelect{k}, {{x.shape(0), k}, {x.shape(0), 1}}, {mx::int32, mx::float32}, {x});
+}
+
+}  // namespace
+
+NB_MODULE(_ext, m) {
+  m.doc() = "MLX CPU primitives for samplec's -O2 plans";
+  m.def("threefry_bits", &threefry_bits, nb::arg("seed"), nb::arg("c0"), nb::arg("c1"),
+        "First word of Threefry-2x32-20(key(seed), (c0, c1)) for three [B, C] arrays (uint64, uint32, uint32): "
+        "one MLX primitive on the CPU.");
+  m.def("block_max", &block_max, nb::arg("x"), nb::arg("block_size"));
+  m.def("block_top", &block_top, nb::arg("block_max"), nb::arg("blocks"));
+  m.def("block_ids", &block_ids, nb::arg("top"), nb::arg("num_blocks"), nb::arg("block_size"));
+  m.def("take_tokens", &take_tokens, nb::arg("x"), nb::arg("ids"));
+  m.def("topk_select", &topk_select, nb::arg("x"), nb::arg("k"));
+}

@@ -1,0 +1,75 @@
+"""Optional native MLX primitives (the `samplec-native` package in native/): used on the CPU when installed.
+
+MLX's CPU backend charges microseconds per primitive however small its input, so the ops of a -O2 plan that
+expand into many MLX primitives cost more than their arithmetic. `samplec_native` implements them as single MLX
+primitives (C++, built against the installed MLX) with exactly the same results; samplec uses them when the
+package imports, the default device is the CPU and `SAMPLEC_NATIVE` is not `0`. Everything works without it.
+
+    pip install nanobind==3.1.0 && pip install --no-build-isolation ./native
+"""
+from __future__ import annotations
+
+import os
+
+import mlx.core as mx
+
+try:
+    import samplec_native as _native
+except ImportError:          # not built: the MLX-ops kernels serve
+    _native = None
+
+
+def enabled() -> bool:
+    """Whether the native primitives serve the kernels traced now."""
+    return _native is not None and os.environ.get("SAMPLEC_NATIVE", "1") != "0" and \
+        mx.default_device() == mx.cpu
+
+
+def installed() -> bool:
+    return _native is not None
+
+
+def threefry_bits(seed: mx.array, c0: mx.array, c1: mx.array) -> mx.array | None:
+    """RandomBits as one primitive, or None where the native path does not apply (the caller falls back)."""
+    if not enabled():
+        return None
+    shape = tuple(mx.broadcast_shapes(seed.shape, c0.shape, c1.shape))
+    if len(shape) != 2:
+        return None
+    return _native.threefry_bits(mx.broadcast_to(seed.astype(mx.uint64), shape),
+                                 mx.broadcast_to(c0.astype(mx.uint32), shape),
+                                 mx.broadcast_to(c1.astype(mx.uint32), shape))
+
+
+def _rows(*arrays, dtype=mx.float32) -> bool:
+    return enabled() and all(a.ndim == 2 for a in arrays) and arrays[0].dtype == dtype
+
+
+def block_max(x: mx.array, block_size: int) -> mx.array | None:
+    return _native.block_max(x, block_size) if _rows(x) else None
+
+
+def block_top(bm: mx.array, blocks: int) -> tuple[mx.array, mx.array] | None:
+    """(top block ids ascending, the (blocks+1)-th largest maximum): top_blocks and block_bound in one primitive
+    (both kernels ask for it; MLX's compile merges the two equal calls)."""
+    return tuple(_native.block_top(bm, blocks)) if _rows(bm) else None
+
+
+def block_ids(top: mx.array, num_blocks: int, block_size: int) -> mx.array | None:
+    return _native.block_ids(top, num_blocks, block_size) if _rows(top, dtype=mx.int32) else None
+
+
+def take_tokens(x: mx.array, ids: mx.array) -> mx.array | None:
+    if not (_rows(x) and ids.ndim == 2 and ids.dtype == mx.int32 and ids.shape[0] in (1, x.shape[0])):
+        return None
+    return _native.take_tokens(x, ids)
+
+
+def topk_select(x: mx.array, k: int) -> tuple[mx.array, mx.array] | None:
+    """(positions of the k largest ascending, the (k+1)-th largest): topk_positions and the plans' tie guard
+    `kth_largest_static(k + 1)` in one primitive."""
+    return tuple(_native.topk_select(x, k)) if _rows(x) and 1 <= k <= x.shape[-1] else None
+
+
+__all__ = ["enabled", "installed", "threefry_bits", "block_max", "block_top", "block_ids", "take_tokens",
+           "topk_select"]

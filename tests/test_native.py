@@ -1,0 +1,132 @@
+"""samplec-native (native/): each C++ primitive against the MLX-ops kernel it replaces, and whole programs with
+and without it. Skipped where the package is not built (`.ci/run` builds it, so CI runs these)."""
+from __future__ import annotations
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+import samplec
+from samplec.backend_mlx import kernels, native
+from samplec.backend_mlx.rng import random_bits
+
+pytestmark = pytest.mark.skipif(not native.installed(), reason="samplec-native is not built (see native/README.md)")
+
+
+@pytest.fixture
+def pure(monkeypatch):
+    """Run a block of code with the MLX-ops kernels only."""
+    class Pure:
+        def __enter__(self):
+            monkeypatch.setenv("SAMPLEC_NATIVE", "0")
+
+        def __exit__(self, *exc):
+            monkeypatch.setenv("SAMPLEC_NATIVE", "1")
+    return Pure()
+
+
+def both(pure, op, ins, attrs):
+    got = np.array(kernels.KERNELS[op]([mx.array(i) if isinstance(i, np.ndarray) else i for i in ins], attrs))
+    with pure:
+        want = np.array(kernels.KERNELS[op]([mx.array(i) if isinstance(i, np.ndarray) else i for i in ins], attrs))
+    return got, want
+
+
+def logits(B, V, seed, kind="realistic"):
+    r = np.random.default_rng(seed)
+    x = r.normal(0, 1, size=(B, V)).astype(np.float32)
+    if kind == "realistic":
+        for b in range(B):
+            x[b, r.choice(V, min(V, 30), replace=False)] += 12
+    elif kind == "special":
+        x = np.round(x * 2) / 2                      # ties
+        x[:, ::17] = -np.inf
+        x[0, 5] = np.nan
+        x[-1, :3] = -0.0
+    return x
+
+
+def test_threefry_bits_equal_and_known_answers():
+    r = np.random.default_rng(0)
+    seed = np.array([[0], [2 ** 64 - 1], [123456789012345]], dtype=np.uint64)
+    ids = r.integers(0, 2 ** 32, size=(3, 50), dtype=np.uint64).astype(np.uint32)
+    pos = np.array([[0], [7], [2 ** 32 - 1]], dtype=np.uint32)
+    got = np.array(native.threefry_bits(mx.array(seed), mx.array(ids), mx.array(pos)))
+    np.testing.assert_array_equal(got, np.array(random_bits(mx.array(seed), mx.array(ids), mx.array(pos))))
+    z = lambda v, dt: mx.array(np.array([[v]], dtype=dt))
+    assert int(np.array(native.threefry_bits(z(0, np.uint64), z(0, np.uint32), z(0, np.uint32)))[0, 0]) == 0x6b200159
+    ones = native.threefry_bits(z(2 ** 64 - 1, np.uint64), z(2 ** 32 - 1, np.uint32), z(2 ** 32 - 1, np.uint32))
+    assert int(np.array(ones)[0, 0]) == 0x1cb996fc
+
+
+@pytest.mark.parametrize("V", [50, 64, 1000, 4096, 5000])
+@pytest.mark.parametrize("kind", ["realistic", "special"])
+def test_block_ops_equal_the_mlx_kernels(pure, V, kind):
+    x = logits(3, V, V, kind)
+    bm, bm_want = both(pure, "block_max", [x], {"block_size": 64})
+    np.testing.assert_array_equal(bm, bm_want)          # NaN in the same places too
+    finite = ~np.isnan(bm).any(axis=1)                   # (a NaN row's order is unspecified; its plan is guarded)
+    for m in (1, 3, 16, 40):
+        top, top_want = both(pure, "top_blocks", [bm], {"blocks": m})
+        bound, bound_want = both(pure, "block_bound", [bm], {"blocks": m})
+        np.testing.assert_array_equal(bound[finite], bound_want[finite])
+        # the same maxima are selected (ties at the boundary may pick other blocks: the plans guard them)
+        sel = np.take_along_axis(np.concatenate([bm, np.full((3, m), -np.inf, np.float32)], 1), top, 1)
+        sel_want = np.take_along_axis(np.concatenate([bm, np.full((3, m), -np.inf, np.float32)], 1), top_want, 1)
+        np.testing.assert_array_equal(np.sort(sel, 1)[finite], np.sort(sel_want, 1)[finite])
+        assert (np.diff(top, axis=1) > 0).all()
+        ids, ids_want = both(pure, "block_ids", [top, bm], {"block_size": 64})
+        with pure:
+            ids_ref = np.array(kernels.KERNELS["block_ids"]([mx.array(top), mx.array(bm)], {"block_size": 64}))
+        np.testing.assert_array_equal(ids, ids_ref)
+        vals, vals_want = both(pure, "take_tokens", [x, ids], {})
+        np.testing.assert_array_equal(vals, vals_want)
+
+
+@pytest.mark.parametrize("k", [1, 5, 40, 99])
+def test_topk_select_equals_the_mlx_kernels(pure, k):
+    x = logits(4, 100 + k, k, "special")[1:]             # no NaN rows
+    pos, _ = both(pure, "topk_positions", [x], {"k": k})
+    assert (np.diff(pos, axis=1) > 0).all()
+    want = -np.sort(-x, axis=1)
+    np.testing.assert_array_equal(np.sort(np.take_along_axis(x, pos, 1), 1)[:, ::-1], want[:, :k])
+    nxt, nxt_want = both(pure, "kth_largest_static", [x], {"k": k + 1})
+    np.testing.assert_array_equal(nxt, nxt_want)
+    np.testing.assert_array_equal(nxt[:, 0], want[:, k])
+
+
+def test_strided_inputs():
+    """Views (slices, transposes, broadcasts) are read through their strides."""
+    x = mx.array(logits(6, 640, 3))
+    view = x[::2, :]                                      # a row stride of 2 rows
+    np.testing.assert_array_equal(np.array(native.block_max(view, 64)), np.array(native.block_max(mx.contiguous(view), 64)))
+    t = mx.array(logits(640, 2, 4)).T                     # column-major
+    np.testing.assert_array_equal(np.array(native.block_max(t, 64)), np.array(native.block_max(mx.contiguous(t), 64)))
+    pos, nxt = native.topk_select(t, 5)
+    pos2, nxt2 = native.topk_select(mx.contiguous(t), 5)
+    np.testing.assert_array_equal(np.array(pos), np.array(pos2))
+
+
+CHAINS = ["top_k(40) temperature(0.8) sample(seed, position = pos)",
+          "top_k(40) top_p(0.95) min_p(0.05) temperature(t) sample(seed, position = pos)",
+          "min_p(0.05) temperature(t) sample(seed, position = pos)",
+          "top_p(0.9) temperature(t) sample(seed, position = pos)",
+          "temperature(t) sample(seed, position = pos)",
+          "top_k(7) greedy()"]
+
+
+@pytest.mark.parametrize("body", CHAINS)
+def test_programs_give_the_same_tokens_with_and_without_native(pure, body):
+    src = f"sampler s(seed: seed = 0, pos: int = 0, t: float = 0.8) -> token, logprob {{ {body} }}"
+    for B, V in ((1, 5000), (3, 8192), (2, 50)):
+        x = logits(B, V, B * V)
+        p_native, p0 = samplec.compile(src), samplec.compile(src, opt_level=0)
+        with pure:
+            p_pure = samplec.compile(src)
+            want = [p_pure(x, seed=s, pos=s) for s in range(3)]
+        got = [p_native(x, seed=s, pos=s) for s in range(3)]
+        exact = [p0(x, seed=s, pos=s) for s in range(3)]
+        for g, w, e in zip(got, want, exact):
+            np.testing.assert_array_equal(np.array(g.token), np.array(w.token))
+            np.testing.assert_array_equal(np.array(g.token), np.array(e.token))
+            np.testing.assert_allclose(np.array(g.logprob), np.array(e.logprob), atol=3e-5)
