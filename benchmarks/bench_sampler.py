@@ -323,8 +323,10 @@ def run(args) -> dict:
     ps, skipped = peers(args.peers)
     for s in skipped:
         print(f"skipping {s}", file=sys.stderr)
+    from samplec.backend_mlx import native
     results = {"machine": f"{platform.machine()} {platform.system()}, MLX {mx.__version__} "
-                          f"({mx.default_device()})", "flat": args.flat, "rows": [], "floors": [],
+                          f"({mx.default_device()}), samplec-native primitives "
+                          f"{'on' if native.enabled() else 'off (not built, or SAMPLEC_NATIVE=0)'}", "flat": args.flat, "rows": [], "floors": [],
                "skipped": skipped}
     for V in sizes:
         for B in batches:
