@@ -72,7 +72,9 @@ class ThreefryBits : public mx::Primitive {
       const uint32_t* a = c0.data<uint32_t>();
       const uint32_t* b = c1.data<uint32_t>();
       uint32_t* o = out.data<uint32_t>();
-      const auto &ss = seed.strides(), &as = c0.strides(), &bs = c1.strides();
+      // a dimension of size 1 broadcasts: read it with stride 0
+      auto st = [](const mx::array& a, int d) { return a.shape(d) == 1 ? int64_t(0) : int64_t(a.strides()[d]); };
+      const int64_t ss[2] = {st(seed, 0), st(seed, 1)}, as[2] = {st(c0, 0), st(c0, 1)}, bs[2] = {st(c1, 0), st(c1, 1)};
       for (int64_t r = 0; r < rows; ++r) {
         for (int64_t c = 0; c < cols; ++c) {
           const uint64_t key = s[r * ss[0] + c * ss[1]];
@@ -96,20 +98,21 @@ class ThreefryBits : public mx::Primitive {
   }
 
   std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
-    return {inputs[1].shape()};
+    return {mx::broadcast_shapes(mx::broadcast_shapes(inputs[0].shape(), inputs[1].shape()), inputs[2].shape())};
   }
+
 };
 
 mx::array threefry_bits(const mx::array& seed, const mx::array& c0, const mx::array& c1) {
   if (seed.dtype() != mx::uint64 || c0.dtype() != mx::uint32 || c1.dtype() != mx::uint32) {
     throw std::invalid_argument("threefry_bits: expected seed uint64, counters uint32");
   }
-  if (seed.ndim() != 2 || c0.ndim() != 2 || c1.ndim() != 2 || seed.shape() != c0.shape() ||
-      c1.shape() != c0.shape()) {
-    throw std::invalid_argument("threefry_bits: expected three [B, C] arrays of one shape (broadcast first)");
+  if (seed.ndim() != 2 || c0.ndim() != 2 || c1.ndim() != 2) {
+    throw std::invalid_argument("threefry_bits: expected 2-D arrays");
   }
+  mx::Shape shape = mx::broadcast_shapes(mx::broadcast_shapes(seed.shape(), c0.shape()), c1.shape());
   auto stream = mx::default_stream(mx::Device::cpu);
-  return mx::array(c0.shape(), mx::uint32, std::make_shared<ThreefryBits>(stream), {seed, c0, c1});
+  return mx::array(shape, mx::uint32, std::make_shared<ThreefryBits>(stream), {seed, c0, c1});
 }
 
 // ---- candidate selection (the -O2 plan's first steps), each one primitive ------------------------------------
@@ -343,6 +346,33 @@ struct TopKSelect {
   }
 };
 
+// mass_above: S_i = sum of p_j over p_j > p_i along each row (top_p's definition), summed in position order.
+struct MassAbove {
+  static constexpr const char* kName = "SamplecMassAbove";
+  bool operator==(const MassAbove&) const { return true; }
+  void operator()(std::vector<mx::array>& in, std::vector<mx::array>& out) const {
+    const int64_t rows = in[0].shape(0), n = in[0].shape(1);
+    const Rows<float> p(in[0]);
+    float* o = out[0].data<float>();
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t i = 0; i < n; ++i) {
+        const float pi = p(r, i);
+        float acc = 0.0f;
+        for (int64_t j = 0; j < n; ++j) {
+          const float pj = p(r, j);
+          acc += pj > pi ? pj : 0.0f;
+        }
+        o[r * n + i] = acc;
+      }
+    }
+  }
+};
+
+mx::array mass_above(const mx::array& p) {
+  need_rows(p, mx::float32, "mass_above");
+  return make(MassAbove{}, {p.shape()}, {mx::float32}, {p})[0];
+}
+
 mx::array block_max(const mx::array& x, int bs) {
   need_rows(x, mx::float32, "block_max");
   const int64_t nb = (x.shape(1) + bs - 1) / bs;
@@ -388,4 +418,5 @@ NB_MODULE(_ext, m) {
   m.def("block_ids", &block_ids, nb::arg("top"), nb::arg("num_blocks"), nb::arg("block_size"));
   m.def("take_tokens", &take_tokens, nb::arg("x"), nb::arg("ids"));
   m.def("topk_select", &topk_select, nb::arg("x"), nb::arg("k"));
+  m.def("mass_above", &mass_above, nb::arg("p"));
 }

@@ -95,6 +95,19 @@ def test_topk_select_equals_the_mlx_kernels(pure, k):
     np.testing.assert_array_equal(nxt[:, 0], want[:, k])
 
 
+def test_mass_above_and_broadcast_threefry(pure):
+    r = np.random.default_rng(1)
+    p = r.choice(np.float32([0.0, 0.05, 0.1, 0.1, 0.2, 0.25]), size=(3, 40)).astype(np.float32)
+    got, want = both(pure, "mass_above", [p], {})
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+    np.testing.assert_array_equal(got == 0, want == 0)        # the top stays at exactly 0
+    seed = mx.array(np.array([[3], [4]], dtype=np.uint64))
+    ids = mx.array(np.arange(10, dtype=np.uint32)[None, :])   # [1, C]: broadcast rows inside the primitive
+    pos = mx.array(np.array([[1], [2]], dtype=np.uint32))
+    np.testing.assert_array_equal(np.array(native.threefry_bits(seed, ids, pos)),
+                                  np.array(random_bits(seed, ids, pos)))
+
+
 def test_strided_inputs():
     """Views (slices, transposes, broadcasts) are read through their strides."""
     x = mx.array(logits(6, 640, 3))

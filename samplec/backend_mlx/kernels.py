@@ -227,6 +227,9 @@ def _topk_positions(ins, a):
 
 def _mass_above(ins, a):
     p = ins[0]
+    fused = native.mass_above(p)
+    if fused is not None:
+        return fused
     pj, pi = mx.expand_dims(p, -2), mx.expand_dims(p, -1)
     return mx.sum(mx.where(pj > pi, pj, 0.0), axis=-1)
 

@@ -33,12 +33,9 @@ def threefry_bits(seed: mx.array, c0: mx.array, c1: mx.array) -> mx.array | None
     """RandomBits as one primitive, or None where the native path does not apply (the caller falls back)."""
     if not enabled():
         return None
-    shape = tuple(mx.broadcast_shapes(seed.shape, c0.shape, c1.shape))
-    if len(shape) != 2:
+    if not (seed.ndim == c0.ndim == c1.ndim == 2):
         return None
-    return _native.threefry_bits(mx.broadcast_to(seed.astype(mx.uint64), shape),
-                                 mx.broadcast_to(c0.astype(mx.uint32), shape),
-                                 mx.broadcast_to(c1.astype(mx.uint32), shape))
+    return _native.threefry_bits(seed.astype(mx.uint64), c0.astype(mx.uint32), c1.astype(mx.uint32))
 
 
 def _rows(*arrays, dtype=mx.float32) -> bool:
@@ -71,5 +68,9 @@ def topk_select(x: mx.array, k: int) -> tuple[mx.array, mx.array] | None:
     return tuple(_native.topk_select(x, k)) if _rows(x) and 1 <= k <= x.shape[-1] else None
 
 
-__all__ = ["enabled", "installed", "threefry_bits", "block_max", "block_top", "block_ids", "take_tokens",
+def mass_above(p: mx.array) -> mx.array | None:
+    return _native.mass_above(p) if _rows(p) else None
+
+
+__all__ = ["mass_above", "enabled", "installed", "threefry_bits", "block_max", "block_top", "block_ids", "take_tokens",
            "topk_select"]
