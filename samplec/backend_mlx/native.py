@@ -15,7 +15,7 @@ import mlx.core as mx
 
 try:
     import samplec_native as _native
-except ImportError:          # not built: the MLX-ops kernels serve
+except (ImportError, OSError):   # not built (or built against another MLX): the MLX-ops kernels serve
     _native = None
 
 
