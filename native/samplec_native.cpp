@@ -249,6 +249,22 @@ void select_top(const float* v, int64_t n, int k, int32_t* top, float* next,
   std::sort(top, top + k);
 }
 
+// select_top on every row of a 2-D float input (rows with a stride other than 1 are copied first).
+void select_top_rows(const mx::array& in, int k, int32_t* top, float* next) {
+  const int64_t rows = in.shape(0), n = in.shape(1);
+  const Rows<float> x(in);
+  std::vector<float> row(x.s1 == 1 ? 0 : n);
+  std::vector<std::pair<float, int32_t>> heap;
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* v = x.p + r * x.s0;
+    if (x.s1 != 1) {
+      for (int64_t i = 0; i < n; ++i) row[i] = x(r, i);
+      v = row.data();
+    }
+    select_top(v, n, k, top + r * k, next + r, heap);
+  }
+}
+
 // top_blocks + block_bound: the m blocks with the largest maxima (ids ascending; all blocks then padding ids
 // when NB <= m) and the (m+1)-th largest maximum (-inf when NB <= m).
 struct BlockTop {
@@ -257,24 +273,15 @@ struct BlockTop {
   bool operator==(const BlockTop& o) const { return m == o.m; }
   void operator()(std::vector<mx::array>& in, std::vector<mx::array>& out) const {
     const int64_t rows = in[0].shape(0), nb = in[0].shape(1);
-    const Rows<float> bm(in[0]);
     int32_t* top = out[0].data<int32_t>();
     float* bound = out[1].data<float>();
-    std::vector<float> row(nb);
-    std::vector<std::pair<float, int32_t>> heap;
-    for (int64_t r = 0; r < rows; ++r) {
-      int32_t* t = top + r * m;
-      if (nb <= m) {
-        for (int i = 0; i < m; ++i) t[i] = i;
-        bound[r] = -INFINITY;
-        continue;
-      }
-      const float* v = bm.p + r * bm.s0;
-      if (bm.s1 != 1) {
-        for (int64_t i = 0; i < nb; ++i) row[i] = bm(r, i);
-        v = row.data();
-      }
-      select_top(v, nb, m, t, bound + r, heap);
+    if (nb > m) {
+      select_top_rows(in[0], m, top, bound);
+      return;
+    }
+    for (int64_t r = 0; r < rows; ++r) {    // every block, then padding ids past them
+      for (int i = 0; i < m; ++i) top[r * m + i] = i;
+      bound[r] = -INFINITY;
     }
   }
 };
@@ -329,20 +336,7 @@ struct TopKSelect {
   int k;
   bool operator==(const TopKSelect& o) const { return k == o.k; }
   void operator()(std::vector<mx::array>& in, std::vector<mx::array>& out) const {
-    const int64_t rows = in[0].shape(0), n = in[0].shape(1);
-    const Rows<float> x(in[0]);
-    int32_t* pos = out[0].data<int32_t>();
-    float* next = out[1].data<float>();
-    std::vector<float> row(n);
-    std::vector<std::pair<float, int32_t>> heap;
-    for (int64_t r = 0; r < rows; ++r) {
-      const float* v = x.p + r * x.s0;
-      if (x.s1 != 1) {
-        for (int64_t i = 0; i < n; ++i) row[i] = x(r, i);
-        v = row.data();
-      }
-      select_top(v, n, k, pos + r * k, next + r, heap);
-    }
+    select_top_rows(in[0], k, out[0].data<int32_t>(), out[1].data<float>());
   }
 };
 

@@ -367,16 +367,20 @@ class _Reader:
         return field + self.u32(field, what)
 
     def vector_u32(self, field: int, what: str) -> tuple:
+        return self.vector(field, _U32, what)
+
+    def vector(self, field: int, elem: struct.Struct, what: str) -> tuple:
+        """The numbers of a vector field (elements as `elem`), bounds-checked and charged to the budget."""
         if not field:
             return ()
         start = self.ref(field, what)
         n = self.u32(start, what)
         if n > MAX_ITEMS:
             raise _Invalid(f"{what} has {n} entries (more than {MAX_ITEMS})")
-        self.charge(4 + 4 * n, what)
-        if start + 4 + 4 * n > self.size:
+        self.charge(4 + elem.size * n, what)
+        if start + 4 + elem.size * n > self.size:
             raise _Invalid(f"{what} runs past the end of the file")
-        return struct.unpack_from(f"<{n}I", self.buf, start + 4)
+        return struct.unpack_from(f"<{n}{elem.format[-1]}", self.buf, start + 4)
 
     def tables(self, field: int, what: str) -> list[int]:
         """Absolute positions of the tables of a vector of tables (each entry is an offset from itself)."""
@@ -475,24 +479,12 @@ class _Reader:
                     raise _Invalid(f"{where} is missing")
                 out[name] = self.scalar_table(pos, where)
             elif kind in ("ints", "floats"):
-                out[name] = self.vector_numbers(pos, "q" if kind == "ints" else "d", where)
+                out[name] = self.vector(pos, _I64 if kind == "ints" else _F64, where)
             else:
                 raise _Invalid(f"{where} has kind {kind!r}, which the format does not know")
             if kind == "scalar" and isinstance(out[name], bool):
                 raise _Invalid(f"{where} = {out[name]!r} is not a scalar")
         return out
-
-    def vector_numbers(self, field: int, code: str, what: str) -> tuple:
-        if not field:
-            return ()
-        start = self.ref(field, what)
-        n = self.u32(start, what)
-        if n > MAX_ITEMS:
-            raise _Invalid(f"{what} has {n} entries (more than {MAX_ITEMS})")
-        self.charge(4 + 8 * n, what)
-        if start + 4 + 8 * n > self.size:
-            raise _Invalid(f"{what} runs past the end of the file")
-        return struct.unpack_from(f"<{n}{code}", self.buf, start + 4)
 
 
 def _read(data: bytes) -> Graph:
