@@ -31,9 +31,7 @@ def installed() -> bool:
 
 def threefry_bits(seed: mx.array, c0: mx.array, c1: mx.array) -> mx.array | None:
     """RandomBits as one primitive, or None where the native path does not apply (the caller falls back)."""
-    if not enabled():
-        return None
-    if not (seed.ndim == c0.ndim == c1.ndim == 2):
+    if not (enabled() and seed.ndim == c0.ndim == c1.ndim == 2):
         return None
     return _native.threefry_bits(seed.astype(mx.uint64), c0.astype(mx.uint32), c1.astype(mx.uint32))
 
