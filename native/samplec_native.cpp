@@ -69,11 +69,14 @@ class ThreefryBits : public mx::Primitive {
                       out = mx::array::unsafe_weak_copy(out)]() mutable {
       const int64_t rows = out.shape(0), cols = out.shape(1);
       const uint64_t* s = seed.data<uint64_t>();
-      const uint32_t* a = c0.data<uint32_t>();
-      const uint32_t* b = c1.data<uint32_t>();
+      const uint32_t* a = reinterpret_cast<const uint32_t*>(c0.data<char>());   // int32 counters: the same bits
+      const uint32_t* b = reinterpret_cast<const uint32_t*>(c1.data<char>());
       uint32_t* o = out.data<uint32_t>();
-      // a dimension of size 1 broadcasts: read it with stride 0
-      auto st = [](const mx::array& a, int d) { return a.shape(d) == 1 ? int64_t(0) : int64_t(a.strides()[d]); };
+      // a dimension of size 1 broadcasts: read it with stride 0; a 1-D input [B] reads as [B, 1]
+      auto st = [](const mx::array& a, int d) {
+        if (d >= a.ndim()) return int64_t(0);
+        return a.shape(d) == 1 ? int64_t(0) : int64_t(a.strides()[d]);
+      };
       const int64_t ss[2] = {st(seed, 0), st(seed, 1)}, as[2] = {st(c0, 0), st(c0, 1)}, bs[2] = {st(c1, 0), st(c1, 1)};
       for (int64_t r = 0; r < rows; ++r) {
         for (int64_t c = 0; c < cols; ++c) {
@@ -98,19 +101,28 @@ class ThreefryBits : public mx::Primitive {
   }
 
   std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
-    return {mx::broadcast_shapes(mx::broadcast_shapes(inputs[0].shape(), inputs[1].shape()), inputs[2].shape())};
+    return {threefry_shape(inputs[0], inputs[1], inputs[2])};
   }
 
+  static mx::Shape threefry_shape(const mx::array& seed, const mx::array& c0, const mx::array& c1) {
+    auto as2 = [](const mx::array& a) { return a.ndim() == 2 ? a.shape() : mx::Shape{a.shape(0), 1}; };
+    return mx::broadcast_shapes(mx::broadcast_shapes(as2(seed), as2(c0)), as2(c1));
+  }
 };
 
+// seed uint64 and counters uint32 or int32 (read as their uint32 cast), each [B, C] or [B] (= [B, 1]),
+// broadcasting against each other
 mx::array threefry_bits(const mx::array& seed, const mx::array& c0, const mx::array& c1) {
-  if (seed.dtype() != mx::uint64 || c0.dtype() != mx::uint32 || c1.dtype() != mx::uint32) {
-    throw std::invalid_argument("threefry_bits: expected seed uint64, counters uint32");
+  auto counter = [](const mx::array& c) { return c.dtype() == mx::uint32 || c.dtype() == mx::int32; };
+  if (seed.dtype() != mx::uint64 || !counter(c0) || !counter(c1)) {
+    throw std::invalid_argument("threefry_bits: expected seed uint64, counters uint32 or int32");
   }
-  if (seed.ndim() != 2 || c0.ndim() != 2 || c1.ndim() != 2) {
-    throw std::invalid_argument("threefry_bits: expected 2-D arrays");
+  for (const auto* a : {&seed, &c0, &c1}) {
+    if (a->ndim() != 1 && a->ndim() != 2) {
+      throw std::invalid_argument("threefry_bits: expected 1-D or 2-D arrays");
+    }
   }
-  mx::Shape shape = mx::broadcast_shapes(mx::broadcast_shapes(seed.shape(), c0.shape()), c1.shape());
+  mx::Shape shape = ThreefryBits::threefry_shape(seed, c0, c1);
   auto stream = mx::default_stream(mx::Device::cpu);
   return mx::array(shape, mx::uint32, std::make_shared<ThreefryBits>(stream), {seed, c0, c1});
 }
@@ -187,6 +199,22 @@ struct Rows {
   T operator()(int64_t r, int64_t c) const { return p[r * s0 + c * s1]; }
 };
 
+// On x86-64 the vocabulary-wide loops are also compiled for AVX2 and picked at load time (the build's baseline is
+// SSE2: a 152k-float block_max takes 23 us there, 11 us with AVX2).
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define SAMPLEC_VOCAB_LOOP __attribute__((target_clones("avx2", "default")))
+#else
+#define SAMPLEC_VOCAB_LOOP
+#endif
+
+// o[j] = max(o[j], seg[j]) for j < n, NaN winning as in MLX's max
+SAMPLEC_VOCAB_LOOP void max_into(float* o, const float* seg, int64_t n) {
+  for (int64_t j = 0; j < n; ++j) {
+    const float v = seg[j], cur = o[j];
+    o[j] = (v > cur || v != v) ? v : cur;
+  }
+}
+
 // block_max: block j of a row holds tokens j, j + NB, j + 2 NB, ... (NB = ceil(V / bs)); padding is -inf.
 struct BlockMax {
   static constexpr const char* kName = "SamplecBlockMax";
@@ -202,11 +230,7 @@ struct BlockMax {
       for (int64_t t = 0; t < bs; ++t) {
         const int64_t n = std::min<int64_t>(nb, V - t * nb);
         if (x.s1 == 1) {                        // the common case: a contiguous row, vectorizable
-          const float* seg = x.p + r * x.s0 + t * nb;
-          for (int64_t j = 0; j < n; ++j) {
-            const float v = seg[j], cur = orow[j];
-            orow[j] = (v > cur || v != v) ? v : cur;     // NaN wins, as in MLX's max
-          }
+          max_into(orow, x.p + r * x.s0 + t * nb, n);
         } else {
           for (int64_t j = 0; j < n; ++j) {
             const float v = x(r, t * nb + j);
@@ -275,6 +299,16 @@ struct BlockTop {
     const int64_t rows = in[0].shape(0), nb = in[0].shape(1);
     int32_t* top = out[0].data<int32_t>();
     float* bound = out[1].data<float>();
+    float* rmax = out[2].data<float>();
+    const Rows<float> bm(in[0]);
+    for (int64_t r = 0; r < rows; ++r) {
+      float v = -INFINITY;
+      for (int64_t j = 0; j < nb; ++j) {
+        const float b = bm(r, j);
+        if (greater_nan(b, v)) v = b;
+      }
+      rmax[r] = v;
+    }
     if (nb > m) {
       select_top_rows(in[0], m, top, bound);
       return;
@@ -329,14 +363,85 @@ struct TakeTokens {
   }
 };
 
+void gather_rows(const mx::array& a, const int32_t* pos, int64_t w, mx::array& out);
+
+// block_max followed by block_top on its result: [block maxima, top blocks, bound, row max] in one primitive.
+struct BlockMaxTop {
+  static constexpr const char* kName = "SamplecBlockMaxTop";
+  int bs, m;
+  bool operator==(const BlockMaxTop& o) const { return bs == o.bs && m == o.m; }
+  void operator()(std::vector<mx::array>& in, std::vector<mx::array>& out) const {
+    std::vector<mx::array> bm = {out[0]}, sel = {out[1], out[2], out[3]};
+    BlockMax{bs}(in, bm);
+    BlockTop{m}(bm, sel);
+  }
+};
+
+// block_ids followed by take_tokens of x at them: [ids, values] in one primitive (in = [top, x]).
+struct BlockTokens {
+  static constexpr const char* kName = "SamplecBlockTokens";
+  int bs;
+  int64_t nb;
+  bool operator==(const BlockTokens& o) const { return bs == o.bs && nb == o.nb; }
+  void operator()(std::vector<mx::array>& in, std::vector<mx::array>& out) const {
+    std::vector<mx::array> top = {in[0]}, ids = {out[0]}, take = {in[1], out[0]}, vals = {out[1]};
+    BlockIds{bs, nb}(top, ids);
+    TakeTokens{}(take, vals);
+  }
+};
+
 // topk_positions + kth_largest_static(k + 1): positions of the k largest (ascending) and the (k+1)-th largest
 // value (-inf when k + 1 > n). Which of equal values at the k-th place is taken is unspecified (plans guard it).
+// out[2 + i] = in[1 + i] at those positions (take_along), for float32 or int32 inputs shaped like x.
 struct TopKSelect {
   static constexpr const char* kName = "SamplecTopKSelect";
   int k;
   bool operator==(const TopKSelect& o) const { return k == o.k; }
   void operator()(std::vector<mx::array>& in, std::vector<mx::array>& out) const {
-    select_top_rows(in[0], k, out[0].data<int32_t>(), out[1].data<float>());
+    int32_t* pos = out[0].data<int32_t>();
+    select_top_rows(in[0], k, pos, out[1].data<float>());
+    for (size_t g = 1; g < in.size(); ++g) {
+      gather_rows(in[g], pos, k, out[g + 1]);
+    }
+  }
+};
+
+// out = a at positions pos (rows of width w), elementwise over 4-byte values (float32 or int32)
+void gather_rows(const mx::array& a, const int32_t* pos, int64_t w, mx::array& out) {
+  const uint32_t* p = reinterpret_cast<const uint32_t*>(a.data<char>());
+  uint32_t* o = reinterpret_cast<uint32_t*>(out.data<char>());
+  const int64_t rows = out.shape(0), s0 = a.strides()[0], s1 = a.strides()[1];
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t i = 0; i < w; ++i) {
+      o[r * w + i] = p[r * s0 + pos[r * w + i] * s1];
+    }
+  }
+}
+
+// argmax + take_along: the first position of each row's maximum (a NaN wins, the first one), as MLX's argmax,
+// and in[1 + i] at it.
+struct ArgmaxTake {
+  static constexpr const char* kName = "SamplecArgmaxTake";
+  bool operator==(const ArgmaxTake&) const { return true; }
+  void operator()(std::vector<mx::array>& in, std::vector<mx::array>& out) const {
+    const int64_t rows = in[0].shape(0), n = in[0].shape(1);
+    const Rows<float> x(in[0]);
+    int32_t* pos = out[0].data<int32_t>();
+    for (int64_t r = 0; r < rows; ++r) {
+      float best = x(r, 0);
+      int32_t at = 0;
+      for (int64_t i = 1; i < n; ++i) {
+        const float v = x(r, i);
+        if (greater_nan(v, best)) {
+          best = v;
+          at = static_cast<int32_t>(i);
+        }
+      }
+      pos[r] = at;
+    }
+    for (size_t g = 1; g < in.size(); ++g) {
+      gather_rows(in[g], pos, 1, out[g]);
+    }
   }
 };
 
@@ -375,12 +480,31 @@ mx::array block_max(const mx::array& x, int bs) {
 
 std::vector<mx::array> block_top(const mx::array& bm, int m) {
   need_rows(bm, mx::float32, "block_top");
-  return make(BlockTop{m}, {{bm.shape(0), m}, {bm.shape(0), 1}}, {mx::int32, mx::float32}, {bm});
+  return make(BlockTop{m}, {{bm.shape(0), m}, {bm.shape(0), 1}, {bm.shape(0), 1}},
+              {mx::int32, mx::float32, mx::float32}, {bm});
 }
 
 mx::array block_ids(const mx::array& top, int64_t nb, int bs) {
   need_rows(top, mx::int32, "block_ids");
   return make(BlockIds{bs, nb}, {{top.shape(0), top.shape(1) * bs}}, {mx::int32}, {top})[0];
+}
+
+std::vector<mx::array> block_max_top(const mx::array& x, int bs, int m) {
+  need_rows(x, mx::float32, "block_max_top");
+  const int nb = static_cast<int>((x.shape(1) + bs - 1) / bs);
+  const int rows = x.shape(0);
+  return make(BlockMaxTop{bs, m}, {{rows, nb}, {rows, m}, {rows, 1}, {rows, 1}},
+              {mx::float32, mx::int32, mx::float32, mx::float32}, {x});
+}
+
+std::vector<mx::array> block_tokens(const mx::array& top, int64_t nb, int bs, const mx::array& x) {
+  need_rows(top, mx::int32, "block_tokens");
+  need_rows(x, mx::float32, "block_tokens");
+  if (top.shape(0) != x.shape(0)) {
+    throw std::invalid_argument("block_tokens: top and x must have the same rows");
+  }
+  const int rows = x.shape(0), c = top.shape(1) * bs;
+  return make(BlockTokens{bs, nb}, {{rows, c}, {rows, c}}, {mx::int32, mx::float32}, {top, x});
 }
 
 mx::array take_tokens(const mx::array& x, const mx::array& ids) {
@@ -392,12 +516,42 @@ mx::array take_tokens(const mx::array& x, const mx::array& ids) {
   return make(TakeTokens{}, {{x.shape(0), ids.shape(1)}}, {mx::float32}, {x, ids})[0];
 }
 
-std::vector<mx::array> topk_select(const mx::array& x, int k) {
+// Arrays gathered along with a selection: float32 or int32, shaped like the array selected on.
+void need_gathers(const mx::array& x, const std::vector<mx::array>& gathers, std::vector<mx::Shape>& shapes,
+                  std::vector<mx::Dtype>& dtypes, int64_t w, const char* what) {
+  for (const auto& g : gathers) {
+    if ((g.dtype() != mx::float32 && g.dtype() != mx::int32) || g.shape() != x.shape()) {
+      throw std::invalid_argument(std::string(what) + ": gathered arrays must be float32 or int32 shaped like x");
+    }
+    shapes.push_back({x.shape(0), static_cast<int>(w)});
+    dtypes.push_back(g.dtype());
+  }
+}
+
+std::vector<mx::array> topk_select(const mx::array& x, int k, const std::vector<mx::array>& gathers) {
   need_rows(x, mx::float32, "topk_select");
   if (k < 1 || k > x.shape(1)) {
     throw std::invalid_argument("topk_select: need 1 <= k <= n");
   }
-  return make(TopKSelect{k}, {{x.shape(0), k}, {x.shape(0), 1}}, {mx::int32, mx::float32}, {x});
+  std::vector<mx::Shape> shapes = {{x.shape(0), k}, {x.shape(0), 1}};
+  std::vector<mx::Dtype> dtypes = {mx::int32, mx::float32};
+  need_gathers(x, gathers, shapes, dtypes, k, "topk_select");
+  std::vector<mx::array> inputs = {x};
+  inputs.insert(inputs.end(), gathers.begin(), gathers.end());
+  return make(TopKSelect{k}, shapes, dtypes, inputs);
+}
+
+std::vector<mx::array> argmax_take(const mx::array& x, const std::vector<mx::array>& gathers) {
+  need_rows(x, mx::float32, "argmax_take");
+  if (x.shape(1) < 1) {
+    throw std::invalid_argument("argmax_take: empty rows");
+  }
+  std::vector<mx::Shape> shapes = {{x.shape(0), 1}};
+  std::vector<mx::Dtype> dtypes = {mx::int32};
+  need_gathers(x, gathers, shapes, dtypes, 1, "argmax_take");
+  std::vector<mx::array> inputs = {x};
+  inputs.insert(inputs.end(), gathers.begin(), gathers.end());
+  return make(ArgmaxTake{}, shapes, dtypes, inputs);
 }
 
 }  // namespace
@@ -405,12 +559,17 @@ std::vector<mx::array> topk_select(const mx::array& x, int k) {
 NB_MODULE(_ext, m) {
   m.doc() = "MLX CPU primitives for samplec's -O2 plans";
   m.def("threefry_bits", &threefry_bits, nb::arg("seed"), nb::arg("c0"), nb::arg("c1"),
-        "First word of Threefry-2x32-20(key(seed), (c0, c1)) for three [B, C] arrays (uint64, uint32, uint32): "
-        "one MLX primitive on the CPU.");
+        "First word of Threefry-2x32-20(key(seed), (c0, c1)): seed uint64, counters uint32 or int32 (their "
+        "uint32 bits), each [B, C] or [B] (read as [B, 1]), broadcasting: one MLX primitive on the CPU.");
   m.def("block_max", &block_max, nb::arg("x"), nb::arg("block_size"));
   m.def("block_top", &block_top, nb::arg("block_max"), nb::arg("blocks"));
   m.def("block_ids", &block_ids, nb::arg("top"), nb::arg("num_blocks"), nb::arg("block_size"));
+  m.def("block_max_top", &block_max_top, nb::arg("x"), nb::arg("block_size"), nb::arg("blocks"),
+        "block_max then block_top on it: [block maxima, top blocks, bound, row maximum].");
+  m.def("block_tokens", &block_tokens, nb::arg("top"), nb::arg("num_blocks"), nb::arg("block_size"), nb::arg("x"),
+        "block_ids then take_tokens of x at them: [ids, values].");
   m.def("take_tokens", &take_tokens, nb::arg("x"), nb::arg("ids"));
-  m.def("topk_select", &topk_select, nb::arg("x"), nb::arg("k"));
+  m.def("topk_select", &topk_select, nb::arg("x"), nb::arg("k"), nb::arg("gathers") = std::vector<mx::array>{});
+  m.def("argmax_take", &argmax_take, nb::arg("x"), nb::arg("gathers") = std::vector<mx::array>{});
   m.def("mass_above", &mass_above, nb::arg("p"));
 }

@@ -29,16 +29,20 @@ class IdsValues:
         return iter((self.ids, self.values))
 
 
+def _layout(names) -> tuple:
+    """(attribute, key) per output attribute: key is an output name, or (ids, values) names for a pair."""
+    attrs = dict.fromkeys(k.split(".")[0] for k in names)
+    return tuple((a, (a + ".ids", a + ".values") if a in ("top_logprobs", "candidates") else a) for a in attrs)
+
+
 class Outputs:
     """The outputs of one call, as attributes named like the sampler's outputs (MLX arrays)."""
 
-    def __init__(self, values: dict[str, mx.array]):
-        self._values = values
-        for key in {k.split(".")[0] for k in values}:
-            if key in ("top_logprobs", "candidates"):
-                setattr(self, key, IdsValues(values[key + ".ids"], values[key + ".values"]))
-            else:
-                setattr(self, key, values[key])
+    def __init__(self, values: dict[str, mx.array], layout: tuple | None = None):
+        attrs = self.__dict__
+        attrs["_values"] = values
+        for attr, key in layout or _layout(values):
+            attrs[attr] = values[key] if type(key) is str else IdsValues(values[key[0]], values[key[1]])
 
     def __getattr__(self, name):
         raise AttributeError(f"this program has no output '{name}' (it has: {', '.join(self.names())})")
@@ -73,6 +77,7 @@ class Program:
                                 default=-1)
         self._known = {p.name for p in self.params}
         self._names = [k for k, _ in graph.outputs]
+        self._layout = _layout(self._names)
         self._ranges = {p.name: Range.parse(p.range) for p in self.params if p.range and p.kind != "seed"}
         self._scalars: dict = {}    # (name, value, B) -> the prepared MLX array of a plain Python scalar
 
@@ -113,7 +118,7 @@ class Program:
     # ---- running ----
     def __call__(self, logits, **params) -> Outputs:
         args = self.prepare(logits, params)
-        return Outputs(dict(zip(self._names, self._run(args, None, 0))))
+        return Outputs(dict(zip(self._names, self._run(args, None, 0))), self._layout)
 
     def _run(self, args: list[mx.array], rows: np.ndarray | None, tier: int) -> list[mx.array]:
         """Answer the rows (None: all of them) with plan `tier` (or the exact program past the last plan). Rows
@@ -127,18 +132,18 @@ class Program:
             outs, flags = self.exe(*args)
             mx.eval(outs + flags)
             for check, flag in zip(self.graph.checks, flags):
-                bad = np.array(flag)
-                if bad.any():
-                    raise SamplecError(f"{check.message} ({_rows(bad, rows)})")
+                if any(flag.tolist()):    # (tolist: a fraction of np.array's cost on a fresh result)
+                    raise SamplecError(f"{check.message} ({_rows(np.array(flag), rows)})")
             return outs
         outs, flags = self.plan_exes[tier](*args)
         mx.eval(outs + flags)
-        flagged = np.array(flags[0])
-        if not flagged.any():
+        flagged = flags[0].tolist()
+        if not any(flagged):
             self.last_tier = tier
             return outs
-        if flagged.all():
+        if all(flagged):
             return self._run(args, rows, tier + 1)
+        flagged = np.array(flagged)
         rows = np.arange(len(flagged)) if rows is None else rows
         idx = np.nonzero(flagged)[0]
         sub = self._run([a[mx.array(idx)] for a in args], rows[idx], tier + 1)
@@ -151,24 +156,17 @@ class Program:
 
     def prepare(self, logits, params: dict) -> list[mx.array]:
         """Check and normalize the call's inputs into the executable's positional arguments."""
-        x = _as_mx(logits, "logits")
-        if x.ndim == 1:
-            x = x[None, :]
-        if x.ndim != 2 or x.shape[-1] < 1 or x.shape[0] < 1:
-            raise SamplecError(f"logits: expected shape [V] or [B, V], got {list(x.shape)}")
-        if x.dtype == mx.float64:
-            x = x.astype(mx.float32)
-        if x.dtype not in (mx.float32, mx.float16, mx.bfloat16):
-            raise SamplecError(f"logits: expected float32, float16 or bfloat16, got {x.dtype}")
-        if x.dtype != mx.float32:
-            x = x.astype(mx.float32)
+        x = logits
+        if type(x) is not mx.array or x.ndim != 2 or x.dtype != mx.float32:    # (the decode loop's case skips this)
+            x = _logits(x)
         B, V = x.shape
+        if B < 1 or V < 1:
+            raise SamplecError(f"logits: expected shape [V] or [B, V], got {list(x.shape)}")
         if self._max_bias_id >= V:
             raise SamplecError(f"logit_bias: token id {self._max_bias_id} is out of range for V = {V}")
         known = self._known
-        unknown = [k for k in params if k not in known]
-        if unknown:
-            unknown.sort()
+        if not params.keys() <= known:
+            unknown = sorted(k for k in params if k not in known)
             hint = f" (parameters: {', '.join(sorted(known))})" if known else " (this sampler takes none)"
             raise SamplecError(f"unknown parameter '{unknown[0]}'{hint}")
         args = [x]
@@ -194,7 +192,8 @@ class Program:
                     (p.name not in self._ranges or self._ranges[p.name].contains(value)) or \
                     p.kind == "float" and (p.name not in self._ranges or self._ranges[p.name].contains(value)) \
                     and value == value:
-                arr = mx.array(np.full((B,), value, dtype=SCALAR_NP[p.kind]))
+                arr = mx.array(np.full((B,), value, dtype=np.uint64)) if p.kind == "seed" else \
+                    mx.array([value] * B, dtype=mx.int32 if p.kind == "int" else mx.float32)
                 if len(self._scalars) > 256:
                     self._scalars.clear()
                 self._scalars[key] = arr
@@ -202,6 +201,18 @@ class Program:
         if p.kind == "seed" and isinstance(value, np.ndarray) and value.dtype == np.uint64 and value.shape == (B,):
             return mx.array(value)
         return mx.array(_scalar_param(p, value, B))
+
+
+def _logits(value) -> mx.array:
+    """Logits of any accepted form as a float32 MLX array [B, V]."""
+    x = _as_mx(value, "logits")
+    if x.ndim == 1:
+        x = x[None, :]
+    if x.ndim != 2:
+        raise SamplecError(f"logits: expected shape [V] or [B, V], got {list(x.shape)}")
+    if x.dtype not in (mx.float32, mx.float16, mx.bfloat16, mx.float64):
+        raise SamplecError(f"logits: expected float32, float16 or bfloat16, got {x.dtype}")
+    return x if x.dtype == mx.float32 else x.astype(mx.float32)
 
 
 def _os_seeds(B: int) -> np.ndarray:

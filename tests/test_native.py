@@ -135,11 +135,96 @@ def test_programs_give_the_same_tokens_with_and_without_native(pure, body):
         x = logits(B, V, B * V)
         p_native, p0 = samplec.compile(src), samplec.compile(src, opt_level=0)
         with pure:
-            p_pure = samplec.compile(src)
+            p_pure, p0_pure = samplec.compile(src), samplec.compile(src, opt_level=0)
             want = [p_pure(x, seed=s, pos=s) for s in range(3)]
+            exact = [p0_pure(x, seed=s, pos=s) for s in range(3)]
         got = [p_native(x, seed=s, pos=s) for s in range(3)]
-        exact = [p0(x, seed=s, pos=s) for s in range(3)]
-        for g, w, e in zip(got, want, exact):
+        got0 = [p0(x, seed=s, pos=s) for s in range(3)]      # the exact program through the native rules too
+        for g, g0, w, e in zip(got, got0, want, exact):
             np.testing.assert_array_equal(np.array(g.token), np.array(w.token))
             np.testing.assert_array_equal(np.array(g.token), np.array(e.token))
+            np.testing.assert_array_equal(np.array(g0.token), np.array(e.token))
+            np.testing.assert_array_equal(np.array(g.logprob), np.array(w.logprob))
+            np.testing.assert_array_equal(np.array(g0.logprob), np.array(e.logprob))
             np.testing.assert_allclose(np.array(g.logprob), np.array(e.logprob), atol=3e-5)
+
+
+def test_argmax_take_is_mlx_argmax():
+    """The first maximum, a NaN winning (the first NaN), -0.0 equal to 0.0 -- MLX's argmax -- and gathers there."""
+    n, inf = np.nan, np.inf
+    rows = [[1, n, 3, n], [n, 1, 2, 2], [-inf, -inf, -inf, -inf], [1, 3, 3, 0], [0.0, -0.0, -0.0, 0.0],
+            [-0.0, 0.0, -1, -2], [-inf, n, 5, 5], [2, 1, 0, 7]]
+    x = mx.array(np.array(rows, dtype=np.float32))
+    ids = mx.array(np.arange(32, dtype=np.int32).reshape(8, 4) * 7)
+    pos, got_ids, got_x = native.argmax_take(x, [ids, x])
+    want = mx.argmax(x, axis=-1, keepdims=True).astype(mx.int32)
+    np.testing.assert_array_equal(np.array(pos), np.array(want))
+    np.testing.assert_array_equal(np.array(got_ids), np.take_along_axis(np.array(ids), np.array(want), 1))
+    np.testing.assert_array_equal(np.array(got_x), np.take_along_axis(np.array(x), np.array(want), 1))
+    big = logits(3, 5000, 9, "special")
+    np.testing.assert_array_equal(np.array(native.argmax_take(mx.array(big))[0])[:, 0], np.argmax(big, axis=1))
+
+
+def test_topk_select_gathers_and_block_top_row_max():
+    x = logits(5, 300, 4, "special")
+    ids = (np.arange(5 * 300, dtype=np.int32).reshape(5, 300) * 3 - 700)
+    other = mx.array(logits(5, 600, 5))[:, ::2]                  # a strided view gathers through its strides
+    pos, nxt, g_ids, g_x, g_o = native.topk_select(mx.array(x), 40, [mx.array(ids), mx.array(x), other])
+    pos = np.array(pos)
+    for got, src in ((g_ids, ids), (g_x, x), (g_o, np.array(other))):
+        np.testing.assert_array_equal(np.array(got), np.take_along_axis(src, pos, 1))
+    assert np.array(g_ids).dtype == np.int32 and np.array(g_x).dtype == np.float32
+    with pytest.raises(ValueError):
+        native.topk_select(mx.array(x), 4, [mx.array(ids[:, :10])])     # not shaped like x
+    bm = mx.array(logits(4, 500, 6, "special"))                     # row 0 holds a NaN
+    top, bound, rmax = native.block_top(bm, 8)
+    np.testing.assert_array_equal(np.array(rmax), np.array(mx.max(bm, axis=-1, keepdims=True)))
+    small = mx.array(logits(2, 5, 7))                               # fewer blocks than asked for
+    np.testing.assert_array_equal(np.array(native.block_top(small, 8)[2]), np.array(small).max(1, keepdims=True))
+
+
+@pytest.mark.parametrize("V", [50, 5000, 152064 // 4])
+def test_fused_block_primitives_equal_their_parts(V):
+    x = mx.array(logits(3, V, V, "special"))
+    bm, top, bound, row_max = native.block_max_top(x, 64, 40)
+    np.testing.assert_array_equal(np.array(bm), np.array(native.block_max(x, 64)))
+    for got, want in zip((top, bound, row_max), native.block_top(native.block_max(x, 64), 40)):
+        np.testing.assert_array_equal(np.array(got), np.array(want))
+    ids, vals = native.block_tokens(top, bm.shape[-1], 64, x)
+    want_ids = native.block_ids(top, bm.shape[-1], 64)
+    np.testing.assert_array_equal(np.array(ids), np.array(want_ids))
+    np.testing.assert_array_equal(np.array(vals), np.array(native.take_tokens(x, want_ids)))
+
+
+def test_threefry_reads_1d_operands_as_columns_and_int32_as_bits():
+    r = np.random.default_rng(3)
+    seed = np.array([5, 2 ** 64 - 1, 0], dtype=np.uint64)
+    ids = r.integers(-2 ** 31, 2 ** 31, size=(3, 20), dtype=np.int64).astype(np.int32)
+    pos = np.array([0, -1, 2 ** 31 - 1], dtype=np.int32)
+    got = native.threefry_bits(mx.array(seed), mx.array(ids), mx.array(pos))
+    want = random_bits(mx.array(seed[:, None]), mx.array(ids.view(np.uint32)), mx.array(pos.view(np.uint32)[:, None]))
+    np.testing.assert_array_equal(np.array(got), np.array(want))
+
+
+def _primitives(outputs, path) -> list[str]:
+    import re
+    mx.export_to_dot(str(path), *outputs)
+    return re.findall(r'label ="?([A-Za-z]+)', path.read_text())
+
+
+def test_native_rules_cover_the_plans_patterns(pure, tmp_path):
+    """The lowering rules leave no RandomBits broadcasts or casts, no separate gathers after the top-k and the
+    argmax, and the block selection in two primitives: the top_k plan in 10 primitives (21 without the rules)."""
+    src = "sampler s(seed: seed = 0, pos: int = 0) { top_k(40) temperature(0.8) sample(seed, position = pos) }"
+    x = mx.array(logits(2, 152064 // 8, 11))
+    prog = samplec.compile(src)
+    args = prog.prepare(x, {"seed": 3, "pos": 4})
+    outs, flags = prog.plan_exes[0](*args)
+    ops = _primitives(outs + flags, tmp_path / "g.dot")
+    assert not {"ExpandDims", "AsType", "GatherAxis", "ArgReduce", "Max"} & set(ops), ops
+    assert len(ops) == 10, ops
+    with pure:
+        p_pure = samplec.compile(src)
+        outs_pure, flags_pure = p_pure.plan_exes[0](*p_pure.prepare(x, {"seed": 3, "pos": 4}))
+    for a, b in zip(outs + flags, outs_pure + flags_pure):
+        np.testing.assert_array_equal(np.array(a), np.array(b))

@@ -248,7 +248,8 @@ def _count_at(ins, a):
 
 
 def _random_bits(seed, c0, c1):
-    out = native.threefry_bits(seed, c0, c1)          # one primitive on the CPU when samplec-native is built
+    # one primitive on the CPU when samplec-native is built (it reads a 1-D operand as [B, 1]: only 2-D ones here)
+    out = native.threefry_bits(seed, c0, c1) if seed.ndim == c0.ndim == c1.ndim == 2 else None
     return random_bits(seed, c0, c1) if out is None else out
 
 

@@ -30,10 +30,12 @@ def installed() -> bool:
 
 
 def threefry_bits(seed: mx.array, c0: mx.array, c1: mx.array) -> mx.array | None:
-    """RandomBits as one primitive, or None where the native path does not apply (the caller falls back)."""
-    if not (enabled() and seed.ndim == c0.ndim == c1.ndim == 2):
+    """RandomBits as one primitive, or None where the native path does not apply (the caller falls back). Each
+    operand is [B, C] or [B] (read as [B, 1]); int32 counters are read as their uint32 bits."""
+    if not (enabled() and all(a.ndim in (1, 2) for a in (seed, c0, c1))):
         return None
-    return _native.threefry_bits(seed.astype(mx.uint64), c0.astype(mx.uint32), c1.astype(mx.uint32))
+    c0, c1 = (c if c.dtype in (mx.uint32, mx.int32) else c.astype(mx.uint32) for c in (c0, c1))
+    return _native.threefry_bits(seed.astype(mx.uint64), c0, c1)
 
 
 def _rows(*arrays, dtype=mx.float32) -> bool:
@@ -44,10 +46,22 @@ def block_max(x: mx.array, block_size: int) -> mx.array | None:
     return _native.block_max(x, block_size) if _rows(x) else None
 
 
-def block_top(bm: mx.array, blocks: int) -> tuple[mx.array, mx.array] | None:
-    """(top block ids ascending, the (blocks+1)-th largest maximum): top_blocks and block_bound in one primitive
-    (both kernels ask for it; MLX's compile merges the two equal calls)."""
+def block_top(bm: mx.array, blocks: int) -> tuple[mx.array, mx.array, mx.array] | None:
+    """(top block ids ascending, the (blocks+1)-th largest maximum, the row maximum): top_blocks, block_bound and
+    the row's reduce_max in one primitive (each asks for it; MLX's compile merges the equal calls)."""
     return tuple(_native.block_top(bm, blocks)) if _rows(bm) else None
+
+
+def block_max_top(x: mx.array, block_size: int, blocks: int) -> tuple[mx.array, ...] | None:
+    """(block_max, then block_top's three outputs on it) in one primitive."""
+    return tuple(_native.block_max_top(x, block_size, blocks)) if _rows(x) else None
+
+
+def block_tokens(top: mx.array, num_blocks: int, block_size: int, x: mx.array) -> tuple[mx.array, mx.array] | None:
+    """(block_ids, then take_tokens of x at them) in one primitive."""
+    if not (_rows(top, dtype=mx.int32) and _rows(x) and top.shape[0] == x.shape[0]):
+        return None
+    return tuple(_native.block_tokens(top, num_blocks, block_size, x))
 
 
 def block_ids(top: mx.array, num_blocks: int, block_size: int) -> mx.array | None:
@@ -60,15 +74,20 @@ def take_tokens(x: mx.array, ids: mx.array) -> mx.array | None:
     return _native.take_tokens(x, ids)
 
 
-def topk_select(x: mx.array, k: int) -> tuple[mx.array, mx.array] | None:
-    """(positions of the k largest ascending, the (k+1)-th largest): topk_positions and the plans' tie guard
-    `kth_largest_static(k + 1)` in one primitive."""
-    return tuple(_native.topk_select(x, k)) if _rows(x) and 1 <= k <= x.shape[-1] else None
+def topk_select(x: mx.array, k: int, gathers=()) -> tuple[mx.array, ...] | None:
+    """(positions of the k largest ascending, the (k+1)-th largest, then each of `gathers` at those positions):
+    topk_positions, the plans' tie guard `kth_largest_static(k + 1)` and take_along users in one primitive."""
+    return tuple(_native.topk_select(x, k, list(gathers))) if _rows(x) and 1 <= k <= x.shape[-1] else None
+
+
+def argmax_take(x: mx.array, gathers=()) -> tuple[mx.array, ...] | None:
+    """(argmax int32 [B, 1] -- MLX's: the first maximum, a NaN winning -- then each of `gathers` there)."""
+    return tuple(_native.argmax_take(x, list(gathers))) if _rows(x) and x.shape[-1] >= 1 else None
 
 
 def mass_above(p: mx.array) -> mx.array | None:
     return _native.mass_above(p) if _rows(p) else None
 
 
-__all__ = ["mass_above", "enabled", "installed", "threefry_bits", "block_max", "block_top", "block_ids", "take_tokens",
+__all__ = ["argmax_take", "block_max_top", "block_tokens", "mass_above", "enabled", "installed", "threefry_bits", "block_max", "block_top", "block_ids", "take_tokens",
            "topk_select"]

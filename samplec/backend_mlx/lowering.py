@@ -1,0 +1,146 @@
+"""Native instruction selection: IR patterns that `samplec-native` computes as one MLX primitive on the CPU.
+
+On MLX's CPU backend every primitive of a compiled call costs its dispatch, and the call's arrays are rebuilt
+each step, however small the work. Where the native primitives are in use (`native.enabled()` when the graph is
+traced), the executable first offers each node to the rule registered for its op. A rule looks at the node, the
+nodes that use it (or the nodes that produce its inputs) and the values computed so far, and returns the value of
+every node it covers, computed by one primitive; the executable then skips those nodes. A rule that does not
+apply returns None and the node's kernel runs as usual. The IR is untouched: `--emit ir` shows the same program,
+and `SAMPLEC_NATIVE=0` runs every node through its MLX-ops kernel.
+
+    random_bits(expand(seed), cast<u32>(ids), cast<u32>(expand(pos)))  -> threefry_bits(seed, ids, pos)
+    topk_positions(x, k), take_along(a_i, it)..., kth_largest_static(x, k + 1)  -> topk_select(x, k, [a_i...])
+    argmax(x), take_along(a_i, it)...                                   -> argmax_take(x, [a_i...])
+    block_max(x), top_blocks(it, m), block_bound(it, m), reduce_max(it)  -> block_max_top(x, m)
+    block_ids(top, ..), take_tokens(x, it)                              -> block_tokens(top, .., x)
+
+Each primitive gives exactly what the nodes it covers give through their kernels (tests/test_native.py).
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import mlx.core as mx
+
+from samplec.backend_mlx import native
+from samplec.backend_mlx.kernels import PACKED_MAX
+from samplec.ir.graph import Node
+
+Env = dict          # id(node) -> mx.array, the values computed so far
+Users = dict        # id(node) -> the nodes using it, in graph order
+Rule = Callable[[Node, Users, Env], "dict[int, mx.array] | None"]
+
+GATHERABLE = (mx.float32, mx.int32)
+
+
+def _look_through(node: Node) -> Node | None:
+    """The value a 2-D RandomBits operand reads, past the broadcast and bit-preserving casts the native primitive
+    does itself: expand of a 1-D value (the primitive reads [B] as [B, 1]) and casts to u32 of i32 or u32 values.
+    None for a 1-D operand (it broadcasts as [1, C], not as [B, 1])."""
+    expanded = False
+    while True:
+        if node.op == "expand" and len(node.inputs[0].type.shape) == 1:
+            node, expanded = node.inputs[0], True
+        elif node.op == "cast" and node.attr("dtype") == "u32" and node.inputs[0].type.dtype in ("i32", "u32"):
+            node = node.inputs[0]
+        else:
+            return node if len(node.type.shape) == 2 or expanded else None
+
+
+def _random_bits(node: Node, users: Users, env: Env):
+    ops = [_look_through(i) for i in node.inputs]
+    if len(node.type.shape) != 2 or None in ops:
+        return None
+    seed, c0, c1 = (env[id(o)] for o in ops)
+    if seed.dtype != mx.uint64:
+        return None
+    out = native.threefry_bits(seed, c0, c1)
+    return None if out is None else {id(node): out}
+
+
+def _gathers(node: Node, users: Users, env: Env, like: mx.array) -> list[Node]:
+    """The take_along users of `node` (as the index) whose gathered value is already computed and shaped like
+    `like`, float32 or int32: the native selections gather them as they select."""
+    out = []
+    for u in users.get(id(node), ()):
+        if u.op == "take_along" and u.inputs[1] is node and u.inputs[0] is not node:
+            a = env.get(id(u.inputs[0]))
+            if a is not None and a.shape == like.shape and a.dtype in GATHERABLE:
+                out.append(u)
+    return out
+
+
+def _topk_positions(node: Node, users: Users, env: Env):
+    x_node, k = node.inputs[0], node.attr("k")
+    x = env[id(x_node)]
+    n = x.shape[-1]
+    if not (x.ndim == 2 and x.dtype == mx.float32 and k < n <= PACKED_MAX):    # (the kernel's native case)
+        return None
+    takes = _gathers(node, users, env, x)
+    out = native.topk_select(x, k, [env[id(t.inputs[0])] for t in takes])
+    if out is None:
+        return None
+    bound = {id(node): out[0]}
+    bound.update((id(t), v) for t, v in zip(takes, out[2:]))
+    if k + 1 < n:   # the tie guard: the (k+1)-th largest, which the kernel takes from the same selection
+        bound.update((id(u), out[1]) for u in users.get(id(x_node), ())
+                     if u.op == "kth_largest_static" and u.attr("k") == k + 1)
+    return bound
+
+
+def _argmax(node: Node, users: Users, env: Env):
+    x = env[id(node.inputs[0])]
+    if not (x.ndim == 2 and x.dtype == mx.float32 and x.shape[-1] >= 1):
+        return None
+    takes = _gathers(node, users, env, x)
+    out = native.argmax_take(x, [env[id(t.inputs[0])] for t in takes])
+    if out is None:
+        return None
+    bound = {id(node): out[0]}
+    bound.update((id(t), v) for t, v in zip(takes, out[1:]))
+    return bound
+
+
+def _block_max(node: Node, users: Users, env: Env):
+    """block_max with its top_blocks / block_bound users (one block count) and reduce_max users."""
+    x = env[id(node.inputs[0])]
+    sel = [u for u in users.get(id(node), ()) if u.op in ("top_blocks", "block_bound")]
+    counts = {u.attr("blocks") for u in sel}
+    if len(counts) != 1:
+        return None
+    out = native.block_max_top(x, node.attr("block_size"), counts.pop())
+    if out is None:
+        return None
+    bm, top, bound, row_max = out
+    bound_to = {"top_blocks": top, "block_bound": bound, "reduce_max": row_max}
+    covered = {id(node): bm}
+    covered.update((id(u), bound_to[u.op]) for u in users.get(id(node), ()) if u.op in bound_to)
+    return covered
+
+
+def _block_ids(node: Node, users: Users, env: Env):
+    """block_ids with its take_tokens users (on computed logits with the same rows)."""
+    top, bm = env[id(node.inputs[0])], env[id(node.inputs[1])]
+    takes = [u for u in users.get(id(node), ()) if u.op == "take_tokens" and u.inputs[1] is node
+             and id(u.inputs[0]) in env]
+    xs = {id(u.inputs[0]) for u in takes}
+    if len(xs) != 1:
+        return None
+    x = env[xs.pop()]
+    out = native.block_tokens(top, bm.shape[-1], node.attr("block_size"), x)
+    if out is None:
+        return None
+    covered = {id(node): out[0]}
+    covered.update((id(u), out[1]) for u in takes)
+    return covered
+
+
+RULES: dict[str, Rule] = {
+    "random_bits": _random_bits,
+    "topk_positions": _topk_positions,
+    "argmax": _argmax,
+    "block_max": _block_max,
+    "block_ids": _block_ids,
+}
+
+__all__ = ["RULES"]
