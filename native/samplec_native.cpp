@@ -7,6 +7,7 @@
 // answers). The primitive is CPU-only; samplec uses the MLX-ops version everywhere else.
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <string>
@@ -554,6 +555,22 @@ std::vector<mx::array> argmax_take(const mx::array& x, const std::vector<mx::arr
   return make(ArgmaxTake{}, shapes, dtypes, inputs);
 }
 
+// Wait for arrays being evaluated (mx.async_eval) by polling for up to `spin_us` microseconds before blocking.
+void spin_wait(const std::vector<mx::array>& arrays, double spin_us) {
+  const auto start = std::chrono::steady_clock::now();
+  for (const auto& a : arrays) {
+    while (!a.is_available()) {
+      if (std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count() > spin_us) {
+        break;
+      }
+#if defined(__x86_64__)
+      __builtin_ia32_pause();
+#endif
+    }
+    const_cast<mx::array&>(a).wait();
+  }
+}
+
 }  // namespace
 
 NB_MODULE(_ext, m) {
@@ -572,4 +589,5 @@ NB_MODULE(_ext, m) {
   m.def("topk_select", &topk_select, nb::arg("x"), nb::arg("k"), nb::arg("gathers") = std::vector<mx::array>{});
   m.def("argmax_take", &argmax_take, nb::arg("x"), nb::arg("gathers") = std::vector<mx::array>{});
   m.def("mass_above", &mass_above, nb::arg("p"));
+  m.def("spin_wait", &spin_wait, nb::arg("arrays"), nb::arg("spin_us"), nb::call_guard<nb::gil_scoped_release>());
 }

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import mlx.core as mx
 import numpy as np
 
+from samplec.backend_mlx.native import evaluate
 from samplec.diagnostics import SamplecError
 from samplec.ir.graph import Graph, Param
 from samplec.ir.printer import print_graph
@@ -130,13 +131,13 @@ class Program:
             self.fallbacks += bool(self.plans)
             self.last_tier = tier
             outs, flags = self.exe(*args)
-            mx.eval(outs + flags)
+            evaluate(outs + flags)
             for check, flag in zip(self.graph.checks, flags):
                 if any(flag.tolist()):    # (tolist: a fraction of np.array's cost on a fresh result)
                     raise SamplecError(f"{check.message} ({_rows(np.array(flag), rows)})")
             return outs
         outs, flags = self.plan_exes[tier](*args)
-        mx.eval(outs + flags)
+        evaluate(outs + flags)
         flagged = flags[0].tolist()
         if not any(flagged):
             self.last_tier = tier

@@ -228,3 +228,15 @@ def test_native_rules_cover_the_plans_patterns(pure, tmp_path):
         outs_pure, flags_pure = p_pure.plan_exes[0](*p_pure.prepare(x, {"seed": 3, "pos": 4}))
     for a, b in zip(outs + flags, outs_pure + flags_pure):
         np.testing.assert_array_equal(np.array(a), np.array(b))
+
+
+def test_evaluate_polls_then_blocks(monkeypatch):
+    """Whatever the poll budget (none, shorter than the work, longer), evaluate gives mx.eval's values."""
+    x = mx.array(logits(2, 3000, 12))
+    want = np.array(mx.argmax(x * 2, axis=-1))
+    for spin_us in (0.0, 5.0, 300.0):
+        monkeypatch.setattr(native, "SPIN_US", spin_us)
+        y = mx.argmax(x * 2, axis=-1)
+        native.evaluate([y, x])
+        np.testing.assert_array_equal(np.array(y), want)
+    native.evaluate([x])                                  # already evaluated

@@ -38,6 +38,24 @@ def threefry_bits(seed: mx.array, c0: mx.array, c1: mx.array) -> mx.array | None
     return _native.threefry_bits(seed.astype(mx.uint64), c0, c1)
 
 
+SPIN_US = 300.0     # how long a wait polls before it blocks (a -O2 plan at B = 1 evaluates in ~0.1 ms)
+
+
+def evaluate(arrays: list[mx.array]) -> None:
+    """mx.eval, but on the CPU with the native package the calling thread polls for the result (up to SPIN_US,
+    then it sleeps as mx.eval does) instead of sleeping until MLX's worker thread wakes it: on a VM a sleeping
+    thread takes ~10-20 us to wake, a tenth of a B = 1 call. Not on a single core (the poll would hold the core the
+    worker needs), nor with SAMPLEC_SPIN=0."""
+    if _native is None or not _SPIN or mx.default_device() != mx.cpu:
+        mx.eval(arrays)
+        return
+    mx.async_eval(arrays)
+    _native.spin_wait(arrays, SPIN_US)
+
+
+_SPIN = (os.cpu_count() or 1) > 1 and os.environ.get("SAMPLEC_SPIN", "1") != "0"
+
+
 def _rows(*arrays, dtype=mx.float32) -> bool:
     return enabled() and all(a.ndim == 2 for a in arrays) and arrays[0].dtype == dtype
 
