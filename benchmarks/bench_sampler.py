@@ -24,6 +24,7 @@ import argparse
 import ctypes
 import json
 import platform
+import random
 import statistics
 import sys
 import time
@@ -261,10 +262,13 @@ def median_ms(step, budget_s: float, min_reps: int = 3, max_reps: int = 50) -> f
     return statistics.median(times) * 1e3
 
 
-def interleaved_medians(steps: dict, budget_s: float, min_reps: int = 3, max_reps: int = 60) -> dict:
+def interleaved_medians(steps: dict, budget_s: float, min_reps: int = 3, max_reps: int = 2000) -> dict:
     """Median ms of each step, timed in rounds (one call of every step per round) so that a burst of load on this
     shared machine falls on all peers alike. A step stops once it has max_reps calls, or min_reps and budget_s of
-    its own time."""
+    its own time: a 0.2 ms step gets ~1000 calls, so that a burst of noise moves its median little. Each round
+    runs the steps in a shuffled (seeded) order: a step that always followed the same neighbor would always find
+    the caches as that neighbor left them (llama.cpp's step writes 1.8 MB at V = 152064)."""
+    order = random.Random(0)
     for step in steps.values():
         step(0)
         step(1)   # warm-up: compilation, caches
@@ -273,7 +277,9 @@ def interleaved_medians(steps: dict, budget_s: float, min_reps: int = 3, max_rep
     active = set(steps)
     n = 2
     while active:
-        for k in [k for k in steps if k in active]:
+        keys = [k for k in steps if k in active]
+        order.shuffle(keys)
+        for k in keys:
             t0 = time.perf_counter()
             steps[k](n)
             dt = time.perf_counter() - t0

@@ -7,6 +7,7 @@
 // answers). The primitive is CPU-only; samplec uses the MLX-ops version everywhere else.
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -555,6 +556,61 @@ std::vector<mx::array> argmax_take(const mx::array& x, const std::vector<mx::arr
   return make(ArgmaxTake{}, shapes, dtypes, inputs);
 }
 
+// Keeping MLX's CPU worker awake between the start of a call and its dispatch: `hold` returns an array whose
+// evaluation polls (up to max_us) until `release` is called. Evaluated first (mx.async_eval), it wakes the
+// worker thread while the caller prepares the call, and the worker finds the call's tasks queued when it ends:
+// a sleeping worker takes ~10-30 us to wake on a VM.
+std::atomic<uint64_t> g_released{0};
+std::atomic<uint64_t> g_holds{0};
+
+class Hold : public mx::Primitive {
+ public:
+  Hold(mx::Stream stream, uint64_t ticket, double max_us) : mx::Primitive(stream), ticket_(ticket), max_us_(max_us) {}
+
+  void eval_cpu(const std::vector<mx::array>&, std::vector<mx::array>& outputs) override {
+    auto& out = outputs[0];
+    out.set_data(mx::allocator::malloc(out.nbytes()));
+    auto& encoder = mx::cpu::get_command_encoder(stream());
+    encoder.set_output_array(out);
+    encoder.dispatch([ticket = ticket_, max_us = max_us_, out = mx::array::unsafe_weak_copy(out)]() mutable {
+      const auto start = std::chrono::steady_clock::now();
+      while (g_released.load(std::memory_order_acquire) < ticket &&
+             std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count() < max_us) {
+#if defined(__x86_64__)
+        __builtin_ia32_pause();
+#endif
+      }
+      *out.data<uint32_t>() = 0;
+    });
+  }
+
+  void eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) override {
+    throw std::runtime_error("samplec_native.hold runs on the CPU only");
+  }
+
+  const char* name() const override {
+    return "SamplecHold";
+  }
+
+  bool is_equivalent(const mx::Primitive&) const override {
+    return false;
+  }
+
+ private:
+  uint64_t ticket_;
+  double max_us_;
+};
+
+mx::array hold(double max_us) {
+  auto stream = mx::default_stream(mx::Device::cpu);
+  const uint64_t ticket = g_holds.fetch_add(1) + 1;
+  return mx::array({}, mx::uint32, std::make_shared<Hold>(stream, ticket, max_us), {});
+}
+
+void release() {
+  g_released.store(g_holds.load());
+}
+
 // Wait for arrays being evaluated (mx.async_eval) by polling for up to `spin_us` microseconds before blocking.
 void spin_wait(const std::vector<mx::array>& arrays, double spin_us) {
   const auto start = std::chrono::steady_clock::now();
@@ -589,5 +645,7 @@ NB_MODULE(_ext, m) {
   m.def("topk_select", &topk_select, nb::arg("x"), nb::arg("k"), nb::arg("gathers") = std::vector<mx::array>{});
   m.def("argmax_take", &argmax_take, nb::arg("x"), nb::arg("gathers") = std::vector<mx::array>{});
   m.def("mass_above", &mass_above, nb::arg("p"));
+  m.def("hold", &hold, nb::arg("max_us"));
+  m.def("release", &release);
   m.def("spin_wait", &spin_wait, nb::arg("arrays"), nb::arg("spin_us"), nb::call_guard<nb::gil_scoped_release>());
 }

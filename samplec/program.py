@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import mlx.core as mx
 import numpy as np
 
-from samplec.backend_mlx.native import evaluate
+from samplec.backend_mlx.native import evaluate, wake
 from samplec.diagnostics import SamplecError
 from samplec.ir.graph import Graph, Param
 from samplec.ir.printer import print_graph
@@ -81,6 +81,7 @@ class Program:
         self._layout = _layout(self._names)
         self._ranges = {p.name: Range.parse(p.range) for p in self.params if p.range and p.kind != "seed"}
         self._scalars: dict = {}    # (name, value, B) -> the prepared MLX array of a plain Python scalar
+        self._scalars_only = all(p.kind in SCALAR_NP for p in self.params)
 
     @property
     def plan(self) -> Graph | None:
@@ -118,6 +119,8 @@ class Program:
 
     # ---- running ----
     def __call__(self, logits, **params) -> Outputs:
+        if self._scalars_only and not any(type(v) is mx.array for v in params.values()):
+            wake()      # (preparing such a call never waits for MLX: the worker can wake meanwhile)
         args = self.prepare(logits, params)
         return Outputs(dict(zip(self._names, self._run(args, None, 0))), self._layout)
 

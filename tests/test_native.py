@@ -240,3 +240,30 @@ def test_evaluate_polls_then_blocks(monkeypatch):
         native.evaluate([y, x])
         np.testing.assert_array_equal(np.array(y), want)
     native.evaluate([x])                                  # already evaluated
+
+
+def test_wake_holds_the_worker_until_the_dispatch_or_its_time_limit(monkeypatch):
+    """A wake ends with the next evaluate; without one it ends on its own (after HOLD_US), so a caller that waits
+    for MLX in between is delayed, never stuck."""
+    x = mx.array(logits(1, 2000, 13))
+    native.wake()
+    y = mx.max(x, axis=-1)
+    native.evaluate([y])
+    assert float(np.array(y)[0]) == float(np.array(x).max())
+    monkeypatch.setattr(native, "HOLD_US", 20_000.0)
+    import time
+    native.wake()
+    t0 = time.perf_counter()
+    mx.eval(mx.sum(x))                                    # queued behind the hold: runs once it times out
+    assert time.perf_counter() - t0 < 5.0
+
+
+def test_calls_with_array_parameters_do_not_wake():
+    """Preparing a history waits for MLX (its range check): such a program does not hold the worker."""
+    src = "sampler s(h: tokens, seed: seed = 0) { penalties(h, repeat = 1.3) top_k(5) sample(seed) }"
+    prog = samplec.compile(src)
+    assert not prog._scalars_only
+    x = logits(2, 300, 14)
+    with_native = prog(x, h=np.array([[1, 2], [3, 4]]), seed=1).token
+    exact = samplec.compile(src, opt_level=0)(x, h=np.array([[1, 2], [3, 4]]), seed=1).token
+    np.testing.assert_array_equal(np.array(with_native), np.array(exact))

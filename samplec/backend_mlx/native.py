@@ -39,21 +39,34 @@ def threefry_bits(seed: mx.array, c0: mx.array, c1: mx.array) -> mx.array | None
 
 
 SPIN_US = 300.0     # how long a wait polls before it blocks (a -O2 plan at B = 1 evaluates in ~0.1 ms)
+HOLD_US = 300.0     # how long MLX's CPU worker is kept awake for a call's dispatch at most
+_SPIN = (os.cpu_count() or 1) > 1 and os.environ.get("SAMPLEC_SPIN", "1") != "0"
+
+
+def _polling() -> bool:
+    return _native is not None and _SPIN and mx.default_device() == mx.cpu
+
+
+def wake() -> None:
+    """Wake MLX's CPU worker thread now and keep it polling (up to HOLD_US) until the next `evaluate` has
+    dispatched its work: on a VM a sleeping thread takes ~10-30 us to wake, a fifth of a B = 1 call, and this way
+    it wakes while the caller still prepares the call. The caller must not wait for the CPU stream in between
+    (it would wait for the hold to time out)."""
+    if _polling():
+        mx.async_eval(_native.hold(HOLD_US))
 
 
 def evaluate(arrays: list[mx.array]) -> None:
     """mx.eval, but on the CPU with the native package the calling thread polls for the result (up to SPIN_US,
-    then it sleeps as mx.eval does) instead of sleeping until MLX's worker thread wakes it: on a VM a sleeping
-    thread takes ~10-20 us to wake, a tenth of a B = 1 call. Not on a single core (the poll would hold the core the
-    worker needs), nor with SAMPLEC_SPIN=0."""
-    if _native is None or not _SPIN or mx.default_device() != mx.cpu:
+    then it sleeps as mx.eval does) instead of sleeping until MLX's worker thread wakes it, and a `wake` hold
+    ends once the work is queued. Not on a single core (polling would hold the core the worker needs), nor with
+    SAMPLEC_SPIN=0."""
+    if not _polling():
         mx.eval(arrays)
         return
     mx.async_eval(arrays)
+    _native.release()
     _native.spin_wait(arrays, SPIN_US)
-
-
-_SPIN = (os.cpu_count() or 1) > 1 and os.environ.get("SAMPLEC_SPIN", "1") != "0"
 
 
 def _rows(*arrays, dtype=mx.float32) -> bool:
@@ -107,5 +120,5 @@ def mass_above(p: mx.array) -> mx.array | None:
     return _native.mass_above(p) if _rows(p) else None
 
 
-__all__ = ["argmax_take", "block_max_top", "block_tokens", "mass_above", "enabled", "installed", "threefry_bits", "block_max", "block_top", "block_ids", "take_tokens",
+__all__ = ["evaluate", "wake", "argmax_take", "block_max_top", "block_tokens", "mass_above", "enabled", "installed", "threefry_bits", "block_max", "block_top", "block_ids", "take_tokens",
            "topk_select"]
