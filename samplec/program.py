@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import mlx.core as mx
 import numpy as np
 
-from samplec.backend_mlx.native import evaluate, wake
+from samplec.backend_mlx.native import evaluate, release, wake
 from samplec.diagnostics import SamplecError
 from samplec.ir.graph import Graph, Param
 from samplec.ir.printer import print_graph
@@ -121,7 +121,11 @@ class Program:
     def __call__(self, logits, **params) -> Outputs:
         if self._scalars_only and not any(type(v) is mx.array for v in params.values()):
             wake()      # (preparing such a call never waits for MLX: the worker can wake meanwhile)
-        args = self.prepare(logits, params)
+        try:
+            args = self.prepare(logits, params)
+        except BaseException:
+            release()   # (the worker need not poll for a call that does not come)
+            raise
         return Outputs(dict(zip(self._names, self._run(args, None, 0))), self._layout)
 
     def _run(self, args: list[mx.array], rows: np.ndarray | None, tier: int) -> list[mx.array]:

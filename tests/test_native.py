@@ -267,3 +267,18 @@ def test_calls_with_array_parameters_do_not_wake():
     with_native = prog(x, h=np.array([[1, 2], [3, 4]]), seed=1).token
     exact = samplec.compile(src, opt_level=0)(x, h=np.array([[1, 2], [3, 4]]), seed=1).token
     np.testing.assert_array_equal(np.array(with_native), np.array(exact))
+
+
+def test_a_call_that_fails_before_its_dispatch_ends_its_hold(monkeypatch):
+    """A hold lasts until the call dispatches; a call rejected while preparing releases it at once, so the next
+    evaluation is not queued behind a worker polling for HOLD_US (here made long enough to notice: 2 s)."""
+    import time
+    monkeypatch.setattr(native, "HOLD_US", 2_000_000.0)
+    prog = samplec.compile("sampler s(t: float = 1.0, seed: seed = 0) { temperature(t) sample(seed) }")
+    x = logits(1, 500, 15)
+    with pytest.raises(samplec.SamplecError, match="unknown parameter 'temp'"):
+        prog(x, temp=5.0)
+    t0 = time.perf_counter()
+    mx.eval(mx.sum(mx.array(x)))
+    assert time.perf_counter() - t0 < 1.0
+    assert prog(x, t=0.5, seed=3).token.shape == (1,)

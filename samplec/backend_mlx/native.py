@@ -56,6 +56,12 @@ def wake() -> None:
         mx.async_eval(_native.hold(HOLD_US))
 
 
+def release() -> None:
+    """End a `wake` hold now (a call that fails before its dispatch)."""
+    if _native is not None:
+        _native.release()
+
+
 def evaluate(arrays: list[mx.array]) -> None:
     """mx.eval, but on the CPU with the native package the calling thread polls for the result (up to SPIN_US,
     then it sleeps as mx.eval does) instead of sleeping until MLX's worker thread wakes it, and a `wake` hold
@@ -120,5 +126,5 @@ def mass_above(p: mx.array) -> mx.array | None:
     return _native.mass_above(p) if _rows(p) else None
 
 
-__all__ = ["evaluate", "wake", "argmax_take", "block_max_top", "block_tokens", "mass_above", "enabled", "installed", "threefry_bits", "block_max", "block_top", "block_ids", "take_tokens",
+__all__ = ["evaluate", "release", "wake", "argmax_take", "block_max_top", "block_tokens", "mass_above", "enabled", "installed", "threefry_bits", "block_max", "block_top", "block_ids", "take_tokens",
            "topk_select"]
