@@ -518,16 +518,22 @@ mx::array take_tokens(const mx::array& x, const mx::array& ids) {
   return make(TakeTokens{}, {{x.shape(0), ids.shape(1)}}, {mx::float32}, {x, ids})[0];
 }
 
-// Arrays gathered along with a selection: float32 or int32, shaped like the array selected on.
-void need_gathers(const mx::array& x, const std::vector<mx::array>& gathers, std::vector<mx::Shape>& shapes,
-                  std::vector<mx::Dtype>& dtypes, int64_t w, const char* what) {
+// A selection's primitive: its own outputs, then one [rows, w] output per gathered array (float32 or int32,
+// shaped like x), with x and the gathered arrays as inputs.
+template <class Impl>
+std::vector<mx::array> make_gathering(Impl impl, const mx::array& x, const std::vector<mx::array>& gathers,
+                                      std::vector<mx::Shape> shapes, std::vector<mx::Dtype> dtypes, int w,
+                                      const char* what) {
+  std::vector<mx::array> inputs = {x};
   for (const auto& g : gathers) {
     if ((g.dtype() != mx::float32 && g.dtype() != mx::int32) || g.shape() != x.shape()) {
       throw std::invalid_argument(std::string(what) + ": gathered arrays must be float32 or int32 shaped like x");
     }
-    shapes.push_back({x.shape(0), static_cast<int>(w)});
+    shapes.push_back({x.shape(0), w});
     dtypes.push_back(g.dtype());
+    inputs.push_back(g);
   }
+  return make(impl, std::move(shapes), std::move(dtypes), std::move(inputs));
 }
 
 std::vector<mx::array> topk_select(const mx::array& x, int k, const std::vector<mx::array>& gathers) {
@@ -535,12 +541,8 @@ std::vector<mx::array> topk_select(const mx::array& x, int k, const std::vector<
   if (k < 1 || k > x.shape(1)) {
     throw std::invalid_argument("topk_select: need 1 <= k <= n");
   }
-  std::vector<mx::Shape> shapes = {{x.shape(0), k}, {x.shape(0), 1}};
-  std::vector<mx::Dtype> dtypes = {mx::int32, mx::float32};
-  need_gathers(x, gathers, shapes, dtypes, k, "topk_select");
-  std::vector<mx::array> inputs = {x};
-  inputs.insert(inputs.end(), gathers.begin(), gathers.end());
-  return make(TopKSelect{k}, shapes, dtypes, inputs);
+  return make_gathering(TopKSelect{k}, x, gathers, {{x.shape(0), k}, {x.shape(0), 1}}, {mx::int32, mx::float32},
+                        k, "topk_select");
 }
 
 std::vector<mx::array> argmax_take(const mx::array& x, const std::vector<mx::array>& gathers) {
@@ -548,12 +550,22 @@ std::vector<mx::array> argmax_take(const mx::array& x, const std::vector<mx::arr
   if (x.shape(1) < 1) {
     throw std::invalid_argument("argmax_take: empty rows");
   }
-  std::vector<mx::Shape> shapes = {{x.shape(0), 1}};
-  std::vector<mx::Dtype> dtypes = {mx::int32};
-  need_gathers(x, gathers, shapes, dtypes, 1, "argmax_take");
-  std::vector<mx::array> inputs = {x};
-  inputs.insert(inputs.end(), gathers.begin(), gathers.end());
-  return make(ArgmaxTake{}, shapes, dtypes, inputs);
+  return make_gathering(ArgmaxTake{}, x, gathers, {{x.shape(0), 1}}, {mx::int32}, 1, "argmax_take");
+}
+
+// Poll (with a pause hint) until done() or max_us have passed; whether done() held.
+template <class F>
+bool poll(F done, double max_us) {
+  const auto start = std::chrono::steady_clock::now();
+  while (!done()) {
+    if (std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count() > max_us) {
+      return false;
+    }
+#if defined(__x86_64__)
+    __builtin_ia32_pause();
+#endif
+  }
+  return true;
 }
 
 // Keeping MLX's CPU worker awake between the start of a call and its dispatch: `hold` returns an array whose
@@ -573,13 +585,7 @@ class Hold : public mx::Primitive {
     auto& encoder = mx::cpu::get_command_encoder(stream());
     encoder.set_output_array(out);
     encoder.dispatch([ticket = ticket_, max_us = max_us_, out = mx::array::unsafe_weak_copy(out)]() mutable {
-      const auto start = std::chrono::steady_clock::now();
-      while (g_released.load(std::memory_order_acquire) < ticket &&
-             std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count() < max_us) {
-#if defined(__x86_64__)
-        __builtin_ia32_pause();
-#endif
-      }
+      poll([ticket] { return g_released.load(std::memory_order_acquire) >= ticket; }, max_us);
       *out.data<uint32_t>() = 0;
     });
   }
@@ -615,14 +621,8 @@ void release() {
 void spin_wait(const std::vector<mx::array>& arrays, double spin_us) {
   const auto start = std::chrono::steady_clock::now();
   for (const auto& a : arrays) {
-    while (!a.is_available()) {
-      if (std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count() > spin_us) {
-        break;
-      }
-#if defined(__x86_64__)
-      __builtin_ia32_pause();
-#endif
-    }
+    const double spent = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count();
+    poll([&a] { return a.is_available(); }, spin_us - spent);
     const_cast<mx::array&>(a).wait();
   }
 }

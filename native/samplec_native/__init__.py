@@ -3,5 +3,5 @@ from samplec_native._ext import (argmax_take, block_ids, block_max, block_max_to
                                  block_top, hold, mass_above, release, spin_wait, take_tokens,
                                  threefry_bits, topk_select)
 
-__all__ = ["threefry_bits", "block_max", "block_top", "block_ids", "take_tokens", "topk_select", "mass_above", "argmax_take",
-           "block_max_top", "block_tokens", "spin_wait", "hold", "release"]
+__all__ = ["threefry_bits", "block_max", "block_top", "block_ids", "take_tokens", "topk_select", "mass_above",
+           "argmax_take", "block_max_top", "block_tokens", "spin_wait", "hold", "release"]
