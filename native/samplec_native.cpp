@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <stdexcept>
 #include <vector>
@@ -201,19 +202,105 @@ struct Rows {
   T operator()(int64_t r, int64_t c) const { return p[r * s0 + c * s1]; }
 };
 
-// On x86-64 the vocabulary-wide loops are also compiled for AVX2 and picked at load time (the build's baseline is
-// SSE2: a 152k-float block_max takes 23 us there, 11 us with AVX2).
+// On x86-64 the vocabulary-wide loops are also compiled for AVX2 and AVX-512 and picked at load time (the build's
+// baseline is SSE2).
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define SAMPLEC_VOCAB_LOOP __attribute__((target_clones("avx2", "default")))
+#define SAMPLEC_VOCAB_LOOP __attribute__((target_clones("avx512f", "avx2", "default")))
 #else
 #define SAMPLEC_VOCAB_LOOP
 #endif
 
-// o[j] = max(o[j], seg[j]) for j < n, NaN winning as in MLX's max
-SAMPLEC_VOCAB_LOOP void max_into(float* o, const float* seg, int64_t n) {
-  for (int64_t j = 0; j < n; ++j) {
-    const float v = seg[j], cur = o[j];
-    o[j] = (v > cur || v != v) ? v : cur;
+// The vectorized maxima below keep 16 running maxima (`x > m ? x : m`: vmaxps) in two 8-float vectors (AVX2 and
+// AVX-512 registers) and, beside them, running sums as a NaN probe: a NaN among the values leaves its lane's sum
+// NaN. A NaN probe (also reached by +inf meeting -inf, or by overflow) sends the values through the exact scalar
+// loop, so the result is always MLX's: a NaN wins.
+typedef float F8 __attribute__((vector_size(8 * sizeof(float))));
+constexpr int kLanes = 16;
+
+struct Lanes {
+  F8 m0, m1, s0, s1;
+  Lanes() : m0{}, m1{}, s0{}, s1{} {
+    m0 -= INFINITY;
+    m1 -= INFINITY;
+  }
+  void add(const float* p) {        // p[0..16)
+    F8 a, b;
+    std::memcpy(&a, p, sizeof a);
+    std::memcpy(&b, p + 8, sizeof b);
+    m0 = a > m0 ? a : m0;
+    m1 = b > m1 ? b : m1;
+    s0 += a;
+    s1 += b;
+  }
+  void store(float* o) const {
+    std::memcpy(o, &m0, sizeof m0);
+    std::memcpy(o + 8, &m1, sizeof m1);
+  }
+  bool probe_nan() const {
+    const F8 s = s0 + s1;
+    float t = 0.0f;
+    for (int j = 0; j < 8; ++j) t += s[j];
+    return t != t;
+  }
+  float max() const {
+    float best = -INFINITY;
+    for (int j = 0; j < 8; ++j) {
+      best = m0[j] > best ? m0[j] : best;
+      best = m1[j] > best ? m1[j] : best;
+    }
+    return best;
+  }
+};
+
+// The largest of v[0..n), a NaN winning.
+SAMPLEC_VOCAB_LOOP float max_nan(const float* v, int64_t n) {
+  Lanes acc;
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) acc.add(v + i);
+  float best = acc.max();
+  bool nan = acc.probe_nan();
+  for (; i < n; ++i) {
+    best = v[i] > best ? v[i] : best;
+    nan |= v[i] != v[i];
+  }
+  if (nan) {
+    for (int64_t t = 0; t < n; ++t) {
+      if (std::isnan(v[t])) return v[t];
+    }
+  }
+  return best;
+}
+
+// One row's block maxima: o[c] = the largest of x[t * nb + c] over t < bs with t * nb + c < V (block c holds
+// tokens c, c + nb, c + 2 nb, ...; past V is padding), a NaN winning. kLanes blocks at a time keep their maxima
+// in registers while the loop walks down the row's segments.
+SAMPLEC_VOCAB_LOOP void block_max_row(const float* x, int64_t V, int64_t nb, int bs, float* o) {
+  const int64_t whole = std::min<int64_t>(bs, V / nb);     // segments of nb real tokens; one partial may follow
+  int64_t c = 0;
+  for (; c + kLanes <= nb; c += kLanes) {
+    Lanes acc;
+    for (int64_t t = 0; t < whole; ++t) acc.add(x + t * nb + c);
+    acc.store(o + c);
+    if (acc.probe_nan()) {      // exactly, NaN-aware (the partial segment's part of these blocks is below)
+      for (int j = 0; j < kLanes; ++j) {
+        for (int64_t t = 0; t < whole; ++t) {
+          if (std::isnan(x[t * nb + c + j])) o[c + j] = x[t * nb + c + j];
+        }
+      }
+    }
+  }
+  for (; c < nb; ++c) {         // the blocks past the last kLanes
+    float m = -INFINITY;
+    for (int64_t t = 0; t < whole; ++t) {
+      if (greater_nan(x[t * nb + c], m)) m = x[t * nb + c];
+    }
+    o[c] = m;
+  }
+  if (whole < bs) {             // the partial segment: tokens whole * nb .. V - 1
+    const float* seg = x + whole * nb;
+    for (int64_t j = 0; j < V - whole * nb; ++j) {
+      if (greater_nan(seg[j], o[j])) o[j] = seg[j];
+    }
   }
 }
 
@@ -226,45 +313,42 @@ struct BlockMax {
     const int64_t rows = in[0].shape(0), V = in[0].shape(1), nb = out[0].shape(1);
     const Rows<float> x(in[0]);
     float* o = out[0].data<float>();
+    std::vector<float> row(x.s1 == 1 ? 0 : V);
     for (int64_t r = 0; r < rows; ++r) {
-      float* orow = o + r * nb;
-      for (int64_t j = 0; j < nb; ++j) orow[j] = -INFINITY;
-      for (int64_t t = 0; t < bs; ++t) {
-        const int64_t n = std::min<int64_t>(nb, V - t * nb);
-        if (x.s1 == 1) {                        // the common case: a contiguous row, vectorizable
-          max_into(orow, x.p + r * x.s0 + t * nb, n);
-        } else {
-          for (int64_t j = 0; j < n; ++j) {
-            const float v = x(r, t * nb + j);
-            if (greater_nan(v, orow[j])) orow[j] = v;
-          }
-        }
+      const float* v = x.p + r * x.s0;
+      if (x.s1 != 1) {                          // a strided view: copied to a contiguous row first
+        for (int64_t i = 0; i < V; ++i) row[i] = x(r, i);
+        v = row.data();
       }
+      block_max_row(v, V, nb, bs, o + r * nb);
     }
   }
 };
 
-// The k largest of v[0..n) (their positions, ascending) and the (k+1)-th largest value (-inf when n <= k), in
-// one pass with a min-heap of k + 1 entries: most values fall below the heap's minimum and cost one compare.
-void select_top(const float* v, int64_t n, int k, int32_t* top, float* next,
-                std::vector<std::pair<float, int32_t>>& heap) {
+// The k largest of v at the positions `at(0..count)` (ascending; their positions, ascending) and the (k+1)-th
+// largest value (-inf when count <= k), with a min-heap of k + 1 entries. Equal values rank by position (the
+// lower first), a NaN above everything.
+template <class At>
+void heap_select(const float* v, int64_t count, At at, int k, int32_t* top, float* next,
+                 std::vector<std::pair<float, int32_t>>& heap) {
   // heap order: the smallest (value, then the larger position) on top, so ties keep the lower positions
   auto worse = [](const std::pair<float, int32_t>& a, const std::pair<float, int32_t>& b) {
     return greater_nan(a.first, b.first) || (a.first == b.first && a.second < b.second) ||
            (std::isnan(a.first) && std::isnan(b.first) && a.second < b.second);
   };
-  const int64_t keep = std::min<int64_t>(n, k + 1);
+  const int64_t keep = std::min<int64_t>(count, k + 1);
   heap.clear();
-  for (int64_t i = 0; i < keep; ++i) heap.emplace_back(v[i], static_cast<int32_t>(i));
+  for (int64_t i = 0; i < keep; ++i) heap.emplace_back(v[at(i)], static_cast<int32_t>(at(i)));
   std::make_heap(heap.begin(), heap.end(), worse);
-  for (int64_t i = keep; i < n; ++i) {
-    if (greater_nan(v[i], heap.front().first)) {
+  for (int64_t i = keep; i < count; ++i) {
+    const int64_t p = at(i);
+    if (greater_nan(v[p], heap.front().first)) {
       std::pop_heap(heap.begin(), heap.end(), worse);
-      heap.back() = {v[i], static_cast<int32_t>(i)};
+      heap.back() = {v[p], static_cast<int32_t>(p)};
       std::push_heap(heap.begin(), heap.end(), worse);
     }
   }
-  if (n > k) {
+  if (count > k) {
     *next = heap.front().first;
     std::pop_heap(heap.begin(), heap.end(), worse);
     heap.pop_back();
@@ -275,19 +359,48 @@ void select_top(const float* v, int64_t n, int k, int32_t* top, float* next,
   std::sort(top, top + k);
 }
 
+// The k largest of v[0..n) (their positions, ascending) and the (k+1)-th largest value (-inf when n <= k).
+// First a bound: the maxima of k + 1 disjoint chunks are k + 1 values at distinct positions, so the smallest of
+// them is at most the (k+1)-th largest value and only the values at or above it (a few k, typically) can be among
+// the k + 1 largest; the heap then sees those alone. A NaN anywhere sends the row to the heap whole.
+void select_top(const float* v, int64_t n, int k, int32_t* top, float* next,
+                std::vector<std::pair<float, int32_t>>& heap, std::vector<int32_t>& kept) {
+  const int64_t chunks = int64_t(k) + 1;
+  if (n >= 8 * chunks) {
+    float bound = INFINITY;
+    for (int64_t c = 0; c < chunks && bound == bound; ++c) {
+      const int64_t lo = c * n / chunks, hi = (c + 1) * n / chunks;
+      const float m = max_nan(v + lo, hi - lo);
+      bound = m != m ? m : std::min(bound, m);
+    }
+    if (bound == bound) {
+      kept.resize(n);
+      int64_t count = 0;
+      for (int64_t i = 0; i < n; ++i) {       // branch-free: a position is written, then kept or overwritten
+        kept[count] = static_cast<int32_t>(i);
+        count += v[i] >= bound;
+      }
+      heap_select(v, count, [&kept](int64_t i) { return int64_t(kept[i]); }, k, top, next, heap);
+      return;
+    }
+  }
+  heap_select(v, n, [](int64_t i) { return i; }, k, top, next, heap);
+}
+
 // select_top on every row of a 2-D float input (rows with a stride other than 1 are copied first).
 void select_top_rows(const mx::array& in, int k, int32_t* top, float* next) {
   const int64_t rows = in.shape(0), n = in.shape(1);
   const Rows<float> x(in);
   std::vector<float> row(x.s1 == 1 ? 0 : n);
   std::vector<std::pair<float, int32_t>> heap;
+  std::vector<int32_t> kept;
   for (int64_t r = 0; r < rows; ++r) {
     const float* v = x.p + r * x.s0;
     if (x.s1 != 1) {
       for (int64_t i = 0; i < n; ++i) row[i] = x(r, i);
       v = row.data();
     }
-    select_top(v, n, k, top + r * k, next + r, heap);
+    select_top(v, n, k, top + r * k, next + r, heap, kept);
   }
 }
 
@@ -304,6 +417,10 @@ struct BlockTop {
     float* rmax = out[2].data<float>();
     const Rows<float> bm(in[0]);
     for (int64_t r = 0; r < rows; ++r) {
+      if (bm.s1 == 1) {
+        rmax[r] = max_nan(bm.p + r * bm.s0, nb);
+        continue;
+      }
       float v = -INFINITY;
       for (int64_t j = 0; j < nb; ++j) {
         const float b = bm(r, j);

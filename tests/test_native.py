@@ -183,6 +183,61 @@ def test_topk_select_gathers_and_block_top_row_max():
     np.testing.assert_array_equal(np.array(native.block_top(small, 8)[2]), np.array(small).max(1, keepdims=True))
 
 
+def _ranked(x: np.ndarray, k: int):
+    """Reference top-k: rank by value (a NaN above everything), equal values by position (the lower first); the
+    k positions ascending and the (k+1)-th value (-inf past the row)."""
+    tops, nexts = [], []
+    for row in x:
+        order = sorted(range(len(row)), key=lambda i: (not np.isnan(row[i]), -row[i] if not np.isnan(row[i]) else 0, i))
+        tops.append(sorted(order[:k]))
+        nexts.append(row[order[k]] if len(row) > k else -np.inf)
+    return np.array(tops, dtype=np.int32), np.array(nexts, dtype=np.float32)[:, None]
+
+
+def _hard_rows(n: int, seed: int) -> np.ndarray:
+    """Rows that stress the vectorized maxima and the bounded selection: ties at every rank (values on a coarse
+    grid), mostly -inf, +inf beside -inf (the NaN probe's false alarm), a NaN in the middle and at the very end,
+    all equal, and a plain normal row."""
+    r = np.random.default_rng(seed)
+    rows = [np.round(r.normal(0, 1, n) * 2) / 2,
+            np.where(r.random(n) < 0.97, -np.inf, r.normal(0, 1, n)),
+            np.where(r.random(n) < 0.5, -np.inf, np.inf),
+            r.normal(0, 1, n), r.normal(0, 1, n), np.full(n, 0.25), r.normal(0, 1, n)]
+    rows[3][n // 2] = np.nan
+    rows[4][-1] = np.nan
+    rows[2][: n // 3] = r.normal(0, 1, n // 3)
+    return np.array(rows, dtype=np.float32)
+
+
+@pytest.mark.parametrize("n,k", [(2560, 40), (2376, 40), (5000, 1), (700, 5), (329, 40)])
+def test_topk_select_on_long_rows_matches_a_reference(n, k):
+    """Rows at least 8 (k + 1) long take the bounded path (a lower bound on the (k+1)-th value from chunk maxima,
+    then a heap over the values at or above it); a NaN row takes the plain heap. Both give the reference's exact
+    positions, ties included."""
+    x = _hard_rows(n, n + k)
+    pos, nxt = native.topk_select(mx.array(x), k)
+    want_pos, want_next = _ranked(x, k)
+    np.testing.assert_array_equal(np.array(pos), want_pos)
+    np.testing.assert_array_equal(np.array(nxt), want_next)
+    top, bound, rmax = native.block_top(mx.array(x), k)          # the same selection over block maxima
+    np.testing.assert_array_equal(np.array(top), want_pos)
+    np.testing.assert_array_equal(np.array(bound), want_next)
+    np.testing.assert_array_equal(np.array(rmax), np.max(x, axis=1, keepdims=True))   # NaN rows: NaN
+
+
+@pytest.mark.parametrize("V", [152064, 64 * 16 * 3, 64 * 16 * 3 + 5, 1000, 17])
+def test_block_max_matches_a_reference(V):
+    """Block c holds tokens c, c + NB, ... (NB = ceil(V / 64), -inf past V): against numpy's max over that
+    layout, NaN in a whole segment and in the partial last one, +inf beside -inf."""
+    x = _hard_rows(V, V)
+    x[6, -1] = np.nan                                    # the partial segment (when V % NB != 0)
+    nb = -(-V // 64)
+    padded = np.concatenate([x, np.full((len(x), 64 * nb - V), -np.inf, np.float32)], 1)
+    want = padded.reshape(len(x), 64, nb).max(axis=1)
+    np.testing.assert_array_equal(np.array(native.block_max(mx.array(x), 64)), want)
+    np.testing.assert_array_equal(np.array(native.block_max(mx.array(x)[:, ::1], 64)), want)
+
+
 @pytest.mark.parametrize("V", [50, 5000, 152064 // 4])
 def test_fused_block_primitives_equal_their_parts(V):
     x = mx.array(logits(3, V, V, "special"))
