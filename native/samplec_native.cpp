@@ -29,6 +29,15 @@ namespace mx = mlx::core;
 
 namespace {
 
+// Holds of MLX's CPU worker (see `hold` below): a held worker polls until the released count reaches its ticket.
+std::atomic<uint64_t> g_released{0};
+std::atomic<uint64_t> g_holds{0};
+
+// End every hold: once work is queued (each native primitive's dispatch calls it) or when the caller says so.
+void release() {
+  g_released.store(g_holds.load(std::memory_order_relaxed), std::memory_order_release);
+}
+
 constexpr uint32_t kParity = 0x1BD11BDA;
 constexpr int kRotations[8] = {13, 15, 26, 6, 17, 29, 16, 24};
 
@@ -89,6 +98,7 @@ class ThreefryBits : public mx::Primitive {
         }
       }
     });
+    release();
   }
 
   void eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) override {
@@ -160,6 +170,7 @@ class RowPrimitive : public mx::Primitive {
       outs.push_back(mx::array::unsafe_weak_copy(out));
     }
     encoder.dispatch([impl = impl_, ins = std::move(ins), outs = std::move(outs)]() mutable { impl(ins, outs); });
+    release();    // the worker can stop holding and start on this
   }
 
   void eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) override {
@@ -509,18 +520,49 @@ struct BlockTokens {
   }
 };
 
+// The whole block selection: block_max_top, then block_tokens of x at the top blocks -- [block maxima, top
+// blocks, bound, row max, candidate ids, candidate values] (in = [x]).
+struct BlockCandidates {
+  static constexpr const char* kName = "SamplecBlockCandidates";
+  int bs, m;
+  bool operator==(const BlockCandidates& o) const { return bs == o.bs && m == o.m; }
+  void operator()(std::vector<mx::array>& in, std::vector<mx::array>& out) const {
+    std::vector<mx::array> sel = {out[0], out[1], out[2], out[3]}, tokens_in = {out[1], in[0]},
+                           tokens_out = {out[4], out[5]};
+    BlockMaxTop{bs, m}(in, sel);
+    BlockTokens{bs, out[0].shape(1)}(tokens_in, tokens_out);
+  }
+};
+
 // topk_positions + kth_largest_static(k + 1): positions of the k largest (ascending) and the (k+1)-th largest
 // value (-inf when k + 1 > n). Which of equal values at the k-th place is taken is unspecified (plans guard it).
-// out[2 + i] = in[1 + i] at those positions (take_along), for float32 or int32 inputs shaped like x.
+// With `low`, then the smallest of the k values (reduce_min of their take_along: NaN when one is NaN). Then
+// out[i] = in[1 + i] at those positions (take_along), for float32 or int32 inputs shaped like x.
 struct TopKSelect {
   static constexpr const char* kName = "SamplecTopKSelect";
   int k;
-  bool operator==(const TopKSelect& o) const { return k == o.k; }
+  bool low;
+  bool operator==(const TopKSelect& o) const { return k == o.k && low == o.low; }
   void operator()(std::vector<mx::array>& in, std::vector<mx::array>& out) const {
     int32_t* pos = out[0].data<int32_t>();
     select_top_rows(in[0], k, pos, out[1].data<float>());
+    if (low) {
+      const int64_t rows = in[0].shape(0);
+      const Rows<float> x(in[0]);
+      float* o = out[2].data<float>();
+      for (int64_t r = 0; r < rows; ++r) {
+        float m = INFINITY;
+        for (int i = 0; i < k; ++i) {
+          const float v = x(r, pos[r * k + i]);
+          if (v < m || v != v) m = v;
+          if (m != m) break;
+        }
+        o[r] = m;
+      }
+    }
+    const size_t first = low ? 3 : 2;
     for (size_t g = 1; g < in.size(); ++g) {
-      gather_rows(in[g], pos, k, out[g + 1]);
+      gather_rows(in[g], pos, k, out[first + g - 1]);
     }
   }
 };
@@ -538,10 +580,11 @@ void gather_rows(const mx::array& a, const int32_t* pos, int64_t w, mx::array& o
 }
 
 // argmax + take_along: the first position of each row's maximum (a NaN wins, the first one), as MLX's argmax,
-// and in[1 + i] at it.
+// and in[1 + i] at it ([B, 1], or [B] when `flat`: the squeeze that follows a sampled token's gather).
 struct ArgmaxTake {
   static constexpr const char* kName = "SamplecArgmaxTake";
-  bool operator==(const ArgmaxTake&) const { return true; }
+  bool flat;
+  bool operator==(const ArgmaxTake& o) const { return flat == o.flat; }
   void operator()(std::vector<mx::array>& in, std::vector<mx::array>& out) const {
     const int64_t rows = in[0].shape(0), n = in[0].shape(1);
     const Rows<float> x(in[0]);
@@ -616,6 +659,14 @@ std::vector<mx::array> block_max_top(const mx::array& x, int bs, int m) {
               {mx::float32, mx::int32, mx::float32, mx::float32}, {x});
 }
 
+std::vector<mx::array> block_candidates(const mx::array& x, int bs, int m) {
+  need_rows(x, mx::float32, "block_candidates");
+  const int nb = static_cast<int>((x.shape(1) + bs - 1) / bs);
+  const int rows = x.shape(0), c = m * bs;
+  return make(BlockCandidates{bs, m}, {{rows, nb}, {rows, m}, {rows, 1}, {rows, 1}, {rows, c}, {rows, c}},
+              {mx::float32, mx::int32, mx::float32, mx::float32, mx::int32, mx::float32}, {x});
+}
+
 std::vector<mx::array> block_tokens(const mx::array& top, int64_t nb, int bs, const mx::array& x) {
   need_rows(top, mx::int32, "block_tokens");
   need_rows(x, mx::float32, "block_tokens");
@@ -635,39 +686,47 @@ mx::array take_tokens(const mx::array& x, const mx::array& ids) {
   return make(TakeTokens{}, {{x.shape(0), ids.shape(1)}}, {mx::float32}, {x, ids})[0];
 }
 
-// A selection's primitive: its own outputs, then one [rows, w] output per gathered array (float32 or int32,
-// shaped like x), with x and the gathered arrays as inputs.
+// A selection's primitive: its own outputs, then one output shaped `gathered` per gathered array (float32 or
+// int32, shaped like x), with x and the gathered arrays as inputs.
 template <class Impl>
 std::vector<mx::array> make_gathering(Impl impl, const mx::array& x, const std::vector<mx::array>& gathers,
-                                      std::vector<mx::Shape> shapes, std::vector<mx::Dtype> dtypes, int w,
-                                      const char* what) {
+                                      std::vector<mx::Shape> shapes, std::vector<mx::Dtype> dtypes,
+                                      const mx::Shape& gathered, const char* what) {
   std::vector<mx::array> inputs = {x};
   for (const auto& g : gathers) {
     if ((g.dtype() != mx::float32 && g.dtype() != mx::int32) || g.shape() != x.shape()) {
       throw std::invalid_argument(std::string(what) + ": gathered arrays must be float32 or int32 shaped like x");
     }
-    shapes.push_back({x.shape(0), w});
+    shapes.push_back(gathered);
     dtypes.push_back(g.dtype());
     inputs.push_back(g);
   }
   return make(impl, std::move(shapes), std::move(dtypes), std::move(inputs));
 }
 
-std::vector<mx::array> topk_select(const mx::array& x, int k, const std::vector<mx::array>& gathers) {
+std::vector<mx::array> topk_select(const mx::array& x, int k, const std::vector<mx::array>& gathers, bool low) {
   need_rows(x, mx::float32, "topk_select");
   if (k < 1 || k > x.shape(1)) {
     throw std::invalid_argument("topk_select: need 1 <= k <= n");
   }
-  return make_gathering(TopKSelect{k}, x, gathers, {{x.shape(0), k}, {x.shape(0), 1}}, {mx::int32, mx::float32},
-                        k, "topk_select");
+  const int rows = x.shape(0);
+  std::vector<mx::Shape> shapes = {{rows, k}, {rows, 1}};
+  std::vector<mx::Dtype> dtypes = {mx::int32, mx::float32};
+  if (low) {
+    shapes.push_back({rows, 1});
+    dtypes.push_back(mx::float32);
+  }
+  return make_gathering(TopKSelect{k, low}, x, gathers, shapes, dtypes, {rows, k}, "topk_select");
 }
 
-std::vector<mx::array> argmax_take(const mx::array& x, const std::vector<mx::array>& gathers) {
+std::vector<mx::array> argmax_take(const mx::array& x, const std::vector<mx::array>& gathers, bool flat) {
   need_rows(x, mx::float32, "argmax_take");
   if (x.shape(1) < 1) {
     throw std::invalid_argument("argmax_take: empty rows");
   }
-  return make_gathering(ArgmaxTake{}, x, gathers, {{x.shape(0), 1}}, {mx::int32}, 1, "argmax_take");
+  const int rows = x.shape(0);
+  return make_gathering(ArgmaxTake{flat}, x, gathers, {{rows, 1}}, {mx::int32},
+                        flat ? mx::Shape{rows} : mx::Shape{rows, 1}, "argmax_take");
 }
 
 // Poll (with a pause hint) until done() or max_us have passed; whether done() held.
@@ -686,12 +745,10 @@ bool poll(F done, double max_us) {
 }
 
 // Keeping MLX's CPU worker awake between the start of a call and its dispatch: `hold` returns an array whose
-// evaluation polls (up to max_us) until `release` is called. Evaluated first (mx.async_eval), it wakes the
-// worker thread while the caller prepares the call, and the worker finds the call's tasks queued when it ends:
-// a sleeping worker takes ~10-30 us to wake on a VM.
-std::atomic<uint64_t> g_released{0};
-std::atomic<uint64_t> g_holds{0};
-
+// evaluation polls (up to max_us) until `release` is called -- by the caller, or by the first native primitive
+// queued after it. Evaluated first (mx.async_eval), it wakes the worker thread while the caller prepares the
+// call, and the worker finds the call's first task queued when it ends and works while the caller queues the
+// rest: a sleeping worker takes ~10-30 us to wake on a VM.
 class Hold : public mx::Primitive {
  public:
   Hold(mx::Stream stream, uint64_t ticket, double max_us) : mx::Primitive(stream), ticket_(ticket), max_us_(max_us) {}
@@ -730,10 +787,6 @@ mx::array hold(double max_us) {
   return mx::array({}, mx::uint32, std::make_shared<Hold>(stream, ticket, max_us), {});
 }
 
-void release() {
-  g_released.store(g_holds.load());
-}
-
 // Wait for arrays being evaluated (mx.async_eval) by polling for up to `spin_us` microseconds before blocking.
 void spin_wait(const std::vector<mx::array>& arrays, double spin_us) {
   const auto start = std::chrono::steady_clock::now();
@@ -758,9 +811,16 @@ NB_MODULE(_ext, m) {
         "block_max then block_top on it: [block maxima, top blocks, bound, row maximum].");
   m.def("block_tokens", &block_tokens, nb::arg("top"), nb::arg("num_blocks"), nb::arg("block_size"), nb::arg("x"),
         "block_ids then take_tokens of x at them: [ids, values].");
+  m.def("block_candidates", &block_candidates, nb::arg("x"), nb::arg("block_size"), nb::arg("blocks"),
+        "block_max_top then block_tokens at its top blocks: [block maxima, top blocks, bound, row maximum, ids, "
+        "values].");
   m.def("take_tokens", &take_tokens, nb::arg("x"), nb::arg("ids"));
-  m.def("topk_select", &topk_select, nb::arg("x"), nb::arg("k"), nb::arg("gathers") = std::vector<mx::array>{});
-  m.def("argmax_take", &argmax_take, nb::arg("x"), nb::arg("gathers") = std::vector<mx::array>{});
+  m.def("topk_select", &topk_select, nb::arg("x"), nb::arg("k"), nb::arg("gathers") = std::vector<mx::array>{},
+        nb::arg("low") = false,
+        "[positions of the k largest ascending, the (k+1)-th largest, (with low: the smallest of the k), then each "
+        "gathered array at the positions].");
+  m.def("argmax_take", &argmax_take, nb::arg("x"), nb::arg("gathers") = std::vector<mx::array>{},
+        nb::arg("flat") = false, "[argmax [B, 1], then each gathered array there, [B, 1] or (flat) [B]].");
   m.def("mass_above", &mass_above, nb::arg("p"));
   m.def("hold", &hold, nb::arg("max_us"));
   m.def("release", &release);

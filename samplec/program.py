@@ -140,12 +140,13 @@ class Program:
             outs, flags = self.exe(*args)
             evaluate(outs + flags)
             for check, flag in zip(self.graph.checks, flags):
-                if any(flag.tolist()):    # (tolist: a fraction of np.array's cost on a fresh result)
-                    raise SamplecError(f"{check.message} ({_rows(np.array(flag), rows)})")
+                flagged = _flagged(flag)
+                if any(flagged):
+                    raise SamplecError(f"{check.message} ({_rows(np.array(flagged), rows)})")
             return outs
         outs, flags = self.plan_exes[tier](*args)
         evaluate(outs + flags)
-        flagged = flags[0].tolist()
+        flagged = _flagged(flags[0])
         if not any(flagged):
             self.last_tier = tier
             return outs
@@ -209,6 +210,13 @@ class Program:
         if p.kind == "seed" and isinstance(value, np.ndarray) and value.dtype == np.uint64 and value.shape == (B,):
             return mx.array(value)
         return mx.array(_scalar_param(p, value, B))
+
+
+def _flagged(flag: mx.array) -> list:
+    """A check flag ([B], or [B, 1] as the executable leaves it) as a list of B bools (tolist: a fraction of
+    np.array's cost on a fresh result)."""
+    v = flag.tolist()
+    return [r[0] for r in v] if flag.ndim == 2 else v
 
 
 def _logits(value) -> mx.array:

@@ -268,16 +268,17 @@ def _primitives(outputs, path) -> list[str]:
 
 
 def test_native_rules_cover_the_plans_patterns(pure, tmp_path):
-    """The lowering rules leave no RandomBits broadcasts or casts, no separate gathers after the top-k and the
-    argmax, and the block selection in two primitives: the top_k plan in 10 primitives (21 without the rules)."""
+    """The lowering rules leave no RandomBits broadcasts or casts, no separate gathers, minimum or squeeze after
+    the top-k and the argmax, and the block selection in one primitive: the top_k plan in 6 primitives (21
+    without the rules)."""
     src = "sampler s(seed: seed = 0, pos: int = 0) { top_k(40) temperature(0.8) sample(seed, position = pos) }"
     x = mx.array(logits(2, 152064 // 8, 11))
     prog = samplec.compile(src)
     args = prog.prepare(x, {"seed": 3, "pos": 4})
     outs, flags = prog.plan_exes[0](*args)
     ops = _primitives(outs + flags, tmp_path / "g.dot")
-    assert not {"ExpandDims", "AsType", "GatherAxis", "ArgReduce", "Max"} & set(ops), ops
-    assert len(ops) == 10, ops
+    assert not {"ExpandDims", "AsType", "GatherAxis", "ArgReduce", "Max", "Min", "Squeeze"} & set(ops), ops
+    assert len(ops) == 6, ops
     with pure:
         p_pure = samplec.compile(src)
         outs_pure, flags_pure = p_pure.plan_exes[0](*p_pure.prepare(x, {"seed": 3, "pos": 4}))
@@ -311,6 +312,20 @@ def test_wake_holds_the_worker_until_the_dispatch_or_its_time_limit(monkeypatch)
     t0 = time.perf_counter()
     mx.eval(mx.sum(x))                                    # queued behind the hold: runs once it times out
     assert time.perf_counter() - t0 < 5.0
+
+
+def test_a_hold_ends_when_a_native_primitive_is_queued(monkeypatch):
+    """The first native primitive queued after a wake ends the hold (the worker starts on it while the caller
+    queues the rest): a plain mx.eval of one, without `evaluate`'s release, does not wait out HOLD_US (2 s)."""
+    import time
+    monkeypatch.setattr(native, "HOLD_US", 2_000_000.0)
+    x = mx.array(logits(1, 3000, 16))
+    native.wake()
+    t0 = time.perf_counter()
+    bm = native.block_max(x, 64)
+    mx.eval(bm)
+    assert time.perf_counter() - t0 < 1.0
+    np.testing.assert_array_equal(np.array(bm), np.array(native.block_max(x, 64)))
 
 
 def test_calls_with_array_parameters_do_not_wake():

@@ -1,7 +1,7 @@
 """The MLX interpreter: a loop over the graph's nodes, calling `KERNELS[op]`, optionally under `mx.compile`.
 
 `Executable(graph)` turns a graph into a function of its parameters (in declaration order) returning its
-outputs followed by its check flags. Where the native primitives serve, `lowering.RULES` first cover patterns of
+outputs followed by its check flags (bool [B], or [B, 1] where the flag is a squeeze: the squeeze is skipped). Where the native primitives serve, `lowering.RULES` first cover patterns of
 nodes with one primitive each. On failure the error names the IR op and value being executed.
 """
 from __future__ import annotations
@@ -43,7 +43,9 @@ class Executable:
                     env[id(node)] = KERNELS[node.op]([env[id(i)] for i in node.inputs], node.attr_dict)
             except Exception as e:
                 raise SamplecError(f"while executing %{Namer()(node)} = {node.op} ({node.type}): {e}") from e
-        return [env[id(r)] for r in self.roots]
+        n = len(self.graph.outputs)
+        return [env[id(r)] for r in self.roots[:n]] + \
+            [env[id(f.inputs[0] if f.op == "squeeze" else f)] for f in self.roots[n:]]
 
     def __call__(self, *args: mx.array) -> tuple[list[mx.array], list[mx.array]]:
         res = self._fn(*args)

@@ -9,9 +9,11 @@ apply returns None and the node's kernel runs as usual. The IR is untouched: `--
 and `SAMPLEC_NATIVE=0` runs every node through its MLX-ops kernel.
 
     random_bits(expand(seed), cast<u32>(ids), cast<u32>(expand(pos)))  -> threefry_bits(seed, ids, pos)
-    topk_positions(x, k), take_along(a_i, it)..., kth_largest_static(x, k + 1)  -> topk_select(x, k, [a_i...])
-    argmax(x), take_along(a_i, it)...                                   -> argmax_take(x, [a_i...])
+    topk_positions(x, k), take_along(a_i, it)..., kth_largest_static(x, k + 1),
+        reduce_min(take_along(x, it))                                   -> topk_select(x, k, [a_i...], low)
+    argmax(x), take_along(a_i, it)..., squeeze(those)                   -> argmax_take(x, [a_i...], flat)
     block_max(x), top_blocks(it, m), block_bound(it, m), reduce_max(it)  -> block_max_top(x, m)
+      ... and block_ids(that top_blocks, it), take_tokens(x, those)     -> block_candidates(x, m)
     block_ids(top, ..), take_tokens(x, it)                              -> block_tokens(top, .., x)
 
 Each primitive gives exactly what the nodes it covers give through their kernels (tests/test_native.py).
@@ -77,10 +79,15 @@ def _topk_positions(node: Node, users: Users, env: Env):
     if not (x.ndim == 2 and x.dtype == mx.float32 and k < n <= PACKED_MAX):    # (the kernel's native case)
         return None
     takes = _gathers(node, users, env, x)
-    out = native.topk_select(x, k, [env[id(t.inputs[0])] for t in takes])
+    # the smallest selected value: a reduce_min of x's own gather (the plans' tie guard reads it)
+    lows = [u for t in takes if t.inputs[0] is x_node for u in users.get(id(t), ()) if u.op == "reduce_min"]
+    out = native.topk_select(x, k, [env[id(t.inputs[0])] for t in takes], low=bool(lows))
     if out is None:
         return None
     bound = {id(node): out[0]}
+    if lows:
+        bound.update((id(u), out[2]) for u in lows)
+        out = out[:2] + out[3:]
     bound.update((id(t), v) for t, v in zip(takes, out[2:]))
     if k + 1 < n:   # the tie guard: the (k+1)-th largest, which the kernel takes from the same selection
         bound.update((id(u), out[1]) for u in users.get(id(x_node), ())
@@ -93,27 +100,48 @@ def _argmax(node: Node, users: Users, env: Env):
     if not (x.ndim == 2 and x.dtype == mx.float32 and x.shape[-1] >= 1):
         return None
     takes = _gathers(node, users, env, x)
-    out = native.argmax_take(x, [env[id(t.inputs[0])] for t in takes])
+    # gathers used only through a squeeze (a sampled token) come out flat: no Squeeze primitive after them
+    flat = bool(takes) and all(users.get(id(t)) and all(u.op == "squeeze" for u in users[id(t)]) for t in takes)
+    out = native.argmax_take(x, [env[id(t.inputs[0])] for t in takes], flat=flat)
     if out is None:
         return None
     bound = {id(node): out[0]}
-    bound.update((id(t), v) for t, v in zip(takes, out[1:]))
+    for t, v in zip(takes, out[1:]):
+        if flat:
+            bound.update((id(u), v) for u in users[id(t)])
+            v = mx.expand_dims(v, -1)       # (unused: the squeezes were its only users)
+        bound[id(t)] = v
     return bound
 
 
 def _block_max(node: Node, users: Users, env: Env):
-    """block_max with its top_blocks / block_bound users (one block count) and reduce_max users."""
-    x = env[id(node.inputs[0])]
+    """block_max with its top_blocks / block_bound users (one block count) and reduce_max users; and when the top
+    blocks feed a block_ids of this block_max whose take_tokens all read the same logits, those too."""
+    x_node = node.inputs[0]
+    x = env[id(x_node)]
     sel = [u for u in users.get(id(node), ()) if u.op in ("top_blocks", "block_bound")]
     counts = {u.attr("blocks") for u in sel}
     if len(counts) != 1:
         return None
-    out = native.block_max_top(x, node.attr("block_size"), counts.pop())
-    if out is None:
-        return None
-    bm, top, bound, row_max = out
+    blocks = counts.pop()
+    ids = [b for t in sel if t.op == "top_blocks" for b in users.get(id(t), ())
+           if b.op == "block_ids" and b.inputs[1] is node and b.attr("block_size") == node.attr("block_size")]
+    takes = [u for b in ids for u in users.get(id(b), ()) if u.op == "take_tokens" and u.inputs[1] is b]
+    if ids and takes and all(u.inputs[0] is x_node for u in takes):
+        out = native.block_candidates(x, node.attr("block_size"), blocks)
+        if out is None:
+            return None
+        bm, top, bound, row_max, cand_ids, cand_x = out
+        covered = {id(b): cand_ids for b in ids}
+        covered.update((id(u), cand_x) for u in takes)
+    else:
+        out = native.block_max_top(x, node.attr("block_size"), blocks)
+        if out is None:
+            return None
+        bm, top, bound, row_max = out
+        covered = {}
     bound_to = {"top_blocks": top, "block_bound": bound, "reduce_max": row_max}
-    covered = {id(node): bm}
+    covered[id(node)] = bm
     covered.update((id(u), bound_to[u.op]) for u in users.get(id(node), ()) if u.op in bound_to)
     return covered
 

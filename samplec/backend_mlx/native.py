@@ -94,6 +94,11 @@ def block_max_top(x: mx.array, block_size: int, blocks: int) -> tuple[mx.array, 
     return tuple(_native.block_max_top(x, block_size, blocks)) if _rows(x) else None
 
 
+def block_candidates(x: mx.array, block_size: int, blocks: int) -> tuple[mx.array, ...] | None:
+    """(block_max_top's four outputs, then block_tokens' ids and values at its top blocks) in one primitive."""
+    return tuple(_native.block_candidates(x, block_size, blocks)) if _rows(x) else None
+
+
 def block_tokens(top: mx.array, num_blocks: int, block_size: int, x: mx.array) -> tuple[mx.array, mx.array] | None:
     """(block_ids, then take_tokens of x at them) in one primitive."""
     if not (_rows(top, dtype=mx.int32) and _rows(x) and top.shape[0] == x.shape[0]):
@@ -111,20 +116,24 @@ def take_tokens(x: mx.array, ids: mx.array) -> mx.array | None:
     return _native.take_tokens(x, ids)
 
 
-def topk_select(x: mx.array, k: int, gathers=()) -> tuple[mx.array, ...] | None:
-    """(positions of the k largest ascending, the (k+1)-th largest, then each of `gathers` at those positions):
-    topk_positions, the plans' tie guard `kth_largest_static(k + 1)` and take_along users in one primitive."""
-    return tuple(_native.topk_select(x, k, list(gathers))) if _rows(x) and 1 <= k <= x.shape[-1] else None
+def topk_select(x: mx.array, k: int, gathers=(), low: bool = False) -> tuple[mx.array, ...] | None:
+    """(positions of the k largest ascending, the (k+1)-th largest, with `low` the smallest of the k (NaN if one
+    is), then each of `gathers` at those positions): topk_positions, the plans' tie guard
+    `kth_largest_static(k + 1)`, a reduce_min of the selected values and take_along users in one primitive."""
+    if not (_rows(x) and 1 <= k <= x.shape[-1]):
+        return None
+    return tuple(_native.topk_select(x, k, list(gathers), low))
 
 
-def argmax_take(x: mx.array, gathers=()) -> tuple[mx.array, ...] | None:
-    """(argmax int32 [B, 1] -- MLX's: the first maximum, a NaN winning -- then each of `gathers` there)."""
-    return tuple(_native.argmax_take(x, list(gathers))) if _rows(x) and x.shape[-1] >= 1 else None
+def argmax_take(x: mx.array, gathers=(), flat: bool = False) -> tuple[mx.array, ...] | None:
+    """(argmax int32 [B, 1] -- MLX's: the first maximum, a NaN winning -- then each of `gathers` there, [B, 1] or
+    with `flat` [B])."""
+    return tuple(_native.argmax_take(x, list(gathers), flat)) if _rows(x) and x.shape[-1] >= 1 else None
 
 
 def mass_above(p: mx.array) -> mx.array | None:
     return _native.mass_above(p) if _rows(p) else None
 
 
-__all__ = ["evaluate", "release", "wake", "argmax_take", "block_max_top", "block_tokens", "mass_above", "enabled", "installed", "threefry_bits", "block_max", "block_top", "block_ids", "take_tokens",
+__all__ = ["evaluate", "release", "wake", "argmax_take", "block_candidates", "block_max_top", "block_tokens", "mass_above", "enabled", "installed", "threefry_bits", "block_max", "block_top", "block_ids", "take_tokens",
            "topk_select"]
