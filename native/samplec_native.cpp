@@ -29,13 +29,55 @@ namespace mx = mlx::core;
 
 namespace {
 
-// Holds of MLX's CPU worker (see `hold` below): a held worker polls until the released count reaches its ticket.
-std::atomic<uint64_t> g_released{0};
-std::atomic<uint64_t> g_holds{0};
+// ---- keeping MLX's CPU worker awake through a call's dispatch ---------------------------------------------------
+//
+// MLX runs CPU work on a worker thread that sleeps whenever its queue is empty, and on a VM a sleeping thread
+// takes ~10-30 us to wake (and its waker a syscall). A call opens a hold (`hold`, evaluated first: it wakes the
+// worker while the caller still prepares the call) and closes it once everything is queued (`release`). While a
+// hold is open the worker polls instead of sleeping: the hold task until the first native primitive is queued,
+// and each native task, when done, until another is queued after it -- so the worker starts on the first task
+// at once and keeps up while the caller queues the rest. Every poll is bounded by the hold's max_us.
 
-// End every hold: once work is queued (each native primitive's dispatch calls it) or when the caller says so.
+std::atomic<uint64_t> g_holds{0};       // holds opened
+std::atomic<uint64_t> g_released{0};    // holds closed: all of them when it equals g_holds
+std::atomic<uint64_t> g_queued{0};      // native tasks queued
+std::atomic<double> g_hold_us{0.0};
+
+// Poll (with a pause hint) until done() or max_us have passed; whether done() held.
+template <class F>
+bool poll(F done, double max_us) {
+  const auto start = std::chrono::steady_clock::now();
+  while (!done()) {
+    if (std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count() > max_us) {
+      return false;
+    }
+#if defined(__x86_64__)
+    __builtin_ia32_pause();
+#endif
+  }
+  return true;
+}
+
+bool holding() {
+  return g_released.load(std::memory_order_acquire) < g_holds.load(std::memory_order_acquire);
+}
+
+// On the worker: while a hold is open and no native task was queued after the `seen`-th, poll.
+void linger(uint64_t seen) {
+  if (holding()) {
+    poll([seen] { return !holding() || g_queued.load(std::memory_order_acquire) != seen; },
+         g_hold_us.load(std::memory_order_relaxed));
+  }
+}
+
+// On the caller, after a native task is queued: its number (for its linger).
+uint64_t queued() {
+  return g_queued.fetch_add(1, std::memory_order_acq_rel) + 1;
+}
+
+// Close every hold (the call is dispatched, or failed before its dispatch).
 void release() {
-  g_released.store(g_holds.load(std::memory_order_relaxed), std::memory_order_release);
+  g_released.store(g_holds.load(std::memory_order_acquire), std::memory_order_release);
 }
 
 constexpr uint32_t kParity = 0x1BD11BDA;
@@ -75,7 +117,8 @@ class ThreefryBits : public mx::Primitive {
       encoder.set_input_array(in);
     }
     encoder.set_output_array(out);
-    encoder.dispatch([seed = mx::array::unsafe_weak_copy(inputs[0]),
+    const uint64_t seq = g_queued.load(std::memory_order_acquire) + 1;
+    encoder.dispatch([seq, seed = mx::array::unsafe_weak_copy(inputs[0]),
                       c0 = mx::array::unsafe_weak_copy(inputs[1]),
                       c1 = mx::array::unsafe_weak_copy(inputs[2]),
                       out = mx::array::unsafe_weak_copy(out)]() mutable {
@@ -97,8 +140,9 @@ class ThreefryBits : public mx::Primitive {
                                                 a[r * as[0] + c * as[1]], b[r * bs[0] + c * bs[1]]);
         }
       }
+      linger(seq);
     });
-    release();
+    queued();
   }
 
   void eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) override {
@@ -169,8 +213,12 @@ class RowPrimitive : public mx::Primitive {
       encoder.set_output_array(out);
       outs.push_back(mx::array::unsafe_weak_copy(out));
     }
-    encoder.dispatch([impl = impl_, ins = std::move(ins), outs = std::move(outs)]() mutable { impl(ins, outs); });
-    release();    // the worker can stop holding and start on this
+    const uint64_t seq = g_queued.load(std::memory_order_acquire) + 1;
+    encoder.dispatch([seq, impl = impl_, ins = std::move(ins), outs = std::move(outs)]() mutable {
+      impl(ins, outs);
+      linger(seq);
+    });
+    queued();
   }
 
   void eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) override {
@@ -729,37 +777,19 @@ std::vector<mx::array> argmax_take(const mx::array& x, const std::vector<mx::arr
                         flat ? mx::Shape{rows} : mx::Shape{rows, 1}, "argmax_take");
 }
 
-// Poll (with a pause hint) until done() or max_us have passed; whether done() held.
-template <class F>
-bool poll(F done, double max_us) {
-  const auto start = std::chrono::steady_clock::now();
-  while (!done()) {
-    if (std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count() > max_us) {
-      return false;
-    }
-#if defined(__x86_64__)
-    __builtin_ia32_pause();
-#endif
-  }
-  return true;
-}
-
-// Keeping MLX's CPU worker awake between the start of a call and its dispatch: `hold` returns an array whose
-// evaluation polls (up to max_us) until `release` is called -- by the caller, or by the first native primitive
-// queued after it. Evaluated first (mx.async_eval), it wakes the worker thread while the caller prepares the
-// call, and the worker finds the call's first task queued when it ends and works while the caller queues the
-// rest: a sleeping worker takes ~10-30 us to wake on a VM.
+// The hold (above): an array whose evaluation polls while the hold is open and no native task was queued after
+// it.
 class Hold : public mx::Primitive {
  public:
-  Hold(mx::Stream stream, uint64_t ticket, double max_us) : mx::Primitive(stream), ticket_(ticket), max_us_(max_us) {}
+  Hold(mx::Stream stream, uint64_t seen) : mx::Primitive(stream), seen_(seen) {}
 
   void eval_cpu(const std::vector<mx::array>&, std::vector<mx::array>& outputs) override {
     auto& out = outputs[0];
     out.set_data(mx::allocator::malloc(out.nbytes()));
     auto& encoder = mx::cpu::get_command_encoder(stream());
     encoder.set_output_array(out);
-    encoder.dispatch([ticket = ticket_, max_us = max_us_, out = mx::array::unsafe_weak_copy(out)]() mutable {
-      poll([ticket] { return g_released.load(std::memory_order_acquire) >= ticket; }, max_us);
+    encoder.dispatch([seen = seen_, out = mx::array::unsafe_weak_copy(out)]() mutable {
+      linger(seen);
       *out.data<uint32_t>() = 0;
     });
   }
@@ -777,14 +807,14 @@ class Hold : public mx::Primitive {
   }
 
  private:
-  uint64_t ticket_;
-  double max_us_;
+  uint64_t seen_;
 };
 
 mx::array hold(double max_us) {
   auto stream = mx::default_stream(mx::Device::cpu);
-  const uint64_t ticket = g_holds.fetch_add(1) + 1;
-  return mx::array({}, mx::uint32, std::make_shared<Hold>(stream, ticket, max_us), {});
+  g_hold_us.store(max_us, std::memory_order_relaxed);
+  g_holds.fetch_add(1, std::memory_order_acq_rel);
+  return mx::array({}, mx::uint32, std::make_shared<Hold>(stream, g_queued.load(std::memory_order_acquire)), {});
 }
 
 // Wait for arrays being evaluated (mx.async_eval) by polling for up to `spin_us` microseconds before blocking.

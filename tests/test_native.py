@@ -314,18 +314,29 @@ def test_wake_holds_the_worker_until_the_dispatch_or_its_time_limit(monkeypatch)
     assert time.perf_counter() - t0 < 5.0
 
 
-def test_a_hold_ends_when_a_native_primitive_is_queued(monkeypatch):
-    """The first native primitive queued after a wake ends the hold (the worker starts on it while the caller
-    queues the rest): a plain mx.eval of one, without `evaluate`'s release, does not wait out HOLD_US (2 s)."""
+def test_native_tasks_under_a_hold_linger_until_the_release(monkeypatch):
+    """Under an open hold the worker runs each native task as it comes and then polls (rather than sleeps) until
+    another is queued or the caller releases: the release ends it at once, and a late one is bounded by HOLD_US."""
     import time
-    monkeypatch.setattr(native, "HOLD_US", 2_000_000.0)
     x = mx.array(logits(1, 3000, 16))
+    want = np.array(native.block_max(x, 64))
+    monkeypatch.setattr(native, "HOLD_US", 2_000_000.0)
     native.wake()
-    t0 = time.perf_counter()
     bm = native.block_max(x, 64)
+    mx.async_eval(bm)
+    time.sleep(0.05)
+    native.release()
+    t0 = time.perf_counter()
     mx.eval(bm)
     assert time.perf_counter() - t0 < 1.0
-    np.testing.assert_array_equal(np.array(bm), np.array(native.block_max(x, 64)))
+    np.testing.assert_array_equal(np.array(bm), want)
+    monkeypatch.setattr(native, "HOLD_US", 30_000.0)
+    native.wake()
+    bm = native.block_max(x, 64)
+    t0 = time.perf_counter()
+    mx.eval(bm)                                           # never released: the linger times out (30 ms)
+    assert time.perf_counter() - t0 < 1.0
+    np.testing.assert_array_equal(np.array(bm), want)
 
 
 def test_calls_with_array_parameters_do_not_wake():
