@@ -827,6 +827,23 @@ void spin_wait(const std::vector<mx::array>& arrays, double spin_us) {
   }
 }
 
+// A call's start and end in one step each: open a hold and queue it; queue the call's arrays, close the hold and
+// wait (polling first).
+void wake(double max_us) {
+  mx::async_eval({hold(max_us)});
+}
+
+void evaluate(const std::vector<mx::array>& arrays, double spin_us) {
+  try {
+    mx::async_eval(arrays);
+  } catch (...) {
+    release();
+    throw;
+  }
+  release();
+  spin_wait(arrays, spin_us);
+}
+
 }  // namespace
 
 NB_MODULE(_ext, m) {
@@ -853,6 +870,9 @@ NB_MODULE(_ext, m) {
         nb::arg("flat") = false, "[argmax [B, 1], then each gathered array there, [B, 1] or (flat) [B]].");
   m.def("mass_above", &mass_above, nb::arg("p"));
   m.def("hold", &hold, nb::arg("max_us"));
+  m.def("wake", &wake, nb::arg("max_us"), "Open a hold and queue it (mx.async_eval(hold(max_us))).");
+  m.def("evaluate", &evaluate, nb::arg("arrays"), nb::arg("spin_us"), nb::call_guard<nb::gil_scoped_release>(),
+        "mx.async_eval(arrays), release(), then spin_wait(arrays, spin_us).");
   m.def("release", &release);
   m.def("spin_wait", &spin_wait, nb::arg("arrays"), nb::arg("spin_us"), nb::call_guard<nb::gil_scoped_release>());
 }

@@ -53,7 +53,7 @@ def wake() -> None:
     it wakes while the caller still prepares the call. The caller must not wait for the CPU stream in between
     (it would wait for the hold to time out)."""
     if _polling():
-        mx.async_eval(_native.hold(HOLD_US))
+        _native.wake(HOLD_US)
 
 
 def release() -> None:
@@ -70,9 +70,7 @@ def evaluate(arrays: list[mx.array]) -> None:
     if not _polling():
         mx.eval(arrays)
         return
-    mx.async_eval(arrays)
-    _native.release()
-    _native.spin_wait(arrays, SPIN_US)
+    _native.evaluate(arrays, SPIN_US)
 
 
 def _rows(*arrays, dtype=mx.float32) -> bool:
