@@ -274,6 +274,22 @@ def test_scalar_parameters_short_path_checks_and_caches():
     assert np.array_equal(np.array(p2(x, seed=np.uint64(3), pos=np.int32(3), t=np.float32(0.5)).token), toks[3])
 
 
+def test_per_row_seed_arrays_are_cached_by_their_values():
+    """Per-row seeds passed as a uint64 array are converted once per distinct value: an array changed in place
+    gives its new seeds' tokens, the same values give the same tokens."""
+    src = "sampler s(seed: seed = 0, pos: int = 0) { top_k(40) temperature(2.0) sample(seed, position = pos) }"
+    p0, p2 = samplec.compile(src, opt_level=0), samplec.compile(src, opt_level=2)
+    x = realistic(4, 5)
+    seeds = np.arange(4, dtype=np.uint64)
+    first = np.array(p2(x, seed=seeds, pos=1).token)
+    seeds += np.uint64(1000)                       # in place: the same object, other values
+    moved = np.array(p2(x, seed=seeds, pos=1).token)
+    np.testing.assert_array_equal(moved, np.array(p0(x, seed=seeds.copy(), pos=1).token))
+    assert not np.array_equal(first, moved)
+    seeds -= np.uint64(1000)
+    np.testing.assert_array_equal(np.array(p2(x, seed=seeds, pos=1).token), first)
+
+
 def test_batched_partition_keys_order_like_values():
     """The batched partition (packed value/position keys) selects exactly the k largest, -inf, -0.0 and ties
     included, like an argpartition of the values."""
