@@ -275,6 +275,7 @@ struct Rows {
 // loop, so the result is always MLX's: a NaN wins.
 typedef float F8 __attribute__((vector_size(8 * sizeof(float))));
 constexpr int kLanes = 16;
+constexpr int kGroup = 16;      // segments a block maximum pass walks down at once
 
 struct Lanes {
   F8 m0, m1, s0, s1;
@@ -290,6 +291,10 @@ struct Lanes {
     m1 = b > m1 ? b : m1;
     s0 += a;
     s1 += b;
+  }
+  void start(const float* m) {      // from maxima so far
+    std::memcpy(&m0, m, sizeof m0);
+    std::memcpy(&m1, m + 8, sizeof m1);
   }
   void store(float* o) const {
     std::memcpy(o, &m0, sizeof m0);
@@ -332,23 +337,28 @@ SAMPLEC_VOCAB_LOOP float max_nan(const float* v, int64_t n) {
 
 // One row's block maxima: o[c] = the largest of x[t * nb + c] over t < bs with t * nb + c < V (block c holds
 // tokens c, c + nb, c + 2 nb, ...; past V is padding), a NaN winning. kLanes blocks at a time keep their maxima
-// in registers while the loop walks down the row's segments.
+// in registers while the loop walks down kGroup of the row's segments (each segment is a stream of loads: kGroup
+// of them is as many as the hardware prefetcher follows, so a row out of cache -- a large batch -- streams too).
 SAMPLEC_VOCAB_LOOP void block_max_row(const float* x, int64_t V, int64_t nb, int bs, float* o) {
   const int64_t whole = std::min<int64_t>(bs, V / nb);     // segments of nb real tokens; one partial may follow
-  int64_t c = 0;
-  for (; c + kLanes <= nb; c += kLanes) {
-    Lanes acc;
-    for (int64_t t = 0; t < whole; ++t) acc.add(x + t * nb + c);
-    acc.store(o + c);
-    if (acc.probe_nan()) {      // exactly, NaN-aware (the partial segment's part of these blocks is below)
-      for (int j = 0; j < kLanes; ++j) {
-        for (int64_t t = 0; t < whole; ++t) {
-          if (std::isnan(x[t * nb + c + j])) o[c + j] = x[t * nb + c + j];
+  const int64_t wide = nb - nb % kLanes;
+  for (int64_t t0 = 0; t0 < whole; t0 += kGroup) {
+    const int64_t t1 = std::min<int64_t>(whole, t0 + kGroup);
+    for (int64_t c = 0; c < wide; c += kLanes) {
+      Lanes acc;
+      if (t0 > 0) acc.start(o + c);
+      for (int64_t t = t0; t < t1; ++t) acc.add(x + t * nb + c);
+      acc.store(o + c);
+      if (acc.probe_nan()) {    // exactly, NaN-aware (a NaN in o stays: `v > NaN` never holds)
+        for (int j = 0; j < kLanes; ++j) {
+          for (int64_t t = t0; t < t1; ++t) {
+            if (std::isnan(x[t * nb + c + j])) o[c + j] = x[t * nb + c + j];
+          }
         }
       }
     }
   }
-  for (; c < nb; ++c) {         // the blocks past the last kLanes
+  for (int64_t c = wide; c < nb; ++c) {     // the blocks past the last kLanes
     float m = -INFINITY;
     for (int64_t t = 0; t < whole; ++t) {
       if (greater_nan(x[t * nb + c], m)) m = x[t * nb + c];
