@@ -1,8 +1,9 @@
 """The MLX interpreter: a loop over the graph's nodes, calling `KERNELS[op]`, optionally under `mx.compile`.
 
 `Executable(graph)` turns a graph into a function of its parameters (in declaration order) returning its
-outputs followed by its check flags (bool [B], or [B, 1] where the flag is a squeeze: the squeeze is skipped). Where the native primitives serve, `lowering.RULES` first cover patterns of
-nodes with one primitive each. On failure the error names the IR op and value being executed.
+outputs followed by its check flags (bool [B], or [B, 1] where the flag is a squeeze: the squeeze is skipped).
+Where the native primitives serve, `lowering.RULES` first cover patterns of nodes with one primitive each. On
+failure the error names the IR op and value being executed.
 """
 from __future__ import annotations
 

@@ -133,5 +133,6 @@ def mass_above(p: mx.array) -> mx.array | None:
     return _native.mass_above(p) if _rows(p) else None
 
 
-__all__ = ["evaluate", "release", "wake", "argmax_take", "block_candidates", "block_max_top", "block_tokens", "mass_above", "enabled", "installed", "threefry_bits", "block_max", "block_top", "block_ids", "take_tokens",
-           "topk_select"]
+__all__ = ["enabled", "installed", "wake", "release", "evaluate", "threefry_bits", "block_max", "block_top",
+           "block_ids", "take_tokens", "block_max_top", "block_tokens", "block_candidates", "topk_select",
+           "argmax_take", "mass_above"]
