@@ -70,9 +70,16 @@ void linger(uint64_t seen) {
   }
 }
 
-// On the caller, after a native task is queued: its number (for its linger).
-uint64_t queued() {
-  return g_queued.fetch_add(1, std::memory_order_acq_rel) + 1;
+// Queue a native task on MLX's CPU stream: `work`, then its linger. The count moves only once the task is in the
+// queue, so a worker that sees it move finds the task there.
+template <class F>
+void dispatch(mx::cpu::CommandEncoder& encoder, F work) {
+  const uint64_t seq = g_queued.load(std::memory_order_acquire) + 1;
+  encoder.dispatch([seq, work = std::move(work)]() mutable {
+    work();
+    linger(seq);
+  });
+  g_queued.fetch_add(1, std::memory_order_acq_rel);
 }
 
 // Close every hold (the call is dispatched, or failed before its dispatch).
@@ -117,8 +124,7 @@ class ThreefryBits : public mx::Primitive {
       encoder.set_input_array(in);
     }
     encoder.set_output_array(out);
-    const uint64_t seq = g_queued.load(std::memory_order_acquire) + 1;
-    encoder.dispatch([seq, seed = mx::array::unsafe_weak_copy(inputs[0]),
+    dispatch(encoder, [seed = mx::array::unsafe_weak_copy(inputs[0]),
                       c0 = mx::array::unsafe_weak_copy(inputs[1]),
                       c1 = mx::array::unsafe_weak_copy(inputs[2]),
                       out = mx::array::unsafe_weak_copy(out)]() mutable {
@@ -140,9 +146,7 @@ class ThreefryBits : public mx::Primitive {
                                                 a[r * as[0] + c * as[1]], b[r * bs[0] + c * bs[1]]);
         }
       }
-      linger(seq);
     });
-    queued();
   }
 
   void eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) override {
@@ -213,12 +217,7 @@ class RowPrimitive : public mx::Primitive {
       encoder.set_output_array(out);
       outs.push_back(mx::array::unsafe_weak_copy(out));
     }
-    const uint64_t seq = g_queued.load(std::memory_order_acquire) + 1;
-    encoder.dispatch([seq, impl = impl_, ins = std::move(ins), outs = std::move(outs)]() mutable {
-      impl(ins, outs);
-      linger(seq);
-    });
-    queued();
+    dispatch(encoder, [impl = impl_, ins = std::move(ins), outs = std::move(outs)]() mutable { impl(ins, outs); });
   }
 
   void eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) override {
@@ -259,6 +258,13 @@ struct Rows {
   int64_t s0, s1;
   explicit Rows(const mx::array& a) : p(a.data<T>()), s0(a.strides()[0]), s1(a.strides()[1]) {}
   T operator()(int64_t r, int64_t c) const { return p[r * s0 + c * s1]; }
+  // Row r as a contiguous pointer: in place, or (a strided view) copied into buf.
+  const T* row(int64_t r, int64_t n, std::vector<T>& buf) const {
+    if (s1 == 1) return p + r * s0;
+    buf.resize(n);
+    for (int64_t i = 0; i < n; ++i) buf[i] = (*this)(r, i);
+    return buf.data();
+  }
 };
 
 // On x86-64 the vocabulary-wide loops are also compiled for AVX2 and AVX-512 and picked at load time (the build's
@@ -382,14 +388,9 @@ struct BlockMax {
     const int64_t rows = in[0].shape(0), V = in[0].shape(1), nb = out[0].shape(1);
     const Rows<float> x(in[0]);
     float* o = out[0].data<float>();
-    std::vector<float> row(x.s1 == 1 ? 0 : V);
+    std::vector<float> buf;
     for (int64_t r = 0; r < rows; ++r) {
-      const float* v = x.p + r * x.s0;
-      if (x.s1 != 1) {                          // a strided view: copied to a contiguous row first
-        for (int64_t i = 0; i < V; ++i) row[i] = x(r, i);
-        v = row.data();
-      }
-      block_max_row(v, V, nb, bs, o + r * nb);
+      block_max_row(x.row(r, V, buf), V, nb, bs, o + r * nb);
     }
   }
 };
@@ -460,16 +461,11 @@ void select_top(const float* v, int64_t n, int k, int32_t* top, float* next,
 void select_top_rows(const mx::array& in, int k, int32_t* top, float* next) {
   const int64_t rows = in.shape(0), n = in.shape(1);
   const Rows<float> x(in);
-  std::vector<float> row(x.s1 == 1 ? 0 : n);
+  std::vector<float> buf;
   std::vector<std::pair<float, int32_t>> heap;
   std::vector<int32_t> kept;
   for (int64_t r = 0; r < rows; ++r) {
-    const float* v = x.p + r * x.s0;
-    if (x.s1 != 1) {
-      for (int64_t i = 0; i < n; ++i) row[i] = x(r, i);
-      v = row.data();
-    }
-    select_top(v, n, k, top + r * k, next + r, heap, kept);
+    select_top(x.row(r, n, buf), n, k, top + r * k, next + r, heap, kept);
   }
 }
 
@@ -485,17 +481,9 @@ struct BlockTop {
     float* bound = out[1].data<float>();
     float* rmax = out[2].data<float>();
     const Rows<float> bm(in[0]);
+    std::vector<float> buf;
     for (int64_t r = 0; r < rows; ++r) {
-      if (bm.s1 == 1) {
-        rmax[r] = max_nan(bm.p + r * bm.s0, nb);
-        continue;
-      }
-      float v = -INFINITY;
-      for (int64_t j = 0; j < nb; ++j) {
-        const float b = bm(r, j);
-        if (greater_nan(b, v)) v = b;
-      }
-      rmax[r] = v;
+      rmax[r] = max_nan(bm.row(r, nb, buf), nb);
     }
     if (nb > m) {
       select_top_rows(in[0], m, top, bound);
