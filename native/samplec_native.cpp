@@ -842,6 +842,362 @@ void evaluate(const std::vector<mx::array>& arrays, double spin_us) {
   spin_wait(arrays, spin_us);
 }
 
+// ---- the sampler chain: cuts on the logit order, temperatures and the terminal draw, per row, in one primitive --
+//
+// The chain's stages (top_k, top_p, min_p, top_n_sigma: cuts that keep every token at or above a threshold;
+// temperature: a monotone map, or t = 0: the argmax alone) keep a set that is always an upper set of the logit
+// order, so the chain can run on the tokens above a bound: C = {i : x_i > bound}, sorted, where every other token
+// is <= bound. The bound is the (m+1)-th largest block maximum (block c holds tokens c, c + nb, ...), so C is found
+// with one vectorized pass and a selection over the block maxima. Each stage checks that its cut ends inside C
+// (the tail, everything <= bound, is provably out); where it cannot tell, the row starts again with more blocks,
+// and with every block (bound = -inf) C is the whole row. Stages that need the whole distribution while nothing
+// is cut yet (top_p's normalizer, top_n_sigma's moments, the logprob's normalizer) make one pass over the row.
+// The draw is Gumbel-max over the kept tokens with RandomBits indexed by token id (spec section 4); while the
+// tail is alive it walks the blocks in descending order of their maxima and stops where no token of the rest can
+// reach the winner even with the largest noise the generator can give. Every decision is made here, per row: a
+// call never returns to the host to re-run a row.
+enum ChainStage { kTemperature = 0, kTopK = 1, kTopP = 2, kMinP = 3, kTopNSigma = 4 };
+enum ChainTerminal { kGreedy = 0, kSample = 1, kNone = 2 };
+
+// -log(-log(u)) for the largest u the generator gives, ((2^23 - 1) + 0.5) * 2^-23, and a margin for rounding
+constexpr float kGumbelMax = 16.6355323f + 1e-3f;
+
+inline float gumbel_of(uint32_t bits) {
+  const float u = (static_cast<float>(bits >> 9) + 0.5f) * 0x1p-23f;
+  return -std::log(-std::log(u));
+}
+
+struct ChainRow {
+  // inputs
+  const float* x;
+  int64_t V;
+  const std::vector<int>* stages;
+  std::vector<double> params;   // one per stage
+  int terminal;
+  bool want_logprob;
+  uint32_t k0, k1, pos;
+  // scratch
+  std::vector<float>* bm;       // block maxima
+  std::vector<std::pair<float, int32_t>>* cand;
+  std::vector<float> divs;      // temperatures applied so far (while the tail is alive)
+
+  float f(float v) const {      // the temperatures applied so far, in order, as the stages apply them
+    for (float t : divs) v = v == -INFINITY ? v : v / t;
+    return v;
+  }
+  // sum over the whole row of exp(f(x) - vmax), in double
+  double full_z(float vmax) const {
+    double z = 0.0;
+    for (int64_t i = 0; i < V; ++i) z += std::exp(static_cast<double>(static_cast<float>(f(x[i]) - vmax)));
+    return z;
+  }
+};
+
+// Candidates above the (m+1)-th largest block maximum, sorted by value descending, then id ascending.
+float chain_candidates(const ChainRow& row, int64_t nb, int bs, int64_t m, std::vector<int32_t>& top,
+                       std::vector<std::pair<float, int32_t>>& heap, std::vector<int32_t>& kept) {
+  auto& cand = *row.cand;
+  cand.clear();
+  float bound = -INFINITY;
+  if (m < nb) {
+    top.resize(m);
+    select_top(row.bm->data(), nb, static_cast<int>(m), top.data(), &bound, heap, kept);
+    for (int64_t i = 0; i < m; ++i) {
+      for (int64_t t = 0; t < bs; ++t) {
+        const int64_t tok = t * nb + top[i];
+        if (tok < row.V && row.x[tok] > bound) cand.emplace_back(row.x[tok], static_cast<int32_t>(tok));
+      }
+    }
+  } else {
+    for (int64_t i = 0; i < row.V; ++i) {
+      if (row.x[i] > -INFINITY) cand.emplace_back(row.x[i], static_cast<int32_t>(i));
+    }
+  }
+  std::sort(cand.begin(), cand.end(), [](const auto& a, const auto& b) {
+    return a.first > b.first || (a.first == b.first && a.second < b.second);
+  });
+  return bound;
+}
+
+// Run the chain on the sorted candidates; false when a cut (or the draw) may reach below the bound.
+bool chain_run(ChainRow& row, float bound, int32_t* token, float* logprob) {
+  auto& c = *row.cand;
+  int64_t L = static_cast<int64_t>(c.size());
+  bool tail = bound > -INFINITY;         // the tokens <= bound are still in the kept set
+  float fb = bound;
+  row.divs.clear();
+  if (L == 0) {                           // nothing above the bound; with no bound nothing finite (the checks
+    if (tail) return false;               // report such a row)
+    *token = 0;
+    *logprob = NAN;
+    return true;
+  }
+  const auto& stages = *row.stages;
+  for (size_t s = 0; s < stages.size(); ++s) {
+    const double a = row.params[s];
+    switch (stages[s]) {
+      case kTemperature: {
+        const float t = static_cast<float>(a);
+        if (t == 1.0f) break;
+        if (t == 0.0f) {                  // the argmax alone (lowest id among equal values)
+          if (tail && fb >= c[0].first) return false;
+          int64_t best = 0;
+          for (int64_t i = 1; i < L && c[i].first == c[0].first; ++i) {
+            if (c[i].second < c[best].second) best = i;
+          }
+          std::swap(c[0], c[best]);
+          L = 1;
+          tail = false;
+          break;
+        }
+        for (int64_t i = 0; i < L; ++i) c[i].first = c[i].first / t;   // (candidates are finite)
+        if (tail) {
+          fb = fb / t;
+          row.divs.push_back(t);
+        }
+        break;
+      }
+      case kTopK: {
+        if (a <= 0 || a >= static_cast<double>(row.V)) break;
+        const int64_t k = static_cast<int64_t>(a);
+        if (k > L) {
+          if (tail) return false;        // the k-th largest lies below the bound
+          break;                          // fewer than k tokens left: all stay
+        }
+        const float vk = c[k - 1].first;
+        if (tail && fb >= vk) return false;
+        int64_t n = k;
+        while (n < L && c[n].first >= vk) ++n;
+        L = n;
+        tail = false;
+        break;
+      }
+      case kMinP: {
+        const float m = static_cast<float>(a);
+        if (m == 0.0f) break;
+        const float floor = c[0].first + std::log(m);
+        if (tail && fb >= floor) return false;
+        int64_t n = 1;
+        while (n < L && c[n].first >= floor) ++n;
+        L = n;
+        tail = false;
+        break;
+      }
+      case kTopP: {
+        const float p = static_cast<float>(a);
+        if (p >= 1.0f) break;
+        const float vmax = c[0].first;
+        double zd = 0.0;
+        if (tail) {
+          zd = row.full_z(vmax);
+        } else {
+          for (int64_t i = 0; i < L; ++i) zd += std::exp(static_cast<double>(c[i].first - vmax));
+        }
+        const float z = static_cast<float>(zd);
+        float before = 0.0f, prev = NAN;
+        int64_t n = L;
+        bool stopped = false;
+        for (int64_t i = 0; i < L; ++i) {
+          const float pi = std::exp(c[i].first - vmax) / z;
+          if (pi != prev && !(before < p)) {   // a new group whose mass above reaches p: cut here
+            n = i;
+            stopped = true;
+            break;
+          }
+          prev = pi;
+          before += pi;
+        }
+        if (!stopped) {
+          if (tail) return false;
+          break;
+        }
+        L = n;
+        tail = false;
+        break;
+      }
+      case kTopNSigma: {
+        const float nsig = static_cast<float>(a);
+        if (nsig <= 0.0f) break;
+        double sum = 0.0, count = 0.0;
+        if (tail) {
+          for (int64_t i = 0; i < row.V; ++i) {
+            const float v = row.f(row.x[i]);
+            if (std::isfinite(v)) sum += v, count += 1;
+          }
+        } else {
+          for (int64_t i = 0; i < L; ++i) sum += c[i].first, count += 1;
+        }
+        const float mean = static_cast<float>(sum / count);
+        double dev = 0.0;
+        if (tail) {
+          for (int64_t i = 0; i < row.V; ++i) {
+            const float v = row.f(row.x[i]);
+            if (std::isfinite(v)) dev += double(v - mean) * double(v - mean);
+          }
+        } else {
+          for (int64_t i = 0; i < L; ++i) dev += double(c[i].first - mean) * double(c[i].first - mean);
+        }
+        const float sd = std::sqrt(static_cast<float>(dev / count));
+        const float top = c[0].first;
+        const float floor = top - nsig * sd;
+        if (tail && fb >= floor) return false;
+        int64_t n = 1;
+        while (n < L && (c[n].first >= floor || c[n].first == top)) ++n;
+        L = n;
+        tail = false;
+        break;
+      }
+    }
+  }
+  // the terminal
+  const float vmax = c[0].first;
+  int64_t at = 0;
+  if (row.terminal == kGreedy) {
+    if (tail && fb >= vmax) return false;
+    for (int64_t i = 1; i < L && c[i].first == vmax; ++i) {
+      if (c[i].second < c[at].second) at = i;
+    }
+  } else {
+    float best = -INFINITY;
+    int32_t best_id = INT32_MAX;
+    for (int64_t i = 0; i < L; ++i) {
+      if (c[i].first + kGumbelMax < best) break;     // sorted: no later candidate can win
+      const float s = c[i].first + gumbel_of(threefry_first_word(row.k0, row.k1, c[i].second, row.pos));
+      if (s > best || (s == best && c[i].second < best_id)) best = s, best_id = c[i].second, at = i;
+    }
+    if (tail && fb + kGumbelMax >= best) return false;
+  }
+  *token = c[at].second;
+  if (row.want_logprob) {
+    double zd = 0.0;
+    if (tail) {
+      zd = row.full_z(vmax);
+    } else {
+      for (int64_t i = 0; i < L; ++i) zd += std::exp(static_cast<double>(c[i].first - vmax));
+    }
+    *logprob = (c[at].first - vmax) - static_cast<float>(std::log(zd));
+  }
+  return true;
+}
+
+// Gumbel-max over the whole row when nothing cuts it (temperatures only): blocks in descending order of their
+// maxima, stopping where f(block max) + the largest noise cannot reach the best score so far.
+void chain_sample_dense(ChainRow& row, int64_t nb, int bs, int32_t* token, float* logprob,
+                        std::vector<int32_t>& order) {
+  // the stages are temperatures only (t != 0): f is the composition
+  row.divs.clear();
+  for (size_t s = 0; s < row.stages->size(); ++s) {
+    const float t = static_cast<float>(row.params[s]);
+    if (t != 1.0f) row.divs.push_back(t);
+  }
+  const auto& bm = *row.bm;
+  order.resize(nb);
+  for (int64_t i = 0; i < nb; ++i) order[i] = static_cast<int32_t>(i);
+  std::sort(order.begin(), order.end(), [&bm](int32_t a, int32_t b) { return bm[a] > bm[b] || (bm[a] == bm[b] && a < b); });
+  float best = -INFINITY, vmax = -INFINITY;
+  int32_t best_id = 0;
+  bool any = false;
+  for (int64_t j = 0; j < nb; ++j) {
+    const float fm = row.f(bm[order[j]]);
+    if (j == 0) vmax = fm;
+    if (fm == -INFINITY || (any && fm + kGumbelMax < best)) break;
+    for (int64_t t = 0; t < bs; ++t) {
+      const int64_t tok = t * nb + order[j];
+      if (tok >= row.V) break;
+      const float v = row.f(row.x[tok]);
+      if (v == -INFINITY || (any && v + kGumbelMax < best)) continue;
+      const float s = v + gumbel_of(threefry_first_word(row.k0, row.k1, static_cast<uint32_t>(tok), row.pos));
+      if (!any || s > best || (s == best && tok < best_id)) best = s, best_id = static_cast<int32_t>(tok), any = true;
+    }
+  }
+  *token = best_id;
+  if (row.want_logprob) {
+    *logprob = any ? (row.f(row.x[best_id]) - vmax) - static_cast<float>(std::log(row.full_z(vmax))) : NAN;
+  }
+}
+
+struct SampleChain {
+  static constexpr const char* kName = "SamplecSampleChain";
+  std::vector<int> stages;
+  int terminal;
+  bool want_logprob;
+  bool operator==(const SampleChain& o) const {
+    return stages == o.stages && terminal == o.terminal && want_logprob == o.want_logprob;
+  }
+  // in = [x, one [B, 1] parameter per stage (int32 for top_k, float32 otherwise), (sample:) seed u64, pos u32]
+  void operator()(std::vector<mx::array>& in, std::vector<mx::array>& out) const {
+    const int64_t rows = in[0].shape(0), V = in[0].shape(1);
+    constexpr int bs = 64;
+    const int64_t nb = (V + bs - 1) / bs;
+    const Rows<float> xs(in[0]);
+    int32_t* token = out[0].data<int32_t>();
+    float* logprob = out[1].data<float>();
+    std::vector<float> buf, bm(nb);
+    std::vector<std::pair<float, int32_t>> cand, heap;
+    std::vector<int32_t> top, kept, order;
+    bool temps_only = terminal == kSample;
+    for (int s : stages) temps_only &= s == kTemperature;
+    for (int64_t r = 0; r < rows; ++r) {
+      ChainRow row;
+      row.x = xs.row(r, V, buf);
+      row.V = V;
+      row.stages = &stages;
+      row.terminal = terminal;
+      row.want_logprob = want_logprob;
+      row.bm = &bm;
+      row.cand = &cand;
+      bool has_zero = false;
+      for (size_t s = 0; s < stages.size(); ++s) {
+        const auto& a = in[1 + s];
+        const double v = a.dtype() == mx::int32 ? double(Rows<int32_t>(a)(r, 0)) : double(Rows<float>(a)(r, 0));
+        row.params.push_back(v);
+        has_zero |= stages[s] == kTemperature && v == 0.0;
+      }
+      row.k0 = row.k1 = row.pos = 0;
+      if (terminal == kSample) {
+        const uint64_t seed = Rows<uint64_t>(in[1 + stages.size()])(r, 0);
+        row.k0 = static_cast<uint32_t>(seed >> 32);
+        row.k1 = static_cast<uint32_t>(seed & 0xFFFFFFFFu);
+        row.pos = Rows<uint32_t>(in[2 + stages.size()])(r, 0);
+      }
+      block_max_row(row.x, V, nb, bs, bm.data());
+      logprob[r] = 0.0f;
+      if (std::isnan(max_nan(bm.data(), nb))) {   // NaN logits: the program's checks report the row
+        token[r] = 0;
+        logprob[r] = NAN;
+        continue;
+      }
+      if (temps_only && !has_zero) {
+        chain_sample_dense(row, nb, bs, token + r, logprob + r, order);
+        continue;
+      }
+      for (int64_t m : {int64_t(32), int64_t(512), nb}) {
+        const int64_t mm = std::min(m, nb);
+        const float bound = chain_candidates(row, nb, bs, mm, top, heap, kept);
+        if (chain_run(row, bound, token + r, logprob + r) || mm >= nb) break;
+      }
+    }
+  }
+};
+
+std::vector<mx::array> sample_chain(const mx::array& x, const std::vector<mx::array>& params,
+                                    const std::vector<int>& stages, int terminal, bool want_logprob) {
+  need_rows(x, mx::float32, "sample_chain");
+  if (params.size() != stages.size() + (terminal == kSample ? 2 : 0)) {
+    throw std::invalid_argument("sample_chain: one parameter per stage, then seed and position for sample");
+  }
+  const int B = x.shape(0);
+  std::vector<mx::array> ins{x};
+  for (size_t i = 0; i < params.size(); ++i) {
+    const auto& p = params[i];
+    if (p.ndim() != 2 || p.shape(0) != B || p.shape(1) != 1) {
+      throw std::invalid_argument("sample_chain: parameters must be [B, 1]");
+    }
+    ins.push_back(p);
+  }
+  return make(SampleChain{stages, terminal, want_logprob}, {{B, 1}, {B, 1}}, {mx::int32, mx::float32}, ins);
+}
+
 }  // namespace
 
 NB_MODULE(_ext, m) {
@@ -867,6 +1223,10 @@ NB_MODULE(_ext, m) {
   m.def("argmax_take", &argmax_take, nb::arg("x"), nb::arg("gathers") = std::vector<mx::array>{},
         nb::arg("flat") = false, "[argmax [B, 1], then each gathered array there, [B, 1] or (flat) [B]].");
   m.def("mass_above", &mass_above, nb::arg("p"));
+  m.def("sample_chain", &sample_chain, nb::arg("x"), nb::arg("params"), nb::arg("stages"), nb::arg("terminal"),
+        nb::arg("want_logprob"),
+        "The sampler chain (stage codes: 0 temperature, 1 top_k, 2 top_p, 3 min_p, 4 top_n_sigma; terminal 0 "
+        "greedy, 1 sample) on each row of x: [token [B, 1], logprob [B, 1]].");
   m.def("hold", &hold, nb::arg("max_us"));
   m.def("wake", &wake, nb::arg("max_us"), "Open a hold and queue it (mx.async_eval(hold(max_us))).");
   m.def("evaluate", &evaluate, nb::arg("arrays"), nb::arg("spin_us"), nb::call_guard<nb::gil_scoped_release>(),

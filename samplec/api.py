@@ -8,7 +8,6 @@ from samplec.diagnostics import SamplecError
 from samplec.frontend.check import check
 from samplec.frontend.lower import _param_ranges, lower
 from samplec.frontend.parser import parse
-from samplec.frontend.plan import plans
 from samplec.ir.graph import Graph
 from samplec.passes import run_pipeline
 from samplec.program import Program
@@ -37,9 +36,7 @@ def compile(source_text: str, sampler: str | None = None, opt_level: int = 2, bi
     if not isinstance(source_text, str):
         raise SamplecError(f"source_text must be a str, got {type(source_text).__name__}")
     checked, _, binds = _front(source_text, sampler, bindings, filename)
-    graph = run_pipeline(lower(checked, binds), opt_level, after=after_pass)
-    fast = [run_pipeline(p, opt_level) for p in plans(checked, binds)] if opt_level >= 2 else []
-    return Program(graph, fast)
+    return Program(run_pipeline(lower(checked, binds), opt_level, after=after_pass))
 
 
 def compile_file(path: str | os.PathLike, sampler: str | None = None, opt_level: int = 2,
@@ -53,8 +50,8 @@ def compile_file(path: str | os.PathLike, sampler: str | None = None, opt_level:
 
 
 def load(path: str | os.PathLike) -> Program:
-    from samplec.serialize import load_with_plans
-    return Program(*load_with_plans(path))
+    from samplec.serialize import load as load_graph
+    return Program(load_graph(path))
 
 
 def _check_bindings(checked, bindings: dict) -> dict:

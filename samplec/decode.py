@@ -120,8 +120,8 @@ class ProgramFeed:
         if arr.size and (arr >= V).any():
             raise SamplecError(f"{self.history_name or 'prompt'}: token id {int(arr.max())} >= V = {V}")
 
-    def __call__(self, logits: mx.array, positions: Sequence[int] | mx.array, history: mx.array | None = None,
-                 plan: bool = False) -> tuple[list[mx.array], list[mx.array]]:
+    def __call__(self, logits: mx.array, positions: Sequence[int] | mx.array, history: mx.array | None = None
+                 ) -> tuple[list[mx.array], list[mx.array]]:
         """One lazy call: logits [B, V], positions [B], history int32 [B, H] (already padded, or None)."""
         if logits.ndim == 1:
             logits = logits[None]
@@ -138,7 +138,7 @@ class ProgramFeed:
             if history is None:
                 raise SamplecError(f"the sampler needs its token history '{self.history_name}'")
             args[self._hist_idx] = history
-        return (self.program.plan_exes[0] if plan else self.program.exe)(*args)
+        return self.program.exe(*args)
 
     def outputs(self, outs: list[mx.array]) -> Outputs:
         return Outputs(dict(zip(self.output_names, outs)))
@@ -148,20 +148,6 @@ class ProgramFeed:
         for check, flag in zip(self.program.graph.checks, flags):
             if np.asarray(flag).any():
                 raise SamplecError(f"{check.message} ({where})")
-
-
-def _can_trim(cache) -> bool:
-    try:
-        from mlx_lm.models.cache import can_trim_prompt_cache
-    except ImportError:  # pragma: no cover
-        return False
-    return bool(can_trim_prompt_cache(cache))
-
-
-def _trim(cache, n: int) -> None:
-    if n > 0:
-        from mlx_lm.models.cache import trim_prompt_cache
-        trim_prompt_cache(cache, n)
 
 
 def _make_cache(model):
@@ -235,23 +221,18 @@ def generate(model, program: Program, prompt, max_tokens: int, *, chunk: int = 1
     length = len(tokens)
     y = None
     out: list[int] = []
-    # With -O2 candidate plans the chunk runs the first plan, speculatively: its guard is read with the chunk, and
-    # from the first flagged step on the chunk is replayed with the exact program (the KV cache trimmed back).
-    speculate = bool(program.plans) and _can_trim(cache)
-    chunks = replays = 0                # speculation stops when a quarter of the chunks needed a replay
-    pending = None                     # the chunk in flight: its tokens, flags, first position and replay states
+    pending = None                     # the chunk in flight: its tokens, flags and first position
     step = 0
     while True:
         launched = None
         if step < max_tokens:
-            toks, flags, states = [], [], []
+            toks, flags = [], []
             first = length
             for _ in range(min(chunk, max_tokens - step)):
                 if y is not None:
                     logits = model(y[None], cache=cache)[:, -1, :]
                 history = pad_history(hist, hist_len) if feed.needs_history else None
-                states.append((logits, history, hist, hist_len))
-                outs, fl = feed(logits, [length], history, plan=speculate)
+                outs, fl = feed(logits, [length], history)
                 y = outs[feed.token_index].astype(mx.int32)
                 if feed.needs_history:
                     hist = mx.concatenate([hist, y[None]], axis=1)
@@ -263,41 +244,14 @@ def generate(model, program: Program, prompt, max_tokens: int, *, chunk: int = 1
             chunk_tokens = mx.concatenate(toks)
             chunk_flags = [mx.stack([fl[c] for fl in flags]) for c in range(len(flags[0]))]
             mx.async_eval(chunk_tokens, *chunk_flags)
-            launched = (chunk_tokens, chunk_flags, first, states, step - len(toks), speculate)
+            launched = (chunk_tokens, chunk_flags, first)
         if pending is not None:
-            chunks += 1
-            done, done_flags, first, states, step0, spec = pending
+            done, done_flags, first = pending
             host_flags = [np.array(f) for f in done_flags]
-            if spec:
-                rows = host_flags[0].reshape(host_flags[0].shape[0], -1).any(axis=1)
-                if rows.any():         # replay from the first flagged step with the exact program
-                    replays += 1
-                    speculate = not (replays >= 2 and replays * 4 > chunks)
-                    at = int(np.nonzero(rows)[0][0])
-                    fed_after = (len(states) - 1 - at) + (launched[3].__len__() if launched else 0)
-                    _trim(cache, fed_after)
-                    for t in np.array(done).tolist()[:at]:
-                        out.append(int(t))
-                        if t in eos:
-                            return out
-                    logits, history, hist, hist_len = states[at]
-                    outs, fl = feed(logits, [first + at], history)
-                    mx.eval(outs, fl)
-                    feed.raise_flags([np.array(f) for f in fl], f"at position {first + at}")
-                    y = outs[feed.token_index].astype(mx.int32)
-                    if feed.needs_history:
-                        hist = mx.concatenate([hist, y[None]], axis=1)
-                        hist_len += 1
-                    length, step, pending = first + at + 1, step0 + at + 1, None
-                    out.append(int(y.item()))
-                    if out[-1] in eos:
-                        return out
-                    continue
-            else:
-                for check, f in zip(program.graph.checks, host_flags):
-                    if f.any():
-                        at = first + int(np.nonzero(f.reshape(f.shape[0], -1).any(axis=1))[0][0])
-                        raise SamplecError(f"{check.message} (at position {at})")
+            for check, f in zip(program.graph.checks, host_flags):
+                if f.any():
+                    at = first + int(np.nonzero(f.reshape(f.shape[0], -1).any(axis=1))[0][0])
+                    raise SamplecError(f"{check.message} (at position {at})")
             for t in np.array(done).tolist():
                 out.append(int(t))
                 if t in eos:

@@ -63,17 +63,13 @@ def _rows(mask: np.ndarray, ids: np.ndarray | None = None, limit: int = 8) -> st
 
 
 class Program:
-    """A compiled sampler. `graph` is the exact program; `plans` (at -O2, when they apply) are candidate plans
-    tried in order first: a plan whose guard flags a row hands the call on, the exact program answering last."""
+    """A compiled sampler: its graph and the MLX executable that runs it. A call is queued as one graph and read
+    once: every per-row decision (which algorithm a row's chain needs, a row's error flags) is made inside it."""
 
-    def __init__(self, graph: Graph, plans: list[Graph] | tuple = (), compile: bool = True):
+    def __init__(self, graph: Graph, compile: bool = True):
         from samplec.backend_mlx.interpreter import Executable
         self.graph = graph
-        self.plans = tuple(plans)
         self.exe = Executable(graph, compile=compile)
-        self.plan_exes = tuple(Executable(p, compile=compile) for p in self.plans)
-        self.fallbacks = 0   # calls that the plans handed on to the exact program
-        self.last_tier = None  # which answered the last call: plan index, or len(plans) for the exact program
         self._max_bias_id = max((max(n.attr("ids"), default=-1) for n in graph.toposort() if n.op == "sparse_add"),
                                 default=-1)
         self._known = {p.name for p in self.params}
@@ -82,11 +78,6 @@ class Program:
         self._ranges = {p.name: Range.parse(p.range) for p in self.params if p.range and p.kind != "seed"}
         self._scalars: dict = {}    # (name, value, B) or (name, seed bytes) -> a prepared MLX array
         self._scalars_only = all(p.kind in SCALAR_NP for p in self.params)
-
-    @property
-    def plan(self) -> Graph | None:
-        """The first candidate plan (None without one)."""
-        return self.plans[0] if self.plans else None
 
     # ---- introspection and persistence ----
     @property
@@ -98,20 +89,15 @@ class Program:
         return self.graph.params[1:]
 
     def ir(self) -> str:
-        text = print_graph(self.graph)
-        for i, plan in enumerate(self.plans):
-            text += (f"\n// -O2 candidate plan {i + 1} of {len(self.plans)}: tried in order before the program "
-                     "above; a call with a flagged row moves on\n")
-            text += print_graph(plan)
-        return text
+        return print_graph(self.graph)
 
     def to_bytes(self) -> bytes:
         from samplec.serialize import to_bytes
-        return to_bytes(self.graph, self.plans)
+        return to_bytes(self.graph)
 
     def save(self, path) -> None:
         from samplec.serialize import save
-        save(self.graph, path, self.plans)
+        save(self.graph, path)
 
     def __repr__(self) -> str:
         ps = ", ".join(p.name for p in self.params)
@@ -119,6 +105,15 @@ class Program:
 
     # ---- running ----
     def __call__(self, logits, **params) -> Outputs:
+        outs, flags = self.queue(logits, **params)
+        evaluate(outs + flags)
+        self.raise_flagged(flags)
+        return Outputs(dict(zip(self._names, outs)), self._layout)
+
+    def queue(self, logits, **params) -> tuple[list[mx.array], list[mx.array]]:
+        """Check the inputs and build the call's graph without evaluating it: (outputs, check flags), lazy MLX
+        arrays. `mx.async_eval` on them returns before anything ran; `raise_flagged(flags)` after evaluation
+        reports the rows that failed a check."""
         if self._scalars_only and not any(type(v) is mx.array for v in params.values()):
             wake()      # (preparing such a call never waits for MLX: the worker can wake meanwhile)
         try:
@@ -126,42 +121,13 @@ class Program:
         except BaseException:
             release()   # (the worker need not poll for a call that does not come)
             raise
-        return Outputs(dict(zip(self._names, self._run(args, None, 0))), self._layout)
+        return self.exe(*args)
 
-    def _run(self, args: list[mx.array], rows: np.ndarray | None, tier: int) -> list[mx.array]:
-        """Answer the rows (None: all of them) with plan `tier` (or the exact program past the last plan). Rows
-        whose guard fires are answered by the next tier on their own: a row's result never depends on the other
-        rows."""
-        if rows is None and (tier > 0 or not self.plans):     # (the plan's common path needs no row list)
-            rows = np.arange(args[0].shape[0])
-        if tier == len(self.plans):
-            self.fallbacks += bool(self.plans)
-            self.last_tier = tier
-            outs, flags = self.exe(*args)
-            evaluate(outs + flags)
-            for check, flag in zip(self.graph.checks, flags):
-                flagged = _flagged(flag)
-                if any(flagged):
-                    raise SamplecError(f"{check.message} ({_rows(np.array(flagged), rows)})")
-            return outs
-        outs, flags = self.plan_exes[tier](*args)
-        evaluate(outs + flags)
-        flagged = _flagged(flags[0])
-        if not any(flagged):
-            self.last_tier = tier
-            return outs
-        if all(flagged):
-            return self._run(args, rows, tier + 1)
-        flagged = np.array(flagged)
-        rows = np.arange(len(flagged)) if rows is None else rows
-        idx = np.nonzero(flagged)[0]
-        sub = self._run([a[mx.array(idx)] for a in args], rows[idx], tier + 1)
-        merged = []
-        for whole, part in zip(outs, sub):
-            whole = np.array(whole)
-            whole[idx] = np.array(part)
-            merged.append(mx.array(whole))
-        return merged
+    def raise_flagged(self, flags: list[mx.array]) -> None:
+        for check, flag in zip(self.graph.checks, flags):
+            flagged = _flagged(flag)
+            if any(flagged):
+                raise SamplecError(f"{check.message} ({_rows(np.array(flagged))})")
 
     def prepare(self, logits, params: dict) -> list[mx.array]:
         """Check and normalize the call's inputs into the executable's positional arguments."""

@@ -2,8 +2,10 @@
 
 `Executable(graph)` turns a graph into a function of its parameters (in declaration order) returning its
 outputs followed by its check flags (bool [B], or [B, 1] where the flag is a squeeze: the squeeze is skipped).
-Where the native primitives serve, `lowering.RULES` first cover patterns of nodes with one primitive each. On
-failure the error names the IR op and value being executed.
+A stage op (`top_p`, `sample`, ...) runs its dense definition (samplec/frontend/expand.py) unless a faster
+kernel covers it: where the native primitives serve, a chain of stage ops ending in a draw (`Chain`) is one
+primitive that picks its algorithm per row, and `lowering.RULES` cover patterns of low-level nodes with one
+primitive each. On failure the error names the IR op and value being executed.
 """
 from __future__ import annotations
 
@@ -13,8 +15,64 @@ from samplec.backend_mlx import native
 from samplec.backend_mlx.kernels import KERNELS
 from samplec.backend_mlx.lowering import RULES
 from samplec.diagnostics import SamplecError
-from samplec.ir.graph import INPUT, Graph
+from samplec.frontend.expand import EXPAND
+from samplec.ir.graph import INPUT, Graph, Node
+from samplec.ir.ops import DRAW_OPS, STAGE_OPS
 from samplec.ir.printer import Namer
+from samplec.ir.types import Type
+
+
+class Chain:
+    """Stage ops x_0 -> stage_1 -> ... -> stage_n -> draw (and the draw's `logprob_at` users) that nothing else
+    reads: one kernel can run them together."""
+
+    def __init__(self, draw: Node, stages: list[Node], logprobs: list[Node]):
+        self.draw, self.stages, self.logprobs = draw, stages, logprobs
+        self.x = stages[0].inputs[0] if stages else draw.inputs[0]
+
+    def nodes(self) -> list[Node]:
+        return self.stages + [self.draw] + self.logprobs
+
+    def run(self, env: dict) -> dict | None:
+        params = [env[id(s.inputs[1])] for s in self.stages] + [env[id(i)] for i in self.draw.inputs[1:]]
+        out = native.sample_chain(env[id(self.x)], params, [s.op for s in self.stages], self.draw.op,
+                                  bool(self.logprobs))
+        if out is None:
+            return None
+        token, logprob = out
+        return {id(self.draw): token, **{id(n): logprob for n in self.logprobs}}
+
+
+def find_chains(graph: Graph) -> list[Chain]:
+    users = graph.users()
+    chains = []
+    for n in graph.toposort():
+        if n.op not in DRAW_OPS:
+            continue
+        x = n.inputs[0]
+        logprobs = [u for u in users.get(id(x), []) if u.op == "logprob_at" and u.inputs[1] is n]
+        if any(u is not n and u not in logprobs for u in users.get(id(x), [])):
+            continue            # the final distribution is read elsewhere (probs, candidates): dense
+        stages, after = [], n
+        while x.op in STAGE_OPS and all(u is after or u in logprobs for u in users.get(id(x), [])):
+            stages.append(x)
+            after, x = x, x.inputs[0]
+        chains.append(Chain(n, stages[::-1], logprobs))
+    return chains
+
+
+def _run_expansion(node: Node, ins: list[mx.array]) -> mx.array:
+    """A stage op's dense definition, built over its operands' concrete types and run op by op."""
+    holes = [Node(INPUT, (), (), Type(_IR_DTYPE[a.dtype], tuple(a.shape)), f"in{i}") for i, a in enumerate(ins)]
+    out = EXPAND[node.op](*holes)
+    env = {id(h): a for h, a in zip(holes, ins)}
+    for n in Graph("expansion", (), (("out", out),)).toposort():
+        if id(n) not in env:
+            env[id(n)] = KERNELS[n.op]([env[id(i)] for i in n.inputs], n.attr_dict)
+    return env[id(out)]
+
+
+_IR_DTYPE = {mx.float32: "f32", mx.int32: "i32", mx.uint32: "u32", mx.uint64: "u64", mx.bool_: "bool"}
 
 
 class Executable:
@@ -23,7 +81,9 @@ class Executable:
         self.order = [n for n in graph.toposort() if n.op != INPUT]
         self.index = {id(p.node): i for i, p in enumerate(graph.params)}
         self.roots = graph.roots()
-        missing = sorted({n.op for n in self.order} - set(KERNELS))
+        self.chains = find_chains(graph)
+        self.covered = {id(n): c for c in self.chains for n in c.nodes()}
+        missing = sorted({n.op for n in self.order} - set(KERNELS) - set(EXPAND))
         if missing:
             raise SamplecError(f"no MLX kernel for op(s): {', '.join(missing)}")
         self._fn = mx.compile(self.run_eager) if compile else self.run_eager
@@ -32,14 +92,28 @@ class Executable:
         env = {id(p.node): args[i] for i, p in enumerate(self.graph.params)}
         rules = RULES if native.enabled() else {}
         users = self.graph.users() if rules else {}
+        chained = self.covered if rules else {}
         for node in self.order:
             if id(node) in env:         # covered by a native rule of an earlier node
                 continue
             try:
+                chain = chained.get(id(node))
+                if chain is not None:
+                    if node is not chain.draw:
+                        continue        # (run with the draw, which comes after every stage of its chain)
+                    bound = chain.run(env)
+                    if bound:
+                        env.update(bound)
+                        continue
+                    for s in chain.nodes():      # (the primitive declined: each by its definition)
+                        env[id(s)] = _run_expansion(s, [env[id(i)] for i in s.inputs])
+                    continue
                 rule = rules.get(node.op)
                 bound = rule(node, users, env) if rule is not None else None
                 if bound:
                     env.update(bound)
+                elif node.op in EXPAND:
+                    env[id(node)] = _run_expansion(node, [env[id(i)] for i in node.inputs])
                 else:
                     env[id(node)] = KERNELS[node.op]([env[id(i)] for i in node.inputs], node.attr_dict)
             except Exception as e:

@@ -133,6 +133,29 @@ def mass_above(p: mx.array) -> mx.array | None:
     return _native.mass_above(p) if _rows(p) else None
 
 
+CHAIN_STAGES = {"temperature": 0, "top_k": 1, "top_p": 2, "min_p": 3, "top_n_sigma": 4}
+CHAIN_TERMINALS = {"greedy": 0, "sample": 1}
+
+
+def sample_chain(x: mx.array, params: list[mx.array], stages: list[str], terminal: str,
+                 want_logprob: bool) -> tuple[mx.array, mx.array] | None:
+    """A chain of stage ops ending in a draw, per row, in one primitive: (token position [B, 1], logprob of it
+    under the chain's final distribution [B, 1]). `params`: one [B, 1] (or broadcastable) value per stage, then
+    (sample) the seed and the position."""
+    if not (_rows(x) and x.shape[-1] >= 1):
+        return None
+    B = x.shape[0]
+    dtypes = [mx.int32 if s == "top_k" else mx.float32 for s in stages]
+    if terminal == "sample":
+        dtypes += [mx.uint64, mx.uint32]
+    args = []
+    for p, dt in zip(params, dtypes):
+        p = p if p.ndim == 2 else p.reshape(p.shape + (1,) * (2 - p.ndim))
+        args.append(mx.broadcast_to(p if p.dtype == dt else p.astype(dt), (B, 1)))
+    return tuple(_native.sample_chain(x, args, [CHAIN_STAGES[s] for s in stages], CHAIN_TERMINALS[terminal],
+                                      want_logprob))
+
+
 __all__ = ["enabled", "installed", "wake", "release", "evaluate", "threefry_bits", "block_max", "block_top",
            "block_ids", "take_tokens", "block_max_top", "block_tokens", "block_candidates", "topk_select",
-           "argmax_take", "mass_above"]
+           "argmax_take", "mass_above", "sample_chain", "CHAIN_STAGES"]

@@ -159,16 +159,14 @@ class Lowering:
                 x = fn(x, **st.args)
         return Graph(self.sampler.name, tuple(self.params), self.outputs(logits, x, token), tuple(self.checks))
 
-    def outputs(self, logits: Node, x: Node, token: Node | None, logprob_x: Node | None = None):
+    def outputs(self, logits: Node, x: Node, token: Node | None):
         out = []
         tok2 = None if token is None else make("expand", token)
         for o in self.sampler.outputs:
             if o.name == "token":
                 out.append(("token", token))
             elif o.name == "logprob":
-                # the terminal's argmax position in x; an explicit full-vocabulary x is indexed by token id
-                lp, at = (log_softmax(x), self.token_position) if logprob_x is None else (log_softmax(logprob_x), tok2)
-                out.append(("logprob", make("squeeze", make("take_along", lp, at), name="logprob")))
+                out.append(("logprob", make("squeeze", make("logprob_at", x, self.token_position), name="logprob")))
             elif o.name == "raw_logprob":
                 out.append(("raw_logprob", make("squeeze", make("take_along", log_softmax(logits, "raw_logp"), tok2),
                                                  name="raw_logprob")))
@@ -180,44 +178,22 @@ class Lowering:
                 out.append(("probs", softmax(x, "probs")))
             elif o.name == "candidates":
                 pos = make("topk_ids", x, k=o.arg, name="cand_pos")
-                out += [("candidates.ids", self.positions_to_ids(pos)),
+                out += [("candidates.ids", pos),
                         ("candidates.values", make("take_along", x, pos, name="cand_x"))]
         return tuple(out)
 
     # -- stages (spec §2) --
     def stage_temperature(self, x, t):
-        t = self.scalar(t, F32)
-        zero = make("eq", t, const(0.0))
-        greedy_x = make("filter", x, make("eq", make("iota", x), make("argmax", x)), name="x_t0")
-        # a removed token stays removed even for t = inf (-inf / inf would be NaN)
-        scaled = where(make("eq", x, const(NEG_INF)), x, make("div", x, where(zero, const(1.0), t)), name="x_scaled")
-        return where(make("eq", t, const(1.0)), x, where(zero, greedy_x, scaled), name="x_temp")
+        return make("temperature", x, self.scalar(t, F32), name="x_temp")
 
     def stage_top_k(self, x, k):
-        k = self.scalar(k, I32)
-        vk = make("kth_largest", x, k, name="v_k")
-        kept = make("filter", x, make("ge", x, vk))
-        return where(make("le", k, const(0, I32)), x, kept, name="x_topk")
+        return make("top_k", x, self.scalar(k, I32), name="x_topk")
 
     def stage_top_p(self, x, p):
-        p = self.scalar(p, F32)
-        probs = softmax(x, row_max=self.row_max(x))
-        kept = make("filter", x, make("ge", probs, top_p_floor(probs, p)))
-        return self.keeps_max(x, where(make("ge", p, const(1.0)), x, kept, name="x_topp"))
+        return make("top_p", x, self.scalar(p, F32), name="x_topp")
 
     def stage_min_p(self, x, m):
-        m = self.scalar(m, F32)
-        floor = make("add", self.row_max(x), make("log", m), name="minp_floor")
-        kept = make("filter", x, make("ge", x, floor))
-        return self.keeps_max(x, where(make("eq", m, const(0.0)), x, kept, name="x_minp"))
-
-    def row_max(self, x: Node) -> Node:
-        """The maximum of each row of x (a plan may know it without a reduction)."""
-        return make("reduce_max", x)
-
-    def keeps_max(self, x: Node, out: Node) -> Node:
-        """`out` holds the same row maximum as `x` (a filter that always keeps the most probable token)."""
-        return out
+        return make("min_p", x, self.scalar(m, F32), name="x_minp")
 
     def stage_typical_p(self, x, m):
         m = self.scalar(m, F32)
@@ -238,17 +214,7 @@ class Lowering:
         return where(make("ge", m, const(1.0)), x, make("filter", x, keep), name="x_typical")
 
     def stage_top_n_sigma(self, x, n):
-        n = self.scalar(n, F32)
-        finite = make("isfinite", x)
-        count = make("reduce_sum", make("cast", finite, dtype=F32))
-        mean = make("div", make("reduce_sum", where(finite, x, const(0.0))), count, name="mean")
-        dev = where(finite, make("sub", x, mean), const(0.0))
-        std = make("sqrt", make("div", make("reduce_sum", make("mul", dev, dev)), count), name="std")
-        top = make("reduce_max", x)
-        floor = make("sub", top, make("mul", n, std), name="sigma_floor")
-        # the most probable token always stays (n = inf with one kept token gives inf * 0 = NaN)
-        kept = make("filter", x, make("logical_or", make("ge", x, floor), make("eq", x, top)))
-        return where(make("le", n, const(0.0)), x, kept, name="x_nsigma")
+        return make("top_n_sigma", x, self.scalar(n, F32), name="x_nsigma")
 
     def stage_xtc(self, x, threshold, probability, seed, position):
         thr, prob = self.scalar(threshold, F32), self.scalar(probability, F32)
@@ -267,8 +233,11 @@ class Lowering:
     def stage_penalties(self, x, history, last_n, repeat, frequency, presence):
         rep, freq, pres = self.scalar(repeat, F32), self.scalar(frequency, F32), self.scalar(presence, F32)
         ids, valid = self.history_window(history, last_n)
-        counts = self.token_counts(ids, make("cast", valid, dtype=F32), x)
-        return where(penalties_neutral(rep, freq, pres), x, penalize(x, counts, rep, freq, pres), name="x_pen")
+        # sparsely: only the history's tokens change, so penalize their gathered logits and write them back (every
+        # write of a token carries the same value; uncounted entries point at token 0 and carry its own value)
+        counts = make("count_at", ids, make("cast", valid, dtype=F32), x, name="counts")
+        penalized = penalize(make("take_along", x, ids), counts, rep, freq, pres)
+        return where(penalties_neutral(rep, freq, pres), x, make("put_along", x, ids, penalized), name="x_pen")
 
     def history_window(self, history, last_n) -> tuple[Node, Node]:
         """The history's ids (0 where not counted) and which entries count: not padding, in the last last_n."""
@@ -285,42 +254,24 @@ class Lowering:
             vals = tuple(float(v) for _, v in b.items)
             out = make("sparse_add", x, ids=ids, values=vals, name="x_bias")
         else:
-            out = make("add", x, self.on_domain(self.tensor(b)), name="x_bias")
+            out = make("add", x, self.tensor(b), name="x_bias")
         self.checks.append(Check(empty_rows(out), "logit_bias: a -inf bias removed every token"))
         return out
 
     def stage_allow(self, x, mask):
-        out = where(self.on_domain(self.tensor(mask)), x, const(NEG_INF), name="x_allowed")
+        out = where(self.tensor(mask), x, const(NEG_INF), name="x_allowed")
         self.checks.append(Check(empty_rows(out), "allow: the mask allows no token"))
         return out
 
     def stage_greedy(self, x):
-        return make("argmax", x)
+        return make("greedy", x)
 
     def stage_sample(self, x, seed, position):
-        pos = make("cast", self.scalar(position, I32), dtype=U32)
-        bits = make("random_bits", self.seed(seed), self.token_ids(x), pos, name="bits")
-        return make("argmax", make("add", x, gumbel(bits), name="noisy"))
-
-    # -- the vocabulary domain: the plan in plan.py overrides these to work on a candidate subset --
-    def token_ids(self, x: Node) -> Node:
-        """u32 token id of each position of x (the RandomBits counter)."""
-        return make("cast", make("iota", x), dtype=U32)
+        return make("sample", x, self.seed(seed), self.scalar(position, I32))
 
     def to_token(self, position: Node) -> Node:
         """[B,1] argmax position in x -> int32 [B] token id."""
         return make("squeeze", position, name="token")
-
-    def positions_to_ids(self, positions: Node) -> Node:
-        return positions
-
-    def on_domain(self, tensor: Node) -> Node:
-        """A [B,V] tensor parameter (mask, bias) restricted to the positions of x."""
-        return tensor
-
-    def token_counts(self, ids: Node, weights: Node, x: Node) -> Node:
-        """f32 count of each token of x among `ids` (weighted 0/1)."""
-        return make("scatter_add", make("zeros_like", x, dtype=F32), ids, weights, name="counts")
 
 
 def _param_ranges(sampler: CheckedSampler) -> dict[str, Range]:

@@ -208,6 +208,30 @@ def _random_bits(ts, a):
     return Type(U32, broadcast(seed.shape, c0.shape, c1.shape))
 
 
+def _stage(param_dtype):
+    def infer(ts, a):
+        x, v = ts
+        if x.dtype != F32 or v.dtype != param_dtype:
+            raise TypeError_(f"expects (f32 logits, {param_dtype} parameter)")
+        return Type(F32, broadcast(x.shape, v.shape))
+    return infer
+
+
+def _draw(ts, a):
+    if ts[0].dtype != F32:
+        raise TypeError_("expects f32 logits")
+    if len(ts) == 3 and (ts[1].dtype != U64 or ts[2].dtype != I32):
+        raise TypeError_("sample: operands are (f32 logits, u64 seed, i32 position)")
+    return Type(I32, broadcast(*(t.shape for t in ts))[:-1] + (1,))
+
+
+def _logprob_at(ts, a):
+    x, at = ts
+    if x.dtype != F32 or at.dtype != I32:
+        raise TypeError_("logprob_at: operands are (f32 logits, i32 positions)")
+    return Type(F32, broadcast(x.shape[:-1], at.shape[:-1]) + (1,))
+
+
 def _sparse_add(ts, a):
     if len(a["ids"]) != len(a["values"]):
         raise TypeError_("sparse_add: ids and values differ in length")
@@ -286,7 +310,22 @@ OPS: dict[str, OpDef] = {d.name: d for d in [
     OpDef("count_at", 3, (), _count_at,
           "(ids, weights, x): for each entry, the total weight of the entries with the same id (x: the "
           "vocabulary, for long histories); the counts a penalty reads, without a [B, V] array for short ones"),
+    # stages (spec section 2) as ops that say what they mean: the passes rewrite at this level, and each has a
+    # kernel that runs its dense definition (its expansion into the ops above: samplec/frontend/expand.py); a
+    # chain of them ending in a draw may be covered by one kernel that chooses its algorithm per row
+    OpDef("temperature", 2, (), _stage(F32), "stage, monotone map: x / t (t > 0); t == 0 keeps the argmax alone"),
+    OpDef("top_k", 2, (), _stage(I32), "stage, cut on the logit order by count: keep x >= the k-th largest"),
+    OpDef("top_p", 2, (), _stage(F32), "stage, cut on the logit order by mass: keep S_i < p"),
+    OpDef("min_p", 2, (), _stage(F32), "stage, cut on the logit order by value: keep x >= max + ln m"),
+    OpDef("top_n_sigma", 2, (), _stage(F32), "stage, cut on the logit order by value: keep x >= max - n * std"),
+    OpDef("greedy", 1, (), _draw, "stage, terminal: the position of the maximum, lowest on ties [B,1]"),
+    OpDef("sample", 3, (), _draw,
+          "stage, terminal (x, seed, position): Gumbel-max draw with RandomBits at (token id, position) [B,1]"),
+    OpDef("logprob_at", 2, (), _logprob_at, "log softmax(x) at positions [B,1]: a terminal's logprob"),
 ]}
+
+STAGE_OPS = ("temperature", "top_k", "top_p", "min_p", "top_n_sigma")    # x -> x, one parameter each
+DRAW_OPS = ("greedy", "sample")
 
 
 def op(name: str) -> OpDef:

@@ -35,6 +35,11 @@ def dce(g: Graph) -> Graph:
 
 
 PASSES: dict[str, Pass] = {p.name: p for p in [
+    Pass("stages", _rules(R.fold_constants, R.stage_off, R.cut_after_t0, R.sample_t0, R.greedy_cuts,
+                          R.logprob_one_token),
+         "stage level: stages at their off value removed, temperature 0 makes the rest of the chain greedy, cuts "
+         "before greedy dropped"),
+    Pass("expand-stages", _rules(R.expand_stage), "every stage op into its dense definition (what -O0 runs)"),
     Pass("fold", _rules(R.fold_constants), "constant folding and partial evaluation of bound parameters"),
     Pass("simplify", _rules(R.fold_constants, R.where_const, R.where_same, R.logical_const, R.arith_identity),
          "algebraic identities; removes stages at their off value"),
@@ -46,9 +51,9 @@ PASSES: dict[str, Pass] = {p.name: p for p in [
 ]}
 
 PIPELINES: dict[int, tuple[str, ...]] = {
-    0: (),
-    1: ("fold", "simplify", "cse", "dce"),
-    2: ("fold", "simplify", "dead-branch", "greedy-absorb", "partition-topk", "simplify", "cse", "dce"),
+    0: ("expand-stages",),
+    1: ("expand-stages", "fold", "simplify", "cse", "dce"),
+    2: ("stages", "fold", "simplify", "partition-topk", "cse", "dce"),
 }
 
 

@@ -132,3 +132,65 @@ def partition_top_k(n: Node):
         out = make("kth_largest_static", n.inputs[0], k=int(n.inputs[1].attr("value")), name=n.name)
         return out if out.type == n.type else None
     return None
+
+
+# ---- stage level: rules over the stage ops, where the chain's algebra is visible ---------------------------------
+
+CUTS = ("top_k", "top_p", "min_p", "top_n_sigma")      # keep x >= a threshold: the argmax always survives
+_OFF = {   # a stage at its off value is the identity
+    "temperature": lambda v: v == 1.0, "top_k": lambda v: v <= 0, "top_p": lambda v: v >= 1.0,
+    "min_p": lambda v: v == 0.0, "top_n_sigma": lambda v: v <= 0.0,
+}
+
+
+def stage_off(n: Node):
+    """stage(x, c) -> x where the constant c is the stage's off value (top_k(0), top_p(1), temperature(1), ...)."""
+    if n.op in _OFF and n.inputs[1].op == "const" and _OFF[n.op](const_value(n.inputs[1])) \
+            and n.inputs[0].type == n.type:
+        return n.inputs[0]
+    return None
+
+
+def _is_t0(x: Node) -> bool:
+    return x.op == "temperature" and x.inputs[1].is_const(0.0)
+
+
+def cut_after_t0(n: Node):
+    """cut(temperature(x, 0)) -> temperature(x, 0): one token is left, and every cut keeps the most probable."""
+    if n.op in CUTS and _is_t0(n.inputs[0]) and n.inputs[0].type == n.type:
+        return n.inputs[0]
+    return None
+
+
+def sample_t0(n: Node):
+    """sample(temperature(x, 0), seed, pos) -> greedy(x): a draw from one token needs no noise."""
+    if n.op == "sample" and _is_t0(n.inputs[0]):
+        out = make("greedy", n.inputs[0].inputs[0], name=n.name)
+        return out if out.type == n.type else None
+    return None
+
+
+def greedy_cuts(n: Node):
+    """greedy(cut(x)) -> greedy(x), greedy(temperature(x, 0)) -> greedy(x): they all keep the argmax of x (lowest
+    id on ties) with its value unchanged. (A temperature t > 0 stays: x / t can tie two different logits.)"""
+    if n.op == "greedy":
+        x = n.inputs[0]
+        while x.op in CUTS or _is_t0(x):
+            x = x.inputs[0]
+        if x is not n.inputs[0]:
+            out = make("greedy", x, name=n.name)
+            return out if out.type == n.type else None
+    return None
+
+
+def logprob_one_token(n: Node):
+    """logprob_at(temperature(x, 0), pos) -> 0: the final distribution holds one token."""
+    if n.op == "logprob_at" and _is_t0(n.inputs[0]):
+        return make("zeros_like", n.inputs[1], dtype="f32")
+    return None
+
+
+def expand_stage(n: Node):
+    """stage op -> its dense definition (samplec/frontend/expand.py)."""
+    from samplec.frontend.expand import EXPAND, expand
+    return expand(n) if n.op in EXPAND else None

@@ -1,0 +1,83 @@
+"""The dense definitions of the stage ops: each stage op (samplec/ir/ops.py: `temperature`, `top_k`, `top_p`,
+`min_p`, `top_n_sigma`, `greedy`, `sample`, `logprob_at`) written with the low-level ops, exactly as spec §2-§4
+define the stage on the whole vocabulary.
+
+These are what -O0 runs (the `expand-stages` pass rewrites every stage op into its definition) and what a stage
+op's kernel runs where no faster kernel covers it. Every stage is `where(off, x, stage(x))`: for a constant
+parameter the comparison folds, so a stage at its off value disappears by constant folding.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+from samplec.frontend.lower import NEG_INF, const, gumbel, log_softmax, softmax, top_p_floor, where
+from samplec.ir.graph import Node, make
+from samplec.ir.types import F32, I32, U32
+
+
+def temperature(x: Node, t: Node) -> Node:
+    zero = make("eq", t, const(0.0))
+    greedy_x = make("filter", x, make("eq", make("iota", x), make("argmax", x)), name="x_t0")
+    # a removed token stays removed even for t = inf (-inf / inf would be NaN)
+    scaled = where(make("eq", x, const(NEG_INF)), x, make("div", x, where(zero, const(1.0), t)), name="x_scaled")
+    return where(make("eq", t, const(1.0)), x, where(zero, greedy_x, scaled), name="x_temp")
+
+
+def top_k(x: Node, k: Node) -> Node:
+    vk = make("kth_largest", x, k, name="v_k")
+    kept = make("filter", x, make("ge", x, vk))
+    return where(make("le", k, const(0, I32)), x, kept, name="x_topk")
+
+
+def top_p(x: Node, p: Node) -> Node:
+    probs = softmax(x)
+    kept = make("filter", x, make("ge", probs, top_p_floor(probs, p)))
+    return where(make("ge", p, const(1.0)), x, kept, name="x_topp")
+
+
+def min_p(x: Node, m: Node) -> Node:
+    floor = make("add", make("reduce_max", x), make("log", m), name="minp_floor")
+    kept = make("filter", x, make("ge", x, floor))
+    return where(make("eq", m, const(0.0)), x, kept, name="x_minp")
+
+
+def top_n_sigma(x: Node, n: Node) -> Node:
+    finite = make("isfinite", x)
+    count = make("reduce_sum", make("cast", finite, dtype=F32))
+    mean = make("div", make("reduce_sum", where(finite, x, const(0.0))), count, name="mean")
+    dev = where(finite, make("sub", x, mean), const(0.0))
+    std = make("sqrt", make("div", make("reduce_sum", make("mul", dev, dev)), count), name="std")
+    top = make("reduce_max", x)
+    floor = make("sub", top, make("mul", n, std), name="sigma_floor")
+    # the most probable token always stays (n = inf with one kept token gives inf * 0 = NaN)
+    kept = make("filter", x, make("logical_or", make("ge", x, floor), make("eq", x, top)))
+    return where(make("le", n, const(0.0)), x, kept, name="x_nsigma")
+
+
+def greedy(x: Node) -> Node:
+    return make("argmax", x)
+
+
+def sample(x: Node, seed: Node, position: Node) -> Node:
+    ids = make("cast", make("iota", x), dtype=U32)
+    bits = make("random_bits", seed, ids, make("cast", position, dtype=U32), name="bits")
+    return make("argmax", make("add", x, gumbel(bits), name="noisy"))
+
+
+def logprob_at(x: Node, at: Node) -> Node:
+    return make("take_along", log_softmax(x), at)
+
+
+EXPAND: dict[str, Callable[..., Node]] = {
+    "temperature": temperature, "top_k": top_k, "top_p": top_p, "min_p": min_p, "top_n_sigma": top_n_sigma,
+    "greedy": greedy, "sample": sample, "logprob_at": logprob_at,
+}
+
+
+def expand(n: Node) -> Node:
+    """A stage op's dense definition (the node itself for any other op)."""
+    fn = EXPAND.get(n.op)
+    if fn is None:
+        return n
+    out = fn(*n.inputs)
+    return out if out.name or not n.name else Node(out.op, out.inputs, out.attrs, out.type, n.name)

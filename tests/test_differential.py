@@ -1,0 +1,191 @@
+"""Differential test: random chains in random orders, literal and run-time (scalar and per-row) parameters,
+logit families (peaked, flat, ties, -inf heavy, long tails, tiny V) -- -O2 = -O0 = the numpy reference
+(tests/reference.py), token for token, on every row.
+
+-O2 keeps the stages as stage ops and, on the CPU with the native primitives, runs a chain of them ending in a
+draw as one kernel that picks its algorithm per row (candidates above a block bound, growing where a cut may reach
+below it); -O0 runs every stage by its dense definition. The budget is small in CI; `SAMPLEC_FUZZ_EXAMPLES=5000
+python -m pytest tests/test_differential.py` runs longer.
+"""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import reference as R
+import samplec
+
+EXAMPLES = int(os.environ.get("SAMPLEC_FUZZ_EXAMPLES", "60"))
+ORDER_STAGES = ("temperature", "top_k", "top_p", "min_p", "top_n_sigma")
+FAMILIES = ("peaked", "flat", "ties", "neg_inf", "normal", "tail", "one_finite")
+
+
+def family_row(kind: str, V: int, rng: np.random.Generator) -> np.ndarray:
+    if kind == "peaked":
+        x = rng.standard_normal(V) * 0.5
+        x[rng.integers(V)] += 12.0
+    elif kind == "flat":
+        x = np.full(V, 0.25) + (rng.standard_normal(V) * 1e-3 if rng.random() < 0.5 else 0.0)
+    elif kind == "ties":
+        x = rng.integers(-3, 3, V).astype(np.float64)
+    elif kind == "neg_inf":
+        x = rng.standard_normal(V) * 2
+        x[rng.random(V) < 0.8] = -np.inf
+        x[rng.integers(V)] = 1.0
+    elif kind == "tail":      # a Zipf-like head over a wide tail that carries a few percent of the mass
+        ranks = rng.permutation(V) + 1
+        x = -1.1 * np.log(ranks) + rng.standard_normal(V) * 0.3 + 8.0
+    elif kind == "one_finite":
+        x = np.full(V, -np.inf)
+        x[rng.integers(V)] = 0.5
+    else:
+        x = rng.standard_normal(V) * 3
+    return x.astype(np.float32)
+
+
+def stage_value(name: str, V: int, rng: np.random.Generator):
+    if name == "temperature":
+        return float(rng.choice([0.0, 0.3, 0.7, 1.0, 1.3, 2.5]))
+    if name == "top_k":
+        return int(rng.choice([0, 1, 2, 5, 40, max(1, V // 2), V, V + 3]))
+    if name == "top_p":
+        return float(rng.choice([0.1, 0.5, 0.9, 0.95, 0.999, 1.0]))
+    if name == "min_p":
+        return float(rng.choice([0.0, 0.01, 0.05, 0.2, 1.0]))
+    return float(rng.choice([0.0, 0.5, 1.0, 2.0]))          # top_n_sigma
+
+
+PTYPE = {"temperature": "float", "top_k": "int", "top_p": "float", "min_p": "float", "top_n_sigma": "float"}
+ARG = {"temperature": "t", "top_k": "k", "top_p": "p", "min_p": "m", "top_n_sigma": "n"}
+
+
+@st.composite
+def cases(draw):
+    seed = draw(st.integers(0, 2**32 - 1))
+    rng = np.random.default_rng(seed)
+    V = int(draw(st.sampled_from([1, 2, 7, 100, 1000, 5000, 40000])))
+    B = int(draw(st.integers(1, 4)))
+    stages = draw(st.lists(st.sampled_from(ORDER_STAGES), min_size=0, max_size=4))
+    modes = [draw(st.sampled_from(["literal", "scalar", "rows"])) for _ in stages]
+    terminal = draw(st.sampled_from(["sample", "greedy"]))
+    penalties = draw(st.booleans())
+    kinds = [draw(st.sampled_from(FAMILIES)) for _ in range(B)]
+    return rng, V, B, stages, modes, terminal, penalties, kinds
+
+
+def build(V, B, stages, modes, terminal, penalties, rng):
+    """The source, its run-time arguments, and each row's reference stage list."""
+    params, body, kw = [], [], {}
+    per_row: list[list] = [[] for _ in range(B)]
+    if penalties:
+        params.append("h: tokens")
+        hist = rng.integers(-1, V, (B, 12)).astype(np.int32)
+        kw["h"] = hist
+        body.append("penalties(h, last_n = 8, repeat = 1.3, frequency = 0.1, presence = 0.2)")
+        for r in range(B):
+            per_row[r].append(("penalties", {"history": hist[r], "last_n": 8, "repeat": 1.3, "frequency": 0.1,
+                                             "presence": 0.2}))
+    for i, (name, mode) in enumerate(zip(stages, modes)):
+        if mode == "literal":
+            v = stage_value(name, V, rng)
+            body.append(f"{name}({v!r})")
+            vals = [v] * B
+        else:
+            pname = f"a{i}"
+            params.append(f"{pname}: {PTYPE[name]}")
+            body.append(f"{name}({pname})")
+            vals = [stage_value(name, V, rng) for _ in range(B)] if mode == "rows" else [stage_value(name, V, rng)] * B
+            kw[pname] = vals if mode == "rows" else vals[0]
+        for r in range(B):
+            per_row[r].append((name, {ARG[name]: vals[r]}))
+    if terminal == "sample":
+        params += ["seed: seed", "pos: int"]
+        body.append("sample(seed, position = pos)")
+        kw["seed"] = [int(s) for s in rng.integers(0, 2**63, B)]
+        kw["pos"] = [int(p) for p in rng.integers(0, 5000, B)]
+    else:
+        body.append("greedy()")
+    src = f"sampler s({', '.join(params)}) -> token, logprob {{\n    " + "\n    ".join(body) + "\n}\n"
+    return src, kw, per_row
+
+
+@settings(max_examples=EXAMPLES, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(cases())
+def test_O2_equals_O0_equals_reference(case):
+    rng, V, B, stages, modes, terminal, penalties, kinds = case
+    src, kw, per_row = build(V, B, stages, modes, terminal, penalties, rng)
+    x = np.stack([family_row(k, V, rng) for k in kinds])
+    o2 = samplec.compile(src, opt_level=2)(x, **kw)
+    o0 = samplec.compile(src, opt_level=0)(x, **kw)
+    t2, t0 = np.array(o2.token).tolist(), np.array(o0.token).tolist()
+    assert t2 == t0, src
+    for r in range(B):
+        term = ("sample", {"seed": kw["seed"][r], "position": kw["pos"][r]}) if terminal == "sample" else \
+            ("greedy", {})
+        ref = R.run_chain(x[r], per_row[r], term, row=r)
+        assert t2[r] == ref["token"], (src, r, kinds[r])
+        np.testing.assert_allclose(np.array(o2.logprob)[r], ref["logprob"], atol=2e-3, rtol=1e-3,
+                                   err_msg=f"{src} row {r}")
+        np.testing.assert_allclose(np.array(o2.logprob)[r], np.array(o0.logprob)[r], atol=2e-4, rtol=1e-4)
+
+
+def test_O2_program_has_no_vocabulary_sort():
+    """The -O2 program of a server chain keeps its stages as stage ops (no sort, argsort or cumsum over the
+    vocabulary in the program), whatever the order and whether the parameters are literals or run-time values."""
+    for src in ["sampler s(t: float, k: int, p: float, seed: seed) { temperature(t) top_k(k) top_p(p) sample(seed) }",
+                "sampler s(seed: seed) { top_p(0.9) min_p(0.05) top_k(20) temperature(0.7) sample(seed) }",
+                "sampler s(n: float, seed: seed) { top_n_sigma(n) temperature(1.5) sample(seed) }"]:
+        g = samplec.compile(src, opt_level=2).graph
+        ops = {n.op for n in g.toposort()}
+        assert not ops & {"sort", "argsort", "cumsum", "kth_largest"}, ops
+        o0 = {n.op for n in samplec.compile(src, opt_level=0).graph.toposort()}
+        assert "sort" in o0 or "kth_largest" in o0 or "argmax" in o0
+
+
+@pytest.mark.parametrize("src", [
+    "sampler s(temp: float, seed: seed) -> token, logprob { temperature(temp) top_p(0.8) top_k(20) sample(seed) }",
+    "sampler s(temp: float, seed: seed) -> token, logprob { top_k(20) temperature(temp) min_p(0.1) sample(seed) }",
+])
+def test_bound_zero_temperature_is_greedy(src):
+    """--set temp=0: no randomness, no sort and no exp over the vocabulary is left, and the token is the argmax."""
+    prog = samplec.compile(src, opt_level=2, bindings={"temp": 0})
+    ops = {n.op for n in prog.graph.toposort()}
+    assert not ops & {"random_bits", "sort", "argsort", "cumsum", "exp", "sample", "top_p", "top_k", "min_p"}, ops
+    x = np.random.default_rng(1).standard_normal((3, 500)).astype(np.float32)
+    out = prog(x, seed=0)       # (the parameter stays in the interface, unused)
+    assert np.array(out.token).tolist() == np.argmax(x, axis=-1).tolist()
+    assert np.array(out.logprob).tolist() == [0.0, 0.0, 0.0]
+
+
+def test_per_row_zero_temperature_rows_are_greedy():
+    """A run-time temperature of 0 in some rows of a batch makes those rows greedy, the others sample."""
+    src = "sampler s(t: float, p: float, seed: seed) { temperature(t) top_p(p) sample(seed) }"
+    prog = samplec.compile(src, opt_level=2)
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((6, 3000)).astype(np.float32)
+    t = [0.0, 1.0, 0.0, 0.7, 0.0, 2.0]
+    out = np.array(prog(x, t=t, p=[0.9] * 6, seed=list(range(6))).token)
+    assert [out[r] for r in (0, 2, 4)] == [int(np.argmax(x[r])) for r in (0, 2, 4)]
+    for r in (1, 3, 5):
+        ref = R.run_chain(x[r], [("temperature", {"t": t[r]}), ("top_p", {"p": 0.9})],
+                          ("sample", {"seed": r, "position": 0}))
+        assert out[r] == ref["token"]
+
+
+def test_row_independent_of_batch():
+    """A row's token does not depend on the other rows (the kernel decides per row)."""
+    src = "sampler s(k: int, p: float, t: float, seed: seed) { top_k(k) top_p(p) temperature(t) sample(seed) }"
+    prog = samplec.compile(src, opt_level=2)
+    rng = np.random.default_rng(9)
+    x = np.stack([family_row(k, 20000, rng) for k in ("flat", "peaked", "tail", "ties", "neg_inf")])
+    kw = dict(k=[0, 40, 5000, 3, 20000], p=[0.95, 0.5, 0.99, 1.0, 0.9], t=[1.0, 0.7, 0.0, 1.3, 2.0],
+              seed=[5, 6, 7, 8, 9])
+    whole = np.array(prog(x, **kw).token).tolist()
+    for r in range(5):
+        alone = prog(x[r:r + 1], **{k: v[r:r + 1] for k, v in kw.items()})
+        assert int(np.array(alone.token)[0]) == whole[r]
