@@ -1080,39 +1080,243 @@ bool chain_run(ChainRow& row, float bound, int32_t* token, float* logprob) {
   return true;
 }
 
-// Gumbel-max over the whole row when nothing cuts it (temperatures only): blocks in descending order of their
-// maxima, stopping where f(block max) + the largest noise cannot reach the best score so far.
-void chain_sample_dense(ChainRow& row, int64_t nb, int bs, int32_t* token, float* logprob,
-                        std::vector<int32_t>& order) {
-  // the stages are temperatures only (t != 0): f is the composition
-  row.divs.clear();
-  for (size_t s = 0; s < row.stages->size(); ++s) {
-    const float t = static_cast<float>(row.params[s]);
-    if (t != 1.0f) row.divs.push_back(t);
+// ---- the chain on the whole row, without sorting it: each cut is a threshold found by radix selection ----------
+//
+// Where the candidates do not suffice (a nucleus of thousands of tokens, flat rows, ties across the bound), the
+// chain runs on the row itself. The kept set is always {i : x_i >= cx} (an upper set of the logit order; or one
+// token after temperature 0), so each stage only moves cx: top_k finds the k-th largest current value by a radix
+// selection on counts, top_p the smallest kept probability by a radix selection on mass (three levels of 11, 11
+// and 10 bits of the float32 probability: at the last level a bucket is one value, a group of equal
+// probabilities, decided as the spec says -- kept iff the mass strictly above it is below p), min_p and
+// top_n_sigma from reductions. The draw walks the blocks in descending order of their maxima; a token whose
+// RandomBits cannot lift it above the best score so far is rejected on its bits alone.
+typedef uint32_t U8 __attribute__((vector_size(8 * sizeof(uint32_t))));
+
+// The first Threefry-2x32-20 word for counters (c0[0..8), c1): eight lanes at once.
+inline U8 threefry8(uint32_t k0, uint32_t k1, U8 c0, uint32_t c1) {
+  const uint32_t ks[3] = {k0, k1, k0 ^ k1 ^ kParity};
+  U8 x0 = c0 + k0;
+  U8 x1 = U8{} + (c1 + k1);
+  for (int i = 0; i < 5; ++i) {
+    const int* rot = kRotations + (i % 2) * 4;
+    for (int j = 0; j < 4; ++j) {
+      x0 += x1;
+      x1 = ((x1 << rot[j]) | (x1 >> (32 - rot[j]))) ^ x0;
+    }
+    x0 += ks[(i + 1) % 3];
+    x1 += ks[(i + 2) % 3] + static_cast<uint32_t>(i + 1);
   }
-  const auto& bm = *row.bm;
-  order.resize(nb);
-  for (int64_t i = 0; i < nb; ++i) order[i] = static_cast<int32_t>(i);
-  std::sort(order.begin(), order.end(), [&bm](int32_t a, int32_t b) { return bm[a] > bm[b] || (bm[a] == bm[b] && a < b); });
-  float best = -INFINITY, vmax = -INFINITY;
-  int32_t best_id = 0;
-  bool any = false;
-  for (int64_t j = 0; j < nb; ++j) {
-    const float fm = row.f(bm[order[j]]);
-    if (j == 0) vmax = fm;
-    if (fm == -INFINITY || (any && fm + kGumbelMax < best)) break;
-    for (int64_t t = 0; t < bs; ++t) {
-      const int64_t tok = t * nb + order[j];
-      if (tok >= row.V) break;
-      const float v = row.f(row.x[tok]);
-      if (v == -INFINITY || (any && v + kGumbelMax < best)) continue;
-      const float s = v + gumbel_of(threefry_first_word(row.k0, row.k1, static_cast<uint32_t>(tok), row.pos));
-      if (!any || s > best || (s == best && tok < best_id)) best = s, best_id = static_cast<int32_t>(tok), any = true;
+  return x0;
+}
+
+// out[t] = the first word for counters (first + t * stride, c1), t < n (n a multiple of 8): in AVX2 registers
+// where the processor has them.
+SAMPLEC_VOCAB_LOOP void threefry_strided(uint32_t k0, uint32_t k1, uint32_t first, uint32_t stride, int n,
+                                         uint32_t c1, uint32_t* out) {
+  for (int t0 = 0; t0 < n; t0 += 8) {
+    U8 ids;
+    for (int l = 0; l < 8; ++l) ids[l] = first + static_cast<uint32_t>(t0 + l) * stride;
+    const U8 bits = threefry8(k0, k1, ids, c1);
+    std::memcpy(out + t0, &bits, sizeof bits);
+  }
+}
+
+inline uint32_t order_key(float v) {        // ascending uint32 keys in the order of the floats (no NaN here)
+  uint32_t u;
+  std::memcpy(&u, &v, sizeof u);
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+inline float key_value(uint32_t k) {
+  const uint32_t u = (k & 0x80000000u) ? (k & 0x7FFFFFFFu) : ~k;
+  float v;
+  std::memcpy(&v, &u, sizeof v);
+  return v;
+}
+
+constexpr int kRadixShift[3] = {21, 10, 0};
+constexpr uint32_t kRadixMask[3] = {0x7FF, 0x7FF, 0x3FF};
+
+// The largest key k such that weight(keys >= k) >= need, scanning radix buckets from the top; `above` returns the
+// weight strictly above that key. Keys and weights are given by `each(fn)` calling fn(key, weight) per item.
+template <class Each, class W>
+uint32_t radix_select(Each each, W need, W* above) {
+  uint32_t prefix = 0, prefix_mask = 0;
+  W base = 0;
+  std::vector<W> hist;
+  for (int level = 0; level < 3; ++level) {
+    const int shift = kRadixShift[level];
+    const uint32_t mask = kRadixMask[level];
+    hist.assign(mask + 1, W(0));
+    each([&](uint32_t key, W w) {
+      if ((key & prefix_mask) == prefix) hist[(key >> shift) & mask] += w;
+    });
+    int64_t b = mask;
+    for (; b > 0; --b) {
+      if (base + hist[b] >= need) break;
+      base += hist[b];
+    }
+    prefix |= static_cast<uint32_t>(b) << shift;
+    prefix_mask |= mask << shift;
+  }
+  *above = base;
+  return prefix;
+}
+
+void chain_dense(ChainRow& row, int64_t nb, int bs, int32_t* token, float* logprob, std::vector<float>& buf,
+                 std::vector<int32_t>& order) {
+  const float* x = row.x;
+  const int64_t V = row.V;
+  row.divs.clear();
+  float cx = -INFINITY;              // kept: x_i >= cx and x_i > -inf
+  int64_t single = -1;               // after temperature 0: that token alone
+  const float xmax = max_nan(x, V);
+  auto kept = [&](int64_t i) { return single >= 0 ? i == single : (x[i] >= cx && x[i] > -INFINITY); };
+  auto min_kept_x = [&](auto keep) {   // the new cut: the smallest x among kept tokens that `keep` holds
+    float m = INFINITY;
+    for (int64_t i = 0; i < V; ++i) {
+      if (kept(i) && keep(i) && x[i] < m) m = x[i];
+    }
+    return m;
+  };
+  const auto& stages = *row.stages;
+  for (size_t s = 0; s < stages.size() && single < 0; ++s) {
+    const double a = row.params[s];
+    const float fmax = row.f(xmax);
+    switch (stages[s]) {
+      case kTemperature: {
+        const float t = static_cast<float>(a);
+        if (t == 1.0f) break;
+        if (t == 0.0f) {
+          for (int64_t i = 0; i < V; ++i) {
+            if (kept(i) && row.f(x[i]) == fmax) {
+              single = i;
+              break;
+            }
+          }
+          break;
+        }
+        row.divs.push_back(t);
+        break;
+      }
+      case kTopK: {
+        if (a <= 0 || a >= static_cast<double>(V)) break;
+        const int64_t k = static_cast<int64_t>(a);
+        int64_t n = 0;
+        for (int64_t i = 0; i < V; ++i) n += kept(i);
+        if (k >= n) break;
+        int64_t above = 0;
+        const uint32_t key = radix_select(
+            [&](auto fn) {
+              for (int64_t i = 0; i < V; ++i) {
+                if (kept(i)) fn(order_key(row.f(x[i])), int64_t(1));
+              }
+            },
+            k, &above);
+        const float vk = key_value(key);
+        cx = min_kept_x([&](int64_t i) { return row.f(x[i]) >= vk; });
+        break;
+      }
+      case kMinP: {
+        const float m = static_cast<float>(a);
+        if (m == 0.0f) break;
+        const float floor = fmax + std::log(m);
+        cx = min_kept_x([&](int64_t i) { return row.f(x[i]) >= floor; });
+        break;
+      }
+      case kTopP: {
+        const float p = static_cast<float>(a);
+        if (p >= 1.0f) break;
+        buf.resize(V);
+        double z = 0.0;
+        for (int64_t i = 0; i < V; ++i) {
+          buf[i] = kept(i) ? std::exp(row.f(x[i]) - fmax) : 0.0f;
+          z += buf[i];
+        }
+        double above = 0.0;
+        // the group whose mass strictly above is below p * z and which, with its own mass, reaches it
+        const uint32_t key = radix_select(
+            [&](auto fn) {
+              for (int64_t i = 0; i < V; ++i) {
+                if (buf[i] > 0.0f) fn(order_key(buf[i]), double(buf[i]));
+              }
+            },
+            static_cast<double>(p) * z, &above);
+        const float e_min = key_value(key);
+        cx = min_kept_x([&](int64_t i) { return buf[i] >= e_min; });
+        break;
+      }
+      case kTopNSigma: {
+        const float nsig = static_cast<float>(a);
+        if (nsig <= 0.0f) break;
+        double sum = 0.0, count = 0.0, dev = 0.0;
+        for (int64_t i = 0; i < V; ++i) {
+          if (kept(i)) sum += row.f(x[i]), count += 1;
+        }
+        const float mean = static_cast<float>(sum / count);
+        for (int64_t i = 0; i < V; ++i) {
+          if (kept(i)) {
+            const float d = row.f(x[i]) - mean;
+            dev += double(d) * double(d);
+          }
+        }
+        const float floor = fmax - nsig * std::sqrt(static_cast<float>(dev / count));
+        cx = min_kept_x([&](int64_t i) { const float v = row.f(x[i]); return v >= floor || v == fmax; });
+        break;
+      }
     }
   }
-  *token = best_id;
+  const float fmax = row.f(xmax);
+  int64_t at = single;
+  if (at < 0 && row.terminal == kGreedy) {
+    for (int64_t i = 0; i < V && at < 0; ++i) {
+      if (kept(i) && row.f(x[i]) == fmax) at = i;
+    }
+  } else if (at < 0) {
+    const auto& bm = *row.bm;
+    order.resize(nb);
+    for (int64_t i = 0; i < nb; ++i) order[i] = static_cast<int32_t>(i);
+    std::sort(order.begin(), order.end(), [&bm](int32_t a, int32_t b) { return bm[a] > bm[b] || (bm[a] == bm[b] && a < b); });
+    float best = -INFINITY;
+    for (int64_t j = 0; j < nb; ++j) {
+      const int64_t c = order[j];
+      if (bm[c] < cx || bm[c] == -INFINITY) break;     // every later block lies below the cut
+      const float fm = row.f(bm[c]);
+      if (at >= 0 && fm + kGumbelMax < best) break;
+      // a token of this block wins only with g > best - f(block max): u > exp(-exp(-(best - fm)))
+      uint32_t need = 0;
+      if (at >= 0) {
+        const double u = std::exp(-std::exp(-(double(best) - double(fm))));
+        const double q = std::floor(u * 8388608.0 - 0.5) - 2.0;
+        need = q <= 0 ? 0u : q >= 8388607.0 ? 8388607u : static_cast<uint32_t>(q);
+      }
+      uint32_t bits[64];
+      threefry_strided(row.k0, row.k1, static_cast<uint32_t>(c), static_cast<uint32_t>(nb), bs, row.pos, bits);
+      {
+        for (int l = 0; l < bs; ++l) {
+          const int64_t tok = l * nb + c;
+          if (tok >= V) break;
+          if ((bits[l] >> 9) < need || !kept(tok)) continue;
+          const float sc = row.f(x[tok]) + gumbel_of(bits[l]);
+          if (at < 0 || sc > best || (sc == best && tok < at)) {
+            best = sc;
+            at = tok;
+            const double u = std::exp(-std::exp(-(double(best) - double(fm))));
+            const double q = std::floor(u * 8388608.0 - 0.5) - 2.0;
+            need = q <= 0 ? 0u : q >= 8388607.0 ? 8388607u : static_cast<uint32_t>(q);
+          }
+        }
+      }
+    }
+  }
+  if (at < 0) at = 0;
+  *token = static_cast<int32_t>(at);
   if (row.want_logprob) {
-    *logprob = any ? (row.f(row.x[best_id]) - vmax) - static_cast<float>(std::log(row.full_z(vmax))) : NAN;
+    double z = 0.0;
+    for (int64_t i = 0; i < V; ++i) {
+      if (kept(i)) z += std::exp(static_cast<double>(row.f(x[i]) - fmax));
+    }
+    *logprob = (row.f(x[at]) - fmax) - static_cast<float>(std::log(z));
   }
 }
 
@@ -1132,7 +1336,7 @@ struct SampleChain {
     const Rows<float> xs(in[0]);
     int32_t* token = out[0].data<int32_t>();
     float* logprob = out[1].data<float>();
-    std::vector<float> buf, bm(nb);
+    std::vector<float> buf, bm(nb), ebuf;
     std::vector<std::pair<float, int32_t>> cand, heap;
     std::vector<int32_t> top, kept, order;
     bool temps_only = terminal == kSample;
@@ -1167,15 +1371,15 @@ struct SampleChain {
         logprob[r] = NAN;
         continue;
       }
-      if (temps_only && !has_zero) {
-        chain_sample_dense(row, nb, bs, token + r, logprob + r, order);
-        continue;
+      bool done = false;
+      if (!(temps_only && !has_zero)) {     // (temperatures alone: every token may win; straight to the row)
+        for (int64_t m : {int64_t(32), int64_t(512)}) {
+          if (m >= nb) break;
+          const float bound = chain_candidates(row, nb, bs, m, top, heap, kept);
+          if ((done = chain_run(row, bound, token + r, logprob + r))) break;
+        }
       }
-      for (int64_t m : {int64_t(32), int64_t(512), nb}) {
-        const int64_t mm = std::min(m, nb);
-        const float bound = chain_candidates(row, nb, bs, mm, top, heap, kept);
-        if (chain_run(row, bound, token + r, logprob + r) || mm >= nb) break;
-      }
+      if (!done) chain_dense(row, nb, bs, token + r, logprob + r, ebuf, order);
     }
   }
 };

@@ -104,9 +104,13 @@ def _token_distribution(graph: Graph) -> Graph:
     token = dict(graph.outputs).get("token")
     if token is None:
         raise SamplecError("--draws needs a sampler with a 'token' output")
-    am = token.inputs[0]                      # squeeze(argmax(...))
+    am = token.inputs[0]                      # squeeze(sample | greedy | argmax(...))
     arg = am.inputs[0]
-    if arg.op == "add" and any(_is_noise(i) for i in arg.inputs):
+    if am.op == "sample":
+        dist = softmax(arg, "probs")
+    elif am.op == "greedy":
+        dist = make("cast", make("eq", make("iota", arg), make("argmax", arg)), dtype="f32")
+    elif arg.op == "add" and any(_is_noise(i) for i in arg.inputs):
         x = next(i for i in arg.inputs if not _is_noise(i))
         dist = softmax(x, "probs")
     else:                                     # greedy: all the mass on the argmax

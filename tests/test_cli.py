@@ -59,10 +59,9 @@ def test_emit_variants_and_levels(files):
     unopt = cli("compile", src, "--emit", "ir-unopt").stdout
     o0 = cli("compile", src, "-O0", "--emit", "ir").stdout
     o2 = cli("compile", src, "-O2", "--emit", "ir").stdout
-    assert unopt == o0 and "kth_largest %logits" in o0
-    exact, _, fast = o2.partition("// -O2 candidate plan")
-    assert "kth_largest_static" in exact and len(exact) < len(o0)
-    assert "block_max" in fast and "check %" in fast
+    # lowering gives stage ops; -O0 runs each by its dense definition; -O2 keeps the chain for one kernel
+    assert "top_k %logits" in unopt and "kth_largest %logits" in o0 and "top_k %" not in o0
+    assert "top_k %logits" in o2 and "sort" not in o2 and "kth_largest" not in o2 and "check %" in o2
     dot = cli("compile", src, "--emit", "dot").stdout
     assert dot.startswith('digraph "s"') and "->" in dot
     assert not (d / "s.smpb").exists()

@@ -144,7 +144,7 @@ def test_programs_give_the_same_tokens_with_and_without_native(pure, body):
             np.testing.assert_array_equal(np.array(g.token), np.array(w.token))
             np.testing.assert_array_equal(np.array(g.token), np.array(e.token))
             np.testing.assert_array_equal(np.array(g0.token), np.array(e.token))
-            np.testing.assert_array_equal(np.array(g.logprob), np.array(w.logprob))
+            np.testing.assert_allclose(np.array(g.logprob), np.array(w.logprob), atol=3e-5)
             np.testing.assert_array_equal(np.array(g0.logprob), np.array(e.logprob))
             np.testing.assert_allclose(np.array(g.logprob), np.array(e.logprob), atol=3e-5)
 
@@ -265,25 +265,6 @@ def _primitives(outputs, path) -> list[str]:
     import re
     mx.export_to_dot(str(path), *outputs)
     return re.findall(r'label ="?([A-Za-z]+)', path.read_text())
-
-
-def test_native_rules_cover_the_plans_patterns(pure, tmp_path):
-    """The lowering rules leave no RandomBits broadcasts or casts, no separate gathers, minimum or squeeze after
-    the top-k and the argmax, and the block selection in one primitive: the top_k plan in 6 primitives (21
-    without the rules)."""
-    src = "sampler s(seed: seed = 0, pos: int = 0) { top_k(40) temperature(0.8) sample(seed, position = pos) }"
-    x = mx.array(logits(2, 152064 // 8, 11))
-    prog = samplec.compile(src)
-    args = prog.prepare(x, {"seed": 3, "pos": 4})
-    outs, flags = prog.plan_exes[0](*args)
-    ops = _primitives(outs + flags, tmp_path / "g.dot")
-    assert not {"ExpandDims", "AsType", "GatherAxis", "ArgReduce", "Max", "Min", "Squeeze"} & set(ops), ops
-    assert len(ops) == 6, ops
-    with pure:
-        p_pure = samplec.compile(src)
-        outs_pure, flags_pure = p_pure.plan_exes[0](*p_pure.prepare(x, {"seed": 3, "pos": 4}))
-    for a, b in zip(outs + flags, outs_pure + flags_pure):
-        np.testing.assert_array_equal(np.array(a), np.array(b))
 
 
 def test_evaluate_polls_then_blocks(monkeypatch):

@@ -44,6 +44,8 @@ class Chain:
 
 
 def find_chains(graph: Graph) -> list[Chain]:
+    """Every draw, with the stage ops before it that only it reads (a stage whose result something else needs,
+    `probs` say, runs by its definition and the chain starts after it)."""
     users = graph.users()
     chains = []
     for n in graph.toposort():
@@ -51,12 +53,11 @@ def find_chains(graph: Graph) -> list[Chain]:
             continue
         x = n.inputs[0]
         logprobs = [u for u in users.get(id(x), []) if u.op == "logprob_at" and u.inputs[1] is n]
-        if any(u is not n and u not in logprobs for u in users.get(id(x), [])):
-            continue            # the final distribution is read elsewhere (probs, candidates): dense
-        stages, after = [], n
-        while x.op in STAGE_OPS and all(u is after or u in logprobs for u in users.get(id(x), [])):
+        stages, after, allowed = [], n, {id(n)} | {id(u) for u in logprobs}
+        while x.op in STAGE_OPS and all(id(u) in allowed for u in users.get(id(x), [])):
             stages.append(x)
             after, x = x, x.inputs[0]
+            allowed = {id(after)}
         chains.append(Chain(n, stages[::-1], logprobs))
     return chains
 

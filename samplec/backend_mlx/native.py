@@ -142,8 +142,8 @@ def sample_chain(x: mx.array, params: list[mx.array], stages: list[str], termina
     """A chain of stage ops ending in a draw, per row, in one primitive: (token position [B, 1], logprob of it
     under the chain's final distribution [B, 1]). `params`: one [B, 1] (or broadcastable) value per stage, then
     (sample) the seed and the position."""
-    if not (_rows(x) and x.shape[-1] >= 1):
-        return None
+    if not (_rows(x) and x.shape[-1] >= 1 and hasattr(_native, "sample_chain")):
+        return None     # (also a build of samplec-native older than the chain kernel)
     B = x.shape[0]
     dtypes = [mx.int32 if s == "top_k" else mx.float32 for s in stages]
     if terminal == "sample":

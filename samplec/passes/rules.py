@@ -183,6 +183,13 @@ def greedy_cuts(n: Node):
     return None
 
 
+def greedy_plain(n: Node):
+    """greedy(x) -> argmax(x) where x is no stage: nothing to fuse, and the argmax is shared with the logits check."""
+    if n.op == "greedy" and n.inputs[0].op not in _OFF:
+        return make("argmax", n.inputs[0], name=n.name)
+    return None
+
+
 def logprob_one_token(n: Node):
     """logprob_at(temperature(x, 0), pos) -> 0: the final distribution holds one token."""
     if n.op == "logprob_at" and _is_t0(n.inputs[0]):

@@ -66,3 +66,11 @@ class Op(object):
     RandomBitsNode = 60
     MassAboveNode = 61
     CountAtNode = 62
+    TemperatureNode = 63
+    TopKNode = 64
+    TopPNode = 65
+    MinPNode = 66
+    TopNSigmaNode = 67
+    GreedyNode = 68
+    SampleNode = 69
+    LogprobAtNode = 70
