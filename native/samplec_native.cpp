@@ -842,54 +842,51 @@ void evaluate(const std::vector<mx::array>& arrays, double spin_us) {
   spin_wait(arrays, spin_us);
 }
 
-// ---- the sampler chain: cuts on the logit order, temperatures and the terminal draw, per row, in one primitive --
+// ---- the sampler chain: its stages and the terminal draw, per row, in one primitive ----------------------------
 //
-// The chain's stages (top_k, top_p, min_p, top_n_sigma: cuts that keep every token at or above a threshold;
-// temperature: a monotone map, or t = 0: the argmax alone) keep a set that is always an upper set of the logit
-// order, so the chain can run on the tokens above a bound: C = {i : x_i > bound}, sorted, where every other token
-// is <= bound. The bound is the (m+1)-th largest block maximum (block c holds tokens c, c + nb, ...), so C is found
-// with one vectorized pass and a selection over the block maxima. Each stage checks that its cut ends inside C
-// (the tail, everything <= bound, is provably out); where it cannot tell, the row starts again with more blocks,
-// and with every block (bound = -inf) C is the whole row. Stages that need the whole distribution while nothing
-// is cut yet (top_p's normalizer, top_n_sigma's moments, the logprob's normalizer) make one pass over the row.
-// The draw is Gumbel-max over the kept tokens with RandomBits indexed by token id (spec section 4); while the
-// tail is alive it walks the blocks in descending order of their maxima and stops where no token of the rest can
-// reach the winner even with the largest noise the generator can give. Every decision is made here, per row: a
-// call never returns to the host to re-run a row.
-enum ChainStage { kTemperature = 0, kTopK = 1, kTopP = 2, kMinP = 3, kTopNSigma = 4 };
-enum ChainTerminal { kGreedy = 0, kSample = 1, kNone = 2 };
+// The chain's stages are cuts on the logit order (top_k, top_p, min_p, top_n_sigma: keep every token at or above
+// a threshold), temperature (a monotone map; t = 0 keeps the argmax alone), typical_p and xtc. While only cuts
+// and temperatures have run, the kept set is an upper set of the logit order, so the chain can run on the tokens
+// above a bound: C = {i : x_i > bound}, sorted, where every other token is <= bound. The bound is the (m+1)-th
+// largest block maximum (block c holds tokens c, c + nb, ...), so C comes from one vectorized pass and a
+// selection over the block maxima. Each stage checks that its cut ends inside C (the tail, everything <= bound,
+// is provably out); where it cannot tell -- and for a typical_p that is on or an xtc whose coin fires -- the row
+// runs on the whole row instead (`chain_dense`), which finds every threshold by radix selection, without a sort.
+// The draw is Gumbel-max over the kept tokens with RandomBits at (token id, position) (spec section 4). Every
+// decision is made here, per row: a call never returns to the host to re-run a row.
+enum ChainStage { kTemperature = 0, kTopK = 1, kTopP = 2, kMinP = 3, kTopNSigma = 4, kTypicalP = 5, kXtc = 6 };
+enum ChainTerminal { kGreedy = 0, kSample = 1 };
+
+inline int stage_arity(int kind) { return kind == kXtc ? 4 : 1; }
 
 // -log(-log(u)) for the largest u the generator gives, ((2^23 - 1) + 0.5) * 2^-23, and a margin for rounding
 constexpr float kGumbelMax = 16.6355323f + 1e-3f;
+constexpr uint32_t kXtcCounter = 0xFFFFFFFFu;
 
-inline float gumbel_of(uint32_t bits) {
-  const float u = (static_cast<float>(bits >> 9) + 0.5f) * 0x1p-23f;
-  return -std::log(-std::log(u));
-}
+inline float uniform_of(uint32_t bits) { return (static_cast<float>(bits >> 9) + 0.5f) * 0x1p-23f; }
+inline float gumbel_of(uint32_t bits) { return -std::log(-std::log(uniform_of(bits))); }
+
+struct StageArgs {
+  double a = 0, b = 0;            // the stage's value (xtc: threshold, probability)
+  uint32_t k0 = 0, k1 = 0, pos = 0;   // xtc's coin
+};
 
 struct ChainRow {
-  // inputs
   const float* x;
   int64_t V;
   const std::vector<int>* stages;
-  std::vector<double> params;   // one per stage
+  std::vector<StageArgs> args;
   int terminal;
   bool want_logprob;
-  uint32_t k0, k1, pos;
-  // scratch
-  std::vector<float>* bm;       // block maxima
+  float* x_out;                   // the final logits (want_x), or nullptr
+  uint32_t k0, k1, pos;           // the draw's key and position
+  std::vector<float>* bm;         // block maxima
   std::vector<std::pair<float, int32_t>>* cand;
-  std::vector<float> divs;      // temperatures applied so far (while the tail is alive)
+  std::vector<float> divs;        // temperatures applied so far (while the tail is alive)
 
-  float f(float v) const {      // the temperatures applied so far, in order, as the stages apply them
+  float f(float v) const {        // the temperatures applied so far, in order, as the stages apply them
     for (float t : divs) v = v == -INFINITY ? v : v / t;
     return v;
-  }
-  // sum over the whole row of exp(f(x) - vmax), in double
-  double full_z(float vmax) const {
-    double z = 0.0;
-    for (int64_t i = 0; i < V; ++i) z += std::exp(static_cast<double>(static_cast<float>(f(x[i]) - vmax)));
-    return z;
   }
 };
 
@@ -899,18 +896,12 @@ float chain_candidates(const ChainRow& row, int64_t nb, int bs, int64_t m, std::
   auto& cand = *row.cand;
   cand.clear();
   float bound = -INFINITY;
-  if (m < nb) {
-    top.resize(m);
-    select_top(row.bm->data(), nb, static_cast<int>(m), top.data(), &bound, heap, kept);
-    for (int64_t i = 0; i < m; ++i) {
-      for (int64_t t = 0; t < bs; ++t) {
-        const int64_t tok = t * nb + top[i];
-        if (tok < row.V && row.x[tok] > bound) cand.emplace_back(row.x[tok], static_cast<int32_t>(tok));
-      }
-    }
-  } else {
-    for (int64_t i = 0; i < row.V; ++i) {
-      if (row.x[i] > -INFINITY) cand.emplace_back(row.x[i], static_cast<int32_t>(i));
+  top.resize(m);
+  select_top(row.bm->data(), nb, static_cast<int>(m), top.data(), &bound, heap, kept);
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t t = 0; t < bs; ++t) {
+      const int64_t tok = t * nb + top[i];
+      if (tok < row.V && row.x[tok] > bound) cand.emplace_back(row.x[tok], static_cast<int32_t>(tok));
     }
   }
   std::sort(cand.begin(), cand.end(), [](const auto& a, const auto& b) {
@@ -919,22 +910,26 @@ float chain_candidates(const ChainRow& row, int64_t nb, int bs, int64_t m, std::
   return bound;
 }
 
-// Run the chain on the sorted candidates; false when a cut (or the draw) may reach below the bound.
+// sum over the whole row of exp(f(x) - vmax), in double
+double full_z(const ChainRow& row, float vmax) {
+  double z = 0.0;
+  for (int64_t i = 0; i < row.V; ++i) z += std::exp(static_cast<double>(row.f(row.x[i]) - vmax));
+  return z;
+}
+
+// Run the chain on the sorted candidates above `bound`; false when a cut (or the draw) may reach below the bound,
+// or a stage needs the whole row.
 bool chain_run(ChainRow& row, float bound, int32_t* token, float* logprob) {
   auto& c = *row.cand;
   int64_t L = static_cast<int64_t>(c.size());
-  bool tail = bound > -INFINITY;         // the tokens <= bound are still in the kept set
+  bool tail = true;                       // the tokens <= bound are still in the kept set
   float fb = bound;
   row.divs.clear();
-  if (L == 0) {                           // nothing above the bound; with no bound nothing finite (the checks
-    if (tail) return false;               // report such a row)
-    *token = 0;
-    *logprob = NAN;
-    return true;
-  }
+  if (L == 0) return false;
   const auto& stages = *row.stages;
   for (size_t s = 0; s < stages.size(); ++s) {
-    const double a = row.params[s];
+    const StageArgs& sa = row.args[s];
+    const double a = sa.a;
     switch (stages[s]) {
       case kTemperature: {
         const float t = static_cast<float>(a);
@@ -961,7 +956,7 @@ bool chain_run(ChainRow& row, float bound, int32_t* token, float* logprob) {
         if (a <= 0 || a >= static_cast<double>(row.V)) break;
         const int64_t k = static_cast<int64_t>(a);
         if (k > L) {
-          if (tail) return false;        // the k-th largest lies below the bound
+          if (tail) return false;         // the k-th largest lies below the bound
           break;                          // fewer than k tokens left: all stay
         }
         const float vk = c[k - 1].first;
@@ -989,23 +984,25 @@ bool chain_run(ChainRow& row, float bound, int32_t* token, float* logprob) {
         const float vmax = c[0].first;
         double zd = 0.0;
         if (tail) {
-          zd = row.full_z(vmax);
+          zd = full_z(row, vmax);
         } else {
           for (int64_t i = 0; i < L; ++i) zd += std::exp(static_cast<double>(c[i].first - vmax));
         }
-        const float z = static_cast<float>(zd);
-        float before = 0.0f, prev = NAN;
+        // groups of equal probability in descending order: kept while the mass strictly above is below p
+        const double need = static_cast<double>(p) * zd;
+        double before = 0.0;
+        float prev = NAN;
         int64_t n = L;
         bool stopped = false;
         for (int64_t i = 0; i < L; ++i) {
-          const float pi = std::exp(c[i].first - vmax) / z;
-          if (pi != prev && !(before < p)) {   // a new group whose mass above reaches p: cut here
+          const float e = std::exp(c[i].first - vmax);
+          if (e != prev && !(before < need)) {
             n = i;
             stopped = true;
             break;
           }
-          prev = pi;
-          before += pi;
+          prev = e;
+          before += e;
         }
         if (!stopped) {
           if (tail) return false;
@@ -1018,35 +1015,25 @@ bool chain_run(ChainRow& row, float bound, int32_t* token, float* logprob) {
       case kTopNSigma: {
         const float nsig = static_cast<float>(a);
         if (nsig <= 0.0f) break;
-        double sum = 0.0, count = 0.0;
-        if (tail) {
-          for (int64_t i = 0; i < row.V; ++i) {
-            const float v = row.f(row.x[i]);
-            if (std::isfinite(v)) sum += v, count += 1;
-          }
-        } else {
-          for (int64_t i = 0; i < L; ++i) sum += c[i].first, count += 1;
-        }
-        const float mean = static_cast<float>(sum / count);
-        double dev = 0.0;
-        if (tail) {
-          for (int64_t i = 0; i < row.V; ++i) {
-            const float v = row.f(row.x[i]);
-            if (std::isfinite(v)) dev += double(v - mean) * double(v - mean);
-          }
-        } else {
-          for (int64_t i = 0; i < L; ++i) dev += double(c[i].first - mean) * double(c[i].first - mean);
-        }
-        const float sd = std::sqrt(static_cast<float>(dev / count));
+        if (tail) return false;           // the moments need the whole row
+        double sum = 0.0, dev = 0.0;
+        for (int64_t i = 0; i < L; ++i) sum += c[i].first;
+        const float mean = static_cast<float>(sum / L);
+        for (int64_t i = 0; i < L; ++i) dev += double(c[i].first - mean) * double(c[i].first - mean);
         const float top = c[0].first;
-        const float floor = top - nsig * sd;
-        if (tail && fb >= floor) return false;
+        const float floor = top - nsig * std::sqrt(static_cast<float>(dev / L));
         int64_t n = 1;
         while (n < L && (c[n].first >= floor || c[n].first == top)) ++n;
         L = n;
-        tail = false;
         break;
       }
+      case kTypicalP:
+        if (a >= 1.0) break;
+        return false;                     // (not a cut on the logit order: the whole row)
+      case kXtc:
+        if (sa.b == 0.0) break;
+        if (!(uniform_of(threefry_first_word(sa.k0, sa.k1, kXtcCounter, sa.pos)) < static_cast<float>(sa.b))) break;
+        return false;                     // the coin fires: the whole row
     }
   }
   // the terminal
@@ -1071,25 +1058,33 @@ bool chain_run(ChainRow& row, float bound, int32_t* token, float* logprob) {
   if (row.want_logprob) {
     double zd = 0.0;
     if (tail) {
-      zd = row.full_z(vmax);
+      zd = full_z(row, vmax);
     } else {
       for (int64_t i = 0; i < L; ++i) zd += std::exp(static_cast<double>(c[i].first - vmax));
     }
     *logprob = (c[at].first - vmax) - static_cast<float>(std::log(zd));
   }
+  if (row.x_out != nullptr) {
+    float* o = row.x_out;
+    if (tail) {
+      for (int64_t i = 0; i < row.V; ++i) o[i] = row.f(row.x[i]);
+    } else {
+      std::fill(o, o + row.V, -INFINITY);
+      for (int64_t i = 0; i < L; ++i) o[c[i].second] = c[i].first;
+    }
+  }
   return true;
 }
 
-// ---- the chain on the whole row, without sorting it: each cut is a threshold found by radix selection ----------
+// ---- the chain on the whole row, without sorting it: thresholds by radix selection -----------------------------
 //
-// Where the candidates do not suffice (a nucleus of thousands of tokens, flat rows, ties across the bound), the
-// chain runs on the row itself. The kept set is always {i : x_i >= cx} (an upper set of the logit order; or one
-// token after temperature 0), so each stage only moves cx: top_k finds the k-th largest current value by a radix
-// selection on counts, top_p the smallest kept probability by a radix selection on mass (three levels of 11, 11
-// and 10 bits of the float32 probability: at the last level a bucket is one value, a group of equal
-// probabilities, decided as the spec says -- kept iff the mass strictly above it is below p), min_p and
-// top_n_sigma from reductions. The draw walks the blocks in descending order of their maxima; a token whose
-// RandomBits cannot lift it above the best score so far is rejected on its bits alone.
+// The kept set is a mask over the row, and every stage a pass or a few over it: top_k finds the k-th largest
+// current value by a radix selection on counts; top_p the smallest kept probability by a radix selection on mass
+// (three levels of 11, 11 and 10 bits of the float32 value: at the last level a bucket is one value, a group of
+// equal probabilities, decided as the spec says -- kept iff the mass strictly above it is below p); typical_p its
+// score cutoff by a radix selection on mass in ascending score; min_p, top_n_sigma and xtc from reductions. The
+// draw walks the blocks in descending order of their maxima; a token whose RandomBits cannot lift it above the
+// best score so far is rejected on its bits alone.
 typedef uint32_t U8 __attribute__((vector_size(8 * sizeof(uint32_t))));
 
 // The first Threefry-2x32-20 word for counters (c0[0..8), c1): eight lanes at once.
@@ -1137,10 +1132,10 @@ inline float key_value(uint32_t k) {
 constexpr int kRadixShift[3] = {21, 10, 0};
 constexpr uint32_t kRadixMask[3] = {0x7FF, 0x7FF, 0x3FF};
 
-// The largest key k such that weight(keys >= k) >= need, scanning radix buckets from the top; `above` returns the
-// weight strictly above that key. Keys and weights are given by `each(fn)` calling fn(key, weight) per item.
+// The largest key k such that the weight of the keys >= k reaches `need` (the highest key when none does), over
+// the items that `each(fn)` gives as fn(key, weight).
 template <class Each, class W>
-uint32_t radix_select(Each each, W need, W* above) {
+uint32_t radix_select(Each each, W need) {
   uint32_t prefix = 0, prefix_mask = 0;
   W base = 0;
   std::vector<W> hist;
@@ -1159,40 +1154,47 @@ uint32_t radix_select(Each each, W need, W* above) {
     prefix |= static_cast<uint32_t>(b) << shift;
     prefix_mask |= mask << shift;
   }
-  *above = base;
   return prefix;
 }
 
 void chain_dense(ChainRow& row, int64_t nb, int bs, int32_t* token, float* logprob, std::vector<float>& buf,
-                 std::vector<int32_t>& order) {
+                 std::vector<uint8_t>& keep, std::vector<int32_t>& order) {
   const float* x = row.x;
   const int64_t V = row.V;
   row.divs.clear();
-  float cx = -INFINITY;              // kept: x_i >= cx and x_i > -inf
-  int64_t single = -1;               // after temperature 0: that token alone
-  const float xmax = max_nan(x, V);
-  auto kept = [&](int64_t i) { return single >= 0 ? i == single : (x[i] >= cx && x[i] > -INFINITY); };
-  auto min_kept_x = [&](auto keep) {   // the new cut: the smallest x among kept tokens that `keep` holds
-    float m = INFINITY;
+  keep.resize(V);
+  for (int64_t i = 0; i < V; ++i) keep[i] = x[i] > -INFINITY;
+  auto kmax = [&]() {                 // the largest kept current value
+    float m = -INFINITY;
     for (int64_t i = 0; i < V; ++i) {
-      if (kept(i) && keep(i) && x[i] < m) m = x[i];
+      if (keep[i] && x[i] > m) m = x[i];
     }
-    return m;
+    return row.f(m);
+  };
+  auto probs = [&](float fmax) {      // buf = exp(f(x) - max) over the kept tokens (0 elsewhere); their sum
+    buf.resize(V);
+    double z = 0.0;
+    for (int64_t i = 0; i < V; ++i) {
+      buf[i] = keep[i] ? std::exp(row.f(x[i]) - fmax) : 0.0f;
+      z += buf[i];
+    }
+    return z;
   };
   const auto& stages = *row.stages;
-  for (size_t s = 0; s < stages.size() && single < 0; ++s) {
-    const double a = row.params[s];
-    const float fmax = row.f(xmax);
+  for (size_t s = 0; s < stages.size(); ++s) {
+    const StageArgs& sa = row.args[s];
+    const double a = sa.a;
+    const float fmax = kmax();
     switch (stages[s]) {
       case kTemperature: {
         const float t = static_cast<float>(a);
         if (t == 1.0f) break;
         if (t == 0.0f) {
+          bool found = false;
           for (int64_t i = 0; i < V; ++i) {
-            if (kept(i) && row.f(x[i]) == fmax) {
-              single = i;
-              break;
-            }
+            const bool win = !found && keep[i] && row.f(x[i]) == fmax;
+            found |= win;
+            keep[i] = win;
           }
           break;
         }
@@ -1203,47 +1205,37 @@ void chain_dense(ChainRow& row, int64_t nb, int bs, int32_t* token, float* logpr
         if (a <= 0 || a >= static_cast<double>(V)) break;
         const int64_t k = static_cast<int64_t>(a);
         int64_t n = 0;
-        for (int64_t i = 0; i < V; ++i) n += kept(i);
+        for (int64_t i = 0; i < V; ++i) n += keep[i];
         if (k >= n) break;
-        int64_t above = 0;
-        const uint32_t key = radix_select(
+        const float vk = key_value(radix_select(
             [&](auto fn) {
               for (int64_t i = 0; i < V; ++i) {
-                if (kept(i)) fn(order_key(row.f(x[i])), int64_t(1));
+                if (keep[i]) fn(order_key(row.f(x[i])), int64_t(1));
               }
             },
-            k, &above);
-        const float vk = key_value(key);
-        cx = min_kept_x([&](int64_t i) { return row.f(x[i]) >= vk; });
+            k));
+        for (int64_t i = 0; i < V; ++i) keep[i] = keep[i] && row.f(x[i]) >= vk;
         break;
       }
       case kMinP: {
         const float m = static_cast<float>(a);
         if (m == 0.0f) break;
         const float floor = fmax + std::log(m);
-        cx = min_kept_x([&](int64_t i) { return row.f(x[i]) >= floor; });
+        for (int64_t i = 0; i < V; ++i) keep[i] = keep[i] && row.f(x[i]) >= floor;
         break;
       }
       case kTopP: {
         const float p = static_cast<float>(a);
         if (p >= 1.0f) break;
-        buf.resize(V);
-        double z = 0.0;
-        for (int64_t i = 0; i < V; ++i) {
-          buf[i] = kept(i) ? std::exp(row.f(x[i]) - fmax) : 0.0f;
-          z += buf[i];
-        }
-        double above = 0.0;
-        // the group whose mass strictly above is below p * z and which, with its own mass, reaches it
-        const uint32_t key = radix_select(
+        const double z = probs(fmax);
+        const float e_min = key_value(radix_select(
             [&](auto fn) {
               for (int64_t i = 0; i < V; ++i) {
                 if (buf[i] > 0.0f) fn(order_key(buf[i]), double(buf[i]));
               }
             },
-            static_cast<double>(p) * z, &above);
-        const float e_min = key_value(key);
-        cx = min_kept_x([&](int64_t i) { return buf[i] >= e_min; });
+            static_cast<double>(p) * z));
+        for (int64_t i = 0; i < V; ++i) keep[i] = keep[i] && buf[i] >= e_min;
         break;
       }
       case kTopNSigma: {
@@ -1251,60 +1243,102 @@ void chain_dense(ChainRow& row, int64_t nb, int bs, int32_t* token, float* logpr
         if (nsig <= 0.0f) break;
         double sum = 0.0, count = 0.0, dev = 0.0;
         for (int64_t i = 0; i < V; ++i) {
-          if (kept(i)) sum += row.f(x[i]), count += 1;
+          if (keep[i]) sum += row.f(x[i]), count += 1;
         }
         const float mean = static_cast<float>(sum / count);
         for (int64_t i = 0; i < V; ++i) {
-          if (kept(i)) {
+          if (keep[i]) {
             const float d = row.f(x[i]) - mean;
             dev += double(d) * double(d);
           }
         }
         const float floor = fmax - nsig * std::sqrt(static_cast<float>(dev / count));
-        cx = min_kept_x([&](int64_t i) { const float v = row.f(x[i]); return v >= floor || v == fmax; });
+        for (int64_t i = 0; i < V; ++i) {
+          const float v = row.f(x[i]);
+          keep[i] = keep[i] && (v >= floor || v == fmax);
+        }
+        break;
+      }
+      case kTypicalP: {
+        if (a >= 1.0) break;
+        // score = |mean(d) - d_i| with d = x - max (-log p_i - H with log Z cancelled), over the live tokens
+        const double z = probs(fmax);
+        double mean_d = 0.0;
+        for (int64_t i = 0; i < V; ++i) {
+          if (buf[i] > 0.0f) mean_d += double(buf[i] / static_cast<float>(z)) * double(row.f(x[i]) - fmax);
+        }
+        const float md = static_cast<float>(mean_d);
+        auto score = [&](int64_t i) { return std::fabs(md - (row.f(x[i]) - fmax)); };
+        // the smallest score whose cumulative mass (ascending score) reaches m: descending keys of ~score
+        const float cut = key_value(~radix_select(
+            [&](auto fn) {
+              for (int64_t i = 0; i < V; ++i) {
+                if (buf[i] > 0.0f) fn(~order_key(score(i)), double(buf[i]));
+              }
+            },
+            a * z));
+        for (int64_t i = 0; i < V; ++i) {
+          keep[i] = keep[i] && (buf[i] > 0.0f && score(i) <= cut || row.f(x[i]) == fmax);
+        }
+        break;
+      }
+      case kXtc: {
+        if (sa.b == 0.0) break;
+        if (!(uniform_of(threefry_first_word(sa.k0, sa.k1, kXtcCounter, sa.pos)) < static_cast<float>(sa.b))) break;
+        const double z = probs(fmax);
+        const float zf = static_cast<float>(z), thr = static_cast<float>(a);
+        int64_t n_top = 0, survivor = -1;
+        float least = INFINITY;
+        for (int64_t i = 0; i < V; ++i) {
+          const float p = buf[i] / zf;
+          if (keep[i] && p >= thr) {
+            ++n_top;
+            if (p < least) least = p, survivor = i;
+          }
+        }
+        if (n_top < 2) break;
+        for (int64_t i = 0; i < V; ++i) {
+          if (keep[i] && buf[i] / zf >= thr && i != survivor) keep[i] = 0;
+        }
         break;
       }
     }
   }
-  const float fmax = row.f(xmax);
-  int64_t at = single;
-  if (at < 0 && row.terminal == kGreedy) {
+  const float fmax = kmax();
+  int64_t at = -1;
+  if (row.terminal == kGreedy) {
     for (int64_t i = 0; i < V && at < 0; ++i) {
-      if (kept(i) && row.f(x[i]) == fmax) at = i;
+      if (keep[i] && row.f(x[i]) == fmax) at = i;
     }
-  } else if (at < 0) {
+  } else {
     const auto& bm = *row.bm;
     order.resize(nb);
     for (int64_t i = 0; i < nb; ++i) order[i] = static_cast<int32_t>(i);
     std::sort(order.begin(), order.end(), [&bm](int32_t a, int32_t b) { return bm[a] > bm[b] || (bm[a] == bm[b] && a < b); });
     float best = -INFINITY;
+    uint32_t need = 0;
+    auto threshold = [&](float fm) -> uint32_t {   // a token under f(block max) fm wins only with u above this
+      const double u = std::exp(-std::exp(-(double(best) - double(fm))));
+      const double q = std::floor(u * 8388608.0 - 0.5) - 2.0;
+      return q <= 0 ? 0u : q >= 8388607.0 ? 8388607u : static_cast<uint32_t>(q);
+    };
+    uint32_t bits[64];
     for (int64_t j = 0; j < nb; ++j) {
       const int64_t c = order[j];
-      if (bm[c] < cx || bm[c] == -INFINITY) break;     // every later block lies below the cut
+      if (bm[c] == -INFINITY) break;
       const float fm = row.f(bm[c]);
       if (at >= 0 && fm + kGumbelMax < best) break;
-      // a token of this block wins only with g > best - f(block max): u > exp(-exp(-(best - fm)))
-      uint32_t need = 0;
-      if (at >= 0) {
-        const double u = std::exp(-std::exp(-(double(best) - double(fm))));
-        const double q = std::floor(u * 8388608.0 - 0.5) - 2.0;
-        need = q <= 0 ? 0u : q >= 8388607.0 ? 8388607u : static_cast<uint32_t>(q);
-      }
-      uint32_t bits[64];
+      need = at >= 0 ? threshold(fm) : 0u;
       threefry_strided(row.k0, row.k1, static_cast<uint32_t>(c), static_cast<uint32_t>(nb), bs, row.pos, bits);
-      {
-        for (int l = 0; l < bs; ++l) {
-          const int64_t tok = l * nb + c;
-          if (tok >= V) break;
-          if ((bits[l] >> 9) < need || !kept(tok)) continue;
-          const float sc = row.f(x[tok]) + gumbel_of(bits[l]);
-          if (at < 0 || sc > best || (sc == best && tok < at)) {
-            best = sc;
-            at = tok;
-            const double u = std::exp(-std::exp(-(double(best) - double(fm))));
-            const double q = std::floor(u * 8388608.0 - 0.5) - 2.0;
-            need = q <= 0 ? 0u : q >= 8388607.0 ? 8388607u : static_cast<uint32_t>(q);
-          }
+      for (int l = 0; l < bs; ++l) {
+        const int64_t tok = l * nb + c;
+        if (tok >= V) break;
+        if ((bits[l] >> 9) < need || !keep[tok]) continue;
+        const float sc = row.f(x[tok]) + gumbel_of(bits[l]);
+        if (at < 0 || sc > best || (sc == best && tok < at)) {
+          best = sc;
+          at = tok;
+          need = threshold(fm);
         }
       }
     }
@@ -1314,9 +1348,12 @@ void chain_dense(ChainRow& row, int64_t nb, int bs, int32_t* token, float* logpr
   if (row.want_logprob) {
     double z = 0.0;
     for (int64_t i = 0; i < V; ++i) {
-      if (kept(i)) z += std::exp(static_cast<double>(row.f(x[i]) - fmax));
+      if (keep[i]) z += std::exp(static_cast<double>(row.f(x[i]) - fmax));
     }
     *logprob = (row.f(x[at]) - fmax) - static_cast<float>(std::log(z));
+  }
+  if (row.x_out != nullptr) {
+    for (int64_t i = 0; i < V; ++i) row.x_out[i] = keep[i] ? row.f(x[i]) : -INFINITY;
   }
 }
 
@@ -1324,11 +1361,12 @@ struct SampleChain {
   static constexpr const char* kName = "SamplecSampleChain";
   std::vector<int> stages;
   int terminal;
-  bool want_logprob;
+  bool want_logprob, want_x;
   bool operator==(const SampleChain& o) const {
-    return stages == o.stages && terminal == o.terminal && want_logprob == o.want_logprob;
+    return stages == o.stages && terminal == o.terminal && want_logprob == o.want_logprob && want_x == o.want_x;
   }
-  // in = [x, one [B, 1] parameter per stage (int32 for top_k, float32 otherwise), (sample:) seed u64, pos u32]
+  // in = [x, each stage's operands after x as [B, 1] (top_k int32; xtc f32, f32, u64 seed, u32 position; others
+  // f32), then (sample) seed u64 and position u32]
   void operator()(std::vector<mx::array>& in, std::vector<mx::array>& out) const {
     const int64_t rows = in[0].shape(0), V = in[0].shape(1);
     constexpr int bs = 64;
@@ -1337,6 +1375,7 @@ struct SampleChain {
     int32_t* token = out[0].data<int32_t>();
     float* logprob = out[1].data<float>();
     std::vector<float> buf, bm(nb), ebuf;
+    std::vector<uint8_t> keep;
     std::vector<std::pair<float, int32_t>> cand, heap;
     std::vector<int32_t> top, kept, order;
     bool temps_only = terminal == kSample;
@@ -1348,27 +1387,39 @@ struct SampleChain {
       row.stages = &stages;
       row.terminal = terminal;
       row.want_logprob = want_logprob;
+      row.x_out = want_x ? out[2].data<float>() + r * V : nullptr;
       row.bm = &bm;
       row.cand = &cand;
       bool has_zero = false;
-      for (size_t s = 0; s < stages.size(); ++s) {
-        const auto& a = in[1 + s];
-        const double v = a.dtype() == mx::int32 ? double(Rows<int32_t>(a)(r, 0)) : double(Rows<float>(a)(r, 0));
-        row.params.push_back(v);
-        has_zero |= stages[s] == kTemperature && v == 0.0;
+      size_t at = 1;
+      for (int kind : stages) {
+        StageArgs sa;
+        const auto& a = in[at];
+        sa.a = a.dtype() == mx::int32 ? double(Rows<int32_t>(a)(r, 0)) : double(Rows<float>(a)(r, 0));
+        if (kind == kXtc) {
+          sa.b = double(Rows<float>(in[at + 1])(r, 0));
+          const uint64_t seed = Rows<uint64_t>(in[at + 2])(r, 0);
+          sa.k0 = static_cast<uint32_t>(seed >> 32);
+          sa.k1 = static_cast<uint32_t>(seed & 0xFFFFFFFFu);
+          sa.pos = Rows<uint32_t>(in[at + 3])(r, 0);
+        }
+        has_zero |= kind == kTemperature && sa.a == 0.0;
+        row.args.push_back(sa);
+        at += stage_arity(kind);
       }
       row.k0 = row.k1 = row.pos = 0;
       if (terminal == kSample) {
-        const uint64_t seed = Rows<uint64_t>(in[1 + stages.size()])(r, 0);
+        const uint64_t seed = Rows<uint64_t>(in[at])(r, 0);
         row.k0 = static_cast<uint32_t>(seed >> 32);
         row.k1 = static_cast<uint32_t>(seed & 0xFFFFFFFFu);
-        row.pos = Rows<uint32_t>(in[2 + stages.size()])(r, 0);
+        row.pos = Rows<uint32_t>(in[at + 1])(r, 0);
       }
       block_max_row(row.x, V, nb, bs, bm.data());
       logprob[r] = 0.0f;
       if (std::isnan(max_nan(bm.data(), nb))) {   // NaN logits: the program's checks report the row
         token[r] = 0;
         logprob[r] = NAN;
+        if (row.x_out != nullptr) std::fill(row.x_out, row.x_out + V, NAN);
         continue;
       }
       bool done = false;
@@ -1379,27 +1430,37 @@ struct SampleChain {
           if ((done = chain_run(row, bound, token + r, logprob + r))) break;
         }
       }
-      if (!done) chain_dense(row, nb, bs, token + r, logprob + r, ebuf, order);
+      if (!done) chain_dense(row, nb, bs, token + r, logprob + r, ebuf, keep, order);
     }
   }
 };
 
 std::vector<mx::array> sample_chain(const mx::array& x, const std::vector<mx::array>& params,
-                                    const std::vector<int>& stages, int terminal, bool want_logprob) {
+                                    const std::vector<int>& stages, int terminal, bool want_logprob, bool want_x) {
   need_rows(x, mx::float32, "sample_chain");
-  if (params.size() != stages.size() + (terminal == kSample ? 2 : 0)) {
-    throw std::invalid_argument("sample_chain: one parameter per stage, then seed and position for sample");
+  size_t arity = terminal == kSample ? 2 : 0;
+  for (int s : stages) {
+    if (s < kTemperature || s > kXtc) throw std::invalid_argument("sample_chain: unknown stage code");
+    arity += stage_arity(s);
+  }
+  if (params.size() != arity || (terminal != kGreedy && terminal != kSample)) {
+    throw std::invalid_argument("sample_chain: each stage's operands, then seed and position for sample");
   }
   const int B = x.shape(0);
   std::vector<mx::array> ins{x};
-  for (size_t i = 0; i < params.size(); ++i) {
-    const auto& p = params[i];
+  for (const auto& p : params) {
     if (p.ndim() != 2 || p.shape(0) != B || p.shape(1) != 1) {
       throw std::invalid_argument("sample_chain: parameters must be [B, 1]");
     }
     ins.push_back(p);
   }
-  return make(SampleChain{stages, terminal, want_logprob}, {{B, 1}, {B, 1}}, {mx::int32, mx::float32}, ins);
+  std::vector<mx::Shape> shapes{{B, 1}, {B, 1}};
+  std::vector<mx::Dtype> dtypes{mx::int32, mx::float32};
+  if (want_x) {
+    shapes.push_back({B, x.shape(1)});
+    dtypes.push_back(mx::float32);
+  }
+  return make(SampleChain{stages, terminal, want_logprob, want_x}, shapes, dtypes, ins);
 }
 
 }  // namespace
@@ -1428,9 +1489,10 @@ NB_MODULE(_ext, m) {
         nb::arg("flat") = false, "[argmax [B, 1], then each gathered array there, [B, 1] or (flat) [B]].");
   m.def("mass_above", &mass_above, nb::arg("p"));
   m.def("sample_chain", &sample_chain, nb::arg("x"), nb::arg("params"), nb::arg("stages"), nb::arg("terminal"),
-        nb::arg("want_logprob"),
-        "The sampler chain (stage codes: 0 temperature, 1 top_k, 2 top_p, 3 min_p, 4 top_n_sigma; terminal 0 "
-        "greedy, 1 sample) on each row of x: [token [B, 1], logprob [B, 1]].");
+        nb::arg("want_logprob"), nb::arg("want_x") = false,
+        "The sampler chain (stage codes: 0 temperature, 1 top_k, 2 top_p, 3 min_p, 4 top_n_sigma, 5 typical_p, "
+        "6 xtc; terminal 0 greedy, 1 sample) on each row of x: [token [B, 1], logprob [B, 1], (want_x) the final "
+        "logits [B, V]].");
   m.def("hold", &hold, nb::arg("max_us"));
   m.def("wake", &wake, nb::arg("max_us"), "Open a hold and queue it (mx.async_eval(hold(max_us))).");
   m.def("evaluate", &evaluate, nb::arg("arrays"), nb::arg("spin_us"), nb::call_guard<nb::gil_scoped_release>(),

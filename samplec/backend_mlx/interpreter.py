@@ -23,29 +23,31 @@ from samplec.ir.types import Type
 
 
 class Chain:
-    """Stage ops x_0 -> stage_1 -> ... -> stage_n -> draw (and the draw's `logprob_at` users) that nothing else
-    reads: one kernel can run them together."""
+    """Stage ops x_0 -> stage_1 -> ... -> stage_n -> draw, and the draw's `logprob_at` users: one kernel runs them
+    together. Only the draw (and, where something else reads it, stage_n's result) leave the chain."""
 
-    def __init__(self, draw: Node, stages: list[Node], logprobs: list[Node]):
-        self.draw, self.stages, self.logprobs = draw, stages, logprobs
+    def __init__(self, draw: Node, stages: list[Node], logprobs: list[Node], want_x: bool):
+        self.draw, self.stages, self.logprobs, self.want_x = draw, stages, logprobs, want_x
         self.x = stages[0].inputs[0] if stages else draw.inputs[0]
 
     def nodes(self) -> list[Node]:
         return self.stages + [self.draw] + self.logprobs
 
     def run(self, env: dict) -> dict | None:
-        params = [env[id(s.inputs[1])] for s in self.stages] + [env[id(i)] for i in self.draw.inputs[1:]]
+        params = [env[id(i)] for s in self.stages for i in s.inputs[1:]] + [env[id(i)] for i in self.draw.inputs[1:]]
         out = native.sample_chain(env[id(self.x)], params, [s.op for s in self.stages], self.draw.op,
-                                  bool(self.logprobs))
+                                  bool(self.logprobs), self.want_x)
         if out is None:
             return None
-        token, logprob = out
-        return {id(self.draw): token, **{id(n): logprob for n in self.logprobs}}
+        bound = {id(self.draw): out[0], **{id(n): out[1] for n in self.logprobs}}
+        if self.want_x:
+            bound[id(self.stages[-1])] = out[2]
+        return bound
 
 
 def find_chains(graph: Graph) -> list[Chain]:
-    """Every draw, with the stage ops before it that only it reads (a stage whose result something else needs,
-    `probs` say, runs by its definition and the chain starts after it)."""
+    """Every draw, with the stage ops before it: the last one may be read elsewhere too (`probs`: the kernel then
+    also returns its result), the others only by the next."""
     users = graph.users()
     chains = []
     for n in graph.toposort():
@@ -53,13 +55,41 @@ def find_chains(graph: Graph) -> list[Chain]:
             continue
         x = n.inputs[0]
         logprobs = [u for u in users.get(id(x), []) if u.op == "logprob_at" and u.inputs[1] is n]
-        stages, after, allowed = [], n, {id(n)} | {id(u) for u in logprobs}
-        while x.op in STAGE_OPS and all(id(u) in allowed for u in users.get(id(x), [])):
+        stages, want_x = [], False
+        if x.op in STAGE_OPS:
+            want_x = any(u is not n and u not in logprobs for u in users.get(id(x), []))
             stages.append(x)
-            after, x = x, x.inputs[0]
-            allowed = {id(after)}
-        chains.append(Chain(n, stages[::-1], logprobs))
+            x = x.inputs[0]
+            while x.op in STAGE_OPS and all(u is stages[-1] for u in users.get(id(x), [])):
+                stages.append(x)
+                x = x.inputs[0]
+        chains.append(Chain(n, stages[::-1], logprobs, want_x))
     return chains
+
+
+def run_order(graph: Graph, chains: list[Chain]) -> list[Node]:
+    """The graph's nodes in an order where each chain's nodes come together, after everything they read."""
+    unit = {id(n): ("c", i) for i, c in enumerate(chains) for n in c.nodes()}
+    base = [n for n in graph.toposort() if n.op != INPUT]
+    key = lambda n: unit.get(id(n), ("n", id(n)))
+    members: dict = {}
+    for n in base:
+        members.setdefault(key(n), []).append(n)
+    deps = {k: {key(i) for m in ms for i in m.inputs if i.op != INPUT} - {k} for k, ms in members.items()}
+    order, done = [], set()
+    pending = list(members)            # (first appearance order: deterministic)
+    while pending:
+        rest = []
+        for k in pending:
+            if deps[k] <= done:
+                order += members[k] if k[0] == "n" else chains[k[1]].nodes()
+                done.add(k)
+            else:
+                rest.append(k)
+        if len(rest) == len(pending):
+            raise SamplecError("internal error: a cycle through a chain")
+        pending = rest
+    return order
 
 
 def _run_expansion(node: Node, ins: list[mx.array]) -> mx.array:
@@ -79,11 +109,11 @@ _IR_DTYPE = {mx.float32: "f32", mx.int32: "i32", mx.uint32: "u32", mx.uint64: "u
 class Executable:
     def __init__(self, graph: Graph, compile: bool = True):
         self.graph = graph
-        self.order = [n for n in graph.toposort() if n.op != INPUT]
         self.index = {id(p.node): i for i, p in enumerate(graph.params)}
         self.roots = graph.roots()
         self.chains = find_chains(graph)
         self.covered = {id(n): c for c in self.chains for n in c.nodes()}
+        self.order = run_order(graph, self.chains)
         missing = sorted({n.op for n in self.order} - set(KERNELS) - set(EXPAND))
         if missing:
             raise SamplecError(f"no MLX kernel for op(s): {', '.join(missing)}")
@@ -100,11 +130,11 @@ class Executable:
             try:
                 chain = chained.get(id(node))
                 if chain is not None:
-                    if node is not chain.draw:
-                        continue        # (run with the draw, which comes after every stage of its chain)
-                    bound = chain.run(env)
+                    bound = chain.run(env)          # (the chain's first node: everything it reads is computed)
                     if bound:
                         env.update(bound)
+                        for m in chain.nodes():         # (stages read by nothing outside the chain)
+                            env.setdefault(id(m), None)
                         continue
                     for s in chain.nodes():      # (the primitive declined: each by its definition)
                         env[id(s)] = _run_expansion(s, [env[id(i)] for i in s.inputs])

@@ -133,19 +133,20 @@ def mass_above(p: mx.array) -> mx.array | None:
     return _native.mass_above(p) if _rows(p) else None
 
 
-CHAIN_STAGES = {"temperature": 0, "top_k": 1, "top_p": 2, "min_p": 3, "top_n_sigma": 4}
+CHAIN_STAGES = {"temperature": 0, "top_k": 1, "top_p": 2, "min_p": 3, "top_n_sigma": 4, "typical_p": 5, "xtc": 6}
+_PARAM_DTYPES = {"top_k": [mx.int32], "xtc": [mx.float32, mx.float32, mx.uint64, mx.uint32]}
 CHAIN_TERMINALS = {"greedy": 0, "sample": 1}
 
 
-def sample_chain(x: mx.array, params: list[mx.array], stages: list[str], terminal: str,
-                 want_logprob: bool) -> tuple[mx.array, mx.array] | None:
+def sample_chain(x: mx.array, params: list[mx.array], stages: list[str], terminal: str, want_logprob: bool,
+                 want_x: bool = False) -> tuple[mx.array, ...] | None:
     """A chain of stage ops ending in a draw, per row, in one primitive: (token position [B, 1], logprob of it
-    under the chain's final distribution [B, 1]). `params`: one [B, 1] (or broadcastable) value per stage, then
-    (sample) the seed and the position."""
+    under the chain's final distribution [B, 1], with `want_x` the final logits [B, V]). `params`: each stage's
+    operands after x ([B, 1] or broadcastable), then (sample) the seed and the position."""
     if not (_rows(x) and x.shape[-1] >= 1 and hasattr(_native, "sample_chain")):
         return None     # (also a build of samplec-native older than the chain kernel)
     B = x.shape[0]
-    dtypes = [mx.int32 if s == "top_k" else mx.float32 for s in stages]
+    dtypes = [dt for s in stages for dt in _PARAM_DTYPES.get(s, [mx.float32])]
     if terminal == "sample":
         dtypes += [mx.uint64, mx.uint32]
     args = []
@@ -153,7 +154,7 @@ def sample_chain(x: mx.array, params: list[mx.array], stages: list[str], termina
         p = p if p.ndim == 2 else p.reshape(p.shape + (1,) * (2 - p.ndim))
         args.append(mx.broadcast_to(p if p.dtype == dt else p.astype(dt), (B, 1)))
     return tuple(_native.sample_chain(x, args, [CHAIN_STAGES[s] for s in stages], CHAIN_TERMINALS[terminal],
-                                      want_logprob))
+                                      want_logprob, want_x))
 
 
 __all__ = ["enabled", "installed", "wake", "release", "evaluate", "threefry_bits", "block_max", "block_top",

@@ -1,5 +1,5 @@
 """The dense definitions of the stage ops: each stage op (samplec/ir/ops.py: `temperature`, `top_k`, `top_p`,
-`min_p`, `top_n_sigma`, `greedy`, `sample`, `logprob_at`) written with the low-level ops, exactly as spec §2-§4
+`min_p`, `top_n_sigma`, `typical_p`, `xtc`, `greedy`, `sample`, `logprob_at`) written with the low-level ops, exactly as spec §2-§4
 define the stage on the whole vocabulary.
 
 These are what -O0 runs (the `expand-stages` pass rewrites every stage op into its definition) and what a stage
@@ -10,7 +10,10 @@ from __future__ import annotations
 
 from typing import Callable
 
-from samplec.frontend.lower import NEG_INF, const, gumbel, log_softmax, softmax, top_p_floor, where
+import math
+
+from samplec.frontend.lower import NEG_INF, XTC_COUNTER, const, gumbel, log_softmax, softmax, top_p_floor, \
+    uniform, where
 from samplec.ir.graph import Node, make
 from samplec.ir.types import F32, I32, U32
 
@@ -54,6 +57,38 @@ def top_n_sigma(x: Node, n: Node) -> Node:
     return where(make("le", n, const(0.0)), x, kept, name="x_nsigma")
 
 
+def typical_p(x: Node, m: Node) -> Node:
+    probs = softmax(x)
+    # -log p_i - H = (log Z - d_i) - (log Z - sum_j p_j d_j) with d = x - max: log Z cancels, so the score is
+    # |mean(d) - d_i|, computed without the cancellation of two numbers near log V (float32 loses ~1e-6 there)
+    live = make("gt", probs, const(0.0))
+    d = make("sub", x, make("reduce_max", x))
+    mean_d = make("reduce_sum", where(live, make("mul", probs, d), const(0.0)), name="mean_d")
+    score = where(live, make("abs", make("sub", mean_d, d)), const(math.inf), name="score")
+    order = make("argsort", score, descending=False)
+    mass = make("cumsum", make("take_along", probs, order), exclusive=False)
+    first = make("reduce_sum", make("cast", make("lt", mass, m), dtype=I32))     # first index with mass >= m
+    n_finite = make("reduce_sum", make("cast", make("isfinite", score), dtype=I32))
+    at = make("minimum", first, make("sub", n_finite, const(1, I32)))
+    cutoff = make("take_along", make("take_along", score, order), at, name="score_cutoff")
+    keep = make("logical_or", make("le", score, cutoff), make("eq", x, make("reduce_max", x)))
+    return where(make("ge", m, const(1.0)), x, make("filter", x, keep), name="x_typical")
+
+
+def xtc(x: Node, thr: Node, prob: Node, seed: Node, position: Node) -> Node:
+    pos = make("cast", position, dtype=U32)
+    coin = uniform(make("random_bits", seed, const(XTC_COUNTER, U32), pos, name="xtc_bits"))
+    probs = softmax(x)
+    top = make("logical_and", make("ge", probs, thr), make("isfinite", x), name="xtc_top")
+    n_top = make("reduce_sum", make("cast", top, dtype=I32))
+    p_least = make("reduce_min", where(top, probs, const(math.inf)))
+    survivor = make("argmax", make("logical_and", top, make("eq", probs, p_least)), name="xtc_survivor")
+    remove = make("logical_and", top, make("ne", make("iota", x), survivor))
+    fire = make("logical_and", make("lt", coin, prob), make("ge", n_top, const(2, I32)))
+    cut = where(make("logical_and", fire, remove), const(NEG_INF), x)
+    return where(make("eq", prob, const(0.0)), x, cut, name="x_xtc")
+
+
 def greedy(x: Node) -> Node:
     return make("argmax", x)
 
@@ -70,7 +105,7 @@ def logprob_at(x: Node, at: Node) -> Node:
 
 EXPAND: dict[str, Callable[..., Node]] = {
     "temperature": temperature, "top_k": top_k, "top_p": top_p, "min_p": min_p, "top_n_sigma": top_n_sigma,
-    "greedy": greedy, "sample": sample, "logprob_at": logprob_at,
+    "typical_p": typical_p, "xtc": xtc, "greedy": greedy, "sample": sample, "logprob_at": logprob_at,
 }
 
 

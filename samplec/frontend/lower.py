@@ -196,39 +196,14 @@ class Lowering:
         return make("min_p", x, self.scalar(m, F32), name="x_minp")
 
     def stage_typical_p(self, x, m):
-        m = self.scalar(m, F32)
-        probs = softmax(x)
-        # -log p_i - H = (log Z - d_i) - (log Z - sum_j p_j d_j) with d = x - max: log Z cancels, so the score is
-        # |mean(d) - d_i|, computed without the cancellation of two numbers near log V (float32 loses ~1e-6 there)
-        live = make("gt", probs, const(0.0))
-        d = make("sub", x, make("reduce_max", x))
-        mean_d = make("reduce_sum", where(live, make("mul", probs, d), const(0.0)), name="mean_d")
-        score = where(live, make("abs", make("sub", mean_d, d)), const(math.inf), name="score")
-        order = make("argsort", score, descending=False)
-        mass = make("cumsum", make("take_along", probs, order), exclusive=False)
-        first = make("reduce_sum", make("cast", make("lt", mass, m), dtype=I32))     # first index with mass >= m
-        n_finite = make("reduce_sum", make("cast", make("isfinite", score), dtype=I32))
-        at = make("minimum", first, make("sub", n_finite, const(1, I32)))
-        cutoff = make("take_along", make("take_along", score, order), at, name="score_cutoff")
-        keep = make("logical_or", make("le", score, cutoff), make("eq", x, make("reduce_max", x)))
-        return where(make("ge", m, const(1.0)), x, make("filter", x, keep), name="x_typical")
+        return make("typical_p", x, self.scalar(m, F32), name="x_typical")
 
     def stage_top_n_sigma(self, x, n):
         return make("top_n_sigma", x, self.scalar(n, F32), name="x_nsigma")
 
     def stage_xtc(self, x, threshold, probability, seed, position):
-        thr, prob = self.scalar(threshold, F32), self.scalar(probability, F32)
-        pos = make("cast", self.scalar(position, I32), dtype=U32)
-        coin = uniform(make("random_bits", self.seed(seed), const(XTC_COUNTER, U32), pos, name="xtc_bits"))
-        probs = softmax(x)
-        top = make("logical_and", make("ge", probs, thr), make("isfinite", x), name="xtc_top")
-        n_top = make("reduce_sum", make("cast", top, dtype=I32))
-        p_least = make("reduce_min", where(top, probs, const(math.inf)))
-        survivor = make("argmax", make("logical_and", top, make("eq", probs, p_least)), name="xtc_survivor")
-        remove = make("logical_and", top, make("ne", make("iota", x), survivor))
-        fire = make("logical_and", make("lt", coin, prob), make("ge", n_top, const(2, I32)))
-        cut = where(make("logical_and", fire, remove), const(NEG_INF), x)
-        return where(make("eq", prob, const(0.0)), x, cut, name="x_xtc")
+        return make("xtc", x, self.scalar(threshold, F32), self.scalar(probability, F32), self.seed(seed),
+                    self.scalar(position, I32), name="x_xtc")
 
     def stage_penalties(self, x, history, last_n, repeat, frequency, presence):
         rep, freq, pres = self.scalar(repeat, F32), self.scalar(frequency, F32), self.scalar(presence, F32)

@@ -217,6 +217,13 @@ def _stage(param_dtype):
     return infer
 
 
+def _xtc(ts, a):
+    x, thr, prob, seed, pos = ts
+    if (x.dtype, thr.dtype, prob.dtype, seed.dtype, pos.dtype) != (F32, F32, F32, U64, I32):
+        raise TypeError_("xtc: operands are (f32 logits, f32 threshold, f32 probability, u64 seed, i32 position)")
+    return Type(F32, broadcast(x.shape, thr.shape, prob.shape, seed.shape, pos.shape))
+
+
 def _draw(ts, a):
     if ts[0].dtype != F32:
         raise TypeError_("expects f32 logits")
@@ -322,9 +329,13 @@ OPS: dict[str, OpDef] = {d.name: d for d in [
     OpDef("sample", 3, (), _draw,
           "stage, terminal (x, seed, position): Gumbel-max draw with RandomBits at (token id, position) [B,1]"),
     OpDef("logprob_at", 2, (), _logprob_at, "log softmax(x) at positions [B,1]: a terminal's logprob"),
+    OpDef("typical_p", 2, (), _stage(F32), "stage, cut by the score |-log p - H|: keep the typical set"),
+    OpDef("xtc", 5, (), _xtc,
+          "stage (x, threshold, probability, seed, position): with chance `probability`, remove the tokens with "
+          "p >= threshold but the least probable of them"),
 ]}
 
-STAGE_OPS = ("temperature", "top_k", "top_p", "min_p", "top_n_sigma")    # x -> x, one parameter each
+STAGE_OPS = ("temperature", "top_k", "top_p", "min_p", "top_n_sigma", "typical_p", "xtc")   # x -> x
 DRAW_OPS = ("greedy", "sample")
 
 

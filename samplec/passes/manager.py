@@ -35,7 +35,7 @@ def dce(g: Graph) -> Graph:
 
 
 PASSES: dict[str, Pass] = {p.name: p for p in [
-    Pass("stages", _rules(R.fold_constants, R.stage_off, R.cut_after_t0, R.sample_t0, R.greedy_cuts, R.greedy_plain,
+    Pass("stages", _rules(R.fold_constants, R.stage_off, R.xtc_off, R.cut_after_t0, R.sample_t0, R.greedy_cuts, R.greedy_plain,
                           R.logprob_one_token),
          "stage level: stages at their off value removed, temperature 0 makes the rest of the chain greedy, cuts "
          "before greedy dropped"),

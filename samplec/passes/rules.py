@@ -136,11 +136,18 @@ def partition_top_k(n: Node):
 
 # ---- stage level: rules over the stage ops, where the chain's algebra is visible ---------------------------------
 
-CUTS = ("top_k", "top_p", "min_p", "top_n_sigma")      # keep x >= a threshold: the argmax always survives
+CUTS = ("top_k", "top_p", "min_p", "top_n_sigma", "typical_p")     # they always keep the argmax, value unchanged
 _OFF = {   # a stage at its off value is the identity
     "temperature": lambda v: v == 1.0, "top_k": lambda v: v <= 0, "top_p": lambda v: v >= 1.0,
-    "min_p": lambda v: v == 0.0, "top_n_sigma": lambda v: v <= 0.0,
+    "min_p": lambda v: v == 0.0, "top_n_sigma": lambda v: v <= 0.0, "typical_p": lambda v: v >= 1.0,
 }
+
+
+def xtc_off(n: Node):
+    """xtc(x, thr, 0, ...) -> x: a coin that never fires."""
+    if n.op == "xtc" and n.inputs[2].op == "const" and const_value(n.inputs[2]) == 0.0 and n.inputs[0].type == n.type:
+        return n.inputs[0]
+    return None
 
 
 def stage_off(n: Node):
@@ -156,8 +163,9 @@ def _is_t0(x: Node) -> bool:
 
 
 def cut_after_t0(n: Node):
-    """cut(temperature(x, 0)) -> temperature(x, 0): one token is left, and every cut keeps the most probable."""
-    if n.op in CUTS and _is_t0(n.inputs[0]) and n.inputs[0].type == n.type:
+    """cut(temperature(x, 0)) -> temperature(x, 0): one token is left, and every cut keeps the most probable (xtc
+    needs two tokens above its threshold to remove any)."""
+    if (n.op in CUTS or n.op == "xtc") and _is_t0(n.inputs[0]) and n.inputs[0].type == n.type:
         return n.inputs[0]
     return None
 
@@ -185,7 +193,7 @@ def greedy_cuts(n: Node):
 
 def greedy_plain(n: Node):
     """greedy(x) -> argmax(x) where x is no stage: nothing to fuse, and the argmax is shared with the logits check."""
-    if n.op == "greedy" and n.inputs[0].op not in _OFF:
+    if n.op == "greedy" and n.inputs[0].op not in _OFF and n.inputs[0].op != "xtc":
         return make("argmax", n.inputs[0], name=n.name)
     return None
 

@@ -74,3 +74,5 @@ class Op(object):
     GreedyNode = 68
     SampleNode = 69
     LogprobAtNode = 70
+    TypicalPNode = 71
+    XtcNode = 72
