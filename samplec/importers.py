@@ -634,7 +634,7 @@ def from_mlx_lm(kwargs: dict, name: str = "mlx_lm") -> str:
         if key not in known:
             raise _unknown("mlx-lm argument", key, known,
                            " (make_sampler and make_logits_processors take: " + ", ".join(known) + ")",
-                           aliases={"temperature": "temp", "seed": "(none: pass the seed to the sampler)"})
+                           aliases={"temperature": "temp"})
     a = {**known, **kwargs}
     out = _Sampler(name, "imported from mlx-lm make_logits_processors + make_sampler arguments (mlx-lm's order)")
     bias = a["logit_bias"]

@@ -829,3 +829,74 @@ def test_import_text_entry_point():
     assert import_text("llama.cpp", "--top-k 3") == from_llama_cpp("--top-k 3")
     with pytest.raises(SamplecError, match=r"^<input>: invalid JSON"):
         import_text("vllm", "{")
+
+
+# ---- each mapped field changes the chain (or is refused as pending); each refused vLLM field is named ----
+
+HF_MAPPED_EXAMPLES = {"do_sample": False, "temperature": 0.5, "top_k": 7, "top_p": 0.5, "min_p": 0.2,
+                      "typical_p": 0.5, "repetition_penalty": 1.2, "epsilon_cutoff": 0.01, "eta_cutoff": 0.01}
+
+
+def test_hf_each_mapped_field_maps():
+    assert set(HF_MAPPED_EXAMPLES) == set(HF_FIELDS["mapped"])
+    base = from_hf({"do_sample": True, "top_k": 0})
+    for key, value in HF_MAPPED_EXAMPLES.items():
+        cfg = {"do_sample": True, "top_k": 0, key: value}
+        if key in PENDING_STAGES:
+            with pytest.raises(SamplecError, match=key):
+                from_hf(cfg)
+        else:
+            assert from_hf(cfg) != base, key
+
+
+MLX_LM_EXAMPLES = {   # arg -> (value, other arguments that make it matter)
+    "temp": (0.5, {}), "top_p": (0.5, {"temp": 1}), "min_p": (0.2, {"temp": 1}),
+    "min_tokens_to_keep": (3, {"temp": 1, "min_p": 0.1}), "top_k": (5, {"temp": 1}),
+    "xtc_probability": (0.5, {"temp": 1}), "xtc_threshold": (0.2, {"temp": 1, "xtc_probability": 0.5}),
+    "xtc_special_tokens": ([1], {"temp": 1, "xtc_probability": 0.5}), "logit_bias": ({"1": 2.0}, {}),
+    "repetition_penalty": (1.2, {}), "repetition_context_size": (5, {"repetition_penalty": 1.2}),
+    "presence_penalty": (0.5, {}), "presence_context_size": (5, {"presence_penalty": 0.5}),
+    "frequency_penalty": (0.5, {}), "frequency_context_size": (5, {"frequency_penalty": 0.5}),
+}
+
+
+def test_mlx_lm_each_argument_maps_or_is_refused():
+    assert set(MLX_LM_EXAMPLES) == set(MLX_LM_SAMPLER_ARGS) | set(MLX_LM_PROCESSOR_ARGS)
+    for key, (value, ctx) in MLX_LM_EXAMPLES.items():
+        try:
+            src = from_mlx_lm({**ctx, key: value})
+        except SamplecError as e:
+            assert str(e).startswith(f"{key} = "), key          # refused by name
+            continue
+        assert src != from_mlx_lm(ctx), key
+        samplec.compile(src)
+
+
+VLLM_REFUSED_EXAMPLES = {
+    "best_of": 2, "use_beam_search": True, "length_penalty": 0.5, "early_stopping": True, "min_tokens": 3,
+    "bad_words": ["x"], "allowed_token_ids": [1], "structured_outputs": {"json": {}}, "guided_decoding": {"regex": "a"},
+    "logits_processors": ["p"], "thinking_token_budget": 10, "trace_decode_token_ids": [1, 2],
+    "prompt_logprobs": 1, "prompt_logprob_token_ids": [3], "prompt_logprob_start": 2, "logprob_token_ids": [4],
+    "output_text_buffer_length": 3, "_eos_token_id": 2, "_all_stop_token_ids": [2], "_bad_words_token_ids": [[1]],
+}
+VLLM_MAPPED_EXAMPLES = {"presence_penalty": 0.5, "frequency_penalty": 0.5, "repetition_penalty": 1.2,
+                        "temperature": 0.5, "top_p": 0.5, "top_k": 5, "min_p": 0.2, "seed": 3, "logprobs": 2,
+                        "logit_bias": {"1": 2.0}, "n": 2}
+
+
+@pytest.mark.parametrize("key", sorted(VLLM_REFUSED_EXAMPLES))
+def test_vllm_refused_field_is_named(key):
+    with pytest.raises(SamplecError, match=f"^{re.escape(key)} = "):
+        from_vllm({key: VLLM_REFUSED_EXAMPLES[key]})
+
+
+def test_vllm_each_mapped_field_maps():
+    assert set(VLLM_REFUSED_EXAMPLES) == set(VLLM_FIELDS["refused"])
+    assert set(VLLM_MAPPED_EXAMPLES) == set(VLLM_FIELDS["mapped"])
+    base = from_vllm({})
+    for key, value in VLLM_MAPPED_EXAMPLES.items():
+        if key == "n":
+            with pytest.raises(SamplecError, match="^n = 2"):
+                from_vllm({key: value})
+        else:
+            assert from_vllm({key: value}) != base, key
