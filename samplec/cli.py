@@ -139,7 +139,7 @@ def _looks_like_source(path: Path) -> bool:
         return False
 
 
-@app.command("import")
+@app.command("import", context_settings={"ignore_unknown_options": True})
 @_guard
 def import_cmd(
     inputs: Optional[List[str]] = typer.Argument(None, metavar="FILE | - | -- FLAGS...",

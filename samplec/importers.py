@@ -325,7 +325,6 @@ _LLAMA_REFUSED = {   # flags that constrain or change sampling in ways a sampler
                     "EOS id)",
 }
 LLAMA_CPP_FLAGS = {"mapped": tuple(_LLAMA_FLAGS) + tuple(_LLAMA_SWITCHES), "refused": tuple(_LLAMA_REFUSED)}
-_LLAMA_VALUE_REFUSED = {"--grammar", "--grammar-file", "-j", "--json-schema", "-jf", "--json-schema-file"}
 
 
 def _llama_unknown_flag(flag: str) -> SamplecError | None:
@@ -370,7 +369,8 @@ def from_llama_cpp(argv: list[str] | str, name: str = "llama_cpp") -> str:
     llama.cpp's (temp 0.8, top-k 40, top-p 0.95, min-p 0.05, repeat-last-n 64, no repeat penalty). The penalties
     count the last `--repeat-last-n` tokens of the sequence, prompt included (llama.cpp feeds the prompt to the
     sampler). `--temp 0` (or less) keeps only the most likely token. A seed of -1 / 4294967295 (llama.cpp's
-    "random") leaves the sampler's seed required.
+    "random") leaves the sampler's seed required. Unknown flags that look like a misspelt sampling flag are errors;
+    other flags (model, context, threads, ...) are listed in a comment as outside the sampler.
     """
     args = _llama_argv(argv) if isinstance(argv, str) else list(argv)
     if args and not args[0].startswith("-"):

@@ -250,6 +250,7 @@ def test_import_llama_cpp_flags_on_the_command_line_stdin_and_output(tmp_path):
     r = cli("import", "--from", "llama-cpp", "--", "--top-k", "40", "--temp", "0.7")
     assert r.exit_code == 0, r.output
     assert r.stdout == from_llama_cpp(["--top-k", "40", "--temp", "0.7"])
+    assert cli("import", "--from", "llama-cpp", "--top-k", "40", "--temp", "0.7").stdout == r.stdout  # (-- optional)
     r = cli("import", "--from", "llama-cpp", "--", "--top_k", "40")
     assert r.exit_code == 1 and "unknown flag '--top_k' (did you mean '--top-k'?)" in r.output
     r = runner.invoke(app, ["import", "--from", "mlx-lm", "-"], input='{"temp": 0.6, "top_p": 0.9}')
