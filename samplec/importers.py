@@ -167,7 +167,8 @@ _TYPICAL_NOTE = ("typical_p: samplec always keeps the most likely token; {} drop
 # fields against these tables), in one of three groups.
 # GenerationConfig's defaults (transformers 5.x `_get_default_generation_params`) for the mapped fields
 _HF_DEFAULTS = {"do_sample": False, "temperature": 1.0, "top_k": 50, "top_p": 1.0, "min_p": None,
-                "typical_p": 1.0, "repetition_penalty": 1.0, "epsilon_cutoff": 0.0, "eta_cutoff": 0.0}
+                "typical_p": 1.0, "repetition_penalty": 1.0, "epsilon_cutoff": 0.0, "eta_cutoff": 0.0,
+                "suppress_tokens": None}
 # refused: field -> (values that mean "off" besides None, what it does that a sampler chain cannot)
 _HF_REFUSED = {
     "num_beams": ((1,), "beam search is not a sampler chain"),
@@ -180,7 +181,6 @@ _HF_REFUSED = {
     "encoder_repetition_penalty": ((1,), "it penalizes the encoder's input ids (encoder-decoder models)"),
     "bad_words_ids": (([],), "token-sequence bans have no samplec stage"),
     "sequence_bias": (({}, []), "biases of token sequences have no samplec stage"),
-    "suppress_tokens": (([],), "not imported (use logit_bias with -inf for each id)"),
     "begin_suppress_tokens": (([],), "suppressing tokens at the first step depends on the step"),
     "forced_bos_token_id": ((), "forcing a token at a given step depends on the step"),
     "forced_eos_token_id": ((), "forcing a token at a given step depends on the step"),
@@ -225,7 +225,8 @@ def from_hf(config: dict, name: str = "hf_generation") -> str:
     """transformers' `generate()` with this generation config.
 
     Order (transformers `GenerationMixin._get_logits_processor`): the repetition penalty (over all input ids,
-    prompt included, multiplicative: `x < 0 ? x * r : x / r`) comes first; then, only when `do_sample`, the
+    prompt included, multiplicative: `x < 0 ? x * r : x / r`) comes first, `suppress_tokens` (a -inf bias) next;
+    then, only when `do_sample`, the
     warpers temperature, top-k (default 50 when unset), top-p, min-p, typical-p, epsilon, eta; then a draw from
     the result. Without `do_sample` the result is the argmax (greedy) of the penalized logits.
     """
@@ -248,6 +249,12 @@ def from_hf(config: dict, name: str = "hf_generation") -> str:
     if r != 1.0:
         out.stage("penalties", "history", repeat=r)
         out.notes.append("history = the prompt and the generated tokens (transformers penalizes all input ids)")
+    suppress = cfg["suppress_tokens"]
+    if suppress:                     # SuppressTokensLogitsProcessor: -inf, after the penalty (where is immaterial)
+        if not isinstance(suppress, list):
+            raise SamplecError("suppress_tokens: expected a list of token ids")
+        ids = sorted({_number("suppress_tokens", t, int, lo=0) for t in suppress})
+        out.stage("logit_bias", "{" + ", ".join(f"{t}: -inf" for t in ids) + "}")
     if not do_sample:
         out.sampled = False
         out.notes.append("do_sample is false: greedy decoding (temperature, top_k, top_p, ... do not apply)")

@@ -434,7 +434,7 @@ def test_openai_errors(body, message):
     ({"do_sample": True, "temperature": 0}, "temperature = 0 is out of range"),
     ({"do_sample": True, "top_k": -1}, "top_k"),
     ({"no_repeat_ngram_size": 3}, "no_repeat_ngram_size"),
-    ({"suppress_tokens": [1, 2]}, "suppress_tokens"),
+    ({"suppress_tokens": 5}, "suppress_tokens"),
     ({"do_sample": "yes"}, "do_sample"),
     ({"repetition_penalty": 0}, "repetition_penalty"),
 ])
@@ -511,7 +511,7 @@ def assert_same_distribution(ours, theirs, label, boundary_mass=1e-5):
 HF_REFUSED_EXAMPLES = {
     "num_beams": 4, "num_beam_groups": 2, "diversity_penalty": 0.5, "penalty_alpha": 0.6, "top_h": 0.4,
     "no_repeat_ngram_size": 3, "encoder_no_repeat_ngram_size": 2, "encoder_repetition_penalty": 1.2,
-    "bad_words_ids": [[5, 6]], "sequence_bias": [[[5], 1.0]], "suppress_tokens": [1, 2],
+    "bad_words_ids": [[5, 6]], "sequence_bias": [[[5], 1.0]],
     "begin_suppress_tokens": [3], "forced_bos_token_id": 0, "forced_eos_token_id": 2, "guidance_scale": 1.5,
     "min_length": 10, "min_new_tokens": 5, "exponential_decay_length_penalty": [10, 1.1],
     "watermarking_config": {"greenlist_ratio": 0.25}, "force_words_ids": [[7]], "constraints": [{"x": 1}],
@@ -583,9 +583,10 @@ def _transformers_processors(cfg: dict):
 
 
 @pytest.mark.parametrize("cfg", [
-    {"do_sample": True, "temperature": 0.7, "top_k": 20, "top_p": 0.9, "min_p": 0.05, "repetition_penalty": 1.1},
+    {"do_sample": True, "temperature": 0.7, "top_k": 20, "top_p": 0.9, "min_p": 0.05, "repetition_penalty": 1.1,
+     "suppress_tokens": [3, 40]},
     {"do_sample": True, "top_p": 0.8},
-    {"do_sample": False, "repetition_penalty": 1.3},
+    {"do_sample": False, "repetition_penalty": 1.3, "suppress_tokens": [0, 1, 2]},
 ], ids=["full", "top_p", "greedy"])
 def test_hf_import_matches_transformers(cfg):
     torch, procs = _transformers_processors(cfg)
@@ -834,7 +835,8 @@ def test_import_text_entry_point():
 # ---- each mapped field changes the chain (or is refused as pending); each refused vLLM field is named ----
 
 HF_MAPPED_EXAMPLES = {"do_sample": False, "temperature": 0.5, "top_k": 7, "top_p": 0.5, "min_p": 0.2,
-                      "typical_p": 0.5, "repetition_penalty": 1.2, "epsilon_cutoff": 0.01, "eta_cutoff": 0.01}
+                      "typical_p": 0.5, "repetition_penalty": 1.2, "epsilon_cutoff": 0.01, "eta_cutoff": 0.01,
+                      "suppress_tokens": [1, 2]}
 
 
 def test_hf_each_mapped_field_maps():
