@@ -1,4 +1,4 @@
-"""The `samplec` command line (spec §5): compile, run, inspect, import, passes.
+"""The `samplec` command line (docs/cli.md): compile, run, inspect, import, passes, doctor, --version.
 
 Every user error is printed as a diagnostic (`file:line:col: error: ...` with a caret for source errors) and
 exits with status 1; nothing is written on failure and no traceback is shown (set SAMPLEC_DEBUG=1 to see one).

@@ -17,7 +17,7 @@ without a word. Each field/flag of a format is in exactly one of three groups, d
     stream, ...): accepted and listed in a comment of the output.
 A name in none of the groups (a typo such as `temprature`) is an error that suggests the closest known name.
 Every imported sampler takes `seed: seed` (the system's seed as default when it has one), `pos: int = 0` (pass
-the token's position, spec §4) and, when it penalizes repeats, `history: tokens`.
+the token's position, docs/language.md) and, when it penalizes repeats, `history: tokens`.
 """
 from __future__ import annotations
 
