@@ -817,7 +817,7 @@ def from_vllm(params: dict, name: str = "vllm") -> str:
     if seed is not None and seed != -1:
         out.seed = _number("seed", seed, int) % 2 ** 64
     if p["logprobs"] is not None:
-        nl = _number("logprobs", p["logprobs"], int, lo=-1)
+        nl = _number("logprobs", 1 if p["logprobs"] is True else p["logprobs"], int, lo=-1)   # (True: 1, as vLLM)
         if nl == -1:
             raise _refuse("logprobs", -1, "the whole vocabulary's log-probabilities: use top_logprobs(V) in the "
                                           "sampler")
