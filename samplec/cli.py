@@ -1,4 +1,4 @@
-"""The `samplec` command line (spec §5): compile, run, inspect, import, passes.
+"""The `samplec` command line (docs/cli.md): compile, run, inspect, import, passes, doctor, --version.
 
 Every user error is printed as a diagnostic (`file:line:col: error: ...` with a caret for source errors) and
 exits with status 1; nothing is written on failure and no traceback is shown (set SAMPLEC_DEBUG=1 to see one).
@@ -126,18 +126,149 @@ def inspect(file: Path = typer.Argument(..., help="a compiled .smpb program")):
     import samplec
     if not file.exists():
         raise SamplecError(f"{file}: no such file")
+    if file.suffix == ".smp" or _looks_like_source(file):
+        raise SamplecError(f"{file} is a .smp source; `inspect` reads compiled .smpb programs. To see its IR, "
+                           f"run `samplec compile {file} --emit ir`")
     typer.echo(samplec.load(file).ir(), nl=False)
 
 
-@app.command("import")
+def _looks_like_source(path: Path) -> bool:
+    try:
+        return b"sampler " in path.read_bytes()[:4096] and not path.read_bytes()[4:8] == b"SMPB"
+    except OSError:
+        return False
+
+
+@app.command("import", context_settings={"ignore_unknown_options": True})
 @_guard
 def import_cmd(
-    file: Path = typer.Argument(..., help="a generation_config.json, a llama.cpp flags file, or a request body"),
-    source: str = typer.Option(..., "--from", help="hf | llama-cpp | openai"),
+    inputs: Optional[List[str]] = typer.Argument(None, metavar="FILE | - | -- FLAGS...",
+                                                  help="the settings file, - for standard input, or (llama-cpp) "
+                                                       "the flags themselves after --"),
+    source: str = typer.Option(..., "--from", help="hf | llama-cpp | openai | mlx-lm | vllm"),
+    output: Optional[Path] = typer.Option(None, "-o", "--output",
+                                          help="write the .smp to this file (atomically) instead of printing it"),
 ):
-    """Print an equivalent .smp sampler for another system's sampling settings."""
-    from samplec.importers import import_source
-    typer.echo(import_source(source, file), nl=False)
+    """Print an equivalent .smp sampler for another system's sampling settings.
+
+    samplec import --from hf generation_config.json; samplec import --from vllm - < params.json;
+    samplec import --from llama-cpp -- --top-k 40 --temp 0.7
+    """
+    from samplec.importers import KINDS, _kind, from_llama_cpp, import_source
+    kind = _kind(source)
+    items = list(inputs or [])
+    if not items:
+        raise SamplecError(f"import --from {kind}: give a FILE ({KINDS[kind]}) or - for standard input"
+                           + (", or the flags after --: samplec import --from llama-cpp -- --top-k 40"
+                              if kind == "llama-cpp" else ""))
+    if kind == "llama-cpp" and (len(items) > 1 or items[0].startswith("-") and items[0] != "-"):
+        try:
+            text = from_llama_cpp(items)
+        except SamplecError as e:
+            raise SamplecError(f"<command line>: {e}") from None
+    elif len(items) != 1:
+        raise SamplecError(f"import --from {kind}: expected one FILE (or -), got {len(items)} arguments: "
+                           + " ".join(items))
+    else:
+        text = import_source(kind, items[0])
+    if output is None:
+        typer.echo(text, nl=False)
+        return
+    _write_atomic(output, text)
+    typer.echo(f"wrote {output}", err=True)
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    """Write `text` to `path` through a temporary file in the same directory and a rename: a reader never sees
+    half a file, and a failure leaves the old file as it was."""
+    import tempfile
+    directory = path.parent if str(path.parent) else Path(".")
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
+    except OSError as e:
+        raise SamplecError(f"cannot write {path}: {e}") from None
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except OSError as e:
+        raise SamplecError(f"cannot write {path}: {e}") from None
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def _version_text() -> str:
+    import samplec
+    try:
+        import mlx.core as mx
+        mlx_version = getattr(mx, "__version__", "unknown")
+    except Exception as e:  # noqa: BLE001 - a broken MLX is reported, not raised
+        mlx_version = f"not available ({type(e).__name__}: {e})"
+    return f"samplec {samplec.__version__} (MLX {mlx_version})"
+
+
+def _version_callback(value: bool):
+    if value:
+        typer.echo(_version_text())
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(version: bool = typer.Option(False, "--version", callback=_version_callback, is_eager=True,
+                                       help="print samplec's and MLX's versions and exit")):
+    """samplec: compile LLM sampler chains (.smp) into optimized MLX programs (.smpb)."""
+
+
+@app.command()
+def doctor():
+    """Report the installation: versions, MLX's default device, the native primitives and the settings."""
+    for line in doctor_report():
+        typer.echo(line)
+
+
+def doctor_report() -> list[str]:
+    """What `samplec doctor` prints. Never raises: whatever is missing or broken is reported as such."""
+    import platform
+    lines = []
+    try:
+        import samplec
+        lines.append(f"samplec         {samplec.__version__} ({Path(samplec.__file__).parent})")
+    except Exception as e:  # noqa: BLE001 - the report goes on
+        lines.append(f"samplec         cannot import: {type(e).__name__}: {e}")
+    lines.append(f"python          {platform.python_version()} ({sys.executable})")
+    mx = None
+    try:
+        import mlx.core as mx
+        lines.append(f"mlx             {getattr(mx, '__version__', 'unknown')}")
+        lines.append(f"default device  {mx.default_device()}")
+    except Exception as e:  # noqa: BLE001
+        lines.append(f"mlx             not available ({type(e).__name__}: {e}); samplec needs it to run programs")
+    env_native, env_spin = os.environ.get("SAMPLEC_NATIVE"), os.environ.get("SAMPLEC_SPIN")
+    if mx is not None:
+        try:
+            from samplec.backend_mlx import native
+            mod = native._native
+            if mod is None:
+                lines.append("native          not installed (optional: pip install --no-build-isolation ./native); "
+                             "the MLX-ops kernels serve")
+            else:
+                prims = sorted(n for n in dir(mod) if not n.startswith("_") and callable(getattr(mod, n)))
+                if native.enabled():
+                    state = "active: these primitives serve the CPU kernels"
+                elif env_native == "0":
+                    state = "loaded but off (SAMPLEC_NATIVE=0)"
+                else:
+                    state = f"loaded but off (the default device is {mx.default_device()}, not the CPU)"
+                lines.append(f"native          {state} ({getattr(mod, '__file__', '?')})")
+                lines.append(f"  primitives    {', '.join(prims)}")
+                lines.append(f"  spin-wait     {'on' if native._polling() else 'off'} (off on one core, off the "
+                             "CPU, or with SAMPLEC_SPIN=0)")
+        except Exception as e:  # noqa: BLE001
+            lines.append(f"native          cannot check: {type(e).__name__}: {e}")
+    lines.append(f"SAMPLEC_NATIVE  {env_native if env_native is not None else '(unset: on)'}")
+    lines.append(f"SAMPLEC_SPIN    {env_spin if env_spin is not None else '(unset: on)'}")
+    return lines
 
 
 @app.command()
@@ -172,19 +303,44 @@ def run(
     from samplec import runner
     prog = _load_program(file, sampler, opt)
     x = runner.load_array(logits, "--logits")
-    values = runner.parse_params(prog, _pairs(list(param or []) + list(more_params or []), "--param"))
+    pairs = _pairs(list(param or []) + list(more_params or []), "--param")
+    arrays = {n: v for n, v in pairs.items() if n in _array_params(prog)}   # --param NAME=FILE.npy
+    values = runner.parse_params(prog, {n: v for n, v in pairs.items() if n not in arrays})
+    values.update({n: runner.load_array(Path(v), f"--param {n}") for n, v in arrays.items()})
     for flag, kind, value in (("--seed", "seed", seed), ("--history", "tokens", history),
                               ("--mask", "mask", mask), ("--bias", "bias", bias)):
         if value is not None:
             name = runner.param_of_kind(prog, kind, flag)
             values[name] = runner.parse_value(prog, name, value) if kind == "seed" else \
                 runner.load_array(value, flag)
+    _check_required(prog, values, seeds_given_by_draws=bool(draws))
     if draws:
         result = runner.draws(prog, x, values, draws)
         typer.echo(json.dumps(result) if as_json else runner.format_draws(result), nl=not as_json or True)
         return
     out = prog(x, **values)
     typer.echo(json.dumps(runner.to_json(out)) if as_json else runner.format_outputs(out))
+
+
+_FLAG_OF_KIND = {"seed": "--seed N", "tokens": "--history FILE.npy", "mask": "--mask FILE.npy",
+                 "bias": "--bias FILE.npy"}
+
+
+def _array_params(prog) -> set[str]:
+    return {p.name for p in prog.params if p.kind in ("tokens", "mask", "bias")}
+
+
+def _check_required(prog, values: dict, seeds_given_by_draws: bool = False) -> None:
+    """A required parameter left out: name the flag that gives it."""
+    for p in prog.params:
+        if p.default is not None or p.name in values or (seeds_given_by_draws and p.kind == "seed"):
+            continue
+        same_kind = [q for q in prog.params if q.kind == p.kind]
+        value = "N" if p.kind in ("seed", "int") else "X" if p.kind == "float" else "FILE.npy"
+        how = f"--param {p.name}={value}"
+        if p.kind in _FLAG_OF_KIND and len(same_kind) == 1:
+            how = f"{_FLAG_OF_KIND[p.kind]} (or {how})"
+        raise SamplecError(f"missing required parameter '{p.name}' ({p.kind}): pass {how}")
 
 
 def main():

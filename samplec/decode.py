@@ -35,10 +35,11 @@ def position_params(program: Program) -> list[str]:
     """Names of the `int` parameters that reach a random-bits counter (the `position` of `sample` / `xtc`)."""
     by_node = {id(p.node): p for p in program.params}
     names: list[str] = []
+    at = {"random_bits": 2, "sample": 2, "xtc": 4}      # the operand that is the counter's position
     for node in program.graph.toposort():
-        if node.op != "random_bits":
+        if node.op not in at:
             continue
-        src = node.inputs[2]
+        src = node.inputs[at[node.op]]
         while src.op in ("expand", "cast", "broadcast", "reshape", "squeeze") and src.inputs:
             src = src.inputs[0]
         p = by_node.get(id(src)) if src.op == INPUT else None

@@ -7,6 +7,7 @@ raises a `SamplecError` naming the parameter or stage and the rows when somethin
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass
 
 import mlx.core as mx
@@ -53,6 +54,29 @@ class Outputs:
 
     def to_dict(self) -> dict[str, mx.array]:
         return dict(self._values)
+
+    def __repr__(self) -> str:
+        """One line per output: name, dtype and shape, and the values when there are few (<= 16 per array)."""
+        lines = []
+        for name in self.names():
+            v = self.__dict__[name]
+            text = f"ids {_describe(v.ids)}; values {_describe(v.values)}" if isinstance(v, IdsValues) \
+                else _describe(v)
+            lines.append(f"  {name:<13} {text}")
+        return "Outputs(\n" + "\n".join(lines) + "\n)"
+
+
+def _describe(a: mx.array) -> str:
+    text = f"{str(a.dtype).rsplit('.', 1)[-1]}[{', '.join(map(str, a.shape))}]"
+    if a.size <= 16:
+        text += " " + _fmt(np.array(a).tolist())
+    return text
+
+
+def _fmt(v) -> str:
+    if isinstance(v, list):
+        return "[" + ", ".join(_fmt(x) for x in v) + "]"
+    return f"{v:.5g}" if isinstance(v, float) else str(v)
 
 
 def _rows(mask: np.ndarray, ids: np.ndarray | None = None, limit: int = 8) -> str:
@@ -105,6 +129,8 @@ class Program:
 
     # ---- running ----
     def __call__(self, logits, **params) -> Outputs:
+        if not params and _called_by_mlx_lm():
+            raise SamplecError(_MLX_LM_MISUSE.format(name=self.name))
         outs, flags = self.queue(logits, **params)
         evaluate(outs + flags)
         self.raise_flagged(flags)
@@ -182,6 +208,18 @@ class Program:
                 hit = self._scalars[key] = mx.array(value)
             return hit
         return mx.array(_scalar_param(p, value, B))
+
+
+_MLX_LM_MISUSE = (
+    "a samplec Program was passed to mlx-lm directly as `sampler=`: mlx-lm calls it with log-probabilities only "
+    "(no seed, position or history) and expects tokens back, not Outputs. Wrap the program in the adapter: "
+    "`from samplec.integrations.mlx_lm import Sampler; s = Sampler(program, seed=0)` and pass "
+    "`sampler=s, logits_processors=s.logits_processors` (program: '{name}')")
+
+
+def _called_by_mlx_lm() -> bool:
+    """Whether the caller of Program.__call__ is mlx-lm's code (mlx-lm calls `sampler(logprobs)`)."""
+    return sys._getframe(2).f_globals.get("__name__", "").startswith("mlx_lm.")
 
 
 def _flagged(flag: mx.array) -> list:

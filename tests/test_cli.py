@@ -240,3 +240,115 @@ def test_draws_of_a_greedy_sampler(tmp_path, files):
     assert r.exit_code == 0, r.output
     row = json.loads(r.stdout)["rows"][0]
     assert row["tokens"][0] == int(np.argmax(x[0])) and row["counts"][0] == 20 and row["probability"][0] == 1.0
+
+
+# ---- import: flags on the command line, stdin, -o (atomic), every kind ----
+
+def test_import_llama_cpp_flags_on_the_command_line_stdin_and_output(tmp_path):
+    from samplec.importers import from_llama_cpp, from_mlx_lm
+    r = cli("import", "--from", "llama-cpp", "--", "--top-k", "40", "--temp", "0.7")
+    assert r.exit_code == 0, r.output
+    assert r.stdout == from_llama_cpp(["--top-k", "40", "--temp", "0.7"])
+    assert cli("import", "--from", "llama-cpp", "--top-k", "40", "--temp", "0.7").stdout == r.stdout  # (-- optional)
+    r = cli("import", "--from", "llama-cpp", "--", "--top_k", "40")
+    assert r.exit_code == 1 and "unknown flag '--top_k' (did you mean '--top-k'?)" in r.output
+    r = runner.invoke(app, ["import", "--from", "mlx-lm", "-"], input='{"temp": 0.6, "top_p": 0.9}')
+    assert r.exit_code == 0 and r.stdout == from_mlx_lm({"temp": 0.6, "top_p": 0.9})
+    r = runner.invoke(app, ["import", "--from", "vllm", "-"], input='{"temprature": 0.6}')
+    assert r.exit_code == 1 and "<stdin>: unknown SamplingParams field 'temprature' (did you mean" in r.output
+    out = tmp_path / "imported.smp"
+    r = cli("import", "--from", "llama-cpp", "-o", out, "--", "--top-k", "7")
+    assert r.exit_code == 0 and r.stdout == "" and out.read_text() == from_llama_cpp("--top-k 7")
+    assert cli("compile", out, "--emit", "ir").exit_code == 0
+    before = out.read_text()
+    r = cli("import", "--from", "llama-cpp", "-o", out, "--", "--mirostat", "2")     # a failure leaves it as it was
+    assert r.exit_code == 1 and "not supported yet" in r.output and out.read_text() == before
+    assert [p.name for p in tmp_path.iterdir()] == ["imported.smp"]                  # no temporary file left
+    r = cli("import", "--from", "hf", "-o", tmp_path / "missing-dir" / "x.smp",
+            Path(__file__).resolve().parent / "fixtures" / "import" / "generation_config.json")
+    assert r.exit_code == 1 and "cannot write" in r.output
+    r = cli("import", "--from", "hf")
+    assert r.exit_code == 1 and "give a FILE" in r.output
+    r = cli("import", "--from", "llama-cpp", "no-such-flags.txt")
+    assert r.exit_code == 1 and "cannot read no-such-flags.txt" in r.output
+
+
+def test_import_every_kind(tmp_path):
+    bodies = {"openai": '{"temperature": 0.5, "top_k": 3}', "vllm": '{"temperature": 0.5, "top_k": 3}',
+              "mlx-lm": '{"temp": 0.5, "top_k": 3}', "hf": '{"do_sample": true, "top_k": 3}'}
+    for kind, body in bodies.items():
+        f = tmp_path / f"{kind}.json"
+        f.write_text(body)
+        r = cli("import", "--from", kind, f)
+        if kind == "openai":            # top_k is not OpenAI's: refused by name, pointing to --from vllm
+            assert r.exit_code == 1 and "'top_k' is not an OpenAI" in r.output and "--from vllm" in r.output
+        else:
+            assert r.exit_code == 0 and "top_k(3)" in r.stdout, (kind, r.output)
+
+
+# ---- --version, doctor, inspect on a source, missing parameters ----
+
+def test_version_and_doctor(monkeypatch):
+    import sys
+
+    import mlx.core as mx
+
+    import samplec
+    from samplec.cli import doctor_report
+    r = cli("--version")
+    assert r.exit_code == 0 and r.stdout.strip() == f"samplec {samplec.__version__} (MLX {mx.__version__})"
+    r = cli("doctor")
+    assert r.exit_code == 0
+    for what in ("samplec ", "python ", f"mlx             {mx.__version__}", "default device  Device(cpu",
+                 "native ", "SAMPLEC_NATIVE", "SAMPLEC_SPIN"):
+        assert what in r.stdout, what
+    from samplec.backend_mlx import native
+    if native.installed():
+        assert "active" in r.stdout and "threefry_bits" in r.stdout
+        monkeypatch.setenv("SAMPLEC_NATIVE", "0")
+        assert any("loaded but off (SAMPLEC_NATIVE=0)" in ln for ln in doctor_report())
+    monkeypatch.setitem(sys.modules, "mlx.core", None)               # MLX missing: reported, no traceback
+    lines = doctor_report()
+    assert any(ln.startswith("mlx             not available") for ln in lines)
+    r = cli("doctor")
+    assert r.exit_code == 0 and "not available" in r.stdout
+
+
+def test_inspect_a_source_points_to_compile(files):
+    _, src, _ = files
+    r = cli("inspect", src)
+    assert r.exit_code == 1 and f"is a .smp source; `inspect` reads compiled .smpb programs. To see its IR, run " \
+        f"`samplec compile {src} --emit ir`" in r.output
+
+
+@pytest.mark.parametrize("decl, flag", [
+    ("seed: seed", "pass --seed N (or --param s=N)"),
+    ("h: tokens", "pass --history FILE.npy (or --param h=FILE.npy)"),
+    ("m: mask", "pass --mask FILE.npy"),
+    ("b: bias", "pass --bias FILE.npy"),
+    ("t: float", "pass --param t=X"),
+])
+def test_missing_parameter_names_the_flag(tmp_path, files, decl, flag):
+    d, _, _ = files
+    name = decl.split(":")[0]
+    kind = decl.split(": ")[1]
+    use = {"seed": "sample(s)", "tokens": "penalties(h, repeat = 1.1) greedy()", "mask": "allow(m) greedy()",
+           "bias": "logit_bias(b) greedy()", "float": "temperature(t) greedy()"}[kind]
+    src = tmp_path / "need.smp"
+    src.write_text(f"sampler need({decl.replace('seed: seed', 's: seed')}) {{ {use} }}")
+    r = cli("run", src, "--logits", d / "x.npy")
+    shown = "s" if kind == "seed" else name
+    assert r.exit_code == 1 and f"missing required parameter '{shown}' ({kind}): {flag}" in r.output, r.output
+
+
+def test_two_history_parameters_take_param_files(tmp_path, files):
+    d, _, x = files
+    src = tmp_path / "two.smp"
+    src.write_text("sampler two(a: tokens, b: tokens) -> token { penalties(a, repeat = 2.0) "
+                   "penalties(b, presence = 1.0) greedy() }")
+    np.save(tmp_path / "a.npy", np.array([[1, 2]] * 3, dtype=np.int32))
+    r = cli("run", src, "--logits", d / "x.npy", "--param", f"a={tmp_path / 'a.npy'}")
+    assert r.exit_code == 1 and "missing required parameter 'b' (tokens): pass --param b=FILE.npy" in r.output
+    r = cli("run", src, "--logits", d / "x.npy", "--param", f"a={tmp_path / 'a.npy'}", f"b={tmp_path / 'a.npy'}",
+            "--json")
+    assert r.exit_code == 0, r.output

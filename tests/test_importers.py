@@ -325,9 +325,16 @@ def test_llama_cpp_defaults_and_flag_forms():
 
 
 @pytest.mark.parametrize("flags, message", [
-    ("--mirostat 2", "--mirostat"),
-    ("--dry-multiplier 0.8", "DRY"),
-    ("--dynatemp-range 0.5", "dynamic temperature"),
+    ("--mirostat 2", "--mirostat = 2: needs samplec's `mirostat / mirostat_v2` stage, which is not supported yet"),
+    ("--dry-multiplier 0.8", "--dry-multiplier = 0.8: needs samplec's `dry` stage"),
+    ("--dynatemp-range 0.5", "--dynatemp-range = 0.5: needs samplec's `dynamic_temperature` stage"),
+    ("--top_k 40", "unknown flag '--top_k' (did you mean '--top-k'?)"),
+    ("--temprature 0.7", "unknown flag '--temprature' (did you mean '--temperature'?)"),
+    ("--Min-P 0.1", "did you mean '--min-p'"),
+    ("--mirostat 3", "expected 0 (off), 1 or 2"),
+    ("--adaptive-target 0.5", "adaptive-p"),
+    ("--samplers 'top_k;infill'", "infill"),
+    ("--json-schema {}", "JSON schemas"),
     ("--grammar 'root ::= \"a\"'", "grammars"),
     ("--ignore-eos", "ignore-eos"),
     ("--samplers 'top_k;bogus'", "unknown sampler 'bogus'"),
@@ -427,7 +434,7 @@ def test_openai_errors(body, message):
     ({"do_sample": True, "temperature": 0}, "temperature = 0 is out of range"),
     ({"do_sample": True, "top_k": -1}, "top_k"),
     ({"no_repeat_ngram_size": 3}, "no_repeat_ngram_size"),
-    ({"suppress_tokens": [1, 2]}, "suppress_tokens"),
+    ({"suppress_tokens": 5}, "suppress_tokens"),
     ({"do_sample": "yes"}, "do_sample"),
     ({"repetition_penalty": 0}, "repetition_penalty"),
 ])
@@ -444,8 +451,8 @@ def test_hf_defaults():
 
 
 def test_import_source_entry_point(tmp_path):
-    with pytest.raises(SamplecError, match="unknown import kind 'vllm'"):
-        import_source("vllm", FIXTURES / "openai_request.json")
+    with pytest.raises(SamplecError, match="unknown import kind 'vlm' \\(did you mean 'vllm'\\?\\)"):
+        import_source("vlm", FIXTURES / "openai_request.json")
     with pytest.raises(SamplecError, match="cannot read"):
         import_source("hf", tmp_path / "missing.json")
     bad = tmp_path / "bad.json"
@@ -462,3 +469,436 @@ def test_import_source_entry_point(tmp_path):
 def test_llama_cpp_negative_infinite_bias_bans_the_token():
     src = from_llama_cpp("--logit-bias 3-inf --temp 0")
     assert "3: -inf" in src
+
+
+# ==== every field of every format: mapped, refused by name, or listed as outside the sampler ====
+
+from samplec.importers import (  # noqa: E402
+    HF_FIELDS, LLAMA_CPP_FLAGS, MLX_LM_PROCESSOR_ARGS, MLX_LM_SAMPLER_ARGS, OPENAI_FIELDS, PENDING_STAGES, VLLM_FIELDS,
+    from_mlx_lm, from_vllm, import_text,
+)
+
+SMALL_V, SMALL_B = 1000, 6
+
+
+def small_inputs(seed: int):
+    rng = np.random.default_rng(seed)
+    logits = (rng.normal(size=(SMALL_B, SMALL_V)) * 2.5).astype(F32)
+    history = np.stack([np.concatenate([rng.integers(0, SMALL_V, 30),
+                                        rng.choice(np.argsort(-logits[r])[:8], 20)]).astype(np.int32)
+                        for r in range(SMALL_B)])
+    return logits, history
+
+
+def final_probs(prog, logits, history, seed=3, **extra):
+    kw = {"seed": seed, "pos": 5} if "seed" in {p.name for p in prog.params} else {}
+    kw.update({k: v for k, v in (("history", history),) if k in {p.name for p in prog.params}})
+    kw.update(extra)
+    out = prog(logits, **kw)
+    return np.array(out.probs), np.array(out.token)
+
+
+def assert_same_distribution(ours, theirs, label, boundary_mass=1e-5):
+    """Same kept set (up to tokens of negligible total mass at a float boundary) and the same probabilities."""
+    differ = (ours > 0) != (theirs > 0)
+    assert ours[differ].sum() + theirs[differ].sum() <= boundary_mass, f"{label}: kept sets differ"
+    np.testing.assert_allclose(ours[~differ], theirs[~differ], rtol=2e-4, atol=1e-6, err_msg=label)
+
+
+# ---- Hugging Face: GenerationConfig's fields, enumerated from the installed transformers ----
+
+# a value of each refused field that turns it on (the test checks that this covers every refused field)
+HF_REFUSED_EXAMPLES = {
+    "num_beams": 4, "num_beam_groups": 2, "diversity_penalty": 0.5, "penalty_alpha": 0.6, "top_h": 0.4,
+    "no_repeat_ngram_size": 3, "encoder_no_repeat_ngram_size": 2, "encoder_repetition_penalty": 1.2,
+    "bad_words_ids": [[5, 6]], "sequence_bias": [[[5], 1.0]],
+    "begin_suppress_tokens": [3], "forced_bos_token_id": 0, "forced_eos_token_id": 2, "guidance_scale": 1.5,
+    "min_length": 10, "min_new_tokens": 5, "exponential_decay_length_penalty": [10, 1.1],
+    "watermarking_config": {"greenlist_ratio": 0.25}, "force_words_ids": [[7]], "constraints": [{"x": 1}],
+    "dola_layers": "high", "remove_invalid_values": True, "token_healing": True, "num_return_sequences": 3,
+    "assistant_ensemble_weight": 0.5,
+}
+
+
+def test_hf_every_generation_config_field_is_classified():
+    transformers = pytest.importorskip("transformers")
+    fields = set(transformers.GenerationConfig().to_dict())
+    groups = [set(v) for v in HF_FIELDS.values()]
+    assert sum(len(g) for g in groups) == len(set().union(*groups)), "a field is in two groups"
+    assert set().union(*groups) == fields, "GenerationConfig's fields changed: classify the new ones"
+    assert set(HF_REFUSED_EXAMPLES) == set(HF_FIELDS["refused"])
+
+
+@pytest.mark.parametrize("key", sorted(HF_REFUSED_EXAMPLES))
+def test_hf_refused_field_is_named(key):
+    with pytest.raises(SamplecError, match=f"^{re.escape(key)} = "):
+        from_hf({"do_sample": True, key: HF_REFUSED_EXAMPLES[key]})
+
+
+def test_hf_off_values_and_outside_fields():
+    base = stage_lines(from_hf({"do_sample": True}))
+    # refused fields at their off value (transformers' defaults) map to nothing
+    off = {"num_beams": 1, "num_beam_groups": 1, "diversity_penalty": 0.0, "penalty_alpha": 0,
+           "no_repeat_ngram_size": 0, "encoder_repetition_penalty": 1.0, "bad_words_ids": None,
+           "remove_invalid_values": False, "token_healing": False, "num_return_sequences": 1, "min_length": 0,
+           "guidance_scale": 1, "epsilon_cutoff": 0.0, "eta_cutoff": 0.0}
+    assert stage_lines(from_hf({"do_sample": True, **off})) == base
+    for key in HF_FIELDS["outside"]:                      # listed in a comment, never silently dropped
+        src = from_hf({"do_sample": True, key: 1})
+        assert stage_lines(src) == base and re.search(rf"outside the sampler.*\b{re.escape(key)} = 1", src), key
+
+
+@pytest.mark.parametrize("key, stage", [("epsilon_cutoff", "epsilon"), ("eta_cutoff", "eta")])
+def test_hf_pending_stages(key, stage):
+    assert PENDING_STAGES[key] == stage
+    with pytest.raises(SamplecError, match=rf"{key} = 0.0003: needs samplec's `{stage}` stage, which is not "
+                                           "supported yet"):
+        from_hf({"do_sample": True, key: 3e-4})
+    assert stage_lines(from_hf({key: 3e-4})) == ["greedy()"]      # transformers applies warpers only when sampling
+
+
+def test_hf_typo_suggests_the_field():
+    with pytest.raises(SamplecError, match=r"unknown generation config field 'temprature' \(did you mean "
+                                           r"'temperature'\?\)"):
+        from_hf({"do_sample": True, "temprature": 0.7})
+
+
+def _transformers_processors(cfg: dict):
+    """transformers' own processor list for this config (GenerationMixin._get_logits_processor, with generate()'s
+    defaults filled in)."""
+    import types
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from transformers.generation.utils import GenerationMixin
+
+    class Shell(GenerationMixin):
+        def __init__(self):
+            self.config = types.SimpleNamespace(is_encoder_decoder=False)
+
+    full = {**transformers.GenerationConfig._get_default_generation_params(), **cfg}
+    gc = transformers.GenerationConfig(**full)
+    return torch, Shell()._get_logits_processor(generation_config=gc, input_ids_seq_length=1,
+                                                 encoder_input_ids=torch.zeros((1, 1), dtype=torch.long),
+                                                 prefix_allowed_tokens_fn=None, logits_processor=None, device="cpu")
+
+
+@pytest.mark.parametrize("cfg", [
+    {"do_sample": True, "temperature": 0.7, "top_k": 20, "top_p": 0.9, "min_p": 0.05, "repetition_penalty": 1.1,
+     "suppress_tokens": [3, 40]},
+    {"do_sample": True, "top_p": 0.8},
+    {"do_sample": False, "repetition_penalty": 1.3, "suppress_tokens": [0, 1, 2]},
+], ids=["full", "top_p", "greedy"])
+def test_hf_import_matches_transformers(cfg):
+    torch, procs = _transformers_processors(cfg)
+    logits, history = small_inputs(11)
+    prog = compile_with_probs(from_hf(cfg))
+    probs, tokens = final_probs(prog, logits, history)
+    for r in range(SMALL_B):
+        scores = torch.tensor(logits[r:r + 1])
+        for proc in procs:
+            scores = proc(torch.tensor(history[r:r + 1], dtype=torch.long), scores)
+        x = scores[0].numpy().astype(np.float64)
+        if cfg["do_sample"]:
+            assert_same_distribution(probs[r], softmax(x), f"row {r}")
+        else:
+            assert tokens[r] == int(np.argmax(x)), f"row {r}"
+
+
+# ---- OpenAI ----
+
+def test_openai_every_field_is_classified_and_typos_are_errors():
+    assert not set(OPENAI_FIELDS["mapped"]) & set(OPENAI_FIELDS["outside"])
+    src = from_openai({k: 1 for k in OPENAI_FIELDS["outside"]} | {"messages": [{"role": "user"}]})
+    for key in OPENAI_FIELDS["outside"]:
+        assert re.search(rf"outside the sampler.*\b{key} = ", src), key
+    with pytest.raises(SamplecError, match=r"unknown OpenAI request field 'temprature' \(did you mean "
+                                           r"'temperature'\?\)"):
+        from_openai({"temprature": 0.7})
+
+
+@pytest.mark.parametrize("key, value", [("top_k", 40), ("min_p", 0.1), ("repetition_penalty", 1.1),
+                                        ("min_tokens", 3), ("stop_token_ids", [2])])
+def test_openai_vllm_extensions_are_refused_by_name(key, value):
+    with pytest.raises(SamplecError, match=rf"'{key}' is not an OpenAI chat-completions field .*--from vllm"):
+        from_openai({key: value})
+
+
+@pytest.mark.parametrize("body, message", [
+    ({"best_of": 3}, "best_of = 3: several completions"), ({"n": 2}, "n = 2: several completions"),
+    ({"response_format": {"type": "json_object"}}, "constrained decoding"),
+])
+def test_openai_refused(body, message):
+    with pytest.raises(SamplecError, match=re.escape(message)):
+        from_openai(body)
+
+
+def test_openai_off_values():
+    assert stage_lines(from_openai({"n": 1, "best_of": 1, "response_format": {"type": "text"}, "top_p": 1,
+                                    "presence_penalty": 0, "logit_bias": {}})) == ["sample(seed, position = pos)"]
+
+
+# ---- llama.cpp: every sampling flag of common/arg.cpp ----
+
+LLAMA_FLAG_EXAMPLES = {   # flag -> (value, whether the chain changes)
+    "--temp": ("0.5", True), "--temperature": ("0.5", True), "--top-k": ("7", True), "--top-p": ("0.5", True),
+    "--min-p": ("0.2", True), "--top-nsigma": ("1.5", True), "--top-n-sigma": ("1.5", True),
+    "--xtc-probability": ("0.5", True), "--xtc-threshold": ("0.2", False), "--typical": ("0.9", True),
+    "--typical-p": ("0.9", True), "--repeat-last-n": ("32", False), "--repeat-penalty": ("1.1", True),
+    "--presence-penalty": ("0.5", True), "--frequency-penalty": ("0.5", True), "--samplers": ("top_k;temp", True),
+    "--sampler-seq": ("kt", True), "--sampling-seq": ("kt", True), "-s": ("5", False), "--seed": ("5", False),
+    "-l": ("3+1", True), "--logit-bias": ("3+1", True), "--dry-multiplier": ("0", False),
+    "--dry-base": ("2.0", False), "--dry-allowed-length": ("3", False), "--dry-penalty-last-n": ("64", False),
+    "--dry-sequence-breaker": ("none", False), "--dynatemp-range": ("0", False), "--dynatemp-exp": ("2", False),
+    "--mirostat": ("0", False), "--mirostat-lr": ("0.2", False), "--mirostat-ent": ("4", False),
+    "--adaptive-target": ("-1", False), "--adaptive-decay": ("0.5", False), "-bs": (None, False),
+    "--backend-sampling": (None, False),
+}
+
+
+def test_llama_cpp_every_sampling_flag():
+    assert set(LLAMA_FLAG_EXAMPLES) == set(LLAMA_CPP_FLAGS["mapped"])
+    base = from_llama_cpp("")
+    for flag, (value, changes) in LLAMA_FLAG_EXAMPLES.items():
+        src = from_llama_cpp([flag] + ([value] if value is not None else []))
+        samplec.compile(src)
+        assert (stage_lines(src) != stage_lines(base)) == changes or flag in ("-s", "--seed"), flag
+        assert "outside the sampler" not in src, flag
+    for flag in LLAMA_CPP_FLAGS["refused"]:
+        with pytest.raises(SamplecError, match=re.escape(flag)):
+            from_llama_cpp([flag, "x"])
+    assert "seed: seed = 5" in from_llama_cpp("-s 5")
+
+
+def test_llama_cpp_other_flags_are_listed():
+    src = from_llama_cpp("llama-cli -m m.gguf -c 4096 --top-k 3")
+    assert "outside the sampler (not sampling flags): -m m.gguf -c 4096" in src
+
+
+# ---- mlx-lm ----
+
+def test_mlx_lm_arguments_are_the_installed_signatures():
+    import inspect
+    su = pytest.importorskip("mlx_lm.sample_utils")
+    for fn, table in ((su.make_sampler, MLX_LM_SAMPLER_ARGS), (su.make_logits_processors, MLX_LM_PROCESSOR_ARGS)):
+        sig = inspect.signature(fn).parameters
+        assert {k: v.default for k, v in sig.items()} == table, fn.__name__
+
+
+def test_mlx_lm_order_and_off_values():
+    src = from_mlx_lm({"temp": 0.7, "top_k": 20, "top_p": 0.9, "min_p": 0.05, "xtc_probability": 0.5,
+                       "logit_bias": {"3": 2.0}, "repetition_penalty": 1.1, "frequency_penalty": 0.2})
+    assert stage_lines(src) == ["logit_bias({3: 2.0})", "penalties(history, last_n = 20, repeat = 1.1, "
+                                "frequency = 0.2)", "top_p(0.9)", "min_p(0.05)",
+                                "xtc(0.1, 0.5, seed, position = pos)", "top_k(20)", "temperature(0.7)",
+                                "sample(seed, position = pos)"]
+    assert stage_lines(from_mlx_lm({})) == ["greedy()"]                            # temp 0.0: mlx-lm's default
+    assert stage_lines(from_mlx_lm({"temp": 0.0, "top_p": 0.5})) == ["greedy()"]
+    assert stage_lines(from_mlx_lm({"temp": 1.0, "top_p": 0.0, "min_p": 0.0, "top_k": 0, "xtc_probability": 0.0,
+                                    "repetition_penalty": 0, "presence_penalty": None,
+                                    "min_tokens_to_keep": 3})) == ["sample(seed, position = pos)"]
+    assert stage_lines(from_mlx_lm({"temp": 1.0, "top_p": 1.0})) == ["sample(seed, position = pos)"]
+    two = from_mlx_lm({"temp": 1, "repetition_penalty": 1.2, "repetition_context_size": 0,
+                       "presence_penalty": 0.5, "presence_context_size": 10})
+    assert stage_lines(two)[:2] == ["penalties(history, last_n = -1, repeat = 1.2)",
+                                    "penalties(history, last_n = 10, presence = 0.5)"]
+
+
+@pytest.mark.parametrize("args, message", [
+    ({"temperature": 0.7}, "unknown mlx-lm argument 'temperature' (did you mean 'temp'?)"),
+    ({"temp": 1, "min_p": 0.1, "min_tokens_to_keep": 2}, "min_tokens_to_keep = 2"),
+    ({"temp": 1, "xtc_probability": 0.5, "xtc_special_tokens": [1]}, "xtc_special_tokens = [1]"),
+    ({"temp": -1}, "temp = -1 is out of range"),
+    ({"temp": 1, "min_p": 2}, "min_p = 2 is out of range"),
+    ({"repetition_penalty": 1.1, "repetition_context_size": None}, "repetition_context_size = null"),
+])
+def test_mlx_lm_errors(args, message):
+    with pytest.raises(SamplecError, match=re.escape(message)):
+        from_mlx_lm(args)
+
+
+def _mlx_lm_final(args: dict, logits_row, history_row):
+    """mlx-lm's own processors and sampler chain (the closures make_sampler builds), up to the draw."""
+    import mlx.core as mx
+    su = pytest.importorskip("mlx_lm.sample_utils")
+    proc_args = {k: v for k, v in args.items() if k in MLX_LM_PROCESSOR_ARGS}
+    samp_args = {k: v for k, v in args.items() if k in MLX_LM_SAMPLER_ARGS}
+    x = mx.array(logits_row[None])
+    for proc in su.make_logits_processors(**proc_args):
+        x = proc(mx.array(history_row), x)
+    logprobs = x - mx.logsumexp(x, axis=-1, keepdims=True)
+    sampler = su.make_sampler(**samp_args)
+    if sampler is su.greedy_sampler:
+        return None, int(sampler(logprobs)[0])
+    cells = dict(zip(sampler.__code__.co_freevars, (c.cell_contents for c in sampler.__closure__)))
+    for method in cells["sampling_methods"]:
+        logprobs = method(logprobs)
+    return np.array(logprobs[0] * (1.0 / cells["temp"])).astype(np.float64), None
+
+
+@pytest.mark.parametrize("args", [
+    {"temp": 0.7, "top_p": 0.9, "min_p": 0.02, "top_k": 30, "repetition_penalty": 1.3, "frequency_penalty": 0.3,
+     "presence_penalty": 0.2, "logit_bias": {"5": 3.0, "17": -1.5}},
+    {"temp": 1.3, "min_p": 0.1, "xtc_probability": 1.0, "xtc_threshold": 0.05, "repetition_penalty": 0.8,
+     "repetition_context_size": 0, "presence_penalty": 0.4, "presence_context_size": 7},
+    {"temp": 0.0, "repetition_penalty": 1.5, "logit_bias": {"9": 4.0}},
+], ids=["chain", "xtc-and-windows", "greedy"])
+def test_mlx_lm_import_matches_mlx_lm(args):
+    logits, history = small_inputs(12)
+    prog = compile_with_probs(from_mlx_lm({k: v for k, v in args.items()}))
+    probs, tokens = final_probs(prog, logits, history)
+    for r in range(SMALL_B):
+        x, greedy = _mlx_lm_final({**args, "logit_bias": {int(k): v for k, v in args.get("logit_bias", {}).items()}}
+                                  if "logit_bias" in args else args, logits[r], history[r])
+        if greedy is not None:
+            assert tokens[r] == greedy, f"row {r}"
+        else:
+            assert_same_distribution(probs[r], softmax(x), f"row {r}")
+
+
+# ---- vLLM ----
+
+def _vllm_model():
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(
+        "vllm_semantics", Path(__file__).resolve().parent / "parity" / "test_vllm_semantics.py")
+    import sys
+    sys.path.insert(0, str(Path(__file__).resolve().parent / "parity"))
+    try:
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+    finally:
+        sys.path.pop(0)
+    return mod
+
+
+def test_vllm_order_two_histories_and_parity():
+    params = {"temperature": 0.8, "top_p": 0.9, "top_k": 40, "min_p": 0.02, "repetition_penalty": 1.2,
+              "frequency_penalty": 0.3, "presence_penalty": 0.4, "seed": 77, "logprobs": 3,
+              "logit_bias": {"4": 150.0}, "max_tokens": 20, "stop": ["\n"]}
+    src = from_vllm(params)
+    assert stage_lines(src) == ["logit_bias({4: 100.0})", "penalties(prompt_and_output, repeat = 1.2)",
+                                "penalties(output, frequency = 0.3, presence = 0.4)", "temperature(0.8)",
+                                "min_p(0.02)", "top_k(40)", "top_p(0.9)", "sample(seed, position = pos)"]
+    assert "seed: seed = 77" in src and "-> token, raw_logprob, top_logprobs(3)" in src
+    assert re.search(r"outside the sampler.*max_tokens = 20", src) and re.search(r"outside.*stop = \(list\)", src)
+    m = _vllm_model()
+    logits, history = small_inputs(13)
+    prompt, output = history[:, :30], history[:, 30:]
+    prog = compile_with_probs(src)
+    out = prog(logits, prompt_and_output=history, output=output, seed=77, pos=5)
+    for r in range(SMALL_B):
+        x = logits[r].copy()
+        x[4] += 100.0
+        x = m.vllm_penalties(x, prompt[r], output[r], 1.2, 0.3, 0.4)
+        x, _ = m.vllm_filters(x, 0.8, 0.02, 40, 0.9)
+        assert_same_distribution(np.array(out.probs[r]), softmax(x), f"row {r}")
+
+
+def test_vllm_greedy_single_history_and_off_values():
+    assert stage_lines(from_vllm({"temperature": 0, "top_p": 0.5, "repetition_penalty": 1.1})) == \
+        ["penalties(history, repeat = 1.1)", "greedy()"]
+    assert stage_lines(from_vllm({"presence_penalty": 0.5})) == ["penalties(history, presence = 0.5)",
+                                                                 "sample(seed, position = pos)"]
+    assert stage_lines(from_vllm({"top_k": -1, "min_tokens": 0, "n": 1, "best_of": 1, "use_beam_search": False,
+                                  "seed": -1})) == ["sample(seed, position = pos)"]
+    assert "temperature(0.01)" in from_vllm({"temperature": 0.001})
+
+
+@pytest.mark.parametrize("params, message", [
+    ({"n": 4}, "n = 4: several completions"), ({"best_of": 2}, "best_of = 2"),
+    ({"use_beam_search": True}, "use_beam_search = true: beam search"), ({"min_tokens": 5}, "min_tokens = 5"),
+    ({"logits_processors": ["f"]}, "logits_processors"), ({"structured_outputs": {"regex": "a+"}}, "constrained"),
+    ({"bad_words": ["x"]}, "bad_words"), ({"allowed_token_ids": [1, 2]}, "allowed_token_ids"),
+    ({"logprobs": -1}, "logprobs = -1"), ({"prompt_logprobs": 2}, "prompt_logprobs"),
+    ({"temprature": 0.5}, "unknown SamplingParams field 'temprature' (did you mean 'temperature'?)"),
+    ({"top_p": 0}, "top_p = 0 is out of range"), ({"temperature": 3}, "temperature = 3 is out of range"),
+])
+def test_vllm_errors(params, message):
+    with pytest.raises(SamplecError, match=re.escape(message)):
+        from_vllm(params)
+
+
+def test_vllm_every_field_is_classified():
+    groups = [set(v) for v in VLLM_FIELDS.values()]
+    assert sum(len(g) for g in groups) == len(set().union(*groups))
+    for key in VLLM_FIELDS["outside"]:
+        assert re.search(rf"outside the sampler.*\b{key} = 1", from_vllm({key: 1})), key
+
+
+def test_import_text_entry_point():
+    assert import_text("mlx_lm", '{"temp": 0.5}') == from_mlx_lm({"temp": 0.5})
+    assert import_text("llama.cpp", "--top-k 3") == from_llama_cpp("--top-k 3")
+    with pytest.raises(SamplecError, match=r"^<input>: invalid JSON"):
+        import_text("vllm", "{")
+
+
+# ---- each mapped field changes the chain (or is refused as pending); each refused vLLM field is named ----
+
+HF_MAPPED_EXAMPLES = {"do_sample": False, "temperature": 0.5, "top_k": 7, "top_p": 0.5, "min_p": 0.2,
+                      "typical_p": 0.5, "repetition_penalty": 1.2, "epsilon_cutoff": 0.01, "eta_cutoff": 0.01,
+                      "suppress_tokens": [1, 2]}
+
+
+def test_hf_each_mapped_field_maps():
+    assert set(HF_MAPPED_EXAMPLES) == set(HF_FIELDS["mapped"])
+    base = from_hf({"do_sample": True, "top_k": 0})
+    for key, value in HF_MAPPED_EXAMPLES.items():
+        cfg = {"do_sample": True, "top_k": 0, key: value}
+        if key in PENDING_STAGES:
+            with pytest.raises(SamplecError, match=key):
+                from_hf(cfg)
+        else:
+            assert from_hf(cfg) != base, key
+
+
+MLX_LM_EXAMPLES = {   # arg -> (value, other arguments that make it matter)
+    "temp": (0.5, {}), "top_p": (0.5, {"temp": 1}), "min_p": (0.2, {"temp": 1}),
+    "min_tokens_to_keep": (3, {"temp": 1, "min_p": 0.1}), "top_k": (5, {"temp": 1}),
+    "xtc_probability": (0.5, {"temp": 1}), "xtc_threshold": (0.2, {"temp": 1, "xtc_probability": 0.5}),
+    "xtc_special_tokens": ([1], {"temp": 1, "xtc_probability": 0.5}), "logit_bias": ({"1": 2.0}, {}),
+    "repetition_penalty": (1.2, {}), "repetition_context_size": (5, {"repetition_penalty": 1.2}),
+    "presence_penalty": (0.5, {}), "presence_context_size": (5, {"presence_penalty": 0.5}),
+    "frequency_penalty": (0.5, {}), "frequency_context_size": (5, {"frequency_penalty": 0.5}),
+}
+
+
+def test_mlx_lm_each_argument_maps_or_is_refused():
+    assert set(MLX_LM_EXAMPLES) == set(MLX_LM_SAMPLER_ARGS) | set(MLX_LM_PROCESSOR_ARGS)
+    for key, (value, ctx) in MLX_LM_EXAMPLES.items():
+        try:
+            src = from_mlx_lm({**ctx, key: value})
+        except SamplecError as e:
+            assert str(e).startswith(f"{key} = "), key          # refused by name
+            continue
+        assert src != from_mlx_lm(ctx), key
+        samplec.compile(src)
+
+
+VLLM_REFUSED_EXAMPLES = {
+    "best_of": 2, "use_beam_search": True, "length_penalty": 0.5, "early_stopping": True, "min_tokens": 3,
+    "bad_words": ["x"], "allowed_token_ids": [1], "structured_outputs": {"json": {}}, "guided_decoding": {"regex": "a"},
+    "logits_processors": ["p"], "thinking_token_budget": 10, "trace_decode_token_ids": [1, 2],
+    "prompt_logprobs": 1, "prompt_logprob_token_ids": [3], "prompt_logprob_start": 2, "logprob_token_ids": [4],
+    "output_text_buffer_length": 3, "_eos_token_id": 2, "_all_stop_token_ids": [2], "_bad_words_token_ids": [[1]],
+}
+VLLM_MAPPED_EXAMPLES = {"presence_penalty": 0.5, "frequency_penalty": 0.5, "repetition_penalty": 1.2,
+                        "temperature": 0.5, "top_p": 0.5, "top_k": 5, "min_p": 0.2, "seed": 3, "logprobs": 2,
+                        "logit_bias": {"1": 2.0}, "n": 2}
+
+
+@pytest.mark.parametrize("key", sorted(VLLM_REFUSED_EXAMPLES))
+def test_vllm_refused_field_is_named(key):
+    with pytest.raises(SamplecError, match=f"^{re.escape(key)} = "):
+        from_vllm({key: VLLM_REFUSED_EXAMPLES[key]})
+
+
+def test_vllm_each_mapped_field_maps():
+    assert set(VLLM_REFUSED_EXAMPLES) == set(VLLM_FIELDS["refused"])
+    assert set(VLLM_MAPPED_EXAMPLES) == set(VLLM_FIELDS["mapped"])
+    base = from_vllm({})
+    for key, value in VLLM_MAPPED_EXAMPLES.items():
+        if key == "n":
+            with pytest.raises(SamplecError, match="^n = 2"):
+                from_vllm({key: value})
+        else:
+            assert from_vllm({key: value}) != base, key

@@ -243,3 +243,31 @@ def test_decode_speculates_with_plans_and_replays_exactly(chunk, monkeypatch):
     assert samplec.decode.generate(big, fast_w, [4, 5], 16, chunk=chunk, seed=2) == \
         samplec.decode.generate(big, exact_w, [4, 5], 16, chunk=1, seed=2)
     assert replays, "these flat rows should make some plan guard fire"
+
+
+def test_unknown_parameter_is_rejected_when_the_adapter_is_built(llama_prog):
+    with pytest.raises(SamplecError, match=r"unknown parameter 'temprature' for the sampler 'llama' "
+                                           r"\(parameters: .*temperature"):
+        Sampler(llama_prog, seed=1, temprature=0.7)          # at construction, before any mlx-lm step
+
+
+def test_program_passed_directly_as_mlx_lm_sampler_points_to_the_adapter(model):
+    prog = samplec.compile("sampler g(seed: seed = 0) -> token { top_k(5) sample(seed) }")
+    with pytest.raises(SamplecError, match=r"passed to mlx-lm directly as `sampler=`.*samplec\.integrations\.mlx_lm "
+                                           r"import Sampler"):
+        list(generate_step(mx.array(PROMPT), model, max_tokens=2, sampler=prog))
+    assert prog(np.zeros((1, 8), dtype=np.float32)).token.shape == (1,)     # a direct call is unaffected
+
+
+def test_outputs_repr():
+    prog = samplec.compile("sampler r(seed: seed) -> token, logprob, top_logprobs(2), probs { top_k(3) "
+                           "sample(seed) }")
+    out = prog(np.array([[0.0, 1.0, 2.0, 3.0]], dtype=np.float32), seed=3)
+    text = repr(out)
+    tok = int(out.token[0])
+    assert text.startswith("Outputs(\n") and f"token         int32[1] [{tok}]" in text
+    assert "logprob       float32[1] [-" in text
+    assert "top_logprobs  ids int32[1, 2] [[3, 2]]; values float32[1, 2] [[-0.44019, -1.4402]]" in text
+    assert "probs         float32[1, 4] [[0, 0.090031, 0.24473, 0.66524]]" in text
+    big = prog(np.zeros((2, 100), dtype=np.float32), seed=1)
+    assert "probs         float32[2, 100]\n" in repr(big)                 # large arrays: shape only

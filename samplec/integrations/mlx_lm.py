@@ -67,6 +67,11 @@ class Sampler:
         self.prompt_in_history = prompt_in_history
         self._prompt_len = 0
         self._feed = ProgramFeed(program, seed, params)
+        unknown = sorted(set(params) - {p.name for p in program.params})
+        if unknown:      # (found here, when the adapter is built, not at mlx-lm's first step)
+            names = ", ".join(p.name for p in program.params) or "none"
+            raise SamplecError(f"unknown parameter '{unknown[0]}' for the sampler '{program.name}' "
+                               f"(parameters: {names})")
         self._captured: list[tuple[mx.array, mx.array]] = []
         self._unchecked: list[tuple[list[mx.array], tuple[int, ...]]] = []
         self._last_position: int | None = None
