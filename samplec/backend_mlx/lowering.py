@@ -163,7 +163,24 @@ def _block_ids(node: Node, users: Users, env: Env):
     return covered
 
 
+def _topk_ids(node: Node, users: Users, env: Env):
+    """topk_ids(x, k) (top_logprobs): the k largest by one selection (ties at the k-th: the lower ids), then those
+    k ordered by value descending, lower id first, by pairwise ranks -- no sort of the vocabulary."""
+    x, k = env[id(node.inputs[0])], node.attr("k")
+    if not (x.ndim == 2 and x.dtype == mx.float32 and k < x.shape[-1] and k <= 64):
+        return None
+    out = native.topk_select(x, k, [x])
+    if out is None:
+        return None
+    pos, vals = out[0], out[2]                       # positions ascending, and x there
+    vi, vj = vals[:, :, None], vals[:, None, :]
+    j_lt_i = mx.arange(k)[None, :] < mx.arange(k)[:, None]
+    rank = mx.sum((vj > vi) | ((vj == vi) & j_lt_i[None]), axis=-1)       # distinct ranks 0..k-1
+    return {id(node): mx.take_along_axis(pos, mx.argsort(rank, axis=-1), axis=-1).astype(mx.int32)}
+
+
 RULES: dict[str, Rule] = {
+    "topk_ids": _topk_ids,
     "random_bits": _random_bits,
     "topk_positions": _topk_positions,
     "argmax": _argmax,
