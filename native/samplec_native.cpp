@@ -842,6 +842,79 @@ void evaluate(const std::vector<mx::array>& arrays, double spin_us) {
   spin_wait(arrays, spin_us);
 }
 
+// ---- exp over a row, eight lanes at a time -----------------------------------------------------------------------
+//
+// exp(v) for v <= 0 by the Cephes scheme: v = n ln 2 + r with |r| <= ln 2 / 2, a degree-6 polynomial for e^r, and
+// 2^n put into the exponent bits; below -87.3 (where float32 e^v is subnormal or 0, and for -inf) it gives 0.
+// Relative error ~2e-7 against the correctly rounded value: a normalizer Z summed from it (in double, per block)
+// differs from float32 sums in other orders by less than their own rounding.
+inline F8 exp8_nonpos(F8 v) {
+  const F8 lo = F8{} - 87.3f;
+  const auto tiny = v < lo;
+  v = tiny ? lo : v;
+  const F8 n = __builtin_convertvector(__builtin_convertvector(v * 1.44269504088896341f + (F8{} - 0.5f), int32_t __attribute__((vector_size(32)))), F8);
+  // (v * log2e - 0.5 truncated toward zero is floor(v * log2e + 0.5) for v <= 0 ... up to the boundary; exact
+  // rounding is not needed: |r| stays below ln 2)
+  const F8 r = v - n * 0.693359375f + n * 2.12194440e-4f;
+  F8 p = F8{} + 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  typedef int32_t I8 __attribute__((vector_size(32)));
+  const I8 e = (__builtin_convertvector(n, I8) + 127) << 23;
+  F8 scale;
+  std::memcpy(&scale, &e, sizeof scale);
+  const F8 out = p * scale;
+  return tiny ? F8{} : out;
+}
+
+// sum of exp(v[i] - c) over v[0..n), every v[i] <= c (or -inf); in double across blocks of 64
+SAMPLEC_VOCAB_LOOP double sum_exp(const float* v, int64_t n, float c) {
+  double total = 0.0;
+  int64_t i = 0;
+  for (; i + 64 <= n; i += 64) {
+    F8 acc{};
+    for (int j = 0; j < 64; j += 8) {
+      F8 a;
+      std::memcpy(&a, v + i + j, sizeof a);
+      acc += exp8_nonpos(a - c);
+    }
+    double s = 0.0;
+    for (int l = 0; l < 8; ++l) s += acc[l];
+    total += s;
+  }
+  for (; i < n; ++i) total += std::exp(static_cast<double>(v[i] - c));
+  return total;
+}
+
+// [row max, log sum exp(x - max)] of each row ([B, 1] each): a log-softmax's two reductions in one pass each
+struct RowLogSumExp {
+  static constexpr const char* kName = "SamplecRowLogSumExp";
+  bool operator==(const RowLogSumExp&) const { return true; }
+  void operator()(std::vector<mx::array>& in, std::vector<mx::array>& out) const {
+    const int64_t rows = in[0].shape(0), n = in[0].shape(1);
+    const Rows<float> x(in[0]);
+    std::vector<float> buf;
+    float* mx_out = out[0].data<float>();
+    float* lz = out[1].data<float>();
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* v = x.row(r, n, buf);
+      const float m = max_nan(v, n);
+      mx_out[r] = m;
+      lz[r] = std::isfinite(m) ? static_cast<float>(std::log(sum_exp(v, n, m))) : (m != m ? m : 0.0f);
+    }
+  }
+};
+
+std::vector<mx::array> row_logsumexp(const mx::array& x) {
+  need_rows(x, mx::float32, "row_logsumexp");
+  const int B = x.shape(0);
+  return make(RowLogSumExp{}, {{B, 1}, {B, 1}}, {mx::float32, mx::float32}, {x});
+}
+
 // ---- the sampler chain: its stages and the terminal draw, per row, in one primitive ----------------------------
 //
 // The chain's stages are cuts on the logit order (top_k, top_p, min_p, top_n_sigma: keep every token at or above
@@ -912,9 +985,11 @@ float chain_candidates(const ChainRow& row, int64_t nb, int bs, int64_t m, std::
 
 // sum over the whole row of exp(f(x) - vmax), in double
 double full_z(const ChainRow& row, float vmax) {
-  double z = 0.0;
-  for (int64_t i = 0; i < row.V; ++i) z += std::exp(static_cast<double>(row.f(row.x[i]) - vmax));
-  return z;
+  if (row.divs.empty()) return sum_exp(row.x, row.V, vmax);
+  thread_local std::vector<float> fx;
+  fx.resize(row.V);
+  for (int64_t i = 0; i < row.V; ++i) fx[i] = row.f(row.x[i]);
+  return sum_exp(fx.data(), row.V, vmax);
 }
 
 // Run the chain on the sorted candidates above `bound`; false when a cut (or the draw) may reach below the bound,
@@ -1493,6 +1568,8 @@ NB_MODULE(_ext, m) {
         "The sampler chain (stage codes: 0 temperature, 1 top_k, 2 top_p, 3 min_p, 4 top_n_sigma, 5 typical_p, "
         "6 xtc; terminal 0 greedy, 1 sample) on each row of x: [token [B, 1], logprob [B, 1], (want_x) the final "
         "logits [B, V]].");
+  m.def("row_logsumexp", &row_logsumexp, nb::arg("x"),
+        "[row maximum, log of the sum of exp(x - maximum)] of each row of a 2-D float32 array, [B, 1] each.");
   m.def("hold", &hold, nb::arg("max_us"));
   m.def("wake", &wake, nb::arg("max_us"), "Open a hold and queue it (mx.async_eval(hold(max_us))).");
   m.def("evaluate", &evaluate, nb::arg("arrays"), nb::arg("spin_us"), nb::call_guard<nb::gil_scoped_release>(),

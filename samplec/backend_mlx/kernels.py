@@ -253,6 +253,11 @@ def _random_bits(seed, c0, c1):
     return random_bits(seed, c0, c1) if out is None else out
 
 
+def _log_softmax(ins, a):
+    shifted = ins[0] - mx.max(ins[0], axis=-1, keepdims=True)
+    return shifted - mx.log(_reduce_sum([mx.exp(shifted)], a))
+
+
 def _red(fn):
     return lambda ins, a: fn(ins[0], axis=-1, keepdims=True)
 
@@ -289,5 +294,5 @@ KERNELS = {
     "block_max": _block_max,
     "top_blocks": _top_blocks, "block_bound": _block_bound, "block_ids": _block_ids,
     "take_tokens": _take_tokens, "topk_positions": _topk_positions, "mass_above": _mass_above,
-    "count_at": _count_at,
+    "count_at": _count_at, "log_softmax": _log_softmax,
 }

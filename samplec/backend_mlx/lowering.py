@@ -179,7 +179,16 @@ def _topk_ids(node: Node, users: Users, env: Env):
     return {id(node): mx.take_along_axis(pos, mx.argsort(rank, axis=-1), axis=-1).astype(mx.int32)}
 
 
+def _log_softmax(node: Node, users: Users, env: Env):
+    """log_softmax(x): the row maximum and the log of the normalizer in one vectorized pass (the exp pass is most
+    of a log-softmax's cost on the CPU), then two subtractions."""
+    x = env[id(node.inputs[0])]
+    out = native.row_logsumexp(x)
+    return None if out is None else {id(node): (x - out[0]) - out[1]}
+
+
 RULES: dict[str, Rule] = {
+    "log_softmax": _log_softmax,
     "topk_ids": _topk_ids,
     "random_bits": _random_bits,
     "topk_positions": _topk_positions,

@@ -133,6 +133,13 @@ def mass_above(p: mx.array) -> mx.array | None:
     return _native.mass_above(p) if _rows(p) else None
 
 
+def row_logsumexp(x: mx.array) -> tuple[mx.array, mx.array] | None:
+    """(row maximum, log sum exp(x - maximum)), [B, 1] each, in one vectorized pass."""
+    if not (_rows(x) and x.shape[-1] >= 1 and hasattr(_native, "row_logsumexp")):
+        return None
+    return tuple(_native.row_logsumexp(x))
+
+
 CHAIN_STAGES = {"temperature": 0, "top_k": 1, "top_p": 2, "min_p": 3, "top_n_sigma": 4, "typical_p": 5, "xtc": 6}
 _PARAM_DTYPES = {"top_k": [mx.int32], "xtc": [mx.float32, mx.float32, mx.uint64, mx.uint32]}
 CHAIN_TERMINALS = {"greedy": 0, "sample": 1}
@@ -159,4 +166,4 @@ def sample_chain(x: mx.array, params: list[mx.array], stages: list[str], termina
 
 __all__ = ["enabled", "installed", "wake", "release", "evaluate", "threefry_bits", "block_max", "block_top",
            "block_ids", "take_tokens", "block_max_top", "block_tokens", "block_candidates", "topk_select",
-           "argmax_take", "mass_above", "sample_chain", "CHAIN_STAGES"]
+           "argmax_take", "mass_above", "sample_chain", "CHAIN_STAGES", "row_logsumexp"]

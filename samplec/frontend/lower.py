@@ -41,8 +41,7 @@ def softmax(x: Node, name="p", row_max: Node | None = None) -> Node:
 
 
 def log_softmax(x: Node, name="logp") -> Node:
-    shifted = make("sub", x, make("reduce_max", x))
-    return make("sub", shifted, make("log", make("reduce_sum", make("exp", shifted))), name=name)
+    return make("log_softmax", x, name=name)
 
 
 def uniform(bits: Node) -> Node:

@@ -329,6 +329,9 @@ OPS: dict[str, OpDef] = {d.name: d for d in [
     OpDef("sample", 3, (), _draw,
           "stage, terminal (x, seed, position): Gumbel-max draw with RandomBits at (token id, position) [B,1]"),
     OpDef("logprob_at", 2, (), _logprob_at, "log softmax(x) at positions [B,1]: a terminal's logprob"),
+    OpDef("log_softmax", 1, (), _float_unary,
+          "x - max - log(sum(exp(x - max))) along the last axis (the model's distribution of raw_logprob and "
+          "top_logprobs, a terminal's logprob)"),
     OpDef("typical_p", 2, (), _stage(F32), "stage, cut by the score |-log p - H|: keep the typical set"),
     OpDef("xtc", 5, (), _xtc,
           "stage (x, threshold, probability, seed, position): with chance `probability`, remove the tokens with "

@@ -74,5 +74,6 @@ class Op(object):
     GreedyNode = 68
     SampleNode = 69
     LogprobAtNode = 70
-    TypicalPNode = 71
-    XtcNode = 72
+    LogSoftmaxNode = 71
+    TypicalPNode = 72
+    XtcNode = 73
