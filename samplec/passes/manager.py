@@ -52,7 +52,7 @@ PASSES: dict[str, Pass] = {p.name: p for p in [
 
 PIPELINES: dict[int, tuple[str, ...]] = {
     0: ("expand-stages",),
-    1: ("expand-stages", "fold", "simplify", "cse", "dce"),
+    1: ("expand-stages", "fold", "simplify", "partition-topk", "cse", "dce"),
     2: ("stages", "fold", "simplify", "partition-topk", "cse", "dce"),
 }
 
