@@ -20,7 +20,7 @@ import reference as R
 import samplec
 
 EXAMPLES = int(os.environ.get("SAMPLEC_FUZZ_EXAMPLES", "60"))
-ORDER_STAGES = ("temperature", "top_k", "top_p", "min_p", "top_n_sigma")
+ORDER_STAGES = ("temperature", "top_k", "top_p", "min_p", "top_n_sigma", "typical_p", "xtc")
 FAMILIES = ("peaked", "flat", "ties", "neg_inf", "normal", "tail", "one_finite")
 
 
@@ -56,11 +56,18 @@ def stage_value(name: str, V: int, rng: np.random.Generator):
         return float(rng.choice([0.1, 0.5, 0.9, 0.95, 0.999, 1.0]))
     if name == "min_p":
         return float(rng.choice([0.0, 0.01, 0.05, 0.2, 1.0]))
+    if name == "typical_p":
+        return float(rng.choice([0.2, 0.5, 0.9, 1.0]))
+    if name == "xtc":                                        # the probability; the threshold is fixed below
+        return float(rng.choice([0.0, 0.5, 1.0]))
     return float(rng.choice([0.0, 0.5, 1.0, 2.0]))          # top_n_sigma
 
 
-PTYPE = {"temperature": "float", "top_k": "int", "top_p": "float", "min_p": "float", "top_n_sigma": "float"}
-ARG = {"temperature": "t", "top_k": "k", "top_p": "p", "min_p": "m", "top_n_sigma": "n"}
+PTYPE = {"temperature": "float", "top_k": "int", "top_p": "float", "min_p": "float", "top_n_sigma": "float",
+         "typical_p": "float", "xtc": "float"}
+ARG = {"temperature": "t", "top_k": "k", "top_p": "p", "min_p": "m", "top_n_sigma": "n", "typical_p": "m",
+       "xtc": "probability"}
+XTC_THRESHOLD = 0.1
 
 
 @st.composite
@@ -73,13 +80,16 @@ def cases(draw):
     modes = [draw(st.sampled_from(["literal", "scalar", "rows"])) for _ in stages]
     terminal = draw(st.sampled_from(["sample", "greedy"]))
     penalties = draw(st.booleans())
+    probs = draw(st.booleans())
     kinds = [draw(st.sampled_from(FAMILIES)) for _ in range(B)]
-    return rng, V, B, stages, modes, terminal, penalties, kinds
+    return rng, V, B, stages, modes, terminal, penalties, kinds, probs
 
 
-def build(V, B, stages, modes, terminal, penalties, rng):
+def build(V, B, stages, modes, terminal, penalties, rng, probs=False):
     """The source, its run-time arguments, and each row's reference stage list."""
-    params, body, kw = [], [], {}
+    params, body, kw = ["xs: seed", "xp: int"], [], {}
+    kw["xs"] = [int(s) for s in rng.integers(0, 2**63, B)]
+    kw["xp"] = [int(s) for s in rng.integers(0, 100, B)]
     per_row: list[list] = [[] for _ in range(B)]
     if penalties:
         params.append("h: tokens")
@@ -90,18 +100,23 @@ def build(V, B, stages, modes, terminal, penalties, rng):
             per_row[r].append(("penalties", {"history": hist[r], "last_n": 8, "repeat": 1.3, "frequency": 0.1,
                                              "presence": 0.2}))
     for i, (name, mode) in enumerate(zip(stages, modes)):
+        extra = f"{XTC_THRESHOLD!r}, " if name == "xtc" else ""
+        tail = ", xs, position = xp" if name == "xtc" else ""
         if mode == "literal":
             v = stage_value(name, V, rng)
-            body.append(f"{name}({v!r})")
+            body.append(f"{name}({extra}{v!r}{tail})")
             vals = [v] * B
         else:
             pname = f"a{i}"
             params.append(f"{pname}: {PTYPE[name]}")
-            body.append(f"{name}({pname})")
+            body.append(f"{name}({extra}{pname}{tail})")
             vals = [stage_value(name, V, rng) for _ in range(B)] if mode == "rows" else [stage_value(name, V, rng)] * B
             kw[pname] = vals if mode == "rows" else vals[0]
         for r in range(B):
-            per_row[r].append((name, {ARG[name]: vals[r]}))
+            args = {ARG[name]: vals[r]}
+            if name == "xtc":
+                args.update(threshold=XTC_THRESHOLD, seed=kw["xs"][r], position=kw["xp"][r])
+            per_row[r].append((name, args))
     if terminal == "sample":
         params += ["seed: seed", "pos: int"]
         body.append("sample(seed, position = pos)")
@@ -109,7 +124,8 @@ def build(V, B, stages, modes, terminal, penalties, rng):
         kw["pos"] = [int(p) for p in rng.integers(0, 5000, B)]
     else:
         body.append("greedy()")
-    src = f"sampler s({', '.join(params)}) -> token, logprob {{\n    " + "\n    ".join(body) + "\n}\n"
+    outs = "token, logprob" + (", probs" if probs else "")
+    src = f"sampler s({', '.join(params)}) -> {outs} {{\n    " + "\n    ".join(body) + "\n}\n"
     return src, kw, per_row
 
 
@@ -117,8 +133,8 @@ def build(V, B, stages, modes, terminal, penalties, rng):
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(cases())
 def test_O2_equals_O0_equals_reference(case):
-    rng, V, B, stages, modes, terminal, penalties, kinds = case
-    src, kw, per_row = build(V, B, stages, modes, terminal, penalties, rng)
+    rng, V, B, stages, modes, terminal, penalties, kinds, probs = case
+    src, kw, per_row = build(V, B, stages, modes, terminal, penalties, rng, probs)
     x = np.stack([family_row(k, V, rng) for k in kinds])
     o2 = samplec.compile(src, opt_level=2)(x, **kw)
     o0 = samplec.compile(src, opt_level=0)(x, **kw)
@@ -132,6 +148,9 @@ def test_O2_equals_O0_equals_reference(case):
         np.testing.assert_allclose(np.array(o2.logprob)[r], ref["logprob"], atol=2e-3, rtol=1e-3,
                                    err_msg=f"{src} row {r}")
         np.testing.assert_allclose(np.array(o2.logprob)[r], np.array(o0.logprob)[r], atol=2e-4, rtol=1e-4)
+        if probs:
+            np.testing.assert_allclose(np.array(o2.probs)[r], np.array(o0.probs)[r], atol=1e-5)
+            np.testing.assert_allclose(np.array(o2.probs)[r], ref["probs"], atol=2e-4)
 
 
 def test_O2_program_has_no_vocabulary_sort():
