@@ -1387,9 +1387,12 @@ void chain_dense(ChainRow& row, int64_t nb, int bs, int32_t* token, float* logpr
     }
   } else {
     const auto& bm = *row.bm;
+    // the blocks in descending order of their maxima, popped from a heap: a confident row visits a few
     order.resize(nb);
     for (int64_t i = 0; i < nb; ++i) order[i] = static_cast<int32_t>(i);
-    std::sort(order.begin(), order.end(), [&bm](int32_t a, int32_t b) { return bm[a] > bm[b] || (bm[a] == bm[b] && a < b); });
+    auto below = [&bm](int32_t a, int32_t b) { return bm[a] < bm[b] || (bm[a] == bm[b] && a > b); };
+    std::make_heap(order.begin(), order.end(), below);
+    auto heap_end = order.end();
     float best = -INFINITY;
     uint32_t need = 0;
     auto threshold = [&](float fm) -> uint32_t {   // a token under f(block max) fm wins only with u above this
@@ -1398,8 +1401,10 @@ void chain_dense(ChainRow& row, int64_t nb, int bs, int32_t* token, float* logpr
       return q <= 0 ? 0u : q >= 8388607.0 ? 8388607u : static_cast<uint32_t>(q);
     };
     uint32_t bits[64];
-    for (int64_t j = 0; j < nb; ++j) {
-      const int64_t c = order[j];
+    while (heap_end != order.begin()) {
+      std::pop_heap(order.begin(), heap_end, below);
+      --heap_end;
+      const int64_t c = *heap_end;
       if (bm[c] == -INFINITY) break;
       const float fm = row.f(bm[c]);
       if (at >= 0 && fm + kGumbelMax < best) break;
