@@ -18,7 +18,7 @@ from samplec.ir.graph import Graph, Param
 from samplec.ir.printer import print_graph
 from samplec.stages import Range
 
-SCALAR_NP = {"float": np.float32, "int": np.int32, "seed": np.uint64}
+SCALAR_NP = {"float": np.float32, "int": np.int32, "seed": np.uint64, "state": np.float32}
 
 
 @dataclass(frozen=True)

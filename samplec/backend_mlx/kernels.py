@@ -247,6 +247,28 @@ def _count_at(ins, a):
     return _take_along([counts, ids], a)
 
 
+def _dry_repeats(ins, a):
+    """Pairwise over the history: S[p] = length of the common suffix of h[:p] and h (the reverse Z-array, from
+    one [B, H-1, H] comparison), then a scatter-max of S onto the token at p."""
+    h, x = ins
+    B, H = h.shape
+    out = mx.full((B, x.shape[-1]), -1, dtype=mx.int32)
+    if H < 2:
+        return out
+    p = mx.arange(1, H)[:, None]
+    j = mx.arange(H)[None, :]
+    back = p - 1 - j                                             # [H-1, H]: h[p-1-j] against h[H-1-j]
+    ends = h[:, H - 1 - mx.arange(H)]                            # [B, H]
+    early = mx.take(h, mx.maximum(back, 0), axis=1)              # [B, H-1, H]
+    same = (early == ends[:, None, :]) & (ends[:, None, :] >= 0) & (back >= 0)
+    first_miss = mx.argmax(mx.logical_not(same).astype(mx.int32), axis=-1)
+    s = mx.where(mx.any(mx.logical_not(same), axis=-1), first_miss, H - 1).astype(mx.int32)   # [B, H-1]
+    nxt = h[:, 1:]
+    s = mx.where((nxt >= 0) & (h[:, :-1] >= 0), s, -1)
+    rows = mx.broadcast_to(mx.arange(B)[:, None], nxt.shape)
+    return out.at[rows, mx.maximum(nxt, 0)].maximum(s)
+
+
 def _random_bits(seed, c0, c1):
     # one primitive on the CPU when samplec-native is built (it reads a 1-D operand as [B, 1]: only 2-D ones here)
     out = native.threefry_bits(seed, c0, c1) if seed.ndim == c0.ndim == c1.ndim == 2 else None
@@ -289,5 +311,5 @@ KERNELS = {
     "block_max": _block_max,
     "top_blocks": _top_blocks, "block_bound": _block_bound, "block_ids": _block_ids,
     "take_tokens": _take_tokens, "topk_positions": _topk_positions, "mass_above": _mass_above,
-    "count_at": _count_at,
+    "count_at": _count_at, "dry_repeats": _dry_repeats,
 }

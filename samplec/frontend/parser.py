@@ -13,7 +13,7 @@ from lark.exceptions import UnexpectedCharacters, UnexpectedInput, UnexpectedTok
 from lark.lexer import PatternStr
 
 from samplec.diagnostics import Diagnostic, SamplecError, Span
-from samplec.frontend.ast import Arg, DictLit, Literal, Module, Name, Output, Param, Sampler, Stage
+from samplec.frontend.ast import Arg, DictLit, ListLit, Literal, Module, Name, Output, Param, Sampler, Stage
 
 GRAMMAR_PATH = Path(__file__).resolve().parent.parent / "grammar" / "samplec.lark"
 
@@ -89,6 +89,10 @@ class ToAst(Transformer):
     def dict(self, meta, *items):
         return DictLit(tuple((k.value, v.value) for k, v in items), _span(self.file, meta),
                        item_spans=tuple((k.span, v.span) for k, v in items))
+
+    def list_lit(self, meta, *items):
+        return ListLit(tuple(int(t) for t in items), _span(self.file, meta),
+                       item_spans=tuple(_span(self.file, t) for t in items))
 
     def dict_item(self, meta, key, value):
         # Values are stored as floats (a bias is a float); the checker validates both sides using the spans.

@@ -30,6 +30,7 @@ from samplec.frontend.lower import (NEG_INF, Lowering, const, last_index, penali
                                     top_p_floor, where)
 from samplec.ir.graph import Check, Graph, Node, make
 from samplec.ir.types import F32, I32, U32
+from samplec.stages import V2_STAGES
 
 PLAN_GUARD = "plan: this row needs the exact program"
 BLOCK = 64          # tokens per block: divides 32000, 152064 and 262144, so no padding copy
@@ -331,6 +332,8 @@ class PlanLowering(Lowering):
 def plans(sampler: CheckedSampler, bindings: dict | None = None) -> list[Graph]:
     """The candidate plans of a checked sampler, tried in order before the exact program (none: not applicable).
     A leading top_p gets two: one that bounds the normalizer from block maxima, then one that sums it exactly."""
+    if any(st.name in V2_STAGES for st in sampler.stages):
+        return []       # (the plans do not know the v2 stages: DRY reads token ids, mirostat draws its own way)
     first = PlanLowering(sampler, dict(bindings or {})).plan()
     if first is None:
         return []

@@ -66,3 +66,4 @@ class Op(object):
     RandomBitsNode = 60
     MassAboveNode = 61
     CountAtNode = 62
+    DryRepeatsNode = 63
