@@ -96,6 +96,15 @@ class ProgramFeed:
         names_in_order = [p.name for p in program.params]
         self._pos_idx = [1 + names_in_order.index(n) for n in self.position_names]
         self._hist_idx = 1 + names_in_order.index(self.history_name) if self.history_name else None
+        # state parameters (mirostat's mu): each step's updated value (the output of the same name) is the next
+        # step's input; the first step gets the value passed in `params`, or the stage's start (NaN = start)
+        states = [p.name for p in program.params if p.kind == "state"]
+        lost = [n for n in states if n not in names]
+        if lost:
+            raise SamplecError(f"the sampler '{program.name}' has the state parameter '{lost[0]}' but no output "
+                               f"'{lost[0]}': a decode loop carries a state from step to step through its output "
+                               f"(add it: -> token, {lost[0]})")
+        self.state_slots = [(1 + names_in_order.index(n), names.index(n)) for n in states]
         self._base: dict[tuple[int, int], list[mx.array]] = {}
 
     @property
@@ -120,9 +129,14 @@ class ProgramFeed:
         if arr.size and (arr >= V).any():
             raise SamplecError(f"{self.history_name or 'prompt'}: token id {int(arr.max())} >= V = {V}")
 
+    def next_state(self, outs: list[mx.array]) -> list[mx.array] | None:
+        """The state values the next step takes (None when the sampler has no state)."""
+        return [outs[o] for _, o in self.state_slots] or None
+
     def __call__(self, logits: mx.array, positions: Sequence[int] | mx.array, history: mx.array | None = None,
-                 plan: bool = False) -> tuple[list[mx.array], list[mx.array]]:
-        """One lazy call: logits [B, V], positions [B], history int32 [B, H] (already padded, or None)."""
+                 plan: bool = False, state: list[mx.array] | None = None) -> tuple[list[mx.array], list[mx.array]]:
+        """One lazy call: logits [B, V], positions [B], history int32 [B, H] (already padded, or None), state:
+        the previous step's `next_state` (None: the first step)."""
         if logits.ndim == 1:
             logits = logits[None]
         if logits.dtype != mx.float32:
@@ -138,6 +152,9 @@ class ProgramFeed:
             if history is None:
                 raise SamplecError(f"the sampler needs its token history '{self.history_name}'")
             args[self._hist_idx] = history
+        if state is not None:
+            for (i, _), value in zip(self.state_slots, state):
+                args[i] = value
         return (self.program.plan_exes[0] if plan else self.program.exe)(*args)
 
     def outputs(self, outs: list[mx.array]) -> Outputs:
@@ -240,6 +257,7 @@ def generate(model, program: Program, prompt, max_tokens: int, *, chunk: int = 1
     speculate = bool(program.plans) and _can_trim(cache)
     chunks = replays = 0                # speculation stops when a quarter of the chunks needed a replay
     pending = None                     # the chunk in flight: its tokens, flags, first position and replay states
+    state = None                       # the sampler's state (mirostat's mu) after the last step fed
     step = 0
     while True:
         launched = None
@@ -250,8 +268,9 @@ def generate(model, program: Program, prompt, max_tokens: int, *, chunk: int = 1
                 if y is not None:
                     logits = model(y[None], cache=cache)[:, -1, :]
                 history = pad_history(hist, hist_len) if feed.needs_history else None
-                states.append((logits, history, hist, hist_len))
-                outs, fl = feed(logits, [length], history, plan=speculate)
+                states.append((logits, history, hist, hist_len, state))
+                outs, fl = feed(logits, [length], history, plan=speculate, state=state)
+                state = feed.next_state(outs)
                 y = outs[feed.token_index].astype(mx.int32)
                 if feed.needs_history:
                     hist = mx.concatenate([hist, y[None]], axis=1)
@@ -280,8 +299,9 @@ def generate(model, program: Program, prompt, max_tokens: int, *, chunk: int = 1
                         out.append(int(t))
                         if t in eos:
                             return out
-                    logits, history, hist, hist_len = states[at]
-                    outs, fl = feed(logits, [first + at], history)
+                    logits, history, hist, hist_len, state = states[at]
+                    outs, fl = feed(logits, [first + at], history, state=state)
+                    state = feed.next_state(outs)
                     mx.eval(outs, fl)
                     feed.raise_flags([np.array(f) for f in fl], f"at position {first + at}")
                     y = outs[feed.token_index].astype(mx.int32)

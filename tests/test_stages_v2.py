@@ -488,3 +488,84 @@ def test_mlx_inputs():
     p = prog(MIRO["mirostat_v2"], 0)
     out = p(mx.array(logits_for(7, 2)), seed=1, mu=mx.full((8,), 3.0))
     assert out.mu.shape == (8,)
+
+
+# ---------------------------------------------------------------------------------------------- state in decode loops
+
+STATEFUL = ("sampler m(mu: state, seed: seed, pos: int = 0, history: tokens) -> token, mu {\n"
+            "  dry(history, 0.8, breakers = [13]) top_k(50) mirostat_v2(mu, 3.0, 0.5, seed, pos)\n}")
+PROMPT = [5, 17, 300, 42, 7, 9, 5]
+
+
+def stateful_reference(model, prog, prompt, n, seed):
+    """The contract by hand: one model step at a time, position = index, history = sequence, mu fed back."""
+    from mlx_lm.models.cache import make_prompt_cache
+    cache = make_prompt_cache(model)
+    seq = list(prompt)
+    model(mx.array(seq[:-1])[None], cache=cache)
+    logits = model(mx.array(seq[-1:])[None], cache=cache)[:, -1, :]
+    toks, mus, mu = [], [], None
+    for _ in range(n):
+        kw = dict(seed=seed, pos=len(seq), history=np.array(seq, dtype=np.int32))
+        out = prog(logits, **kw) if mu is None else prog(logits, mu=mu, **kw)
+        mu = out.mu
+        toks.append(int(out.token[0]))
+        mus.append(float(np.array(mu)[0]))
+        seq.append(toks[-1])
+        logits = model(mx.array([toks[-1]])[None], cache=cache)[:, -1, :]
+    return toks, mus
+
+
+def test_decode_and_adapter_thread_the_state():
+    pytest.importorskip("mlx_lm")
+    from mlx_lm.generate import generate_step
+
+    from samplec.decode import generate
+    from samplec.integrations.mlx_lm import Sampler, random_llama
+    model = random_llama(0, layers=2, hidden=64, vocab=512)
+    prog = samplec.compile(STATEFUL)
+    toks, mus = stateful_reference(model, prog, PROMPT, 16, seed=4)
+    assert len(set(np.round(mus, 4))) > 3                     # mu really moves
+    for chunk in (1, 5):
+        assert generate(model, prog, PROMPT, 16, chunk=chunk, seed=4) == toks
+    s = Sampler(prog, seed=4)
+    got = [t for t, _ in generate_step(mx.array(PROMPT), model, max_tokens=16, sampler=s,
+                                       logits_processors=s.logits_processors)]
+    assert got == toks
+    np.testing.assert_allclose([float(np.array(st.outputs.mu)[0]) for st in s.steps[:16]], mus, rtol=1e-6)
+    with pytest.raises(SamplecError, match="state parameter 'mu' but no output 'mu'"):
+        generate(model, samplec.compile(STATEFUL.replace("-> token, mu", "-> token")), PROMPT, 2)
+
+
+def test_run_draws_threads_the_state(tmp_path):
+    """`samplec run --draws` with mirostat: draw i takes the mu of draw i - 1; the expected frequencies are the
+    mean of the steps' distributions (checked against a loop by hand)."""
+    from typer.testing import CliRunner
+
+    from samplec import runner
+    from samplec.cli import app
+    src = "sampler m(mu: state, seed: seed) -> token, mu { mirostat_v2(mu, 2.0, 0.3, seed) }"
+    x = np.array([2.0, 1.5, 1.0, 0.5, 0.0, -1.0, -3.0], dtype=F32)
+    p = samplec.compile(src)
+    res = runner.draws(p, mx.array(x), {"seed": 10}, 50)
+    mu, counts, mean = None, np.zeros(7, int), np.zeros(7)
+    for i in range(50):
+        out = p(x, seed=10 + i, **({} if mu is None else {"mu": mu}))
+        mu = out.mu
+        counts[int(out.token[0])] += 1
+        _, _, xt = R.mirostat_v2(x, 4.0 if i == 0 else float(prev), 2.0, 0.3, 10 + i)
+        mean += R.softmax64(xt) / 50
+        prev = float(np.array(mu)[0])
+    row = res["rows"][0]
+    assert {t: c for t, c in zip(row["tokens"], row["counts"]) if c} == {i: int(c) for i, c in enumerate(counts) if c}
+    for t, pr in zip(row["tokens"], row["probability"]):
+        assert pr == pytest.approx(mean[t], abs=1e-5)
+    np.save(tmp_path / "x.npy", x)
+    (tmp_path / "m.smp").write_text(src)
+    r = CliRunner().invoke(app, ["run", str(tmp_path / "m.smp"), "--logits", str(tmp_path / "x.npy"),
+                                 "--seed", "10", "--draws", "50", "--json"])
+    assert r.exit_code == 0, r.output
+    assert '"draws": 50' in r.output
+    r = CliRunner().invoke(app, ["run", str(tmp_path / "m.smp"), "--logits", str(tmp_path / "x.npy"),
+                                 "--seed", "1", "--param", "mu=3.5", "--json"])
+    assert r.exit_code == 0 and '"mu"' in r.output, r.output
