@@ -362,15 +362,19 @@ class Lowering:
         col = make("iota", aligned)
         h = make("add", make("reduce_max", col), const(1, I32))
         w = where(make("ge", col, make("sub", h, length)), aligned, const(-1, I32), name="dry_hist")
-        present = make("ge", w, const(0, I32))
-        is_breaker = self.breaker_tokens(x, breakers)                      # bool [V] or [B, V]
-        at_breaker = make("logical_and", present,
-                          make("take_along", is_breaker, where(present, w, const(0, I32))))
-        last_breaker = make("reduce_max", where(at_breaker, col, const(-1, I32)))
-        rep_limit = where(make("ge", last_breaker, const(0, I32)),
-                          make("sub", make("sub", h, const(1, I32)), last_breaker), length, name="rep_limit")
+        is_breaker = self.breaker_tokens(x, breakers)                      # bool [V] or [B, V]; None: no breakers
+        rep_limit = length
+        if is_breaker is not None:
+            present = make("ge", w, const(0, I32))
+            at_breaker = make("logical_and", present,
+                              make("take_along", is_breaker, where(present, w, const(0, I32))))
+            last_breaker = make("reduce_max", where(at_breaker, col, const(-1, I32)))
+            rep_limit = where(make("ge", last_breaker, const(0, I32)),
+                              make("sub", make("sub", h, const(1, I32)), last_breaker), length, name="rep_limit")
         longest = make("minimum", make("dry_repeats", w, x), rep_limit, name="dry_len")
-        hit = make("logical_and", make("ge", longest, allowed), make("logical_not", is_breaker))
+        hit = make("ge", longest, allowed)
+        if is_breaker is not None:
+            hit = make("logical_and", hit, make("logical_not", is_breaker))
         active = make("logical_and", make("gt", length, allowed), make("ge", rep_limit, allowed))
         log_base = make("log", base_)
         max_exp = where(make("gt", base_, const(1.000001)),
@@ -381,13 +385,14 @@ class Lowering:
         out = where(make("logical_and", active, hit), make("sub", x, penalty), x)
         return where(make("eq", mult, const(0.0)), x, out, name="x_dry")
 
-    def breaker_tokens(self, x: Node, breakers) -> Node:
-        """Which tokens are sequence breakers: bool [V] for a constant list, [B, V] for a `tokens` parameter."""
+    def breaker_tokens(self, x: Node, breakers) -> Node | None:
+        """Which tokens are sequence breakers: bool [V] for a constant list (None for an empty one), [B, V] for a
+        `tokens` parameter."""
         if isinstance(breakers, ListLit):
-            ids = make("iota", x)
-            flag = make("lt", ids, const(0, I32))        # (all false)
+            ids, flag = make("iota", x), None
             for tok in dict.fromkeys(breakers.items):
-                flag = make("logical_or", flag, make("eq", ids, const(tok, I32)))
+                is_tok = make("eq", ids, const(tok, I32))
+                flag = is_tok if flag is None else make("logical_or", flag, is_tok)
             return flag
         b = self.tensor(breakers)
         ok = make("ge", b, const(0, I32))
