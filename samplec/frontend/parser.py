@@ -118,7 +118,7 @@ _HINTS = {
     "expected the sampler's name after 'sampler'": ["sampler (", "sampler {"],
     "expected '(' and a parameter list after the sampler's name, e.g. sampler name() { ... }": [
         "sampler s {", "sampler s -> token"],
-    "expected a parameter type after ':' (float, int, seed, tokens, mask or bias)": ["sampler s(x: )"],
+    "expected a parameter type after ':' (float, int, seed, tokens, mask, bias or state)": ["sampler s(x: )"],
     "a parameter needs a type, e.g. 'temperature: float'": ["sampler s(x)"],
     "expected a stage or '}'": ["sampler s() { ,", "sampler s() { top_k(1) ,"],
     "stage '{prev}' needs parentheses: {prev}(...)": ["sampler s() { greedy }"],
