@@ -293,11 +293,15 @@ def test_dry_breakers_from_a_tokens_parameter(opt):
     assert changed >= 2      # the breakers matter in these rows
 
 
-def test_dry_repeats_op_random_histories():
-    """The device search (dry_repeats) against the reference's naive search on many random histories."""
+@pytest.mark.parametrize("piece", [1 << 22, 50])
+def test_dry_repeats_op_random_histories(piece, monkeypatch):
+    """The device search (dry_repeats) against llama.cpp's Z-algorithm on many random histories, in one piece and
+    in many (the comparison is split into pieces to bound its memory)."""
+    from samplec.backend_mlx import kernels
+    monkeypatch.setattr(kernels, "DRY_CHUNK", piece)
     rng = np.random.default_rng(0)
     V = 6
-    p = prog(f"sampler s(h: tokens, a: int) -> candidates({V}) {{ dry(h, 1.0, 2.0, a) }}", 0)
+    p = samplec.compile(f"sampler s(h: tokens, a: int) -> candidates({V}) {{ dry(h, 1.0, 2.0, a) }}", opt_level=0)
     for trial in range(20):
         H = int(rng.integers(1, 40))
         hist = rng.integers(-1, 4 if trial % 2 else V, (4, H)).astype(np.int32)

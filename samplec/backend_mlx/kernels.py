@@ -247,22 +247,27 @@ def _count_at(ins, a):
     return _take_along([counts, ids], a)
 
 
+DRY_CHUNK = 1 << 22        # compared entries per piece of dry_repeats' [B, H-1, H] comparison (bounds its memory)
+
+
 def _dry_repeats(ins, a):
-    """Pairwise over the history: S[p] = length of the common suffix of h[:p] and h (the reverse Z-array, from
-    one [B, H-1, H] comparison), then a scatter-max of S onto the token at p."""
+    """Pairwise over the history: S[p] = length of the common suffix of h[:p] and h (the reverse Z-array), from
+    [B, P, H] comparisons over pieces of P positions, then a scatter-max of S onto the token at p."""
     h, x = ins
     B, H = h.shape
     out = mx.full((B, x.shape[-1]), -1, dtype=mx.int32)
     if H < 2:
         return out
-    p = mx.arange(1, H)[:, None]
-    j = mx.arange(H)[None, :]
-    back = p - 1 - j                                             # [H-1, H]: h[p-1-j] against h[H-1-j]
-    ends = h[:, H - 1 - mx.arange(H)]                            # [B, H]
-    early = mx.take(h, mx.maximum(back, 0), axis=1)              # [B, H-1, H]
-    same = (early == ends[:, None, :]) & (ends[:, None, :] >= 0) & (back >= 0)
-    first_miss = mx.argmax(mx.logical_not(same).astype(mx.int32), axis=-1)
-    s = mx.where(mx.any(mx.logical_not(same), axis=-1), first_miss, H - 1).astype(mx.int32)   # [B, H-1]
+    ends = h[:, H - 1 - mx.arange(H)][:, None, :]                # [B, 1, H]: h[H-1-j]
+    step = max(1, DRY_CHUNK // max(1, B * H))
+    pieces = []
+    for lo in range(1, H, step):
+        p = mx.arange(lo, min(H, lo + step))[:, None]
+        back = p - 1 - mx.arange(H)[None, :]                     # [P, H]: h[p-1-j] against h[H-1-j]
+        early = mx.take(h, mx.maximum(back, 0), axis=1)          # [B, P, H]
+        miss = mx.logical_not((early == ends) & (ends >= 0) & (back >= 0))
+        pieces.append(mx.where(mx.any(miss, axis=-1), mx.argmax(miss.astype(mx.int32), axis=-1), H - 1))
+    s = (pieces[0] if len(pieces) == 1 else mx.concatenate(pieces, axis=1)).astype(mx.int32)   # [B, H-1]
     nxt = h[:, 1:]
     s = mx.where((nxt >= 0) & (h[:, :-1] >= 0), s, -1)
     rows = mx.broadcast_to(mx.arange(B)[:, None], nxt.shape)
