@@ -532,6 +532,8 @@ def test_decode_and_adapter_thread_the_state():
     assert len(set(np.round(mus, 4))) > 3                     # mu really moves
     for chunk in (1, 5):
         assert generate(model, prog, PROMPT, 16, chunk=chunk, seed=4) == toks
+    assert generate(model, prog, PROMPT, 16, chunk=4, seed=4, mu=6.0) == toks        # 2 * tau: the start value
+    assert generate(model, prog, PROMPT, 16, chunk=4, seed=4, mu=0.01) != toks      # another start, other tokens
     s = Sampler(prog, seed=4)
     got = [t for t, _ in generate_step(mx.array(PROMPT), model, max_tokens=16, sampler=s,
                                        logits_processors=s.logits_processors)]
