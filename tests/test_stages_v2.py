@@ -433,6 +433,7 @@ def test_run_time_ranges_name_parameter_and_rows(src, call, message):
     ("sampler s(mu: state) { top_k(5) mirostat(mu, 5, 0.1) mirostat_v2(mu, 5, 0.1) }",
      "state 'mu' is already read by 'mirostat'"),
     ("sampler s(token: state) { mirostat_v2(token, 5, 0.1) }", "a state parameter cannot be called 'token'"),
+    ("sampler s(mu: state) -> token, mu { greedy() }", "output 'mu': no stage reads the state 'mu'"),
     ("sampler s(mu: state) { mirostat_v2(mu, 0, 0.1) }", "mirostat_v2: tau = 0 is out of range (0.0, inf)"),
 ])
 def test_compile_time_errors(src, message):

@@ -291,6 +291,10 @@ def _check_states(s: Sampler, sink: DiagnosticSink) -> None:
                     sink.error(f"state '{p.name}' is already read by '{readers[p.name].name}' at "
                                f"{_at(readers[p.name].span)}; a state belongs to one stage", a.value.span)
                 readers.setdefault(p.name, st)
+    for o in s.outputs or ():
+        if o.name not in OUTPUTS and o.name not in readers and any(p.name == o.name and p.type == "state"
+                                                                   for p in s.params):
+            sink.error(f"output '{o.name}': no stage reads the state '{o.name}', so nothing updates it", o.span)
     for p in s.params:
         if p.type == "state" and p.name in OUTPUTS:
             sink.error(f"a state parameter cannot be called '{p.name}' (an output has that name)",
