@@ -576,3 +576,19 @@ def test_run_draws_threads_the_state(tmp_path):
     r = CliRunner().invoke(app, ["run", str(tmp_path / "m.smp"), "--logits", str(tmp_path / "x.npy"),
                                  "--seed", "1", "--param", "mu=3.5", "--json"])
     assert r.exit_code == 0 and '"mu"' in r.output, r.output
+
+
+def test_reference_dry_equals_the_llama_cpp_transcription():
+    """The reference's naive search and the transcribed Z-algorithm agree on many random histories (pure numpy:
+    the two oracles the device search is held to are themselves consistent)."""
+    rng = np.random.default_rng(5)
+    for _ in range(300):
+        V = int(rng.integers(2, 8))
+        hist = rng.integers(-1, V, int(rng.integers(0, 30)))
+        x = rng.normal(0, 1, V).astype(F32)
+        allowed, last_n = int(rng.integers(0, 4)), int(rng.choice([-1, 0, 3, 8, 20]))
+        brk = set(rng.choice(V, int(rng.integers(0, 3)), replace=False).tolist())
+        base = float(rng.choice([1.0, 1.75, 3.0]))
+        cpp = cpp_dry(x, [int(t) for t in hist if t >= 0], 0.7, base, allowed, last_n, brk)
+        ref = R.dry(x, hist, 0.7, base, allowed, last_n, sorted(brk))
+        np.testing.assert_allclose(ref, cpp, rtol=1e-6, atol=1e-6)
