@@ -890,7 +890,8 @@ SAMPLEC_VOCAB_LOOP double sum_exp(const float* v, int64_t n, float c) {
   return total;
 }
 
-// [row max, log sum exp(x - max)] of each row ([B, 1] each): a log-softmax's two reductions in one pass each
+// [row max, log sum exp(x - max)] of each row, as one [B, 2] output (one output: MLX's compile fuses the
+// subtractions that read it)
 struct RowLogSumExp {
   static constexpr const char* kName = "SamplecRowLogSumExp";
   bool operator==(const RowLogSumExp&) const { return true; }
@@ -898,13 +899,12 @@ struct RowLogSumExp {
     const int64_t rows = in[0].shape(0), n = in[0].shape(1);
     const Rows<float> x(in[0]);
     std::vector<float> buf;
-    float* mx_out = out[0].data<float>();
-    float* lz = out[1].data<float>();
+    float* o = out[0].data<float>();
     for (int64_t r = 0; r < rows; ++r) {
       const float* v = x.row(r, n, buf);
       const float m = max_nan(v, n);
-      mx_out[r] = m;
-      lz[r] = std::isfinite(m) ? static_cast<float>(std::log(sum_exp(v, n, m))) : (m != m ? m : 0.0f);
+      o[2 * r] = m;
+      o[2 * r + 1] = std::isfinite(m) ? static_cast<float>(std::log(sum_exp(v, n, m))) : (m != m ? m : 0.0f);
     }
   }
 };
@@ -912,7 +912,7 @@ struct RowLogSumExp {
 std::vector<mx::array> row_logsumexp(const mx::array& x) {
   need_rows(x, mx::float32, "row_logsumexp");
   const int B = x.shape(0);
-  return make(RowLogSumExp{}, {{B, 1}, {B, 1}}, {mx::float32, mx::float32}, {x});
+  return make(RowLogSumExp{}, {{B, 2}}, {mx::float32}, {x});
 }
 
 // ---- the sampler chain: its stages and the terminal draw, per row, in one primitive ----------------------------
@@ -1574,7 +1574,7 @@ NB_MODULE(_ext, m) {
         "6 xtc; terminal 0 greedy, 1 sample) on each row of x: [token [B, 1], logprob [B, 1], (want_x) the final "
         "logits [B, V]].");
   m.def("row_logsumexp", &row_logsumexp, nb::arg("x"),
-        "[row maximum, log of the sum of exp(x - maximum)] of each row of a 2-D float32 array, [B, 1] each.");
+        "[B, 2]: each row's maximum and the log of the sum of exp(x - maximum) (x 2-D float32).");
   m.def("hold", &hold, nb::arg("max_us"));
   m.def("wake", &wake, nb::arg("max_us"), "Open a hold and queue it (mx.async_eval(hold(max_us))).");
   m.def("evaluate", &evaluate, nb::arg("arrays"), nb::arg("spin_us"), nb::call_guard<nb::gil_scoped_release>(),

@@ -97,6 +97,15 @@ class ProgramFeed:
         names_in_order = [p.name for p in program.params]
         self._pos_idx = [1 + names_in_order.index(n) for n in self.position_names]
         self._hist_idx = 1 + names_in_order.index(self.history_name) if self.history_name else None
+        # state parameters (mirostat's mu): each step's updated value (the output of the same name) is the next
+        # step's input; the first step gets the value passed in `params`, or the stage's start (NaN = start)
+        states = [p.name for p in program.params if p.kind == "state"]
+        lost = [n for n in states if n not in names]
+        if lost:
+            raise SamplecError(f"the sampler '{program.name}' has the state parameter '{lost[0]}' but no output "
+                               f"'{lost[0]}': a decode loop carries a state from step to step through its output "
+                               f"(add it: -> token, {lost[0]})")
+        self.state_slots = [(1 + names_in_order.index(n), names.index(n)) for n in states]
         self._base: dict[tuple[int, int], list[mx.array]] = {}
 
     @property
@@ -121,9 +130,14 @@ class ProgramFeed:
         if arr.size and (arr >= V).any():
             raise SamplecError(f"{self.history_name or 'prompt'}: token id {int(arr.max())} >= V = {V}")
 
-    def __call__(self, logits: mx.array, positions: Sequence[int] | mx.array, history: mx.array | None = None
-                 ) -> tuple[list[mx.array], list[mx.array]]:
-        """One lazy call: logits [B, V], positions [B], history int32 [B, H] (already padded, or None)."""
+    def next_state(self, outs: list[mx.array]) -> list[mx.array] | None:
+        """The state values the next step takes (None when the sampler has no state)."""
+        return [outs[o] for _, o in self.state_slots] or None
+
+    def __call__(self, logits: mx.array, positions: Sequence[int] | mx.array, history: mx.array | None = None,
+                 state: list[mx.array] | None = None) -> tuple[list[mx.array], list[mx.array]]:
+        """One lazy call: logits [B, V], positions [B], history int32 [B, H] (already padded, or None), state:
+        the previous step's `next_state` (None: the first step)."""
         if logits.ndim == 1:
             logits = logits[None]
         if logits.dtype != mx.float32:
@@ -139,6 +153,9 @@ class ProgramFeed:
             if history is None:
                 raise SamplecError(f"the sampler needs its token history '{self.history_name}'")
             args[self._hist_idx] = history
+        if state is not None:
+            for (i, _), value in zip(self.state_slots, state):
+                args[i] = value
         return self.program.exe(*args)
 
     def outputs(self, outs: list[mx.array]) -> Outputs:
@@ -223,6 +240,7 @@ def generate(model, program: Program, prompt, max_tokens: int, *, chunk: int = 1
     y = None
     out: list[int] = []
     pending = None                     # the chunk in flight: its tokens, flags and first position
+    state = None                       # the sampler's state (mirostat's mu) after the last step fed
     step = 0
     while True:
         launched = None
@@ -233,7 +251,8 @@ def generate(model, program: Program, prompt, max_tokens: int, *, chunk: int = 1
                 if y is not None:
                     logits = model(y[None], cache=cache)[:, -1, :]
                 history = pad_history(hist, hist_len) if feed.needs_history else None
-                outs, fl = feed(logits, [length], history)
+                outs, fl = feed(logits, [length], history, state=state)
+                state = feed.next_state(outs)
                 y = outs[feed.token_index].astype(mx.int32)
                 if feed.needs_history:
                     hist = mx.concatenate([hist, y[None]], axis=1)

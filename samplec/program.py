@@ -19,7 +19,7 @@ from samplec.ir.graph import Graph, Param
 from samplec.ir.printer import print_graph
 from samplec.stages import Range
 
-SCALAR_NP = {"float": np.float32, "int": np.int32, "seed": np.uint64}
+SCALAR_NP = {"float": np.float32, "int": np.int32, "seed": np.uint64, "state": np.float32}
 
 
 @dataclass(frozen=True)
@@ -199,6 +199,8 @@ class Program:
                     self._scalars.clear()
                 self._scalars[key] = arr
                 return arr
+        if p.kind == "state" and type(value) is mx.array and value.dtype == mx.float32 and value.shape == (B,):
+            return value        # (the previous step's state output, still lazy: no host round trip)
         if type(value) is np.ndarray and value.dtype == np.uint64 and value.shape == (B,) and p.kind == "seed":
             key = (p.name, value.tobytes())     # (per-row seeds, passed again each step: keyed by their bytes)
             hit = self._scalars.get(key)

@@ -48,13 +48,13 @@ def parse_value(prog: Program, name: str, text: str):
     if name not in params:
         raise SamplecError(f"--param {name}: no such parameter (parameters: {', '.join(params) or 'none'})")
     p = params[name]
-    if p.kind not in ("float", "int", "seed"):
+    if p.kind not in ("float", "int", "seed", "state"):
         raise SamplecError(f"--param {name}: a {p.kind} parameter takes a .npy file (--history/--mask/--bias)")
     items = [t.strip() for t in str(text).split(",")]
     try:
-        vals = [float(t) if p.kind == "float" else int(t, 0) for t in items]
+        vals = [float(t) if p.kind in ("float", "state") else int(t, 0) for t in items]
     except ValueError:
-        raise SamplecError(f"--param {name}: expected {'numbers' if p.kind == 'float' else 'integers'}, "
+        raise SamplecError(f"--param {name}: expected {'numbers' if p.kind in ('float', 'state') else 'integers'}, "
                            f"got {text!r}") from None
     return vals[0] if len(vals) == 1 else vals
 
@@ -115,7 +115,8 @@ def _token_distribution(graph: Graph) -> Graph:
         dist = softmax(x, "probs")
     else:                                     # greedy: all the mass on the argmax
         dist = make("cast", make("eq", make("iota", arg), am), dtype="f32")
-    return Graph(graph.name, graph.params, (("token", token), ("probs", dist)), graph.checks)
+    states = tuple((k, n) for k, n in graph.outputs if k in {p.name for p in graph.params if p.kind == "state"})
+    return Graph(graph.name, graph.params, (("token", token), ("probs", dist)) + states, graph.checks)
 
 
 def _is_noise(n) -> bool:
@@ -131,7 +132,9 @@ def _is_noise(n) -> bool:
 
 
 def draws(prog: Program, logits: mx.array, values: dict, n: int) -> dict:
-    """Sample n times with seeds seed..seed+n-1 (every seed parameter advanced together)."""
+    """Sample n times with seeds seed..seed+n-1 (every seed parameter advanced together). A sampler with a state
+    output (mirostat's mu) draws step after step, each draw's state feeding the next; its exact probability is
+    then the mean over the steps of each step's distribution (what the frequencies converge to)."""
     from samplec.program import _scalar_param
     dist_prog = Program(_token_distribution(prog.graph))
     x = logits if logits.ndim == 2 else logits[None, :]
@@ -140,7 +143,9 @@ def draws(prog: Program, logits: mx.array, values: dict, n: int) -> dict:
     # (a sampler without a seed is deterministic: every draw gives the same token)
     base = {p.name: _scalar_param(p, values.get(p.name, 0 if p.default in (None, "os") else p.default), B)
             for p in seeds}
-    chunk = max(1, min(n, DRAW_CHUNK_FLOATS // max(1, B * V)))
+    threaded = [k for k, _ in dist_prog.graph.outputs if k not in ("token", "probs")]
+    state: dict = {}
+    chunk = 1 if threaded else max(1, min(n, DRAW_CHUNK_FLOATS // max(1, B * V)))
     counts = np.zeros((B, V), dtype=np.int64)
     probs = None
     from rich.progress import Progress
@@ -157,11 +162,15 @@ def draws(prog: Program, logits: mx.array, values: dict, n: int) -> dict:
             for name, b in base.items():
                 offs = np.arange(start, start + c, dtype=np.uint64)
                 call[name] = (b[:, None] + offs[None, :]).reshape(-1)
+            call.update(state)
             out = dist_prog(_repeat_rows(x, B, c), **call)
+            state = {k: getattr(out, k) for k in threaded}
             toks = np.array(out.token).reshape(B, c)
             for r in range(B):
                 np.add.at(counts[r], toks[r], 1)
-            if probs is None:
+            if threaded:
+                probs = (0 if probs is None else probs) + np.array(out.probs, dtype=np.float64) / n
+            elif probs is None:
                 probs = np.array(out.probs).reshape(B, c, V)[:, 0, :]
             bar.advance(task, c)
     rows = []

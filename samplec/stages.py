@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 NO_DEFAULT = object()
 
-PARAM_TYPES = ("float", "int", "seed", "tokens", "mask", "bias")
+PARAM_TYPES = ("float", "int", "seed", "tokens", "mask", "bias", "state")
 SCALAR_TYPES = ("float", "int", "seed")
 
 
@@ -52,7 +52,7 @@ ANY = Range()
 @dataclass(frozen=True)
 class StageParam:
     name: str
-    type: str                     # float | int | seed | tokens | mask | bias | bias_or_dict
+    type: str                     # float | int | seed | tokens | mask | bias | bias_or_dict | state | tokens_or_list
     default: object = NO_DEFAULT  # a Python number; NO_DEFAULT (required); None (sample's seed: fresh OS entropy)
     range: Range = ANY
     literal_ok: bool = True       # False: must be a sampler parameter (tokens, mask)
@@ -92,6 +92,33 @@ STAGES: dict[str, StageSig] = {s.name: s for s in [
          doc="repetition / frequency / presence penalties over a token history"),
     _sig("logit_bias", StageParam("b", "bias_or_dict"), doc="x + b"),
     _sig("allow", StageParam("mask", "mask", literal_ok=False), doc="remove tokens whose mask is false"),
+    # v2 (spec §6): the samplers of llama.cpp and Hugging Face, with the semantics of the system that defined them
+    _sig("dynamic_temperature", StageParam("t", "float", range=Range(0)),
+         StageParam("range", "float", range=Range(0, hi_open=True)),
+         StageParam("exponent", "float", default=1.0, range=Range(0, hi_open=True)),
+         doc="llama.cpp temp_ext: temperature by normalized entropy; range == 0 is temperature(t)"),
+    _sig("epsilon", StageParam("e", "float", range=Range(0, 1, hi_open=True)),
+         doc="HF EpsilonLogitsWarper: keep p >= e (and the most probable); e == 0 is off"),
+    _sig("eta", StageParam("e", "float", range=Range(0, 1, hi_open=True)),
+         doc="HF EtaLogitsWarper: keep p >= min(e, sqrt(e) exp(-H)) (and the most probable); e == 0 is off"),
+    _sig("dry", StageParam("history", "tokens", literal_ok=False),
+         StageParam("multiplier", "float", range=Range(0, hi_open=True)),
+         StageParam("base", "float", default=1.75, range=Range(1, hi_open=True)),
+         StageParam("allowed_length", "int", default=2, range=Range(0)),
+         StageParam("last_n", "int", default=-1, range=Range(-1)),
+         StageParam("breakers", "tokens_or_list", default=()),
+         doc="llama.cpp DRY: penalize tokens that would extend a repeat of the history; multiplier == 0 is off"),
+    _sig("mirostat", StageParam("mu", "state", literal_ok=False),
+         StageParam("tau", "float", range=Range(0, lo_open=True, hi_open=True)),
+         StageParam("eta", "float", range=Range(0, hi_open=True)),
+         StageParam("m", "int", default=100, range=Range(1)),
+         StageParam("seed", "seed", default=None, range=U64), StageParam("position", "int", default=0),
+         terminal=True, doc="llama.cpp mirostat v1: top-k from the estimated Zipf exponent, draw, update mu"),
+    _sig("mirostat_v2", StageParam("mu", "state", literal_ok=False),
+         StageParam("tau", "float", range=Range(0, lo_open=True, hi_open=True)),
+         StageParam("eta", "float", range=Range(0, hi_open=True)),
+         StageParam("seed", "seed", default=None, range=U64), StageParam("position", "int", default=0),
+         terminal=True, doc="llama.cpp mirostat v2: keep -log2 p <= mu, draw, update mu"),
     _sig("greedy", terminal=True, doc="argmax, lowest id on ties"),
     _sig("sample", StageParam("seed", "seed", default=None, range=U64), StageParam("position", "int", default=0),
          terminal=True, doc="Gumbel-max draw from softmax(x)"),
@@ -109,4 +136,12 @@ OUTPUTS: dict[str, tuple[bool, bool]] = {
 
 # Stages the foundation supports end to end; the rest parse and type-check and are refused with a clear message.
 SUPPORTED = {"temperature", "top_k", "top_p", "min_p", "greedy", "sample",
-             "typical_p", "top_n_sigma", "xtc", "penalties", "logit_bias", "allow"}
+             "typical_p", "top_n_sigma", "xtc", "penalties", "logit_bias", "allow",
+             "dynamic_temperature", "epsilon", "eta", "dry", "mirostat", "mirostat_v2"}
+
+# The v2 stages (spec §6). They run by their dense definitions at every level (the chain kernel does not cover them).
+V2_STAGES = frozenset({"dynamic_temperature", "epsilon", "eta", "dry", "mirostat", "mirostat_v2"})
+
+# Stateful stages: slot holding the state -> how a missing state starts (a function of the stage's other args).
+# A `state` parameter is f32 [B]; left out at run time (or NaN in a row) it starts at this value.
+STATE_START = {"mirostat": "2 * tau", "mirostat_v2": "2 * tau"}

@@ -467,6 +467,132 @@ def sample(x: Any, seed: int, position: int = 0) -> int:
 
 
 # --------------------------------------------------------------------------------------------
+# §6 stages (v2), straight from their definitions (llama.cpp's and Hugging Face's), in float64 where it helps
+# --------------------------------------------------------------------------------------------
+
+
+def entropy64(x: Any) -> float:
+    """H = -sum p log p over the kept tokens (float64)."""
+    lp = log_softmax64(x)
+    p = np.exp(lp)
+    live = p > 0
+    return float(-np.sum(p[live] * lp[live]))
+
+
+def dynamic_temperature(x: Any, t: float, range: float, exponent: float = 1.0) -> np.ndarray:  # noqa: A002
+    """llama.cpp temp_ext. range == 0: temperature(t). With N kept tokens (N <= 1: unchanged),
+    T = max(0, t - range) + (2 range or t + range - max(0, t - range)) * (H / ln N) ** exponent, then temperature(T)
+    (T <= 0 keeps only the argmax)."""
+    x = _row(x)
+    if range == 0:
+        return temperature(x, t)
+    n = int(np.sum(_kept(x)))
+    if n <= 1:
+        return x
+    lo, hi = max(0.0, t - range), t + range
+    T = lo + (hi - lo) * (entropy64(x) / np.log(n)) ** exponent
+    return temperature(x, max(T, 0.0))
+
+
+def epsilon(x: Any, e: float) -> np.ndarray:
+    """HF epsilon sampling: keep p >= e, and every token at the maximum. e == 0: off."""
+    x = _row(x)
+    if e == 0:
+        return x
+    return _apply(x, _keep_max(softmax64(x) >= e, x))
+
+
+def eta(x: Any, e: float) -> np.ndarray:
+    """HF eta sampling: keep p >= min(e, sqrt(e) exp(-H)), and every token at the maximum. e == 0: off."""
+    x = _row(x)
+    if e == 0:
+        return x
+    cut = min(e, np.sqrt(e) * np.exp(-entropy64(x)))
+    return _apply(x, _keep_max(softmax64(x) >= cut, x))
+
+
+def dry(x: Any, history_row: Any, multiplier: float, base: float = 1.75, allowed_length: int = 2,
+        last_n: int = -1, breakers: Any = ()) -> np.ndarray:
+    """DRY: the history without padding, its last L = last_n (-1: all) tokens the window. A token w[p] of the window
+    (p >= 1) follows a copy of the window's last n tokens when w[p-n..p-1] == w[L-n..L-1] (n < p); its repeat length
+    is the largest such n, capped at the distance from the end to the most recent breaker. A token whose repeat
+    length reaches allowed_length, and that is not itself a breaker, gets x -= multiplier * base^(n - allowed),
+    the exponent capped at int(88.7228391 / ln base) when base > 1.000001. Off when L <= allowed_length or the
+    most recent breaker is closer to the end than allowed_length."""
+    x = _row(x)
+    if multiplier == 0:
+        return x
+    seq = [int(t) for t in np.asarray(history_row).reshape(-1) if t >= 0]
+    L = len(seq) if last_n == -1 else min(len(seq), int(last_n))
+    if L <= allowed_length:
+        return x
+    w = seq[len(seq) - L:]
+    brk = {int(b) for b in np.asarray(breakers).reshape(-1) if b >= 0}
+    limit = next((i for i in range(L) if w[L - 1 - i] in brk), L)
+    if limit < allowed_length:
+        return x
+    longest: dict[int, int] = {}
+    for p in range(1, L):
+        n = 0
+        while n < p and w[p - 1 - n] == w[L - 1 - n]:
+            n += 1
+        n = min(n, limit)
+        if n >= allowed_length:
+            longest[w[p]] = max(longest.get(w[p], -1), n)
+    max_exp = int(F32(88.7228391) / np.log(F32(base))) if base > 1.000001 else 0
+    out = x.copy()
+    for tok, n in longest.items():
+        if tok in brk or tok >= x.shape[0]:
+            continue
+        e = n - allowed_length
+        if max_exp > 0 and e > max_exp:
+            e = max_exp
+        out[tok] = F32(out[tok] - F32(multiplier * float(base) ** e))
+    return out
+
+
+
+def mirostat_v2(x: Any, mu: float, tau: float, eta: float, seed: int, position: int = 0):  # noqa: A002
+    """Keep the tokens with -log2 p <= mu (none: the most probable, lowest id), draw with `sample`, and return
+    (token, mu - eta * (-log2 p'_token - tau), truncated x), p' the renormalized probability."""
+    x = _row(x)
+    surprise = -log_softmax64(x) / np.log(2.0)
+    keep = surprise <= mu
+    if not keep.any():
+        keep = np.arange(x.shape[0]) == int(np.argmax(x))
+    xt = _apply(x, keep)
+    tok = sample(xt, seed, position)
+    return tok, mu - eta * (-log_softmax64(xt)[tok] / np.log(2.0) - tau), xt
+
+
+def mirostat(x: Any, mu: float, tau: float, eta: float, m: int = 100, seed: int = 0, position: int = 0):  # noqa: A002
+    """Mirostat v1: over the N kept tokens sorted by probability, s_hat = sum t_i b_i / sum t_i^2 over
+    i < min(m - 1, N - 1), t_i = ln((i + 2) / (i + 1)), b_i = ln(p_i / p_{i+1}); eps = s_hat - 1;
+    k = (eps 2^mu / (1 - V^-eps))^(1 / s_hat) (NaN: 1; >= N: N; else max(floor(k), 1)); keep the k most probable
+    (lowest id first on ties), then as mirostat_v2's draw and update."""
+    x = _row(x)
+    V = x.shape[0]
+    n = int(np.sum(_kept(x)))
+    order = np.argsort(-x.astype(np.float64), kind="stable")
+    p = softmax64(x)[order]
+    top = min(m - 1, n - 1)
+    with np.errstate(all="ignore"):
+        t = np.log((np.arange(top) + 2.0) / (np.arange(top) + 1.0))
+        b = np.log(p[:top] / p[1:top + 1])
+        s_hat = np.sum(t * b) / np.sum(t * t)
+        e = s_hat - 1
+        k = np.power(e * np.power(2.0, np.float64(mu)) / (1 - np.power(np.float64(V), -e)), 1 / s_hat)
+    if np.isnan(k):
+        k = 1
+    k = n if k >= n else max(int(k), 1)
+    keep = np.zeros(V, dtype=bool)
+    keep[order[:k]] = True
+    xt = _apply(x, keep)
+    tok = sample(xt, seed, position)
+    return tok, mu - eta * (-log_softmax64(xt)[tok] / np.log(2.0) - tau), xt
+
+
+# --------------------------------------------------------------------------------------------
 # §3 outputs
 # --------------------------------------------------------------------------------------------
 
@@ -481,6 +607,10 @@ STAGES = {
     "penalties": penalties,
     "logit_bias": logit_bias,
     "allow": allow,
+    "dynamic_temperature": dynamic_temperature,
+    "epsilon": epsilon,
+    "eta": eta,
+    "dry": dry,
 }
 TERMINALS = {"greedy": greedy, "sample": sample}
 
@@ -489,6 +619,7 @@ _ALIASES = {
     "penalties": {"history": "history_row"},
     "allow": {"mask": "mask_row"},
     "logit_bias": {"bias": "b"},
+    "dry": {"history": "history_row"},
 }
 
 

@@ -371,8 +371,9 @@ def test_empty_body_with_probs_or_candidates():
 
 def test_every_stage_accepts_well_typed_arguments():
     """Drive the signature table: call each stage with its required arguments and check it binds."""
-    value = {"float": "0.5", "int": "1", "seed": "sd", "tokens": "hist", "mask": "allowed", "bias_or_dict": "{1: 0.5}"}
-    header = "sampler s(sd: seed, hist: tokens, allowed: mask) -> probs"
+    value = {"float": "0.5", "int": "1", "seed": "sd", "tokens": "hist", "mask": "allowed", "bias_or_dict": "{1: 0.5}",
+             "state": "mu"}
+    header = "sampler s(sd: seed, hist: tokens, allowed: mask, mu: state) -> probs"
     for name, sig in STAGES.items():
         args = ", ".join(value[p.type] for p in sig.params if p.default is NO_DEFAULT)
         src = f"{header} {{ {name}({args}) }}"
@@ -388,7 +389,7 @@ def test_every_stage_accepts_well_typed_arguments():
     ("sampler s(x: int, y: int, x: float) { top_k(x) top_k(y) greedy() }",
      "parameter 'x' is already declared at 1:11", 1, 27),
     ("sampler s(t: flaot) { temperature(t) greedy() }",
-     "unknown parameter type 'flaot'; did you mean 'float'? (types: float, int, seed, tokens, mask, bias)", 1, 14),
+     "unknown parameter type 'flaot'; did you mean 'float'? (types: float, int, seed, tokens, mask, bias, state)", 1, 14),
     ("sampler s(t: string) { greedy() }", "unknown parameter type 'string' (types:", 1, 14),
     # defaults
     ("sampler s(k: int = 0.5) { top_k(k) greedy() }", "default of 'k' must be an integer, not 0.5", 1, 20),

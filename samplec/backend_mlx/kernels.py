@@ -247,6 +247,33 @@ def _count_at(ins, a):
     return _take_along([counts, ids], a)
 
 
+DRY_CHUNK = 1 << 22        # compared entries per piece of dry_repeats' [B, H-1, H] comparison (bounds its memory)
+
+
+def _dry_repeats(ins, a):
+    """Pairwise over the history: S[p] = length of the common suffix of h[:p] and h (the reverse Z-array), from
+    [B, P, H] comparisons over pieces of P positions, then a scatter-max of S onto the token at p."""
+    h, x = ins
+    B, H = h.shape
+    out = mx.full((B, x.shape[-1]), -1, dtype=mx.int32)
+    if H < 2:
+        return out
+    ends = h[:, H - 1 - mx.arange(H)][:, None, :]                # [B, 1, H]: h[H-1-j]
+    step = max(1, DRY_CHUNK // max(1, B * H))
+    pieces = []
+    for lo in range(1, H, step):
+        p = mx.arange(lo, min(H, lo + step))[:, None]
+        back = p - 1 - mx.arange(H)[None, :]                     # [P, H]: h[p-1-j] against h[H-1-j]
+        early = mx.take(h, mx.maximum(back, 0), axis=1)          # [B, P, H]
+        miss = mx.logical_not((early == ends) & (ends >= 0) & (back >= 0))
+        pieces.append(mx.where(mx.any(miss, axis=-1), mx.argmax(miss.astype(mx.int32), axis=-1), H - 1))
+    s = (pieces[0] if len(pieces) == 1 else mx.concatenate(pieces, axis=1)).astype(mx.int32)   # [B, H-1]
+    nxt = h[:, 1:]
+    s = mx.where((nxt >= 0) & (h[:, :-1] >= 0), s, -1)
+    rows = mx.broadcast_to(mx.arange(B)[:, None], nxt.shape)
+    return out.at[rows, mx.maximum(nxt, 0)].maximum(s)
+
+
 def _random_bits(seed, c0, c1):
     # one primitive on the CPU when samplec-native is built (it reads a 1-D operand as [B, 1]: only 2-D ones here)
     out = native.threefry_bits(seed, c0, c1) if seed.ndim == c0.ndim == c1.ndim == 2 else None
@@ -294,5 +321,5 @@ KERNELS = {
     "block_max": _block_max,
     "top_blocks": _top_blocks, "block_bound": _block_bound, "block_ids": _block_ids,
     "take_tokens": _take_tokens, "topk_positions": _topk_positions, "mass_above": _mass_above,
-    "count_at": _count_at, "log_softmax": _log_softmax,
+    "count_at": _count_at, "log_softmax": _log_softmax, "dry_repeats": _dry_repeats,
 }

@@ -137,7 +137,8 @@ def row_logsumexp(x: mx.array) -> tuple[mx.array, mx.array] | None:
     """(row maximum, log sum exp(x - maximum)), [B, 1] each, in one vectorized pass."""
     if not (_rows(x) and x.shape[-1] >= 1 and hasattr(_native, "row_logsumexp")):
         return None
-    return tuple(_native.row_logsumexp(x))
+    out = _native.row_logsumexp(x)[0]
+    return out[:, :1], out[:, 1:]
 
 
 CHAIN_STAGES = {"temperature": 0, "top_k": 1, "top_p": 2, "min_p": 3, "top_n_sigma": 4, "typical_p": 5, "xtc": 6}

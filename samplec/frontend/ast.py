@@ -27,7 +27,15 @@ class DictLit:
     item_spans: tuple[tuple[Span, Span], ...] = ()  # (key span, value span) per item, for diagnostics
 
 
-Expr = Union[Literal, Name, DictLit]
+@dataclass(frozen=True)
+class ListLit:
+    """A list of token ids, `[13, 198]` (dry's breakers)."""
+    items: tuple[int, ...]
+    span: Span
+    item_spans: tuple[Span, ...] = ()
+
+
+Expr = Union[Literal, Name, DictLit, ListLit]
 
 
 @dataclass(frozen=True)

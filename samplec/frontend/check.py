@@ -10,8 +10,8 @@ import difflib
 import math
 
 from samplec.diagnostics import Diagnostic, DiagnosticSink, SamplecError, Span
-from samplec.frontend.ast import (Arg, BoundStage, CheckedSampler, DictLit, Literal, Module, Name, Output, Param,
-                                  Sampler, Stage)
+from samplec.frontend.ast import (Arg, BoundStage, CheckedSampler, DictLit, ListLit, Literal, Module, Name, Output,
+                                  Param, Sampler, Stage)
 from samplec.stages import NO_DEFAULT, OUTPUTS, PARAM_TYPES, STAGES, U64, Range, StageParam
 
 INT32 = Range(-2**31, 2**31 - 1)           # `int` values (top_k's k, positions, last_n) are 32-bit at run time
@@ -20,9 +20,10 @@ NO_DEFAULT_TYPES = ("tokens", "mask", "bias")   # array-valued parameters: alway
 
 # Which sampler parameter types a stage slot of each type accepts (an int parameter may feed a float slot).
 ACCEPTS = {"float": ("float", "int"), "int": ("int",), "seed": ("seed",), "tokens": ("tokens",),
-           "mask": ("mask",), "bias_or_dict": ("bias",)}
+           "mask": ("mask",), "bias_or_dict": ("bias",), "state": ("state",), "tokens_or_list": ("tokens",)}
 SLOT_WORDS = {"float": "a float", "int": "an int", "seed": "a seed", "tokens": "a 'tokens' parameter",
-              "mask": "a 'mask' parameter", "bias_or_dict": "a 'bias' parameter or a {token_id: bias} dict"}
+              "mask": "a 'mask' parameter", "bias_or_dict": "a 'bias' parameter or a {token_id: bias} dict",
+              "state": "a 'state' parameter", "tokens_or_list": "a list of token ids [a, b, ...] or a 'tokens' parameter"}
 
 
 def check(module: Module, sampler: str | None = None) -> tuple[CheckedSampler, list[Diagnostic]]:
@@ -79,6 +80,7 @@ def _check_sampler(s: Sampler, sink: DiagnosticSink) -> CheckedSampler:
         if p.name not in used:
             sink.warning(f"parameter '{p.name}' is never used", _name_span(p.span, p.name))
     _check_terminals(s.stages, sink)
+    _check_states(s, sink)
     outputs = s.outputs if s.outputs is not None else (Output("token", None, s.name_span),)
     _check_outputs(outputs, s, sink)
     return CheckedSampler(s.name, tuple(_coerce_param(p) for p in params.values()), outputs,
@@ -105,6 +107,8 @@ def _check_params(params: tuple[Param, ...], sink: DiagnosticSink) -> dict[str, 
 def _default_problem(p: Param) -> str | None:
     """Why a parameter's default does not fit the parameter's own type, or None."""
     d = p.default
+    if p.type == "state":
+        return f"a 'state' parameter cannot have a default (the stage that reads it says where it starts)"
     if p.type in NO_DEFAULT_TYPES:
         return f"a parameter of type '{p.type}' cannot have a default (its value is given at run time)"
     if p.type in ("int", "seed") and d.kind != "int":
@@ -172,6 +176,8 @@ def _bind_stage(st: Stage, params: dict[str, Param], used: set[str], sink: Diagn
             sink.error(f"{st.name}: missing required argument '{sp.name}'", st.span)
         elif sp.default is None:
             args[sp.name] = None  # sample() without a seed: a fresh seed from the OS on every call
+        elif isinstance(sp.default, tuple):
+            args[sp.name] = ListLit(sp.default, st.span)
         else:
             kind = "float" if isinstance(sp.default, float) else "int"
             args[sp.name] = Literal(sp.default, kind, st.span)
@@ -188,14 +194,21 @@ def _coerce_arg(slot: StageParam, value):
 def _check_arg(stage: str, slot: StageParam, value, params: dict[str, Param], used: set[str],
                sink: DiagnosticSink) -> None:
     where = f"{stage}: {slot.name}"
-    if isinstance(value, DictLit):
+    if isinstance(value, ListLit):
+        if slot.type != "tokens_or_list":
+            sink.error(f"{where} must be {SLOT_WORDS[slot.type]}; a list literal is only allowed in dry's breakers",
+                       value.span)
+        for tok, span in zip(value.items, value.item_spans or (value.span,) * len(value.items)):
+            if not TOKEN_ID.contains(tok):
+                sink.error(f"{where}: token id {tok} is out of range {TOKEN_ID.describe()}", span)
+    elif isinstance(value, DictLit):
         if slot.type != "bias_or_dict":
             sink.error(f"{where} must be {SLOT_WORDS[slot.type]}; a dict literal is only allowed in logit_bias",
                        value.span)
         else:
             _check_dict(value, sink)
     elif isinstance(value, Literal):
-        if not slot.literal_ok or slot.type == "bias_or_dict":
+        if not slot.literal_ok or slot.type in ("bias_or_dict", "tokens_or_list"):
             sink.error(f"{where} must be {SLOT_WORDS[slot.type]}, not a number", value.span)
         elif slot.type in ("int", "seed") and value.kind != "int":
             sink.error(f"{where} must be an integer, not {_show(value.value)}", value.span)
@@ -267,14 +280,43 @@ def _check_terminals(stages: tuple[Stage, ...], sink: DiagnosticSink) -> None:
                    first.name_span)
 
 
+def _check_states(s: Sampler, sink: DiagnosticSink) -> None:
+    """A `state` parameter is read by exactly one stage (the one that updates it) and is not named like an output."""
+    readers: dict[str, Stage] = {}
+    for st in s.stages:
+        for a in st.args:
+            p = next((p for p in s.params if isinstance(a.value, Name) and p.name == a.value.name), None)
+            if p is not None and p.type == "state":
+                if p.name in readers:
+                    sink.error(f"state '{p.name}' is already read by '{readers[p.name].name}' at "
+                               f"{_at(readers[p.name].span)}; a state belongs to one stage", a.value.span)
+                readers.setdefault(p.name, st)
+    for o in s.outputs or ():
+        if o.name not in OUTPUTS and o.name not in readers and any(p.name == o.name and p.type == "state"
+                                                                   for p in s.params):
+            sink.error(f"output '{o.name}': no stage reads the state '{o.name}', so nothing updates it", o.span)
+    for p in s.params:
+        if p.type == "state" and p.name in OUTPUTS:
+            sink.error(f"a state parameter cannot be called '{p.name}' (an output has that name)",
+                       _name_span(p.span, p.name))
+
+
 def _check_outputs(outputs: tuple[Output, ...], s: Sampler, sink: DiagnosticSink) -> None:
     # An unknown stage might have been meant as the terminal: do not pile a second error on it.
     has_terminal = any(st.name not in STAGES or STAGES[st.name].terminal for st in s.stages)
     seen: dict[str, Output] = {}
+    states = {p.name for p in s.params if p.type == "state"}
     for o in outputs:
+        if o.name in states and o.name not in OUTPUTS:     # the updated value of a state parameter
+            if o.arg is not None:
+                sink.error(f"output '{o.name}' (a state) takes no argument", o.span)
+            if o.name in seen:
+                sink.error(f"output '{o.name}' is listed twice", o.span)
+            seen[o.name] = o
+            continue
         if o.name not in OUTPUTS:
-            sink.error(f"unknown output '{o.name}'{_did_you_mean(o.name, OUTPUTS)}"
-                       f" (outputs: {', '.join(OUTPUTS)})", o.span)
+            sink.error(f"unknown output '{o.name}'{_did_you_mean(o.name, [*OUTPUTS, *states])}"
+                       f" (outputs: {', '.join([*OUTPUTS, *states])})", o.span)
             continue
         if o.name in seen:
             sink.error(f"output '{o.name}' is listed twice", o.span)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 
 from samplec.diagnostics import SamplecError
-from samplec.frontend.ast import CheckedSampler, DictLit, Literal, Name
+from samplec.frontend.ast import CheckedSampler, DictLit, ListLit, Literal, Name
 from samplec.ir.graph import INPUT, Check, Graph, Node, Param, make
 from samplec.ir.types import BOOL, F32, I32, U32, U64, Type
 from samplec.stages import STAGES, Range
@@ -18,9 +18,11 @@ from samplec.stages import STAGES, Range
 PARAM_IR_TYPES = {
     "float": Type(F32, ("B",)), "int": Type(I32, ("B",)), "seed": Type(U64, ("B",)),
     "tokens": Type(I32, ("B", "H")), "mask": Type(BOOL, ("B", "V")), "bias": Type(F32, ("B", "V")),
+    "state": Type(F32, ("B",)),
 }
 NEG_INF = -math.inf
 XTC_COUNTER = 0xFFFFFFFF
+LN2 = math.log(2.0)
 OS_SEED = "_os_seed"    # implicit parameter of `sample()` without a seed: fresh OS entropy per call
 
 
@@ -86,6 +88,12 @@ def any_rows(flags: Node) -> Node:
     return make("squeeze", make("reduce_any", flags))
 
 
+def entropy(x: Node) -> Node:
+    """H = -sum p log p over the kept tokens (p = 0 terms count 0), [B,1]."""
+    plogp = make("mul", softmax(x), log_softmax(x))
+    return make("neg", make("reduce_sum", where(make("isfinite", plogp), plogp, const(0.0))), name="entropy")
+
+
 def empty_rows(x: Node) -> Node:
     return any_rows(make("eq", make("reduce_max", x), const(NEG_INF)))
 
@@ -99,6 +107,8 @@ class Lowering:
         self.params: list[Param] = []
         self.nodes: dict[str, Node] = {}
         self.checks: list[Check] = []
+        self.state_out: dict[str, Node] = {}     # state parameter -> its updated value (an output may name it)
+        self.terminal_x: Node | None = None      # the distribution a truncating terminal (mirostat) draws from
         ranges = _param_ranges(sampler)
         logits = Node(INPUT, (), (), Type(F32, ("B", "V")), "logits")
         self.params.append(Param("logits", "logits", logits))
@@ -109,6 +119,8 @@ class Lowering:
                 continue
             node = Node(INPUT, (), (), PARAM_IR_TYPES[p.type], p.name)
             default = None if p.default is None else p.default.value
+            if p.type == "state":
+                default = math.nan      # a missing state (or a NaN row) starts where its stage says (stage_mirostat)
             rng = ranges.get(p.name)
             self.params.append(Param(p.name, p.type, node, default, rng.describe() if rng else None))
             self.nodes[p.name] = node
@@ -154,6 +166,7 @@ class Lowering:
             if STAGES[st.name].terminal:
                 self.token_position = fn(x, **st.args)
                 token = self.to_token(self.token_position)
+                x = x if self.terminal_x is None else self.terminal_x
             else:
                 x = fn(x, **st.args)
         return Graph(self.sampler.name, tuple(self.params), self.outputs(logits, x, token), tuple(self.checks))
@@ -175,6 +188,8 @@ class Lowering:
                 out += [("top_logprobs.ids", ids), ("top_logprobs.values", make("take_along", lp, ids, name="top_lp"))]
             elif o.name == "probs":
                 out.append(("probs", softmax(x, "probs")))
+            elif o.name in self.state_out:
+                out.append((o.name, self.state_out[o.name]))
             elif o.name == "candidates":
                 pos = make("topk_ids", x, k=o.arg, name="cand_pos")
                 out += [("candidates.ids", pos),
@@ -242,6 +257,140 @@ class Lowering:
 
     def stage_sample(self, x, seed, position):
         return make("sample", x, self.seed(seed), self.scalar(position, I32))
+
+    # -- v2 stages (spec §6): the exact rules are in docs/language.md, "Stages from llama.cpp and Hugging Face" --
+    def stage_dynamic_temperature(self, x, t, range, exponent):
+        """llama.cpp temp_ext: T = min_t + (max_t - min_t) * (H / log N)^exponent over the N kept tokens."""
+        plain = self.stage_temperature(x, t)
+        t, r, ex = self.scalar(t, F32), self.scalar(range, F32), self.scalar(exponent, F32)
+        n = make("reduce_sum", make("cast", make("isfinite", x), dtype=F32), name="n_kept")
+        norm = make("div", entropy(x), make("log", n), name="norm_entropy")
+        # powf(norm, exponent) with powf(0, 0) = 1
+        powed = where(make("eq", ex, const(0.0)), const(1.0), make("exp", make("mul", ex, make("log", norm))))
+        lo = make("maximum", const(0.0), make("sub", t, r))
+        dyn = make("add", lo, make("mul", make("sub", make("add", t, r), lo), powed), name="dyn_temp")
+        greedy_x = make("filter", x, make("eq", make("iota", x), make("argmax", x)))
+        scaled = where(make("eq", x, const(NEG_INF)), x, make("div", x, where(make("gt", dyn, const(0.0)), dyn,
+                                                                                const(1.0))))
+        dyn_x = where(make("le", dyn, const(0.0)), greedy_x, scaled)
+        return where(make("eq", r, const(0.0)), plain, where(make("le", n, const(1.0)), x, dyn_x),
+                     name="x_dyntemp")
+
+    def stage_epsilon(self, x, e):
+        """HF EpsilonLogitsWarper: keep p >= e and every token at the maximum."""
+        e = self.scalar(e, F32)
+        keep = make("logical_or", make("ge", softmax(x), e), make("eq", x, make("reduce_max", x)))
+        return where(make("eq", e, const(0.0)), x, make("filter", x, keep), name="x_epsilon")
+
+    def stage_eta(self, x, e):
+        """HF EtaLogitsWarper: keep p >= min(e, sqrt(e) * exp(-H)) and every token at the maximum."""
+        e = self.scalar(e, F32)
+        cut = make("minimum", e, make("mul", make("sqrt", e), make("exp", make("neg", entropy(x)))), name="eta_cut")
+        keep = make("logical_or", make("ge", softmax(x), cut), make("eq", x, make("reduce_max", x)))
+        return where(make("eq", e, const(0.0)), x, make("filter", x, keep), name="x_eta")
+
+    def stage_dry(self, x, history, multiplier, base, allowed_length, last_n, breakers):
+        """llama.cpp DRY on the device: the history right-aligned (padding dropped), its last L entries the window,
+        `dry_repeats` the longest repeat each token would extend, clamped at the most recent breaker."""
+        mult, base_ = self.scalar(multiplier, F32), self.scalar(base, F32)
+        allowed, last_n = self.scalar(allowed_length, I32), self.scalar(last_n, I32)
+        hist = self.tensor(history)
+        valid = make("ge", hist, const(0, I32))
+        # stable argsort on (valid): padding first, the tokens after it in their order
+        aligned = make("take_along", hist, make("argsort", make("cast", valid, dtype=I32), descending=False))
+        n = make("reduce_sum", make("cast", valid, dtype=I32))
+        length = where(make("eq", last_n, const(-1, I32)), n, make("minimum", n, last_n), name="dry_window")
+        col = make("iota", aligned)
+        h = make("add", make("reduce_max", col), const(1, I32))
+        w = where(make("ge", col, make("sub", h, length)), aligned, const(-1, I32), name="dry_hist")
+        is_breaker = self.breaker_tokens(x, breakers)                      # bool [V] or [B, V]; None: no breakers
+        rep_limit = length
+        if is_breaker is not None:
+            present = make("ge", w, const(0, I32))
+            at_breaker = make("logical_and", present,
+                              make("take_along", is_breaker, where(present, w, const(0, I32))))
+            last_breaker = make("reduce_max", where(at_breaker, col, const(-1, I32)))
+            rep_limit = where(make("ge", last_breaker, const(0, I32)),
+                              make("sub", make("sub", h, const(1, I32)), last_breaker), length, name="rep_limit")
+        longest = make("minimum", make("dry_repeats", w, x), rep_limit, name="dry_len")
+        hit = make("ge", longest, allowed)
+        if is_breaker is not None:
+            hit = make("logical_and", hit, make("logical_not", is_breaker))
+        active = make("logical_and", make("gt", length, allowed), make("ge", rep_limit, allowed))
+        log_base = make("log", base_)
+        max_exp = where(make("gt", base_, const(1.000001)),
+                        make("cast", make("div", const(88.7228391), log_base), dtype=I32), const(0, I32))
+        exp_ = make("sub", longest, allowed)
+        exp_ = where(make("logical_and", make("gt", max_exp, const(0, I32)), make("gt", exp_, max_exp)), max_exp, exp_)
+        penalty = make("mul", mult, make("exp", make("mul", make("cast", exp_, dtype=F32), log_base)), name="dry_pen")
+        out = where(make("logical_and", active, hit), make("sub", x, penalty), x)
+        return where(make("eq", mult, const(0.0)), x, out, name="x_dry")
+
+    def breaker_tokens(self, x: Node, breakers) -> Node | None:
+        """Which tokens are sequence breakers: bool [V] for a constant list (None for an empty one), [B, V] for a
+        `tokens` parameter."""
+        if isinstance(breakers, ListLit):
+            ids, flag = make("iota", x), None
+            for tok in dict.fromkeys(breakers.items):
+                is_tok = make("eq", ids, const(tok, I32))
+                flag = is_tok if flag is None else make("logical_or", flag, is_tok)
+            return flag
+        b = self.tensor(breakers)
+        ok = make("ge", b, const(0, I32))
+        marks = make("scatter_add", make("zeros_like", self.params[0].node, dtype=F32), where(ok, b, const(0, I32)),
+                     make("cast", ok, dtype=F32))
+        return make("gt", marks, const(0.0), name="breakers")
+
+    def stage_mirostat(self, x, mu, tau, eta, m, seed, position):
+        """llama.cpp mirostat v1: s_hat from the m most probable tokens, k from s_hat and mu, the k most probable
+        (ties: lowest id first), a draw, and mu updated by the drawn token's surprise."""
+        tau_, mu_ = self.scalar(tau, F32), self.scalar(mu, F32)
+        mu_ = where(make("isnan", mu_), make("mul", const(2.0), tau_), mu_, name="mu")
+        n = make("reduce_sum", make("cast", make("isfinite", x), dtype=I32), name="n_kept")
+        ps = make("sort", softmax(x), descending=True)
+        i = make("iota", ps)
+        ps_next = make("take_along", ps, make("minimum", make("add", i, const(1, I32)), last_index(ps)))
+        fi = make("cast", i, dtype=F32)
+        t_i = make("log", make("div", make("add", fi, const(2.0)), make("add", fi, const(1.0))))
+        b_i = make("log", make("div", ps, ps_next))
+        top = make("minimum", make("sub", self.scalar(m, I32), const(1, I32)), make("sub", n, const(1, I32)))
+        used = make("lt", i, top)
+        s_hat = make("div", make("reduce_sum", where(used, make("mul", t_i, b_i), const(0.0))),
+                     make("reduce_sum", where(used, make("mul", t_i, t_i), const(0.0))), name="s_hat")
+        eps = make("sub", s_hat, const(1.0))
+        two_mu = make("exp", make("mul", mu_, const(LN2)))
+        v = make("cast", make("add", last_index(x), const(1, I32)), dtype=F32)
+        v_eps = make("exp", make("mul", make("neg", eps), make("log", v)))
+        ratio = make("div", make("mul", eps, two_mu), make("sub", const(1.0), v_eps))
+        k = make("exp", make("div", make("log", ratio), s_hat), name="k_real")
+        nf = make("cast", n, dtype=F32)
+        k = make("maximum", where(make("isnan", k), const(1.0), make("minimum", k, nf)), const(1.0))
+        k = make("cast", k, dtype=I32, name="k")
+        order = make("argsort", x, descending=True)
+        rank = make("put_along", make("zeros_like", x, dtype=I32), order, make("iota", x), name="rank")
+        kept = make("filter", x, make("lt", rank, k), name="x_mirostat")
+        return self.mirostat_draw(kept, mu, mu_, tau_, eta, seed, position)
+
+    def stage_mirostat_v2(self, x, mu, tau, eta, seed, position):
+        """llama.cpp mirostat v2: keep the tokens whose surprise -log2 p is at most mu (at least the most
+        probable), draw, and update mu by the drawn token's surprise under the renormalized distribution."""
+        tau_, mu_ = self.scalar(tau, F32), self.scalar(mu, F32)
+        mu_ = where(make("isnan", mu_), make("mul", const(2.0), tau_), mu_, name="mu")
+        surprise = make("div", log_softmax(x), const(-LN2), name="surprise")
+        keep = make("logical_or", make("le", surprise, mu_), make("eq", make("iota", x), make("argmax", x)))
+        kept = make("filter", x, keep, name="x_mirostat")
+        return self.mirostat_draw(kept, mu, mu_, tau_, eta, seed, position)
+
+    def mirostat_draw(self, kept, mu_expr, mu, tau, eta, seed, position) -> Node:
+        """Draw from the truncated row (`sample`), and mu' = mu - eta * (-log2 p_token - tau), p renormalized."""
+        pos = self.stage_sample(kept, seed, position)
+        surprise = make("div", make("take_along", log_softmax(kept), pos), const(-LN2))
+        new_mu = make("sub", mu, make("mul", self.scalar(eta, F32), make("sub", surprise, tau)))
+        if isinstance(mu_expr, Name):
+            self.state_out[mu_expr.name] = make("squeeze", new_mu, name=mu_expr.name + "_next")
+        self.terminal_x = kept
+        return pos
+
 
     def to_token(self, position: Node) -> Node:
         """[B,1] argmax position in x -> int32 [B] token id."""

@@ -13,7 +13,7 @@ from lark.exceptions import UnexpectedCharacters, UnexpectedInput, UnexpectedTok
 from lark.lexer import PatternStr
 
 from samplec.diagnostics import Diagnostic, SamplecError, Span
-from samplec.frontend.ast import Arg, DictLit, Literal, Module, Name, Output, Param, Sampler, Stage
+from samplec.frontend.ast import Arg, DictLit, ListLit, Literal, Module, Name, Output, Param, Sampler, Stage
 
 GRAMMAR_PATH = Path(__file__).resolve().parent.parent / "grammar" / "samplec.lark"
 
@@ -90,6 +90,10 @@ class ToAst(Transformer):
         return DictLit(tuple((k.value, v.value) for k, v in items), _span(self.file, meta),
                        item_spans=tuple((k.span, v.span) for k, v in items))
 
+    def list_lit(self, meta, *items):
+        return ListLit(tuple(int(t) for t in items), _span(self.file, meta),
+                       item_spans=tuple(_span(self.file, t) for t in items))
+
     def dict_item(self, meta, key, value):
         # Values are stored as floats (a bias is a float); the checker validates both sides using the spans.
         return Literal(int(key), "int", _span(self.file, key)), Literal(float(value.value), "float", value.span)
@@ -114,7 +118,7 @@ _HINTS = {
     "expected the sampler's name after 'sampler'": ["sampler (", "sampler {"],
     "expected '(' and a parameter list after the sampler's name, e.g. sampler name() { ... }": [
         "sampler s {", "sampler s -> token"],
-    "expected a parameter type after ':' (float, int, seed, tokens, mask or bias)": ["sampler s(x: )"],
+    "expected a parameter type after ':' (float, int, seed, tokens, mask, bias or state)": ["sampler s(x: )"],
     "a parameter needs a type, e.g. 'temperature: float'": ["sampler s(x)"],
     "expected a stage or '}'": ["sampler s() { ,", "sampler s() { top_k(1) ,"],
     "stage '{prev}' needs parentheses: {prev}(...)": ["sampler s() { greedy }"],

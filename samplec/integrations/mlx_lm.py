@@ -73,6 +73,7 @@ class Sampler:
             raise SamplecError(f"unknown parameter '{unknown[0]}' for the sampler '{program.name}' "
                                f"(parameters: {names})")
         self._captured: list[tuple[mx.array, mx.array]] = []
+        self._state: list[mx.array] | None = None     # the state outputs of the last step (mirostat's mu)
         self._unchecked: list[tuple[list[mx.array], tuple[int, ...]]] = []
         self._last_position: int | None = None
         self.steps: list[Step] = []
@@ -105,7 +106,10 @@ class Sampler:
                 raise SamplecError("prompt_in_history=False needs one sequence per Sampler (batch size 1)")
             kept = positions[0] - self._prompt_len
             history = pad_history(history[:, history.shape[1] - kept:], kept)
-        outs, flags = self._feed(logits, [max(p, 0) for p in positions], history)
+        if self._state is not None and self._state[0].shape[0] != B:
+            self._state = None          # (another batch: its rows start afresh)
+        outs, flags = self._feed(logits, [max(p, 0) for p in positions], history, state=self._state)
+        self._state = self._feed.next_state(outs)       # a state output (mirostat's mu) feeds the next step
         # materialize every output with the token: a kept step then holds small arrays, not a graph over [B, V]
         mx.async_eval(*outs, *flags)
         self._unchecked.append((flags, positions))
@@ -140,6 +144,7 @@ class Sampler:
     def _new_generation(self, captured) -> None:
         self.check()
         self.steps = []
+        self._state = None
         if captured and self._feed.needs_history:   # the first call of a run: the sequence is the prompt
             for tokens, logits in captured:
                 self._feed.check_history(np.array(tokens), logits.shape[-1])
@@ -176,6 +181,7 @@ class Sampler:
     def reset(self) -> None:
         """Forget the current generation (its steps and unread flags)."""
         self._captured, self._unchecked, self.steps, self._last_position = [], [], [], None
+        self._state = None
 
 
 # ---- a small random llama and a local tokenizer (no downloads) ----

@@ -245,6 +245,13 @@ def _sparse_add(ts, a):
     return Type(_same_dtype(ts, (F32,)), ts[0].shape)
 
 
+def _dry_repeats(ts, a):
+    hist, x = ts
+    if hist.dtype != I32 or x.dtype != F32 or len(hist.shape) != 2:
+        raise TypeError_("dry_repeats: expects (i32 [B,H] history, f32 [B,V] x)")
+    return Type(I32, broadcast(hist.shape[:-1], x.shape[:-1]) + x.shape[-1:])
+
+
 _E = "elementwise"
 OPS: dict[str, OpDef] = {d.name: d for d in [
     # elementwise arithmetic and comparison (numpy broadcasting)
@@ -336,6 +343,10 @@ OPS: dict[str, OpDef] = {d.name: d for d in [
     OpDef("xtc", 5, (), _xtc,
           "stage (x, threshold, probability, seed, position): with chance `probability`, remove the tokens with "
           "p >= threshold but the least probable of them"),
+    OpDef("dry_repeats", 2, (), _dry_repeats,
+          "(history h, x): for each token v of x's vocabulary, the largest n such that some h[p] = v (p >= 1, "
+          "h[p-1] >= 0) follows a copy of the history's last n entries, h[p-n..p-1] = h[H-n..H-1] (entries < 0 "
+          "never match); -1 if v follows no entry. DRY's repeat search: [B, H, H] comparisons"),
 ]}
 
 STAGE_OPS = ("temperature", "top_k", "top_p", "min_p", "top_n_sigma", "typical_p", "xtc")   # x -> x

@@ -77,3 +77,4 @@ class Op(object):
     LogSoftmaxNode = 71
     TypicalPNode = 72
     XtcNode = 73
+    DryRepeatsNode = 74

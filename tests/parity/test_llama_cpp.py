@@ -398,3 +398,45 @@ def run_stages_from_source(src: str, logits: np.ndarray, **params):
     x = np.full(logits.shape, -np.inf, F32)
     np.put_along_axis(x, ids.astype(np.int64), vals, axis=1)
     return x, np.array(out.probs)
+
+
+# ------------------------------------------------------------------------------------------- v2 stages (spec §6)
+
+
+def test_dynamic_temperature():
+    """temp_ext on tie-free rows: same kept set and logits (llama.cpp sorts; the values are compared by id)."""
+    rows, names = logit_rows()
+    for t, r, ex in ((0.8, 0.5, 1.0), (1.0, 1.0, 2.0), (0.3, 0.5, 0.5)):
+        ours, _ = run_stages("t: float, r: float, ex: float", "dynamic_temperature(t, r, ex)", rows, t=t, r=r, ex=ex)
+        theirs = llama_rows(rows, lambda i: [("llama_sampler_init_temp_ext", t, r, ex)])
+        for i, name in enumerate(names):
+            a = kept(ours[i])
+            assert np.array_equal(a, kept(theirs[i])), name
+            np.testing.assert_allclose(ours[i][a], theirs[i][a], rtol=2e-5, atol=2e-5, err_msg=name)
+
+
+def test_dry_without_breakers():
+    """DRY's penalties after llama.cpp accepted the same history (no breakers: they would need a vocabulary)."""
+    rows, names = logit_rows()
+    rng = np.random.default_rng(3)
+    history = np.stack([np.tile(rng.integers(0, 50, 7), 6)[:40] for _ in range(rows.shape[0])]).astype(np.int32)
+    for mult, base, allowed, last_n in ((0.8, 1.75, 2, -1), (1.0, 2.0, 1, 16), (0.5, 1.5, 3, 30)):
+        ours, _ = run_stages("h: tokens", f"dry(h, {mult}, {base}, {allowed}, {last_n})", rows, h=history)
+        theirs = llama_rows(rows, lambda i: [("llama_sampler_init_dry", None, 4096, mult, base, allowed, last_n,
+                                              None, 0)], history=history)
+        for i, name in enumerate(names):
+            np.testing.assert_allclose(ours[i], theirs[i], rtol=1e-5, atol=1e-5, err_msg=name)
+
+
+@pytest.mark.parametrize("version", ["mirostat", "mirostat_v2"])
+def test_mirostat_kept_set(version):
+    """The candidates llama.cpp's mirostat leaves (its array after the call, truncated to the drawn-from set) are
+    the tokens samplec's `probs` gives mass to, at the starting mu = 2 tau."""
+    rows, names = logit_rows()
+    src = (f"sampler s(mu: state) -> probs {{ {version}(mu, 3.0, 0.1, seed = 1) }}")
+    probs = np.array(samplec.compile(src)(rows).probs)
+    spec = (lambda i: [("llama_sampler_init_mirostat", V, 1, 3.0, 0.1, 100)]) if version == "mirostat" else \
+        (lambda i: [("llama_sampler_init_mirostat_v2", 1, 3.0, 0.1)])
+    theirs = llama_rows(rows, spec)
+    for i, name in enumerate(names):
+        assert np.array_equal(probs[i] > 0, kept(theirs[i])), f"{name}: {diff_ids(probs[i] > 0, kept(theirs[i]))}"
