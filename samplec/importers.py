@@ -12,7 +12,7 @@ without a word. Each field/flag of a format is in exactly one of three groups, d
   - mapped: becomes stages, outputs or the seed's default (or nothing, at its off value);
   - refused: changes the distribution (or the tokens chosen) in a way a sampler chain cannot express -- an error
     naming it (unless it is at its off value), e.g. beam search, grammars, `n > 1`; settings that need a stage
-    samplec does not have yet are refused from one table, `PENDING_STAGES`;
+    samplec does not have are refused by name;
   - outside the sampler: the prompt, length limits, stop conditions, transport (model, messages, max_tokens, stop,
     stream, ...): accepted and listed in a comment of the output.
 A name in none of the groups (a typo such as `temprature`) is an error that suggests the closest known name.
@@ -33,29 +33,10 @@ from pathlib import Path
 from samplec.diagnostics import SamplecError
 
 __all__ = ["import_source", "import_text", "from_hf", "from_llama_cpp", "from_openai", "from_mlx_lm", "from_vllm",
-           "KINDS", "PENDING_STAGES"]
+           "KINDS"]
 
 
 # ---- settings that need a stage samplec does not have yet ----
-# The v2 stages of the language (dynamic_temperature, epsilon, eta, dry, mirostat, mirostat_v2) are not in samplec
-# yet. Every setting that needs one is listed here, and only here: the importers call `_needs_stage(setting, value)`
-# at the one spot where the setting would become its stage. When a stage lands, delete its lines here and replace
-# that call by the stage (one line per setting).
-PENDING_STAGES = {
-    "--dynatemp-range": "dynamic_temperature",        # llama.cpp temp_ext (--dynatemp-exp is its exponent)
-    "--dry-multiplier": "dry",                        # llama.cpp DRY (--dry-base, --dry-allowed-length, ...)
-    "--mirostat": "mirostat / mirostat_v2",           # llama.cpp mirostat 1 / 2 (--mirostat-lr, --mirostat-ent)
-    "epsilon_cutoff": "epsilon",                      # transformers EpsilonLogitsWarper
-    "eta_cutoff": "eta",                              # transformers EtaLogitsWarper
-}
-
-
-def _needs_stage(setting: str, value) -> None:
-    stage = PENDING_STAGES[setting]
-    shown = value if isinstance(value, str) else _num(value)
-    raise SamplecError(f"{setting} = {shown}: needs samplec's `{stage}` stage, which is not supported yet")
-
-
 def _unknown(what: str, name: str, known, extra: str = "", aliases: dict | None = None) -> SamplecError:
     """An unknown field/flag, with the closest known name (or the format's name for another system's spelling,
     `aliases`) as a suggestion."""
@@ -107,6 +88,8 @@ class _Sampler:
     seed: int | None = None          # the default of `seed`, None: required
     sampled: bool = True             # False: greedy() terminal
     notes: list[str] = field(default_factory=list)
+    terminal: str | None = None      # a terminal other than sample(seed, position = pos) / greedy()
+    params: list[str] = field(default_factory=list)      # parameters beyond seed, pos and the histories
 
     def stage(self, name: str, *args, **kw) -> None:
         parts = [a if isinstance(a, str) else _num(a) for a in args]
@@ -126,7 +109,8 @@ class _Sampler:
         for history in ("history", "prompt_and_output", "output"):      # token histories, as stages name them
             if f"({history}," in body or f"({history})" in body:
                 params.append(f"{history}: tokens")
-        terminal = "sample(seed, position = pos)" if self.sampled else "greedy()"
+        params += self.params
+        terminal = self.terminal or ("sample(seed, position = pos)" if self.sampled else "greedy()")
         lines = [f"# {self.origin}", *(f"# {n}" for n in self.notes)]
         lines.append(f"sampler {self.name}({', '.join(params)}) -> {', '.join(self.outputs)} {{")
         lines += [f"    {s}" for s in [*self.stages, terminal]]
@@ -277,10 +261,10 @@ def from_hf(config: dict, name: str = "hf_generation") -> str:
     if typ < 1.0:
         out.stage("typical_p", typ)
         out.notes.append(_TYPICAL_NOTE.format("transformers"))
-    for key in ("epsilon_cutoff", "eta_cutoff"):       # transformers applies them for 0 < value < 1 only
+    for key, stage in (("epsilon_cutoff", "epsilon"), ("eta_cutoff", "eta")):   # in transformers' warper order
         e = _number(key, cfg[key] if cfg[key] is not None else 0.0, lo=0.0, hi=1.0)
-        if 0.0 < e < 1.0:
-            _needs_stage(key, e)
+        if 0.0 < e < 1.0:                              # transformers applies them for 0 < value < 1 only
+            out.stage(stage, e)
     _outside(out.notes, config, _HF_OUTSIDE)
     return out.render()
 
@@ -438,8 +422,6 @@ def from_llama_cpp(argv: list[str] | str, name: str = "llama_cpp") -> str:
 
     if s["mirostat"] not in (0, 1, 2):
         raise SamplecError(f"--mirostat = {s['mirostat']}: expected 0 (off), 1 or 2")
-    if s["mirostat"] != 0:                       # replaces the whole chain (after --logit-bias) by temp + mirostat
-        _needs_stage("--mirostat", s["mirostat"])
     if s["adaptive_target"] >= 0 or "adaptive_p" in s["samplers"]:
         raise SamplecError("--adaptive-target: the adaptive-p sampler has no samplec stage")
     if "infill" in s["samplers"]:
@@ -449,6 +431,16 @@ def from_llama_cpp(argv: list[str] | str, name: str = "llama_cpp") -> str:
     out = _Sampler(name, "imported from llama.cpp sampling flags (common_sampler_init's order)")
     if biases:
         out.stage("logit_bias", "{" + ", ".join(f"{t}: {_num(b)}" for t, b in sorted(biases.items())) + "}")
+    if s["mirostat"] != 0:       # replaces the whole chain (after --logit-bias) by temperature + mirostat
+        tau = _number("--mirostat-ent", s["mirostat_tau"], lo=0.0, lo_open=True)
+        eta = _number("--mirostat-lr", s["mirostat_eta"], lo=0.0)
+        out.stage("temperature", max(s["temp"], 0.0))
+        out.terminal = (f"mirostat(mu, {_num(tau)}, {_num(eta)}, 100, seed, position = pos)" if s["mirostat"] == 1
+                        else f"mirostat_v2(mu, {_num(tau)}, {_num(eta)}, seed, position = pos)")
+        out.params.append("mu: state")
+        out.outputs.append("mu")
+        out.notes.append("mirostat: mu is state, threaded step to step by samplec's decode loops (left out: 2 * tau)")
+        s["samplers"] = []
     for smp in s["samplers"]:
         if smp == "penalties":
             last_n = s["penalty_last_n"]
@@ -468,7 +460,16 @@ def from_llama_cpp(argv: list[str] | str, name: str = "llama_cpp") -> str:
             out.stage("penalties", "history", **kw)
         elif smp == "dry":
             if s["dry_multiplier"] != 0 and s["dry_penalty_last_n"] != 0:
-                _needs_stage("--dry-multiplier", s["dry_multiplier"])
+                out.stage("dry", "history", _number("--dry-multiplier", s["dry_multiplier"], lo=0.0),
+                          base=_number("--dry-base", s["dry_base"], lo=1.0),
+                          allowed_length=_number("--dry-allowed-length", s["dry_allowed_length"], int, lo=0),
+                          last_n=_number("--dry-penalty-last-n", s["dry_penalty_last_n"], int, lo=-1),
+                          breakers="dry_breakers")
+                out.params.append("dry_breakers: tokens")
+                given = s["dry_sequence_breakers"]
+                strings = ", ".join(json.dumps(b) for b in (given or ["\n", ":", "\"", "*"]))
+                out.notes.append(f"dry_breakers: the token ids of llama.cpp's sequence breakers {strings} in your "
+                                 "tokenizer, one list per row (breakers of several tokens are not supported)")
         elif smp == "top_n_sigma":
             if s["top_n_sigma"] > 0:
                 out.stage("top_n_sigma", s["top_n_sigma"])
@@ -491,8 +492,9 @@ def from_llama_cpp(argv: list[str] | str, name: str = "llama_cpp") -> str:
         elif smp == "temperature":
             t = max(s["temp"], 0.0)                         # llama.cpp clamps --temp to >= 0
             if s["dynatemp_range"] > 0:                     # temp_ext: dynamic whenever range > 0
-                _needs_stage("--dynatemp-range", s["dynatemp_range"])
-            if t != 1.0:
+                out.stage("dynamic_temperature", t, s["dynatemp_range"],
+                          _number("--dynatemp-exp", s["dynatemp_exponent"], lo=0.0))
+            elif t != 1.0:
                 out.stage("temperature", t)
     if s["seed"] != 0xFFFFFFFF:
         out.seed = s["seed"]

@@ -325,9 +325,6 @@ def test_llama_cpp_defaults_and_flag_forms():
 
 
 @pytest.mark.parametrize("flags, message", [
-    ("--mirostat 2", "--mirostat = 2: needs samplec's `mirostat / mirostat_v2` stage, which is not supported yet"),
-    ("--dry-multiplier 0.8", "--dry-multiplier = 0.8: needs samplec's `dry` stage"),
-    ("--dynatemp-range 0.5", "--dynatemp-range = 0.5: needs samplec's `dynamic_temperature` stage"),
     ("--top_k 40", "unknown flag '--top_k' (did you mean '--top-k'?)"),
     ("--temprature 0.7", "unknown flag '--temprature' (did you mean '--temperature'?)"),
     ("--Min-P 0.1", "did you mean '--min-p'"),
@@ -474,7 +471,7 @@ def test_llama_cpp_negative_infinite_bias_bans_the_token():
 # ==== every field of every format: mapped, refused by name, or listed as outside the sampler ====
 
 from samplec.importers import (  # noqa: E402
-    HF_FIELDS, LLAMA_CPP_FLAGS, MLX_LM_PROCESSOR_ARGS, MLX_LM_SAMPLER_ARGS, OPENAI_FIELDS, PENDING_STAGES, VLLM_FIELDS,
+    HF_FIELDS, LLAMA_CPP_FLAGS, MLX_LM_PROCESSOR_ARGS, MLX_LM_SAMPLER_ARGS, OPENAI_FIELDS, VLLM_FIELDS,
     from_mlx_lm, from_vllm, import_text,
 )
 
@@ -549,12 +546,31 @@ def test_hf_off_values_and_outside_fields():
 
 
 @pytest.mark.parametrize("key, stage", [("epsilon_cutoff", "epsilon"), ("eta_cutoff", "eta")])
-def test_hf_pending_stages(key, stage):
-    assert PENDING_STAGES[key] == stage
-    with pytest.raises(SamplecError, match=rf"{key} = 0.0003: needs samplec's `{stage}` stage, which is not "
-                                           "supported yet"):
-        from_hf({"do_sample": True, key: 3e-4})
+def test_hf_epsilon_eta_map_to_their_stages(key, stage):
+    src = from_hf({"do_sample": True, key: 3e-4})
+    assert f"{stage}(0.0003)" in stage_lines(src)
+    samplec.compile(src)
     assert stage_lines(from_hf({key: 3e-4})) == ["greedy()"]      # transformers applies warpers only when sampling
+    both = stage_lines(from_hf({"do_sample": True, "typical_p": 0.9, "epsilon_cutoff": 1e-3, "eta_cutoff": 1e-3}))
+    assert both.index("typical_p(0.9)") < both.index("epsilon(0.001)") < both.index("eta(0.001)")   # HF's order
+
+
+def test_llama_cpp_v2_flags_map_to_their_stages():
+    src = from_llama_cpp("--dry-multiplier 0.8 --dry-base 2 --dry-allowed-length 3 --dry-penalty-last-n 64 "
+                         "--dynatemp-range 0.5 --dynatemp-exp 1.5 --temp 0.7")
+    lines = stage_lines(src)
+    assert lines[0] == "dry(history, 0.8, base = 2.0, allowed_length = 3, last_n = 64, breakers = dry_breakers)"
+    assert "dynamic_temperature(0.7, 0.5, 1.5)" in lines and not any(l.startswith("temperature") for l in lines)
+    assert "dry_breakers: tokens" in src and '"\\n"' in src          # the default breaker strings are named
+    samplec.compile(src)
+    for mode, terminal in ((1, "mirostat(mu, 4.0, 0.2, 100, seed, position = pos)"),
+                           (2, "mirostat_v2(mu, 4.0, 0.2, seed, position = pos)")):
+        src = from_llama_cpp(f"--mirostat {mode} --mirostat-ent 4 --mirostat-lr 0.2 --temp 0.9 --top-k 10")
+        assert stage_lines(src) == ["temperature(0.9)", terminal]     # mirostat replaces the chain
+        prog = samplec.compile(src)
+        assert "mu" in [k for k, _ in prog.graph.outputs] and any(p.kind == "state" for p in prog.params)
+    assert stage_lines(from_llama_cpp("--mirostat 0 --dry-multiplier 0 --dynatemp-range 0 --temp 0.5")) == \
+        ["top_k(40)", "top_p(0.95)", "min_p(0.05)", "temperature(0.5)", "sample(seed, position = pos)"]
 
 
 def test_hf_typo_suggests_the_field():
@@ -844,11 +860,7 @@ def test_hf_each_mapped_field_maps():
     base = from_hf({"do_sample": True, "top_k": 0})
     for key, value in HF_MAPPED_EXAMPLES.items():
         cfg = {"do_sample": True, "top_k": 0, key: value}
-        if key in PENDING_STAGES:
-            with pytest.raises(SamplecError, match=key):
-                from_hf(cfg)
-        else:
-            assert from_hf(cfg) != base, key
+        assert from_hf(cfg) != base, key
 
 
 MLX_LM_EXAMPLES = {   # arg -> (value, other arguments that make it matter)
