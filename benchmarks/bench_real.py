@@ -74,6 +74,41 @@ def chat_logits(B, V, seed=0):
     return np.stack(rows)
 
 
+def flat_logits(B, V, seed=0):
+    return np.random.default_rng(seed).normal(0, 0.05, (B, V)).astype(np.float32)
+
+
+def ties_logits(B, V, seed=0):
+    return np.random.default_rng(seed).integers(-4, 4, (B, V)).astype(np.float32)
+
+
+def neg_inf_logits(B, V, seed=0):
+    x = confident_logits(B, V, seed)
+    x[np.random.default_rng(seed + 1).random((B, V)) < 0.9] = -np.inf
+    return x
+
+
+CLIFF_FAMILIES = {"confident": confident_logits, "chat": chat_logits, "flat": flat_logits, "ties": ties_logits,
+                  "neg_inf": neg_inf_logits}
+
+
+def cliff(budget):
+    """No cliff: each chain on each logits family, as a ratio to the same chain on the confident family."""
+    print("\n== no cliff: samplec -O2 ms per family (ratio to confident), B = 1")
+    rows = []
+    for name, spec in chain_specs(1, np.random.default_rng(1))[0].items():
+        if name == "server":
+            continue
+        steps = {}
+        for fam, make in CLIFF_FAMILIES.items():
+            x = make(1, V_DEFAULT, seed=5)
+            steps[fam] = Samplec(2, per_row=False).setup(spec, x, chain_specs(1, np.random.default_rng(1))[1])
+        ms = interleaved(steps, budget)
+        rows.append({"chain": name, "ms": ms})
+        print(f"  {name:10} " + "  ".join(f"{f} {v:.3f} ({v / ms['confident']:.1f}x)" for f, v in ms.items()))
+    return rows
+
+
 def describe(x):
     out = []
     for row in x:
@@ -307,6 +342,7 @@ def main():
     ap.add_argument("--budget", type=float, default=None, help="seconds of timing per peer and case")
     ap.add_argument("--out", default=None, help="write OUT.md and OUT.json")
     ap.add_argument("--chains", default=None, help="comma-separated subset")
+    ap.add_argument("--cliff", action="store_true", help="only the no-cliff table (each chain on each family)")
     args = ap.parse_args()
     budget = args.budget if args.budget is not None else (0.6 if args.quick else 2.0)
     batches = (1, 8)
@@ -318,6 +354,11 @@ def main():
             print(f"[skip] {cls.name}: {e}")
     results = []
     print(f"native kernels: {'on' if native.enabled() else 'off'}")
+    if args.cliff:
+        rows = cliff(budget)
+        if args.out:
+            Path(args.out).with_suffix(".cliff.json").write_text(json.dumps(rows, indent=1))
+        return
     for family, make in (("chat", chat_logits), ("confident", confident_logits)):
         for B in batches:
             x = make(B, V_DEFAULT, seed=B)

@@ -890,6 +890,30 @@ SAMPLEC_VOCAB_LOOP double sum_exp(const float* v, int64_t n, float c) {
   return total;
 }
 
+// v[i] = exp(v[i]) in place for v[i] <= 0 (or -inf: 0); their sum, in double across blocks of 64
+SAMPLEC_VOCAB_LOOP double exp_inplace(float* v, int64_t n) {
+  double total = 0.0;
+  int64_t i = 0;
+  for (; i + 64 <= n; i += 64) {
+    F8 acc{};
+    for (int j = 0; j < 64; j += 8) {
+      F8 a;
+      std::memcpy(&a, v + i + j, sizeof a);
+      a = exp8_nonpos(a);
+      std::memcpy(v + i + j, &a, sizeof a);
+      acc += a;
+    }
+    double s = 0.0;
+    for (int l = 0; l < 8; ++l) s += acc[l];
+    total += s;
+  }
+  for (; i < n; ++i) {
+    v[i] = std::exp(v[i]);
+    total += v[i];
+  }
+  return total;
+}
+
 // [row max, log sum exp(x - max)] of each row, as one [B, 2] output (one output: MLX's compile fuses the
 // subtractions that read it)
 struct RowLogSumExp {
@@ -1207,27 +1231,37 @@ inline float key_value(uint32_t k) {
 constexpr int kRadixShift[3] = {21, 10, 0};
 constexpr uint32_t kRadixMask[3] = {0x7FF, 0x7FF, 0x3FF};
 
-// The largest key k such that the weight of the keys >= k reaches `need` (the highest key when none does), over
-// the items that `each(fn)` gives as fn(key, weight).
-template <class Each, class W>
-uint32_t radix_select(Each each, W need) {
-  uint32_t prefix = 0, prefix_mask = 0;
+// The largest key k such that the weight of the keys >= k reaches `need` (the highest key when none does).
+// `keys` (and `ws`, their weights; empty: 1 each) are consumed: after each level only the boundary bucket's
+// items are kept, so the second and third levels see a few items.
+template <class W>
+uint32_t radix_select(std::vector<uint32_t>& keys, std::vector<W>& ws, W need) {
+  uint32_t prefix = 0;
   W base = 0;
   std::vector<W> hist;
+  const bool unit = ws.empty();
   for (int level = 0; level < 3; ++level) {
     const int shift = kRadixShift[level];
     const uint32_t mask = kRadixMask[level];
     hist.assign(mask + 1, W(0));
-    each([&](uint32_t key, W w) {
-      if ((key & prefix_mask) == prefix) hist[(key >> shift) & mask] += w;
-    });
+    const size_t n = keys.size();
+    for (size_t i = 0; i < n; ++i) hist[(keys[i] >> shift) & mask] += unit ? W(1) : ws[i];
     int64_t b = mask;
     for (; b > 0; --b) {
       if (base + hist[b] >= need) break;
       base += hist[b];
     }
     prefix |= static_cast<uint32_t>(b) << shift;
-    prefix_mask |= mask << shift;
+    size_t m = 0;
+    for (size_t i = 0; i < n; ++i) {
+      if (((keys[i] >> shift) & mask) == static_cast<uint32_t>(b)) {
+        keys[m] = keys[i];
+        if (!unit) ws[m] = ws[i];
+        ++m;
+      }
+    }
+    keys.resize(m);
+    if (!unit) ws.resize(m);
   }
   return prefix;
 }
@@ -1239,27 +1273,30 @@ void chain_dense(ChainRow& row, int64_t nb, int bs, int32_t* token, float* logpr
   row.divs.clear();
   keep.resize(V);
   for (int64_t i = 0; i < V; ++i) keep[i] = x[i] > -INFINITY;
-  auto kmax = [&]() {                 // the largest kept current value
+  thread_local std::vector<float> fxbuf_tls;
+  thread_local std::vector<uint32_t> keys_tls;
+  thread_local std::vector<double> wd_tls;
+  auto& fxbuf = fxbuf_tls;            // (bound once: each thread_local access is a TLS lookup)
+  auto& keys = keys_tls;
+  auto& wd = wd_tls;
+  const float* fx = x;                // the current values: x with the temperatures applied so far
+  float fmax = max_nan(x, V);         // the largest kept current value (cuts keep it; xtc may remove it)
+  auto recompute_max = [&]() {
     float m = -INFINITY;
     for (int64_t i = 0; i < V; ++i) {
-      if (keep[i] && x[i] > m) m = x[i];
+      if (keep[i] && fx[i] > m) m = fx[i];
     }
-    return row.f(m);
+    fmax = m;
   };
-  auto probs = [&](float fmax) {      // buf = exp(f(x) - max) over the kept tokens (0 elsewhere); their sum
+  auto probs = [&]() {                // buf = exp(fx - max) over the kept tokens (0 elsewhere); their sum
     buf.resize(V);
-    double z = 0.0;
-    for (int64_t i = 0; i < V; ++i) {
-      buf[i] = keep[i] ? std::exp(row.f(x[i]) - fmax) : 0.0f;
-      z += buf[i];
-    }
-    return z;
+    for (int64_t i = 0; i < V; ++i) buf[i] = keep[i] ? fx[i] - fmax : -INFINITY;
+    return exp_inplace(buf.data(), V);
   };
   const auto& stages = *row.stages;
   for (size_t s = 0; s < stages.size(); ++s) {
     const StageArgs& sa = row.args[s];
     const double a = sa.a;
-    const float fmax = kmax();
     switch (stages[s]) {
       case kTemperature: {
         const float t = static_cast<float>(a);
@@ -1267,49 +1304,57 @@ void chain_dense(ChainRow& row, int64_t nb, int bs, int32_t* token, float* logpr
         if (t == 0.0f) {
           bool found = false;
           for (int64_t i = 0; i < V; ++i) {
-            const bool win = !found && keep[i] && row.f(x[i]) == fmax;
+            const bool win = !found && keep[i] && fx[i] == fmax;
             found |= win;
             keep[i] = win;
           }
           break;
         }
+        fxbuf.resize(V);
+        for (int64_t i = 0; i < V; ++i) fxbuf[i] = fx[i] == -INFINITY ? fx[i] : fx[i] / t;
+        fx = fxbuf.data();
+        fmax = fmax == -INFINITY ? fmax : fmax / t;
         row.divs.push_back(t);
         break;
       }
       case kTopK: {
         if (a <= 0 || a >= static_cast<double>(V)) break;
         const int64_t k = static_cast<int64_t>(a);
-        int64_t n = 0;
-        for (int64_t i = 0; i < V; ++i) n += keep[i];
-        if (k >= n) break;
-        const float vk = key_value(radix_select(
-            [&](auto fn) {
-              for (int64_t i = 0; i < V; ++i) {
-                if (keep[i]) fn(order_key(row.f(x[i])), int64_t(1));
-              }
-            },
-            k));
-        for (int64_t i = 0; i < V; ++i) keep[i] = keep[i] && row.f(x[i]) >= vk;
+        keys.resize(V);
+        size_t n = 0;
+        for (int64_t i = 0; i < V; ++i) {
+          keys[n] = order_key(fx[i]);
+          n += keep[i];
+        }
+        keys.resize(n);
+        if (k >= static_cast<int64_t>(keys.size())) break;
+        std::vector<int64_t> unit;
+        const float vk = key_value(radix_select(keys, unit, k));
+        for (int64_t i = 0; i < V; ++i) keep[i] = keep[i] && fx[i] >= vk;
         break;
       }
       case kMinP: {
         const float m = static_cast<float>(a);
         if (m == 0.0f) break;
         const float floor = fmax + std::log(m);
-        for (int64_t i = 0; i < V; ++i) keep[i] = keep[i] && row.f(x[i]) >= floor;
+        for (int64_t i = 0; i < V; ++i) keep[i] = keep[i] && fx[i] >= floor;
         break;
       }
       case kTopP: {
         const float p = static_cast<float>(a);
         if (p >= 1.0f) break;
-        const double z = probs(fmax);
-        const float e_min = key_value(radix_select(
-            [&](auto fn) {
-              for (int64_t i = 0; i < V; ++i) {
-                if (buf[i] > 0.0f) fn(order_key(buf[i]), double(buf[i]));
-              }
-            },
-            static_cast<double>(p) * z));
+        const double z = probs();
+        keys.resize(V);
+        wd.resize(V);
+        size_t n = 0;
+        for (int64_t i = 0; i < V; ++i) {
+          keys[n] = order_key(buf[i]);
+          wd[n] = buf[i];
+          n += buf[i] > 0.0f;
+        }
+        keys.resize(n);
+        wd.resize(n);
+        const float e_min = key_value(radix_select(keys, wd, static_cast<double>(p) * z));
         for (int64_t i = 0; i < V; ++i) keep[i] = keep[i] && buf[i] >= e_min;
         break;
       }
@@ -1318,49 +1363,50 @@ void chain_dense(ChainRow& row, int64_t nb, int bs, int32_t* token, float* logpr
         if (nsig <= 0.0f) break;
         double sum = 0.0, count = 0.0, dev = 0.0;
         for (int64_t i = 0; i < V; ++i) {
-          if (keep[i]) sum += row.f(x[i]), count += 1;
+          if (keep[i]) sum += fx[i], count += 1;
         }
         const float mean = static_cast<float>(sum / count);
         for (int64_t i = 0; i < V; ++i) {
           if (keep[i]) {
-            const float d = row.f(x[i]) - mean;
+            const float d = fx[i] - mean;
             dev += double(d) * double(d);
           }
         }
         const float floor = fmax - nsig * std::sqrt(static_cast<float>(dev / count));
-        for (int64_t i = 0; i < V; ++i) {
-          const float v = row.f(x[i]);
-          keep[i] = keep[i] && (v >= floor || v == fmax);
-        }
+        for (int64_t i = 0; i < V; ++i) keep[i] = keep[i] && (fx[i] >= floor || fx[i] == fmax);
         break;
       }
       case kTypicalP: {
         if (a >= 1.0) break;
         // score = |mean(d) - d_i| with d = x - max (-log p_i - H with log Z cancelled), over the live tokens
-        const double z = probs(fmax);
+        const double z = probs();
         double mean_d = 0.0;
         for (int64_t i = 0; i < V; ++i) {
-          if (buf[i] > 0.0f) mean_d += double(buf[i] / static_cast<float>(z)) * double(row.f(x[i]) - fmax);
+          if (buf[i] > 0.0f) mean_d += double(buf[i] / static_cast<float>(z)) * double(fx[i] - fmax);
         }
         const float md = static_cast<float>(mean_d);
-        auto score = [&](int64_t i) { return std::fabs(md - (row.f(x[i]) - fmax)); };
+        auto score = [&](int64_t i) { return std::fabs(md - (fx[i] - fmax)); };
         // the smallest score whose cumulative mass (ascending score) reaches m: descending keys of ~score
-        const float cut = key_value(~radix_select(
-            [&](auto fn) {
-              for (int64_t i = 0; i < V; ++i) {
-                if (buf[i] > 0.0f) fn(~order_key(score(i)), double(buf[i]));
-              }
-            },
-            a * z));
+        keys.resize(V);
+        wd.resize(V);
+        size_t n = 0;
         for (int64_t i = 0; i < V; ++i) {
-          keep[i] = keep[i] && (buf[i] > 0.0f && score(i) <= cut || row.f(x[i]) == fmax);
+          keys[n] = ~order_key(score(i));
+          wd[n] = buf[i];
+          n += buf[i] > 0.0f;
+        }
+        keys.resize(n);
+        wd.resize(n);
+        const float cut = key_value(~radix_select(keys, wd, a * z));
+        for (int64_t i = 0; i < V; ++i) {
+          keep[i] = keep[i] && ((buf[i] > 0.0f && score(i) <= cut) || fx[i] == fmax);
         }
         break;
       }
       case kXtc: {
         if (sa.b == 0.0) break;
         if (!(uniform_of(threefry_first_word(sa.k0, sa.k1, kXtcCounter, sa.pos)) < static_cast<float>(sa.b))) break;
-        const double z = probs(fmax);
+        const double z = probs();
         const float zf = static_cast<float>(z), thr = static_cast<float>(a);
         int64_t n_top = 0, survivor = -1;
         float least = INFINITY;
@@ -1375,15 +1421,15 @@ void chain_dense(ChainRow& row, int64_t nb, int bs, int32_t* token, float* logpr
         for (int64_t i = 0; i < V; ++i) {
           if (keep[i] && buf[i] / zf >= thr && i != survivor) keep[i] = 0;
         }
+        recompute_max();
         break;
       }
     }
   }
-  const float fmax = kmax();
   int64_t at = -1;
   if (row.terminal == kGreedy) {
     for (int64_t i = 0; i < V && at < 0; ++i) {
-      if (keep[i] && row.f(x[i]) == fmax) at = i;
+      if (keep[i] && fx[i] == fmax) at = i;
     }
   } else {
     const auto& bm = *row.bm;
@@ -1414,7 +1460,7 @@ void chain_dense(ChainRow& row, int64_t nb, int bs, int32_t* token, float* logpr
         const int64_t tok = l * nb + c;
         if (tok >= V) break;
         if ((bits[l] >> 9) < need || !keep[tok]) continue;
-        const float sc = row.f(x[tok]) + gumbel_of(bits[l]);
+        const float sc = fx[tok] + gumbel_of(bits[l]);
         if (at < 0 || sc > best || (sc == best && tok < at)) {
           best = sc;
           at = tok;
@@ -1426,14 +1472,12 @@ void chain_dense(ChainRow& row, int64_t nb, int bs, int32_t* token, float* logpr
   if (at < 0) at = 0;
   *token = static_cast<int32_t>(at);
   if (row.want_logprob) {
-    double z = 0.0;
-    for (int64_t i = 0; i < V; ++i) {
-      if (keep[i]) z += std::exp(static_cast<double>(row.f(x[i]) - fmax));
-    }
-    *logprob = (row.f(x[at]) - fmax) - static_cast<float>(std::log(z));
+    buf.resize(V);
+    for (int64_t i = 0; i < V; ++i) buf[i] = keep[i] ? fx[i] : -INFINITY;
+    *logprob = (fx[at] - fmax) - static_cast<float>(std::log(sum_exp(buf.data(), V, fmax)));
   }
   if (row.x_out != nullptr) {
-    for (int64_t i = 0; i < V; ++i) row.x_out[i] = keep[i] ? row.f(x[i]) : -INFINITY;
+    for (int64_t i = 0; i < V; ++i) row.x_out[i] = keep[i] ? fx[i] : -INFINITY;
   }
 }
 
@@ -1507,7 +1551,8 @@ struct SampleChain {
         for (int64_t m : {int64_t(32), int64_t(512)}) {
           if (m >= nb) break;
           const float bound = chain_candidates(row, nb, bs, m, top, heap, kept);
-          if ((done = chain_run(row, bound, token + r, logprob + r))) break;
+          // (no candidate above the bound: the top is tied across blocks, and more blocks will not help)
+          if ((done = chain_run(row, bound, token + r, logprob + r)) || cand.empty()) break;
         }
       }
       if (!done) chain_dense(row, nb, bs, token + r, logprob + r, ebuf, keep, order);

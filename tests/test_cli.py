@@ -261,8 +261,8 @@ def test_import_llama_cpp_flags_on_the_command_line_stdin_and_output(tmp_path):
     assert r.exit_code == 0 and r.stdout == "" and out.read_text() == from_llama_cpp("--top-k 7")
     assert cli("compile", out, "--emit", "ir").exit_code == 0
     before = out.read_text()
-    r = cli("import", "--from", "llama-cpp", "-o", out, "--", "--mirostat", "2")     # a failure leaves it as it was
-    assert r.exit_code == 1 and "not supported yet" in r.output and out.read_text() == before
+    r = cli("import", "--from", "llama-cpp", "-o", out, "--", "--mirostat", "3")     # a failure leaves it as it was
+    assert r.exit_code == 1 and "expected 0 (off), 1 or 2" in r.output and out.read_text() == before
     assert [p.name for p in tmp_path.iterdir()] == ["imported.smp"]                  # no temporary file left
     r = cli("import", "--from", "hf", "-o", tmp_path / "missing-dir" / "x.smp",
             Path(__file__).resolve().parent / "fixtures" / "import" / "generation_config.json")
