@@ -163,32 +163,65 @@ def _block_ids(node: Node, users: Users, env: Env):
     return covered
 
 
+TIE_MARGIN = 8      # top_logprobs on a log-softmax: this many more of x's largest are ranked by their log-probs
+
+
 def _topk_ids(node: Node, users: Users, env: Env):
     """topk_ids(x, k) (top_logprobs): the k largest by one selection (ties at the k-th: the lower ids), then those
-    k ordered by value descending, lower id first, by pairwise ranks -- no sort of the vocabulary."""
-    x, k = env[id(node.inputs[0])], node.attr("k")
-    if not (x.ndim == 2 and x.dtype == mx.float32 and k < x.shape[-1] and k <= 64):
+    k ordered by value descending, lower id first, by pairwise ranks -- no sort of the vocabulary. On a
+    log-softmax the selection runs on its input (the same order, as x - c rounds monotonically) with TIE_MARGIN
+    more, which are ranked by their log-probabilities: rounding can tie two logits that differ, and the lower id
+    must come first among them (a tie group reaching past k + TIE_MARGIN would need that many logits within one
+    rounding step)."""
+    src, k = node.inputs[0], node.attr("k")
+    lse = env.get(("lse", id(src))) if src.op == "log_softmax" else None
+    x = env[id(src)] if lse is None else lse[0]
+    n = x.shape[-1] if x.ndim == 2 else 0
+    if not (x.ndim == 2 and x.dtype == mx.float32 and k < n and k <= 64):
         return None
-    out = native.topk_select(x, k, [x])
+    kk = k if lse is None else min(k + TIE_MARGIN, n)
+    out = native.topk_select(x, kk, [x])
     if out is None:
         return None
     pos, vals = out[0], out[2]                       # positions ascending, and x there
+    if lse is not None:
+        vals = (vals - lse[1]) - lse[2]
     vi, vj = vals[:, :, None], vals[:, None, :]
-    j_lt_i = mx.arange(k)[None, :] < mx.arange(k)[:, None]
-    rank = mx.sum((vj > vi) | ((vj == vi) & j_lt_i[None]), axis=-1)       # distinct ranks 0..k-1
-    return {id(node): mx.take_along_axis(pos, mx.argsort(rank, axis=-1), axis=-1).astype(mx.int32)}
+    j_lt_i = mx.arange(kk)[None, :] < mx.arange(kk)[:, None]
+    rank = mx.sum((vj > vi) | ((vj == vi) & j_lt_i[None]), axis=-1)       # distinct ranks 0..kk-1
+    order = mx.argsort(rank, axis=-1)[:, :k]
+    return {id(node): mx.take_along_axis(pos, order, axis=-1).astype(mx.int32)}
 
 
 def _log_softmax(node: Node, users: Users, env: Env):
     """log_softmax(x): the row maximum and the log of the normalizer in one vectorized pass (the exp pass is most
-    of a log-softmax's cost on the CPU), then two subtractions."""
+    of a log-softmax's cost on the CPU), then two subtractions -- over the vocabulary only where something reads
+    the whole result: its `take_along` users get (x[idx] - max) - log Z at their few positions (the same float
+    operations), and its `topk_ids` users select on x, whose order log-softmax keeps (see `_topk_ids`)."""
     x = env[id(node.inputs[0])]
     out = native.row_logsumexp(x)
-    return None if out is None else {id(node): (x - out[0]) - out[1]}
+    if out is None:
+        return None
+    m, lz = out
+    # the full result is lazy: computed only if something else reads it; the parts go beside it in the env
+    return {id(node): (x - m) - lz, ("lse", id(node)): (x, m, lz)}
+
+
+def _take_along(node: Node, users: Users, env: Env):
+    """take_along(log_softmax(x), idx) -> (x[idx] - max) - log Z: a gather, not a pass over the vocabulary."""
+    src = node.inputs[0]
+    if src.op != "log_softmax" or ("lse", id(src)) not in env:
+        return None
+    x, m, lz = env[("lse", id(src))]
+    idx = env[id(node.inputs[1])]
+    if idx.ndim != 2 or idx.shape[0] not in (1, x.shape[0]):
+        return None
+    return {id(node): (mx.take_along_axis(x, idx, axis=-1) - m) - lz}
 
 
 RULES: dict[str, Rule] = {
     "log_softmax": _log_softmax,
+    "take_along": _take_along,
     "topk_ids": _topk_ids,
     "random_bits": _random_bits,
     "topk_positions": _topk_positions,

@@ -225,8 +225,11 @@ class Lowering:
         # sparsely: only the history's tokens change, so penalize their gathered logits and write them back (every
         # write of a token carries the same value; uncounted entries point at token 0 and carry its own value)
         counts = make("count_at", ids, make("cast", valid, dtype=F32), x, name="counts")
-        penalized = penalize(make("take_along", x, ids), counts, rep, freq, pres)
-        return where(penalties_neutral(rep, freq, pres), x, make("put_along", x, ids, penalized), name="x_pen")
+        penalized = make("put_along", x, ids, penalize(make("take_along", x, ids), counts, rep, freq, pres))
+        if all(v.op == "const" for v in (rep, freq, pres)):     # (folds: a neutral penalty disappears)
+            return where(penalties_neutral(rep, freq, pres), x, penalized, name="x_pen")
+        # neutral values (repeat 1, frequency 0, presence 0) leave every logit exactly as it was: no select needed
+        return Node(penalized.op, penalized.inputs, penalized.attrs, penalized.type, "x_pen")
 
     def history_window(self, history, last_n) -> tuple[Node, Node]:
         """The history's ids (0 where not counted) and which entries count: not padding, in the last last_n."""
