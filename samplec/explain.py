@@ -284,8 +284,10 @@ def _became(grp: Group, history, attrs, trace) -> None:
             grp.became.append(f"{pname}: expanded to its dense definition ({_summary(now)})")
         elif grp.stage and [n.op for n in prev if n.op in DENSE_OPS] != [n.op for n in now if n.op in DENSE_OPS]:
             grp.became.append(f"{pname}: {_why_changed(grp, prev, now)}")
+        elif any(n.op == "logprob_at" for n in prev) and any(n.op == "zeros_like" for n in now):
+            grp.became.append(f"{pname}: the logprob is 0 (temperature 0 leaves one token)")
         else:
-            grp.became.append(f"{pname}: {len(prev)} -> {_summary(now)}")
+            grp.became.append(f"{pname}: {len(prev)} -> {_summary(now)}{_PASS_WHAT.get(pname, '')}")
         prev = now
     if grp.stage is not None:
         ops = [n.op for n in prev if n.op in DENSE_OPS]
@@ -297,6 +299,10 @@ def _became(grp: Group, history, attrs, trace) -> None:
             grp.became.append(f"result: the stage op `{ops[-1]}`")
         else:
             grp.became.append(f"result: low-level ops ({_summary(prev)})")
+
+
+_PASS_WHAT = {"stages": " (constants folded)", "fold": " (constants folded)", "simplify": " (identities)",
+              "cse": " (equal nodes shared)", "partition-topk": " (top_k's threshold by partial selection)"}
 
 
 def _sig(nodes: list[Node]) -> list:
