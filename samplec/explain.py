@@ -312,8 +312,9 @@ def _sig(nodes: list[Node]) -> list:
 def _summary(nodes: list[Node], most: int = 6) -> str:
     if not nodes:
         return "none"
-    ops = list(dict.fromkeys(n.op for n in nodes if n.op not in _SHAPE_OPS and OPS[n.op].doc != "elementwise"
-                             and n.op != "where")) or list(dict.fromkeys(n.op for n in nodes))
+    kinds = list(dict.fromkeys(n.op for n in nodes))
+    notable = [k for k in kinds if k not in _SHAPE_OPS and OPS[k].doc != "elementwise" and k != "where"]
+    ops = notable + [k for k in kinds if k not in notable and k not in _SHAPE_OPS] or kinds   # (the costly first)
     head = ", ".join(ops[:most]) + (", ..." if len(ops) > most else "")
     return f"{len(nodes)} op{'s' if len(nodes) > 1 else ''}: {head}"
 
@@ -478,15 +479,16 @@ def render_dot(ex: Explained) -> str:
         title = grp.title if grp.line is None else f"{grp.key + 1}. {grp.title} (line {grp.line})"
         if not nodes:
             if grp.stage is not None:
+                why = grp.became[-2] if len(grp.became) >= 2 else "removed"
                 lines.append(f"  {_q(f'removed_{grp.key}')} [shape=note, style=dashed, "
-                             f"label={_q(title + chr(10) + grp.became[-1] if grp.became else title)}];")
+                             f"label={_q(title + chr(10) + why)}];")
             continue
         chains = sorted({chain_of(ex, n)[0] + 1 for n in nodes if chain_of(ex, n) is not None})
         style = "style=rounded"
         if chains:
             title += f"\nchain #{', #'.join(map(str, chains))}: native chain kernel on the CPU"
             style = 'style="rounded,bold"; color="#3366cc"'
-        lines.append(f'  subgraph "cluster_{grp.key if grp.key >= 0 else "logits"}" {{')
+        lines.append(f'  subgraph "cluster_{_cluster(grp.key)}" {{')
         lines.append(f"    label={_q(title)}; {style};")
         lines += [node_line(n) for n in nodes]
         lines.append("  }")
@@ -503,6 +505,10 @@ def render_dot(ex: Explained) -> str:
         lines.append(f"  {_q('output ' + k)} [shape=ellipse, style=bold, label={_q('output ' + k)}];")
         lines.append(f"  {_q(name(n))} -> {_q('output ' + k)};")
     return "\n".join(lines) + "\n}\n"
+
+
+def _cluster(key: int) -> str:
+    return "logits" if key == LOGITS else "outputs" if key == OUTPUTS else str(key)
 
 
 def _is_root(g: Graph, n: Node) -> bool:
