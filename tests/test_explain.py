@@ -17,6 +17,7 @@ from typer.testing import CliRunner
 
 import samplec
 from samplec.api import _front
+from samplec.backend_mlx import native as native_mod
 from samplec.cli import app
 from samplec.explain import _cluster, explain, render_dot, render_text
 from samplec.frontend.lower import lower, lower_traced
@@ -216,10 +217,68 @@ def test_without_emit_the_pass_output_goes_to_stderr(tmp_path):
 
 
 def test_native_auto_follows_the_installation(monkeypatch):
-    from samplec.backend_mlx import native
+    native = native_mod
     source = (GOLDEN / "chain_native.smp").read_text()
     monkeypatch.setenv("SAMPLEC_NATIVE", "0")
     assert "SAMPLEC_NATIVE=0" in render_text(explain(source))
     monkeypatch.delenv("SAMPLEC_NATIVE")
     text = render_text(explain(source))
     assert ("native chain kernel" in text) == (native.installed() and hasattr(native._native, "sample_chain"))
+
+
+# ---- what explain says runs a stage is what the interpreter runs --------------------------------------------------
+
+def _spy_run(monkeypatch, source: str):
+    """Run the compiled program once on the CPU with the native primitives on, recording which stage ops the chain
+    kernel ran and which ran by their dense definition."""
+    import mlx.core as mx
+    import numpy as np
+    from samplec.backend_mlx import interpreter, native
+    ran = {"chain": [], "dense": []}
+    real_chain, real_dense = native.sample_chain, interpreter._run_expansion
+
+    def chain(x, params, stages, terminal, *a, **k):
+        ran["chain"].append(list(stages) + [terminal])
+        return real_chain(x, params, stages, terminal, *a, **k)
+
+    def dense(node, ins):
+        ran["dense"].append(node.op)
+        return real_dense(node, ins)
+
+    monkeypatch.setattr(native, "sample_chain", chain)
+    monkeypatch.setattr(interpreter, "_run_expansion", dense)
+    monkeypatch.setenv("SAMPLEC_NATIVE", "1")
+    with mx.stream(mx.cpu):
+        prev = mx.default_device()
+        mx.set_default_device(mx.cpu)
+        try:
+            prog = samplec.Program(samplec.compile(source).graph, compile=False)
+            prog(np.random.default_rng(0).normal(size=(2, 300)).astype(np.float32))
+        finally:
+            mx.set_default_device(prev)
+    return ran
+
+
+needs_chain = pytest.mark.skipif(not (native_mod.installed() and hasattr(native_mod._native, "sample_chain")),
+                                 reason="samplec-native (with the chain kernel) is not installed")
+
+
+@needs_chain
+def test_chain_kernel_claim_matches_the_interpreter(monkeypatch):
+    source = "sampler s(seed: seed = 0) -> token, logprob { top_k(0); top_k(30); top_p(0.9); temperature(0.7); " \
+             "sample(seed) }"
+    ex = explain(source, native=True)
+    claimed = [[s.op for s in c.stages] + [c.draw.op] for c in ex.chains]
+    assert claimed == [["top_k", "top_p", "temperature", "sample"]]
+    assert "chain #1, the native chain kernel" in render_text(ex)
+    ran = _spy_run(monkeypatch, source)
+    assert ran["chain"] == claimed and ran["dense"] == []
+
+
+@needs_chain
+def test_dense_definition_claim_matches_the_interpreter(monkeypatch):
+    source = "sampler s() -> probs { top_k(5); top_p(0.9) }"     # no draw: no chain
+    text = render_text(explain(source, native=True))
+    assert text.count("its dense definition in MLX ops") == 2 and "chain #" not in text
+    ran = _spy_run(monkeypatch, source)
+    assert ran["chain"] == [] and ran["dense"] == ["top_k", "top_p"]
