@@ -144,12 +144,7 @@ def _emit_picture(file: Path, sampler, opt: int, bindings: dict, emit: str, outp
     """--emit dot|svg|png: the graph clustered by source stage (samplec/explain.py), to `output` or standard
     output (png only to a file or a pipe)."""
     from samplec import explain as ex
-    if not file.exists():
-        raise SamplecError(f"{file}: no such file")
-    try:
-        source = file.read_text(encoding="utf-8-sig")
-    except (OSError, UnicodeDecodeError) as e:
-        raise SamplecError(f"cannot read {file}: {e}") from None
+    source = _read_source(file)
     dot = ex.render_dot(ex.explain(source, sampler, opt, bindings, filename=str(file)))
     data = dot.encode() if emit == "dot" else ex.render_image(dot, emit)
     if output is not None:
@@ -168,6 +163,17 @@ def _emit_picture(file: Path, sampler, opt: int, bindings: dict, emit: str, outp
         typer.echo(data.decode(), nl=False)
 
 
+def _read_source(file: Path) -> str:
+    if not file.exists():
+        raise SamplecError(f"{file}: no such file")
+    if file.suffix == ".smpb":
+        raise SamplecError(f"{file} is a compiled program; explain reads the .smp source it was compiled from")
+    try:
+        return file.read_text(encoding="utf-8-sig")
+    except (OSError, UnicodeDecodeError) as e:
+        raise SamplecError(f"cannot read {file}: {e}") from None
+
+
 @app.command()
 @_guard
 def explain(
@@ -178,7 +184,7 @@ def explain(
     native: str = typer.Option("auto", "--native", help="the kernels on the CPU: with the native primitives "
                                "(on), without (off), or as installed here (auto)"),
     emit: str = typer.Option("text", "--emit", help="text | dot | svg | png (svg/png need graphviz's dot)"),
-    output: Optional[Path] = typer.Option(None, "-o", "--output", help="write the picture to this file"),
+    output: Optional[Path] = typer.Option(None, "-o", "--output", help="write the text or picture to this file"),
 ):
     """Show what the optimizer did to each stage as written, and which kernels run it."""
     from samplec import explain as ex
@@ -190,12 +196,7 @@ def explain(
     if emit != "text":
         _emit_picture(file, sampler, opt, bindings, emit, output)
         return
-    if not file.exists():
-        raise SamplecError(f"{file}: no such file")
-    try:
-        source = file.read_text(encoding="utf-8-sig")
-    except (OSError, UnicodeDecodeError) as e:
-        raise SamplecError(f"cannot read {file}: {e}") from None
+    source = _read_source(file)
     text = ex.render_text(ex.explain(source, sampler, opt, bindings, filename=str(file),
                                      native=None if native == "auto" else native == "on"))
     if output is not None:

@@ -157,8 +157,11 @@ def test_emit_svg_without_graphviz_names_what_to_install(monkeypatch):
     assert "graphviz" in result.stderr and "apt-get install graphviz" in result.stderr
 
 
-def test_bad_arguments_are_errors():
+def test_bad_arguments_are_errors(tmp_path):
     src = ROOT / "examples" / "llama.smp"
+    assert cli("compile", src, "-o", tmp_path / "l.smpb").exit_code == 0
+    result = cli("explain", tmp_path / "l.smpb")
+    assert result.exit_code == 1 and "explain reads the .smp source" in result.stderr
     assert "--emit must be" in cli("explain", src, "--emit", "jpg").stderr
     assert "--native must be" in cli("explain", src, "--native", "maybe").stderr
     assert "no such file" in cli("explain", "nope.smp").stderr
