@@ -109,11 +109,9 @@ def _reach(roots, stop: set[int]) -> set[int]:
 
 def _tag_lowered(g: Graph, trace) -> Graph:
     group: dict[int, int] = {}
-    ncheck = 0
-    logits_checks = trace[0][2] if trace else len(g.checks)
-    for c in g.checks[:min(2, logits_checks)]:
+    ncheck = 2            # (lowering's first two checks are on the logits, made before any stage)
+    for c in g.checks[:ncheck]:
         group.update(dict.fromkeys(_reach([c.flag], set(group)), LOGITS))
-    ncheck = min(2, logits_checks)
     for i, (_, node, nchecks) in enumerate(trace):
         roots = [node] + [c.flag for c in g.checks[ncheck:nchecks]]
         group.update(dict.fromkeys(_reach(roots, set(group)), i))
@@ -148,12 +146,7 @@ def attribute(g: Graph, check_groups: list[int]) -> dict[int, int]:
 
 def _check_groups(lowered: Graph, trace, final: Graph) -> list[int]:
     """The group of each of `final`'s checks: the passes only drop checks, so match the messages in order."""
-    keys, n = [], 0
-    for i, c in enumerate(lowered.checks):
-        while n < len(trace) and trace[n][2] <= i:
-            n += 1
-        stage = n if 2 <= i and n < len(trace) and i >= (trace[n - 1][2] if n else 0) else None
-        keys.append((c.message, LOGITS if stage is None or i < 2 else _stage_of_check(trace, i)))
+    keys = [(c.message, _stage_of_check(trace, i)) for i, c in enumerate(lowered.checks)]
     out, j = [], 0
     for c in final.checks:
         while j < len(keys) and keys[j][0] != c.message:
@@ -164,6 +157,7 @@ def _check_groups(lowered: Graph, trace, final: Graph) -> list[int]:
 
 
 def _stage_of_check(trace, i: int) -> int:
+    """The stage that added the lowered graph's check i (the first two check the logits, before any stage)."""
     before = 2
     for s, (_, _, nchecks) in enumerate(trace):
         if before <= i < nchecks:
