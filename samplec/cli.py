@@ -77,28 +77,36 @@ def compile_cmd(
     sampler: Optional[str] = typer.Option(None, "--sampler", help="which sampler of the file (default: the first)"),
     opt: int = typer.Option(2, "-O", help="optimization level: -O0, -O1 or -O2", min=0, max=2),
     set_: Optional[List[str]] = typer.Option(None, "--set", help="bind a parameter at compile time: NAME=VALUE"),
-    emit: Optional[str] = typer.Option(None, "--emit", help="print ir | ir-unopt | dot instead of writing"),
-    print_after_all: bool = typer.Option(False, "--print-after-all", help="print the IR after every pass"),
+    emit: Optional[str] = typer.Option(None, "--emit", help="print ir | ir-unopt | dot | svg | png instead of "
+                                       "writing (svg/png need graphviz's dot)"),
+    print_after_all: bool = typer.Option(False, "--print-after-all",
+                                         help="print the IR after each pass that changed it"),
+    print_diff: bool = typer.Option(False, "--print-diff",
+                                    help="like --print-after-all, as a unified diff against the IR before the pass"),
 ):
     """Compile a .smp sampler into a .smpb program."""
     import samplec.api as api
     from samplec.ir.printer import print_graph
-    if emit not in (None, "ir", "ir-unopt", "dot"):
-        raise SamplecError(f"--emit must be ir, ir-unopt or dot, got {emit!r}")
+    if emit not in (None, "ir", "ir-unopt", "dot", "svg", "png"):
+        raise SamplecError(f"--emit must be ir, ir-unopt, dot, svg or png, got {emit!r}")
     bindings = _pairs(list(set_ or []) + list(more_sets or []), "--set")
     after = None
-    if print_after_all:
-        after = lambda name, g: typer.echo(f"// ---- after {name} ----\n{print_graph(g)}", err=emit is None)
+    if print_after_all or print_diff:
+        source = file.read_text(encoding="utf-8-sig") if file.exists() else _fail(f"{file}: no such file")
+        after = _PassPrinter(print_graph(api.lower_source(source, sampler, bindings, filename=str(file))[0]),
+                             print_diff, err=emit is None)
     if emit == "ir-unopt":
         source = file.read_text(encoding="utf-8-sig") if file.exists() else _fail(f"{file}: no such file")
         graph, _ = api.lower_source(source, sampler, bindings, filename=str(file))
         typer.echo(print_graph(graph), nl=False)
         return
     prog = api.compile_file(file, sampler=sampler, opt_level=opt, bindings=bindings, after_pass=after)
+    if after is not None:
+        after.finish()
     if emit == "ir":
         typer.echo(prog.ir(), nl=False)
-    elif emit == "dot":
-        typer.echo(to_dot(prog.graph), nl=False)
+    elif emit in ("dot", "svg", "png"):
+        _emit_picture(file, sampler, opt, bindings, emit, None)
     if emit is None or output is not None:
         out = output or file.with_suffix(".smpb")
         prog.save(out)
@@ -106,17 +114,95 @@ def compile_cmd(
             typer.echo(f"wrote {out} ({out.stat().st_size} bytes, {len(prog.graph.toposort())} nodes)", err=True)
 
 
-def to_dot(graph) -> str:
-    from samplec.ir.printer import Namer
-    name = Namer()
-    lines = [f'digraph "{graph.name}" {{', "  node [shape=box, fontname=monospace];"]
-    for n in graph.nodes():
-        label = f"%{name(n)} = {n.op}\\n{n.type}"
-        lines.append(f'  "{name(n)}" [label="{label}"];')
-        lines += [f'  "{name(i)}" -> "{name(n)}";' for i in n.inputs]
-    for k, n in graph.outputs:
-        lines.append(f'  "out:{k}" [shape=ellipse];\n  "{name(n)}" -> "out:{k}";')
-    return "\n".join(lines) + "\n}\n"
+class _PassPrinter:
+    """The `after` hook of --print-after-all / --print-diff: prints the IR (or its diff) after each pass that changed
+    it, and at the end one line naming the passes that changed nothing."""
+
+    def __init__(self, initial: str, diff: bool, err: bool):
+        self.text, self.diff, self.err, self.unchanged = initial, diff, err, []
+
+    def __call__(self, name: str, graph) -> None:
+        import difflib
+        from samplec.ir.printer import print_graph
+        text = print_graph(graph)
+        if text == self.text:
+            self.unchanged.append(name)
+            return
+        if self.diff:
+            body = "".join(difflib.unified_diff(self.text.splitlines(keepends=True), text.splitlines(keepends=True),
+                                                fromfile=f"before {name}", tofile=f"after {name}"))
+            typer.echo(body, nl=False, err=self.err)
+        else:
+            typer.echo(f"// ---- after {name} ----\n{text}", nl=False, err=self.err)
+        self.text = text
+
+    def finish(self) -> None:
+        typer.echo(f"// ---- passes that changed nothing: {' '.join(self.unchanged) or '(none)'}", err=self.err)
+
+
+def _emit_picture(file: Path, sampler, opt: int, bindings: dict, emit: str, output: Path | None) -> None:
+    """--emit dot|svg|png: the graph clustered by source stage (samplec/explain.py), to `output` or standard
+    output (png only to a file or a pipe)."""
+    from samplec import explain as ex
+    source = _read_source(file)
+    dot = ex.render_dot(ex.explain(source, sampler, opt, bindings, filename=str(file)))
+    data = dot.encode() if emit == "dot" else ex.render_image(dot, emit)
+    if output is not None:
+        try:
+            output.write_bytes(data)
+        except OSError as e:
+            raise SamplecError(f"cannot write {output}: {e}") from None
+        typer.echo(f"wrote {output}", err=True)
+    elif emit == "png" and sys.stdout.isatty():
+        raise SamplecError("--emit png writes binary data: redirect it to a file (> graph.png) or give -o FILE.png")
+    elif emit == "png":
+        sys.stdout.flush()
+        sys.stdout.buffer.write(data)
+        sys.stdout.flush()
+    else:
+        typer.echo(data.decode(), nl=False)
+
+
+def _read_source(file: Path) -> str:
+    if not file.exists():
+        raise SamplecError(f"{file}: no such file")
+    if file.suffix == ".smpb":
+        raise SamplecError(f"{file} is a compiled program; explain reads the .smp source it was compiled from")
+    try:
+        return file.read_text(encoding="utf-8-sig")
+    except (OSError, UnicodeDecodeError) as e:
+        raise SamplecError(f"cannot read {file}: {e}") from None
+
+
+@app.command()
+@_guard
+def explain(
+    file: Path = typer.Argument(..., help="the .smp source"),
+    sampler: Optional[str] = typer.Option(None, "--sampler", help="which sampler of the file (default: the first)"),
+    opt: int = typer.Option(2, "-O", help="optimization level: -O0, -O1 or -O2", min=0, max=2),
+    set_: Optional[List[str]] = typer.Option(None, "--set", help="bind a parameter at compile time: NAME=VALUE"),
+    native: str = typer.Option("auto", "--native", help="the kernels on the CPU: with the native primitives "
+                               "(on), without (off), or as installed here (auto)"),
+    emit: str = typer.Option("text", "--emit", help="text | dot | svg | png (svg/png need graphviz's dot)"),
+    output: Optional[Path] = typer.Option(None, "-o", "--output", help="write the text or picture to this file"),
+):
+    """Show what the optimizer did to each stage as written, and which kernels run it."""
+    from samplec import explain as ex
+    if emit not in ("text", "dot", "svg", "png"):
+        raise SamplecError(f"--emit must be text, dot, svg or png, got {emit!r}")
+    if native not in ("auto", "on", "off"):
+        raise SamplecError(f"--native must be auto, on or off, got {native!r}")
+    bindings = _pairs(set_, "--set")
+    if emit != "text":
+        _emit_picture(file, sampler, opt, bindings, emit, output)
+        return
+    source = _read_source(file)
+    text = ex.render_text(ex.explain(source, sampler, opt, bindings, filename=str(file),
+                                     native=None if native == "auto" else native == "on"))
+    if output is not None:
+        _write_atomic(output, text)
+    else:
+        typer.echo(text, nl=False)
 
 
 @app.command()

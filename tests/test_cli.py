@@ -66,7 +66,8 @@ def test_emit_variants_and_levels(files):
     assert dot.startswith('digraph "s"') and "->" in dot
     assert not (d / "s.smpb").exists()
     after = cli("compile", src, "--emit", "ir", "--print-after-all")
-    assert "// ---- after simplify ----" in after.stdout
+    # (only the passes that changed something print the IR: here none did; tests/test_explain.py has the rest)
+    assert "// ---- passes that changed nothing: stages fold simplify" in after.stdout
 
 
 def test_set_temperature_zero_leaves_no_randomness(files):

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 
 from samplec.diagnostics import SamplecError
-from samplec.frontend.ast import CheckedSampler, DictLit, ListLit, Literal, Name
+from samplec.frontend.ast import BoundStage, CheckedSampler, DictLit, ListLit, Literal, Name
 from samplec.ir.graph import INPUT, Check, Graph, Node, Param, make
 from samplec.ir.types import BOOL, F32, I32, U32, U64, Type
 from samplec.stages import STAGES, Range
@@ -109,6 +109,9 @@ class Lowering:
         self.checks: list[Check] = []
         self.state_out: dict[str, Node] = {}     # state parameter -> its updated value (an output may name it)
         self.terminal_x: Node | None = None      # the distribution a truncating terminal (mirostat) draws from
+        # provenance, for `samplec explain` only (never part of the graph): per source stage, the node it ended
+        # in and how many checks existed once it was lowered
+        self.trace: list[tuple[BoundStage, Node, int]] = []
         ranges = _param_ranges(sampler)
         logits = Node(INPUT, (), (), Type(F32, ("B", "V")), "logits")
         self.params.append(Param("logits", "logits", logits))
@@ -169,6 +172,7 @@ class Lowering:
                 x = x if self.terminal_x is None else self.terminal_x
             else:
                 x = fn(x, **st.args)
+            self.trace.append((st, self.token_position if STAGES[st.name].terminal else x, len(self.checks)))
         return Graph(self.sampler.name, tuple(self.params), self.outputs(logits, x, token), tuple(self.checks))
 
     def outputs(self, logits: Node, x: Node, token: Node | None):
@@ -421,3 +425,10 @@ def _intersect(a: Range, b: Range) -> Range:
 
 def lower(sampler: CheckedSampler, bindings: dict | None = None) -> Graph:
     return Lowering(sampler, dict(bindings or {})).run()
+
+
+def lower_traced(sampler: CheckedSampler, bindings: dict | None = None) -> tuple[Graph, list]:
+    """`lower`, and per source stage (BoundStage, the node it ended in, the number of checks after it): the side
+    table `samplec explain` traces the stages through the passes with."""
+    lowering = Lowering(sampler, dict(bindings or {}))
+    return lowering.run(), lowering.trace
