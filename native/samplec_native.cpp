@@ -1,4 +1,4 @@
-// samplec-native: MLX CPU primitives for the hot ops of samplec's -O2 plans.
+// samplec-native: MLX CPU kernels for samplec: the sampler chain, log-softmax normalizers, RandomBits, selections.
 //
 // On MLX's CPU backend every primitive in a graph costs microseconds of dispatch however small its input, and
 // MLX's `compile` fuses at most ~11 levels of elementwise ops into one kernel: Threefry's 20 dependent rounds
@@ -469,116 +469,7 @@ void select_top_rows(const mx::array& in, int k, int32_t* top, float* next) {
   }
 }
 
-// top_blocks + block_bound: the m blocks with the largest maxima (ids ascending; all blocks then padding ids
-// when NB <= m) and the (m+1)-th largest maximum (-inf when NB <= m).
-struct BlockTop {
-  static constexpr const char* kName = "SamplecBlockTop";
-  int m;
-  bool operator==(const BlockTop& o) const { return m == o.m; }
-  void operator()(std::vector<mx::array>& in, std::vector<mx::array>& out) const {
-    const int64_t rows = in[0].shape(0), nb = in[0].shape(1);
-    int32_t* top = out[0].data<int32_t>();
-    float* bound = out[1].data<float>();
-    float* rmax = out[2].data<float>();
-    const Rows<float> bm(in[0]);
-    std::vector<float> buf;
-    for (int64_t r = 0; r < rows; ++r) {
-      rmax[r] = max_nan(bm.row(r, nb, buf), nb);
-    }
-    if (nb > m) {
-      select_top_rows(in[0], m, top, bound);
-      return;
-    }
-    for (int64_t r = 0; r < rows; ++r) {    // every block, then padding ids past them
-      for (int i = 0; i < m; ++i) top[r * m + i] = i;
-      bound[r] = -INFINITY;
-    }
-  }
-};
-
-// block_ids: the token ids of the blocks `top` (ascending) -- position j * m + i holds j * NB + top[i]; a
-// padding block (top >= NB) maps past the vocabulary.
-struct BlockIds {
-  static constexpr const char* kName = "SamplecBlockIds";
-  int bs;
-  int64_t nb;
-  bool operator==(const BlockIds& o) const { return bs == o.bs && nb == o.nb; }
-  void operator()(std::vector<mx::array>& in, std::vector<mx::array>& out) const {
-    const int64_t rows = in[0].shape(0), m = in[0].shape(1);
-    const Rows<int32_t> top(in[0]);
-    int32_t* ids = out[0].data<int32_t>();
-    for (int64_t r = 0; r < rows; ++r) {
-      for (int64_t j = 0; j < bs; ++j) {
-        for (int64_t i = 0; i < m; ++i) {
-          const int64_t g = top(r, i);
-          const int64_t base = g < nb ? g : bs * nb + g;
-          ids[(r * bs + j) * m + i] = static_cast<int32_t>(j * nb + base);
-        }
-      }
-    }
-  }
-};
-
-// take_tokens: x at token ids (ids >= V: -inf).
-struct TakeTokens {
-  static constexpr const char* kName = "SamplecTakeTokens";
-  bool operator==(const TakeTokens&) const { return true; }
-  void operator()(std::vector<mx::array>& in, std::vector<mx::array>& out) const {
-    const int64_t rows = in[0].shape(0), V = in[0].shape(1), C = in[1].shape(1);
-    const Rows<float> x(in[0]);
-    const Rows<int32_t> ids(in[1]);
-    const int64_t id_rows = in[1].shape(0);
-    float* o = out[0].data<float>();
-    for (int64_t r = 0; r < rows; ++r) {
-      const int64_t ir = id_rows == 1 ? 0 : r;
-      for (int64_t c = 0; c < C; ++c) {
-        const int64_t t = ids(ir, c);
-        o[r * C + c] = (t >= 0 && t < V) ? x(r, t) : -INFINITY;
-      }
-    }
-  }
-};
-
 void gather_rows(const mx::array& a, const int32_t* pos, int64_t w, mx::array& out);
-
-// block_max followed by block_top on its result: [block maxima, top blocks, bound, row max] in one primitive.
-struct BlockMaxTop {
-  static constexpr const char* kName = "SamplecBlockMaxTop";
-  int bs, m;
-  bool operator==(const BlockMaxTop& o) const { return bs == o.bs && m == o.m; }
-  void operator()(std::vector<mx::array>& in, std::vector<mx::array>& out) const {
-    std::vector<mx::array> bm = {out[0]}, sel = {out[1], out[2], out[3]};
-    BlockMax{bs}(in, bm);
-    BlockTop{m}(bm, sel);
-  }
-};
-
-// block_ids followed by take_tokens of x at them: [ids, values] in one primitive (in = [top, x]).
-struct BlockTokens {
-  static constexpr const char* kName = "SamplecBlockTokens";
-  int bs;
-  int64_t nb;
-  bool operator==(const BlockTokens& o) const { return bs == o.bs && nb == o.nb; }
-  void operator()(std::vector<mx::array>& in, std::vector<mx::array>& out) const {
-    std::vector<mx::array> top = {in[0]}, ids = {out[0]}, take = {in[1], out[0]}, vals = {out[1]};
-    BlockIds{bs, nb}(top, ids);
-    TakeTokens{}(take, vals);
-  }
-};
-
-// The whole block selection: block_max_top, then block_tokens of x at the top blocks -- [block maxima, top
-// blocks, bound, row max, candidate ids, candidate values] (in = [x]).
-struct BlockCandidates {
-  static constexpr const char* kName = "SamplecBlockCandidates";
-  int bs, m;
-  bool operator==(const BlockCandidates& o) const { return bs == o.bs && m == o.m; }
-  void operator()(std::vector<mx::array>& in, std::vector<mx::array>& out) const {
-    std::vector<mx::array> sel = {out[0], out[1], out[2], out[3]}, tokens_in = {out[1], in[0]},
-                           tokens_out = {out[4], out[5]};
-    BlockMaxTop{bs, m}(in, sel);
-    BlockTokens{bs, out[0].shape(1)}(tokens_in, tokens_out);
-  }
-};
 
 // topk_positions + kth_largest_static(k + 1): positions of the k largest (ascending) and the (k+1)-th largest
 // value (-inf when k + 1 > n). Which of equal values at the k-th place is taken is unspecified (plans guard it).
@@ -653,87 +544,12 @@ struct ArgmaxTake {
   }
 };
 
-// mass_above: S_i = sum of p_j over p_j > p_i along each row (top_p's definition), summed in position order.
-struct MassAbove {
-  static constexpr const char* kName = "SamplecMassAbove";
-  bool operator==(const MassAbove&) const { return true; }
-  void operator()(std::vector<mx::array>& in, std::vector<mx::array>& out) const {
-    const int64_t rows = in[0].shape(0), n = in[0].shape(1);
-    const Rows<float> p(in[0]);
-    float* o = out[0].data<float>();
-    for (int64_t r = 0; r < rows; ++r) {
-      for (int64_t i = 0; i < n; ++i) {
-        const float pi = p(r, i);
-        float acc = 0.0f;
-        for (int64_t j = 0; j < n; ++j) {
-          const float pj = p(r, j);
-          acc += pj > pi ? pj : 0.0f;
-        }
-        o[r * n + i] = acc;
-      }
-    }
-  }
-};
-
-mx::array mass_above(const mx::array& p) {
-  need_rows(p, mx::float32, "mass_above");
-  return make(MassAbove{}, {p.shape()}, {mx::float32}, {p})[0];
-}
-
 mx::array block_max(const mx::array& x, int bs) {
   need_rows(x, mx::float32, "block_max");
   const int64_t nb = (x.shape(1) + bs - 1) / bs;
   return make(BlockMax{bs}, {{x.shape(0), static_cast<int>(nb)}}, {mx::float32}, {x})[0];
 }
 
-std::vector<mx::array> block_top(const mx::array& bm, int m) {
-  need_rows(bm, mx::float32, "block_top");
-  return make(BlockTop{m}, {{bm.shape(0), m}, {bm.shape(0), 1}, {bm.shape(0), 1}},
-              {mx::int32, mx::float32, mx::float32}, {bm});
-}
-
-mx::array block_ids(const mx::array& top, int64_t nb, int bs) {
-  need_rows(top, mx::int32, "block_ids");
-  return make(BlockIds{bs, nb}, {{top.shape(0), top.shape(1) * bs}}, {mx::int32}, {top})[0];
-}
-
-std::vector<mx::array> block_max_top(const mx::array& x, int bs, int m) {
-  need_rows(x, mx::float32, "block_max_top");
-  const int nb = static_cast<int>((x.shape(1) + bs - 1) / bs);
-  const int rows = x.shape(0);
-  return make(BlockMaxTop{bs, m}, {{rows, nb}, {rows, m}, {rows, 1}, {rows, 1}},
-              {mx::float32, mx::int32, mx::float32, mx::float32}, {x});
-}
-
-std::vector<mx::array> block_candidates(const mx::array& x, int bs, int m) {
-  need_rows(x, mx::float32, "block_candidates");
-  const int nb = static_cast<int>((x.shape(1) + bs - 1) / bs);
-  const int rows = x.shape(0), c = m * bs;
-  return make(BlockCandidates{bs, m}, {{rows, nb}, {rows, m}, {rows, 1}, {rows, 1}, {rows, c}, {rows, c}},
-              {mx::float32, mx::int32, mx::float32, mx::float32, mx::int32, mx::float32}, {x});
-}
-
-std::vector<mx::array> block_tokens(const mx::array& top, int64_t nb, int bs, const mx::array& x) {
-  need_rows(top, mx::int32, "block_tokens");
-  need_rows(x, mx::float32, "block_tokens");
-  if (top.shape(0) != x.shape(0)) {
-    throw std::invalid_argument("block_tokens: top and x must have the same rows");
-  }
-  const int rows = x.shape(0), c = top.shape(1) * bs;
-  return make(BlockTokens{bs, nb}, {{rows, c}, {rows, c}}, {mx::int32, mx::float32}, {top, x});
-}
-
-mx::array take_tokens(const mx::array& x, const mx::array& ids) {
-  need_rows(x, mx::float32, "take_tokens");
-  need_rows(ids, mx::int32, "take_tokens");
-  if (ids.shape(0) != x.shape(0) && ids.shape(0) != 1) {
-    throw std::invalid_argument("take_tokens: ids rows must match x's or be 1");
-  }
-  return make(TakeTokens{}, {{x.shape(0), ids.shape(1)}}, {mx::float32}, {x, ids})[0];
-}
-
-// A selection's primitive: its own outputs, then one output shaped `gathered` per gathered array (float32 or
-// int32, shaped like x), with x and the gathered arrays as inputs.
 template <class Impl>
 std::vector<mx::array> make_gathering(Impl impl, const mx::array& x, const std::vector<mx::array>& gathers,
                                       std::vector<mx::Shape> shapes, std::vector<mx::Dtype> dtypes,
@@ -1591,28 +1407,17 @@ std::vector<mx::array> sample_chain(const mx::array& x, const std::vector<mx::ar
 }  // namespace
 
 NB_MODULE(_ext, m) {
-  m.doc() = "MLX CPU primitives for samplec's -O2 plans";
+  m.doc() = "MLX CPU kernels for samplec";
   m.def("threefry_bits", &threefry_bits, nb::arg("seed"), nb::arg("c0"), nb::arg("c1"),
         "First word of Threefry-2x32-20(key(seed), (c0, c1)): seed uint64, counters uint32 or int32 (their "
         "uint32 bits), each [B, C] or [B] (read as [B, 1]), broadcasting: one MLX primitive on the CPU.");
   m.def("block_max", &block_max, nb::arg("x"), nb::arg("block_size"));
-  m.def("block_top", &block_top, nb::arg("block_max"), nb::arg("blocks"));
-  m.def("block_ids", &block_ids, nb::arg("top"), nb::arg("num_blocks"), nb::arg("block_size"));
-  m.def("block_max_top", &block_max_top, nb::arg("x"), nb::arg("block_size"), nb::arg("blocks"),
-        "block_max then block_top on it: [block maxima, top blocks, bound, row maximum].");
-  m.def("block_tokens", &block_tokens, nb::arg("top"), nb::arg("num_blocks"), nb::arg("block_size"), nb::arg("x"),
-        "block_ids then take_tokens of x at them: [ids, values].");
-  m.def("block_candidates", &block_candidates, nb::arg("x"), nb::arg("block_size"), nb::arg("blocks"),
-        "block_max_top then block_tokens at its top blocks: [block maxima, top blocks, bound, row maximum, ids, "
-        "values].");
-  m.def("take_tokens", &take_tokens, nb::arg("x"), nb::arg("ids"));
   m.def("topk_select", &topk_select, nb::arg("x"), nb::arg("k"), nb::arg("gathers") = std::vector<mx::array>{},
         nb::arg("low") = false,
         "[positions of the k largest ascending, the (k+1)-th largest, (with low: the smallest of the k), then each "
         "gathered array at the positions].");
   m.def("argmax_take", &argmax_take, nb::arg("x"), nb::arg("gathers") = std::vector<mx::array>{},
         nb::arg("flat") = false, "[argmax [B, 1], then each gathered array there, [B, 1] or (flat) [B]].");
-  m.def("mass_above", &mass_above, nb::arg("p"));
   m.def("sample_chain", &sample_chain, nb::arg("x"), nb::arg("params"), nb::arg("stages"), nb::arg("terminal"),
         nb::arg("want_logprob"), nb::arg("want_x") = false,
         "The sampler chain (stage codes: 0 temperature, 1 top_k, 2 top_p, 3 min_p, 4 top_n_sigma, 5 typical_p, "

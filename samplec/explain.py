@@ -35,8 +35,7 @@ _SHAPE_OPS = {"const", "expand", "squeeze", "cast", "iota"}
 # what each native rule of lowering.RULES computes its node with (the primitive of samplec-native)
 NATIVE_PRIMITIVES = {
     "log_softmax": "row_logsumexp", "topk_ids": "topk_select", "random_bits": "threefry_bits",
-    "topk_positions": "topk_select", "argmax": "argmax_take", "block_max": "block_max_top",
-    "block_ids": "block_tokens",
+    "argmax": "argmax_take", "take_along": "a gather of x, max and log Z",
 }
 CHAIN_KERNEL = ("the native chain kernel sample_chain: per row, the tokens above a block bound (a selection over "
                 "block maxima), else radix selection over the whole row; no sort")
@@ -388,8 +387,10 @@ def _runs(grp: Group, ex: Explained) -> None:
         else:
             low.append(n)
     if low:
-        natives = [f"{NATIVE_PRIMITIVES[n.op]} ({n.op})" for n in low if ex.native and n.op in NATIVE_PRIMITIVES]
-        rest = [n for n in low if not (ex.native and n.op in NATIVE_PRIMITIVES)]
+        covered = lambda n: ex.native and n.op in NATIVE_PRIMITIVES and \
+            (n.op != "take_along" or n.inputs[0].op == "log_softmax")     # (the one rule with a condition)
+        natives = [f"{NATIVE_PRIMITIVES[n.op]} ({n.op})" for n in low if covered(n)]
+        rest = [n for n in low if not covered(n)]
         if natives:
             grp.runs.append("native primitives where their rule applies: " + ", ".join(dict.fromkeys(natives)))
         if rest:

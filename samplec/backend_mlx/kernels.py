@@ -59,9 +59,8 @@ def _kth_largest(ins, a):
 
 
 def _kth_largest_static(ins, a):
-    """The k-th largest value; -inf past the row. On a plan's candidates (short rows) through the same packed-key
-    partition as `topk_positions(k - 1)` (MLX's compile merges the equal primitives, so the tie guard costs one
-    gather); on a vocabulary, one partition of the values."""
+    """The k-th largest value; -inf past the row: one partition of the values (short rows: the native selection,
+    or a partition of packed keys)."""
     x, k = ins[0], a["k"]
     n = x.shape[-1]
     if k > n:
@@ -136,63 +135,6 @@ def _sparse_add(ins, a):
     return x.at[..., ids].add(vals)
 
 
-def _block_max(ins, a):
-    """Block j = tokens j, j+NB, j+2NB, ...: reducing over the middle axis vectorizes along the last."""
-    x, bs = ins[0], a["block_size"]
-    fused = native.block_max(x, bs)
-    if fused is not None:
-        return fused
-    V = x.shape[-1]
-    nb = -(-V // bs)
-    if nb * bs != V:
-        pad = mx.full(x.shape[:-1] + (nb * bs - V,), -np.inf, dtype=x.dtype)
-        x = mx.concatenate([x, pad], axis=-1)
-    return mx.max(x.reshape(x.shape[:-1] + (bs, nb)), axis=-2)
-
-
-def _top_blocks(ins, a):
-    bm, m = ins[0], a["blocks"]
-    fused = native.block_top(bm, m)
-    if fused is not None:
-        return fused[0]
-    if bm.shape[-1] <= m:      # every block, then padding blocks past the vocabulary
-        return mx.broadcast_to(mx.array(np.arange(m, dtype=np.int32)), bm.shape[:-1] + (m,))
-    return _topk_positions([bm], {"k": m})
-
-
-def _block_bound(ins, a):
-    # the (m+1)-th largest block maximum: the same argpartition as top_blocks
-    fused = native.block_top(ins[0], a["blocks"])
-    if fused is not None:
-        return fused[1]
-    return _kth_largest_static(ins, {"k": a["blocks"] + 1})
-
-
-def _block_ids(ins, a):
-    top, bm = ins
-    bs, nb = a["block_size"], bm.shape[-1]
-    fused = native.block_ids(top, nb, bs)
-    if fused is not None:
-        return fused
-    # block g holds tokens g, g + nb, g + 2 nb, ...: ordered by (row, block) the ids ascend. Padding blocks
-    # (g >= nb, when there are fewer blocks than asked for) map past the vocabulary, where x is -inf.
-    base = mx.where(top < nb, top, bs * nb + top)
-    ids = mx.array((np.arange(bs, dtype=np.int32) * nb)[:, None]) + base[..., None, :]     # [.., bs, M]
-    return ids.reshape(top.shape[:-1] + (top.shape[-1] * bs,))
-
-
-def _take_tokens(ins, a):
-    """x at token ids; past the vocabulary: -inf for floats (a removed token), else zero / false."""
-    x, ids = ins
-    fused = native.take_tokens(x, ids)
-    if fused is not None:
-        return fused
-    V = x.shape[-1]
-    vals = _take_along([x, mx.minimum(ids, V - 1)], a)
-    fill = -np.inf if x.dtype == mx.float32 else 0
-    return mx.where(ids < V, vals, mx.array(fill, dtype=x.dtype))
-
-
 GROUP = 32
 
 
@@ -210,28 +152,6 @@ def _reduce_sum(ins, a):
             n = x.shape[-1]
         x = mx.sum(x.reshape(x.shape[:-1] + (GROUP, n // GROUP)), axis=-2)
     return mx.sum(x, axis=-1, keepdims=True)
-
-
-def _topk_positions(ins, a):
-    """Positions of the k largest, ascending (which of equal values at the k-th place is unspecified: the plans
-    guard that case). Past the row, positions repeat (the plans' padding blocks)."""
-    x, k = ins[0], a["k"]
-    n = x.shape[-1]
-    if k >= n:
-        return mx.broadcast_to(mx.array(np.arange(k, dtype=np.int32) % n), x.shape[:-1] + (k,))
-    fused = native.topk_select(x, k) if n <= PACKED_MAX else None
-    if fused is not None:
-        return fused[0]
-    return mx.sort(_partition_positions(x, n - k - 1, n - k, n), axis=-1).astype(mx.int32)
-
-
-def _mass_above(ins, a):
-    p = ins[0]
-    fused = native.mass_above(p)
-    if fused is not None:
-        return fused
-    pj, pi = mx.expand_dims(p, -2), mx.expand_dims(p, -1)
-    return mx.sum(mx.where(pj > pi, pj, 0.0), axis=-1)
 
 
 PAIRWISE_COUNTS = 512     # histories up to this long count by pairwise comparison, longer ones by a scatter
@@ -318,8 +238,5 @@ KERNELS = {
     "zeros_like": lambda i, a: mx.zeros(i[0].shape, dtype=DT[a["dtype"]]),
     "take_along": _take_along, "scatter_add": _scatter_add, "put_along": _put_along, "sparse_add": _sparse_add,
     "random_bits": lambda i, a: _random_bits(*i),
-    "block_max": _block_max,
-    "top_blocks": _top_blocks, "block_bound": _block_bound, "block_ids": _block_ids,
-    "take_tokens": _take_tokens, "topk_positions": _topk_positions, "mass_above": _mass_above,
     "count_at": _count_at, "log_softmax": _log_softmax, "dry_repeats": _dry_repeats,
 }

@@ -8,15 +8,14 @@ every node it covers, computed by one primitive; the executable then skips those
 apply returns None and the node's kernel runs as usual. The IR is untouched: `--emit ir` shows the same program,
 and `SAMPLEC_NATIVE=0` runs every node through its MLX-ops kernel.
 
+    log_softmax(x)                                   -> row_logsumexp(x), then two subtractions; its
+      take_along users read (x[idx] - max) - log Z, its topk_ids users select on x
+    topk_ids(x, k)                                   -> topk_select(x, k) and pairwise ranks of the k
     random_bits(expand(seed), cast<u32>(ids), cast<u32>(expand(pos)))  -> threefry_bits(seed, ids, pos)
-    topk_positions(x, k), take_along(a_i, it)..., kth_largest_static(x, k + 1),
-        reduce_min(take_along(x, it))                                   -> topk_select(x, k, [a_i...], low)
     argmax(x), take_along(a_i, it)..., squeeze(those)                   -> argmax_take(x, [a_i...], flat)
-    block_max(x), top_blocks(it, m), block_bound(it, m), reduce_max(it)  -> block_max_top(x, m)
-      ... and block_ids(that top_blocks, it), take_tokens(x, those)     -> block_candidates(x, m)
-    block_ids(top, ..), take_tokens(x, it)                              -> block_tokens(top, .., x)
 
-Each primitive gives exactly what the nodes it covers give through their kernels (tests/test_native.py).
+A chain of stage ops ending in a draw is covered by the interpreter itself (`interpreter.Chain`: the native
+`sample_chain` kernel). Each primitive gives exactly what the nodes it covers give through their kernels (tests/test_native.py).
 """
 from __future__ import annotations
 
@@ -25,7 +24,6 @@ from typing import Callable
 import mlx.core as mx
 
 from samplec.backend_mlx import native
-from samplec.backend_mlx.kernels import PACKED_MAX
 from samplec.ir.graph import Node
 
 Env = dict          # id(node) -> mx.array, the values computed so far
@@ -72,29 +70,6 @@ def _gathers(node: Node, users: Users, env: Env, like: mx.array) -> list[Node]:
     return out
 
 
-def _topk_positions(node: Node, users: Users, env: Env):
-    x_node, k = node.inputs[0], node.attr("k")
-    x = env[id(x_node)]
-    n = x.shape[-1]
-    if not (x.ndim == 2 and x.dtype == mx.float32 and k < n <= PACKED_MAX):    # (the kernel's native case)
-        return None
-    takes = _gathers(node, users, env, x)
-    # the smallest selected value: a reduce_min of x's own gather (the plans' tie guard reads it)
-    lows = [u for t in takes if t.inputs[0] is x_node for u in users.get(id(t), ()) if u.op == "reduce_min"]
-    out = native.topk_select(x, k, [env[id(t.inputs[0])] for t in takes], low=bool(lows))
-    if out is None:
-        return None
-    bound = {id(node): out[0]}
-    if lows:
-        bound.update((id(u), out[2]) for u in lows)
-        out = out[:2] + out[3:]
-    bound.update((id(t), v) for t, v in zip(takes, out[2:]))
-    if k + 1 < n:   # the tie guard: the (k+1)-th largest, which the kernel takes from the same selection
-        bound.update((id(u), out[1]) for u in users.get(id(x_node), ())
-                     if u.op == "kth_largest_static" and u.attr("k") == k + 1)
-    return bound
-
-
 def _argmax(node: Node, users: Users, env: Env):
     x = env[id(node.inputs[0])]
     if not (x.ndim == 2 and x.dtype == mx.float32 and x.shape[-1] >= 1):
@@ -112,55 +87,6 @@ def _argmax(node: Node, users: Users, env: Env):
             v = mx.expand_dims(v, -1)       # (unused: the squeezes were its only users)
         bound[id(t)] = v
     return bound
-
-
-def _block_max(node: Node, users: Users, env: Env):
-    """block_max with its top_blocks / block_bound users (one block count) and reduce_max users; and when the top
-    blocks feed a block_ids of this block_max whose take_tokens all read the same logits, those too."""
-    x_node = node.inputs[0]
-    x = env[id(x_node)]
-    sel = [u for u in users.get(id(node), ()) if u.op in ("top_blocks", "block_bound")]
-    counts = {u.attr("blocks") for u in sel}
-    if len(counts) != 1:
-        return None
-    blocks = counts.pop()
-    ids = [b for t in sel if t.op == "top_blocks" for b in users.get(id(t), ())
-           if b.op == "block_ids" and b.inputs[1] is node and b.attr("block_size") == node.attr("block_size")]
-    takes = [u for b in ids for u in users.get(id(b), ()) if u.op == "take_tokens" and u.inputs[1] is b]
-    if ids and takes and all(u.inputs[0] is x_node for u in takes):
-        out = native.block_candidates(x, node.attr("block_size"), blocks)
-        if out is None:
-            return None
-        bm, top, bound, row_max, cand_ids, cand_x = out
-        covered = {id(b): cand_ids for b in ids}
-        covered.update((id(u), cand_x) for u in takes)
-    else:
-        out = native.block_max_top(x, node.attr("block_size"), blocks)
-        if out is None:
-            return None
-        bm, top, bound, row_max = out
-        covered = {}
-    bound_to = {"top_blocks": top, "block_bound": bound, "reduce_max": row_max}
-    covered[id(node)] = bm
-    covered.update((id(u), bound_to[u.op]) for u in users.get(id(node), ()) if u.op in bound_to)
-    return covered
-
-
-def _block_ids(node: Node, users: Users, env: Env):
-    """block_ids with its take_tokens users (on computed logits with the same rows)."""
-    top, bm = env[id(node.inputs[0])], env[id(node.inputs[1])]
-    takes = [u for u in users.get(id(node), ()) if u.op == "take_tokens" and u.inputs[1] is node
-             and id(u.inputs[0]) in env]
-    xs = {id(u.inputs[0]) for u in takes}
-    if len(xs) != 1:
-        return None
-    x = env[xs.pop()]
-    out = native.block_tokens(top, bm.shape[-1], node.attr("block_size"), x)
-    if out is None:
-        return None
-    covered = {id(node): out[0]}
-    covered.update((id(u), out[1]) for u in takes)
-    return covered
 
 
 TIE_MARGIN = 8      # top_logprobs on a log-softmax: this many more of x's largest are ranked by their log-probs
@@ -224,10 +150,7 @@ RULES: dict[str, Rule] = {
     "take_along": _take_along,
     "topk_ids": _topk_ids,
     "random_bits": _random_bits,
-    "topk_positions": _topk_positions,
     "argmax": _argmax,
-    "block_max": _block_max,
-    "block_ids": _block_ids,
 }
 
 __all__ = ["RULES"]

@@ -81,43 +81,10 @@ def block_max(x: mx.array, block_size: int) -> mx.array | None:
     return _native.block_max(x, block_size) if _rows(x) else None
 
 
-def block_top(bm: mx.array, blocks: int) -> tuple[mx.array, mx.array, mx.array] | None:
-    """(top block ids ascending, the (blocks+1)-th largest maximum, the row maximum): top_blocks, block_bound and
-    the row's reduce_max in one primitive (each asks for it; MLX's compile merges the equal calls)."""
-    return tuple(_native.block_top(bm, blocks)) if _rows(bm) else None
-
-
-def block_max_top(x: mx.array, block_size: int, blocks: int) -> tuple[mx.array, ...] | None:
-    """(block_max, then block_top's three outputs on it) in one primitive."""
-    return tuple(_native.block_max_top(x, block_size, blocks)) if _rows(x) else None
-
-
-def block_candidates(x: mx.array, block_size: int, blocks: int) -> tuple[mx.array, ...] | None:
-    """(block_max_top's four outputs, then block_tokens' ids and values at its top blocks) in one primitive."""
-    return tuple(_native.block_candidates(x, block_size, blocks)) if _rows(x) else None
-
-
-def block_tokens(top: mx.array, num_blocks: int, block_size: int, x: mx.array) -> tuple[mx.array, mx.array] | None:
-    """(block_ids, then take_tokens of x at them) in one primitive."""
-    if not (_rows(top, dtype=mx.int32) and _rows(x) and top.shape[0] == x.shape[0]):
-        return None
-    return tuple(_native.block_tokens(top, num_blocks, block_size, x))
-
-
-def block_ids(top: mx.array, num_blocks: int, block_size: int) -> mx.array | None:
-    return _native.block_ids(top, num_blocks, block_size) if _rows(top, dtype=mx.int32) else None
-
-
-def take_tokens(x: mx.array, ids: mx.array) -> mx.array | None:
-    if not (_rows(x) and ids.ndim == 2 and ids.dtype == mx.int32 and ids.shape[0] in (1, x.shape[0])):
-        return None
-    return _native.take_tokens(x, ids)
-
-
 def topk_select(x: mx.array, k: int, gathers=(), low: bool = False) -> tuple[mx.array, ...] | None:
     """(positions of the k largest ascending, the (k+1)-th largest, with `low` the smallest of the k (NaN if one
-    is), then each of `gathers` at those positions): topk_positions, the plans' tie guard
-    `kth_largest_static(k + 1)`, a reduce_min of the selected values and take_along users in one primitive."""
+    is), then each of `gathers` at those positions): topk_positions, `kth_largest_static(k + 1)`, a
+    reduce_min of the selected values and take_along users in one primitive."""
     if not (_rows(x) and 1 <= k <= x.shape[-1]):
         return None
     return tuple(_native.topk_select(x, k, list(gathers), low))
@@ -127,10 +94,6 @@ def argmax_take(x: mx.array, gathers=(), flat: bool = False) -> tuple[mx.array, 
     """(argmax int32 [B, 1] -- MLX's: the first maximum, a NaN winning -- then each of `gathers` there, [B, 1] or
     with `flat` [B])."""
     return tuple(_native.argmax_take(x, list(gathers), flat)) if _rows(x) and x.shape[-1] >= 1 else None
-
-
-def mass_above(p: mx.array) -> mx.array | None:
-    return _native.mass_above(p) if _rows(p) else None
 
 
 def row_logsumexp(x: mx.array) -> tuple[mx.array, mx.array] | None:
@@ -165,6 +128,5 @@ def sample_chain(x: mx.array, params: list[mx.array], stages: list[str], termina
                                       want_logprob, want_x))
 
 
-__all__ = ["enabled", "installed", "wake", "release", "evaluate", "threefry_bits", "block_max", "block_top",
-           "block_ids", "take_tokens", "block_max_top", "block_tokens", "block_candidates", "topk_select",
-           "argmax_take", "mass_above", "sample_chain", "CHAIN_STAGES", "row_logsumexp"]
+__all__ = ["enabled", "installed", "wake", "release", "evaluate", "threefry_bits", "block_max", "topk_select",
+           "argmax_take", "sample_chain", "CHAIN_STAGES", "row_logsumexp"]

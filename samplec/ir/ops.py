@@ -158,39 +158,6 @@ def _filter(ts, a):
     return Type(_same_dtype([x], (F32,)), broadcast(x.shape, keep.shape))
 
 
-def _block_max(ts, a):
-    if a["block_size"] < 1:
-        raise TypeError_("block_size must be >= 1")
-    return Type(_same_dtype(ts, (F32,)), ts[0].shape[:-1] + ("NB",))
-
-
-def _top_blocks(ts, a):
-    if a["blocks"] < 1:
-        raise TypeError_("blocks must be >= 1")
-    _same_dtype(ts, (F32,))
-    return Type(I32, ts[0].shape[:-1] + (a["blocks"],))
-
-
-def _block_bound(ts, a):
-    if a["blocks"] < 1:
-        raise TypeError_("blocks must be >= 1")
-    return Type(_same_dtype(ts, (F32,)), ts[0].shape[:-1] + (1,))
-
-
-def _block_ids(ts, a):
-    t, bm = ts
-    if t.dtype != I32 or not t.shape or not isinstance(t.shape[-1], int):
-        raise TypeError_("block_ids: expects i32 block ids with a static last dimension")
-    return Type(I32, broadcast(t.shape[:-1], bm.shape[:-1]) + (t.shape[-1] * a["block_size"],))
-
-
-def _take_tokens(ts, a):
-    x, ids = ts
-    if ids.dtype != I32:
-        raise TypeError_("take_tokens: ids must be i32")
-    return Type(x.dtype, broadcast(x.shape[:-1], ids.shape[:-1]) + ids.shape[-1:])
-
-
 def _cast(ts, a):
     if a["dtype"] not in DTYPES:
         raise TypeError_(f"unknown dtype {a['dtype']}")
@@ -300,27 +267,9 @@ OPS: dict[str, OpDef] = {d.name: d for d in [
           "base with values written at indices along the last axis (a repeated index gets equal values)"),
     OpDef("sparse_add", 1, (("ids", "ints"), ("values", "floats")), _sparse_add,
           "x[..., ids] += values (a constant logit bias)"),
-    # candidate selection (the -O2 plan): exact two-level selection over blocks of the vocabulary
-    OpDef("block_max", 1, (("block_size", "int"),), _block_max,
-          "max of each of NB = ceil(V/block_size) blocks; block j holds tokens j, j+NB, j+2NB, ... (a strided "
-          "reduction, which vectorizes; the vocabulary padded with -inf)"),
-    OpDef("top_blocks", 1, (("blocks", "int"),), _top_blocks,
-          "ids of the `blocks` blocks with the largest maxima, ascending (all blocks, padded, when fewer)"),
-    OpDef("block_bound", 1, (("blocks", "int"),), _block_bound,
-          "the (blocks+1)-th largest block maximum: every token outside the top blocks is <= it (-inf if none)"),
-    OpDef("block_ids", 2, (("block_size", "int"),), _block_ids,
-          "(block ids ascending, block maxima) -> the token ids the blocks hold, ascending"),
-    OpDef("take_tokens", 2, (), _take_tokens,
-          "x at token ids along the last axis; for ids >= V: -inf (floats), else zero / false"),
-    OpDef("topk_positions", 1, (("k", "int"),), _topk(I32),
-          "positions of the k largest (any order among ties at the k-th), ascending"),
     # randomness
     OpDef("random_bits", 3, (), _random_bits,
           "first word of Threefry-2x32-20(key(seed), (counter0, counter1)); the only source of randomness"),
-    # (appended: op numbers in .smpb files stay as they were)
-    OpDef("mass_above", 1, (), _same,
-          "S_i = sum of p_j over p_j > p_i along the last axis (top_p's definition, pairwise: no sort; for "
-          "the few candidates of a plan)"),
     OpDef("count_at", 3, (), _count_at,
           "(ids, weights, x): for each entry, the total weight of the entries with the same id (x: the "
           "vocabulary, for long histories); the counts a penalty reads, without a [B, V] array for short ones"),
