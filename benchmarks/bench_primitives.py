@@ -1,12 +1,12 @@
-"""What one MLX primitive costs, and how many a compiled plan holds -- the numbers behind docs/performance.md.
+"""What one MLX primitive costs, and how many a compiled -O2 program holds -- the numbers behind docs/performance.md.
 
     python benchmarks/bench_primitives.py
 
 Not a test. Prints, for the current MLX device:
-  * the cost of one more primitive of each kind in a compiled chain of 24 on a [1, 64] array (the size of a
-    plan's candidates), after subtracting an empty compiled call;
-  * for each benchmark chain, how many MLX primitives one call of its -O2 plan evaluates (`mx.export_to_dot` of
-    the compiled outputs), by kind.
+  * the cost of one more primitive of each kind in a compiled chain of 24 on a [1, 64] array, after subtracting
+    an empty compiled call;
+  * for each benchmark chain, how many MLX primitives one call of its -O2 program evaluates (`mx.export_to_dot`
+    of the compiled outputs), by kind.
 """
 from __future__ import annotations
 
@@ -71,7 +71,7 @@ def primitive_costs() -> dict[str, float]:
 def plan_primitives(chain: str) -> collections.Counter:
     prog = samplec.compile(f"sampler {chain}(seed: seed = 0, pos: int = 0) {{ {CHAINS[chain][1]} }}")
     args = prog.prepare(mx.array(make_logits(1, 152064)), {"seed": 0, "pos": 3})
-    outs, flags = prog.plan_exes[0](*args)
+    outs, flags = prog.exe(*args)
     with tempfile.TemporaryDirectory() as d:
         mx.export_to_dot(str(Path(d) / "g.dot"), *(outs + flags))
         text = (Path(d) / "g.dot").read_text()
@@ -84,7 +84,7 @@ def main() -> None:
     print(f"Cost of one more primitive in a compiled chain of {STEPS} on [1, 64] (median, µs):\n")
     for name, us in primitive_costs().items():
         print(f"  {name:32s} {us:6.2f}")
-    print("\nMLX primitives one call of the -O2 plan evaluates (V = 152064, B = 1):\n")
+    print("\nMLX primitives one call of the -O2 program evaluates (V = 152064, B = 1):\n")
     for chain in ("C1", "C2", "C3", "C5", "C6"):
         c = plan_primitives(chain)
         top = ", ".join(f"{k} {n}" for k, n in c.most_common(6))

@@ -16,7 +16,7 @@ measure contention for the two cores rather than the samplers). Ratios are a pee
 
 Logits: a heavy tail N(0, 1) over the vocabulary plus a Zipf-like head of 64 strong tokens (token i of the head
 gets 10 + 12 / i**0.5), fixed seed -- the shape of a confident LLM step. `--flat` uses N(0, 2) with a weak head
-(a high-entropy step), where the candidate plan falls back more often; the fallback rate is reported.
+(a high-entropy step), where the chain kernel goes past its candidates more often.
 """
 from __future__ import annotations
 
@@ -343,15 +343,12 @@ def run(args) -> dict:
                 row = {"chain": chain, "V": V, "B": B, "ms": {}}
                 steps = {p.name: p.setup(chain, x, hist) for p in ps}
                 o2 = ps[0]
-                before = o2.prog.fallbacks
                 paired = [k for k in (o2.name, LlamaCpp.name) if k in steps]
                 measured = interleaved_medians({k: steps[k] for k in paired}, budget)
                 for k in steps:
                     if k not in paired:
                         measured[k] = median_ms(steps[k], budget)
                 row["ms"] = {p.name: measured[p.name] for p in ps}
-                row["plan"] = o2.prog.plan is not None
-                row["fallback"] = o2.prog.fallbacks > before
                 for p in ps:
                     if hasattr(p, "teardown"):
                         p.teardown()
@@ -394,17 +391,14 @@ def write_docs(results: dict, out_dir: Path, tag: str) -> None:
     names = list(dict.fromkeys(k for r in results["rows"] for k in r["ms"]))
     lines = [f"Machine: {results['machine']}. Logits: {'flat' if results['flat'] else 'realistic'} "
              f"(see `benchmarks/bench_sampler.py`). Times are medians in ms; in parentheses each peer's time "
-             "divided by samplec -O2's in the same run (higher = samplec faster). `plan`: the -O2 candidate plan "
-             "ran; `fallback`: its guard handed rows to the exact program.", ""]
+             "divided by samplec -O2's in the same run (higher = samplec faster).", ""]
     if results["skipped"]:
         lines += ["Skipped peers: " + "; ".join(results["skipped"]), ""]
-    lines.append("| chain | V | B | " + " | ".join(names) + " | plan |")
-    lines.append("|---|---|---|" + "---|" * len(names) + "---|")
+    lines.append("| chain | V | B | " + " | ".join(names) + " |")
+    lines.append("|---|---|---|" + "---|" * len(names))
     for r in results["rows"]:
         cells = [f"{r['ms'][n]:.3f} ({r['ratio'][n]:.1f}x)" if n in r["ms"] else "—" for n in names]
-        plan = ("fallback" if r.get("fallback") else "yes") if r.get("plan") else "no"
-        lines.append(f"| {r['chain']} {CHAINS[r['chain']][0]} | {r['V']} | {r['B']} | " + " | ".join(cells)
-                     + f" | {plan} |")
+        lines.append(f"| {r['chain']} {CHAINS[r['chain']][0]} | {r['V']} | {r['B']} | " + " | ".join(cells) + " |")
     lines += ["", "Primitive floors (ms):", "", "| V | B | one eval | mx.max | mx.argmax | mx.topk(40) |",
               "|---|---|---|---|---|---|"]
     for f in results["floors"]:
@@ -447,7 +441,7 @@ def plot(results: dict, path: Path) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="V = 152064, B in {1, 8}: under two minutes")
-    ap.add_argument("--flat", action="store_true", help="high-entropy logits (the plan falls back more)")
+    ap.add_argument("--flat", action="store_true", help="high-entropy logits")
     ap.add_argument("--chains", nargs="*", help="subset of C1..C7")
     ap.add_argument("--peers", nargs="*", default=[], help="subset of peers by name (samplec always runs)")
     ap.add_argument("--out", type=Path, default=ROOT / "docs", help="where the table, JSON and plot go")
