@@ -544,6 +544,59 @@ struct ArgmaxTake {
   }
 };
 
+// argmax of put_along(x, ids, vals) without writing it: x with vals at ids (a repeated id carries equal values),
+// MLX's argmax on it (the first maximum, a NaN winning). [B, 1] int32. (ids, vals: [B, H], int32 / float32.)
+struct ArgmaxPut {
+  static constexpr const char* kName = "SamplecArgmaxPut";
+  bool operator==(const ArgmaxPut&) const { return true; }
+  void operator()(std::vector<mx::array>& in, std::vector<mx::array>& out) const {
+    const int64_t rows = in[0].shape(0), n = in[0].shape(1), h = in[1].shape(1);
+    const Rows<float> x(in[0]), vals(in[2]);
+    const Rows<int32_t> ids(in[1]);
+    int32_t* pos = out[0].data<int32_t>();
+    std::vector<std::pair<int32_t, float>> put;
+    std::vector<float> buf;
+    for (int64_t r = 0; r < rows; ++r) {
+      put.clear();
+      for (int64_t j = 0; j < h; ++j) {
+        const int32_t id = ids(r, j);
+        if (id >= 0 && id < n) put.emplace_back(id, vals(r, j));
+      }
+      std::sort(put.begin(), put.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+      const float* row = x.row(r, n, buf);
+      float best = 0.0f;
+      int64_t at = -1;
+      size_t k = 0;
+      int64_t start = 0;
+      auto scan = [&](int64_t lo, int64_t hi) {      // plain stretch [lo, hi)
+        for (int64_t i = lo; i < hi; ++i) {
+          if (at < 0 || greater_nan(row[i], best)) best = row[i], at = i;
+        }
+      };
+      while (k < put.size()) {
+        const int64_t id = put[k].first;
+        scan(start, id);
+        const float v = put[k].second;
+        if (at < 0 || greater_nan(v, best)) best = v, at = id;
+        while (k < put.size() && put[k].first == id) ++k;
+        start = id + 1;
+      }
+      scan(start, n);
+      pos[r] = static_cast<int32_t>(at < 0 ? 0 : at);
+    }
+  }
+};
+
+std::vector<mx::array> argmax_put(const mx::array& x, const mx::array& ids, const mx::array& vals) {
+  need_rows(x, mx::float32, "argmax_put");
+  need_rows(ids, mx::int32, "argmax_put");
+  need_rows(vals, mx::float32, "argmax_put");
+  if (ids.shape(0) != x.shape(0) || vals.shape(0) != x.shape(0) || vals.shape(1) != ids.shape(1)) {
+    throw std::invalid_argument("argmax_put: ids and vals must be [B, H] for x [B, V]");
+  }
+  return make(ArgmaxPut{}, {{x.shape(0), 1}}, {mx::int32}, {x, ids, vals});
+}
+
 mx::array block_max(const mx::array& x, int bs) {
   need_rows(x, mx::float32, "block_max");
   const int64_t nb = (x.shape(1) + bs - 1) / bs;
@@ -1423,6 +1476,8 @@ NB_MODULE(_ext, m) {
         "The sampler chain (stage codes: 0 temperature, 1 top_k, 2 top_p, 3 min_p, 4 top_n_sigma, 5 typical_p, "
         "6 xtc; terminal 0 greedy, 1 sample) on each row of x: [token [B, 1], logprob [B, 1], (want_x) the final "
         "logits [B, V]].");
+  m.def("argmax_put", &argmax_put, nb::arg("x"), nb::arg("ids"), nb::arg("vals"),
+        "argmax of put_along(x, ids, vals) along the rows, without writing it: [B, 1] int32.");
   m.def("row_logsumexp", &row_logsumexp, nb::arg("x"),
         "[B, 2]: each row's maximum and the log of the sum of exp(x - maximum) (x 2-D float32).");
   m.def("hold", &hold, nb::arg("max_us"));

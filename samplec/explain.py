@@ -35,7 +35,7 @@ _SHAPE_OPS = {"const", "expand", "squeeze", "cast", "iota"}
 # what each native rule of lowering.RULES computes its node with (the primitive of samplec-native)
 NATIVE_PRIMITIVES = {
     "log_softmax": "row_logsumexp", "topk_ids": "topk_select", "random_bits": "threefry_bits",
-    "argmax": "argmax_take", "take_along": "a gather of x, max and log Z",
+    "argmax": "argmax_take (argmax_put after penalties)", "take_along": "a gather of x, max and log Z",
 }
 CHAIN_KERNEL = ("the native chain kernel sample_chain: per row, the tokens above a block bound (a selection over "
                 "block maxima), else radix selection over the whole row; no sort")

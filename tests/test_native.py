@@ -294,3 +294,35 @@ def test_a_call_that_fails_before_its_dispatch_ends_its_hold(monkeypatch):
     mx.eval(mx.sum(mx.array(x)))
     assert time.perf_counter() - t0 < 1.0
     assert prog(x, t=0.5, seed=3).token.shape == (1,)
+
+
+def test_argmax_put_is_the_argmax_of_the_written_row():
+    """argmax(put_along(x, ids, vals)) without writing it: the first maximum (a NaN wins), repeated ids, padding
+    ids (< 0 point at token 0 in the IR; here out-of-row ids are skipped), ties between a written and a plain value."""
+    r = np.random.default_rng(11)
+    x = np.round(r.normal(0, 1, (6, 300)) * 2).astype(np.float32) / 2
+    ids = r.integers(0, 300, (6, 20)).astype(np.int32)
+    ids[:, 1] = ids[:, 0]                                      # a repeated id (equal values, as the IR writes)
+    vals = np.round(r.normal(0, 1, (6, 20)) * 2).astype(np.float32) / 2 + 1
+    vals[:, 1] = vals[:, 0]
+    x[2, 7] = np.nan
+    vals[3, 4] = x[3].max()                                    # a written value tying the plain maximum
+    x[4] = 0.5
+    want_rows = x.copy()
+    np.put_along_axis(want_rows, ids, vals, axis=1)
+    want = np.array(mx.argmax(mx.array(want_rows), axis=-1, keepdims=True))
+    got = native.argmax_put(mx.array(x), mx.array(ids), mx.array(vals))
+    np.testing.assert_array_equal(np.array(got), want)
+
+
+def test_greedy_after_penalties_equals_the_dense_program():
+    src = "sampler s(h: tokens, r: float) { penalties(h, last_n = 64, repeat = r) greedy() }"
+    p2, p0 = samplec.compile(src), samplec.compile(src, opt_level=0)
+    r = np.random.default_rng(12)
+    for _ in range(10):
+        x = r.standard_normal((3, 5000)).astype(np.float32)
+        h = r.integers(-1, 5000, (3, 70)).astype(np.int32)
+        h[:, :5] = np.argsort(-x, axis=1)[:, :5]               # the top tokens are in the history
+        x[1, :100] = 3.0                                       # ties
+        kw = dict(h=h, r=[1.3, 0.7, 2.0])
+        assert np.array(p2(x, **kw).token).tolist() == np.array(p0(x, **kw).token).tolist()

@@ -13,6 +13,7 @@ and `SAMPLEC_NATIVE=0` runs every node through its MLX-ops kernel.
     topk_ids(x, k)                                   -> topk_select(x, k) and pairwise ranks of the k
     random_bits(expand(seed), cast<u32>(ids), cast<u32>(expand(pos)))  -> threefry_bits(seed, ids, pos)
     argmax(x), take_along(a_i, it)..., squeeze(those)                   -> argmax_take(x, [a_i...], flat)
+    argmax(put_along(x, ids, vals))                  -> argmax_put(x, ids, vals) (greedy after penalties)
 
 A chain of stage ops ending in a draw is covered by the interpreter itself (`interpreter.Chain`: the native
 `sample_chain` kernel). Each primitive gives exactly what the nodes it covers give through their kernels (tests/test_native.py).
@@ -71,7 +72,15 @@ def _gathers(node: Node, users: Users, env: Env, like: mx.array) -> list[Node]:
 
 
 def _argmax(node: Node, users: Users, env: Env):
-    x = env[id(node.inputs[0])]
+    src = node.inputs[0]
+    if src.op == "put_along" and not _gathers(node, users, env, env[id(src)]):
+        # greedy after penalties: the argmax of the logits with the history's penalized values written in, read
+        # without writing them (the [B, V] copy is lazy: made only if something else reads it)
+        base, ids, vals = (env[id(i)] for i in src.inputs)
+        out = native.argmax_put(base, ids, vals) if ids.ndim == 2 and vals.ndim == 2 else None
+        if out is not None:
+            return {id(node): out}
+    x = env[id(src)]
     if not (x.ndim == 2 and x.dtype == mx.float32 and x.shape[-1] >= 1):
         return None
     takes = _gathers(node, users, env, x)

@@ -96,6 +96,16 @@ def argmax_take(x: mx.array, gathers=(), flat: bool = False) -> tuple[mx.array, 
     return tuple(_native.argmax_take(x, list(gathers), flat)) if _rows(x) and x.shape[-1] >= 1 else None
 
 
+def argmax_put(x: mx.array, ids: mx.array, vals: mx.array) -> mx.array | None:
+    """argmax of put_along(x, ids, vals) ([B, 1] int32, MLX's argmax), without writing the [B, V] result."""
+    if not (_rows(x) and ids.ndim == 2 and vals.ndim == 2 and hasattr(_native, "argmax_put")):
+        return None
+    B = x.shape[0]
+    ids = mx.broadcast_to(ids.astype(mx.int32), (B, ids.shape[-1]))
+    vals = mx.broadcast_to(vals.astype(mx.float32), (B, ids.shape[-1]))
+    return _native.argmax_put(x, ids, vals)[0]
+
+
 def row_logsumexp(x: mx.array) -> tuple[mx.array, mx.array] | None:
     """(row maximum, log sum exp(x - maximum)), [B, 1] each, in one vectorized pass."""
     if not (_rows(x) and x.shape[-1] >= 1 and hasattr(_native, "row_logsumexp")):
@@ -129,4 +139,4 @@ def sample_chain(x: mx.array, params: list[mx.array], stages: list[str], termina
 
 
 __all__ = ["enabled", "installed", "wake", "release", "evaluate", "threefry_bits", "block_max", "topk_select",
-           "argmax_take", "sample_chain", "CHAIN_STAGES", "row_logsumexp"]
+           "argmax_take", "sample_chain", "CHAIN_STAGES", "row_logsumexp", "argmax_put"]
