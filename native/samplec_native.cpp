@@ -1350,6 +1350,55 @@ void chain_dense(ChainRow& row, int64_t nb, int bs, int32_t* token, float* logpr
   }
 }
 
+// A row whose chain reaches temperature 0 through stages that all keep the largest current value (cuts, positive
+// temperatures, an xtc whose coin does not fire) keeps that value's lowest id alone: every later stage leaves a
+// single token as it is, and the draw returns it. One pass over the row, none of the cuts' work (a server batch's
+// greedy requests cost an argmax). False (nothing written) where the row needs the chain.
+bool greedy_row(ChainRow& row, int32_t* token) {
+  const auto& stages = *row.stages;
+  size_t zero = stages.size();
+  for (size_t s = 0; s < stages.size() && zero == stages.size(); ++s) {
+    const StageArgs& sa = row.args[s];
+    if (stages[s] == kTemperature && sa.a == 0.0) {
+      zero = s;
+    } else if (stages[s] == kXtc && sa.b != 0.0 &&
+               uniform_of(threefry_first_word(sa.k0, sa.k1, kXtcCounter, sa.pos)) < static_cast<float>(sa.b)) {
+      return false;                       // xtc may remove the largest value
+    }
+  }
+  if (zero == stages.size()) return false;
+  const float* x = row.x;
+  const int64_t V = row.V;
+  const float top = max_nan(x, V);
+  if (!(top > -INFINITY)) return false;   // NaN or nothing finite: the program's checks report the row
+  std::vector<float> before;              // the positive temperatures applied before the zero, in order
+  for (size_t s = 0; s < zero; ++s) {
+    if (stages[s] == kTemperature && row.args[s].a != 1.0) before.push_back(static_cast<float>(row.args[s].a));
+  }
+  auto f = [&before](float v) {
+    for (float t : before) v = v / t;
+    return v;
+  };
+  int64_t at = 0;
+  if (before.empty()) {
+    while (x[at] != top) ++at;
+  } else {                                // a division may round distinct values together: compare f(x)
+    const float ftop = f(top);
+    while (x[at] == -INFINITY || f(x[at]) != ftop) ++at;
+  }
+  *token = static_cast<int32_t>(at);
+  if (row.x_out != nullptr) {             // the kept token's value: every positive temperature, in order
+    float v = x[at];
+    for (size_t s = 0; s < stages.size(); ++s) {
+      const float t = static_cast<float>(row.args[s].a);
+      if (stages[s] == kTemperature && t != 0.0f && t != 1.0f) v = v / t;
+    }
+    std::fill(row.x_out, row.x_out + V, -INFINITY);
+    row.x_out[at] = v;
+  }
+  return true;
+}
+
 struct SampleChain {
   static constexpr const char* kName = "SamplecSampleChain";
   std::vector<int> stages;
@@ -1406,6 +1455,10 @@ struct SampleChain {
         row.k0 = static_cast<uint32_t>(seed >> 32);
         row.k1 = static_cast<uint32_t>(seed & 0xFFFFFFFFu);
         row.pos = Rows<uint32_t>(in[at + 1])(r, 0);
+      }
+      if (greedy_row(row, token + r)) {
+        logprob[r] = 0.0f;
+        continue;
       }
       block_max_row(row.x, V, nb, bs, bm.data());
       logprob[r] = 0.0f;

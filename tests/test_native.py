@@ -326,3 +326,32 @@ def test_greedy_after_penalties_equals_the_dense_program():
         x[1, :100] = 3.0                                       # ties
         kw = dict(h=h, r=[1.3, 0.7, 2.0])
         assert np.array(p2(x, **kw).token).tolist() == np.array(p0(x, **kw).token).tolist()
+
+
+def test_rows_at_temperature_zero_equal_the_dense_program_and_the_reference():
+    """A per-row zero temperature after cuts and an xtc (its coin firing in some rows, not in others) and before
+    more stages: those rows keep the argmax of the current values alone (the kernel's shortcut); the other rows run
+    the chain. Token, logprob and the final distribution equal -O0 and the numpy reference, with ties at the top
+    (lowest id wins), a temperature that rounds distinct values together, and -inf entries."""
+    import reference as R
+    src = ("sampler s(t0: float, t: float, k: int, p: float, xp: float, seed: seed) -> token, logprob, probs {"
+           " temperature(t0) top_p(p) xtc(0.01, xp, seed) min_p(0.05) temperature(t) top_k(k) sample(seed) }")
+    p2, p0 = samplec.compile(src), samplec.compile(src, opt_level=0)
+    r = np.random.default_rng(21)
+    B, V = 8, 3000
+    x = r.standard_normal((B, V)).astype(np.float32)
+    x[1, [10, 400, 2999]] = 9.0                               # a tie at the top: id 10 wins
+    x[2, ::3] = -np.inf
+    x[3, [5, 6]] = [np.nextafter(np.float32(24.44), np.float32(0)), np.float32(24.44)]   # equal after / 3: id 5
+    kw = dict(t0=[1.0, 0.7, 1.0, 3.0, 2.0, 1.0, 0.5, 1.0], t=[0.0, 0.0, 0.0, 0.0, 0.0, 0.8, 0.0, 1.3],
+              k=[0, 5, 40, 0, 3, 10, 0, 0], p=[0.9, 1.0, 0.5, 0.95, 0.3, 0.9, 1.0, 0.8],
+              xp=[0.0, 1.0, 0.0, 0.0, 1.0, 0.5, 1.0, 0.0], seed=[3, 4, 5, 6, 7, 8, 9, 10])
+    o2, o0 = p2(x, **kw), p0(x, **kw)
+    for name in ("token", "logprob", "probs"):
+        np.testing.assert_array_equal(np.array(getattr(o2, name)), np.array(getattr(o0, name)), err_msg=name)
+    for b in range(B):
+        stages = [("temperature", {"t": kw["t0"][b]}), ("top_p", {"p": kw["p"][b]}),
+                  ("xtc", {"threshold": 0.01, "probability": kw["xp"][b], "seed": kw["seed"][b]}),
+                  ("min_p", {"m": 0.05}), ("temperature", {"t": kw["t"][b]}), ("top_k", {"k": kw["k"][b]})]
+        ref = R.run_chain(x[b], stages, ("sample", {"seed": kw["seed"][b]}))
+        assert int(np.array(o2.token)[b]) == ref["token"], b
