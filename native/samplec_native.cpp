@@ -808,6 +808,51 @@ std::vector<mx::array> row_logsumexp(const mx::array& x) {
   return make(RowLogSumExp{}, {{B, 2}}, {mx::float32}, {x});
 }
 
+// softmax along each row: exp(x - max) in one vectorized pass (the sum in double), then one scaling pass. Runs of
+// -inf (a final distribution after cuts is mostly -inf) are written as zeros without an exp. A row whose maximum
+// is not finite (NaN, +inf, or nothing but -inf) is NaN, as exp(x - max) / sum is there.
+struct RowSoftmax {
+  static constexpr const char* kName = "SamplecRowSoftmax";
+  bool operator==(const RowSoftmax&) const { return true; }
+  void operator()(std::vector<mx::array>& in, std::vector<mx::array>& out) const {
+    const int64_t rows = in[0].shape(0), n = in[0].shape(1);
+    const Rows<float> x(in[0]);
+    std::vector<float> buf;
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* v = x.row(r, n, buf);
+      float* o = out[0].data<float>() + r * n;
+      const float m = max_nan(v, n);
+      if (!std::isfinite(m)) {
+        std::fill(o, o + n, NAN);
+        continue;
+      }
+      double total = 0.0;
+      int64_t i = 0;
+      for (; i + 64 <= n; i += 64) {
+        bool removed = true;
+        for (int j = 0; j < 64; ++j) removed &= v[i + j] == -INFINITY;
+        if (removed) {
+          std::fill(o + i, o + i + 64, 0.0f);
+          continue;
+        }
+        for (int j = 0; j < 64; ++j) o[i + j] = v[i + j] - m;
+        total += exp_inplace(o + i, 64);
+      }
+      for (; i < n; ++i) {
+        o[i] = std::exp(v[i] - m);
+        total += o[i];
+      }
+      const float z = static_cast<float>(total);
+      for (int64_t j = 0; j < n; ++j) o[j] = o[j] / z;
+    }
+  }
+};
+
+std::vector<mx::array> row_softmax(const mx::array& x) {
+  need_rows(x, mx::float32, "row_softmax");
+  return make(RowSoftmax{}, {x.shape()}, {mx::float32}, {x});
+}
+
 // ---- the sampler chain: its stages and the terminal draw, per row, in one primitive ----------------------------
 //
 // The chain's stages are cuts on the logit order (top_k, top_p, min_p, top_n_sigma: keep every token at or above
@@ -1533,6 +1578,8 @@ NB_MODULE(_ext, m) {
         "argmax of put_along(x, ids, vals) along the rows, without writing it: [B, 1] int32.");
   m.def("row_logsumexp", &row_logsumexp, nb::arg("x"),
         "[B, 2]: each row's maximum and the log of the sum of exp(x - maximum) (x 2-D float32).");
+  m.def("row_softmax", &row_softmax, nb::arg("x"),
+        "softmax along the rows of a 2-D float32 array: exp(x - max) / sum, the exps vectorized, the sum in double.");
   m.def("hold", &hold, nb::arg("max_us"));
   m.def("wake", &wake, nb::arg("max_us"), "Open a hold and queue it (mx.async_eval(hold(max_us))).");
   m.def("evaluate", &evaluate, nb::arg("arrays"), nb::arg("spin_us"), nb::call_guard<nb::gil_scoped_release>(),

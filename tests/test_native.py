@@ -355,3 +355,50 @@ def test_rows_at_temperature_zero_equal_the_dense_program_and_the_reference():
                   ("min_p", {"m": 0.05}), ("temperature", {"t": kw["t"][b]}), ("top_k", {"k": kw["k"][b]})]
         ref = R.run_chain(x[b], stages, ("sample", {"seed": kw["seed"][b]}))
         assert int(np.array(o2.token)[b]) == ref["token"], b
+
+
+@pytest.mark.parametrize("V", [1, 63, 64, 200, 5000])
+def test_row_softmax_matches_mlx_softmax(V):
+    """The `probs` pattern's primitive against exp(x - max) / sum in MLX ops: rows mostly -inf (whole 64-blocks
+    skipped), ties, one finite entry, and rows whose maximum is not finite (NaN there, as in MLX)."""
+    r = np.random.default_rng(V)
+    x = (r.standard_normal((7, V)) * 3).astype(np.float32)
+    x[1, r.random(V) < 0.9] = -np.inf
+    x[1, 0] = 2.0
+    x[2] = np.round(x[2])
+    x[3] = -np.inf
+    x[3, V // 2] = 0.5
+    x[4] = -np.inf
+    x[5, V - 1] = np.nan
+    x[6, 0] = np.inf
+    xm = mx.array(x)
+    e = mx.exp(xm - mx.max(xm, axis=-1, keepdims=True))
+    mlx_ops = np.array(e / mx.sum(e, axis=-1, keepdims=True))
+    x64 = x[:4].astype(np.float64)
+    e64 = np.exp(x64 - x64.max(axis=-1, keepdims=True))
+    exact = e64 / e64.sum(axis=-1, keepdims=True)
+    got = np.array(native.row_softmax(xm))
+    np.testing.assert_allclose(got[:4], exact, rtol=2e-6, atol=1e-30)         # (MLX's float32 sum: ~3e-5)
+    np.testing.assert_allclose(mlx_ops[:4], exact, rtol=1e-4, atol=1e-30)
+    assert np.isnan(got[4:]).all() and np.isnan(mlx_ops[4:]).all()
+    np.testing.assert_array_equal(got[:4] == 0, mlx_ops[:4] == 0)
+    strided = mx.array(x[:4, ::-1].copy())[:, ::-1]                  # a view: read through its strides
+    np.testing.assert_allclose(np.array(native.row_softmax(strided)), exact, rtol=2e-6, atol=1e-30)
+
+
+def test_probs_output_runs_as_one_primitive_and_equals_the_dense_program(pure, tmp_path):
+    """A `probs` output (softmax of the chain's final logits) is one native primitive, not MLX's exp, sum and
+    divide; its values equal the MLX-ops program's."""
+    src = "sampler s(t: float, k: int, seed: seed) -> token, probs { temperature(t) top_k(k) sample(seed) }"
+    prog = samplec.compile(src)
+    x = logits(3, 3000, 5)
+    kw = dict(t=[0.7, 1.0, 1.3], k=[5, 0, 3000], seed=[1, 2, 3])
+    got = prog(x, **kw)
+    with pure:
+        want = samplec.compile(src)(x, **kw)
+    np.testing.assert_array_equal(np.array(got.token), np.array(want.token))
+    np.testing.assert_allclose(np.array(got.probs), np.array(want.probs), rtol=1e-4, atol=1e-12)
+    from samplec.backend_mlx.interpreter import Executable
+    outs, _ = Executable(prog.graph, compile=False)(*prog.prepare(x, kw))
+    prims = _primitives([outs[1]], tmp_path / "g.dot")
+    assert "Exp" not in prims and "SamplecRowSoftmax" in prims, prims

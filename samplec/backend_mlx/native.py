@@ -114,6 +114,13 @@ def row_logsumexp(x: mx.array) -> tuple[mx.array, mx.array] | None:
     return out[:, :1], out[:, 1:]
 
 
+def row_softmax(x: mx.array) -> mx.array | None:
+    """softmax along the rows (exp(x - max) / sum) in one vectorized exp pass; None where it does not apply."""
+    if not (_rows(x) and x.shape[-1] >= 1 and hasattr(_native, "row_softmax")):
+        return None
+    return _native.row_softmax(x)[0]
+
+
 CHAIN_STAGES = {"temperature": 0, "top_k": 1, "top_p": 2, "min_p": 3, "top_n_sigma": 4, "typical_p": 5, "xtc": 6}
 _PARAM_DTYPES = {"top_k": [mx.int32], "xtc": [mx.float32, mx.float32, mx.uint64, mx.uint32]}
 CHAIN_TERMINALS = {"greedy": 0, "sample": 1}
