@@ -25,7 +25,9 @@ Logits (one family per run of the table, V = 152064, fixed seeds):
               prints each row's nucleus(0.9) size and its mass beyond the top 1000 (the recipe's targets: 1 to
               several thousand tokens, 1-30%).
 Times are medians of interleaved rounds (every peer once per round, shuffled): ratios are peer / samplec -O2 in the
-same run. samplec's tokens are checked against -O0 on the same inputs before timing.
+same run. samplec runs twice: with the example's outputs (what its users get: logprob, top_logprobs, probs) and
+"token only" (the example with `-> token`, the work the peers do: none of them returns logprobs here), and each
+ratio is given against both. samplec's tokens are checked against -O0 on the same inputs before timing.
 """
 from __future__ import annotations
 
@@ -33,6 +35,7 @@ import argparse
 import ctypes
 import json
 import random
+import re
 import statistics
 import time
 from pathlib import Path
@@ -165,14 +168,23 @@ def chain_specs(B, rng):
 
 # ---- peers -------------------------------------------------------------------------------------------------------
 
+def token_only(source: str, sampler: str) -> str:
+    """The source with `sampler`'s outputs reduced to `-> token` (what the peers return)."""
+    head = re.compile(r"(sampler\s+" + sampler + r"\s*\((?:[^()]|\([^()]*\))*\))\s*(->[^{]*)?\{")
+    return head.sub(lambda m: m.group(1) + " -> token {", source, count=1)
+
+
 class Samplec:
-    def __init__(self, level, per_row):
-        self.level, self.per_row = level, per_row
-        self.name = f"samplec -O{level}" + (" rows" if per_row else "")
+    def __init__(self, level, per_row, token_only=False):
+        self.level, self.per_row, self.token_only = level, per_row, token_only
+        self.name = f"samplec -O{level}" + (" rows" if per_row else "") + (" token" if token_only else "")
 
     def setup(self, spec, x, hist):
         file, sampler, params, _, _ = spec
-        prog = samplec.compile_file(ROOT / "examples" / file, sampler=sampler, opt_level=self.level)
+        source = (ROOT / "examples" / file).read_text()
+        if self.token_only:
+            source = token_only(source, sampler)
+        prog = samplec.compile(source, sampler=sampler, opt_level=self.level)
         kw = {}
         for k, v in params.items():
             if isinstance(v, list):
@@ -372,7 +384,8 @@ def main():
                 if name == "server" and B == 1:
                     continue
                 mine = Samplec(2, per_row=B > 1)
-                steps = {mine.name: mine.setup(spec, x, hist)}
+                lean = Samplec(2, per_row=B > 1, token_only=True)
+                steps = {mine.name: mine.setup(spec, x, hist), lean.name: lean.setup(spec, x, hist)}
                 check = Samplec(0, per_row=B > 1).setup(spec, x, hist)
                 t2, t0 = steps[mine.name](123), check(123)
                 assert t2.tolist() == t0.tolist(), (name, family, B, t2, t0)
@@ -384,19 +397,25 @@ def main():
                     if p in peers and hasattr(peers[p], "teardown"):
                         peers[p].teardown()
                 row = {"family": family, "B": B, "chain": name, "ms": ms,
-                       "ratio": {k: v / ms[mine.name] for k, v in ms.items() if k != mine.name}}
+                       "ratio": {k: v / ms[mine.name] for k, v in ms.items() if k not in (mine.name, lean.name)},
+                       "ratio_token": {k: v / ms[lean.name] for k, v in ms.items()
+                                       if k not in (mine.name, lean.name)}}
                 results.append(row)
-                print(f"  {name:10} samplec {ms[mine.name]:8.3f} ms   " +
-                      "   ".join(f"{k} {v:8.3f} ms ({row['ratio'][k]:.1f}x)" for k, v in ms.items()
-                                 if k != mine.name))
+                print(f"  {name:10} samplec {ms[mine.name]:7.3f} ms (token only {ms[lean.name]:7.3f})  " +
+                      "   ".join(f"{k} {v:8.3f} ms ({row['ratio'][k]:.1f}x; {row['ratio_token'][k]:.1f}x)"
+                                 for k, v in ms.items() if k not in (mine.name, lean.name)))
     if args.out:
         out = Path(args.out)
         out.with_suffix(".json").write_text(json.dumps(results, indent=1))
-        lines = ["| logits | B | chain | samplec -O2 ms | peers: ms (peer / samplec) |", "|---|---|---|---|---|"]
+        lines = ["| logits | B | chain | samplec -O2 ms | token only ms | peers: ms (peer / samplec; peer / token only) |",
+                 "|---|---|---|---|---|---|"]
         for r in results:
-            mine = next(k for k in r["ms"] if k.startswith("samplec"))
-            peers_txt = "; ".join(f"{k} {v:.3f} ({r['ratio'][k]:.1f}x)" for k, v in r["ms"].items() if k != mine)
-            lines.append(f"| {r['family']} | {r['B']} | {r['chain']} | {r['ms'][mine]:.3f} | {peers_txt or '—'} |")
+            mine = next(k for k in r["ms"] if k.startswith("samplec") and not k.endswith("token"))
+            lean = next(k for k in r["ms"] if k.endswith("token"))
+            peers_txt = "; ".join(f"{k} {v:.3f} ({r['ratio'][k]:.1f}x; {r['ratio_token'][k]:.1f}x)"
+                                  for k, v in r["ms"].items() if k not in (mine, lean))
+            lines.append(f"| {r['family']} | {r['B']} | {r['chain']} | {r['ms'][mine]:.3f} | {r['ms'][lean]:.3f} | "
+                         f"{peers_txt or '—'} |")
         out.with_suffix(".md").write_text("\n".join(lines) + "\n")
 
 

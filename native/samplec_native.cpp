@@ -808,9 +808,38 @@ std::vector<mx::array> row_logsumexp(const mx::array& x) {
   return make(RowLogSumExp{}, {{B, 2}}, {mx::float32}, {x});
 }
 
-// softmax along each row: exp(x - max) in one vectorized pass (the sum in double), then one scaling pass. Runs of
-// -inf (a final distribution after cuts is mostly -inf) are written as zeros without an exp. A row whose maximum
-// is not finite (NaN, +inf, or nothing but -inf) is NaN, as exp(x - max) / sum is there.
+// o[0..n) <- softmax(o) given its maximum m (finite): exp(o - m) in one vectorized pass (the sum in double), then
+// one scaling pass. Blocks of 64 that are all -inf (a final distribution after cuts is mostly -inf) are zeros
+// without an exp or a division.
+SAMPLEC_VOCAB_LOOP void softmax_inplace(float* o, int64_t n, float m) {
+  double total = 0.0;
+  int64_t i = 0;
+  for (; i + 64 <= n; i += 64) {
+    bool removed = true;
+    for (int j = 0; j < 64; ++j) removed &= o[i + j] == -INFINITY;
+    if (removed) {
+      std::fill(o + i, o + i + 64, 0.0f);
+      continue;
+    }
+    for (int j = 0; j < 64; ++j) o[i + j] -= m;
+    total += exp_inplace(o + i, 64);
+  }
+  for (; i < n; ++i) {
+    o[i] = std::exp(o[i] - m);
+    total += o[i];
+  }
+  const float z = static_cast<float>(total);
+  for (i = 0; i + 64 <= n; i += 64) {
+    bool zero = true;
+    for (int j = 0; j < 64; ++j) zero &= o[i + j] == 0.0f;
+    if (zero) continue;
+    for (int j = 0; j < 64; ++j) o[i + j] /= z;
+  }
+  for (; i < n; ++i) o[i] /= z;
+}
+
+// softmax along each row. A row whose maximum is not finite (NaN, +inf, or nothing but -inf) is NaN, as
+// exp(x - max) / sum is there.
 struct RowSoftmax {
   static constexpr const char* kName = "SamplecRowSoftmax";
   bool operator==(const RowSoftmax&) const { return true; }
@@ -826,24 +855,8 @@ struct RowSoftmax {
         std::fill(o, o + n, NAN);
         continue;
       }
-      double total = 0.0;
-      int64_t i = 0;
-      for (; i + 64 <= n; i += 64) {
-        bool removed = true;
-        for (int j = 0; j < 64; ++j) removed &= v[i + j] == -INFINITY;
-        if (removed) {
-          std::fill(o + i, o + i + 64, 0.0f);
-          continue;
-        }
-        for (int j = 0; j < 64; ++j) o[i + j] = v[i + j] - m;
-        total += exp_inplace(o + i, 64);
-      }
-      for (; i < n; ++i) {
-        o[i] = std::exp(v[i] - m);
-        total += o[i];
-      }
-      const float z = static_cast<float>(total);
-      for (int64_t j = 0; j < n; ++j) o[j] = o[j] / z;
+      std::copy(v, v + n, o);
+      softmax_inplace(o, n, m);
     }
   }
 };
@@ -889,7 +902,8 @@ struct ChainRow {
   std::vector<StageArgs> args;
   int terminal;
   bool want_logprob;
-  float* x_out;                   // the final logits (want_x), or nullptr
+  float* x_out;                   // the final logits (want_x) or their softmax (want_probs), or nullptr
+  bool probs_out = false;         // x_out receives softmax(final logits)
   uint32_t k0, k1, pos;           // the draw's key and position
   std::vector<float>* bm;         // block maxima
   std::vector<std::pair<float, int32_t>>* cand;
@@ -1081,6 +1095,13 @@ bool chain_run(ChainRow& row, float bound, int32_t* token, float* logprob) {
     float* o = row.x_out;
     if (tail) {
       for (int64_t i = 0; i < row.V; ++i) o[i] = row.f(row.x[i]);
+      if (row.probs_out) softmax_inplace(o, row.V, vmax);
+    } else if (row.probs_out) {
+      std::fill(o, o + row.V, 0.0f);
+      double zd = 0.0;
+      for (int64_t i = 0; i < L; ++i) zd += std::exp(static_cast<double>(c[i].first - vmax));
+      const float z = static_cast<float>(zd);
+      for (int64_t i = 0; i < L; ++i) o[c[i].second] = std::exp(c[i].first - vmax) / z;
     } else {
       std::fill(o, o + row.V, -INFINITY);
       for (int64_t i = 0; i < L; ++i) o[c[i].second] = c[i].first;
@@ -1392,6 +1413,7 @@ void chain_dense(ChainRow& row, int64_t nb, int bs, int32_t* token, float* logpr
   }
   if (row.x_out != nullptr) {
     for (int64_t i = 0; i < V; ++i) row.x_out[i] = keep[i] ? fx[i] : -INFINITY;
+    if (row.probs_out) softmax_inplace(row.x_out, V, fmax);
   }
 }
 
@@ -1438,8 +1460,8 @@ bool greedy_row(ChainRow& row, int32_t* token) {
       const float t = static_cast<float>(row.args[s].a);
       if (stages[s] == kTemperature && t != 0.0f && t != 1.0f) v = v / t;
     }
-    std::fill(row.x_out, row.x_out + V, -INFINITY);
-    row.x_out[at] = v;
+    std::fill(row.x_out, row.x_out + V, row.probs_out ? 0.0f : -INFINITY);
+    row.x_out[at] = row.probs_out ? 1.0f : v;
   }
   return true;
 }
@@ -1448,9 +1470,10 @@ struct SampleChain {
   static constexpr const char* kName = "SamplecSampleChain";
   std::vector<int> stages;
   int terminal;
-  bool want_logprob, want_x;
+  bool want_logprob, want_x, want_probs;
   bool operator==(const SampleChain& o) const {
-    return stages == o.stages && terminal == o.terminal && want_logprob == o.want_logprob && want_x == o.want_x;
+    return stages == o.stages && terminal == o.terminal && want_logprob == o.want_logprob && want_x == o.want_x &&
+           want_probs == o.want_probs;
   }
   // in = [x, each stage's operands after x as [B, 1] (top_k int32; xtc f32, f32, u64 seed, u32 position; others
   // f32), then (sample) seed u64 and position u32]
@@ -1474,7 +1497,8 @@ struct SampleChain {
       row.stages = &stages;
       row.terminal = terminal;
       row.want_logprob = want_logprob;
-      row.x_out = want_x ? out[2].data<float>() + r * V : nullptr;
+      row.x_out = want_x || want_probs ? out[2].data<float>() + r * V : nullptr;
+      row.probs_out = want_probs;
       row.bm = &bm;
       row.cand = &cand;
       bool has_zero = false;
@@ -1528,7 +1552,8 @@ struct SampleChain {
 };
 
 std::vector<mx::array> sample_chain(const mx::array& x, const std::vector<mx::array>& params,
-                                    const std::vector<int>& stages, int terminal, bool want_logprob, bool want_x) {
+                                    const std::vector<int>& stages, int terminal, bool want_logprob, bool want_x,
+                                    bool want_probs) {
   need_rows(x, mx::float32, "sample_chain");
   size_t arity = terminal == kSample ? 2 : 0;
   for (int s : stages) {
@@ -1548,11 +1573,12 @@ std::vector<mx::array> sample_chain(const mx::array& x, const std::vector<mx::ar
   }
   std::vector<mx::Shape> shapes{{B, 1}, {B, 1}};
   std::vector<mx::Dtype> dtypes{mx::int32, mx::float32};
-  if (want_x) {
+  if (want_x && want_probs) throw std::invalid_argument("sample_chain: the final logits or their softmax, not both");
+  if (want_x || want_probs) {
     shapes.push_back({B, x.shape(1)});
     dtypes.push_back(mx::float32);
   }
-  return make(SampleChain{stages, terminal, want_logprob, want_x}, shapes, dtypes, ins);
+  return make(SampleChain{stages, terminal, want_logprob, want_x, want_probs}, shapes, dtypes, ins);
 }
 
 }  // namespace
@@ -1570,10 +1596,10 @@ NB_MODULE(_ext, m) {
   m.def("argmax_take", &argmax_take, nb::arg("x"), nb::arg("gathers") = std::vector<mx::array>{},
         nb::arg("flat") = false, "[argmax [B, 1], then each gathered array there, [B, 1] or (flat) [B]].");
   m.def("sample_chain", &sample_chain, nb::arg("x"), nb::arg("params"), nb::arg("stages"), nb::arg("terminal"),
-        nb::arg("want_logprob"), nb::arg("want_x") = false,
+        nb::arg("want_logprob"), nb::arg("want_x") = false, nb::arg("want_probs") = false,
         "The sampler chain (stage codes: 0 temperature, 1 top_k, 2 top_p, 3 min_p, 4 top_n_sigma, 5 typical_p, "
         "6 xtc; terminal 0 greedy, 1 sample) on each row of x: [token [B, 1], logprob [B, 1], (want_x) the final "
-        "logits [B, V]].");
+        "logits [B, V] or (want_probs) their softmax].");
   m.def("argmax_put", &argmax_put, nb::arg("x"), nb::arg("ids"), nb::arg("vals"),
         "argmax of put_along(x, ids, vals) along the rows, without writing it: [B, 1] int32.");
   m.def("row_logsumexp", &row_logsumexp, nb::arg("x"),

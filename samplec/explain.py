@@ -380,7 +380,12 @@ def _runs(grp: Group, ex: Explained) -> None:
     for n in nodes:
         chain = chain_of(ex, n)
         name = "%" + ex.names[id(n)]
-        if chain is not None and ex.chain_native:
+        if chain is not None and ex.chain_native and chain[1].softmax and n in chain[1].softmax:
+            if n is chain[1].softmax[-1]:
+                grp.runs.append(f"{name} = softmax of the chain's final logits "
+                                f"({', '.join(m.op for m in chain[1].softmax)}): written by chain #{chain[0] + 1}, "
+                                "the native chain kernel")
+        elif chain is not None and ex.chain_native:
             grp.runs.append(f"{name} = {n.op}: chain #{chain[0] + 1}, the native chain kernel")
         elif n.op in DENSE_OPS:
             grp.runs.append(f"{name} = {n.op}: its dense definition in MLX ops ({_dense_ops(n)})")

@@ -386,13 +386,14 @@ def test_row_softmax_matches_mlx_softmax(V):
     np.testing.assert_allclose(np.array(native.row_softmax(strided)), exact, rtol=2e-6, atol=1e-30)
 
 
-def test_probs_output_runs_as_one_primitive_and_equals_the_dense_program(pure, tmp_path):
-    """A `probs` output (softmax of the chain's final logits) is one native primitive, not MLX's exp, sum and
-    divide; its values equal the MLX-ops program's."""
+def test_probs_output_comes_from_the_chain_kernel_and_equals_the_dense_program(pure, tmp_path):
+    """A `probs` output (softmax of the chain's final logits) is written by the chain kernel itself, not by MLX's
+    exp, sum and divide over the final logits; its values equal the MLX-ops program's (rows on the candidates, on
+    the whole row, and at temperature 0)."""
     src = "sampler s(t: float, k: int, seed: seed) -> token, probs { temperature(t) top_k(k) sample(seed) }"
     prog = samplec.compile(src)
-    x = logits(3, 3000, 5)
-    kw = dict(t=[0.7, 1.0, 1.3], k=[5, 0, 3000], seed=[1, 2, 3])
+    x = logits(4, 3000, 5)
+    kw = dict(t=[0.7, 1.0, 1.3, 0.0], k=[5, 0, 3000, 7], seed=[1, 2, 3, 4])
     got = prog(x, **kw)
     with pure:
         want = samplec.compile(src)(x, **kw)
@@ -401,4 +402,4 @@ def test_probs_output_runs_as_one_primitive_and_equals_the_dense_program(pure, t
     from samplec.backend_mlx.interpreter import Executable
     outs, _ = Executable(prog.graph, compile=False)(*prog.prepare(x, kw))
     prims = _primitives([outs[1]], tmp_path / "g.dot")
-    assert "Exp" not in prims and "SamplecRowSoftmax" in prims, prims
+    assert "SamplecSampleChain" in prims and not {"Exp", "Sum", "Divide", "SamplecRowSoftmax"} & set(prims), prims

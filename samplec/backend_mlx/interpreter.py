@@ -13,7 +13,7 @@ import mlx.core as mx
 
 from samplec.backend_mlx import native
 from samplec.backend_mlx.kernels import KERNELS
-from samplec.backend_mlx.lowering import RULES
+from samplec.backend_mlx.lowering import RULES, softmax_pattern
 from samplec.diagnostics import SamplecError
 from samplec.frontend.expand import EXPAND
 from samplec.ir.graph import INPUT, Graph, Node
@@ -24,46 +24,57 @@ from samplec.ir.types import Type
 
 class Chain:
     """Stage ops x_0 -> stage_1 -> ... -> stage_n -> draw, and the draw's `logprob_at` users: one kernel runs them
-    together. Only the draw (and, where something else reads it, stage_n's result) leave the chain."""
+    together. Only the draw and, where something else reads it, stage_n's result leave the chain -- or, where
+    that something is only softmax(stage_n) (a `probs` output), the softmax: the kernel writes it directly."""
 
-    def __init__(self, draw: Node, stages: list[Node], logprobs: list[Node], want_x: bool):
-        self.draw, self.stages, self.logprobs, self.want_x = draw, stages, logprobs, want_x
+    def __init__(self, draw: Node, stages: list[Node], logprobs: list[Node], want_x: bool,
+                 softmax: tuple[Node, ...] = ()):
+        self.draw, self.stages, self.logprobs, self.want_x = draw, stages, logprobs, want_x and not softmax
+        self.softmax = softmax      # (reduce_max, sub, exp, reduce_sum, div) of the probs pattern, or ()
         self.x = stages[0].inputs[0] if stages else draw.inputs[0]
 
     def nodes(self) -> list[Node]:
-        return self.stages + [self.draw] + self.logprobs
+        return self.stages + [self.draw] + self.logprobs + list(self.softmax)
 
     def run(self, env: dict) -> dict | None:
         params = [env[id(i)] for s in self.stages for i in s.inputs[1:]] + [env[id(i)] for i in self.draw.inputs[1:]]
         out = native.sample_chain(env[id(self.x)], params, [s.op for s in self.stages], self.draw.op,
-                                  bool(self.logprobs), self.want_x)
+                                  bool(self.logprobs), self.want_x, bool(self.softmax))
         if out is None:
             return None
         bound = {id(self.draw): out[0], **{id(n): out[1] for n in self.logprobs}}
         if self.want_x:
             bound[id(self.stages[-1])] = out[2]
+        if self.softmax:
+            bound[id(self.softmax[-1])] = out[2]
         return bound
 
 
 def find_chains(graph: Graph) -> list[Chain]:
-    """Every draw, with the stage ops before it: the last one may be read elsewhere too (`probs`: the kernel then
-    also returns its result), the others only by the next."""
+    """Every draw, with the stage ops before it: the last one may be read elsewhere too (the kernel then also
+    returns its result, or its softmax where that is all the reader wants: `probs`), the others only by the next."""
     users = graph.users()
+    roots = {id(r) for r in graph.roots()}
     chains = []
     for n in graph.toposort():
         if n.op not in DRAW_OPS:
             continue
         x = n.inputs[0]
         logprobs = [u for u in users.get(id(x), []) if u.op == "logprob_at" and u.inputs[1] is n]
-        stages, want_x = [], False
+        stages, want_x, softmax = [], False, ()
         if x.op in STAGE_OPS:
-            want_x = any(u is not n and u not in logprobs for u in users.get(id(x), []))
+            others = [u for u in users.get(id(x), []) if u is not n and u not in logprobs]
+            want_x = bool(others)
+            top = next((u for u in others if u.op == "reduce_max"), None)
+            pattern = softmax_pattern(top, users) if len(others) == 2 and top is not None else None
+            if pattern and pattern[0] in others and not {id(m) for m in (top, *pattern[:-1])} & roots:
+                softmax = (top, *pattern)
             stages.append(x)
             x = x.inputs[0]
             while x.op in STAGE_OPS and all(u is stages[-1] for u in users.get(id(x), [])):
                 stages.append(x)
                 x = x.inputs[0]
-        chains.append(Chain(n, stages[::-1], logprobs, want_x))
+        chains.append(Chain(n, stages[::-1], logprobs, want_x, softmax))
     return chains
 
 
@@ -137,7 +148,8 @@ class Executable:
                             env.setdefault(id(m), None)
                         continue
                     for s in chain.nodes():      # (the primitive declined: each by its definition)
-                        env[id(s)] = _run_expansion(s, [env[id(i)] for i in s.inputs])
+                        ins = [env[id(i)] for i in s.inputs]
+                        env[id(s)] = _run_expansion(s, ins) if s.op in EXPAND else KERNELS[s.op](ins, s.attr_dict)
                     continue
                 rule = rules.get(node.op)
                 bound = rule(node, users, env) if rule is not None else None

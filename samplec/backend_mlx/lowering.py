@@ -160,10 +160,11 @@ def _only_user(node: Node, users: Users, op: str, *inputs) -> Node | None:
     return us[0] if len(us) == 1 and us[0].op == op and us[0].inputs == inputs else None
 
 
-def _softmax(node: Node, users: Users, env: Env):
-    """reduce_max(x) -> sub(x, max) -> exp -> div(exp, reduce_sum(exp)) (a `probs` output): one primitive, its
-    exps vectorized (MLX's CPU exp is scalar: a pass over the vocabulary costs ~2 ms at V = 152064). The pattern's
-    inner values are bound lazily: nothing else reads them, so MLX never computes them."""
+def softmax_pattern(node: Node, users: Users) -> tuple[Node, Node, Node, Node] | None:
+    """(sub, exp, reduce_sum, div) when `node` is the reduce_max of softmax(x) = exp(x - max) / sum (a `probs`
+    output) and nothing else reads those values."""
+    if node.op != "reduce_max":
+        return None
     x = node.inputs[0]
     sub = _only_user(node, users, "sub", x, node)
     exp = sub and _only_user(sub, users, "exp", sub)
@@ -171,12 +172,19 @@ def _softmax(node: Node, users: Users, env: Env):
         return None
     total = next((u for u in users[id(exp)] if u.op == "reduce_sum"), None)
     div = total and _only_user(total, users, "div", exp, total)
-    if div is None or div not in users[id(exp)]:
-        return None
-    xa = env[id(x)]
-    probs = native.row_softmax(xa) if xa.ndim == 2 and xa.dtype == mx.float32 else None
+    return (sub, exp, total, div) if div is not None and div in users[id(exp)] else None
+
+
+def _softmax(node: Node, users: Users, env: Env):
+    """softmax(x) (a `probs` output): one primitive, its exps vectorized (MLX's CPU exp is scalar: a pass over the
+    vocabulary costs ~2 ms at V = 152064). The pattern's inner values are bound lazily: nothing else reads them,
+    so MLX never computes them."""
+    pattern = softmax_pattern(node, users)
+    xa = env[id(node.inputs[0])]
+    probs = native.row_softmax(xa) if pattern and xa.ndim == 2 and xa.dtype == mx.float32 else None
     if probs is None:
         return None
+    sub, exp, total, div = pattern
     m = mx.max(xa, axis=-1, keepdims=True)
     e = mx.exp(xa - m)
     return {id(node): m, id(sub): xa - m, id(exp): e, id(total): mx.sum(e, axis=-1, keepdims=True),
