@@ -808,6 +808,24 @@ std::vector<mx::array> row_logsumexp(const mx::array& x) {
   return make(RowLogSumExp{}, {{B, 2}}, {mx::float32}, {x});
 }
 
+// the maximum of each row (MLX's max: a NaN wins), vectorized: [B, 1]
+struct RowMax {
+  static constexpr const char* kName = "SamplecRowMax";
+  bool operator==(const RowMax&) const { return true; }
+  void operator()(std::vector<mx::array>& in, std::vector<mx::array>& out) const {
+    const int64_t rows = in[0].shape(0), n = in[0].shape(1);
+    const Rows<float> x(in[0]);
+    std::vector<float> buf;
+    float* o = out[0].data<float>();
+    for (int64_t r = 0; r < rows; ++r) o[r] = max_nan(x.row(r, n, buf), n);
+  }
+};
+
+std::vector<mx::array> row_max(const mx::array& x) {
+  need_rows(x, mx::float32, "row_max");
+  return make(RowMax{}, {{x.shape(0), 1}}, {mx::float32}, {x});
+}
+
 // o[0..n) <- softmax(o) given its maximum m (finite): exp(o - m) in one vectorized pass (the sum in double), then
 // one scaling pass. Blocks of 64 that are all -inf (a final distribution after cuts is mostly -inf) are zeros
 // without an exp or a division.
@@ -908,6 +926,11 @@ struct ChainRow {
   std::vector<float>* bm;         // block maxima
   std::vector<std::pair<float, int32_t>>* cand;
   std::vector<float> divs;        // temperatures applied so far (while the tail is alive)
+  // the whole row's sum of exp(f(x) - vmax) for the divs and vmax it was computed with (a row's attempts on
+  // more candidates see the same ones): computed once per row
+  std::vector<float> z_divs;
+  float z_vmax = NAN;
+  double z = 0.0;
 
   float f(float v) const {        // the temperatures applied so far, in order, as the stages apply them
     for (float t : divs) v = v == -INFINITY ? v : v / t;
@@ -935,13 +958,44 @@ float chain_candidates(const ChainRow& row, int64_t nb, int bs, int64_t m, std::
   return bound;
 }
 
-// sum over the whole row of exp(f(x) - vmax), in double
-double full_z(const ChainRow& row, float vmax) {
-  if (row.divs.empty()) return sum_exp(row.x, row.V, vmax);
-  thread_local std::vector<float> fx;
-  fx.resize(row.V);
-  for (int64_t i = 0; i < row.V; ++i) fx[i] = row.f(row.x[i]);
-  return sum_exp(fx.data(), row.V, vmax);
+// sum of exp(v[i] / t - c) over v[0..n) (v[i] / t <= c, or -inf), in double across blocks of 64: the values
+// divided as a temperature stage divides them, without writing them
+SAMPLEC_VOCAB_LOOP double sum_exp_div(const float* v, int64_t n, float t, float c) {
+  double total = 0.0;
+  int64_t i = 0;
+  for (; i + 64 <= n; i += 64) {
+    F8 acc{};
+    for (int j = 0; j < 64; j += 8) {
+      F8 a;
+      std::memcpy(&a, v + i + j, sizeof a);
+      acc += exp8_nonpos(a / t - c);       // (-inf / t - c is -inf: 0)
+    }
+    double s = 0.0;
+    for (int l = 0; l < 8; ++l) s += acc[l];
+    total += s;
+  }
+  for (; i < n; ++i) total += v[i] == -INFINITY ? 0.0 : std::exp(static_cast<double>(v[i] / t - c));
+  return total;
+}
+
+// sum over the whole row of exp(f(x) - vmax), in double; once per row for given temperatures and vmax
+double full_z(ChainRow& row, float vmax) {
+  if (row.z_vmax == vmax && row.z_divs == row.divs) return row.z;
+  double z;
+  if (row.divs.empty()) {
+    z = sum_exp(row.x, row.V, vmax);
+  } else if (row.divs.size() == 1) {
+    z = sum_exp_div(row.x, row.V, row.divs[0], vmax);
+  } else {
+    thread_local std::vector<float> fx;
+    fx.resize(row.V);
+    for (int64_t i = 0; i < row.V; ++i) fx[i] = row.f(row.x[i]);
+    z = sum_exp(fx.data(), row.V, vmax);
+  }
+  row.z_divs = row.divs;
+  row.z_vmax = vmax;
+  row.z = z;
+  return z;
 }
 
 // Run the chain on the sorted candidates above `bound`; false when a cut (or the draw) may reach below the bound,
@@ -1604,6 +1658,7 @@ NB_MODULE(_ext, m) {
         "argmax of put_along(x, ids, vals) along the rows, without writing it: [B, 1] int32.");
   m.def("row_logsumexp", &row_logsumexp, nb::arg("x"),
         "[B, 2]: each row's maximum and the log of the sum of exp(x - maximum) (x 2-D float32).");
+  m.def("row_max", &row_max, nb::arg("x"), "[B, 1]: the maximum of each row of a 2-D float32 array (a NaN wins).");
   m.def("row_softmax", &row_softmax, nb::arg("x"),
         "softmax along the rows of a 2-D float32 array: exp(x - max) / sum, the exps vectorized, the sum in double.");
   m.def("hold", &hold, nb::arg("max_us"));

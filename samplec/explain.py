@@ -36,6 +36,7 @@ _SHAPE_OPS = {"const", "expand", "squeeze", "cast", "iota"}
 NATIVE_PRIMITIVES = {
     "log_softmax": "row_logsumexp", "topk_ids": "topk_select", "random_bits": "threefry_bits",
     "argmax": "argmax_take (argmax_put after penalties)", "take_along": "a gather of x, max and log Z",
+    "reduce_max": "row_max",
 }
 CHAIN_KERNEL = ("the native chain kernel sample_chain: per row, the tokens above a block bound (a selection over "
                 "block maxima), else radix selection over the whole row; no sort")
@@ -393,7 +394,8 @@ def _runs(grp: Group, ex: Explained) -> None:
             low.append(n)
     if low:
         covered = lambda n: ex.native and n.op in NATIVE_PRIMITIVES and \
-            (n.op != "take_along" or n.inputs[0].op == "log_softmax")     # (the one rule with a condition)
+            (n.op != "take_along" or n.inputs[0].op == "log_softmax") and \
+            (n.op != "reduce_max" or n.type.dtype == "f32" and len(n.inputs[0].type.shape) == 2)   # (the rules' conditions)
         natives = [f"{NATIVE_PRIMITIVES[n.op]} ({n.op})" for n in low if covered(n)]
         rest = [n for n in low if not covered(n)]
         if natives:

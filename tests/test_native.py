@@ -403,3 +403,19 @@ def test_probs_output_comes_from_the_chain_kernel_and_equals_the_dense_program(p
     outs, _ = Executable(prog.graph, compile=False)(*prog.prepare(x, kw))
     prims = _primitives([outs[1]], tmp_path / "g.dot")
     assert "SamplecSampleChain" in prims and not {"Exp", "Sum", "Divide", "SamplecRowSoftmax"} & set(prims), prims
+
+
+@pytest.mark.parametrize("V", [1, 7, 64, 5000])
+def test_row_max_is_mlx_max(V):
+    """reduce_max over a float32 [B, V]: MLX's max, a NaN winning, -inf rows, -0.0, strided views."""
+    r = np.random.default_rng(V + 1)
+    x = (r.standard_normal((5, V)) * 3).astype(np.float32)
+    x[1] = -np.inf
+    x[2, V // 2] = np.nan
+    x[3] = -0.0
+    x[4, -1] = np.inf
+    xm = mx.array(x)
+    want = np.array(mx.max(xm, axis=-1, keepdims=True))
+    np.testing.assert_array_equal(np.array(native.row_max(xm)), want)
+    view = mx.array(x[:, ::-1].copy())[:, ::-1]
+    np.testing.assert_array_equal(np.array(native.row_max(view)), want)

@@ -14,6 +14,7 @@ and `SAMPLEC_NATIVE=0` runs every node through its MLX-ops kernel.
     random_bits(expand(seed), cast<u32>(ids), cast<u32>(expand(pos)))  -> threefry_bits(seed, ids, pos)
     argmax(x), take_along(a_i, it)..., squeeze(those)                   -> argmax_take(x, [a_i...], flat)
     argmax(put_along(x, ids, vals))                  -> argmax_put(x, ids, vals) (greedy after penalties)
+    reduce_max(x) (f32 [B, V])                       -> row_max(x); of a softmax (`probs`): row_softmax(x)
 
 A chain of stage ops ending in a draw is covered by the interpreter itself (`interpreter.Chain`: the native
 `sample_chain` kernel). Each primitive gives exactly what the nodes it covers give through their kernels (tests/test_native.py).
@@ -175,15 +176,19 @@ def softmax_pattern(node: Node, users: Users) -> tuple[Node, Node, Node, Node] |
     return (sub, exp, total, div) if div is not None and div in users[id(exp)] else None
 
 
-def _softmax(node: Node, users: Users, env: Env):
-    """softmax(x) (a `probs` output): one primitive, its exps vectorized (MLX's CPU exp is scalar: a pass over the
-    vocabulary costs ~2 ms at V = 152064). The pattern's inner values are bound lazily: nothing else reads them,
-    so MLX never computes them."""
-    pattern = softmax_pattern(node, users)
+def _reduce_max(node: Node, users: Users, env: Env):
+    """reduce_max of a float32 [B, V]: one vectorized pass (MLX's CPU max reduction is scalar); and where it is
+    the maximum of softmax(x) (a `probs` output) the whole softmax as one primitive, its exps vectorized (MLX's CPU
+    exp is scalar: a pass over the vocabulary costs ~2 ms at V = 152064). The softmax pattern's inner values are
+    bound lazily: nothing else reads them, so MLX never computes them."""
     xa = env[id(node.inputs[0])]
-    probs = native.row_softmax(xa) if pattern and xa.ndim == 2 and xa.dtype == mx.float32 else None
-    if probs is None:
+    if not (xa.ndim == 2 and xa.dtype == mx.float32):
         return None
+    pattern = softmax_pattern(node, users)
+    probs = native.row_softmax(xa) if pattern else None
+    if probs is None:
+        m = native.row_max(xa)
+        return None if m is None else {id(node): m}
     sub, exp, total, div = pattern
     m = mx.max(xa, axis=-1, keepdims=True)
     e = mx.exp(xa - m)
@@ -192,7 +197,7 @@ def _softmax(node: Node, users: Users, env: Env):
 
 
 RULES: dict[str, Rule] = {
-    "reduce_max": _softmax,
+    "reduce_max": _reduce_max,
     "log_softmax": _log_softmax,
     "take_along": _take_along,
     "topk_ids": _topk_ids,

@@ -114,6 +114,13 @@ def row_logsumexp(x: mx.array) -> tuple[mx.array, mx.array] | None:
     return out[:, :1], out[:, 1:]
 
 
+def row_max(x: mx.array) -> mx.array | None:
+    """The maximum of each row, [B, 1] (a NaN wins, as in MLX), in one vectorized pass."""
+    if not (_rows(x) and x.shape[-1] >= 1 and hasattr(_native, "row_max")):
+        return None
+    return _native.row_max(x)[0]
+
+
 def row_softmax(x: mx.array) -> mx.array | None:
     """softmax along the rows (exp(x - max) / sum) in one vectorized exp pass; None where it does not apply."""
     if not (_rows(x) and x.shape[-1] >= 1 and hasattr(_native, "row_softmax")):
@@ -147,4 +154,4 @@ def sample_chain(x: mx.array, params: list[mx.array], stages: list[str], termina
 
 
 __all__ = ["enabled", "installed", "wake", "release", "evaluate", "threefry_bits", "block_max", "topk_select",
-           "argmax_take", "sample_chain", "CHAIN_STAGES", "row_logsumexp", "row_softmax", "argmax_put"]
+           "argmax_take", "sample_chain", "CHAIN_STAGES", "row_logsumexp", "row_max", "row_softmax", "argmax_put"]
