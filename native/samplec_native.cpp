@@ -1217,21 +1217,29 @@ inline float key_value(uint32_t k) {
   return v;
 }
 
-constexpr int kRadixShift[3] = {21, 10, 0};
-constexpr uint32_t kRadixMask[3] = {0x7FF, 0x7FF, 0x3FF};
-
 // The largest key k such that the weight of the keys >= k reaches `need` (the highest key when none does).
-// `keys` (and `ws`, their weights; empty: 1 each) are consumed: after each level only the boundary bucket's
-// items are kept, so the second and third levels see a few items.
+// `keys` (and `ws`, their weights; empty: 1 each) are consumed. Each level histograms the next (up to) 11 bits
+// below the bits the remaining keys share -- so a row whose values crowd into a narrow range (a flat row: every
+// probability within a factor of two) is split by its first level as finely as a spread one -- and keeps only
+// the boundary bucket's items: the later levels see a few.
 template <class W>
 uint32_t radix_select(std::vector<uint32_t>& keys, std::vector<W>& ws, W need) {
-  uint32_t prefix = 0;
+  constexpr int kDigit = 11;
   W base = 0;
   std::vector<W> hist;
   const bool unit = ws.empty();
-  for (int level = 0; level < 3; ++level) {
-    const int shift = kRadixShift[level];
-    const uint32_t mask = kRadixMask[level];
+  uint32_t lo = 0, hi = 0;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    lo = i == 0 || keys[i] < lo ? keys[i] : lo;
+    hi = i == 0 || keys[i] > hi ? keys[i] : hi;
+  }
+  while (true) {
+    const uint32_t diff = lo ^ hi;
+    if (diff == 0) return lo;                      // (one key value left, or none: lo)
+    const int varying = 32 - __builtin_clz(diff);  // the low bits in which the remaining keys differ
+    const int shift = varying > kDigit ? varying - kDigit : 0;
+    const uint32_t mask = (1u << (varying - shift)) - 1u;
+    const uint32_t common = varying == 32 ? 0u : lo & ~((1u << varying) - 1u);
     hist.assign(mask + 1, W(0));
     const size_t n = keys.size();
     for (size_t i = 0; i < n; ++i) hist[(keys[i] >> shift) & mask] += unit ? W(1) : ws[i];
@@ -1240,10 +1248,13 @@ uint32_t radix_select(std::vector<uint32_t>& keys, std::vector<W>& ws, W need) {
       if (base + hist[b] >= need) break;
       base += hist[b];
     }
-    prefix |= static_cast<uint32_t>(b) << shift;
+    const uint32_t bucket = common | (static_cast<uint32_t>(b) << shift);
     size_t m = 0;
+    lo = hi = bucket;
     for (size_t i = 0; i < n; ++i) {
       if (((keys[i] >> shift) & mask) == static_cast<uint32_t>(b)) {
+        lo = m == 0 || keys[i] < lo ? keys[i] : lo;
+        hi = m == 0 || keys[i] > hi ? keys[i] : hi;
         keys[m] = keys[i];
         if (!unit) ws[m] = ws[i];
         ++m;
@@ -1251,8 +1262,8 @@ uint32_t radix_select(std::vector<uint32_t>& keys, std::vector<W>& ws, W need) {
     }
     keys.resize(m);
     if (!unit) ws.resize(m);
+    if (shift == 0 || m == 0) return bucket;
   }
-  return prefix;
 }
 
 void chain_dense(ChainRow& row, int64_t nb, int bs, int32_t* token, float* logprob, std::vector<float>& buf,
