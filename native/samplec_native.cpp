@@ -1266,13 +1266,33 @@ uint32_t radix_select(std::vector<uint32_t>& keys, std::vector<W>& ws, W need) {
   }
 }
 
+// The dense chain's passes over the row, branch-free so that they vectorize (`keep` is a 0/1 byte per token).
+SAMPLEC_VOCAB_LOOP void keep_finite(uint8_t* __restrict keep, const float* __restrict v, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) keep[i] = static_cast<uint8_t>(v[i] > -INFINITY);
+}
+
+SAMPLEC_VOCAB_LOOP void keep_at_least(uint8_t* __restrict keep, const float* __restrict v, int64_t n, float floor) {
+  for (int64_t i = 0; i < n; ++i) keep[i] &= static_cast<uint8_t>(v[i] >= floor);
+}
+
+// out[i] = v[i] / t, -inf staying -inf (t = inf would make it NaN)
+SAMPLEC_VOCAB_LOOP void divide_by(float* out, const float* v, int64_t n, float t) {   // (in place too)
+  for (int64_t i = 0; i < n; ++i) out[i] = v[i] == -INFINITY ? v[i] : v[i] / t;
+}
+
+// out[i] = keep[i] ? v[i] - c : -inf
+SAMPLEC_VOCAB_LOOP void kept_minus(float* __restrict out, const uint8_t* __restrict keep, const float* __restrict v,
+                                   int64_t n, float c) {
+  for (int64_t i = 0; i < n; ++i) out[i] = keep[i] ? v[i] - c : -INFINITY;
+}
+
 void chain_dense(ChainRow& row, int64_t nb, int bs, int32_t* token, float* logprob, std::vector<float>& buf,
                  std::vector<uint8_t>& keep, std::vector<int32_t>& order) {
   const float* x = row.x;
   const int64_t V = row.V;
   row.divs.clear();
   keep.resize(V);
-  for (int64_t i = 0; i < V; ++i) keep[i] = x[i] > -INFINITY;
+  keep_finite(keep.data(), x, V);
   thread_local std::vector<float> fxbuf_tls;
   thread_local std::vector<uint32_t> keys_tls;
   thread_local std::vector<double> wd_tls;
@@ -1290,7 +1310,7 @@ void chain_dense(ChainRow& row, int64_t nb, int bs, int32_t* token, float* logpr
   };
   auto probs = [&]() {                // buf = exp(fx - max) over the kept tokens (0 elsewhere); their sum
     buf.resize(V);
-    for (int64_t i = 0; i < V; ++i) buf[i] = keep[i] ? fx[i] - fmax : -INFINITY;
+    kept_minus(buf.data(), keep.data(), fx, V, fmax);
     return exp_inplace(buf.data(), V);
   };
   const auto& stages = *row.stages;
@@ -1311,7 +1331,7 @@ void chain_dense(ChainRow& row, int64_t nb, int bs, int32_t* token, float* logpr
           break;
         }
         fxbuf.resize(V);
-        for (int64_t i = 0; i < V; ++i) fxbuf[i] = fx[i] == -INFINITY ? fx[i] : fx[i] / t;
+        divide_by(fxbuf.data(), fx, V, t);
         fx = fxbuf.data();
         fmax = fmax == -INFINITY ? fmax : fmax / t;
         row.divs.push_back(t);
@@ -1330,14 +1350,14 @@ void chain_dense(ChainRow& row, int64_t nb, int bs, int32_t* token, float* logpr
         if (k >= static_cast<int64_t>(keys.size())) break;
         std::vector<int64_t> unit;
         const float vk = key_value(radix_select(keys, unit, k));
-        for (int64_t i = 0; i < V; ++i) keep[i] = keep[i] && fx[i] >= vk;
+        keep_at_least(keep.data(), fx, V, vk);
         break;
       }
       case kMinP: {
         const float m = static_cast<float>(a);
         if (m == 0.0f) break;
         const float floor = fmax + std::log(m);
-        for (int64_t i = 0; i < V; ++i) keep[i] = keep[i] && fx[i] >= floor;
+        keep_at_least(keep.data(), fx, V, floor);
         break;
       }
       case kTopP: {
@@ -1355,7 +1375,7 @@ void chain_dense(ChainRow& row, int64_t nb, int bs, int32_t* token, float* logpr
         keys.resize(n);
         wd.resize(n);
         const float e_min = key_value(radix_select(keys, wd, static_cast<double>(p) * z));
-        for (int64_t i = 0; i < V; ++i) keep[i] = keep[i] && buf[i] >= e_min;
+        keep_at_least(keep.data(), buf.data(), V, e_min);
         break;
       }
       case kTopNSigma: {
