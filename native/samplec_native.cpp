@@ -518,6 +518,21 @@ void gather_rows(const mx::array& a, const int32_t* pos, int64_t w, mx::array& o
 
 // argmax + take_along: the first position of each row's maximum (a NaN wins, the first one), as MLX's argmax,
 // and in[1 + i] at it ([B, 1], or [B] when `flat`: the squeeze that follows a sampled token's gather).
+// The first i with v[i] == m (m a NaN: the first NaN), scanning 16 at a time; n when there is none.
+SAMPLEC_VOCAB_LOOP int64_t first_of(const float* v, int64_t n, float m) {
+  const bool nan = m != m;
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    bool hit = false;
+    for (int j = 0; j < 16; ++j) hit |= nan ? v[i + j] != v[i + j] : v[i + j] == m;
+    if (hit) break;
+  }
+  for (; i < n; ++i) {
+    if (nan ? v[i] != v[i] : v[i] == m) return i;
+  }
+  return n;
+}
+
 struct ArgmaxTake {
   static constexpr const char* kName = "SamplecArgmaxTake";
   bool flat;
@@ -526,17 +541,10 @@ struct ArgmaxTake {
     const int64_t rows = in[0].shape(0), n = in[0].shape(1);
     const Rows<float> x(in[0]);
     int32_t* pos = out[0].data<int32_t>();
-    for (int64_t r = 0; r < rows; ++r) {
-      float best = x(r, 0);
-      int32_t at = 0;
-      for (int64_t i = 1; i < n; ++i) {
-        const float v = x(r, i);
-        if (greater_nan(v, best)) {
-          best = v;
-          at = static_cast<int32_t>(i);
-        }
-      }
-      pos[r] = at;
+    std::vector<float> buf;
+    for (int64_t r = 0; r < rows; ++r) {       // the maximum in one vectorized pass, then its first position
+      const float* v = x.row(r, n, buf);
+      pos[r] = static_cast<int32_t>(first_of(v, n, max_nan(v, n)));
     }
     for (size_t g = 1; g < in.size(); ++g) {
       gather_rows(in[g], pos, 1, out[g]);
