@@ -719,48 +719,53 @@ void evaluate(const std::vector<mx::array>& arrays, double spin_us) {
   spin_wait(arrays, spin_us);
 }
 
-// ---- exp over a row, eight lanes at a time -----------------------------------------------------------------------
+// ---- exp over a row, sixteen lanes at a time -----------------------------------------------------------------------
 //
 // exp(v) for v <= 0 by the Cephes scheme: v = n ln 2 + r with |r| <= ln 2 / 2, a degree-6 polynomial for e^r, and
 // 2^n put into the exponent bits; below -87.3 (where float32 e^v is subnormal or 0, and for -inf) it gives 0.
 // Relative error ~2e-7 against the correctly rounded value: a normalizer Z summed from it (in double, per block)
 // differs from float32 sums in other orders by less than their own rounding.
-inline F8 exp8_nonpos(F8 v) {
-  const F8 lo = F8{} - 87.3f;
+// (FV: 8 or 16 float lanes; 16 fill an AVX-512 register and are two AVX2 ones)
+template <class FV, class IV>
+inline FV exp_nonpos(FV v) {
+  const FV lo = FV{} - 87.3f;
   const auto tiny = v < lo;
   v = tiny ? lo : v;
-  const F8 n = __builtin_convertvector(__builtin_convertvector(v * 1.44269504088896341f + (F8{} - 0.5f), int32_t __attribute__((vector_size(32)))), F8);
+  const FV n = __builtin_convertvector(__builtin_convertvector(v * 1.44269504088896341f + (FV{} - 0.5f), IV), FV);
   // (v * log2e - 0.5 truncated toward zero is floor(v * log2e + 0.5) for v <= 0 ... up to the boundary; exact
   // rounding is not needed: |r| stays below ln 2)
-  const F8 r = v - n * 0.693359375f + n * 2.12194440e-4f;
-  F8 p = F8{} + 1.9875691500e-4f;
+  const FV r = v - n * 0.693359375f + n * 2.12194440e-4f;
+  FV p = FV{} + 1.9875691500e-4f;
   p = p * r + 1.3981999507e-3f;
   p = p * r + 8.3334519073e-3f;
   p = p * r + 4.1665795894e-2f;
   p = p * r + 1.6666665459e-1f;
   p = p * r + 5.0000001201e-1f;
   p = p * r * r + r + 1.0f;
-  typedef int32_t I8 __attribute__((vector_size(32)));
-  const I8 e = (__builtin_convertvector(n, I8) + 127) << 23;
-  F8 scale;
+  const IV e = (__builtin_convertvector(n, IV) + 127) << 23;
+  FV scale;
   std::memcpy(&scale, &e, sizeof scale);
-  const F8 out = p * scale;
-  return tiny ? F8{} : out;
+  const FV out = p * scale;
+  return tiny ? FV{} : out;
 }
+
+typedef float F16 __attribute__((vector_size(16 * sizeof(float))));
+typedef int32_t I16 __attribute__((vector_size(16 * sizeof(int32_t))));
+inline F16 exp16_nonpos(F16 v) { return exp_nonpos<F16, I16>(v); }
 
 // sum of exp(v[i] - c) over v[0..n), every v[i] <= c (or -inf); in double across blocks of 64
 SAMPLEC_VOCAB_LOOP double sum_exp(const float* v, int64_t n, float c) {
   double total = 0.0;
   int64_t i = 0;
   for (; i + 64 <= n; i += 64) {
-    F8 acc{};
-    for (int j = 0; j < 64; j += 8) {
-      F8 a;
+    F16 acc{};
+    for (int j = 0; j < 64; j += 16) {
+      F16 a;
       std::memcpy(&a, v + i + j, sizeof a);
-      acc += exp8_nonpos(a - c);
+      acc += exp16_nonpos(a - c);
     }
     double s = 0.0;
-    for (int l = 0; l < 8; ++l) s += acc[l];
+    for (int l = 0; l < 16; ++l) s += acc[l];
     total += s;
   }
   for (; i < n; ++i) total += std::exp(static_cast<double>(v[i] - c));
@@ -772,16 +777,16 @@ SAMPLEC_VOCAB_LOOP double exp_inplace(float* v, int64_t n) {
   double total = 0.0;
   int64_t i = 0;
   for (; i + 64 <= n; i += 64) {
-    F8 acc{};
-    for (int j = 0; j < 64; j += 8) {
-      F8 a;
+    F16 acc{};
+    for (int j = 0; j < 64; j += 16) {
+      F16 a;
       std::memcpy(&a, v + i + j, sizeof a);
-      a = exp8_nonpos(a);
+      a = exp16_nonpos(a);
       std::memcpy(v + i + j, &a, sizeof a);
       acc += a;
     }
     double s = 0.0;
-    for (int l = 0; l < 8; ++l) s += acc[l];
+    for (int l = 0; l < 16; ++l) s += acc[l];
     total += s;
   }
   for (; i < n; ++i) {
@@ -972,14 +977,14 @@ SAMPLEC_VOCAB_LOOP double sum_exp_div(const float* v, int64_t n, float t, float 
   double total = 0.0;
   int64_t i = 0;
   for (; i + 64 <= n; i += 64) {
-    F8 acc{};
-    for (int j = 0; j < 64; j += 8) {
-      F8 a;
+    F16 acc{};
+    for (int j = 0; j < 64; j += 16) {
+      F16 a;
       std::memcpy(&a, v + i + j, sizeof a);
-      acc += exp8_nonpos(a / t - c);       // (-inf / t - c is -inf: 0)
+      acc += exp16_nonpos(a / t - c);      // (-inf / t - c is -inf: 0)
     }
     double s = 0.0;
-    for (int l = 0; l < 8; ++l) s += acc[l];
+    for (int l = 0; l < 16; ++l) s += acc[l];
     total += s;
   }
   for (; i < n; ++i) total += v[i] == -INFINITY ? 0.0 : std::exp(static_cast<double>(v[i] / t - c));
