@@ -429,6 +429,23 @@ void heap_select(const float* v, int64_t count, At at, int k, int32_t* top, floa
   std::sort(top, top + k);
 }
 
+// Appends the positions i with v[i] >= bound (no NaN in v), ascending: sixteen values compared at a time, and
+// only a group holding one is looked at one by one (a high bound: most groups hold none).
+SAMPLEC_VOCAB_LOOP void positions_at_least(const float* v, int64_t n, float bound, std::vector<int32_t>& out) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    bool any = false;
+    for (int j = 0; j < 16; ++j) any |= v[i + j] >= bound;
+    if (!any) continue;
+    for (int j = 0; j < 16; ++j) {
+      if (v[i + j] >= bound) out.push_back(static_cast<int32_t>(i + j));
+    }
+  }
+  for (; i < n; ++i) {
+    if (v[i] >= bound) out.push_back(static_cast<int32_t>(i));
+  }
+}
+
 // The k largest of v[0..n) (their positions, ascending) and the (k+1)-th largest value (-inf when n <= k).
 // First a bound: the maxima of k + 1 disjoint chunks are k + 1 values at distinct positions, so the smallest of
 // them is at most the (k+1)-th largest value and only the values at or above it (a few k, typically) can be among
@@ -444,13 +461,10 @@ void select_top(const float* v, int64_t n, int k, int32_t* top, float* next,
       bound = m != m ? m : std::min(bound, m);
     }
     if (bound == bound) {
-      kept.resize(n);
-      int64_t count = 0;
-      for (int64_t i = 0; i < n; ++i) {       // branch-free: a position is written, then kept or overwritten
-        kept[count] = static_cast<int32_t>(i);
-        count += v[i] >= bound;
-      }
-      heap_select(v, count, [&kept](int64_t i) { return int64_t(kept[i]); }, k, top, next, heap);
+      kept.clear();
+      positions_at_least(v, n, bound, kept);
+      heap_select(v, static_cast<int64_t>(kept.size()), [&kept](int64_t i) { return int64_t(kept[i]); }, k, top,
+                  next, heap);
       return;
     }
   }
