@@ -534,17 +534,18 @@ void gather_rows(const mx::array& a, const int32_t* pos, int64_t w, mx::array& o
 // and in[1 + i] at it ([B, 1], or [B] when `flat`: the squeeze that follows a sampled token's gather).
 // The first i with v[i] == m (m a NaN: the first NaN), scanning 16 at a time; n when there is none.
 SAMPLEC_VOCAB_LOOP int64_t first_of(const float* v, int64_t n, float m) {
-  const bool nan = m != m;
   int64_t i = 0;
+  if (m != m) {
+    while (i < n && v[i] == v[i]) ++i;
+    return i;
+  }
   for (; i + 16 <= n; i += 16) {
     bool hit = false;
-    for (int j = 0; j < 16; ++j) hit |= nan ? v[i + j] != v[i + j] : v[i + j] == m;
+    for (int j = 0; j < 16; ++j) hit |= v[i + j] == m;
     if (hit) break;
   }
-  for (; i < n; ++i) {
-    if (nan ? v[i] != v[i] : v[i] == m) return i;
-  }
-  return n;
+  while (i < n && v[i] != m) ++i;
+  return i;
 }
 
 struct ArgmaxTake {
