@@ -1583,13 +1583,15 @@ struct SampleChain {
   static constexpr const char* kName = "SamplecSampleChain";
   std::vector<int> stages;
   int terminal;
-  bool want_logprob, want_x, want_probs;
+  bool want_logprob, want_x, want_probs, edited;
   bool operator==(const SampleChain& o) const {
     return stages == o.stages && terminal == o.terminal && want_logprob == o.want_logprob && want_x == o.want_x &&
-           want_probs == o.want_probs;
+           want_probs == o.want_probs && edited == o.edited;
   }
   // in = [x, each stage's operands after x as [B, 1] (top_k int32; xtc f32, f32, u64 seed, u32 position; others
-  // f32), then (sample) seed u64 and position u32]
+  // f32), then (sample) seed u64 and position u32, then (edited) ids int32 [B, H] and values f32 [B, H]: the chain
+  // runs on put_along(x, ids, values) (penalties' edits: a repeated id carries equal values), each row written
+  // into a scratch row, not a [B, V] array]
   void operator()(std::vector<mx::array>& in, std::vector<mx::array>& out) const {
     const int64_t rows = in[0].shape(0), V = in[0].shape(1);
     constexpr int bs = 64;
@@ -1597,7 +1599,7 @@ struct SampleChain {
     const Rows<float> xs(in[0]);
     int32_t* token = out[0].data<int32_t>();
     float* logprob = out[1].data<float>();
-    std::vector<float> buf, bm(nb), ebuf;
+    std::vector<float> buf, bm(nb), ebuf, scratch;
     std::vector<uint8_t> keep;
     std::vector<std::pair<float, int32_t>> cand, heap;
     std::vector<int32_t> top, kept, order;
@@ -1606,6 +1608,16 @@ struct SampleChain {
     for (int64_t r = 0; r < rows; ++r) {
       ChainRow row;
       row.x = xs.row(r, V, buf);
+      if (edited) {
+        const Rows<int32_t> ids(in[in.size() - 2]);
+        const Rows<float> vals(in[in.size() - 1]);
+        scratch.assign(row.x, row.x + V);
+        for (int64_t j = 0, h = in.back().shape(1); j < h; ++j) {
+          const int32_t id = ids(r, j);
+          if (id >= 0 && id < V) scratch[id] = vals(r, j);
+        }
+        row.x = scratch.data();
+      }
       row.V = V;
       row.stages = &stages;
       row.terminal = terminal;
@@ -1666,7 +1678,7 @@ struct SampleChain {
 
 std::vector<mx::array> sample_chain(const mx::array& x, const std::vector<mx::array>& params,
                                     const std::vector<int>& stages, int terminal, bool want_logprob, bool want_x,
-                                    bool want_probs) {
+                                    bool want_probs, const std::vector<mx::array>& edits) {
   need_rows(x, mx::float32, "sample_chain");
   size_t arity = terminal == kSample ? 2 : 0;
   for (int s : stages) {
@@ -1684,6 +1696,14 @@ std::vector<mx::array> sample_chain(const mx::array& x, const std::vector<mx::ar
     }
     ins.push_back(p);
   }
+  if (!edits.empty()) {
+    if (edits.size() != 2 || edits[0].dtype() != mx::int32 || edits[1].dtype() != mx::float32 ||
+        edits[0].ndim() != 2 || edits[0].shape() != edits[1].shape() || edits[0].shape(0) != B) {
+      throw std::invalid_argument("sample_chain: edits are ids int32 [B, H] and values float32 [B, H]");
+    }
+    ins.push_back(edits[0]);
+    ins.push_back(edits[1]);
+  }
   std::vector<mx::Shape> shapes{{B, 1}, {B, 1}};
   std::vector<mx::Dtype> dtypes{mx::int32, mx::float32};
   if (want_x && want_probs) throw std::invalid_argument("sample_chain: the final logits or their softmax, not both");
@@ -1691,7 +1711,7 @@ std::vector<mx::array> sample_chain(const mx::array& x, const std::vector<mx::ar
     shapes.push_back({B, x.shape(1)});
     dtypes.push_back(mx::float32);
   }
-  return make(SampleChain{stages, terminal, want_logprob, want_x, want_probs}, shapes, dtypes, ins);
+  return make(SampleChain{stages, terminal, want_logprob, want_x, want_probs, !edits.empty()}, shapes, dtypes, ins);
 }
 
 }  // namespace
@@ -1710,6 +1730,7 @@ NB_MODULE(_ext, m) {
         nb::arg("flat") = false, "[argmax [B, 1], then each gathered array there, [B, 1] or (flat) [B]].");
   m.def("sample_chain", &sample_chain, nb::arg("x"), nb::arg("params"), nb::arg("stages"), nb::arg("terminal"),
         nb::arg("want_logprob"), nb::arg("want_x") = false, nb::arg("want_probs") = false,
+        nb::arg("edits") = std::vector<mx::array>{},
         "The sampler chain (stage codes: 0 temperature, 1 top_k, 2 top_p, 3 min_p, 4 top_n_sigma, 5 typical_p, "
         "6 xtc; terminal 0 greedy, 1 sample) on each row of x: [token [B, 1], logprob [B, 1], (want_x) the final "
         "logits [B, V] or (want_probs) their softmax].");

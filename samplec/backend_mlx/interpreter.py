@@ -28,18 +28,22 @@ class Chain:
     that something is only softmax(stage_n) (a `probs` output), the softmax: the kernel writes it directly."""
 
     def __init__(self, draw: Node, stages: list[Node], logprobs: list[Node], want_x: bool,
-                 softmax: tuple[Node, ...] = ()):
+                 softmax: tuple[Node, ...] = (), edit: Node | None = None):
         self.draw, self.stages, self.logprobs, self.want_x = draw, stages, logprobs, want_x and not softmax
         self.softmax = softmax      # (reduce_max, sub, exp, reduce_sum, div) of the probs pattern, or ()
+        self.edit = edit            # put_along(x, ids, values) read by the chain alone (penalties), or None
         self.x = stages[0].inputs[0] if stages else draw.inputs[0]
 
     def nodes(self) -> list[Node]:
-        return self.stages + [self.draw] + self.logprobs + list(self.softmax)
+        return ([self.edit] if self.edit else []) + self.stages + [self.draw] + self.logprobs + list(self.softmax)
 
     def run(self, env: dict) -> dict | None:
         params = [env[id(i)] for s in self.stages for i in s.inputs[1:]] + [env[id(i)] for i in self.draw.inputs[1:]]
-        out = native.sample_chain(env[id(self.x)], params, [s.op for s in self.stages], self.draw.op,
-                                  bool(self.logprobs), self.want_x, bool(self.softmax))
+        x, edits = env.get(id(self.x)), ()
+        if self.edit is not None:
+            x, *edits = (env[id(i)] for i in self.edit.inputs)
+        out = native.sample_chain(x, params, [s.op for s in self.stages], self.draw.op, bool(self.logprobs),
+                                  self.want_x, bool(self.softmax), tuple(edits))
         if out is None:
             return None
         bound = {id(self.draw): out[0], **{id(n): out[1] for n in self.logprobs}}
@@ -74,7 +78,10 @@ def find_chains(graph: Graph) -> list[Chain]:
             while x.op in STAGE_OPS and all(u is stages[-1] for u in users.get(id(x), [])):
                 stages.append(x)
                 x = x.inputs[0]
-        chains.append(Chain(n, stages[::-1], logprobs, want_x, softmax))
+        first = stages[-1] if stages else n
+        edit = x if x.op == "put_along" and id(x) not in roots and \
+            all(u is first for u in users.get(id(x), [])) else None
+        chains.append(Chain(n, stages[::-1], logprobs, want_x, softmax, edit))
     return chains
 
 
