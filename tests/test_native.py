@@ -419,3 +419,23 @@ def test_row_max_is_mlx_max(V):
     np.testing.assert_array_equal(np.array(native.row_max(xm)), want)
     view = mx.array(x[:, ::-1].copy())[:, ::-1]
     np.testing.assert_array_equal(np.array(native.row_max(view)), want)
+
+
+def test_chain_on_edits_equals_the_chain_on_the_written_row():
+    """sample_chain(x, ..., edits=(ids, values)) runs on put_along(x, ids, values) (a repeated id carries equal
+    values, as the penalties write them): token, logprob and final logits equal those of the written row."""
+    r = np.random.default_rng(31)
+    x = logits(4, 3000, 31)
+    ids = r.integers(0, 3000, (4, 40)).astype(np.int32)
+    ids[:, :5] = np.argsort(-x, axis=1)[:, :5]                  # edits on the top tokens
+    ids[:, 6] = ids[:, 5]
+    vals = (np.take_along_axis(x, ids, axis=1) / 1.3 - 0.5).astype(np.float32)
+    written = x.copy()
+    np.put_along_axis(written, ids, vals, axis=1)
+    params = [mx.array([[40], [5], [0], [3000]], dtype=mx.int32), mx.array([[0.8], [1.0], [0.5], [2.0]]),
+              mx.array([[1], [2], [3], [4]], dtype=mx.uint64), mx.array([[7], [7], [7], [7]], dtype=mx.uint32)]
+    got = native.sample_chain(mx.array(x), params, ["top_k", "temperature"], "sample", True, True,
+                              edits=(mx.array(ids), mx.array(vals)))
+    want = native.sample_chain(mx.array(written), params, ["top_k", "temperature"], "sample", True, True)
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(np.array(g), np.array(w))
