@@ -1256,11 +1256,12 @@ uint32_t radix_select(std::vector<uint32_t>& keys, std::vector<W>& ws, W need) {
   W base = 0;
   std::vector<W> hist;
   const bool unit = ws.empty();
-  uint32_t lo = 0, hi = 0;
+  uint32_t lo = UINT32_MAX, hi = 0;
   for (size_t i = 0; i < keys.size(); ++i) {
-    lo = i == 0 || keys[i] < lo ? keys[i] : lo;
-    hi = i == 0 || keys[i] > hi ? keys[i] : hi;
+    lo = keys[i] < lo ? keys[i] : lo;
+    hi = keys[i] > hi ? keys[i] : hi;
   }
+  if (keys.empty()) lo = 0;
   while (true) {
     const uint32_t diff = lo ^ hi;
     if (diff == 0) return lo;                      // (one key value left, or none: lo)
@@ -1278,11 +1279,11 @@ uint32_t radix_select(std::vector<uint32_t>& keys, std::vector<W>& ws, W need) {
     }
     const uint32_t bucket = common | (static_cast<uint32_t>(b) << shift);
     size_t m = 0;
-    lo = hi = bucket;
+    lo = UINT32_MAX, hi = 0;
     for (size_t i = 0; i < n; ++i) {
       if (((keys[i] >> shift) & mask) == static_cast<uint32_t>(b)) {
-        lo = m == 0 || keys[i] < lo ? keys[i] : lo;
-        hi = m == 0 || keys[i] > hi ? keys[i] : hi;
+        lo = keys[i] < lo ? keys[i] : lo;
+        hi = keys[i] > hi ? keys[i] : hi;
         keys[m] = keys[i];
         if (!unit) ws[m] = ws[i];
         ++m;
