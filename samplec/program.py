@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import mlx.core as mx
 import numpy as np
 
-from samplec.backend_mlx.native import evaluate, release, wake
+from samplec.backend_mlx.native import evaluate, release, row_max, wake
 from samplec.diagnostics import SamplecError
 from samplec.ir.graph import Graph, Param
 from samplec.ir.printer import print_graph
@@ -131,32 +131,41 @@ class Program:
     def __call__(self, logits, **params) -> Outputs:
         if not params and _called_by_mlx_lm():
             raise SamplecError(_MLX_LM_MISUSE.format(name=self.name))
-        outs, flags = self.queue(logits, **params)
-        evaluate(outs + flags)
-        self.raise_flagged(flags)
+        outs, checks = self.queue(logits, **params)
+        evaluate(outs + [f for _, f in checks])
+        self.raise_flagged(checks)
         return Outputs(dict(zip(self._names, outs)), self._layout)
 
-    def queue(self, logits, **params) -> tuple[list[mx.array], list[mx.array]]:
-        """Check the inputs and build the call's graph without evaluating it: (outputs, check flags), lazy MLX
-        arrays. `mx.async_eval` on them returns before anything ran; `raise_flagged(flags)` after evaluation
-        reports the rows that failed a check."""
+    # A call's input checks that need the values of MLX arrays (a history id >= V, a NaN bias) do not read them back
+    # while the call is prepared: each is a lazy [B] flag with its message, evaluated with the outputs, and the
+    # offending entries are neutralized in the graph meanwhile (an id >= V reads as padding), so that a bad value
+    # can make no kernel index out of range before the error is raised.
+
+    def queue(self, logits, **params) -> tuple[list[mx.array], list[tuple[str, mx.array]]]:
+        """Check the inputs and build the call's graph without evaluating it: (outputs, checks), lazy MLX arrays,
+        each check a (message, flag [B]) pair -- the call's input checks, then the graph's. `mx.async_eval` on
+        them returns before anything ran; `raise_flagged(checks)` after evaluation reports the rows that failed
+        a check."""
         if self._scalars_only and not any(type(v) is mx.array for v in params.values()):
             wake()      # (preparing such a call never waits for MLX: the worker can wake meanwhile)
+        late: list = []
         try:
-            args = self.prepare(logits, params)
+            args = self.prepare(logits, params, late)
         except BaseException:
             release()   # (the worker need not poll for a call that does not come)
             raise
-        return self.exe(*args)
+        outs, flags = self.exe(*args)
+        return outs, late + [(c.message, f) for c, f in zip(self.graph.checks, flags)]
 
-    def raise_flagged(self, flags: list[mx.array]) -> None:
-        for check, flag in zip(self.graph.checks, flags):
+    def raise_flagged(self, checks: list[tuple[str, mx.array]]) -> None:
+        for message, flag in checks:
             flagged = _flagged(flag)
             if any(flagged):
-                raise SamplecError(f"{check.message} ({_rows(np.array(flagged))})")
+                raise SamplecError(f"{message} ({_rows(np.array(flagged))})")
 
-    def prepare(self, logits, params: dict) -> list[mx.array]:
-        """Check and normalize the call's inputs into the executable's positional arguments."""
+    def prepare(self, logits, params: dict, late: list | None = None) -> list[mx.array]:
+        """Check and normalize the call's inputs into the executable's positional arguments. Checks that need
+        an MLX array's values go to `late` as (message, lazy flag [B]) -- or, without `late`, are read now."""
         x = logits
         if type(x) is not mx.array or x.ndim != 2 or x.dtype != mx.float32:    # (the decode loop's case skips this)
             x = _logits(x)
@@ -170,14 +179,19 @@ class Program:
             unknown = sorted(k for k in params if k not in known)
             hint = f" (parameters: {', '.join(sorted(known))})" if known else " (this sampler takes none)"
             raise SamplecError(f"unknown parameter '{unknown[0]}'{hint}")
-        args = [x]
+        args, checks_now = [x], []
         for p in self.params:
             value = params.get(p.name)
             if value is None:
                 if p.default is None:
                     raise SamplecError(f"missing required parameter '{p.name}' ({p.kind})")
                 value = _os_seeds(B) if p.default == "os" else p.default
-            args.append(self._scalar(p, value, B) if p.kind in SCALAR_NP else _prepare_param(p, value, B, V))
+            args.append(self._scalar(p, value, B) if p.kind in SCALAR_NP else
+                        _prepare_param(p, value, B, V, late if late is not None else checks_now))
+        for message, flag in checks_now:
+            flagged = np.array(flag)
+            if flagged.any():
+                raise SamplecError(f"{message} ({_rows(flagged)})")
         return args
 
     def _scalar(self, p: Param, value, B: int) -> mx.array:
@@ -261,9 +275,10 @@ def _as_mx(value, name: str) -> mx.array:
     return mx.array(arr)
 
 
-def _prepare_param(p: Param, value, B: int, V: int) -> mx.array:
+def _prepare_param(p: Param, value, B: int, V: int, late: list) -> mx.array:
     if p.kind in SCALAR_NP:
         return mx.array(_scalar_param(p, value, B))
+    host = None if isinstance(value, mx.array) else np.asarray(value) if isinstance(value, np.ndarray) else None
     arr = value if isinstance(value, mx.array) else _as_mx(value, p.name)
     if arr.ndim == 1:
         arr = mx.broadcast_to(arr[None, :], (B, arr.shape[0]))
@@ -272,12 +287,18 @@ def _prepare_param(p: Param, value, B: int, V: int) -> mx.array:
     if p.kind == "tokens":
         if not mx.issubdtype(arr.dtype, mx.integer):
             raise SamplecError(f"{p.name}: token history must be integers, got {arr.dtype}")
+        message = f"{p.name}: token id >= V = {V} in the history"
+        if host is not None and host.ndim == 2:      # (a host array: checked here, without MLX)
+            over = (host >= V).any(axis=-1)
+            if over.any():
+                raise SamplecError(f"{message} ({_rows(over)})")
+        elif arr.shape[1]:
+            over = arr >= V
+            late.append((message, mx.any(over, axis=-1)))
+            arr = mx.where(over, -1, arr)             # (read as padding until the error is raised)
         arr = arr.astype(mx.int32)
         if arr.shape[1] == 0:
             arr = mx.full((B, 1), -1, dtype=mx.int32)
-        over = np.array(mx.any(arr >= V, axis=-1))
-        if over.any():
-            raise SamplecError(f"{p.name}: token id >= V = {V} in the history ({_rows(over)})")
         return arr
     if p.kind == "mask":
         return _mask(p.name, arr, B, V)
@@ -285,9 +306,10 @@ def _prepare_param(p: Param, value, B: int, V: int) -> mx.array:
         if arr.shape[1] != V:
             raise SamplecError(f"{p.name}: expected shape [{B}, {V}], got {list(arr.shape)}")
         arr = arr.astype(mx.float32)
-        bad = np.array(mx.any(mx.isnan(arr) | mx.isposinf(arr), axis=-1))
-        if bad.any():
-            raise SamplecError(f"{p.name}: NaN or +inf bias ({_rows(bad)})")
+        top = row_max(arr)          # (a NaN wins its row's maximum: one vectorized pass where native serves)
+        bad = mx.any(mx.isnan(arr) | mx.isposinf(arr), axis=-1) if top is None else \
+            (mx.isnan(top) | mx.isposinf(top))[:, 0]
+        late.append((f"{p.name}: NaN or +inf bias", bad))
         return arr
     raise SamplecError(f"{p.name}: unsupported parameter kind {p.kind}")
 

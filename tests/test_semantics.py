@@ -867,6 +867,34 @@ def test_error_history_id_out_of_range(opt):
 
 
 @pytest.mark.parametrize("opt", OPTS)
+def test_error_history_id_out_of_range_as_mlx_arrays(opt):
+    """A history passed as an MLX array is checked with the call's outputs (no read-back while it is prepared):
+    the error names the parameter and the rows, ids far past V included; the same program then runs a good call."""
+    import mlx.core as mx
+    p = prog(ERR_SRC, opt)
+    x, kw = _err_inputs()
+    h = kw["h"].copy()
+    h[2, 1] = 100                    # == V
+    h[3, 0] = 2 ** 31 - 1
+    msg = raises(p, x, **{**kw, "h": mx.array(h)})
+    assert re.search(r"\bh\b", msg) and _rows_re(2, 3).search(msg), msg
+    good = p(x, **{**kw, "h": mx.array(kw["h"])})
+    assert np.array(good.token).shape == (x.shape[0],)
+
+
+@pytest.mark.parametrize("opt", OPTS)
+def test_error_nan_bias_as_mlx_array(opt):
+    import mlx.core as mx
+    p = prog("sampler s(b: bias) -> probs { logit_bias(b) }", opt)
+    x = mixed_logits(7, 2)
+    b = np.zeros_like(x)
+    b[3, 4] = np.nan
+    b[6, 0] = np.inf
+    msg = raises(p, x, b=mx.array(b))
+    assert re.search(r"\bb\b", msg) and _rows_re(3, 6).search(msg), msg
+
+
+@pytest.mark.parametrize("opt", OPTS)
 def test_error_mask_allows_nothing(opt):
     p = prog(ERR_SRC, opt)
     x, kw = _err_inputs()
