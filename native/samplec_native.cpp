@@ -434,8 +434,8 @@ void heap_select(const float* v, int64_t count, At at, int k, int32_t* top, floa
 SAMPLEC_VOCAB_LOOP void positions_at_least(const float* v, int64_t n, float bound, std::vector<int32_t>& out) {
   int64_t i = 0;
   for (; i + 16 <= n; i += 16) {
-    bool any = false;
-    for (int j = 0; j < 16; ++j) any |= v[i + j] >= bound;
+    int any = 0;
+    for (int j = 0; j < 16; ++j) any += v[i + j] >= bound;
     if (!any) continue;
     for (int j = 0; j < 16; ++j) {
       if (v[i + j] >= bound) out.push_back(static_cast<int32_t>(i + j));
@@ -532,17 +532,17 @@ void gather_rows(const mx::array& a, const int32_t* pos, int64_t w, mx::array& o
 
 // argmax + take_along: the first position of each row's maximum (a NaN wins, the first one), as MLX's argmax,
 // and in[1 + i] at it ([B, 1], or [B] when `flat`: the squeeze that follows a sampled token's gather).
-// The first i with v[i] == m (m a NaN: the first NaN), scanning 16 at a time; n when there is none.
+// The first i with v[i] == m (m a NaN: the first NaN), scanning 64 at a time; n when there is none.
 SAMPLEC_VOCAB_LOOP int64_t first_of(const float* v, int64_t n, float m) {
   int64_t i = 0;
   if (m != m) {
     while (i < n && v[i] == v[i]) ++i;
     return i;
   }
-  for (; i + 16 <= n; i += 16) {
-    bool hit = false;
-    for (int j = 0; j < 16; ++j) hit |= v[i + j] == m;
-    if (hit) break;
+  for (; i + 64 <= n; i += 64) {
+    int hits = 0;                         // (a count, not a flag: the compare-and-add vectorizes)
+    for (int j = 0; j < 64; ++j) hits += v[i + j] == m;
+    if (hits) break;
   }
   while (i < n && v[i] != m) ++i;
   return i;
