@@ -280,6 +280,7 @@ struct Rows {
 // NaN. A NaN probe (also reached by +inf meeting -inf, or by overflow) sends the values through the exact scalar
 // loop, so the result is always MLX's: a NaN wins.
 typedef float F8 __attribute__((vector_size(8 * sizeof(float))));
+typedef float F16 __attribute__((vector_size(16 * sizeof(float))));
 constexpr int kLanes = 16;
 constexpr int kGroup = 16;      // segments a block maximum pass walks down at once
 
@@ -341,45 +342,46 @@ SAMPLEC_VOCAB_LOOP float max_nan(const float* v, int64_t n) {
   return best;
 }
 
-// One row's block maxima: o[c] = the largest of x[t * nb + c] over t < bs with t * nb + c < V (block c holds
-// tokens c, c + nb, c + 2 nb, ...; past V is padding), a NaN winning. kLanes blocks at a time keep their maxima
-// in registers while the loop walks down kGroup of the row's segments (each segment is a stream of loads: kGroup
-// of them is as many as the hardware prefetcher follows, so a row out of cache -- a large batch -- streams too).
+// One row's block maxima: o[c] = the largest of x[c * bs .. (c + 1) * bs) (the last block may be partial), a NaN
+// winning. Blocks are contiguous, so the chain gathers a chosen block's tokens from a few cache lines. A block of
+// 64 is four sixteen-lane loads folded by `a > m ? a : m` (vmaxps) and a sum beside them as a NaN probe: a NaN (or
+// +inf meeting -inf) there sends the block through the exact scalar loop.
 SAMPLEC_VOCAB_LOOP void block_max_row(const float* x, int64_t V, int64_t nb, int bs, float* o) {
-  const int64_t whole = std::min<int64_t>(bs, V / nb);     // segments of nb real tokens; one partial may follow
-  const int64_t wide = nb - nb % kLanes;
-  for (int64_t t0 = 0; t0 < whole; t0 += kGroup) {
-    const int64_t t1 = std::min<int64_t>(whole, t0 + kGroup);
-    for (int64_t c = 0; c < wide; c += kLanes) {
-      Lanes acc;
-      if (t0 > 0) acc.start(o + c);
-      for (int64_t t = t0; t < t1; ++t) acc.add(x + t * nb + c);
-      acc.store(o + c);
-      if (acc.probe_nan()) {    // exactly, NaN-aware (a NaN in o stays: `v > NaN` never holds)
-        for (int j = 0; j < kLanes; ++j) {
-          for (int64_t t = t0; t < t1; ++t) {
-            if (std::isnan(x[t * nb + c + j])) o[c + j] = x[t * nb + c + j];
-          }
-        }
-      }
+  const int64_t full = bs == 64 ? V / 64 : 0;
+  for (int64_t c = 0; c < full; ++c) {
+    const float* p = x + c * 64;
+    F16 a, b, d, e;
+    std::memcpy(&a, p, sizeof a);
+    std::memcpy(&b, p + 16, sizeof b);
+    std::memcpy(&d, p + 32, sizeof d);
+    std::memcpy(&e, p + 48, sizeof e);
+    const F16 probe = (a + b) + (d + e);
+    a = a > b ? a : b;
+    d = d > e ? d : e;
+    a = a > d ? a : d;
+    float m = a[0], q = probe[0];
+    for (int l = 1; l < 16; ++l) {
+      m = a[l] > m ? a[l] : m;
+      q += probe[l];
     }
-  }
-  for (int64_t c = wide; c < nb; ++c) {     // the blocks past the last kLanes
-    float m = -INFINITY;
-    for (int64_t t = 0; t < whole; ++t) {
-      if (greater_nan(x[t * nb + c], m)) m = x[t * nb + c];
+    if (q != q) {
+      m = -INFINITY;
+      for (int j = 0; j < 64; ++j) {
+        if (greater_nan(p[j], m)) m = p[j];
+      }
     }
     o[c] = m;
   }
-  if (whole < bs) {             // the partial segment: tokens whole * nb .. V - 1
-    const float* seg = x + whole * nb;
-    for (int64_t j = 0; j < V - whole * nb; ++j) {
-      if (greater_nan(seg[j], o[j])) o[j] = seg[j];
+  for (int64_t c = full; c < nb; ++c) {     // (another block size, and the partial last block)
+    float m = -INFINITY;
+    for (int64_t i = c * bs; i < std::min<int64_t>(V, (c + 1) * bs); ++i) {
+      if (greater_nan(x[i], m)) m = x[i];
     }
+    o[c] = m;
   }
 }
 
-// block_max: block j of a row holds tokens j, j + NB, j + 2 NB, ... (NB = ceil(V / bs)); padding is -inf.
+// block_max: block j of a row holds tokens j * bs .. (j + 1) * bs - 1 (NB = ceil(V / bs) blocks; the last partial).
 struct BlockMax {
   static constexpr const char* kName = "SamplecBlockMax";
   int bs;
@@ -764,7 +766,6 @@ inline FV exp_nonpos(FV v) {
   return tiny ? FV{} : out;
 }
 
-typedef float F16 __attribute__((vector_size(16 * sizeof(float))));
 typedef int32_t I16 __attribute__((vector_size(16 * sizeof(int32_t))));
 inline F16 exp16_nonpos(F16 v) { return exp_nonpos<F16, I16>(v); }
 
@@ -918,7 +919,7 @@ std::vector<mx::array> row_softmax(const mx::array& x) {
 // a threshold), temperature (a monotone map; t = 0 keeps the argmax alone), typical_p and xtc. While only cuts
 // and temperatures have run, the kept set is an upper set of the logit order, so the chain can run on the tokens
 // above a bound: C = {i : x_i > bound}, sorted, where every other token is <= bound. The bound is the (m+1)-th
-// largest block maximum (block c holds tokens c, c + nb, ...), so C comes from one vectorized pass and a
+// largest block maximum (block c holds tokens c * 64 .. c * 64 + 63), so C comes from one vectorized pass and a
 // selection over the block maxima. Each stage checks that its cut ends inside C (the tail, everything <= bound,
 // is provably out); where it cannot tell -- and for a typical_p that is on or an xtc whose coin fires -- the row
 // runs on the whole row instead (`chain_dense`), which finds every threshold by radix selection, without a sort.
@@ -975,9 +976,8 @@ float chain_candidates(const ChainRow& row, int64_t nb, int bs, int64_t m, std::
   top.resize(m);
   select_top(row.bm->data(), nb, static_cast<int>(m), top.data(), &bound, heap, kept);
   for (int64_t i = 0; i < m; ++i) {
-    for (int64_t t = 0; t < bs; ++t) {
-      const int64_t tok = t * nb + top[i];
-      if (tok < row.V && row.x[tok] > bound) cand.emplace_back(row.x[tok], static_cast<int32_t>(tok));
+    for (int64_t tok = int64_t(top[i]) * bs, end = std::min<int64_t>(row.V, tok + bs); tok < end; ++tok) {
+      if (row.x[tok] > bound) cand.emplace_back(row.x[tok], static_cast<int32_t>(tok));
     }
   }
   std::sort(cand.begin(), cand.end(), [](const auto& a, const auto& b) {
@@ -1504,9 +1504,9 @@ void chain_dense(ChainRow& row, int64_t nb, int bs, int32_t* token, float* logpr
       const float fm = row.f(bm[c]);
       if (at >= 0 && fm + kGumbelMax < best) break;
       need = at >= 0 ? threshold(fm) : 0u;
-      threefry_strided(row.k0, row.k1, static_cast<uint32_t>(c), static_cast<uint32_t>(nb), bs, row.pos, bits);
+      threefry_strided(row.k0, row.k1, static_cast<uint32_t>(c * bs), 1u, bs, row.pos, bits);
       for (int l = 0; l < bs; ++l) {
-        const int64_t tok = l * nb + c;
+        const int64_t tok = c * bs + l;
         if (tok >= V) break;
         if ((bits[l] >> 9) < need || !keep[tok]) continue;
         const float sc = fx[tok] + gumbel_of(bits[l]);

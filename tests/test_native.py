@@ -190,13 +190,13 @@ def test_topk_select_on_long_rows_matches_a_reference(n, k):
 
 @pytest.mark.parametrize("V", [152064, 64 * 16 * 3, 64 * 16 * 3 + 5, 1000, 17])
 def test_block_max_matches_a_reference(V):
-    """Block c holds tokens c, c + NB, ... (NB = ceil(V / 64), -inf past V): against numpy's max over that
-    layout, NaN in a whole segment and in the partial last one, +inf beside -inf."""
+    """Block c holds tokens 64 c .. 64 c + 63 (NB = ceil(V / 64) blocks, the last partial): against numpy's max
+    over that layout, NaN in a whole block and in the partial last one, +inf beside -inf."""
     x = _hard_rows(V, V)
-    x[6, -1] = np.nan                                    # the partial segment (when V % NB != 0)
+    x[6, -1] = np.nan                                    # the partial block (when V % 64 != 0)
     nb = -(-V // 64)
     padded = np.concatenate([x, np.full((len(x), 64 * nb - V), -np.inf, np.float32)], 1)
-    want = padded.reshape(len(x), 64, nb).max(axis=1)
+    want = padded.reshape(len(x), nb, 64).max(axis=2)
     np.testing.assert_array_equal(np.array(native.block_max(mx.array(x), 64)), want)
     np.testing.assert_array_equal(np.array(native.block_max(mx.array(x)[:, ::1], 64)), want)
 
