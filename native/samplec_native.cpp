@@ -7,6 +7,7 @@
 // answers). The primitive is CPU-only; samplec uses the MLX-ops version everywhere else.
 
 #include <algorithm>
+#include <functional>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -967,16 +968,18 @@ struct ChainRow {
   }
 };
 
-// Candidates above the (m+1)-th largest block maximum, sorted by value descending, then id ascending.
-float chain_candidates(const ChainRow& row, int64_t nb, int bs, int64_t m, std::vector<int32_t>& top,
-                       std::vector<std::pair<float, int32_t>>& heap, std::vector<int32_t>& kept) {
+// Candidates above the (m+1)-th largest block maximum (nth_element over a copy of the maxima; at most m blocks
+// hold a token above it), sorted by value descending, then id ascending.
+float chain_candidates(const ChainRow& row, int64_t nb, int bs, int64_t m, std::vector<float>& scratch) {
   auto& cand = *row.cand;
   cand.clear();
-  float bound = -INFINITY;
-  top.resize(m);
-  select_top(row.bm->data(), nb, static_cast<int>(m), top.data(), &bound, heap, kept);
-  for (int64_t i = 0; i < m; ++i) {
-    for (int64_t tok = int64_t(top[i]) * bs, end = std::min<int64_t>(row.V, tok + bs); tok < end; ++tok) {
+  const std::vector<float>& bm = *row.bm;
+  scratch.assign(bm.begin(), bm.begin() + nb);
+  std::nth_element(scratch.begin(), scratch.begin() + m, scratch.end(), std::greater<float>());
+  const float bound = scratch[m];
+  for (int64_t c = 0; c < nb; ++c) {
+    if (!(bm[c] > bound)) continue;
+    for (int64_t tok = c * bs, end = std::min<int64_t>(row.V, tok + bs); tok < end; ++tok) {
       if (row.x[tok] > bound) cand.emplace_back(row.x[tok], static_cast<int32_t>(tok));
     }
   }
@@ -1602,8 +1605,9 @@ struct SampleChain {
     float* logprob = out[1].data<float>();
     std::vector<float> buf, bm(nb), ebuf, scratch;
     std::vector<uint8_t> keep;
-    std::vector<std::pair<float, int32_t>> cand, heap;
-    std::vector<int32_t> top, kept, order;
+    std::vector<std::pair<float, int32_t>> cand;
+    std::vector<int32_t> order;
+    std::vector<float> scratch_bm;
     bool temps_only = terminal == kSample;
     for (int s : stages) temps_only &= s == kTemperature;
     for (int64_t r = 0; r < rows; ++r) {
@@ -1667,7 +1671,7 @@ struct SampleChain {
       if (!(temps_only && !has_zero)) {     // (temperatures alone: every token may win; straight to the row)
         for (int64_t m : {int64_t(32), int64_t(512)}) {
           if (m >= nb) break;
-          const float bound = chain_candidates(row, nb, bs, m, top, heap, kept);
+          const float bound = chain_candidates(row, nb, bs, m, scratch_bm);
           // (no candidate above the bound: the top is tied across blocks, and more blocks will not help)
           if ((done = chain_run(row, bound, token + r, logprob + r)) || cand.empty()) break;
         }
