@@ -521,6 +521,47 @@ struct TopKSelect {
   }
 };
 
+// top_logprobs' ids: the k largest of log_softmax(x) = (x - max) - log Z (lse: [B, 2] of max and log Z, as
+// row_logsumexp gives them), descending, the lower id first among equal log-probabilities. The selection runs on x
+// (log_softmax keeps its order) with `margin` more, and those are ordered by their log-probabilities computed as
+// MLX computes them: rounding can tie logits that differ, and the lower id must then come first.
+struct TopLogprobIds {
+  static constexpr const char* kName = "SamplecTopLogprobIds";
+  int k, margin;
+  bool operator==(const TopLogprobIds& o) const { return k == o.k && margin == o.margin; }
+  void operator()(std::vector<mx::array>& in, std::vector<mx::array>& out) const {
+    const int64_t rows = in[0].shape(0), n = in[0].shape(1);
+    const int kk = static_cast<int>(std::min<int64_t>(n, int64_t(k) + margin));
+    const Rows<float> x(in[0]), lse(in[1]);
+    std::vector<float> buf;
+    std::vector<int32_t> top(kk), kept;
+    std::vector<std::pair<float, int32_t>> heap, ranked;
+    int32_t* ids = out[0].data<int32_t>();
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* v = x.row(r, n, buf);
+      float next;
+      select_top(v, n, kk, top.data(), &next, heap, kept);
+      const float m = lse(r, 0), lz = lse(r, 1);
+      ranked.clear();
+      for (int i = 0; i < kk; ++i) ranked.emplace_back((v[top[i]] - m) - lz, top[i]);
+      std::sort(ranked.begin(), ranked.end(), [](const auto& a, const auto& b) {
+        return greater_nan(a.first, b.first) || (a.first == b.first && a.second < b.second) ||
+               (a.first != a.first && b.first != b.first && a.second < b.second);
+      });
+      for (int i = 0; i < k; ++i) ids[r * k + i] = ranked[i].second;
+    }
+  }
+};
+
+std::vector<mx::array> top_logprob_ids(const mx::array& x, const mx::array& lse, int k, int margin) {
+  need_rows(x, mx::float32, "top_logprob_ids");
+  need_rows(lse, mx::float32, "top_logprob_ids");
+  if (k < 1 || k > x.shape(1) || margin < 0 || lse.shape(0) != x.shape(0) || lse.shape(1) != 2) {
+    throw std::invalid_argument("top_logprob_ids: x [B, n], lse [B, 2], 1 <= k <= n, margin >= 0");
+  }
+  return make(TopLogprobIds{k, margin}, {{x.shape(0), k}}, {mx::int32}, {x, lse});
+}
+
 // out = a at positions pos (rows of width w), elementwise over 4-byte values (float32 or int32)
 void gather_rows(const mx::array& a, const int32_t* pos, int64_t w, mx::array& out) {
   const uint32_t* p = reinterpret_cast<const uint32_t*>(a.data<char>());
@@ -1743,6 +1784,9 @@ NB_MODULE(_ext, m) {
         "argmax of put_along(x, ids, vals) along the rows, without writing it: [B, 1] int32.");
   m.def("row_logsumexp", &row_logsumexp, nb::arg("x"),
         "[B, 2]: each row's maximum and the log of the sum of exp(x - maximum) (x 2-D float32).");
+  m.def("top_logprob_ids", &top_logprob_ids, nb::arg("x"), nb::arg("lse"), nb::arg("k"), nb::arg("margin"),
+        "[B, k] int32: the ids of the k largest (x - max) - log Z (lse = [max, log Z] per row), descending, lower "
+        "id first on ties; selected on x with `margin` more.");
   m.def("row_max", &row_max, nb::arg("x"), "[B, 1]: the maximum of each row of a 2-D float32 array (a NaN wins).");
   m.def("row_softmax", &row_softmax, nb::arg("x"),
         "softmax along the rows of a 2-D float32 array: exp(x - max) / sum, the exps vectorized, the sum in double.");

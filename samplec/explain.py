@@ -34,7 +34,7 @@ _SHAPE_OPS = {"const", "expand", "squeeze", "cast", "iota"}
 
 # what each native rule of lowering.RULES computes its node with (the primitive of samplec-native)
 NATIVE_PRIMITIVES = {
-    "log_softmax": "row_logsumexp", "topk_ids": "topk_select", "random_bits": "threefry_bits",
+    "log_softmax": "row_logsumexp", "topk_ids": "top_logprob_ids", "random_bits": "threefry_bits",
     "argmax": "argmax_take (argmax_put after penalties)", "take_along": "a gather of x, max and log Z",
     "reduce_max": "row_max",
 }

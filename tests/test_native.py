@@ -439,3 +439,24 @@ def test_chain_on_edits_equals_the_chain_on_the_written_row():
     want = native.sample_chain(mx.array(written), params, ["top_k", "temperature"], "sample", True, True)
     for g, w in zip(got, want):
         np.testing.assert_array_equal(np.array(g), np.array(w))
+
+
+def test_top_logprob_ids_orders_by_rounded_logprobs_lower_id_first():
+    """top_logprobs' ids: the k largest of (x - max) - log Z as MLX computes them, descending, the lower id first
+    among equal values -- also where distinct logits round to one log-probability (a higher id with a larger logit
+    then follows a lower id), with exact ties at the k-th, -inf entries and a one-token row."""
+    r = np.random.default_rng(41)
+    x = (r.standard_normal((4, 5000)) * 3).astype(np.float32)
+    x[0, [7, 9, 4000]] = 20.0                                      # an exact tie at the top
+    x[1, 100] = np.float32(30.0)
+    x[1, 50] = np.nextafter(np.float32(30.0), np.float32(0))      # rounds onto id 100's log-prob
+    x[2, ::2] = -np.inf
+    x[3] = -np.inf
+    x[3, 17] = 1.0
+    xm = mx.array(x)
+    lse = native.row_logsumexp(xm)
+    got = np.array(native.top_logprob_ids(xm, lse, 6, 8))
+    lp = np.array((xm - lse[:, :1]) - lse[:, 1:])                 # MLX's own log-softmax values
+    for b in range(4):
+        want = sorted(range(5000), key=lambda i: (-lp[b, i], i))[:6]
+        assert got[b].tolist() == want, (b, got[b].tolist(), want)

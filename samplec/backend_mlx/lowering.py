@@ -10,6 +10,7 @@ and `SAMPLEC_NATIVE=0` runs every node through its MLX-ops kernel.
 
     log_softmax(x)                                   -> row_logsumexp(x), then two subtractions; its
       take_along users read (x[idx] - max) - log Z, its topk_ids users select on x
+    topk_ids(log_softmax(x), k)                      -> top_logprob_ids(x, [max, log Z], k): select, then rank
     topk_ids(x, k)                                   -> topk_select(x, k) and pairwise ranks of the k
     random_bits(expand(seed), cast<u32>(ids), cast<u32>(expand(pos)))  -> threefry_bits(seed, ids, pos)
     argmax(x), take_along(a_i, it)..., squeeze(those)                   -> argmax_take(x, [a_i...], flat)
@@ -103,29 +104,28 @@ TIE_MARGIN = 8      # top_logprobs on a log-softmax: this many more of x's large
 
 
 def _topk_ids(node: Node, users: Users, env: Env):
-    """topk_ids(x, k) (top_logprobs): the k largest by one selection (ties at the k-th: the lower ids), then those
-    k ordered by value descending, lower id first, by pairwise ranks -- no sort of the vocabulary. On a
-    log-softmax the selection runs on its input (the same order, as x - c rounds monotonically) with TIE_MARGIN
-    more, which are ranked by their log-probabilities: rounding can tie two logits that differ, and the lower id
-    must come first among them (a tie group reaching past k + TIE_MARGIN would need that many logits within one
-    rounding step)."""
+    """topk_ids(x, k) (top_logprobs): on a log-softmax, one primitive that selects on its input x (the same order,
+    as x - c rounds monotonically) with TIE_MARGIN more and orders those by their log-probabilities, lower id first
+    (rounding can tie two logits that differ; a tie group reaching past k + TIE_MARGIN would need that many logits
+    within one rounding step). Elsewhere the k largest by one selection (ties at the k-th: the lower ids), then
+    those k ordered by value descending, lower id first, by pairwise ranks -- no sort of the vocabulary."""
     src, k = node.inputs[0], node.attr("k")
     lse = env.get(("lse", id(src))) if src.op == "log_softmax" else None
     x = env[id(src)] if lse is None else lse[0]
     n = x.shape[-1] if x.ndim == 2 else 0
     if not (x.ndim == 2 and x.dtype == mx.float32 and k < n and k <= 64):
         return None
-    kk = k if lse is None else min(k + TIE_MARGIN, n)
-    out = native.topk_select(x, kk, [x])
+    if lse is not None:
+        ids = native.top_logprob_ids(x, lse[3], k, TIE_MARGIN)
+        return None if ids is None else {id(node): ids}
+    out = native.topk_select(x, k, [x])
     if out is None:
         return None
     pos, vals = out[0], out[2]                       # positions ascending, and x there
-    if lse is not None:
-        vals = (vals - lse[1]) - lse[2]
     vi, vj = vals[:, :, None], vals[:, None, :]
-    j_lt_i = mx.arange(kk)[None, :] < mx.arange(kk)[:, None]
-    rank = mx.sum((vj > vi) | ((vj == vi) & j_lt_i[None]), axis=-1)       # distinct ranks 0..kk-1
-    order = mx.argsort(rank, axis=-1)[:, :k]
+    j_lt_i = mx.arange(k)[None, :] < mx.arange(k)[:, None]
+    rank = mx.sum((vj > vi) | ((vj == vi) & j_lt_i[None]), axis=-1)       # distinct ranks 0..k-1
+    order = mx.argsort(rank, axis=-1)
     return {id(node): mx.take_along_axis(pos, order, axis=-1).astype(mx.int32)}
 
 
@@ -135,12 +135,12 @@ def _log_softmax(node: Node, users: Users, env: Env):
     the whole result: its `take_along` users get (x[idx] - max) - log Z at their few positions (the same float
     operations), and its `topk_ids` users select on x, whose order log-softmax keeps (see `_topk_ids`)."""
     x = env[id(node.inputs[0])]
-    out = native.row_logsumexp(x)
-    if out is None:
+    lse = native.row_logsumexp(x)
+    if lse is None:
         return None
-    m, lz = out
+    m, lz = lse[:, :1], lse[:, 1:]
     # the full result is lazy: computed only if something else reads it; the parts go beside it in the env
-    return {id(node): (x - m) - lz, ("lse", id(node)): (x, m, lz)}
+    return {id(node): (x - m) - lz, ("lse", id(node)): (x, m, lz, lse)}
 
 
 def _take_along(node: Node, users: Users, env: Env):
@@ -148,7 +148,7 @@ def _take_along(node: Node, users: Users, env: Env):
     src = node.inputs[0]
     if src.op != "log_softmax" or ("lse", id(src)) not in env:
         return None
-    x, m, lz = env[("lse", id(src))]
+    x, m, lz, _ = env[("lse", id(src))]
     idx = env[id(node.inputs[1])]
     if idx.ndim != 2 or idx.shape[0] not in (1, x.shape[0]):
         return None

@@ -106,12 +106,19 @@ def argmax_put(x: mx.array, ids: mx.array, vals: mx.array) -> mx.array | None:
     return _native.argmax_put(x, ids, vals)[0]
 
 
-def row_logsumexp(x: mx.array) -> tuple[mx.array, mx.array] | None:
-    """(row maximum, log sum exp(x - maximum)), [B, 1] each, in one vectorized pass."""
+def row_logsumexp(x: mx.array) -> mx.array | None:
+    """[B, 2]: each row's maximum and log sum exp(x - maximum), in one vectorized pass."""
     if not (_rows(x) and x.shape[-1] >= 1 and hasattr(_native, "row_logsumexp")):
         return None
-    out = _native.row_logsumexp(x)[0]
-    return out[:, :1], out[:, 1:]
+    return _native.row_logsumexp(x)[0]
+
+
+def top_logprob_ids(x: mx.array, lse: mx.array, k: int, margin: int) -> mx.array | None:
+    """[B, k]: the ids of the k largest log-probabilities (x - max) - log Z, descending, the lower id first on
+    ties (lse: `row_logsumexp(x)`); None where it does not apply."""
+    if not (_rows(x, lse) and 1 <= k <= x.shape[-1] and hasattr(_native, "top_logprob_ids")):
+        return None
+    return _native.top_logprob_ids(x, lse, k, margin)[0]
 
 
 def row_max(x: mx.array) -> mx.array | None:
@@ -159,4 +166,4 @@ def sample_chain(x: mx.array, params: list[mx.array], stages: list[str], termina
 
 
 __all__ = ["enabled", "installed", "wake", "release", "evaluate", "threefry_bits", "block_max", "topk_select",
-           "argmax_take", "sample_chain", "CHAIN_STAGES", "row_logsumexp", "row_max", "row_softmax", "argmax_put"]
+           "argmax_take", "sample_chain", "CHAIN_STAGES", "row_logsumexp", "row_max", "row_softmax", "argmax_put", "top_logprob_ids"]
