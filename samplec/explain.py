@@ -388,6 +388,8 @@ def _runs(grp: Group, ex: Explained) -> None:
                                 "the native chain kernel")
         elif chain is not None and ex.chain_native:
             grp.runs.append(f"{name} = {n.op}: chain #{chain[0] + 1}, the native chain kernel")
+        elif n.op == "logprob_at" and ex.native:
+            grp.runs.append(f"{name} = logprob_at: the native row_logsumexp and a gather")
         elif n.op in DENSE_OPS:
             grp.runs.append(f"{name} = {n.op}: its dense definition in MLX ops ({_dense_ops(n)})")
         else:

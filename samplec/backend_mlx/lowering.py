@@ -16,6 +16,7 @@ and `SAMPLEC_NATIVE=0` runs every node through its MLX-ops kernel.
     argmax(x), take_along(a_i, it)..., squeeze(those)                   -> argmax_take(x, [a_i...], flat)
     argmax(put_along(x, ids, vals))                  -> argmax_put(x, ids, vals) (greedy after penalties)
     reduce_max(x) (f32 [B, V])                       -> row_max(x); of a softmax (`probs`): row_softmax(x)
+    logprob_at(x, idx) outside a chain              -> row_logsumexp(x) and a gather
 
 A chain of stage ops ending in a draw is covered by the interpreter itself (`interpreter.Chain`: the native
 `sample_chain` kernel). Each primitive gives exactly what the nodes it covers give through their kernels (tests/test_native.py).
@@ -196,7 +197,20 @@ def _reduce_max(node: Node, users: Users, env: Env):
             id(div): probs}
 
 
+def _logprob_at(node: Node, users: Users, env: Env):
+    """logprob_at(x, idx) (a logprob outside a chain: greedy written as argmax): (x[idx] - max) - log Z from one
+    vectorized pass, not the log-softmax of the whole row."""
+    x, idx = env[id(node.inputs[0])], env[id(node.inputs[1])]
+    if not (idx.ndim == 2 and idx.shape[0] in (1, x.shape[0])):
+        return None
+    lse = native.row_logsumexp(x)
+    if lse is None:
+        return None
+    return {id(node): (mx.take_along_axis(x, idx, axis=-1) - lse[:, :1]) - lse[:, 1:]}
+
+
 RULES: dict[str, Rule] = {
+    "logprob_at": _logprob_at,
     "reduce_max": _reduce_max,
     "log_softmax": _log_softmax,
     "take_along": _take_along,
