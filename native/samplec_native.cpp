@@ -1245,13 +1245,14 @@ bool chain_run(ChainRow& row, float bound, int32_t* token, float* logprob) {
 // score cutoff by a radix selection on mass in ascending score; min_p, top_n_sigma and xtc from reductions. The
 // draw walks the blocks in descending order of their maxima; a token whose RandomBits cannot lift it above the
 // best score so far is rejected on its bits alone.
-typedef uint32_t U8 __attribute__((vector_size(8 * sizeof(uint32_t))));
+typedef uint32_t U16 __attribute__((vector_size(16 * sizeof(uint32_t))));
 
-// The first Threefry-2x32-20 word for counters (c0[0..8), c1): eight lanes at once.
-inline U8 threefry8(uint32_t k0, uint32_t k1, U8 c0, uint32_t c1) {
+// The first Threefry-2x32-20 word for counters (c0[0..16), c1): sixteen lanes at once (one AVX-512 register, two
+// AVX2 ones).
+inline U16 threefry16(uint32_t k0, uint32_t k1, U16 c0, uint32_t c1) {
   const uint32_t ks[3] = {k0, k1, k0 ^ k1 ^ kParity};
-  U8 x0 = c0 + k0;
-  U8 x1 = U8{} + (c1 + k1);
+  U16 x0 = c0 + k0;
+  U16 x1 = U16{} + (c1 + k1);
   for (int i = 0; i < 5; ++i) {
     const int* rot = kRotations + (i % 2) * 4;
     for (int j = 0; j < 4; ++j) {
@@ -1264,14 +1265,13 @@ inline U8 threefry8(uint32_t k0, uint32_t k1, U8 c0, uint32_t c1) {
   return x0;
 }
 
-// out[t] = the first word for counters (first + t * stride, c1), t < n (n a multiple of 8): in AVX2 registers
-// where the processor has them.
+// out[t] = the first word for counters (first + t * stride, c1), t < n (n a multiple of 16), vectorized.
 SAMPLEC_VOCAB_LOOP void threefry_strided(uint32_t k0, uint32_t k1, uint32_t first, uint32_t stride, int n,
                                          uint32_t c1, uint32_t* out) {
-  for (int t0 = 0; t0 < n; t0 += 8) {
-    U8 ids;
-    for (int l = 0; l < 8; ++l) ids[l] = first + static_cast<uint32_t>(t0 + l) * stride;
-    const U8 bits = threefry8(k0, k1, ids, c1);
+  for (int t0 = 0; t0 < n; t0 += 16) {
+    U16 ids;
+    for (int l = 0; l < 16; ++l) ids[l] = first + static_cast<uint32_t>(t0 + l) * stride;
+    const U16 bits = threefry16(k0, k1, ids, c1);
     std::memcpy(out + t0, &bits, sizeof bits);
   }
 }
@@ -1526,12 +1526,6 @@ void chain_dense(ChainRow& row, int64_t nb, int bs, int32_t* token, float* logpr
     }
   } else {
     const auto& bm = *row.bm;
-    // the blocks in descending order of their maxima, popped from a heap: a confident row visits a few
-    order.resize(nb);
-    for (int64_t i = 0; i < nb; ++i) order[i] = static_cast<int32_t>(i);
-    auto below = [&bm](int32_t a, int32_t b) { return bm[a] < bm[b] || (bm[a] == bm[b] && a > b); };
-    std::make_heap(order.begin(), order.end(), below);
-    auto heap_end = order.end();
     float best = -INFINITY;
     uint32_t need = 0;
     auto threshold = [&](float fm) -> uint32_t {   // a token under f(block max) fm wins only with u above this
@@ -1540,13 +1534,11 @@ void chain_dense(ChainRow& row, int64_t nb, int bs, int32_t* token, float* logpr
       return q <= 0 ? 0u : q >= 8388607.0 ? 8388607u : static_cast<uint32_t>(q);
     };
     uint32_t bits[64];
-    while (heap_end != order.begin()) {
-      std::pop_heap(order.begin(), heap_end, below);
-      --heap_end;
-      const int64_t c = *heap_end;
-      if (bm[c] == -INFINITY) break;
+    // false: this block, and every block whose maximum is not above its own, cannot hold the winner
+    auto visit = [&](int64_t c) -> bool {
+      if (bm[c] == -INFINITY) return false;
       const float fm = row.f(bm[c]);
-      if (at >= 0 && fm + kGumbelMax < best) break;
+      if (at >= 0 && fm + kGumbelMax < best) return false;
       need = at >= 0 ? threshold(fm) : 0u;
       threefry_strided(row.k0, row.k1, static_cast<uint32_t>(c * bs), 1u, bs, row.pos, bits);
       for (int l = 0; l < bs; ++l) {
@@ -1560,7 +1552,21 @@ void chain_dense(ChainRow& row, int64_t nb, int bs, int32_t* token, float* logpr
           need = threshold(fm);
         }
       }
-    }
+      return true;
+    };
+    // The winner is the same whatever the order the blocks are visited in (equal scores: the lower id), so the
+    // order only decides how early the bound `best` is high: the top blocks by maximum first, in descending order
+    // (a confident row ends there), then the rest as they lie, each skipped when its maximum plus the largest
+    // Gumbel noise stays below the best score so far -- no heap over every block.
+    order.resize(nb);
+    for (int64_t i = 0; i < nb; ++i) order[i] = static_cast<int32_t>(i);
+    auto above = [&bm](int32_t a, int32_t b) { return bm[a] > bm[b] || (bm[a] == bm[b] && a < b); };
+    const int64_t head = std::min<int64_t>(nb, 32);
+    std::nth_element(order.begin(), order.begin() + (head - 1), order.end(), above);
+    std::sort(order.begin(), order.begin() + head, above);
+    bool done = false;
+    for (int64_t i = 0; i < head && !done; ++i) done = !visit(order[i]);
+    for (int64_t i = head; i < nb && !done; ++i) visit(order[i]);
   }
   if (at < 0) at = 0;
   *token = static_cast<int32_t>(at);
@@ -1624,6 +1630,26 @@ bool greedy_row(ChainRow& row, int32_t* token) {
   return true;
 }
 
+// Whether every stage of the row is a temperature or at its off value (spec section 2), so that nothing is cut.
+bool row_temps_only(const ChainRow& row) {
+  const auto& stages = *row.stages;
+  for (size_t s = 0; s < stages.size(); ++s) {
+    const double a = row.args[s].a;
+    bool off = false;
+    switch (stages[s]) {
+      case kTemperature: off = true; break;
+      case kTopK: off = a <= 0 || a >= static_cast<double>(row.V); break;
+      case kTopP: off = a >= 1.0; break;
+      case kMinP: off = a == 0.0; break;
+      case kTopNSigma: off = a <= 0.0; break;
+      case kTypicalP: off = a >= 1.0; break;
+      case kXtc: off = row.args[s].b == 0.0; break;
+    }
+    if (!off) return false;
+  }
+  return true;
+}
+
 struct SampleChain {
   static constexpr const char* kName = "SamplecSampleChain";
   std::vector<int> stages;
@@ -1649,8 +1675,6 @@ struct SampleChain {
     std::vector<std::pair<float, int32_t>> cand;
     std::vector<int32_t> order;
     std::vector<float> scratch_bm;
-    bool temps_only = terminal == kSample;
-    for (int s : stages) temps_only &= s == kTemperature;
     for (int64_t r = 0; r < rows; ++r) {
       ChainRow row;
       row.x = xs.row(r, V, buf);
@@ -1709,7 +1733,8 @@ struct SampleChain {
         continue;
       }
       bool done = false;
-      if (!(temps_only && !has_zero)) {     // (temperatures alone: every token may win; straight to the row)
+      if (!(terminal == kSample && row_temps_only(row) && !has_zero)) {   // (temperatures alone, every other stage
+                                            // at its off value: every token may win; straight to the row)
         for (int64_t m : {int64_t(32), int64_t(512)}) {
           if (m >= nb) break;
           const float bound = chain_candidates(row, nb, bs, m, scratch_bm);
