@@ -203,7 +203,7 @@ class Program:
             if hit is not None:
                 return hit
             if p.kind == "seed" and type(value) is int and 0 <= value < 2 ** 64 or \
-                    p.kind == "int" and type(value) is int and -2 ** 31 < value < 2 ** 31 and \
+                    p.kind == "int" and type(value) is int and -2 ** 31 <= value < 2 ** 31 and \
                     (p.name not in self._ranges or self._ranges[p.name].contains(value)) or \
                     p.kind == "float" and (p.name not in self._ranges or self._ranges[p.name].contains(value)) \
                     and value == value:
@@ -268,10 +268,12 @@ def _as_mx(value, name: str) -> mx.array:
         arr = np.asarray(value)
     except Exception as e:  # noqa: BLE001 - anything numpy cannot read is a bad value
         raise SamplecError(f"{name}: cannot convert {type(value).__name__} to an array ({e})") from None
-    if arr.dtype == object:
-        raise SamplecError(f"{name}: expected numbers, got {type(value).__name__}")
+    if arr.dtype.kind not in "biuf":       # (strings, objects, complex, datetimes: not numbers)
+        raise SamplecError(f"{name}: expected numbers, got {type(value).__name__} of {arr.dtype}")
     if arr.dtype == np.float64:
         arr = arr.astype(np.float32)
+    if any(st < 0 for st in arr.strides) or not (arr.flags.c_contiguous or arr.flags.f_contiguous):
+        arr = np.ascontiguousarray(arr)    # (a reversed or strided view: MLX takes contiguous memory)
     return mx.array(arr)
 
 
@@ -296,7 +298,10 @@ def _prepare_param(p: Param, value, B: int, V: int, late: list) -> mx.array:
             over = arr >= V
             late.append((message, mx.any(over, axis=-1)))
             arr = mx.where(over, -1, arr)             # (read as padding until the error is raised)
-        arr = arr.astype(mx.int32)
+        if arr.dtype != mx.int32:                     # (every negative id is padding: none may wrap to an id)
+            if mx.issubdtype(arr.dtype, mx.signedinteger):
+                arr = mx.where(arr < 0, -1, arr)
+            arr = arr.astype(mx.int32)
         if arr.shape[1] == 0:
             arr = mx.full((B, 1), -1, dtype=mx.int32)
         return arr
@@ -347,10 +352,10 @@ def _scalar_param(p: Param, value, B: int) -> np.ndarray:
             raise SamplecError(f"{p.name}: seeds must be in [0, 2**64) ({_rows(bad)})")
         arr = np.array(ints, dtype=np.uint64).reshape(np.shape(arr))
     else:
-        try:
-            arr = np.asarray(value, dtype=np.float64)
-        except (TypeError, ValueError):
-            raise SamplecError(f"{p.name}: expected a number or one number per row, got {value!r}") from None
+        raw = np.asarray(value) if not isinstance(value, (str, bytes)) else None
+        if raw is None or raw.dtype.kind not in "biuf":     # ('0.7' is a string, not a number)
+            raise SamplecError(f"{p.name}: expected a number or one number per row, got {value!r}")
+        arr = raw.astype(np.float64)
     if arr.ndim == 0:
         arr = np.broadcast_to(arr, (B,))
     if arr.ndim != 1 or arr.shape[0] != B:
@@ -367,8 +372,9 @@ def _scalar_param(p: Param, value, B: int) -> np.ndarray:
         if bad.any():
             vals = ", ".join(f"{float(v):g}" for v in arr[bad][:4])
             raise SamplecError(f"{p.name} = {vals} is out of range {p.range} ({_rows(bad)})")
-    if p.kind == "int" and (np.abs(arr) > 2 ** 31 - 1).any():
-        raise SamplecError(f"{p.name}: integer out of the int32 range")
+    if p.kind == "int" and ((arr < -2 ** 31) | (arr > 2 ** 31 - 1)).any():
+        bad = (arr < -2 ** 31) | (arr > 2 ** 31 - 1)
+        raise SamplecError(f"{p.name}: integer out of the int32 range [-2**31, 2**31 - 1] ({_rows(bad)})")
     return arr.astype(SCALAR_NP[p.kind])
 
 

@@ -1,0 +1,73 @@
+"""Bad run-time inputs: each gives the exact answer or a SamplecError naming the parameter (and the rows) --
+never another exception, never a silently different sampler."""
+from __future__ import annotations
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+import samplec
+
+SRC = ("sampler s(t: float, k: int, h: tokens, seed: seed) -> token, logprob "
+       "{ penalties(h, repeat = 1.5) top_k(k) temperature(t) sample(seed) }")
+
+
+@pytest.fixture(scope="module", params=[0, 2])
+def prog(request):
+    return samplec.compile(SRC, opt_level=request.param)
+
+
+X = np.random.default_rng(0).standard_normal((2, 50)).astype(np.float32)
+H = np.array([[1, 2], [3, -1]], dtype=np.int32)
+
+
+def call(p, **kw):
+    args = dict(t=0.7, k=5, h=H, seed=1)
+    args.update(kw)
+    x = args.pop("x", X)
+    out = p(x, **args)
+    return np.array(out.token).tolist(), np.array(out.logprob).tolist()
+
+
+def error(p, **kw) -> str:
+    with pytest.raises(samplec.SamplecError) as e:
+        call(p, **kw)
+    return str(e.value)
+
+
+def test_views_of_any_stride_are_their_values(prog):
+    rev = X[:, ::-1]
+    assert call(prog, x=rev) == call(prog, x=np.ascontiguousarray(rev))
+    wide = np.repeat(X, 2, axis=1)[:, ::2]
+    assert call(prog, x=wide) == call(prog)
+
+
+@pytest.mark.parametrize("bad", ["abc", b"abc", [["a"] * 50] * 2, np.array([1j] * 50), object()])
+def test_logits_that_are_not_numbers(prog, bad):
+    assert "logits" in error(prog, x=bad)
+
+
+@pytest.mark.parametrize("bad", ["0.7", b"1", 1j, [0.7, "1"], None.__class__])
+def test_numbers_given_as_strings_or_other_types(prog, bad):
+    assert "'t'" in error(prog, t=bad) or error(prog, t=bad).startswith("t:")
+
+
+def test_history_ids_are_checked_before_narrowing(prog):
+    """int64 ids >= 2**32 do not wrap onto small ids; negative int64 ids (any size) are padding."""
+    wide = np.array([[2 ** 32 + 5, 1], [1, 1]], dtype=np.int64)
+    for h in (wide, mx.array(wide)):
+        msg = error(prog, h=h)
+        assert msg.startswith("h:") and "row 0" in msg, msg
+    neg = np.array([[-2 ** 32 + 5, 1], [3, -(2 ** 40)]], dtype=np.int64)
+    pad = np.array([[-1, 1], [3, -1]], dtype=np.int32)
+    assert call(prog, h=neg) == call(prog, h=pad)
+    assert call(prog, h=mx.array(neg)) == call(prog, h=pad)
+
+
+def test_the_whole_int32_range(prog):
+    assert call(prog, k=-2 ** 31) == call(prog, k=0)              # (k <= 0: off)
+    assert call(prog, k=[-2 ** 31, 2 ** 31 - 1]) == call(prog, k=0)
+    msg = error(prog, k=2 ** 31)
+    assert msg.startswith("k:") and "int32" in msg, msg
+    msg = error(prog, k=[5, -2 ** 31 - 1])
+    assert msg.startswith("k:") and "row 1" in msg, msg
