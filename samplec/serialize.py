@@ -1,13 +1,20 @@
 """The .smpb file format: a Graph as a flatbuffer (schema/samplec.fbs), written deterministically and read defensively.
 
+A file is the flatbuffer followed by a 40-byte seal: the 8 bytes `SMPBSHA2` and the SHA-256 of the flatbuffer. The
+seal catches any accident to the bytes (a flipped bit in a constant would otherwise load as another sampler); what
+a crafted file with a valid seal can do is bounded by the checks below and by the kernels, which never index
+outside their operands.
+
 Values are numbered: 0..P-1 are the params in order, then the nodes in topological order; a node may only use
 smaller numbers, so the loader is one linear pass and a cycle cannot even be written down. `from_bytes` checks
-everything (identifier, version, sizes, every index, attribute kinds, every recorded type against the op table,
-names) before it returns, and turns any problem with the bytes into `SamplecError("invalid .smpb: ...")`.
-The per-op tables are reached through the op table (`<CamelName>Node`), never through a list of op names.
+everything (seal, identifier, version, sizes, every index, attribute kinds and ranges, every recorded type against
+the op table, names) before it returns, and turns any problem with the bytes into
+`SamplecError("invalid .smpb: ...")`. The per-op tables are reached through the op table (`<CamelName>Node`),
+never through a list of op names.
 """
 from __future__ import annotations
 
+import hashlib
 import importlib
 import os
 import re
@@ -29,9 +36,10 @@ from samplec.schema_gen import Program as fb_program
 from samplec.schema_gen import Scalar as fb_scalar
 from samplec.schema_gen.ScalarKind import ScalarKind
 
-FORMAT_VERSION = 1
-MAX_PLANS = 4
+FORMAT_VERSION = 2               # 2: the SHA-256 seal; no -O2 plans
 FILE_IDENTIFIER = b"SMPB"
+SEAL_MAGIC = b"SMPBSHA2"
+SEAL_SIZE = len(SEAL_MAGIC) + 32
 MAX_ITEMS = 1_000_000            # params, nodes, outputs, checks, operands or attribute entries in one list
 U64_MAX = 2**64 - 1
 I64_MIN, I64_MAX = -(2**63), 2**63 - 1
@@ -146,24 +154,31 @@ def _write_op(w: _Writer, n: Node) -> int:
     return m.End(b)
 
 
-def to_bytes(g: Graph, plans=()) -> bytes:
-    """The .smpb bytes of `g` and its -O2 plans (a chain: the program's `plan`, that plan's `plan`, ...): params
-    in order, then the reachable nodes in `g.toposort()` order."""
-    plans = list(plans or ())
-    if len(plans) > MAX_PLANS:
-        raise SamplecError(f"cannot serialize: more than {MAX_PLANS} plans")
-    for plan in plans:
-        if [(p.name, p.kind, p.default) for p in plan.params] != [(p.name, p.kind, p.default) for p in g.params]:
-            raise SamplecError("cannot serialize: a plan's parameters differ from the program's")
+def to_bytes(g: Graph) -> bytes:
+    """The .smpb bytes of `g`: params in order, then the reachable nodes in `g.toposort()` order, sealed."""
     w = _Writer()
-    off = None
-    for plan in reversed(plans):
-        off = _write_program(w, plan, off)
-    w.b.Finish(_write_program(w, g, off), file_identifier=FILE_IDENTIFIER)
-    return bytes(w.b.Output())
+    w.b.Finish(_write_program(w, g), file_identifier=FILE_IDENTIFIER)
+    return seal(bytes(w.b.Output()))
 
 
-def _write_program(w: "_Writer", g: Graph, plan_off: int | None) -> int:
+def seal(flatbuffer: bytes) -> bytes:
+    """The flatbuffer followed by its seal (SEAL_MAGIC and its SHA-256)."""
+    return flatbuffer + SEAL_MAGIC + hashlib.sha256(flatbuffer).digest()
+
+
+def _unseal(data: bytes) -> bytes:
+    """The flatbuffer of a sealed file, or _Invalid."""
+    if len(data) < SEAL_SIZE + 8 or data[-SEAL_SIZE:-32] != SEAL_MAGIC:
+        if len(data) >= 8 and data[4:8] == FILE_IDENTIFIER:
+            raise _Invalid("no SHA-256 seal at the end: truncated, or written by an older samplec (recompile it)")
+        raise _Invalid(f"not a .smpb file ({len(data)} bytes, no seal)")
+    body = bytes(data[:-SEAL_SIZE])
+    if hashlib.sha256(body).digest() != bytes(data[-32:]):
+        raise _Invalid("SHA-256 mismatch: the file is corrupted")
+    return body
+
+
+def _write_program(w: "_Writer", g: Graph) -> int:
     try:
         verify(g)      # never write a file that from_bytes would reject
     except VerifyError as e:
@@ -245,14 +260,12 @@ def _write_program(w: "_Writer", g: Graph, plan_off: int | None) -> int:
     m.AddNodes(b, nodes_v)
     m.AddOutputs(b, outputs_v)
     m.AddChecks(b, checks_v)
-    if plan_off is not None:
-        m.AddPlan(b, plan_off)
     return m.End(b)
 
 
-def save(g: Graph, path, plans=()) -> None:
+def save(g: Graph, path) -> None:
     """Write `g` to `path` atomically: the bytes go to a temp file in the same directory, then os.replace."""
-    data = to_bytes(g, plans)
+    data = to_bytes(g)
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
     try:
@@ -342,7 +355,7 @@ class _Reader:
 
     # -- the node table, read directly: the generated accessors look the vtable up again for every field and
     # -- cost ~35 us a node; one vtable read and a few unpacks do the same checks (this is what makes loading
-    # -- a program with its plans take ~1-3 ms instead of ~10)
+    # -- a program take ~1-3 ms instead of ~10)
     def u32(self, pos: int, what: str) -> int:
         if not 0 <= pos <= self.size - 4:
             raise _Invalid(f"{what} points outside the file")
@@ -497,20 +510,7 @@ def _read(data: bytes) -> Graph:
     version = prog.FormatVersion()
     if version != FORMAT_VERSION:
         raise _Invalid(f"format version {version} is not supported (this samplec reads version {FORMAT_VERSION})")
-    g = _read_program(r, prog)
-    plans, table = [], prog.Plan()
-    while table is not None:
-        if len(plans) == MAX_PLANS:
-            raise _Invalid(f"more than {MAX_PLANS} plans")
-        plan = _read_program(r, table)
-        if [(p.name, p.kind, p.node.type, p.default, p.range) for p in plan.params] != \
-                [(p.name, p.kind, p.node.type, p.default, p.range) for p in g.params]:
-            raise _Invalid("a plan's parameters differ from the program's")
-        if [(k, n.type) for k, n in plan.outputs] != [(k, n.type) for k, n in g.outputs] or len(plan.checks) != 1:
-            raise _Invalid("a plan's outputs differ from the program's, or it lacks its one guard check")
-        plans.append(plan)
-        table = table.Plan()
-    return g, plans
+    return _read_program(r, prog)
 
 
 def _read_program(r: "_Reader", prog) -> Graph:
@@ -594,16 +594,12 @@ def _read_program(r: "_Reader", prog) -> Graph:
     return Graph(gname, tuple(params), tuple(outputs), tuple(checks))
 
 
-def from_bytes(data: bytes) -> Graph:
-    """The Graph in `data`, checked completely; any problem raises SamplecError("invalid .smpb: ...")."""
-    return from_bytes_with_plans(data)[0]
-
-
-def from_bytes_with_plans(data: bytes) -> tuple[Graph, list[Graph]]:
-    """The program and its -O2 plans, all checked completely."""
-    data = _CheckedBytes(data)
+def from_bytes(data: bytes, sealed: bool = True) -> Graph:
+    """The Graph in `data`, checked completely; any problem raises SamplecError("invalid .smpb: ...").
+    (`sealed=False` reads a bare flatbuffer: for tests that build files the writer never would.)"""
     try:
-        g, plans = _read(data)
+        body = _CheckedBytes(_unseal(data) if sealed else data)
+        g = _read(body)
     except _Invalid as e:
         raise SamplecError(f"invalid .smpb: {e}") from None
     except (struct.error, IndexError, TypeError) as e:   # flatbuffers raises TypeError for a negative offset
@@ -613,27 +609,20 @@ def from_bytes_with_plans(data: bytes) -> tuple[Graph, list[Graph]]:
         raise SamplecError(f"invalid .smpb: corrupt flatbuffer ({type(e).__name__}: {e})") from None
     try:       # (the reader built every node with `make`, which inferred and checked its type)
         verify(g, infer=False)
-        for plan in plans:
-            verify(plan, infer=False)
     except VerifyError as e:
         raise SamplecError(f"invalid .smpb: {e}") from None
-    return g, plans
+    return g
 
 
 def load(path) -> Graph:
-    return load_with_plans(path)[0]
-
-
-def load_with_plans(path) -> tuple[Graph, list[Graph]]:
     try:
         data = Path(path).read_bytes()
     except OSError as e:
         raise SamplecError(f"cannot read {path}: {e.strerror or e}") from None
     try:
-        return from_bytes_with_plans(data)
+        return from_bytes(data)
     except SamplecError as e:
         raise SamplecError(f"{path}: {e}") from None
 
 
-__all__ = ["FORMAT_VERSION", "MAX_PLANS", "to_bytes", "from_bytes", "from_bytes_with_plans", "save", "load",
-           "load_with_plans"]
+__all__ = ["FORMAT_VERSION", "to_bytes", "from_bytes", "seal", "save", "load"]

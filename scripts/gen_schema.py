@@ -120,7 +120,6 @@ def schema_text() -> str:
         "  nodes:[Node];",
         "  outputs:[Output];",
         "  checks:[CheckEntry];",
-        "  plan:Program;          // the next -O2 candidate plan (a chain): same params and outputs, one guard check",
         "}",
         "",
         "root_type Program;",

@@ -28,8 +28,15 @@ def _argsort(ins, a):
     return mx.argsort(-x if a["descending"] else x, axis=-1).astype(mx.int32)
 
 
+def _in_range(idx: mx.array, n: int) -> mx.array:
+    """Indices clamped into [0, n): a program's own indices always are (this costs one small op), but one read
+    from a crafted .smpb may compute any value, and MLX's gathers and scatters do not check bounds."""
+    return mx.clip(idx, 0, max(n - 1, 0))
+
+
 def _take_along(ins, a):
     x, idx = ins
+    idx = _in_range(idx, x.shape[-1])
     if x.shape[:-1] != idx.shape[:-1]:
         lead = np.broadcast_shapes(x.shape[:-1], idx.shape[:-1])
         x = mx.broadcast_to(x, lead + x.shape[-1:])
@@ -115,6 +122,7 @@ def _positions64(n: int) -> mx.array:
 
 def _scatter_add(ins, a):
     base, idx, upd = ins
+    idx = _in_range(idx, base.shape[-1])
     lead = base.shape[:-1]
     idx = mx.broadcast_to(idx, lead + idx.shape[-1:])
     upd = mx.broadcast_to(upd, idx.shape)
@@ -124,12 +132,14 @@ def _scatter_add(ins, a):
 
 def _put_along(ins, a):
     base, idx, vals = ins
-    idx = mx.broadcast_to(idx, base.shape[:-1] + idx.shape[-1:])
+    idx = mx.broadcast_to(_in_range(idx, base.shape[-1]), base.shape[:-1] + idx.shape[-1:])
     return mx.put_along_axis(base, idx, mx.broadcast_to(vals, idx.shape), axis=-1)
 
 
 def _sparse_add(ins, a):
     x = ins[0]
+    if max(a["ids"], default=-1) >= x.shape[-1]:       # (a call checks this first: a direct kernel call too)
+        raise ValueError(f"logit_bias: token id {max(a['ids'])} is out of range for V = {x.shape[-1]}")
     ids = mx.array(np.array(a["ids"], dtype=np.int32))
     vals = mx.array(np.array(a["values"], dtype=np.float32))
     return x.at[..., ids].add(vals)
@@ -191,7 +201,7 @@ def _dry_repeats(ins, a):
     nxt = h[:, 1:]
     s = mx.where((nxt >= 0) & (h[:, :-1] >= 0), s, -1)
     rows = mx.broadcast_to(mx.arange(B)[:, None], nxt.shape)
-    return out.at[rows, mx.maximum(nxt, 0)].maximum(s)
+    return out.at[rows, _in_range(nxt, x.shape[-1])].maximum(s)
 
 
 def _random_bits(seed, c0, c1):

@@ -153,6 +153,7 @@ def _take_along(node: Node, users: Users, env: Env):
     idx = env[id(node.inputs[1])]
     if idx.ndim != 2 or idx.shape[0] not in (1, x.shape[0]):
         return None
+    idx = mx.clip(idx, 0, x.shape[-1] - 1)          # (see kernels._in_range)
     return {id(node): (mx.take_along_axis(x, idx, axis=-1) - m) - lz}
 
 
@@ -206,6 +207,7 @@ def _logprob_at(node: Node, users: Users, env: Env):
     lse = native.row_logsumexp(x)
     if lse is None:
         return None
+    idx = mx.clip(idx, 0, x.shape[-1] - 1)          # (see kernels._in_range)
     return {id(node): (mx.take_along_axis(x, idx, axis=-1) - lse[:, :1]) - lse[:, 1:]}
 
 

@@ -209,6 +209,8 @@ def _logprob_at(ts, a):
 def _sparse_add(ts, a):
     if len(a["ids"]) != len(a["values"]):
         raise TypeError_("sparse_add: ids and values differ in length")
+    if any(not 0 <= i < 2 ** 31 for i in a["ids"]):
+        raise TypeError_("sparse_add: token ids must lie in [0, 2**31)")
     return Type(_same_dtype(ts, (F32,)), ts[0].shape)
 
 

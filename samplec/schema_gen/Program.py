@@ -142,19 +142,8 @@ class Program(object):
         o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(14))
         return o == 0
 
-    # Program
-    def Plan(self):
-        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(16))
-        if o != 0:
-            x = self._tab.Indirect(o + self._tab.Pos)
-            from samplec.schema_gen.Program import Program
-            obj = Program()
-            obj.Init(self._tab.Bytes, x)
-            return obj
-        return None
-
 def ProgramStart(builder):
-    builder.StartObject(7)
+    builder.StartObject(6)
 
 def Start(builder):
     ProgramStart(builder)
@@ -218,12 +207,6 @@ def ProgramStartChecksVector(builder, numElems):
 
 def StartChecksVector(builder, numElems):
     return ProgramStartChecksVector(builder, numElems)
-
-def ProgramAddPlan(builder, plan):
-    builder.PrependUOffsetTRelativeSlot(6, flatbuffers.number_types.UOffsetTFlags.py_type(plan), 0)
-
-def AddPlan(builder, plan):
-    ProgramAddPlan(builder, plan)
 
 def ProgramEnd(builder):
     return builder.EndObject()
