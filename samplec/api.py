@@ -5,6 +5,7 @@ import os
 from pathlib import Path
 
 from samplec.diagnostics import SamplecError
+from samplec.files import read_source
 from samplec.frontend.check import check
 from samplec.frontend.lower import _param_ranges, lower
 from samplec.frontend.parser import parse
@@ -41,12 +42,7 @@ def compile(source_text: str, sampler: str | None = None, opt_level: int = 2, bi
 
 def compile_file(path: str | os.PathLike, sampler: str | None = None, opt_level: int = 2,
                  bindings: dict | None = None, after_pass=None) -> Program:
-    path = Path(path)
-    try:
-        source = path.read_text(encoding="utf-8-sig")      # a byte-order mark is not part of the source
-    except (OSError, UnicodeDecodeError) as e:
-        raise SamplecError(f"cannot read {path}: {e}") from None
-    return compile(source, sampler, opt_level, bindings, filename=str(path), after_pass=after_pass)
+    return compile(read_source(path), sampler, opt_level, bindings, filename=str(path), after_pass=after_pass)
 
 
 def load(path: str | os.PathLike) -> Program:

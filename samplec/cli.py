@@ -2,6 +2,8 @@
 
 Every user error is printed as a diagnostic (`file:line:col: error: ...` with a caret for source errors) and
 exits with status 1; nothing is written on failure and no traceback is shown (set SAMPLEC_DEBUG=1 to see one).
+Exit status: 0 done, 1 an error in what was given (source, program, values, files), 2 a usage error (unknown
+flag, missing argument: click's convention), 3 an internal error (a bug: please report it).
 """
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from typing import List, Optional
 import typer
 
 from samplec.diagnostics import SamplecError
+from samplec.files import read_file, read_source, write_atomic
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="samplec: compile LLM sampler chains (.smp) into optimized MLX programs (.smpb).")
@@ -41,7 +44,7 @@ def _guard(fn):
         except Exception as e:  # noqa: BLE001 - the CLI promises no tracebacks
             if os.environ.get("SAMPLEC_DEBUG"):
                 raise
-            _fail(f"internal error: {type(e).__name__}: {e} (set SAMPLEC_DEBUG=1 for a traceback)", 2)
+            _fail(f"internal error: {type(e).__name__}: {e} (set SAMPLEC_DEBUG=1 for a traceback)", 3)
     return wrapper
 
 
@@ -92,11 +95,11 @@ def compile_cmd(
     bindings = _pairs(list(set_ or []) + list(more_sets or []), "--set")
     after = None
     if print_after_all or print_diff:
-        source = file.read_text(encoding="utf-8-sig") if file.exists() else _fail(f"{file}: no such file")
+        source = read_source(file)
         after = _PassPrinter(print_graph(api.lower_source(source, sampler, bindings, filename=str(file))[0]),
                              print_diff, err=emit is None)
     if emit == "ir-unopt":
-        source = file.read_text(encoding="utf-8-sig") if file.exists() else _fail(f"{file}: no such file")
+        source = read_source(file)
         graph, _ = api.lower_source(source, sampler, bindings, filename=str(file))
         typer.echo(print_graph(graph), nl=False)
         return
@@ -109,7 +112,8 @@ def compile_cmd(
         _emit_picture(file, sampler, opt, bindings, emit, None)
     if emit is None or output is not None:
         out = output or file.with_suffix(".smpb")
-        prog.save(out)
+        from samplec.serialize import save
+        save(prog.graph, out, not_over=file)
         if emit is None:
             typer.echo(f"wrote {out} ({out.stat().st_size} bytes, {len(prog.graph.toposort())} nodes)", err=True)
 
@@ -164,14 +168,9 @@ def _emit_picture(file: Path, sampler, opt: int, bindings: dict, emit: str, outp
 
 
 def _read_source(file: Path) -> str:
-    if not file.exists():
-        raise SamplecError(f"{file}: no such file")
     if file.suffix == ".smpb":
         raise SamplecError(f"{file} is a compiled program; explain reads the .smp source it was compiled from")
-    try:
-        return file.read_text(encoding="utf-8-sig")
-    except (OSError, UnicodeDecodeError) as e:
-        raise SamplecError(f"cannot read {file}: {e}") from None
+    return read_source(file)
 
 
 @app.command()
@@ -200,7 +199,7 @@ def explain(
     text = ex.render_text(ex.explain(source, sampler, opt, bindings, filename=str(file),
                                      native=None if native == "auto" else native == "on"))
     if output is not None:
-        _write_atomic(output, text)
+        write_atomic(output, text.encode())
     else:
         typer.echo(text, nl=False)
 
@@ -209,20 +208,17 @@ def explain(
 @_guard
 def inspect(file: Path = typer.Argument(..., help="a compiled .smpb program")):
     """Print the IR of a compiled program."""
-    import samplec
-    if not file.exists():
-        raise SamplecError(f"{file}: no such file")
-    if file.suffix == ".smp" or _looks_like_source(file):
+    from samplec.program import Program
+    from samplec.serialize import from_bytes
+    data = read_file(file)
+    if file.suffix == ".smp" or b"sampler " in data[:4096] and data[4:8] != b"SMPB":
         raise SamplecError(f"{file} is a .smp source; `inspect` reads compiled .smpb programs. To see its IR, "
                            f"run `samplec compile {file} --emit ir`")
-    typer.echo(samplec.load(file).ir(), nl=False)
-
-
-def _looks_like_source(path: Path) -> bool:
     try:
-        return b"sampler " in path.read_bytes()[:4096] and not path.read_bytes()[4:8] == b"SMPB"
-    except OSError:
-        return False
+        graph = from_bytes(data)
+    except SamplecError as e:
+        raise SamplecError(f"{file}: {e}") from None
+    typer.echo(Program(graph).ir(), nl=False)
 
 
 @app.command("import", context_settings={"ignore_unknown_options": True})
@@ -260,28 +256,8 @@ def import_cmd(
     if output is None:
         typer.echo(text, nl=False)
         return
-    _write_atomic(output, text)
+    write_atomic(output, text.encode())
     typer.echo(f"wrote {output}", err=True)
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    """Write `text` to `path` through a temporary file in the same directory and a rename: a reader never sees
-    half a file, and a failure leaves the old file as it was."""
-    import tempfile
-    directory = path.parent if str(path.parent) else Path(".")
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
-    except OSError as e:
-        raise SamplecError(f"cannot write {path}: {e}") from None
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except OSError as e:
-        raise SamplecError(f"cannot write {path}: {e}") from None
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
 
 
 def _version_text() -> str:

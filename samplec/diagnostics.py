@@ -4,6 +4,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 
+LINE_WIDTH = 120       # a rendered source line longer than this is shown as a window around the caret
+MAX_SHOWN = 50         # diagnostics rendered for one error; the rest are counted
+
+
 @dataclass(frozen=True)
 class Span:
     """A source range; lines and columns are 1-based, `end_col` is exclusive."""
@@ -23,12 +27,13 @@ class Diagnostic:
     message: str
     span: Span | None = None
 
-    def render(self, source: str | None = None) -> str:
-        """`file:line:col: error: message`, then the source line and a caret under the span."""
+    def render(self, source: str | list[str] | None = None) -> str:
+        """`file:line:col: error: message`, then the source line and a caret under the span. `source`: the text,
+        or its lines split at "\n" (the parser's only line break: see frontend.parser.parse)."""
         if self.span is None:
             return f"{self.severity}: {self.message}"
         head = f"{self.span}: {self.severity}: {self.message}"
-        lines = (source or "").splitlines()
+        lines = source if isinstance(source, list) else (source or "").split("\n")
         if not (1 <= self.span.line <= len(lines)):
             return head
         text = lines[self.span.line - 1].expandtabs(1)
@@ -36,7 +41,14 @@ class Diagnostic:
         if self.span.end_line == self.span.line and self.span.end_col > self.span.col:
             width = self.span.end_col - self.span.col
         width = max(1, min(width, len(text) - self.span.col + 1))
-        caret = " " * (self.span.col - 1) + "^" + "~" * (width - 1)
+        col = self.span.col
+        if len(text) > LINE_WIDTH:          # a window of the line around the span, marked where it is cut
+            start = max(0, min(col - 1 - LINE_WIDTH // 3, len(text) - LINE_WIDTH))
+            cut = text[start:start + LINE_WIDTH]
+            text = ("..." if start else "") + cut + ("..." if start + LINE_WIDTH < len(text) else "")
+            col = col - start + (3 if start else 0)
+            width = max(1, min(width, LINE_WIDTH - (col - 1)))
+        caret = " " * (col - 1) + "^" + "~" * (width - 1)
         return f"{head}\n{text}\n{caret}"
 
 
@@ -50,7 +62,11 @@ class SamplecError(ValueError):
 
     def render(self) -> str:
         if self.diagnostics:
-            return "\n".join(d.render(self.source) for d in self.diagnostics)
+            lines = (self.source or "").split("\n")       # (once for all: a file may hold many errors)
+            shown = [d.render(lines) for d in self.diagnostics[:MAX_SHOWN]]
+            if len(self.diagnostics) > MAX_SHOWN:
+                shown.append(f"... and {len(self.diagnostics) - MAX_SHOWN} more")
+            return "\n".join(shown)
         return f"error: {self}"
 
     def __str__(self) -> str:  # a diagnostic-carrying error prints as its rendered diagnostics

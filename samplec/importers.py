@@ -30,6 +30,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from samplec.files import read_source
 from samplec.diagnostics import SamplecError
 
 __all__ = ["import_source", "import_text", "from_hf", "from_llama_cpp", "from_openai", "from_mlx_lm", "from_vllm",
@@ -866,9 +867,4 @@ def import_source(kind: str, path: str | os.PathLike) -> str:
     _kind(kind)
     if str(path) == "-":
         return import_text(kind, sys.stdin.read(), "<stdin>")
-    path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise SamplecError(f"cannot read {path}: {e}") from None
-    return import_text(kind, text, str(path))
+    return import_text(kind, read_source(path), str(path))

@@ -102,6 +102,10 @@ class Program:
         self._ranges = {p.name: Range.parse(p.range) for p in self.params if p.range and p.kind != "seed"}
         self._scalars: dict = {}    # (name, value, B) or (name, seed bytes) -> a prepared MLX array
         self._scalars_only = all(p.kind in SCALAR_NP for p in self.params)
+        # outputs with a count (top_logprobs(n), candidates(k)): checked against V before a call allocates
+        self._counts = sorted({(key.split(".")[0], n.type.shape[-1]) for key, n in graph.outputs
+                               if len(n.type.shape) == 2 and isinstance(n.type.shape[-1], int)},
+                              key=lambda c: -c[1])
 
     # ---- introspection and persistence ----
     @property
@@ -174,6 +178,9 @@ class Program:
             raise SamplecError(f"logits: expected shape [V] or [B, V], got {list(x.shape)}")
         if self._max_bias_id >= V:
             raise SamplecError(f"logit_bias: token id {self._max_bias_id} is out of range for V = {V}")
+        if self._counts and self._counts[0][1] > V:
+            name, n = self._counts[0]
+            raise SamplecError(f"{name}({n}): more entries per row than the vocabulary holds (V = {V})")
         known = self._known
         if not params.keys() <= known:
             unknown = sorted(k for k in params if k not in known)

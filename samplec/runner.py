@@ -7,6 +7,7 @@ import mlx.core as mx
 import numpy as np
 
 from samplec.diagnostics import SamplecError
+from samplec.files import check_regular
 from samplec.ir.graph import Graph
 from samplec.program import Outputs, Program
 
@@ -16,10 +17,12 @@ DRAW_CHUNK_FLOATS = 1 << 23   # logits entries per batched call during --draws
 def load_array(path: Path, flag: str) -> mx.array:
     """A .npy, .npz or .safetensors file holding one array (or one named 'logits')."""
     path = Path(path)
-    if not path.exists():
-        raise SamplecError(f"{flag}: {path}: no such file")
     if path.suffix not in (".npy", ".npz", ".safetensors"):
         raise SamplecError(f"{flag}: {path}: expected a .npy, .npz or .safetensors file")
+    try:
+        check_regular(path)                 # (a FIFO would block the reader)
+    except SamplecError as e:
+        raise SamplecError(f"{flag}: {e}") from None
     try:
         data = mx.load(str(path))
     except Exception as e:  # noqa: BLE001 - any reader failure is a bad file

@@ -16,15 +16,14 @@ from __future__ import annotations
 
 import hashlib
 import importlib
-import os
 import re
-import secrets
 import struct
 from pathlib import Path
 
 import flatbuffers
 
 from samplec.diagnostics import SamplecError
+from samplec.files import read_file, write_atomic
 from samplec.ir.graph import INPUT, Check, Graph, Node, Param, VerifyError, verify
 from samplec.ir.ops import OPS
 from samplec.ir.types import DTYPES, Type
@@ -263,27 +262,9 @@ def _write_program(w: "_Writer", g: Graph) -> int:
     return m.End(b)
 
 
-def save(g: Graph, path) -> None:
-    """Write `g` to `path` atomically: the bytes go to a temp file in the same directory, then os.replace."""
-    data = to_bytes(g)
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
-    try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-    except OSError as e:
-        raise SamplecError(f"cannot write {path}: {e.strerror or e}") from None
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except OSError as e:
-        tmp.unlink(missing_ok=True)
-        raise SamplecError(f"cannot write {path}: {e.strerror or e}") from None
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+def save(g: Graph, path, not_over=None) -> None:
+    """Write `g` to `path` atomically (samplec.files.write_atomic)."""
+    write_atomic(path, to_bytes(g), not_over=not_over)
 
 
 # ---- reading -----------------------------------------------------------------------------------------------------
@@ -615,10 +596,7 @@ def from_bytes(data: bytes, sealed: bool = True) -> Graph:
 
 
 def load(path) -> Graph:
-    try:
-        data = Path(path).read_bytes()
-    except OSError as e:
-        raise SamplecError(f"cannot read {path}: {e.strerror or e}") from None
+    data = read_file(path)
     try:
         return from_bytes(data)
     except SamplecError as e:

@@ -353,3 +353,36 @@ def test_two_history_parameters_take_param_files(tmp_path, files):
     r = cli("run", src, "--logits", d / "x.npy", "--param", f"a={tmp_path / 'a.npy'}", f"b={tmp_path / 'a.npy'}",
             "--json")
     assert r.exit_code == 0, r.output
+
+
+def test_hostile_paths_and_exit_statuses(tmp_path):
+    """-o onto the source is refused and leaves it untouched; an empty -o is a user error; FIFOs are refused, never
+    waited on; a corrupted .smpb is refused; exit 1 for what was given, 2 for a usage error (click's convention)."""
+    import os
+    import signal
+    src = tmp_path / "chain.smp"
+    src.write_text(CHAIN)
+    r = cli("compile", src, "-o", src)
+    assert r.exit_code == 1 and "it is the input file" in r.output and src.read_text() == CHAIN
+    r = cli("compile", src, "-o", "")
+    assert r.exit_code == 1 and "not a file name" in r.output
+    r = cli("compile", src, "--no-such-flag")
+    assert r.exit_code == 2
+    fifo, npy = tmp_path / "pipe.smp", tmp_path / "pipe.npy"
+    os.mkfifo(fifo)
+    os.mkfifo(npy)
+    signal.alarm(20)                  # (a blocking open would hang the test: fail it instead)
+    try:
+        for args in (("compile", fifo), ("inspect", fifo), ("explain", fifo),
+                     ("run", EXAMPLES / "llama.smp", "--logits", npy)):
+            r = cli(*args)
+            assert r.exit_code == 1 and "not a regular file" in r.output, (args, r.output)
+    finally:
+        signal.alarm(0)
+    out = tmp_path / "chain.smpb"
+    assert cli("compile", src, "-o", out).exit_code == 0
+    data = bytearray(out.read_bytes())
+    data[len(data) // 2] ^= 0x10
+    out.write_bytes(bytes(data))
+    r = cli("inspect", out)
+    assert r.exit_code == 1 and "SHA-256 mismatch" in r.output

@@ -171,11 +171,28 @@ def test_save_is_atomic(tmp_path, monkeypatch):
 
     def boom(*a):
         raise OSError("disk full")
-    monkeypatch.setattr(serialize.os, "replace", boom)
+    from samplec import files
+    monkeypatch.setattr(files.os, "replace", boom)
     with pytest.raises(SamplecError, match="cannot write .*disk full"):
         serialize.save(demo_graph(), path)
     assert path.read_bytes() == before
     assert [p.name for p in tmp_path.iterdir()] == ["prog.smpb"]
+    monkeypatch.undo()
+    with pytest.raises(SamplecError, match="it is the input file"):      # compile -o onto its own source
+        serialize.save(small_graph(), path, not_over=path)
+    assert path.read_bytes() == before
+
+
+def test_only_regular_files_are_read(tmp_path):
+    """A FIFO (or a device, or a directory) is refused before it is opened: reading one could block forever."""
+    import os
+    fifo = tmp_path / "pipe.smpb"
+    os.mkfifo(fifo)
+    with time_limit(5):
+        with pytest.raises(SamplecError, match="not a regular file"):
+            serialize.load(fifo)
+        with pytest.raises(SamplecError, match="not a regular file"):
+            serialize.load(tmp_path)
 
 
 def test_load_reports_the_path(tmp_path):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import difflib
 import math
+import struct
 
 from samplec.diagnostics import Diagnostic, DiagnosticSink, SamplecError, Span
 from samplec.frontend.ast import (Arg, BoundStage, CheckedSampler, DictLit, ListLit, Literal, Module, Name, Output,
@@ -57,6 +58,9 @@ def check_module(module: Module) -> list[Diagnostic]:
     sink = DiagnosticSink(module.source)
     if not module.samplers:
         sink.error("no sampler in this file", _file_start(module))
+    if len(module.samplers) > LIMITS["samplers in a file"]:
+        sink.error(f"the file holds {len(module.samplers)} samplers; the limit is {LIMITS['samplers in a file']}",
+                   module.samplers[LIMITS["samplers in a file"]].name_span)
     first: dict[str, Sampler] = {}
     for s in module.samplers:
         if s.name in first:
@@ -72,7 +76,32 @@ def _raise(errors: list[Diagnostic], module: Module):
 
 # ---- one sampler ----------------------------------------------------------------------------------------------
 
+# Sizes past which a sampler makes no sense (real chains have a dozen stages and parameters); each limit keeps
+# compiling any file within it well under a second. docs/language.md lists them.
+LIMITS = {"samplers in a file": 1000, "stages in a sampler": 1000, "parameters of a sampler": 256,
+          "outputs of a sampler": 64, "entries in a logit_bias dict": 10_000, "ids in a list": 10_000}
+
+
+def _check_limits(s: Sampler, sink: DiagnosticSink) -> None:
+    for what, items, span in (("stages in a sampler", s.stages, lambda i: i.span),
+                              ("parameters of a sampler", s.params, lambda i: i.span),
+                              ("outputs of a sampler", s.outputs or (), lambda i: i.span)):
+        if len(items) > LIMITS[what]:
+            sink.error(f"sampler '{s.name}' has {len(items)} {what.split()[0]}; the limit is {LIMITS[what]}",
+                       span(items[LIMITS[what]]))
+    for st in s.stages:
+        for a in st.args:
+            v = a.value
+            if isinstance(v, DictLit) and len(v.items) > LIMITS["entries in a logit_bias dict"]:
+                sink.error(f"a logit_bias dict holds {len(v.items)} entries; the limit is "
+                           f"{LIMITS['entries in a logit_bias dict']} (pass a bias parameter instead)", v.span)
+            if isinstance(v, ListLit) and len(v.items) > LIMITS["ids in a list"]:
+                sink.error(f"a list holds {len(v.items)} ids; the limit is {LIMITS['ids in a list']} "
+                           "(pass a tokens parameter instead)", v.span)
+
+
 def _check_sampler(s: Sampler, sink: DiagnosticSink) -> CheckedSampler:
+    _check_limits(s, sink)
     params = _check_params(s.params, sink)
     used: set[str] = set()
     stages = tuple(_bind_stage(st, params, used, sink) for st in s.stages)
@@ -117,6 +146,8 @@ def _default_problem(p: Param) -> str | None:
         return f"default of seed '{p.name}' = {_show(d.value)} is out of range {U64.describe()}"
     if p.type == "int" and not INT32.contains(d.value):
         return f"default of '{p.name}' = {_show(d.value)} does not fit in a 32-bit int"
+    if p.type == "float" and as_float32(float(d.value)) is None:
+        return f"default of '{p.name}' = {_show(d.value)} is {F32_RANGE}"
     return None
 
 
@@ -238,11 +269,26 @@ def _check_name(where: str, slot: StageParam, n: Name, params: dict[str, Param],
                        d.span)
 
 
+def as_float32(value: float) -> float | None:
+    """The value a float literal has in the program (float32), or None when a finite value is past its range."""
+    try:
+        return struct.unpack("<f", struct.pack("<f", value))[0]
+    except OverflowError:
+        return None
+
+
+F32_RANGE = "out of the float32 range (|x| <= 3.4028235e38; write inf for infinity)"
+
+
 def _range_problem(slot: StageParam, value) -> str | None:
-    """Why a literal value does not fit the slot's range, or None."""
+    """Why a literal value does not fit the slot's range, or None (a float literal as the float32 it becomes:
+    1e-50 is 0 there, and 1e39 no number at all)."""
     rng = slot.range
     if slot.type == "float":  # show a float slot's bounds as floats: (0.0, 1.0]
         rng = Range(float(rng.lo), float(rng.hi), rng.lo_open, rng.hi_open)
+        value = as_float32(float(value))
+        if value is None:
+            return "is " + F32_RANGE
     if not rng.contains(value):
         return f"is out of range {rng.describe()}"
     if slot.type == "int" and not INT32.contains(value):
@@ -262,6 +308,8 @@ def _check_dict(d: DictLit, sink: DiagnosticSink) -> None:
         if math.isnan(bias) or bias == math.inf:   # -inf bans the token, as in llama.cpp
             sink.error(f"logit_bias: the bias of token {_show(key)} must be a number or -inf, not {_show(bias)}",
                        vspan)
+        elif as_float32(bias) is None:
+            sink.error(f"logit_bias: the bias of token {_show(key)} is {F32_RANGE}", vspan)
 
 
 # ---- terminals and outputs ------------------------------------------------------------------------------------
@@ -326,10 +374,16 @@ def _check_outputs(outputs: tuple[Output, ...], s: Sampler, sink: DiagnosticSink
         if takes_arg and (o.arg is None or o.arg <= 0):
             got = "" if o.arg is None else f", not {o.arg}"
             sink.error(f"output '{o.name}' needs a positive count, e.g. {o.name}(5){got}", o.span)
+        elif takes_arg and o.arg > MAX_OUTPUT_COUNT:
+            sink.error(f"output '{o.name}({o.arg})' asks for more than {MAX_OUTPUT_COUNT} entries per row "
+                       "(a call also refuses more than the vocabulary holds)", o.span)
         elif not takes_arg and o.arg is not None:
             sink.error(f"output '{o.name}' takes no argument", o.span)
         if needs_terminal and not has_terminal:
             sink.error(f"output '{o.name}' needs a terminal stage (greedy() or sample(...))", o.span)
+
+
+MAX_OUTPUT_COUNT = 1 << 20      # top_logprobs(n), candidates(k): [B, n] arrays; V is at most a few hundred thousand
 
 
 # ---- helpers --------------------------------------------------------------------------------------------------

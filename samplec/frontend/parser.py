@@ -5,6 +5,7 @@ Syntax errors become a `SamplecError` carrying one `Diagnostic` at the offending
 """
 from __future__ import annotations
 
+import math
 from functools import lru_cache
 from pathlib import Path
 
@@ -29,8 +30,20 @@ def _lark() -> Lark:
                 propagate_positions=True, maybe_placeholders=True)
 
 
+MAX_SOURCE_CHARS = 1 << 20     # a sampler file is a few hundred bytes; the limit bounds every later pass
+
+
 def parse(source: str, filename: str = "<string>") -> Module:
-    """Parse one `.smp` file holding zero or more samplers. Raises SamplecError on a syntax error."""
+    """Parse one `.smp` file holding zero or more samplers. Raises SamplecError on a syntax error.
+
+    Line breaks are "\n", "\r\n" and a lone "\r" (classic Mac files), all read as "\n" before parsing, so that
+    positions, comments (to the end of the line) and the rendered caret agree; every other character (form feed,
+    vertical tab, U+2028, ...) is a character on its line."""
+    if len(source) > MAX_SOURCE_CHARS:
+        diag = Diagnostic("error", f"the file holds {len(source)} characters; the limit is {MAX_SOURCE_CHARS}",
+                          Span(filename, 1, 1, 1, 2))
+        raise SamplecError(diag.message, (diag,), "")
+    source = source.replace("\r\n", "\n").replace("\r", "\n")
     try:
         tree = _lark().parse(source)
     except UnexpectedInput as e:
@@ -69,7 +82,7 @@ class ToAst(Transformer):
         return tuple(outputs)
 
     def output(self, meta, name, arg):
-        return Output(str(name), None if arg is None else int(arg), _span(self.file, meta))
+        return Output(str(name), None if arg is None else _int(arg), _span(self.file, meta))
 
     def body(self, meta, *stages):
         return tuple(stages)
@@ -91,18 +104,72 @@ class ToAst(Transformer):
                        item_spans=tuple((k.span, v.span) for k, v in items))
 
     def list_lit(self, meta, *items):
-        return ListLit(tuple(int(t) for t in items), _span(self.file, meta),
+        return ListLit(tuple(_int(t) for t in items), _span(self.file, meta),
                        item_spans=tuple(_span(self.file, t) for t in items))
 
     def dict_item(self, meta, key, value):
         # Values are stored as floats (a bias is a float); the checker validates both sides using the spans.
-        return Literal(int(key), "int", _span(self.file, key)), Literal(float(value.value), "float", value.span)
+        return Literal(_int(key), "int", _span(self.file, key)), Literal(_float(value.value), "float", value.span)
 
     def int_lit(self, meta, tok):
-        return Literal(int(tok), "int", _span(self.file, tok))
+        return Literal(_int(tok), "int", _span(self.file, tok))
 
     def float_lit(self, meta, tok):
-        return Literal(float(tok), "float", _span(self.file, tok))  # float() reads `inf`, `-inf`, `+inf` too
+        return Literal(_float_text(str(tok)), "float", _span(self.file, tok))
+
+
+class BigInt(int):
+    """An integer literal with more digits than any value samplec takes (Python would refuse to convert past
+    4300 digits): it stands as +-10**40, out of every range the checks know, and prints as written (shortened)."""
+
+    text: str
+
+    def __new__(cls, text: str):
+        self = super().__new__(cls, -10 ** 40 if text.startswith("-") else 10 ** 40)
+        self.text = text
+        return self
+
+    def __str__(self) -> str:
+        digits = self.text.lstrip("+-")
+        return f"{self.text[:12]}...({len(digits)} digits)"
+
+    __repr__ = __str__
+
+
+def _int(tok) -> int:
+    text = str(tok)
+    return BigInt(text) if len(text.lstrip("+-")) > 40 else int(text)
+
+
+class BigFloat(float):
+    """A float literal past the float64 range (1e999): the largest float64 -- past the float32 range, so the
+    checks refuse it -- printed as written. (`inf` is written as inf.)"""
+
+    text: str
+
+    def __new__(cls, text: str):
+        self = super().__new__(cls, -1.7976931348623157e308 if text.startswith("-") else 1.7976931348623157e308)
+        self.text = text
+        return self
+
+    def __str__(self) -> str:
+        return self.text if len(self.text) <= 24 else f"{self.text[:12]}...({len(self.text)} characters)"
+
+    __repr__ = __str__
+
+
+def _float_text(text: str) -> float:
+    value = float(text)                 # (float() reads `inf`, `-inf`, `+inf` too)
+    return BigFloat(text) if math.isinf(value) and "inf" not in text.lower() else value
+
+
+def _float(v) -> float:
+    """A float of a literal: a finite number, or +-inf for one past the float range (the checks then refuse it
+    where a finite value is needed)."""
+    try:
+        return float(v)
+    except OverflowError:
+        return float("inf") if v > 0 else float("-inf")
 
 
 # ---- syntax errors --------------------------------------------------------------------------------------------

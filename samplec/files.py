@@ -1,0 +1,79 @@
+"""Reading and writing the files samplec is given: only regular files of bounded size are read (a FIFO or a
+device could block or never end), and a file is written whole or not at all (a temporary file and a rename)."""
+from __future__ import annotations
+
+import os
+import secrets
+import stat
+from pathlib import Path
+
+from samplec.diagnostics import SamplecError
+
+MAX_FILE_BYTES = 64 << 20       # a .smpb is a few kilobytes and a .smp a few hundred bytes
+
+
+def check_regular(path: str | os.PathLike, limit: int | None = None) -> int:
+    """The size of a regular file (of at most `limit` bytes); anything else is refused before it is opened."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        raise SamplecError(f"cannot read {path}: no such file") from None
+    except OSError as e:
+        raise SamplecError(f"cannot read {path}: {e.strerror or e}") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise SamplecError(f"{path}: not a regular file")
+    if limit is not None and st.st_size > limit:
+        raise SamplecError(f"{path}: {st.st_size} bytes; the limit is {limit}")
+    return st.st_size
+
+
+def read_file(path: str | os.PathLike, limit: int = MAX_FILE_BYTES) -> bytes:
+    """The bytes of a regular file of at most `limit` bytes; anything else is refused before it is read."""
+    path = Path(path)
+    check_regular(path, limit)
+    try:
+        with open(path, "rb") as f:
+            data = f.read(limit + 1)
+    except FileNotFoundError:
+        raise SamplecError(f"cannot read {path}: no such file") from None
+    except OSError as e:
+        raise SamplecError(f"cannot read {path}: {e.strerror or e}") from None
+    if len(data) > limit:
+        raise SamplecError(f"{path}: more than {limit} bytes")
+    return data
+
+
+def read_source(path: str | os.PathLike) -> str:
+    """A .smp file's text (UTF-8; a byte-order mark is not part of the source)."""
+    try:
+        return read_file(path).decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise SamplecError(f"cannot read {path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+
+
+def write_atomic(path: str | os.PathLike, data: bytes, *, not_over: str | os.PathLike | None = None) -> None:
+    """Write `data` to `path` through a temporary file in the same directory, synced, then renamed over it: a
+    reader never sees half a file, and a failure leaves the old file as it was. `not_over`: an input that must
+    not be overwritten (`compile -o` naming its own source)."""
+    path = Path(path)
+    if not str(path) or path.name in ("", ".", ".."):
+        raise SamplecError(f"cannot write {str(path)!r}: not a file name")
+    if not_over is not None and path.exists() and os.path.samefile(path, not_over):
+        raise SamplecError(f"cannot write {path}: it is the input file (choose another -o)")
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    except OSError as e:
+        raise SamplecError(f"cannot write {path}: {e.strerror or e}") from None
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise SamplecError(f"cannot write {path}: {e.strerror or e}") from None
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
