@@ -13,7 +13,7 @@ import argparse
 import importlib
 import sys
 
-TARGETS = ("source", "smpb", "runtime", "server", "differential")
+TARGETS = ("source", "smpb", "runtime", "differential")
 
 
 def main(argv=None) -> int:

@@ -27,6 +27,7 @@ from samplec.files import read_file, write_atomic
 from samplec.ir.graph import INPUT, Check, Graph, Node, Param, VerifyError, verify
 from samplec.ir.ops import OPS
 from samplec.ir.types import DTYPES, Type
+from samplec.stages import OUTPUTS, Range
 from samplec.schema_gen import CheckEntry as fb_check
 from samplec.schema_gen import Node as fb_node
 from samplec.schema_gen import Output as fb_output
@@ -494,6 +495,19 @@ def _read(data: bytes) -> Graph:
     return _read_program(r, prog)
 
 
+def _check_output_names(keys: list[str]) -> None:
+    """A dotted output name is half of a counted output's pair (`top_logprobs.ids` and `.values`): both halves,
+    of an output that has them. (Other names are free: a graph built in Python may name its outputs.)"""
+    for key in keys:
+        base, dot, part = key.partition(".")
+        if not dot:
+            continue
+        if not (base in OUTPUTS and OUTPUTS[base][0] and part in ("ids", "values")):
+            raise _Invalid(f"output {key!r}: only top_logprobs and candidates have .ids and .values")
+        if f"{base}.{'values' if part == 'ids' else 'ids'}" not in keys:
+            raise _Invalid(f"output {key!r} comes without its pair")
+
+
 def _read_program(r: "_Reader", prog) -> Graph:
     gname = r.text(prog.Name(), "program name")
 
@@ -513,6 +527,11 @@ def _read_program(r: "_Reader", prog) -> Graph:
                 raise _Invalid(f"{what} has both a default value and the 'os' default")
             default = "os"
         rng = r.string(f_range, f"{what} range", required=False)
+        if rng is not None:
+            try:
+                Range.parse(rng)
+            except (ValueError, IndexError):
+                raise _Invalid(f"{what} has the range {rng!r}, not an interval like (0.0, 1.0]") from None
         node = Node(INPUT, (), (), t, name)
         params.append(Param(name, kind, node, default, rng))
         values.append(node)
@@ -565,6 +584,7 @@ def _read_program(r: "_Reader", prog) -> Graph:
         outputs.append((key, value(o.Value(), f"output {key!r}")))
     if len({k for k, _ in outputs}) != len(outputs):
         raise _Invalid("output names must be distinct")
+    _check_output_names([k for k, _ in outputs])
     checks = []
     for i in range(r.length(prog, "Checks", 4, "checks")):
         c = prog.Checks(i)

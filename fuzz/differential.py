@@ -1,0 +1,48 @@
+"""Differential fuzzing: random chains in random orders, literal / scalar / per-row parameters, logit families
+(peaked, flat, ties, -inf heavy, long tails, one finite, tiny V): -O2 must give -O0's token on every row and the
+numpy reference's (tests/reference.py). 'silent' counts rows where they differ; a row whose reference decision
+lies within float rounding of a boundary still counts (the report's examples show them)."""
+from __future__ import annotations
+
+import random
+import sys
+from pathlib import Path
+
+import numpy as np
+
+import samplec
+from fuzz.common import Counts, Deadline
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+import reference as R  # noqa: E402
+from test_differential import FAMILIES, ORDER_STAGES, build, family_row  # noqa: E402
+
+
+def fuzz(seconds: float, seed: int = 0) -> Counts:
+    pick = random.Random(seed)
+    counts = Counts("differential")
+    deadline = Deadline(seconds)
+    while deadline:
+        rng = np.random.default_rng(pick.randrange(2**32))
+        V = pick.choice([1, 2, 7, 100, 1000, 5000, 40000])
+        B = pick.randint(1, 4)
+        stages = [pick.choice(ORDER_STAGES) for _ in range(pick.randint(0, 4))]
+        modes = [pick.choice(["literal", "scalar", "rows"]) for _ in stages]
+        terminal = pick.choice(["sample", "greedy"])
+        src, kw, per_row = build(V, B, stages, modes, terminal, pick.random() < 0.5, rng, pick.random() < 0.3)
+        kinds = [pick.choice(FAMILIES) for _ in range(B)]
+        x = np.stack([family_row(k, V, rng) for k in kinds])
+        try:
+            t2 = np.array(samplec.compile(src, opt_level=2)(x, **kw).token).tolist()
+            t0 = np.array(samplec.compile(src, opt_level=0)(x, **kw).token).tolist()
+        except Exception as e:  # noqa: BLE001
+            counts.record("traceback", src, f"{type(e).__name__}: {e}")
+            continue
+        for r in range(B):
+            term = ("sample", {"seed": kw["seed"][r], "position": kw["pos"][r]}) if terminal == "sample" else \
+                ("greedy", {})
+            ref = R.run_chain(x[r], per_row[r], term, row=r)["token"]
+            ok = t2[r] == t0[r] == ref
+            counts.record("ok" if ok else "silent", (src, kinds[r], V),
+                          "" if ok else f"row {r}: -O2 {t2[r]}, -O0 {t0[r]}, reference {ref}")
+    return counts
