@@ -1322,19 +1322,32 @@ uint32_t radix_select(std::vector<uint32_t>& keys, std::vector<W>& ws, W need) {
       base += hist[b];
     }
     const uint32_t bucket = common | (static_cast<uint32_t>(b) << shift);
+    // the boundary bucket's items, compacted without a branch (a bucket holding every eighth item would
+    // mispredict most of them); its range is the bucket's, narrowed below by the next level's lo/hi pass
     size_t m = 0;
-    lo = UINT32_MAX, hi = 0;
-    for (size_t i = 0; i < n; ++i) {
-      if (((keys[i] >> shift) & mask) == static_cast<uint32_t>(b)) {
-        lo = keys[i] < lo ? keys[i] : lo;
-        hi = keys[i] > hi ? keys[i] : hi;
-        keys[m] = keys[i];
-        if (!unit) ws[m] = ws[i];
-        ++m;
+    const uint32_t want = static_cast<uint32_t>(b);
+    if (unit) {
+      for (size_t i = 0; i < n; ++i) {
+        const uint32_t k = keys[i];
+        keys[m] = k;
+        m += ((k >> shift) & mask) == want;
+      }
+    } else {
+      for (size_t i = 0; i < n; ++i) {
+        const uint32_t k = keys[i];
+        const W w = ws[i];
+        keys[m] = k;
+        ws[m] = w;
+        m += ((k >> shift) & mask) == want;
       }
     }
     keys.resize(m);
     if (!unit) ws.resize(m);
+    lo = UINT32_MAX, hi = 0;
+    for (size_t i = 0; i < m; ++i) {
+      lo = keys[i] < lo ? keys[i] : lo;
+      hi = keys[i] > hi ? keys[i] : hi;
+    }
     if (shift == 0 || m == 0) return bucket;
   }
 }
@@ -1356,7 +1369,10 @@ SAMPLEC_VOCAB_LOOP void divide_by(float* out, const float* v, int64_t n, float t
 // out[i] = keep[i] ? v[i] - c : -inf
 SAMPLEC_VOCAB_LOOP void kept_minus(float* __restrict out, const uint8_t* __restrict keep, const float* __restrict v,
                                    int64_t n, float c) {
-  for (int64_t i = 0; i < n; ++i) out[i] = keep[i] ? v[i] - c : -INFINITY;
+  for (int64_t i = 0; i < n; ++i) {        // (an add of 0 or -inf rather than a select: it vectorizes)
+    const float off = keep[i] ? 0.0f : -INFINITY;
+    out[i] = (v[i] - c) + off;
+  }
 }
 
 void chain_dense(ChainRow& row, int64_t nb, int bs, int32_t* token, float* logprob, std::vector<float>& buf,
