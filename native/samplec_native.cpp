@@ -1751,8 +1751,16 @@ struct SampleChain {
       bool done = false;
       if (!(terminal == kSample && row_temps_only(row) && !has_zero)) {   // (temperatures alone, every other stage
                                             // at its off value: every token may win; straight to the row)
-        for (int64_t m : {int64_t(32), int64_t(512)}) {
-          if (m >= nb) break;
+        // m blocks above the bound hold at least m tokens above it: a top_k(k) needs m >= k to end inside them
+        int64_t first = 32;
+        for (size_t s = 0; s < stages.size(); ++s) {
+          const double k = row.args[s].a;
+          if (stages[s] == kTopK && k > 0 && k < static_cast<double>(V)) {
+            first = std::max<int64_t>(first, std::min<int64_t>(static_cast<int64_t>(k) + 8, 512));
+          }
+        }
+        for (int64_t m : {first, int64_t(512)}) {
+          if (m >= nb || (m == 512 && first == 512)) break;
           const float bound = chain_candidates(row, nb, bs, m, scratch_bm);
           // (no candidate above the bound: the top is tied across blocks, and more blocks will not help)
           if ((done = chain_run(row, bound, token + r, logprob + r)) || cand.empty()) break;
