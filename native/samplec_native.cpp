@@ -1670,10 +1670,10 @@ struct SampleChain {
   static constexpr const char* kName = "SamplecSampleChain";
   std::vector<int> stages;
   int terminal;
-  bool want_logprob, want_x, want_probs, edited;
+  bool want_logprob, want_x, want_probs, edited, want_top;
   bool operator==(const SampleChain& o) const {
     return stages == o.stages && terminal == o.terminal && want_logprob == o.want_logprob && want_x == o.want_x &&
-           want_probs == o.want_probs && edited == o.edited;
+           want_probs == o.want_probs && edited == o.edited && want_top == o.want_top;
   }
   // in = [x, each stage's operands after x as [B, 1] (top_k int32; xtc f32, f32, u64 seed, u32 position; others
   // f32), then (sample) seed u64 and position u32, then (edited) ids int32 [B, H] and values f32 [B, H]: the chain
@@ -1736,12 +1736,32 @@ struct SampleChain {
         row.k1 = static_cast<uint32_t>(seed & 0xFFFFFFFFu);
         row.pos = Rows<uint32_t>(in[at + 1])(r, 0);
       }
+      // (want_top: MLX's argmax of the input row and the value there -- the logits checks' pass, shared)
+      int32_t* top_pos = want_top ? out[out.size() - 2].data<int32_t>() + r : nullptr;
+      float* top_val = want_top ? out[out.size() - 1].data<float>() + r : nullptr;
       if (greedy_row(row, token + r)) {
         logprob[r] = 0.0f;
+        if (want_top) {
+          *top_pos = static_cast<int32_t>(first_of(row.x, V, max_nan(row.x, V)));
+          *top_val = row.x[*top_pos];
+        }
         continue;
       }
       block_max_row(row.x, V, nb, bs, bm.data());
       logprob[r] = 0.0f;
+      if (want_top) {            // the first block holding the maximum holds its first position
+        const float top = max_nan(bm.data(), nb);
+        int64_t c = 0;
+        if (top == top) {
+          while (c + 1 < nb && bm[c] != top) ++c;
+        } else {
+          while (c + 1 < nb && bm[c] == bm[c]) ++c;
+        }
+        const int64_t lo = c * bs, n = std::min<int64_t>(V, lo + bs) - lo;
+        const int64_t at = lo + std::min<int64_t>(first_of(row.x + lo, n, top), n - 1);
+        *top_pos = static_cast<int32_t>(at);
+        *top_val = row.x[at];
+      }
       if (std::isnan(max_nan(bm.data(), nb))) {   // NaN logits: the program's checks report the row
         token[r] = 0;
         logprob[r] = NAN;
@@ -1773,7 +1793,7 @@ struct SampleChain {
 
 std::vector<mx::array> sample_chain(const mx::array& x, const std::vector<mx::array>& params,
                                     const std::vector<int>& stages, int terminal, bool want_logprob, bool want_x,
-                                    bool want_probs, const std::vector<mx::array>& edits) {
+                                    bool want_probs, const std::vector<mx::array>& edits, bool want_top) {
   need_rows(x, mx::float32, "sample_chain");
   size_t arity = terminal == kSample ? 2 : 0;
   for (int s : stages) {
@@ -1806,7 +1826,15 @@ std::vector<mx::array> sample_chain(const mx::array& x, const std::vector<mx::ar
     shapes.push_back({B, x.shape(1)});
     dtypes.push_back(mx::float32);
   }
-  return make(SampleChain{stages, terminal, want_logprob, want_x, want_probs, !edits.empty()}, shapes, dtypes, ins);
+  if (want_top) {
+    if (!edits.empty()) throw std::invalid_argument("sample_chain: want_top reads an unedited row");
+    shapes.push_back({B, 1});
+    dtypes.push_back(mx::int32);
+    shapes.push_back({B, 1});
+    dtypes.push_back(mx::float32);
+  }
+  return make(SampleChain{stages, terminal, want_logprob, want_x, want_probs, !edits.empty(), want_top}, shapes,
+              dtypes, ins);
 }
 
 }  // namespace
@@ -1825,7 +1853,7 @@ NB_MODULE(_ext, m) {
         nb::arg("flat") = false, "[argmax [B, 1], then each gathered array there, [B, 1] or (flat) [B]].");
   m.def("sample_chain", &sample_chain, nb::arg("x"), nb::arg("params"), nb::arg("stages"), nb::arg("terminal"),
         nb::arg("want_logprob"), nb::arg("want_x") = false, nb::arg("want_probs") = false,
-        nb::arg("edits") = std::vector<mx::array>{},
+        nb::arg("edits") = std::vector<mx::array>{}, nb::arg("want_top") = false,
         "The sampler chain (stage codes: 0 temperature, 1 top_k, 2 top_p, 3 min_p, 4 top_n_sigma, 5 typical_p, "
         "6 xtc; terminal 0 greedy, 1 sample) on each row of x: [token [B, 1], logprob [B, 1], (want_x) the final "
         "logits [B, V] or (want_probs) their softmax].");

@@ -460,3 +460,31 @@ def test_top_logprob_ids_orders_by_rounded_logprobs_lower_id_first():
     for b in range(4):
         want = sorted(range(5000), key=lambda i: (-lp[b, i], i))[:6]
         assert got[b].tolist() == want, (b, got[b].tolist(), want)
+
+
+def test_chain_reports_the_argmax_of_its_input_as_mlx_does():
+    """want_top: the chain's own pass over x gives MLX's argmax of x (first maximum; the first NaN wins; -0.0 and
+    0.0 tie, the first one wins) and the value there -- what the logits checks read -- on rows that take the
+    candidate path, the whole-row path and the temperature-0 shortcut."""
+    r = np.random.default_rng(51)
+    x = r.standard_normal((6, 3000)).astype(np.float32)
+    x[0, [100, 2000]] = 9.0                                     # a tie: the first
+    x[1, 1500] = np.nan                                         # a NaN wins
+    x[1, 2500] = np.nan
+    x[2] = -np.inf
+    x[2, 2999] = 0.0                                            # in the last block
+    x[3] = 0.0
+    x[3, 0], x[3, 5] = -0.0, -1.0                               # -0.0 first among the zeros
+    x[4] = np.round(x[4])
+    xm = mx.array(x)
+    params = [mx.array([[0.0], [1.0], [1.0], [1.0], [0.5], [1.0]]), mx.array([[1], [2], [3], [4], [5], [6]],
+              dtype=mx.uint64), mx.array([[0]] * 6, dtype=mx.uint32)]
+    out = native.sample_chain(xm, params, ["temperature"], "sample", False, want_top=True)
+    want_pos = np.array(mx.argmax(xm, axis=-1, keepdims=True))
+    np.testing.assert_array_equal(np.array(out[-2]), want_pos)
+    got_val = np.array(out[-1])[:, 0]
+    want_val = np.take_along_axis(x, want_pos, axis=1)[:, 0]
+    np.testing.assert_array_equal(np.isnan(got_val), np.isnan(want_val))
+    ok = ~np.isnan(want_val)
+    np.testing.assert_array_equal(got_val[ok], want_val[ok])
+    assert np.signbit(got_val[3]) == np.signbit(want_val[3])

@@ -28,14 +28,16 @@ class Chain:
     that something is only softmax(stage_n) (a `probs` output), the softmax: the kernel writes it directly."""
 
     def __init__(self, draw: Node, stages: list[Node], logprobs: list[Node], want_x: bool,
-                 softmax: tuple[Node, ...] = (), edit: Node | None = None):
+                 softmax: tuple[Node, ...] = (), edit: Node | None = None, top: tuple[Node, ...] = ()):
         self.draw, self.stages, self.logprobs, self.want_x = draw, stages, logprobs, want_x and not softmax
         self.softmax = softmax      # (reduce_max, sub, exp, reduce_sum, div) of the probs pattern, or ()
         self.edit = edit            # put_along(x, ids, values) read by the chain alone (penalties), or None
+        self.top = top              # argmax(x) and its take_along(x, .) users (the logits checks), or ()
         self.x = stages[0].inputs[0] if stages else draw.inputs[0]
 
     def nodes(self) -> list[Node]:
-        return ([self.edit] if self.edit else []) + self.stages + [self.draw] + self.logprobs + list(self.softmax)
+        return list(self.top) + ([self.edit] if self.edit else []) + self.stages + [self.draw] + self.logprobs + \
+            list(self.softmax)
 
     def run(self, env: dict) -> dict | None:
         params = [env[id(i)] for s in self.stages for i in s.inputs[1:]] + [env[id(i)] for i in self.draw.inputs[1:]]
@@ -43,10 +45,13 @@ class Chain:
         if self.edit is not None:
             x, *edits = (env[id(i)] for i in self.edit.inputs)
         out = native.sample_chain(x, params, [s.op for s in self.stages], self.draw.op, bool(self.logprobs),
-                                  self.want_x, bool(self.softmax), tuple(edits))
+                                  self.want_x, bool(self.softmax), tuple(edits), bool(self.top))
         if out is None:
             return None
         bound = {id(self.draw): out[0], **{id(n): out[1] for n in self.logprobs}}
+        if self.top:
+            bound[id(self.top[0])] = out[-2]
+            bound.update((id(t), out[-1]) for t in self.top[1:])
         if self.want_x:
             bound[id(self.stages[-1])] = out[2]
         if self.softmax:
@@ -59,7 +64,7 @@ def find_chains(graph: Graph) -> list[Chain]:
     returns its result, or its softmax where that is all the reader wants: `probs`), the others only by the next."""
     users = graph.users()
     roots = {id(r) for r in graph.roots()}
-    chains = []
+    chains, claimed = [], set()
     for n in graph.toposort():
         if n.op not in DRAW_OPS:
             continue
@@ -81,8 +86,23 @@ def find_chains(graph: Graph) -> list[Chain]:
         first = stages[-1] if stages else n
         edit = x if x.op == "put_along" and id(x) not in roots and \
             all(u is first for u in users.get(id(x), [])) else None
-        chains.append(Chain(n, stages[::-1], logprobs, want_x, softmax, edit))
+        top = () if edit else _top_of(x, users)
+        if any(id(t) in claimed for t in top):
+            top = ()
+        claimed.update(id(t) for t in top)
+        chains.append(Chain(n, stages[::-1], logprobs, want_x, softmax, edit, top))
     return chains
+
+
+def _top_of(x: Node, users: dict) -> tuple[Node, ...]:
+    """argmax(x) and its users take_along(x, argmax(x)) -- the logits checks' maximum -- when nothing else reads
+    the argmax: the chain kernel finds them in its own pass over x."""
+    for a in users.get(id(x), []):
+        if a.op == "argmax" and a.inputs[0] is x:
+            takes = users.get(id(a), [])
+            if takes and all(t.op == "take_along" and t.inputs == (x, a) for t in takes):
+                return (a, *takes)
+    return ()
 
 
 def run_order(graph: Graph, chains: list[Chain]) -> list[Node]:

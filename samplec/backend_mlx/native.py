@@ -141,11 +141,13 @@ CHAIN_TERMINALS = {"greedy": 0, "sample": 1}
 
 
 def sample_chain(x: mx.array, params: list[mx.array], stages: list[str], terminal: str, want_logprob: bool,
-                 want_x: bool = False, want_probs: bool = False, edits: tuple = ()) -> tuple[mx.array, ...] | None:
+                 want_x: bool = False, want_probs: bool = False, edits: tuple = (),
+                 want_top: bool = False) -> tuple[mx.array, ...] | None:
     """A chain of stage ops ending in a draw, per row, in one primitive: (token position [B, 1], logprob of it
     under the chain's final distribution [B, 1], with `want_x` the final logits [B, V], with `want_probs` their
     softmax). `params`: each stage's operands after x ([B, 1] or broadcastable), then (sample) the seed and the
-    position. `edits` (ids, values), [B, H] each: the chain runs on put_along(x, ids, values)."""
+    position. `edits` (ids, values), [B, H] each: the chain runs on put_along(x, ids, values). `want_top`: two
+    more outputs, MLX's argmax of x [B, 1] and x there [B, 1] (from the chain's own pass over x)."""
     if not (_rows(x) and x.shape[-1] >= 1 and hasattr(_native, "sample_chain")):
         return None     # (also a build of samplec-native older than the chain kernel)
     if edits:
@@ -162,7 +164,7 @@ def sample_chain(x: mx.array, params: list[mx.array], stages: list[str], termina
         p = p if p.ndim == 2 else p.reshape(p.shape + (1,) * (2 - p.ndim))
         args.append(mx.broadcast_to(p if p.dtype == dt else p.astype(dt), (B, 1)))
     return tuple(_native.sample_chain(x, args, [CHAIN_STAGES[s] for s in stages], CHAIN_TERMINALS[terminal],
-                                      want_logprob, want_x, want_probs, list(edits)))
+                                      want_logprob, want_x, want_probs, list(edits), want_top))
 
 
 __all__ = ["enabled", "installed", "wake", "release", "evaluate", "threefry_bits", "block_max", "topk_select",
