@@ -1,0 +1,108 @@
+"""`samplec serve` over real HTTP on loopback, with the small random model (`--demo`): seeded requests batched and
+giving exactly the tokens each gives alone, one program call per step for a batch with different values, bad
+sampling values answered 400 naming the field while the server keeps serving."""
+from __future__ import annotations
+
+import json
+import threading
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+pytest.importorskip("mlx_lm")
+
+from samplec import serve  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def server():
+    ready = threading.Event()
+    box = {}
+
+    def on_ready(httpd, sampler):
+        box.update(httpd=httpd, sampler=sampler)
+        ready.set()
+    t = threading.Thread(target=serve.serve, args=(["--host", "127.0.0.1", "--port", "0"], [], True, on_ready),
+                         daemon=True)
+    t.start()
+    assert ready.wait(120), "the server did not start"
+    host, port = box["httpd"].server_address[:2]
+    box["url"] = f"http://{host}:{port}/v1/completions"
+    yield box
+    box["httpd"].shutdown()
+    t.join(60)
+
+
+def post(url: str, body, timeout: float = 120):
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read() or b"{}")
+
+
+REQUESTS = [dict(prompt="A sampler chain", max_tokens=12, temperature=0.8, seed=1),
+            dict(prompt="The compiler reads", max_tokens=12, temperature=1.2, top_p=0.9, seed=2),
+            dict(prompt="Quick brown foxes", max_tokens=12, temperature=0.7, top_k=20, min_p=0.05, seed=3,
+                 repetition_penalty=1.3),
+            dict(prompt="counting one, two", max_tokens=12, temperature=0.0),
+            dict(prompt="A sampler chain", max_tokens=12, temperature=1.0, seed=5, logit_bias={"7": -100.0},
+                 presence_penalty=0.5, frequency_penalty=0.3)]
+
+
+def test_concurrent_seeded_requests_give_the_tokens_each_gives_alone(server):
+    alone = [post(server["url"], r)[1]["choices"][0]["text"] for r in REQUESTS]
+    calls_before = server["sampler"].calls
+    with ThreadPoolExecutor(len(REQUESTS)) as pool:
+        together = list(pool.map(lambda r: post(server["url"], r), REQUESTS))
+    assert [s for s, _ in together] == [200] * len(REQUESTS)
+    assert [b["choices"][0]["text"] for _, b in together] == alone
+    assert alone[0] != alone[4] or REQUESTS[0] == REQUESTS[4]      # (different values: different draws)
+    steps = server["sampler"].calls - calls_before
+    generated = sum(b["usage"]["completion_tokens"] for _, b in together)
+    assert server["sampler"].widest >= 2 and steps < generated, (steps, generated)
+
+
+@pytest.mark.parametrize("body, field", [
+    (dict(prompt="x", max_tokens=4, temperature=-1.0), "temperature"),
+    (b'{"prompt": "x", "max_tokens": 4, "temperature": NaN}', "temperature"),
+    (dict(prompt="x", max_tokens=4, top_p=1.5), "top_p"),
+    (dict(prompt="x", max_tokens=4, seed=-3), "seed"),
+    (dict(prompt="x", max_tokens=4, logit_bias={"-3": 1.0}), "logit_bias"),
+    (dict(prompt="x", max_tokens=4, samplec_sampler="nope"), "samplec_sampler"),
+    (dict(prompt="x", max_tokens=10**9), "max_tokens"),
+    (dict(prompt="x", max_tokens=4, top_logprobs=1000), "top_logprobs"),
+    (b'{"prompt": "x", "max_tokens": ', "JSON"),
+])
+def test_bad_values_are_400_naming_the_field_and_the_server_keeps_serving(server, body, field):
+    status, answer = post(server["url"], body)
+    assert status == 400 and field in answer.get("error", ""), (status, answer)
+    status, answer = post(server["url"], dict(prompt="still here", max_tokens=3, temperature=0.5, seed=9))
+    assert status == 200 and answer["usage"]["completion_tokens"] == 3
+
+
+def test_disconnects_and_bursts_leave_the_others_unchanged(server):
+    """A client that goes away mid-stream, then a burst of concurrent requests with every kind of value: every
+    answer is 200 or 400, and a seeded request gives the tokens it gave alone."""
+    import socket
+    host, port = server["httpd"].server_address[:2]
+    for _ in range(3):                                   # ask for a long stream, read a little, hang up
+        s = socket.create_connection((host, port), timeout=30)
+        body = json.dumps(dict(prompt="A sampler chain", max_tokens=200, stream=True, temperature=0.9,
+                               seed=11)).encode()
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+        s.recv(64)
+        s.close()
+    want = post(server["url"], REQUESTS[1])[1]["choices"][0]["text"]
+    burst = [dict(r, seed=i) if "seed" in r else r for i, r in enumerate(REQUESTS * 3)]
+    burst += [dict(prompt="x", max_tokens=3, top_p=7), b"{not json", dict(prompt="y", max_tokens=2, top_k=-5)]
+    burst.append(REQUESTS[1])
+    with ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(lambda r: post(server["url"], r), burst))
+    assert all(s in (200, 400) for s, _ in answers), [s for s, _ in answers]
+    assert answers[-1][0] == 200 and answers[-1][1]["choices"][0]["text"] == want
