@@ -163,6 +163,11 @@ def validate(handler, programs: dict[str, Program]) -> None:
     for k, v in (handler.logit_bias or {}).items():
         if k < 0 or not (math.isfinite(v) or v == -math.inf):
             raise ValueError(f"logit_bias: token {k}: ids must be >= 0 and biases finite or -inf")
+    prompt, messages = handler.body.get("prompt"), handler.body.get("messages")
+    if "prompt" in handler.body and not (isinstance(prompt, str) and prompt or isinstance(prompt, list) and prompt):
+        raise ValueError("prompt must be a non-empty string")     # (mlx-lm's generation thread dies on one)
+    if "messages" in handler.body and not (isinstance(messages, list) and messages):
+        raise ValueError("messages must be a non-empty list")
     chain = handler.body.get("samplec_sampler")
     if chain is not None and chain not in programs:
         raise ValueError(f"samplec_sampler: no chain named {chain!r} (this server has: {', '.join(programs)})")
@@ -204,6 +209,40 @@ def install(server, programs: dict[str, Program]) -> BatchSampler:
         return original_generate(self, request, args, *a, **kw)
     server.ResponseGenerator.generate = generate
     return sampler
+
+
+def handler_class(server):
+    """mlx-lm's APIHandler, but a body that is not UTF-8 JSON is answered 400 before mlx-lm reads it (its own
+    error path decodes the raw bytes for its log, and a non-UTF-8 body ended the connection without an answer)."""
+    import io
+    import json
+
+    class Handler(server.APIHandler):
+        def do_POST(self):
+            try:
+                length = int(self.headers.get("Content-Length") or -1)
+            except ValueError:
+                length = -1
+            if 0 <= length <= MAX_BODY:
+                body = self.rfile.read(length)
+                try:
+                    json.loads(body.decode("utf-8"))
+                except (UnicodeDecodeError, ValueError) as e:
+                    return self._refuse(f"the request body is not UTF-8 JSON ({type(e).__name__}: {e})"[:300])
+                self.rfile = io.BytesIO(body)
+            elif length > MAX_BODY:
+                return self._refuse(f"the request body holds {length} bytes; the limit is {MAX_BODY}")
+            return super().do_POST()
+
+        def _refuse(self, message: str):
+            self._set_completion_headers(400)
+            self.end_headers()
+            self.wfile.write(json.dumps({"error": message}).encode())
+
+    return Handler
+
+
+MAX_BODY = 16 << 20
 
 
 def demo_provider(server, cli_args):
@@ -266,9 +305,10 @@ def serve(argv: list[str], samplers: list[str], demo: bool, ready=None):
     provider = sampler.provider = demo_provider(server, args) if demo else server.ModelProvider(args)
     prompt_cache = server.LRUPromptCache(args.prompt_cache_size)
     generator = server.ResponseGenerator(provider, prompt_cache)
+    handler = handler_class(server)
     httpd = server.ThreadingHTTPServer(
         (args.host, args.port),
-        lambda *a, **kw: server.APIHandler(generator, *a, system_fingerprint=server.get_system_fingerprint(), **kw))
+        lambda *a, **kw: handler(generator, *a, system_fingerprint=server.get_system_fingerprint(), **kw))
     if ready is not None:
         ready(httpd, sampler)
     try:
