@@ -36,7 +36,7 @@ from samplec.program import Program
 SERVER_CHAIN = """
 sampler mlx_lm_server(h: tokens, seed: seed, pos: int, temperature: float = 0.0, top_p: float = 1.0,
                       top_k: int = 0, min_p: float = 0.0, repetition_penalty: float = 1.0,
-                      presence_penalty: float = 0.0, frequency_penalty: float = 0.0) -> token {
+                      presence_penalty: float = 0.0, frequency_penalty: float = 0.0) -> token, logprob {
     penalties(h, repeat = repetition_penalty, frequency = frequency_penalty, presence = presence_penalty)
     top_p(top_p)
     min_p(min_p)
@@ -69,6 +69,7 @@ class RowMarker:
     bias: dict = field(default_factory=dict)
     eos: int = 0
     step: int = 0
+    logprobs: list = field(default_factory=list)     # each token's log-probability under the chain's distribution
 
     def __call__(self, tokens: mx.array, logits: mx.array) -> mx.array:
         if self.bias:
@@ -130,7 +131,9 @@ class BatchSampler:
         self.calls += 1
         self.widest = max(self.widest, len(rows))
         try:
-            tokens = np.array(prog(x, **kw).token).reshape(-1).tolist()
+            out = prog(x, **kw)
+            tokens = np.array(out.token).reshape(-1).tolist()
+            lps = np.array(out.logprob).reshape(-1).tolist() if "logprob" in out.names() else [None] * len(rows)
         except SamplecError as e:
             # (a value no request check could foresee -- a row that logit_bias empties: that row alone, each on
             # its own, and a failing row ends its request with its end-of-sequence token rather than the server)
@@ -140,8 +143,9 @@ class BatchSampler:
             else:
                 tokens = [self._run(prog, [r])[0] for r in rows]
                 return tokens
-        for m, _, _ in rows:
+        for (m, _, _), lp in zip(rows, lps):
             m.step += 1
+            m.logprobs.append(lp)
         return tokens
 
 
@@ -192,7 +196,13 @@ def install(server, programs: dict[str, Program]) -> BatchSampler:
     sampler = BatchSampler(programs)
     local = threading.local()
     server._make_sampler = lambda args, tokenizer: sampler
-    server._make_logits_processors = lambda args: [sampler.marker(args)]
+    def processors(args):
+        marker = sampler.marker(args)
+        box = getattr(args, "samplec_box", None)
+        if box is not None:
+            box["marker"] = marker          # (the handler thread reads the processed log-probabilities there)
+        return [marker]
+    server._make_logits_processors = processors
     server.ResponseGenerator._is_batchable = lambda self, args: (
         self.model_provider.is_batchable and self.cli_args.kv_bits is None)
     original_validate = server.APIHandler.validate_model_parameters
@@ -201,13 +211,30 @@ def install(server, programs: dict[str, Program]) -> BatchSampler:
         original_validate(handler)
         validate(handler, programs)
         local.chain = handler.body.get("samplec_sampler")
+        local.handler = handler
     server.APIHandler.validate_model_parameters = validate_model_parameters
     original_generate = server.ResponseGenerator.generate
 
     def generate(self, request, args, *a, **kw):
         args.samplec_sampler = getattr(local, "chain", None)     # (the handler thread's request)
+        args.samplec_box = getattr(local, "handler", None).__dict__.setdefault("samplec_box", {}) \
+            if getattr(local, "handler", None) is not None else {}
         return original_generate(self, request, args, *a, **kw)
     server.ResponseGenerator.generate = generate
+    original_response = server.APIHandler.generate_response
+
+    def generate_response(handler, *a, **kw):
+        """mlx-lm's answer; with logprobs, each token also carries `processed_logprob`: its log-probability
+        under the distribution the chain sampled from (mlx-lm's `logprob` is the model's, after logit_bias)."""
+        response = original_response(handler, *a, **kw)
+        marker = getattr(handler, "samplec_box", {}).get("marker")
+        content = (response.get("choices") or [{}])[0].get("logprobs", {}).get("content")
+        if marker is not None and content:
+            done = marker.logprobs[-len(content):] if handler.stream else marker.logprobs
+            for entry, lp in zip(content, done):
+                entry["processed_logprob"] = lp
+        return response
+    server.APIHandler.generate_response = generate_response
     return sampler
 
 

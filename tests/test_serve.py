@@ -106,3 +106,18 @@ def test_disconnects_and_bursts_leave_the_others_unchanged(server):
         answers = list(pool.map(lambda r: post(server["url"], r), burst))
     assert all(s in (200, 400) for s, _ in answers), [s for s, _ in answers]
     assert answers[-1][0] == 200 and answers[-1][1]["choices"][0]["text"] == want
+
+
+def test_logprobs_of_the_model_and_of_the_chain(server):
+    """With logprobs, each token carries mlx-lm's `logprob` (the model's distribution) and samplec's
+    `processed_logprob` (the distribution the chain sampled from): 0 for a greedy row, and never below the model's
+    for a token kept by a top_k cut (the cut only removes mass)."""
+    status, greedy = post(server["url"], dict(prompt="A sampler chain", max_tokens=4, temperature=0.0,
+                                              logprobs=True))
+    assert status == 200
+    content = greedy["choices"][0]["logprobs"]["content"]
+    assert len(content) == 4 and all(e["processed_logprob"] == 0.0 for e in content), content
+    status, cut = post(server["url"], dict(prompt="A sampler chain", max_tokens=4, temperature=1.0, top_k=5,
+                                           seed=3, logprobs=True))
+    content = cut["choices"][0]["logprobs"]["content"]
+    assert all(e["processed_logprob"] >= e["logprob"] - 1e-4 for e in content), content
