@@ -1087,7 +1087,8 @@ bool chain_run(ChainRow& row, float bound, int32_t* token, float* logprob) {
       case kTemperature: {
         const float t = static_cast<float>(a);
         if (t == 1.0f) break;
-        if (t == 0.0f) {                  // the argmax alone (lowest id among equal values)
+        // t = 0, or the top divided by t leaves the float32 range: the argmax alone (lowest id among equals)
+        if (t == 0.0f || !std::isfinite(c[0].first / t)) {
           if (tail && fb >= c[0].first) return false;
           int64_t best = 0;
           for (int64_t i = 1; i < L && c[i].first == c[0].first; ++i) {
@@ -1410,7 +1411,7 @@ void chain_dense(ChainRow& row, int64_t nb, int bs, int32_t* token, float* logpr
       case kTemperature: {
         const float t = static_cast<float>(a);
         if (t == 1.0f) break;
-        if (t == 0.0f) {
+        if (t == 0.0f || !std::isfinite(fmax / t)) {     // (the limit: see chain_run)
           bool found = false;
           for (int64_t i = 0; i < V; ++i) {
             const bool win = !found && keep[i] && fx[i] == fmax;

@@ -71,3 +71,32 @@ def test_the_whole_int32_range(prog):
     assert msg.startswith("k:") and "int32" in msg, msg
     msg = error(prog, k=[5, -2 ** 31 - 1])
     assert msg.startswith("k:") and "row 1" in msg, msg
+
+
+@pytest.mark.parametrize("opt", [0, 2])
+def test_overflow_inside_the_chain_is_exact_or_an_error(opt, monkeypatch):
+    """temperature(t) with x / t past the float32 range keeps the argmax alone (the limit of softmax(x / t)), at
+    every optimization level, with and without the native kernels; a logit_bias or a penalty that overflows to
+    +inf is an error naming the stage and the rows (it was token 0 with a NaN logprob)."""
+    x = (np.random.default_rng(3).standard_normal((3, 500)) * 5).astype(np.float32)
+    x[2, 7] = 3e38
+    for native in ("1", "0"):
+        monkeypatch.setenv("SAMPLEC_NATIVE", native)
+        p = samplec.compile("sampler s(t: float, seed: seed) -> token, logprob { top_p(0.9) temperature(t) "
+                            "sample(seed) }", opt_level=opt)
+        out = p(x, t=[1e-45, 0.7, 0.5], seed=[1, 2, 3])
+        tok, lp = np.array(out.token).tolist(), np.array(out.logprob).tolist()
+        assert tok[0] == int(np.argmax(x[0])) and lp[0] == 0.0          # x / 1e-45 overflows: the argmax
+        assert tok[2] == 7 and lp[2] == 0.0                              # 3e38 / 0.5 overflows too
+        b = np.zeros_like(x)
+        b[1, 7] = 3e38
+        xb = x.copy()
+        xb[1, 7] = 3e38
+        q = samplec.compile("sampler s(b: bias) -> token { logit_bias(b) greedy() }", opt_level=opt)
+        with pytest.raises(samplec.SamplecError, match=r"logit_bias: .*overflows.*row 1"):
+            q(xb, b=b)
+        r = samplec.compile("sampler s(h: tokens, r: float) -> token { penalties(h, repeat = r) greedy() }",
+                            opt_level=opt)
+        h = np.array([[int(np.argmax(x[0]))], [0], [1]], dtype=np.int32)
+        with pytest.raises(samplec.SamplecError, match=r"penalties: .*overflows.*row 0"):
+            r(x, h=h, r=[1e-38, 1.0, 1.0])

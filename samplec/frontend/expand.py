@@ -19,7 +19,11 @@ from samplec.ir.types import F32, I32, U32
 
 
 def temperature(x: Node, t: Node) -> Node:
-    zero = make("eq", t, const(0.0))
+    # t = 0, or a t so small that the largest logit divided by it leaves the float32 range: the argmax alone (the
+    # limit of softmax(x / t) as t -> 0; x / t would hold +-inf)
+    top = make("div", make("reduce_max", x), where(make("eq", t, const(0.0)), const(1.0), t))
+    zero = make("logical_or", make("eq", t, const(0.0)), make("logical_not", make("isfinite", top)),
+                name="t_greedy")
     greedy_x = make("filter", x, make("eq", make("iota", x), make("argmax", x)), name="x_t0")
     # a removed token stays removed even for t = inf (-inf / inf would be NaN)
     scaled = where(make("eq", x, const(NEG_INF)), x, make("div", x, where(zero, const(1.0), t)), name="x_scaled")

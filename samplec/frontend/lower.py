@@ -73,6 +73,11 @@ def penalize(x: Node, counts: Node, rep: Node, freq: Node, pres: Node) -> Node:
     return where(seen, make("sub", x1, make("add", make("mul", counts, freq), pres)), x1)
 
 
+def penalties_neutral_values(rep: Node, freq: Node, pres: Node) -> bool:
+    """Whether constant penalty values leave every logit as it was."""
+    return rep.attr("value") == 1.0 and freq.attr("value") == 0.0 and pres.attr("value") == 0.0
+
+
 def penalties_neutral(rep: Node, freq: Node, pres: Node) -> Node:
     return make("logical_and", make("eq", rep, const(1.0)),
                 make("logical_and", make("eq", freq, const(0.0)), make("eq", pres, const(0.0))))
@@ -229,7 +234,11 @@ class Lowering:
         # sparsely: only the history's tokens change, so penalize their gathered logits and write them back (every
         # write of a token carries the same value; uncounted entries point at token 0 and carry its own value)
         counts = make("count_at", ids, make("cast", valid, dtype=F32), x, name="counts")
-        penalized = make("put_along", x, ids, penalize(make("take_along", x, ids), counts, rep, freq, pres))
+        vals = penalize(make("take_along", x, ids), counts, rep, freq, pres)
+        penalized = make("put_along", x, ids, vals)
+        if not all(v.op == "const" for v in (rep, freq, pres)) or not penalties_neutral_values(rep, freq, pres):
+            self.checks.append(Check(any_rows(make("isposinf", vals)),
+                                     "penalties: a penalized logit overflows float32 (+inf)"))
         if all(v.op == "const" for v in (rep, freq, pres)):     # (folds: a neutral penalty disappears)
             return where(penalties_neutral(rep, freq, pres), x, penalized, name="x_pen")
         # neutral values (repeat 1, frequency 0, presence 0) leave every logit exactly as it was: no select needed
@@ -252,6 +261,8 @@ class Lowering:
         else:
             out = make("add", x, self.tensor(b), name="x_bias")
         self.checks.append(Check(empty_rows(out), "logit_bias: a -inf bias removed every token"))
+        self.checks.append(Check(any_rows(make("isposinf", make("reduce_max", out))),
+                                 "logit_bias: a biased logit overflows float32 (+inf)"))
         return out
 
     def stage_allow(self, x, mask):
