@@ -9,7 +9,6 @@ import json
 import random
 import socket
 import threading
-import time
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -91,7 +90,6 @@ def fuzz(seconds: float, seed: int = 0) -> Counts:
                 if rng.random() < 0.1:
                     hang_up(host, port, rng)
                 batch = [case(rng) for _ in range(rng.randint(1, 12))]
-                t = time.perf_counter()
                 results = list(pool.map(lambda be: _one(url, be[0]), batch))
                 for (body, expect), (status, text) in zip(batch, results):
                     if status is None:

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 from samplec.diagnostics import SamplecError
 from samplec.files import read_source

@@ -28,7 +28,6 @@ import os
 import shlex
 import sys
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from samplec.files import read_source
 from samplec.diagnostics import SamplecError

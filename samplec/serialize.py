@@ -18,7 +18,6 @@ import hashlib
 import importlib
 import re
 import struct
-from pathlib import Path
 
 import flatbuffers
 
