@@ -412,7 +412,8 @@ def test_dynamic_temperature():
         for i, name in enumerate(names):
             a = kept(ours[i])
             assert np.array_equal(a, kept(theirs[i])), name
-            np.testing.assert_allclose(ours[i][a], theirs[i][a], rtol=2e-5, atol=2e-5, err_msg=name)
+            # (llama.cpp sums the entropy of 32000 probabilities in float32: its temperature is off by ~3e-5)
+            np.testing.assert_allclose(ours[i][a], theirs[i][a], rtol=1e-4, atol=1e-4, err_msg=name)
 
 
 def test_dry_without_breakers():
@@ -422,7 +423,12 @@ def test_dry_without_breakers():
     history = np.stack([np.tile(rng.integers(0, 50, 7), 6)[:40] for _ in range(rows.shape[0])]).astype(np.int32)
     for mult, base, allowed, last_n in ((0.8, 1.75, 2, -1), (1.0, 2.0, 1, 16), (0.5, 1.5, 3, 30)):
         ours, _ = run_stages("h: tokens", f"dry(h, {mult}, {base}, {allowed}, {last_n})", rows, h=history)
-        theirs = llama_rows(rows, lambda i: [("llama_sampler_init_dry", None, 4096, mult, base, allowed, last_n,
+        # (llama-cpp-python 0.3.36 dropped the n_ctx_train argument of older releases, which last_n = -1 meant;
+        # without it -1 is the whole history it was given)
+        old_api = len(llama_cpp.llama_sampler_init_dry.argtypes) == 8
+        ctx = (4096,) if old_api else ()
+        window = last_n if old_api or last_n != -1 else history.shape[1]
+        theirs = llama_rows(rows, lambda i: [("llama_sampler_init_dry", None, *ctx, mult, base, allowed, window,
                                               None, 0)], history=history)
         for i, name in enumerate(names):
             np.testing.assert_allclose(ours[i], theirs[i], rtol=1e-5, atol=1e-5, err_msg=name)
