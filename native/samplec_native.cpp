@@ -999,6 +999,7 @@ struct ChainRow {
   std::vector<float> divs;        // temperatures applied so far (while the tail is alive)
   // the whole row's sum of exp(f(x) - vmax) for the divs and vmax it was computed with (a row's attempts on
   // more candidates see the same ones): computed once per row
+  double covered = 1.0;           // the share of top_p's nucleus mass the last candidates held, when they fell short
   std::vector<float> z_divs;
   float z_vmax = NAN;
   double z = 0.0;
@@ -1159,7 +1160,10 @@ bool chain_run(ChainRow& row, float bound, int32_t* token, float* logprob) {
           before += e;
         }
         if (!stopped) {
-          if (tail) return false;
+          if (tail) {
+            row.covered = before / need;  // (how much of the nucleus the candidates held: see the retry)
+            return false;
+          }
           break;
         }
         L = n;
@@ -1785,6 +1789,9 @@ struct SampleChain {
           const float bound = chain_candidates(row, nb, bs, m, scratch_bm);
           // (no candidate above the bound: the top is tied across blocks, and more blocks will not help)
           if ((done = chain_run(row, bound, token + r, logprob + r)) || cand.empty()) break;
+          // a top_p nucleus the first candidates held a small part of (a flat row) will not end in 16 times as
+          // many blocks either: straight to the whole row, without the second attempt's gather and sort
+          if (row.covered < 1.0 / 16) break;
         }
       }
       if (!done) chain_dense(row, nb, bs, token + r, logprob + r, ebuf, keep, order);
