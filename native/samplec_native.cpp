@@ -1077,6 +1077,7 @@ bool chain_run(ChainRow& row, float bound, int32_t* token, float* logprob) {
   auto& c = *row.cand;
   int64_t L = static_cast<int64_t>(c.size());
   bool tail = true;                       // the tokens <= bound are still in the kept set
+  bool floored = false;                   // ... those of them at or above a min_p floor (see kMinP)
   float fb = bound;
   row.divs.clear();
   if (L == 0) return false;
@@ -1126,7 +1127,13 @@ bool chain_run(ChainRow& row, float bound, int32_t* token, float* logprob) {
         const float m = static_cast<float>(a);
         if (m == 0.0f) break;
         const float floor = c[0].first + std::log(m);
-        if (tail && fb >= floor) return false;
+        if (tail && fb >= floor) {
+          // every candidate stays, and so do the tail's tokens at or above the floor: the tail lives on, no
+          // longer every token below the bound (`floored`) -- a later cut by count or a draw can still end
+          // above the bound, what needs the tail's mass falls back to the whole row
+          floored = true;
+          break;
+        }
         int64_t n = 1;
         while (n < L && c[n].first >= floor) ++n;
         L = n;
@@ -1136,6 +1143,7 @@ bool chain_run(ChainRow& row, float bound, int32_t* token, float* logprob) {
       case kTopP: {
         const float p = static_cast<float>(a);
         if (p >= 1.0f) break;
+        if (tail && floored) return false;
         const float vmax = c[0].first;
         double zd = 0.0;
         if (tail) {
@@ -1212,6 +1220,7 @@ bool chain_run(ChainRow& row, float bound, int32_t* token, float* logprob) {
     }
     if (tail && fb + kGumbelMax >= best) return false;
   }
+  if (tail && floored && (row.want_logprob || row.x_out != nullptr)) return false;
   *token = c[at].second;
   if (row.want_logprob) {
     double zd = 0.0;

@@ -488,3 +488,25 @@ def test_chain_reports_the_argmax_of_its_input_as_mlx_does():
     ok = ~np.isnan(want_val)
     np.testing.assert_array_equal(got_val[ok], want_val[ok])
     assert np.signbit(got_val[3]) == np.signbit(want_val[3])
+
+
+@pytest.mark.parametrize("tail", ["top_k(k) sample(seed)", "sample(seed)", "top_p(0.9) sample(seed)",
+                                  "temperature(0.5) top_k(k) greedy()"])
+def test_min_p_keeping_the_tail_then_more_stages_equals_the_dense_program(tail):
+    """min_p whose floor lies below the candidates' bound (a flat row keeps almost everything) leaves a tail that
+    is no longer "every token below the bound": a later cut by count or a draw may still end above the bound, what
+    needs the tail's mass (top_p, logprob, probs) falls back to the whole row -- token, logprob and probs equal -O0."""
+    src = (f"sampler s(m: float, k: int, seed: seed) -> token, logprob, probs {{ temperature(0.8) min_p(m) {tail} }}")
+    r = np.random.default_rng(61)
+    x = (r.standard_normal((4, 20000)) * np.array([[0.05], [0.3], [3.0], [0.01]])).astype(np.float32)
+    kw = dict(m=[0.05, 0.5, 0.05, 0.9], k=[50, 3, 7, 1000], seed=[1, 2, 3, 4])
+    o2, o0 = samplec.compile(src)(x, **kw), samplec.compile(src, opt_level=0)(x, **kw)
+    np.testing.assert_array_equal(np.array(o2.token), np.array(o0.token))
+    np.testing.assert_allclose(np.array(o2.logprob), np.array(o0.logprob), atol=2e-4, rtol=1e-4)
+    np.testing.assert_allclose(np.array(o2.probs), np.array(o0.probs), atol=1e-5)
+    lean = src.replace("-> token, logprob, probs", "-> token")        # (no mass needed: the floored tail path)
+    for seed in range(6):
+        kw["seed"] = [seed * 4 + i for i in range(4)]
+        t2 = np.array(samplec.compile(lean)(x, **kw).token)
+        t0 = np.array(samplec.compile(lean, opt_level=0)(x, **kw).token)
+        np.testing.assert_array_equal(t2, t0)
