@@ -854,47 +854,49 @@ SAMPLEC_VOCAB_LOOP double exp_inplace(float* v, int64_t n) {
   return total;
 }
 
-// [row max, log sum exp(x - max)] of each row, as one [B, 2] output (one output: MLX's compile fuses the
-// subtractions that read it)
-struct RowLogSumExp {
-  static constexpr const char* kName = "SamplecRowLogSumExp";
-  bool operator==(const RowLogSumExp&) const { return true; }
+// A primitive applying Op::row(v, n, out) to each row v of a 2-D float32 input, writing Op::width(n) floats per
+// row of its one output (the per-row reductions and maps below share everything else).
+template <class Op>
+struct Rowwise {
+  static constexpr const char* kName = Op::kName;
+  bool operator==(const Rowwise&) const { return true; }
   void operator()(std::vector<mx::array>& in, std::vector<mx::array>& out) const {
     const int64_t rows = in[0].shape(0), n = in[0].shape(1);
     const Rows<float> x(in[0]);
     std::vector<float> buf;
     float* o = out[0].data<float>();
-    for (int64_t r = 0; r < rows; ++r) {
-      const float* v = x.row(r, n, buf);
-      const float m = max_nan(v, n);
-      o[2 * r] = m;
-      o[2 * r + 1] = std::isfinite(m) ? static_cast<float>(std::log(sum_exp(v, n, m))) : (m != m ? m : 0.0f);
-    }
+    for (int64_t r = 0; r < rows; ++r) Op::row(x.row(r, n, buf), n, o + r * Op::width(n));
+  }
+};
+
+// [row max, log sum exp(x - max)] of each row, as one [B, 2] output (one output: MLX's compile fuses the
+// subtractions that read it)
+struct LogSumExpRow {
+  static constexpr const char* kName = "SamplecRowLogSumExp";
+  static int64_t width(int64_t) { return 2; }
+  static void row(const float* v, int64_t n, float* o) {
+    const float m = max_nan(v, n);
+    o[0] = m;
+    o[1] = std::isfinite(m) ? static_cast<float>(std::log(sum_exp(v, n, m))) : (m != m ? m : 0.0f);
   }
 };
 
 std::vector<mx::array> row_logsumexp(const mx::array& x) {
   need_rows(x, mx::float32, "row_logsumexp");
   const int B = x.shape(0);
-  return make(RowLogSumExp{}, {{B, 2}}, {mx::float32}, {x});
+  return make(Rowwise<LogSumExpRow>{}, {{B, 2}}, {mx::float32}, {x});
 }
 
 // the maximum of each row (MLX's max: a NaN wins), vectorized: [B, 1]
-struct RowMax {
+struct MaxRow {
   static constexpr const char* kName = "SamplecRowMax";
-  bool operator==(const RowMax&) const { return true; }
-  void operator()(std::vector<mx::array>& in, std::vector<mx::array>& out) const {
-    const int64_t rows = in[0].shape(0), n = in[0].shape(1);
-    const Rows<float> x(in[0]);
-    std::vector<float> buf;
-    float* o = out[0].data<float>();
-    for (int64_t r = 0; r < rows; ++r) o[r] = max_nan(x.row(r, n, buf), n);
-  }
+  static int64_t width(int64_t) { return 1; }
+  static void row(const float* v, int64_t n, float* o) { o[0] = max_nan(v, n); }
 };
 
 std::vector<mx::array> row_max(const mx::array& x) {
   need_rows(x, mx::float32, "row_max");
-  return make(RowMax{}, {{x.shape(0), 1}}, {mx::float32}, {x});
+  return make(Rowwise<MaxRow>{}, {{x.shape(0), 1}}, {mx::float32}, {x});
 }
 
 // o[0..n) <- softmax(o) given its maximum m (finite): exp(o - m) in one vectorized pass (the sum in double), then
@@ -929,30 +931,23 @@ SAMPLEC_VOCAB_LOOP void softmax_inplace(float* o, int64_t n, float m) {
 
 // softmax along each row. A row whose maximum is not finite (NaN, +inf, or nothing but -inf) is NaN, as
 // exp(x - max) / sum is there.
-struct RowSoftmax {
+struct SoftmaxRow {
   static constexpr const char* kName = "SamplecRowSoftmax";
-  bool operator==(const RowSoftmax&) const { return true; }
-  void operator()(std::vector<mx::array>& in, std::vector<mx::array>& out) const {
-    const int64_t rows = in[0].shape(0), n = in[0].shape(1);
-    const Rows<float> x(in[0]);
-    std::vector<float> buf;
-    for (int64_t r = 0; r < rows; ++r) {
-      const float* v = x.row(r, n, buf);
-      float* o = out[0].data<float>() + r * n;
-      const float m = max_nan(v, n);
-      if (!std::isfinite(m)) {
-        std::fill(o, o + n, NAN);
-        continue;
-      }
-      std::copy(v, v + n, o);
-      softmax_inplace(o, n, m);
+  static int64_t width(int64_t n) { return n; }
+  static void row(const float* v, int64_t n, float* o) {
+    const float m = max_nan(v, n);
+    if (!std::isfinite(m)) {
+      std::fill(o, o + n, NAN);
+      return;
     }
+    std::copy(v, v + n, o);
+    softmax_inplace(o, n, m);
   }
 };
 
 std::vector<mx::array> row_softmax(const mx::array& x) {
   need_rows(x, mx::float32, "row_softmax");
-  return make(RowSoftmax{}, {x.shape()}, {mx::float32}, {x});
+  return make(Rowwise<SoftmaxRow>{}, {x.shape()}, {mx::float32}, {x});
 }
 
 // ---- the sampler chain: its stages and the terminal draw, per row, in one primitive ----------------------------
