@@ -35,7 +35,7 @@ from samplec.schema_gen import Program as fb_program
 from samplec.schema_gen import Scalar as fb_scalar
 from samplec.schema_gen.ScalarKind import ScalarKind
 
-FORMAT_VERSION = 2               # 2: the SHA-256 seal; no -O2 plans
+FORMAT_VERSION = 3               # 2: the SHA-256 seal; no -O2 plans. 3: mass_threshold, no cumsum (ops renumbered)
 FILE_IDENTIFIER = b"SMPB"
 SEAL_MAGIC = b"SMPBSHA2"
 SEAL_SIZE = len(SEAL_MAGIC) + 32
@@ -490,7 +490,8 @@ def _read(data: bytes) -> Graph:
     prog = fb_program.Program.GetRootAs(data, 0)
     version = prog.FormatVersion()
     if version != FORMAT_VERSION:
-        raise _Invalid(f"format version {version} is not supported (this samplec reads version {FORMAT_VERSION})")
+        raise _Invalid(f"format version {version} is not supported (this samplec reads version {FORMAT_VERSION}): "
+                       f"recompile the program from its .smp source")
     return _read_program(r, prog)
 
 

@@ -45,10 +45,21 @@ def _take_along(ins, a):
 
 
 def _topk_ids(ins, a):
+    """The k largest without a sort of the vocabulary: their threshold by a selection by count, the tokens above
+    it and the lowest ids of those at it (a scan), placed in id order, then ordered by a sort of the k alone."""
     x, k = ins[0], a["k"]
-    if k > x.shape[-1]:
-        raise ValueError(f"k = {k} exceeds the vocabulary size V = {x.shape[-1]}")
-    return mx.argsort(-x, axis=-1)[..., :k].astype(mx.int32)
+    n = x.shape[-1]
+    if k > n:
+        raise ValueError(f"k = {k} exceeds the vocabulary size V = {n}")
+    v = _select(_ordered(x), lambda above: mx.sum(above, axis=-1, keepdims=True) >= k)
+    above, at = x > v, x == v
+    need = k - mx.sum(above, axis=-1, keepdims=True)
+    chosen = above | (at & (mx.cumsum(at.astype(mx.int32), axis=-1) <= need))
+    slot = mx.where(chosen, mx.cumsum(chosen.astype(mx.int32), axis=-1) - 1, k)   # k: where the others go
+    ids = mx.broadcast_to(mx.arange(n, dtype=mx.int32), x.shape)
+    slots = mx.put_along_axis(mx.zeros(x.shape[:-1] + (k + 1,), dtype=mx.int32), slot, ids, axis=-1)[..., :k]
+    order = mx.argsort(-mx.take_along_axis(x, slots, axis=-1), axis=-1)    # stable: equal values keep id order
+    return mx.take_along_axis(slots, order, axis=-1)
 
 
 def _topk(ins, a):
@@ -58,11 +69,44 @@ def _topk(ins, a):
     return -mx.sort(-mx.topk(x, k, axis=-1), axis=-1)
 
 
+# Selection without sorting (what top_k, top_p, typical_p and top_logprobs need on any device): a threshold is
+# found bit by bit over the float32 values' order-preserving uint32 keys, from the top bit down, each step one
+# comparison of the row with a candidate and one reduction -- 32 passes whose work does not depend on the row's
+# shape (flat rows, ties, long nuclei cost what peaked ones do) and which MLX runs as plain ops on the CPU, an
+# Apple GPU or CUDA. The reductions are over nonnegative weights, so a larger candidate never gains weight and
+# the search is exact for the sums as MLX computes them; counts are exact.
+
+_NEG_INF_KEY = 0x007FFFFF       # the key of -inf; keys below it are NaNs
+
+
+def _ordered(x: mx.array) -> mx.array:
+    """uint32 keys in the order of x's float32 values (-0.0 as 0.0: equal values get equal keys)."""
+    bits = mx.where(x == 0, 0.0, x).view(mx.uint32)
+    return mx.where(bits >= 0x80000000, ~bits, bits | 0x80000000)
+
+
+def _select(keys: mx.array, reaches) -> mx.array:
+    """The largest value t, at most the row's largest, with `reaches(keys >= key(t))` ([B, 1] bool, monotone: true
+    for every smaller t once true), or -inf if none does, as float32 [..., 1]."""
+    lo = mx.zeros(keys.shape[:-1] + (1,), dtype=mx.uint32)
+    for bit in range(31, -1, -1):
+        mid = lo | (1 << bit)
+        lo = mx.where(reaches(keys >= mid), mid, lo)
+    lo = mx.minimum(lo, mx.max(keys, axis=-1, keepdims=True))      # (an empty upper set may reach a target <= 0)
+    value = mx.where(lo >= 0x80000000, lo & 0x7FFFFFFF, ~lo).view(mx.float32)
+    return mx.where(lo < _NEG_INF_KEY, -np.inf, value)
+
+
 def _kth_largest(ins, a):
     x, k = ins
-    s = -mx.sort(-x, axis=-1)
-    idx = mx.clip(k.astype(mx.int32) - 1, 0, x.shape[-1] - 1)
-    return _take_along([s, mx.broadcast_to(idx, x.shape[:-1] + (1,))], a)
+    want = mx.clip(k.astype(mx.int32), 1, x.shape[-1])
+    return _select(_ordered(x), lambda above: mx.sum(above, axis=-1, keepdims=True) >= want)
+
+
+def _mass_threshold(ins, a):
+    key, w, target = ins
+    w = mx.broadcast_to(w, key.shape)
+    return _select(_ordered(key), lambda above: mx.sum(mx.where(above, w, 0.0), axis=-1, keepdims=True) >= target)
 
 
 def _kth_largest_static(ins, a):
@@ -74,6 +118,8 @@ def _kth_largest_static(ins, a):
         return mx.full(x.shape[:-1] + (1,), -np.inf, dtype=x.dtype)
     if k == n:
         return mx.min(x, axis=-1, keepdims=True)
+    if mx.default_device() != mx.cpu:       # MLX partitions by a full sort on the GPU
+        return _kth_largest([x, mx.array(k, dtype=mx.int32)], a)
     if n > PACKED_MAX:
         return mx.partition(x, kth=n - k, axis=-1)[..., n - k:n - k + 1]
     fused = native.topk_select(x, k - 1) if k >= 2 else None
@@ -242,8 +288,7 @@ KERNELS = {
     "reduce_max": _red(mx.max), "reduce_min": _red(mx.min), "reduce_sum": _reduce_sum, "reduce_any": _red(mx.any),
     "argmax": lambda i, a: mx.argmax(i[0], axis=-1, keepdims=True).astype(mx.int32),
     "sort": _sort, "argsort": _argsort, "topk": _topk, "topk_ids": _topk_ids,
-    "cumsum": lambda i, a: mx.cumsum(i[0], axis=-1, inclusive=not a["exclusive"]),
-    "kth_largest": _kth_largest, "kth_largest_static": _kth_largest_static,
+    "kth_largest": _kth_largest, "kth_largest_static": _kth_largest_static, "mass_threshold": _mass_threshold,
     "filter": lambda i, a: mx.where(i[1], i[0], mx.array(-np.inf, dtype=mx.float32)),
     "zeros_like": lambda i, a: mx.zeros(i[0].shape, dtype=DT[a["dtype"]]),
     "take_along": _take_along, "scatter_add": _scatter_add, "put_along": _put_along, "sparse_add": _sparse_add,

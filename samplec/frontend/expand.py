@@ -12,8 +12,8 @@ from typing import Callable
 
 import math
 
-from samplec.frontend.lower import NEG_INF, XTC_COUNTER, const, gumbel, log_softmax, softmax, top_p_floor, \
-    uniform, where
+from samplec.frontend.lower import NEG_INF, XTC_COUNTER, const, gumbel, log_softmax, softmax, uniform, \
+    where
 from samplec.ir.graph import Node, make
 from samplec.ir.types import F32, I32, U32
 
@@ -37,8 +37,10 @@ def top_k(x: Node, k: Node) -> Node:
 
 
 def top_p(x: Node, p: Node) -> Node:
+    # S_i < p  <=>  p_i >= the largest t whose upper set {p_j >= t} holds mass p (ties at the boundary kept)
     probs = softmax(x)
-    kept = make("filter", x, make("ge", probs, top_p_floor(probs, p)))
+    floor = make("mass_threshold", probs, probs, p, name="p_min")
+    kept = make("filter", x, make("ge", probs, floor))
     return where(make("ge", p, const(1.0)), x, kept, name="x_topp")
 
 
@@ -69,12 +71,11 @@ def typical_p(x: Node, m: Node) -> Node:
     d = make("sub", x, make("reduce_max", x))
     mean_d = make("reduce_sum", where(live, make("mul", probs, d), const(0.0)), name="mean_d")
     score = where(live, make("abs", make("sub", mean_d, d)), const(math.inf), name="score")
-    order = make("argsort", score, descending=False)
-    mass = make("cumsum", make("take_along", probs, order), exclusive=False)
-    first = make("reduce_sum", make("cast", make("lt", mass, m), dtype=I32))     # first index with mass >= m
-    n_finite = make("reduce_sum", make("cast", make("isfinite", score), dtype=I32))
-    at = make("minimum", first, make("sub", n_finite, const(1, I32)))
-    cutoff = make("take_along", make("take_along", score, order), at, name="score_cutoff")
+    # s* = the score where the mass in ascending score first reaches m = the smallest s whose lower set
+    # {s_j <= s} holds mass m: a selection by mass on -s; never reached (rounding): the largest finite score
+    reached = make("neg", make("mass_threshold", make("neg", score), probs, m))
+    top_finite = make("reduce_max", where(make("isfinite", score), score, const(-math.inf)))
+    cutoff = make("minimum", reached, top_finite, name="score_cutoff")
     keep = make("logical_or", make("le", score, cutoff), make("eq", x, make("reduce_max", x)))
     return where(make("ge", m, const(1.0)), x, make("filter", x, keep), name="x_typical")
 

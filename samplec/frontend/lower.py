@@ -56,15 +56,6 @@ def gumbel(bits: Node) -> Node:
     return make("neg", make("log", make("neg", make("log", uniform(bits)))), name="gumbel")
 
 
-def top_p_floor(probs: Node, p: Node) -> Node:
-    """The smallest probability top_p keeps: sort descending, S = exclusive prefix mass, keep while S < p."""
-    ps = make("sort", probs, descending=True)
-    before = make("cumsum", ps, exclusive=True, name="mass_before")      # S of each sorted position
-    n_kept = make("reduce_sum", make("cast", make("lt", before, p), dtype=I32))
-    last = make("maximum", make("sub", n_kept, const(1, I32)), const(0, I32))
-    return make("take_along", ps, last, name="p_min")
-
-
 def penalize(x: Node, counts: Node, rep: Node, freq: Node, pres: Node) -> Node:
     """Where a token was seen (count > 0): x > 0 ? x / repeat : x * repeat, then minus count * frequency + presence."""
     seen = make("gt", counts, const(0.0))

@@ -145,6 +145,14 @@ def _kth(ts, a):
     return Type(_same_dtype([x], (F32,)), broadcast(x.shape[:-1] + (1,), k.shape))
 
 
+def _mass_threshold(ts, a):
+    key, w, target = ts
+    if key.dtype != F32 or w.dtype != F32 or target.dtype != F32:
+        raise TypeError_("mass_threshold: key, weight and target must be f32")
+    broadcast(key.shape, w.shape)
+    return Type(F32, broadcast(key.shape[:-1] + (1,), target.shape))
+
+
 def _kth_static(ts, a):
     if a["k"] < 1:
         raise TypeError_("k must be >= 1")
@@ -256,8 +264,11 @@ OPS: dict[str, OpDef] = {d.name: d for d in [
     OpDef("argsort", 1, (("descending", "bool"),), _argsort, "stable argsort; ties keep id order"),
     OpDef("topk", 1, (("k", "int"),), _topk(None), "the k largest values, descending (partition, no sort)"),
     OpDef("topk_ids", 1, (("k", "int"),), _topk(I32), "ids of the k largest, descending, lowest id first on ties"),
-    OpDef("cumsum", 1, (("exclusive", "bool"),), _same, "prefix sum along the last axis (exclusive: starts at 0)"),
-    OpDef("kth_largest", 2, (), _kth, "the min(max(k,1),V)-th largest value of x (k may differ per row); sorts"),
+    OpDef("kth_largest", 2, (), _kth,
+          "the min(max(k,1),V)-th largest value of x (k may differ per row); a selection by count, no sort"),
+    OpDef("mass_threshold", 3, (), _mass_threshold,
+          "(key, weight, target): the largest t <= max(key) with sum(weight[key >= t]) >= target, -inf if none (a cut on the "
+          "key's order by the weight above it: top_p's floor, typical_p's cutoff); a selection by mass, no sort"),
     OpDef("kth_largest_static", 1, (("k", "int"),), _kth_static,
           "kth_largest with a constant k, by partial selection (no full sort)"),
     OpDef("filter", 2, (), _filter,

@@ -6,7 +6,7 @@ import flatbuffers
 from flatbuffers.compat import import_numpy
 np = import_numpy()
 
-# kth_largest (2 operands): the min(max(k,1),V)-th largest value of x (k may differ per row); sorts
+# kth_largest (2 operands): the min(max(k,1),V)-th largest value of x (k may differ per row); a selection by count, no sort
 class KthLargestNode(object):
     __slots__ = ['_tab']
 

@@ -48,8 +48,8 @@ class Op(object):
     ArgsortNode = 42
     TopkNode = 43
     TopkIdsNode = 44
-    CumsumNode = 45
-    KthLargestNode = 46
+    KthLargestNode = 45
+    MassThresholdNode = 46
     KthLargestStaticNode = 47
     FilterNode = 48
     ZerosLikeNode = 49
