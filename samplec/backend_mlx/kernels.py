@@ -55,7 +55,7 @@ def _topk_ids(ins, a):
     above, at = x > v, x == v
     need = k - mx.sum(above, axis=-1, keepdims=True)
     chosen = above | (at & (mx.cumsum(at.astype(mx.int32), axis=-1) <= need))
-    slot = mx.where(chosen, mx.cumsum(chosen.astype(mx.int32), axis=-1) - 1, k)   # k: where the others go
+    slot = mx.where(chosen, mx.minimum(mx.cumsum(chosen.astype(mx.int32), axis=-1) - 1, k), k)   # k: the others
     ids = mx.broadcast_to(mx.arange(n, dtype=mx.int32), x.shape)
     slots = mx.put_along_axis(mx.zeros(x.shape[:-1] + (k + 1,), dtype=mx.int32), slot, ids, axis=-1)[..., :k]
     order = mx.argsort(-mx.take_along_axis(x, slots, axis=-1), axis=-1)    # stable: equal values keep id order
