@@ -1579,19 +1579,65 @@ void chain_dense(ChainRow& row, int64_t nb, int bs, int32_t* token, float* logpr
       }
       return true;
     };
-    // The winner is the same whatever the order the blocks are visited in (equal scores: the lower id), so the
-    // order only decides how early the bound `best` is high: the top blocks by maximum first, in descending order
-    // (a confident row ends there), then the rest as they lie, each skipped when its maximum plus the largest
-    // Gumbel noise stays below the best score so far -- no heap over every block.
-    order.resize(nb);
-    for (int64_t i = 0; i < nb; ++i) order[i] = static_cast<int32_t>(i);
-    auto above = [&bm](int32_t a, int32_t b) { return bm[a] > bm[b] || (bm[a] == bm[b] && a < b); };
-    const int64_t head = std::min<int64_t>(nb, 32);
-    std::nth_element(order.begin(), order.begin() + (head - 1), order.end(), above);
-    std::sort(order.begin(), order.begin() + head, above);
-    bool done = false;
-    for (int64_t i = 0; i < head && !done; ++i) done = !visit(order[i]);
-    for (int64_t i = head; i < nb && !done; ++i) visit(order[i]);
+    // Few kept tokens spread over the row (a cut at a value thousands of tokens share: every block's maximum is
+    // at the cut, so no block can be skipped): their ids compacted, then their RandomBits sixteen at a time, a
+    // group skipped when its largest value plus the largest noise stays below the best score, a token rejected
+    // on its bits alone as in the block walk -- Threefry for the kept tokens only.
+    int64_t n_kept = 0;
+    for (int64_t i = 0; i < V; ++i) n_kept += keep[i];
+    if (n_kept * 4 < V * 3) {
+      order.resize(V);
+      int64_t m = 0;
+      for (int64_t i = 0; i < V; ++i) {         // (branch-free compaction)
+        order[m] = static_cast<int32_t>(i);
+        m += keep[i];
+      }
+      for (int64_t i = 0; i < m; ++i) {           // the best score starts at a largest value's
+        const int32_t tok = order[i];
+        if (fx[tok] == fmax) {
+          best = fx[tok] + gumbel_of(threefry_first_word(row.k0, row.k1, static_cast<uint32_t>(tok), row.pos));
+          at = tok;
+          break;
+        }
+      }
+      for (int64_t g = 0; g < m; g += 16) {
+        const int lanes = static_cast<int>(std::min<int64_t>(16, m - g));
+        U16 ids;
+        float gm = -INFINITY;
+        for (int l = 0; l < 16; ++l) {
+          const int32_t tok = order[g + (l < lanes ? l : 0)];
+          ids[l] = static_cast<uint32_t>(tok);
+          gm = fx[tok] > gm ? fx[tok] : gm;
+        }
+        if (at >= 0 && gm + kGumbelMax < best) continue;
+        const U16 gb = threefry16(row.k0, row.k1, ids, row.pos);
+        need = at >= 0 ? threshold(gm) : 0u;
+        for (int l = 0; l < lanes; ++l) {
+          if ((gb[l] >> 9) < need) continue;
+          const int64_t tok = ids[l];
+          const float sc = fx[tok] + gumbel_of(gb[l]);
+          if (at < 0 || sc > best || (sc == best && tok < at)) {
+            best = sc;
+            at = tok;
+            need = threshold(gm);
+          }
+        }
+      }
+    } else {
+      // The winner is the same whatever the order the blocks are visited in (equal scores: the lower id), so the
+      // order only decides how early the bound `best` is high: the top blocks by maximum first, in descending order
+      // (a confident row ends there), then the rest as they lie, each skipped when its maximum plus the largest
+      // Gumbel noise stays below the best score so far -- no heap over every block.
+      order.resize(nb);
+      for (int64_t i = 0; i < nb; ++i) order[i] = static_cast<int32_t>(i);
+      auto above = [&bm](int32_t a, int32_t b) { return bm[a] > bm[b] || (bm[a] == bm[b] && a < b); };
+      const int64_t head = std::min<int64_t>(nb, 32);
+      std::nth_element(order.begin(), order.begin() + (head - 1), order.end(), above);
+      std::sort(order.begin(), order.begin() + head, above);
+      bool done = false;
+      for (int64_t i = 0; i < head && !done; ++i) done = !visit(order[i]);
+      for (int64_t i = head; i < nb && !done; ++i) visit(order[i]);
+    }
   }
   if (at < 0) at = 0;
   *token = static_cast<int32_t>(at);

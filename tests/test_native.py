@@ -510,3 +510,28 @@ def test_min_p_keeping_the_tail_then_more_stages_equals_the_dense_program(tail):
         t2 = np.array(samplec.compile(lean)(x, **kw).token)
         t0 = np.array(samplec.compile(lean, opt_level=0)(x, **kw).token)
         np.testing.assert_array_equal(t2, t0)
+
+
+@pytest.mark.parametrize("kind", ["ties", "neg_inf", "sparse_top"])
+def test_draw_over_compacted_kept_tokens_equals_the_reference(kind):
+    """A cut that keeps thousands of tokens spread over the row (a value 19k tokens share; a -inf-heavy row) draws
+    over the kept tokens' ids compacted, sixteen RandomBits at a time: the spec's Gumbel-max token all the same."""
+    import reference as R
+    rng = np.random.default_rng(11)
+    V = 152064
+    if kind == "ties":
+        x = rng.integers(-4, 4, (1, V)).astype(np.float32)
+    elif kind == "neg_inf":
+        x = rng.standard_normal((1, V)).astype(np.float32)
+        x[rng.random((1, V)) < 0.9] = -np.inf
+    else:                                   # a few strong tokens far apart, the rest far below them
+        x = rng.standard_normal((1, V)).astype(np.float32) - 30
+        x[0, rng.choice(V, 3000, replace=False)] = rng.standard_normal(3000).astype(np.float32)
+    prog = samplec.compile("sampler s(k: int, seed: seed, pos: int) -> token, logprob "
+                           "{ top_k(k) min_p(0.01) sample(seed, position = pos) }", opt_level=2)
+    for seed in range(40):
+        out = prog(x, k=2000 + seed, seed=seed, pos=seed * 7)
+        ref = R.run_chain(x[0], [("top_k", {"k": 2000 + seed}), ("min_p", {"m": 0.01})],
+                          ("sample", {"seed": seed, "position": seed * 7}))
+        assert int(np.array(out.token)[0]) == ref["token"], (kind, seed)
+        np.testing.assert_allclose(np.array(out.logprob)[0], ref["logprob"], atol=2e-4, rtol=1e-4)
