@@ -111,6 +111,26 @@ inline uint32_t threefry_first_word(uint32_t k0, uint32_t k1, uint32_t c0, uint3
   return x0;
 }
 
+typedef uint32_t U16 __attribute__((vector_size(16 * sizeof(uint32_t))));
+
+// The first Threefry-2x32-20 word for counters (c0[0..16), c1): sixteen lanes at once (one AVX-512 register, two
+// AVX2 ones).
+inline U16 threefry16(uint32_t k0, uint32_t k1, U16 c0, uint32_t c1) {
+  const uint32_t ks[3] = {k0, k1, k0 ^ k1 ^ kParity};
+  U16 x0 = c0 + k0;
+  U16 x1 = U16{} + (c1 + k1);
+  for (int i = 0; i < 5; ++i) {
+    const int* rot = kRotations + (i % 2) * 4;
+    for (int j = 0; j < 4; ++j) {
+      x0 += x1;
+      x1 = ((x1 << rot[j]) | (x1 >> (32 - rot[j]))) ^ x0;
+    }
+    x0 += ks[(i + 1) % 3];
+    x1 += ks[(i + 2) % 3] + static_cast<uint32_t>(i + 1);
+  }
+  return x0;
+}
+
 // RandomBits over [B, C]: seed (uint64), c0, c1 (uint32), each [B, C] with any strides (broadcast views have
 // zero strides), -> uint32 [B, C] row contiguous.
 class ThreefryBits : public mx::Primitive {
@@ -974,6 +994,49 @@ constexpr uint32_t kXtcCounter = 0xFFFFFFFFu;
 inline float uniform_of(uint32_t bits) { return (static_cast<float>(bits >> 9) + 0.5f) * 0x1p-23f; }
 inline float gumbel_of(uint32_t bits) { return -std::log(-std::log(uniform_of(bits))); }
 
+// The least `bits >> 9` with which a token of value v may still beat the score `best`: v + g > best needs
+// u > exp(-exp(-(best - v))), so a token below it is rejected on its RandomBits alone (2 ulps of margin for the
+// rounding of u and of the logs).
+inline uint32_t win_threshold(float best, float v) {
+  const double u = std::exp(-std::exp(-(double(best) - double(v))));
+  const double q = std::floor(u * 8388608.0 - 0.5) - 2.0;
+  return q <= 0 ? 0u : q >= 8388607.0 ? 8388607u : static_cast<uint32_t>(q);
+}
+
+// Gumbel-max over tokens i < n (id(i), value(i)), sixteen RandomBits at a time: `best` and `at` (an index, -1
+// before the first) carry the winner. A group whose largest value plus the largest noise stays below `best` is
+// skipped (with `sorted` values, descending, so is every later one); a token is rejected on its bits alone where
+// they cannot lift it above `best`. Equal scores go to the lower id, so the winner does not depend on the order.
+template <class Id, class Value>
+void gumbel_max16(int64_t n, Id id, Value value, bool sorted, uint32_t k0, uint32_t k1, uint32_t pos,
+                  float& best, int64_t& at) {
+  for (int64_t g = 0; g < n; g += 16) {
+    const int lanes = static_cast<int>(std::min<int64_t>(16, n - g));
+    U16 ids;
+    float gm = -INFINITY;
+    for (int l = 0; l < 16; ++l) {
+      const int64_t i = g + (l < lanes ? l : 0);
+      ids[l] = static_cast<uint32_t>(id(i));
+      gm = value(i) > gm ? value(i) : gm;
+    }
+    if (at >= 0 && gm + kGumbelMax < best) {
+      if (sorted) return;
+      continue;
+    }
+    const U16 bits = threefry16(k0, k1, ids, pos);
+    uint32_t need = at >= 0 ? win_threshold(best, gm) : 0u;
+    for (int l = 0; l < lanes; ++l) {
+      if ((bits[l] >> 9) < need) continue;
+      const float sc = value(g + l) + gumbel_of(bits[l]);
+      if (at < 0 || sc > best || (sc == best && id(g + l) < id(at))) {
+        best = sc;
+        at = g + l;
+        need = win_threshold(best, gm);
+      }
+    }
+  }
+}
+
 struct StageArgs {
   double a = 0, b = 0;            // the stage's value (xtc: threshold, probability)
   uint32_t k0 = 0, k1 = 0, pos = 0;   // xtc's coin
@@ -991,6 +1054,7 @@ struct ChainRow {
   uint32_t k0, k1, pos;           // the draw's key and position
   std::vector<float>* bm;         // block maxima
   std::vector<std::pair<float, int32_t>>* cand;
+  std::vector<std::pair<float, int32_t>>* at_bound;   // (scratch: candidates at the bound, see chain_candidates)
   std::vector<float> divs;        // temperatures applied so far (while the tail is alive)
   // the whole row's sum of exp(f(x) - vmax) for the divs and vmax it was computed with (a row's attempts on
   // more candidates see the same ones): computed once per row
@@ -1005,25 +1069,86 @@ struct ChainRow {
   }
 };
 
+// The OR of sixteen lanes, halving the vector (vector ORs, not sixteen lane extractions)
+inline uint32_t or_lanes(I16 v) {
+  typedef int32_t I8 __attribute__((vector_size(8 * sizeof(int32_t))));
+  typedef int32_t I4 __attribute__((vector_size(4 * sizeof(int32_t))));
+  I8 a, b;
+  std::memcpy(&a, &v, sizeof a);
+  std::memcpy(&b, reinterpret_cast<const char*>(&v) + sizeof a, sizeof b);
+  a |= b;
+  I4 c, d;
+  std::memcpy(&c, &a, sizeof c);
+  std::memcpy(&d, reinterpret_cast<const char*>(&a) + sizeof c, sizeof d);
+  c |= d;
+  return static_cast<uint32_t>(c[0] | c[1] | c[2] | c[3]);
+}
+
+// Tokens lo..end of x above `bound` appended to `above`, those at it to `at` (when `at` is given), and the largest
+// value below it folded into `below`: sixteen compared at once, each comparison turned into a bit mask by an AND
+// with the lanes' bits and an OR across lanes, the hits then taken by their bits (no branch per token: ties at
+// the bound can be every eighth token).
+SAMPLEC_VOCAB_LOOP void gather_block(const float* x, int64_t lo, int64_t end, float bound,
+                                     std::vector<std::pair<float, int32_t>>& above,
+                                     std::vector<std::pair<float, int32_t>>* at, float& below) {
+  const I16 lane_bit = {1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768};
+  const I16 lane_bit_hi = lane_bit << 16;
+  const F16 b = F16{} + bound, ninf = F16{} - INFINITY;
+  F16 under = ninf;
+  int64_t t0 = lo;
+  for (; t0 + 16 <= end; t0 += 16) {
+    F16 v;
+    std::memcpy(&v, x + t0, sizeof v);
+    const uint32_t hits = or_lanes(((v > b) & lane_bit) | ((v == b) & lane_bit_hi));
+    const F16 lt = v < b ? v : ninf;
+    under = lt > under ? lt : under;
+    uint32_t ma = hits & 0xFFFFu, me = hits >> 16;
+    for (; ma; ma &= ma - 1) {
+      const int64_t tok = t0 + __builtin_ctz(ma);
+      above.emplace_back(x[tok], static_cast<int32_t>(tok));
+    }
+    for (me = at ? me : 0; me; me &= me - 1) {
+      const int64_t tok = t0 + __builtin_ctz(me);
+      at->emplace_back(x[tok], static_cast<int32_t>(tok));
+    }
+  }
+  for (; t0 < end; ++t0) {
+    if (x[t0] > bound) above.emplace_back(x[t0], static_cast<int32_t>(t0));
+    else if (x[t0] == bound && at) at->emplace_back(x[t0], static_cast<int32_t>(t0));
+    else if (x[t0] < bound && x[t0] > below) below = x[t0];
+  }
+  for (int l = 0; l < 16; ++l) below = under[l] > below ? under[l] : below;
+}
+
 // Candidates above the (m+1)-th largest block maximum (nth_element over a copy of the maxima; at most m blocks
-// hold a token above it), sorted by value descending, then id ascending.
-float chain_candidates(const ChainRow& row, int64_t nb, int bs, int64_t m, std::vector<float>& scratch) {
+// hold a token above it), sorted by value descending, then id ascending; returns the bound, every other token
+// being at most it. `inclusive`: the tokens at the bound too (after the others, in id order: their order
+// already) -- for a top tied across more than m blocks, where no token lies above the bound -- and returns the
+// largest value below it (-inf if none), every other token being at most that.
+float chain_candidates(const ChainRow& row, int64_t nb, int bs, int64_t m, std::vector<float>& scratch,
+                       bool inclusive = false) {
   auto& cand = *row.cand;
   cand.clear();
   const std::vector<float>& bm = *row.bm;
   scratch.assign(bm.begin(), bm.begin() + nb);
   std::nth_element(scratch.begin(), scratch.begin() + m, scratch.end(), std::greater<float>());
   const float bound = scratch[m];
+  auto& at_bound = *row.at_bound;
+  at_bound.clear();
+  float below = -INFINITY;                            // (inclusive: the largest value below the bound)
   for (int64_t c = 0; c < nb; ++c) {
-    if (!(bm[c] > bound)) continue;
-    for (int64_t tok = c * bs, end = std::min<int64_t>(row.V, tok + bs); tok < end; ++tok) {
-      if (row.x[tok] > bound) cand.emplace_back(row.x[tok], static_cast<int32_t>(tok));
+    if (!(bm[c] > bound || (inclusive && bm[c] == bound))) {
+      below = bm[c] > below ? bm[c] : below;
+      continue;
     }
+    const int64_t lo = c * bs, end = std::min<int64_t>(row.V, lo + bs);
+    gather_block(row.x, lo, end, bound, cand, inclusive ? &at_bound : nullptr, below);
   }
   std::sort(cand.begin(), cand.end(), [](const auto& a, const auto& b) {
     return a.first > b.first || (a.first == b.first && a.second < b.second);
   });
-  return bound;
+  cand.insert(cand.end(), at_bound.begin(), at_bound.end());
+  return inclusive ? below : bound;
 }
 
 // sum of exp(v[i] / t - c) over v[0..n) (v[i] / t <= c, or -inf), in double across blocks of 64: the values
@@ -1074,6 +1199,7 @@ bool chain_run(ChainRow& row, float bound, int32_t* token, float* logprob) {
   bool tail = true;                       // the tokens <= bound are still in the kept set
   bool floored = false;                   // ... those of them at or above a min_p floor (see kMinP)
   float fb = bound;
+  auto reaches = [&](float v) { return tail && fb >= v; };   // may a tail token be >= v
   row.divs.clear();
   if (L == 0) return false;
   const auto& stages = *row.stages;
@@ -1086,7 +1212,7 @@ bool chain_run(ChainRow& row, float bound, int32_t* token, float* logprob) {
         if (t == 1.0f) break;
         // t = 0, or the top divided by t leaves the float32 range: the argmax alone (lowest id among equals)
         if (t == 0.0f || !std::isfinite(c[0].first / t)) {
-          if (tail && fb >= c[0].first) return false;
+          if (reaches(c[0].first)) return false;
           int64_t best = 0;
           for (int64_t i = 1; i < L && c[i].first == c[0].first; ++i) {
             if (c[i].second < c[best].second) best = i;
@@ -1111,7 +1237,7 @@ bool chain_run(ChainRow& row, float bound, int32_t* token, float* logprob) {
           break;                          // fewer than k tokens left: all stay
         }
         const float vk = c[k - 1].first;
-        if (tail && fb >= vk) return false;
+        if (reaches(vk)) return false;
         int64_t n = k;
         while (n < L && c[n].first >= vk) ++n;
         L = n;
@@ -1122,7 +1248,7 @@ bool chain_run(ChainRow& row, float bound, int32_t* token, float* logprob) {
         const float m = static_cast<float>(a);
         if (m == 0.0f) break;
         const float floor = c[0].first + std::log(m);
-        if (tail && fb >= floor) {
+        if (reaches(floor)) {
           // every candidate stays, and so do the tail's tokens at or above the floor: the tail lives on, no
           // longer every token below the bound (`floored`) -- a later cut by count or a draw can still end
           // above the bound, what needs the tail's mass falls back to the whole row
@@ -1201,18 +1327,15 @@ bool chain_run(ChainRow& row, float bound, int32_t* token, float* logprob) {
   const float vmax = c[0].first;
   int64_t at = 0;
   if (row.terminal == kGreedy) {
-    if (tail && fb >= vmax) return false;
+    if (reaches(vmax)) return false;
     for (int64_t i = 1; i < L && c[i].first == vmax; ++i) {
       if (c[i].second < c[at].second) at = i;
     }
   } else {
     float best = -INFINITY;
-    int32_t best_id = INT32_MAX;
-    for (int64_t i = 0; i < L; ++i) {
-      if (c[i].first + kGumbelMax < best) break;     // sorted: no later candidate can win
-      const float s = c[i].first + gumbel_of(threefry_first_word(row.k0, row.k1, c[i].second, row.pos));
-      if (s > best || (s == best && c[i].second < best_id)) best = s, best_id = c[i].second, at = i;
-    }
+    at = -1;
+    gumbel_max16(L, [&c](int64_t i) { return c[i].second; }, [&c](int64_t i) { return c[i].first; }, true,
+                 row.k0, row.k1, row.pos, best, at);
     if (tail && fb + kGumbelMax >= best) return false;
   }
   if (tail && floored && (row.want_logprob || row.x_out != nullptr)) return false;
@@ -1254,26 +1377,6 @@ bool chain_run(ChainRow& row, float bound, int32_t* token, float* logprob) {
 // score cutoff by a radix selection on mass in ascending score; min_p, top_n_sigma and xtc from reductions. The
 // draw walks the blocks in descending order of their maxima; a token whose RandomBits cannot lift it above the
 // best score so far is rejected on its bits alone.
-typedef uint32_t U16 __attribute__((vector_size(16 * sizeof(uint32_t))));
-
-// The first Threefry-2x32-20 word for counters (c0[0..16), c1): sixteen lanes at once (one AVX-512 register, two
-// AVX2 ones).
-inline U16 threefry16(uint32_t k0, uint32_t k1, U16 c0, uint32_t c1) {
-  const uint32_t ks[3] = {k0, k1, k0 ^ k1 ^ kParity};
-  U16 x0 = c0 + k0;
-  U16 x1 = U16{} + (c1 + k1);
-  for (int i = 0; i < 5; ++i) {
-    const int* rot = kRotations + (i % 2) * 4;
-    for (int j = 0; j < 4; ++j) {
-      x0 += x1;
-      x1 = ((x1 << rot[j]) | (x1 >> (32 - rot[j]))) ^ x0;
-    }
-    x0 += ks[(i + 1) % 3];
-    x1 += ks[(i + 2) % 3] + static_cast<uint32_t>(i + 1);
-  }
-  return x0;
-}
-
 // out[t] = the first word for counters (first + t * stride, c1), t < n (n a multiple of 16), vectorized.
 SAMPLEC_VOCAB_LOOP void threefry_strided(uint32_t k0, uint32_t k1, uint32_t first, uint32_t stride, int n,
                                          uint32_t c1, uint32_t* out) {
@@ -1553,11 +1656,7 @@ void chain_dense(ChainRow& row, int64_t nb, int bs, int32_t* token, float* logpr
     const auto& bm = *row.bm;
     float best = -INFINITY;
     uint32_t need = 0;
-    auto threshold = [&](float fm) -> uint32_t {   // a token under f(block max) fm wins only with u above this
-      const double u = std::exp(-std::exp(-(double(best) - double(fm))));
-      const double q = std::floor(u * 8388608.0 - 0.5) - 2.0;
-      return q <= 0 ? 0u : q >= 8388607.0 ? 8388607u : static_cast<uint32_t>(q);
-    };
+    auto threshold = [&](float fm) { return win_threshold(best, fm); };   // (fm: a block's f(maximum))
     uint32_t bits[64];
     // false: this block, and every block whose maximum is not above its own, cannot hold the winner
     auto visit = [&](int64_t c) -> bool {
@@ -1592,37 +1691,16 @@ void chain_dense(ChainRow& row, int64_t nb, int bs, int32_t* token, float* logpr
         order[m] = static_cast<int32_t>(i);
         m += keep[i];
       }
-      for (int64_t i = 0; i < m; ++i) {           // the best score starts at a largest value's
-        const int32_t tok = order[i];
-        if (fx[tok] == fmax) {
-          best = fx[tok] + gumbel_of(threefry_first_word(row.k0, row.k1, static_cast<uint32_t>(tok), row.pos));
-          at = tok;
-          break;
-        }
+      int64_t first = 0;                          // the best score starts at a largest value's
+      while (first < m && fx[order[first]] != fmax) ++first;
+      int64_t i_at = -1;
+      if (first < m) {
+        best = fmax + gumbel_of(threefry_first_word(row.k0, row.k1, static_cast<uint32_t>(order[first]), row.pos));
+        i_at = first;
       }
-      for (int64_t g = 0; g < m; g += 16) {
-        const int lanes = static_cast<int>(std::min<int64_t>(16, m - g));
-        U16 ids;
-        float gm = -INFINITY;
-        for (int l = 0; l < 16; ++l) {
-          const int32_t tok = order[g + (l < lanes ? l : 0)];
-          ids[l] = static_cast<uint32_t>(tok);
-          gm = fx[tok] > gm ? fx[tok] : gm;
-        }
-        if (at >= 0 && gm + kGumbelMax < best) continue;
-        const U16 gb = threefry16(row.k0, row.k1, ids, row.pos);
-        need = at >= 0 ? threshold(gm) : 0u;
-        for (int l = 0; l < lanes; ++l) {
-          if ((gb[l] >> 9) < need) continue;
-          const int64_t tok = ids[l];
-          const float sc = fx[tok] + gumbel_of(gb[l]);
-          if (at < 0 || sc > best || (sc == best && tok < at)) {
-            best = sc;
-            at = tok;
-            need = threshold(gm);
-          }
-        }
-      }
+      gumbel_max16(m, [&order](int64_t i) { return order[i]; }, [&](int64_t i) { return fx[order[i]]; }, false,
+                   row.k0, row.k1, row.pos, best, i_at);
+      at = i_at < 0 ? -1 : order[i_at];
     } else {
       // The winner is the same whatever the order the blocks are visited in (equal scores: the lower id), so the
       // order only decides how early the bound `best` is high: the top blocks by maximum first, in descending order
@@ -1741,11 +1819,18 @@ struct SampleChain {
     const Rows<float> xs(in[0]);
     int32_t* token = out[0].data<int32_t>();
     float* logprob = out[1].data<float>();
-    std::vector<float> buf, bm(nb), ebuf, scratch;
-    std::vector<uint8_t> keep;
-    std::vector<std::pair<float, int32_t>> cand;
-    std::vector<int32_t> order;
-    std::vector<float> scratch_bm;
+    // scratch kept by the thread from call to call: a row-sized buffer allocated anew each call is fresh pages,
+    // which the kernel zeroes on first touch (~0.1 ms a call at V = 152064)
+    struct Scratch {
+      std::vector<float> buf, bm, ebuf, scratch, scratch_bm;
+      std::vector<uint8_t> keep;
+      std::vector<std::pair<float, int32_t>> cand, at_bound;
+      std::vector<int32_t> order;
+    };
+    thread_local Scratch tls;
+    Scratch& sc = tls;
+    auto& [buf, bm, ebuf, scratch, scratch_bm, keep, cand, at_bound, order] = sc;
+    bm.resize(nb);
     for (int64_t r = 0; r < rows; ++r) {
       ChainRow row;
       row.x = xs.row(r, V, buf);
@@ -1767,6 +1852,7 @@ struct SampleChain {
       row.probs_out = want_probs;
       row.bm = &bm;
       row.cand = &cand;
+      row.at_bound = &at_bound;
       bool has_zero = false;
       size_t at = 1;
       for (int kind : stages) {
@@ -1837,8 +1923,16 @@ struct SampleChain {
         for (int64_t m : {first, int64_t(512)}) {
           if (m >= nb || (m == 512 && first == 512)) break;
           const float bound = chain_candidates(row, nb, bs, m, scratch_bm);
-          // (no candidate above the bound: the top is tied across blocks, and more blocks will not help)
-          if ((done = chain_run(row, bound, token + r, logprob + r)) || cand.empty()) break;
+          if ((done = chain_run(row, bound, token + r, logprob + r))) break;
+          if (cand.empty()) {
+            // no candidate above the bound: the top is tied across more than m blocks (more blocks will not
+            // help); the tokens at the bound join the candidates, the tail is what lies below it
+            if (bound > -INFINITY) {
+              const float below = chain_candidates(row, nb, bs, m, scratch_bm, true);
+              done = chain_run(row, below, token + r, logprob + r);
+            }
+            break;
+          }
           // a top_p nucleus the first candidates held a small part of (a flat row) will not end in 16 times as
           // many blocks either: straight to the whole row, without the second attempt's gather and sort
           if (row.covered < 1.0 / 16) break;
