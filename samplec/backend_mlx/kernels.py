@@ -106,7 +106,8 @@ def _kth_largest(ins, a):
 def _mass_threshold(ins, a):
     key, w, target = ins
     w = mx.broadcast_to(w, key.shape)
-    return _select(_ordered(key), lambda above: mx.sum(mx.where(above, w, 0.0), axis=-1, keepdims=True) >= target)
+    # (the tree sum of reduce_sum: a few ulps where a sequential float32 sum would move a boundary by ~1e-5)
+    return _select(_ordered(key), lambda above: _reduce_sum([mx.where(above, w, 0.0)], a) >= target)
 
 
 def _kth_largest_static(ins, a):
