@@ -344,6 +344,10 @@ def doctor_report() -> list[str]:
                 lines.append(f"  primitives    {', '.join(prims)}")
                 lines.append(f"  spin-wait     {'on' if native._polling() else 'off'} (off on one core, off the "
                              "CPU, or with SAMPLEC_SPIN=0)")
+            chains = "the native chain kernel (sample_chain), per row" if native.enabled() else \
+                "their dense definitions in MLX ops"
+            lines.append(f"stage chains    {chains}; elsewhere top_k/top_p/typical_p/top_logprobs select without a "
+                         "sort (kth_largest, mass_threshold: 32 bitwise passes in MLX ops)")
         except Exception as e:  # noqa: BLE001
             lines.append(f"native          cannot check: {type(e).__name__}: {e}")
     lines.append(f"SAMPLEC_NATIVE  {env_native if env_native is not None else '(unset: on)'}")

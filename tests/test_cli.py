@@ -306,8 +306,10 @@ def test_version_and_doctor(monkeypatch):
     from samplec.backend_mlx import native
     if native.installed():
         assert "active" in r.stdout and "threefry_bits" in r.stdout
+        assert any("stage chains    the native chain kernel" in ln for ln in doctor_report())
         monkeypatch.setenv("SAMPLEC_NATIVE", "0")
         assert any("loaded but off (SAMPLEC_NATIVE=0)" in ln for ln in doctor_report())
+        assert any("stage chains    their dense definitions in MLX ops" in ln for ln in doctor_report())
     monkeypatch.setitem(sys.modules, "mlx.core", None)               # MLX missing: reported, no traceback
     lines = doctor_report()
     assert any(ln.startswith("mlx             not available") for ln in lines)
