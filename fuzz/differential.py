@@ -1,9 +1,11 @@
 """Differential fuzzing: random chains in random orders, literal / scalar / per-row parameters, logit families
-(peaked, flat, ties, -inf heavy, long tails, one finite, tiny V): -O2 must give -O0's token on every row and the
-numpy reference's (tests/reference.py). 'silent' counts rows where they differ; a row whose reference decision
+(peaked, flat, ties, -inf heavy, long tails, one finite, tiny V): -O2 must give -O0's token on every row, and so
+must -O1 on the MLX-ops path a GPU runs (SAMPLEC_NATIVE=0: sort-free selections), and the numpy reference's
+(tests/reference.py). 'silent' counts rows where they differ; a row whose reference decision
 lies within float rounding of a boundary still counts (the report's examples show them)."""
 from __future__ import annotations
 
+import os
 import random
 import sys
 from pathlib import Path
@@ -35,6 +37,11 @@ def fuzz(seconds: float, seed: int = 0) -> Counts:
         try:
             t2 = np.array(samplec.compile(src, opt_level=2)(x, **kw).token).tolist()
             t0 = np.array(samplec.compile(src, opt_level=0)(x, **kw).token).tolist()
+            before, os.environ["SAMPLEC_NATIVE"] = os.environ.get("SAMPLEC_NATIVE"), "0"
+            try:
+                t1 = np.array(samplec.compile(src, opt_level=1)(x, **kw).token).tolist()
+            finally:
+                os.environ.pop("SAMPLEC_NATIVE") if before is None else os.environ.update(SAMPLEC_NATIVE=before)
         except Exception as e:  # noqa: BLE001
             counts.record("traceback", src, f"{type(e).__name__}: {e}")
             continue
@@ -42,7 +49,7 @@ def fuzz(seconds: float, seed: int = 0) -> Counts:
             term = ("sample", {"seed": kw["seed"][r], "position": kw["pos"][r]}) if terminal == "sample" else \
                 ("greedy", {})
             ref = R.run_chain(x[r], per_row[r], term, row=r)["token"]
-            ok = t2[r] == t0[r] == ref
+            ok = t2[r] == t0[r] == t1[r] == ref
             counts.record("ok" if ok else "silent", (src, kinds[r], V),
-                          "" if ok else f"row {r}: -O2 {t2[r]}, -O0 {t0[r]}, reference {ref}")
+                          "" if ok else f"row {r}: -O2 {t2[r]}, -O0 {t0[r]}, -O1 MLX ops {t1[r]}, reference {ref}")
     return counts
