@@ -302,6 +302,25 @@ struct Rows {
 // loop, so the result is always MLX's: a NaN wins.
 typedef float F8 __attribute__((vector_size(8 * sizeof(float))));
 typedef float F16 __attribute__((vector_size(16 * sizeof(float))));
+typedef int32_t I16 __attribute__((vector_size(16 * sizeof(int32_t))));
+
+// The OR of sixteen lanes, halving the vector (vector ORs, not sixteen lane extractions)
+inline uint32_t or_lanes(I16 v) {
+  typedef int32_t I8 __attribute__((vector_size(8 * sizeof(int32_t))));
+  typedef int32_t I4 __attribute__((vector_size(4 * sizeof(int32_t))));
+  I8 a, b;
+  std::memcpy(&a, &v, sizeof a);
+  std::memcpy(&b, reinterpret_cast<const char*>(&v) + sizeof a, sizeof b);
+  a |= b;
+  I4 c, d;
+  std::memcpy(&c, &a, sizeof c);
+  std::memcpy(&d, reinterpret_cast<const char*>(&a) + sizeof c, sizeof d);
+  c |= d;
+  return static_cast<uint32_t>(c[0] | c[1] | c[2] | c[3]);
+}
+
+// Lane l's bit, for turning a sixteen-lane comparison into a bit mask: or_lanes(cmp & kLaneBit)
+const I16 kLaneBit = {1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768};
 constexpr int kLanes = 16;
 constexpr int kGroup = 16;      // segments a block maximum pass walks down at once
 
@@ -455,13 +474,13 @@ void heap_select(const float* v, int64_t count, At at, int k, int32_t* top, floa
 // Appends the positions i with v[i] >= bound (no NaN in v), ascending: sixteen values compared at a time, and
 // only a group holding one is looked at one by one (a high bound: most groups hold none).
 SAMPLEC_VOCAB_LOOP void positions_at_least(const float* v, int64_t n, float bound, std::vector<int32_t>& out) {
+  const F16 b = F16{} + bound;
   int64_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    int any = 0;
-    for (int j = 0; j < 16; ++j) any += v[i + j] >= bound;
-    if (!any) continue;
-    for (int j = 0; j < 16; ++j) {
-      if (v[i + j] >= bound) out.push_back(static_cast<int32_t>(i + j));
+  for (; i + 16 <= n; i += 16) {           // sixteen compared at once, the hits taken by their bits
+    F16 a;
+    std::memcpy(&a, v + i, sizeof a);
+    for (uint32_t hits = or_lanes((a >= b) & kLaneBit); hits; hits &= hits - 1) {
+      out.push_back(static_cast<int32_t>(i + __builtin_ctz(hits)));
     }
   }
   for (; i < n; ++i) {
@@ -828,7 +847,6 @@ inline FV exp_nonpos(FV v) {
   return tiny ? FV{} : out;
 }
 
-typedef int32_t I16 __attribute__((vector_size(16 * sizeof(int32_t))));
 inline F16 exp16_nonpos(F16 v) { return exp_nonpos<F16, I16>(v); }
 
 // sum of exp(v[i] - c) over v[0..n), every v[i] <= c (or -inf); in double across blocks of 64
@@ -1069,21 +1087,6 @@ struct ChainRow {
   }
 };
 
-// The OR of sixteen lanes, halving the vector (vector ORs, not sixteen lane extractions)
-inline uint32_t or_lanes(I16 v) {
-  typedef int32_t I8 __attribute__((vector_size(8 * sizeof(int32_t))));
-  typedef int32_t I4 __attribute__((vector_size(4 * sizeof(int32_t))));
-  I8 a, b;
-  std::memcpy(&a, &v, sizeof a);
-  std::memcpy(&b, reinterpret_cast<const char*>(&v) + sizeof a, sizeof b);
-  a |= b;
-  I4 c, d;
-  std::memcpy(&c, &a, sizeof c);
-  std::memcpy(&d, reinterpret_cast<const char*>(&a) + sizeof c, sizeof d);
-  c |= d;
-  return static_cast<uint32_t>(c[0] | c[1] | c[2] | c[3]);
-}
-
 // Tokens lo..end of x above `bound` appended to `above`, those at it to `at` (when `at` is given), and the largest
 // value below it folded into `below`: sixteen compared at once, each comparison turned into a bit mask by an AND
 // with the lanes' bits and an OR across lanes, the hits then taken by their bits (no branch per token: ties at
@@ -1091,8 +1094,7 @@ inline uint32_t or_lanes(I16 v) {
 SAMPLEC_VOCAB_LOOP void gather_block(const float* x, int64_t lo, int64_t end, float bound,
                                      std::vector<std::pair<float, int32_t>>& above,
                                      std::vector<std::pair<float, int32_t>>* at, float& below) {
-  const I16 lane_bit = {1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768};
-  const I16 lane_bit_hi = lane_bit << 16;
+  const I16 lane_bit = kLaneBit, lane_bit_hi = kLaneBit << 16;
   const F16 b = F16{} + bound, ninf = F16{} - INFINITY;
   F16 under = ninf;
   int64_t t0 = lo;
