@@ -703,6 +703,46 @@ std::vector<mx::array> argmax_put(const mx::array& x, const mx::array& ids, cons
   return make(ArgmaxPut{}, {{x.shape(0), 1}}, {mx::int32}, {x, ids, vals});
 }
 
+// take_along(put_along(x, ids, vals), idx) without writing the [B, V] result: at each idx the value put there (a
+// repeated id carries equal values) or x's. Indices are clamped into the row, as the MLX kernels clamp theirs.
+// (ids, vals: [B, H]; idx: [B, G]; out: [B, G] float32.)
+struct TakePut {
+  static constexpr const char* kName = "SamplecTakePut";
+  bool operator==(const TakePut&) const { return true; }
+  void operator()(std::vector<mx::array>& in, std::vector<mx::array>& out) const {
+    const int64_t rows = in[0].shape(0), n = in[0].shape(1), h = in[1].shape(1), g = in[3].shape(1);
+    const Rows<float> x(in[0]), vals(in[2]);
+    const Rows<int32_t> ids(in[1]), idx(in[3]);
+    float* o = out[0].data<float>();
+    std::vector<std::pair<int32_t, float>> put;
+    auto clamp = [n](int32_t i) { return static_cast<int32_t>(std::min<int64_t>(std::max<int32_t>(i, 0), n - 1)); };
+    for (int64_t r = 0; r < rows; ++r) {
+      put.clear();
+      for (int64_t j = 0; j < h; ++j) put.emplace_back(clamp(ids(r, j)), vals(r, j));
+      std::sort(put.begin(), put.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+      for (int64_t j = 0; j < g; ++j) {
+        const int32_t at = clamp(idx(r, j));
+        auto it = std::lower_bound(put.begin(), put.end(), at, [](const auto& e, int32_t v) { return e.first < v; });
+        o[r * g + j] = it != put.end() && it->first == at ? it->second : x(r, at);
+      }
+    }
+  }
+};
+
+std::vector<mx::array> take_put(const mx::array& x, const mx::array& ids, const mx::array& vals,
+                                const mx::array& idx) {
+  need_rows(x, mx::float32, "take_put");
+  need_rows(ids, mx::int32, "take_put");
+  need_rows(vals, mx::float32, "take_put");
+  need_rows(idx, mx::int32, "take_put");
+  const int B = x.shape(0);
+  if (ids.shape(0) != B || vals.shape(0) != B || idx.shape(0) != B || vals.shape(1) != ids.shape(1) ||
+      x.shape(1) < 1) {
+    throw std::invalid_argument("take_put: ids, vals [B, H] and idx [B, G] for x [B, V]");
+  }
+  return make(TakePut{}, {{B, idx.shape(1)}}, {mx::float32}, {x, ids, vals, idx});
+}
+
 mx::array block_max(const mx::array& x, int bs) {
   need_rows(x, mx::float32, "block_max");
   const int64_t nb = (x.shape(1) + bs - 1) / bs;
@@ -2011,6 +2051,8 @@ NB_MODULE(_ext, m) {
         "The sampler chain (stage codes: 0 temperature, 1 top_k, 2 top_p, 3 min_p, 4 top_n_sigma, 5 typical_p, "
         "6 xtc; terminal 0 greedy, 1 sample) on each row of x: [token [B, 1], logprob [B, 1], (want_x) the final "
         "logits [B, V] or (want_probs) their softmax].");
+  m.def("take_put", &take_put, nb::arg("x"), nb::arg("ids"), nb::arg("vals"), nb::arg("idx"),
+        "take_along(put_along(x, ids, vals), idx) without writing the [B, V] result");
   m.def("argmax_put", &argmax_put, nb::arg("x"), nb::arg("ids"), nb::arg("vals"),
         "argmax of put_along(x, ids, vals) along the rows, without writing it: [B, 1] int32.");
   m.def("row_logsumexp", &row_logsumexp, nb::arg("x"),

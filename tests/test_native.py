@@ -535,3 +535,42 @@ def test_draw_over_compacted_kept_tokens_equals_the_reference(kind):
                           ("sample", {"seed": seed, "position": seed * 7}))
         assert int(np.array(out.token)[0]) == ref["token"], (kind, seed)
         np.testing.assert_allclose(np.array(out.logprob)[0], ref["logprob"], atol=2e-4, rtol=1e-4)
+
+
+def test_take_put_is_take_along_of_put_along(pure):
+    """take_along(put_along(x, ids, vals), idx) without writing the [B, V] result: the MLX kernels' values, with
+    repeated ids (carrying equal values, as penalties write them) and indices the kernels clamp."""
+    rng = np.random.default_rng(4)
+    B, V, H, G = 3, 500, 40, 25
+    x = rng.standard_normal((B, V)).astype(np.float32)
+    ids = rng.integers(0, 60, (B, H)).astype(np.int32)            # many repeats
+    vals = (ids * 0.5 - 3).astype(np.float32)                      # equal values at equal ids
+    idx = rng.integers(-2, 70, (B, G)).astype(np.int32)           # some outside the row: clamped
+    idx[:, 0] = V + 5
+    got = np.array(native.take_put(mx.array(x), mx.array(ids), mx.array(vals), mx.array(idx)))
+    put = kernels.KERNELS["put_along"]([mx.array(x), mx.array(ids), mx.array(vals)], {})
+    want = np.array(kernels.KERNELS["take_along"]([put, mx.array(idx)], {}))
+    assert np.array_equal(got, want)
+
+
+def test_penalties_after_penalties_are_one_list_of_edits(pure):
+    """vLLM's two penalty stages: the chain kernel takes both put_alongs as one list of edits, in order (the
+    second reading the first's values through take_put) -- the same tokens, logprobs and final distribution as
+    without the native primitives and as -O0, with tokens in both histories (the second stage's value wins)."""
+    src = ("sampler s(a: tokens, b: tokens, r: float, f: float, seed: seed) -> token, logprob, probs { "
+           "penalties(a, repeat = r) penalties(b, frequency = f, presence = 2.0) temperature(0.8) sample(seed) }")
+    rng = np.random.default_rng(2)
+    V = 3000
+    x = rng.standard_normal((4, V)).astype(np.float32) * 2
+    a = rng.integers(-1, 50, (4, 32)).astype(np.int32)            # the same few tokens in both histories
+    b = rng.integers(-1, 50, (4, 8)).astype(np.int32)
+    x[:, :50] += 6                                                  # ... and the likely ones
+    kw = dict(a=a, b=b, r=[1.3, 1.1, 2.0, 0.8], f=[0.5, 0.0, 1.0, 0.2])
+    for seed in range(5):
+        got = samplec.compile(src, opt_level=2)(x, seed=seed, **kw)
+        with pure:
+            want = samplec.compile(src, opt_level=2)(x, seed=seed, **kw)
+        ref = samplec.compile(src, opt_level=0)(x, seed=seed, **kw)
+        assert np.array(got.token).tolist() == np.array(want.token).tolist() == np.array(ref.token).tolist()
+        np.testing.assert_allclose(np.array(got.logprob), np.array(ref.logprob), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(np.array(got.probs), np.array(ref.probs), rtol=1e-5, atol=1e-7)

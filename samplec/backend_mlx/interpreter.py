@@ -32,6 +32,11 @@ class Chain:
         self.draw, self.stages, self.logprobs, self.want_x = draw, stages, logprobs, want_x and not softmax
         self.softmax = softmax      # (reduce_max, sub, exp, reduce_sum, div) of the probs pattern, or ()
         self.edit = edit            # put_along(x, ids, values) read by the chain alone (penalties), or None
+        # ... and the put_alongs under it (penalties after penalties): one list of edits, applied in order
+        self.edits: tuple[Node, ...] = ()
+        while edit is not None:
+            self.edits = (edit, *self.edits)
+            edit = edit.inputs[0] if edit.inputs[0].op == "put_along" else None
         self.top = top              # argmax(x) and its take_along(x, .) users (the logits checks), or ()
         self.x = stages[0].inputs[0] if stages else draw.inputs[0]
 
@@ -44,6 +49,12 @@ class Chain:
         x, edits = env.get(id(self.x)), ()
         if self.edit is not None:
             x, *edits = (env[id(i)] for i in self.edit.inputs)
+            if len(self.edits) > 1:         # (the kernel writes them in order: a later id wins, as put_along's do)
+                ids = [env[id(e.inputs[1])] for e in self.edits]
+                if all(i.ndim == 2 and i.shape[0] == x.shape[0] for i in ids):
+                    vals = [mx.broadcast_to(env[id(e.inputs[2])], i.shape) for e, i in zip(self.edits, ids)]
+                    x = env[id(self.edits[0].inputs[0])]
+                    edits = [mx.concatenate(ids, axis=-1), mx.concatenate(vals, axis=-1)]
         out = native.sample_chain(x, params, [s.op for s in self.stages], self.draw.op, bool(self.logprobs),
                                   self.want_x, bool(self.softmax), tuple(edits), bool(self.top))
         if out is None:

@@ -15,6 +15,7 @@ and `SAMPLEC_NATIVE=0` runs every node through its MLX-ops kernel.
     random_bits(expand(seed), cast<u32>(ids), cast<u32>(expand(pos)))  -> threefry_bits(seed, ids, pos)
     argmax(x), take_along(a_i, it)..., squeeze(those)                   -> argmax_take(x, [a_i...], flat)
     argmax(put_along(x, ids, vals))                  -> argmax_put(x, ids, vals) (greedy after penalties)
+    take_along(put_along(x, ids, vals), idx)         -> take_put(x, ids, vals, idx) (a penalty after a penalty)
     reduce_max(x) (f32 [B, V])                       -> row_max(x); of a softmax (`probs`): row_softmax(x)
     logprob_at(x, idx) outside a chain              -> row_logsumexp(x) and a gather
 
@@ -145,8 +146,14 @@ def _log_softmax(node: Node, users: Users, env: Env):
 
 
 def _take_along(node: Node, users: Users, env: Env):
-    """take_along(log_softmax(x), idx) -> (x[idx] - max) - log Z: a gather, not a pass over the vocabulary."""
+    """take_along(log_softmax(x), idx) -> (x[idx] - max) - log Z: a gather, not a pass over the vocabulary.
+    take_along(put_along(x, ids, vals), idx) -> the values put there or x's (a second penalty reading the first's
+    result): the [B, V] put_along is then never written when the chain kernel takes both as edits."""
     src = node.inputs[0]
+    if src.op == "put_along" and src.type.dtype == "f32":
+        base, ids, vals = (env[id(i)] for i in src.inputs)
+        out = native.take_put(base, ids, vals, env[id(node.inputs[1])])
+        return None if out is None else {id(node): out}
     if src.op != "log_softmax" or ("lse", id(src)) not in env:
         return None
     x, m, lz, _ = env[("lse", id(src))]

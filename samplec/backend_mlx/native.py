@@ -106,6 +106,19 @@ def argmax_put(x: mx.array, ids: mx.array, vals: mx.array) -> mx.array | None:
     return _native.argmax_put(x, ids, vals)[0]
 
 
+def take_put(x: mx.array, ids: mx.array, vals: mx.array, idx: mx.array) -> mx.array | None:
+    """take_along(put_along(x, ids, vals), idx) ([B, G] float32), without writing the [B, V] result."""
+    if not (_rows(x) and ids.ndim == 2 and vals.ndim == 2 and idx.ndim == 2 and hasattr(_native, "take_put")):
+        return None
+    B = x.shape[0]
+    if any(a.shape[0] not in (1, B) for a in (ids, vals, idx)):
+        return None
+    ids = mx.broadcast_to(ids.astype(mx.int32), (B, ids.shape[-1]))
+    vals = mx.broadcast_to(vals.astype(mx.float32), (B, ids.shape[-1]))
+    idx = mx.broadcast_to(idx.astype(mx.int32), (B, idx.shape[-1]))
+    return _native.take_put(x, ids, vals, idx)[0]
+
+
 def row_logsumexp(x: mx.array) -> mx.array | None:
     """[B, 2]: each row's maximum and log sum exp(x - maximum), in one vectorized pass."""
     if not (_rows(x) and x.shape[-1] >= 1 and hasattr(_native, "row_logsumexp")):
@@ -168,4 +181,4 @@ def sample_chain(x: mx.array, params: list[mx.array], stages: list[str], termina
 
 
 __all__ = ["enabled", "installed", "wake", "release", "evaluate", "threefry_bits", "block_max", "topk_select",
-           "argmax_take", "sample_chain", "CHAIN_STAGES", "row_logsumexp", "row_max", "row_softmax", "argmax_put", "top_logprob_ids"]
+           "argmax_take", "sample_chain", "CHAIN_STAGES", "row_logsumexp", "row_max", "row_softmax", "argmax_put", "take_put", "top_logprob_ids"]
