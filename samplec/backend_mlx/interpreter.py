@@ -31,8 +31,8 @@ class Chain:
                  softmax: tuple[Node, ...] = (), edit: Node | None = None, top: tuple[Node, ...] = ()):
         self.draw, self.stages, self.logprobs, self.want_x = draw, stages, logprobs, want_x and not softmax
         self.softmax = softmax      # (reduce_max, sub, exp, reduce_sum, div) of the probs pattern, or ()
-        self.edit = edit            # put_along(x, ids, values) read by the chain alone (penalties), or None
-        # ... and the put_alongs under it (penalties after penalties): one list of edits, applied in order
+        # the put_along(x, ids, values) read by the chain alone (penalties), and the put_alongs under it (penalties
+        # after penalties): one list of edits, applied in order; () without one
         self.edits: tuple[Node, ...] = ()
         while edit is not None:
             self.edits = (edit, *self.edits)
@@ -41,14 +41,14 @@ class Chain:
         self.x = stages[0].inputs[0] if stages else draw.inputs[0]
 
     def nodes(self) -> list[Node]:
-        return list(self.top) + ([self.edit] if self.edit else []) + self.stages + [self.draw] + self.logprobs + \
+        return list(self.top) + list(self.edits[-1:]) + self.stages + [self.draw] + self.logprobs + \
             list(self.softmax)
 
     def run(self, env: dict) -> dict | None:
         params = [env[id(i)] for s in self.stages for i in s.inputs[1:]] + [env[id(i)] for i in self.draw.inputs[1:]]
         x, edits = env.get(id(self.x)), ()
-        if self.edit is not None:
-            x, *edits = (env[id(i)] for i in self.edit.inputs)
+        if self.edits:
+            x, *edits = (env[id(i)] for i in self.edits[-1].inputs)
             if len(self.edits) > 1:         # (the kernel writes them in order: a later id wins, as put_along's do)
                 ids = [env[id(e.inputs[1])] for e in self.edits]
                 if all(i.ndim == 2 and i.shape[0] == x.shape[0] for i in ids):
