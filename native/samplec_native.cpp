@@ -650,7 +650,7 @@ struct ArgmaxTake {
   }
 };
 
-// argmax of put_along(x, ids, vals) without writing it: x with vals at ids (a repeated id carries equal values),
+// argmax of put_along(x, ids, vals) without writing it: x with vals at ids (a repeated id: its last entry's value),
 // MLX's argmax on it (the first maximum, a NaN winning). [B, 1] int32. (ids, vals: [B, H], int32 / float32.)
 struct ArgmaxPut {
   static constexpr const char* kName = "SamplecArgmaxPut";
@@ -668,26 +668,30 @@ struct ArgmaxPut {
         const int32_t id = ids(r, j);
         if (id >= 0 && id < n) put.emplace_back(id, vals(r, j));
       }
-      std::sort(put.begin(), put.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+      std::stable_sort(put.begin(), put.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
       const float* row = x.row(r, n, buf);
+      // candidates in position order -- the plain stretches between written ids (their maximum in one vectorized
+      // pass each) and the written values -- the first strictly greater one winning (a NaN above all); the winning
+      // stretch's first position holding its maximum
       float best = 0.0f;
-      int64_t at = -1;
+      int64_t at = -1, lo = 0, hi = 0;     // (at < 0: no candidate yet; [lo, hi): the winning stretch)
+      auto stretch = [&](int64_t a, int64_t b) {
+        if (b <= a) return;
+        const float m = max_nan(row + a, b - a);
+        if (at < 0 || greater_nan(m, best)) best = m, at = a, lo = a, hi = b;
+      };
       size_t k = 0;
       int64_t start = 0;
-      auto scan = [&](int64_t lo, int64_t hi) {      // plain stretch [lo, hi)
-        for (int64_t i = lo; i < hi; ++i) {
-          if (at < 0 || greater_nan(row[i], best)) best = row[i], at = i;
-        }
-      };
       while (k < put.size()) {
         const int64_t id = put[k].first;
-        scan(start, id);
-        const float v = put[k].second;
-        if (at < 0 || greater_nan(v, best)) best = v, at = id;
-        while (k < put.size() && put[k].first == id) ++k;
+        stretch(start, id);
+        while (k + 1 < put.size() && put[k + 1].first == id) ++k;     // (the last write of an id wins)
+        const float v = put[k++].second;
+        if (at < 0 || greater_nan(v, best)) best = v, at = id, lo = hi = 0;
         start = id + 1;
       }
-      scan(start, n);
+      stretch(start, n);
+      if (hi > lo) at = lo + first_of(row + lo, hi - lo, best);
       pos[r] = static_cast<int32_t>(at < 0 ? 0 : at);
     }
   }
@@ -703,44 +707,98 @@ std::vector<mx::array> argmax_put(const mx::array& x, const mx::array& ids, cons
   return make(ArgmaxPut{}, {{x.shape(0), 1}}, {mx::int32}, {x, ids, vals});
 }
 
-// take_along(put_along(x, ids, vals), idx) without writing the [B, V] result: at each idx the value put there (a
-// repeated id carries equal values) or x's. Indices are clamped into the row, as the MLX kernels clamp theirs.
-// (ids, vals: [B, H]; idx: [B, G]; out: [B, G] float32.)
-struct TakePut {
-  static constexpr const char* kName = "SamplecTakePut";
-  bool operator==(const TakePut&) const { return true; }
+// penalties' edits, one primitive for the whole stage: the history window's ids and the penalized logits there,
+// as the stage's dense definition (samplec/frontend/expand.py `penalties`) computes them, and whether one of those
+// overflows float32 (+inf). Entry j of row r counts when hist[r, j] >= 0 and it lies in the last last_n entries
+// (last_n == -1: all); an entry that does not count reads token 0 (ids[r, j] = 0), as the dense definition's
+// gather does, and carries token 0's value. A token's count is the number of counted entries holding it; where it
+// is > 0 its logit v becomes (v > 0 ? v / repeat : v * repeat) - (count * frequency + presence), in float32 step
+// by step (this function is compiled without FMA: no contraction). Optional prior edits (ids, vals) [B, P] are
+// read first (a penalty after a penalty reads the first one's result; a later entry wins, as put_along's do).
+// in = [x [B, V], hist [B, H], last_n [B, 1] i32, repeat, frequency, presence [B, 1] f32 (any strides: a
+// broadcast row), (prior ids, prior vals)]; out = [ids [B, H] i32, vals [B, H] f32, overflow [B] bool].
+struct PenaltyEdits {
+  static constexpr const char* kName = "SamplecPenaltyEdits";
+  bool operator==(const PenaltyEdits&) const { return true; }
   void operator()(std::vector<mx::array>& in, std::vector<mx::array>& out) const {
-    const int64_t rows = in[0].shape(0), n = in[0].shape(1), h = in[1].shape(1), g = in[3].shape(1);
-    const Rows<float> x(in[0]), vals(in[2]);
-    const Rows<int32_t> ids(in[1]), idx(in[3]);
-    float* o = out[0].data<float>();
+    const int64_t rows = in[0].shape(0), n = in[0].shape(1), h = in[1].shape(1);
+    const Rows<float> x(in[0]), rep(in[3]), freq(in[4]), pres(in[5]);
+    const Rows<int32_t> hist(in[1]), last_n(in[2]);
+    const bool prior = in.size() == 8;
+    const int64_t p = prior ? in[6].shape(1) : 0;
+    int32_t* ids = out[0].data<int32_t>();
+    float* vals = out[1].data<float>();
+    bool* over = out[2].data<bool>();
+    std::vector<int32_t> seen;
     std::vector<std::pair<int32_t, float>> put;
-    auto clamp = [n](int32_t i) { return static_cast<int32_t>(std::min<int64_t>(std::max<int32_t>(i, 0), n - 1)); };
+    auto clamp = [n](int64_t i) { return static_cast<int32_t>(std::min<int64_t>(std::max<int64_t>(i, 0), n - 1)); };
     for (int64_t r = 0; r < rows; ++r) {
-      put.clear();
-      for (int64_t j = 0; j < h; ++j) put.emplace_back(clamp(ids(r, j)), vals(r, j));
-      std::sort(put.begin(), put.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
-      for (int64_t j = 0; j < g; ++j) {
-        const int32_t at = clamp(idx(r, j));
-        auto it = std::lower_bound(put.begin(), put.end(), at, [](const auto& e, int32_t v) { return e.first < v; });
-        o[r * g + j] = it != put.end() && it->first == at ? it->second : x(r, at);
+      const int64_t ln = last_n(r, 0);
+      seen.clear();
+      for (int64_t j = 0; j < h; ++j) {
+        const int32_t id = hist(r, j);
+        const bool valid = id >= 0 && (ln == -1 || j >= h - ln);
+        ids[r * h + j] = valid ? clamp(id) : 0;
+        if (valid) seen.push_back(ids[r * h + j]);
       }
+      std::sort(seen.begin(), seen.end());
+      put.clear();
+      if (prior) {
+        const Rows<int32_t> pid(in[6]);
+        const Rows<float> pval(in[7]);
+        for (int64_t j = 0; j < p; ++j) put.emplace_back(clamp(pid(r, j)), pval(r, j));
+        std::stable_sort(put.begin(), put.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+      }
+      const float rr = rep(r, 0), ff = freq(r, 0), pp = pres(r, 0);
+      bool overflow = false;
+      for (int64_t j = 0; j < h; ++j) {
+        const int32_t id = ids[r * h + j];
+        float v = x(r, id);
+        if (prior) {     // the last prior entry for id, if any
+          auto it = std::upper_bound(put.begin(), put.end(), id, [](int32_t a, const auto& e) { return a < e.first; });
+          if (it != put.begin() && (it - 1)->first == id) v = (it - 1)->second;
+        }
+        const auto [lo, hi] = std::equal_range(seen.begin(), seen.end(), id);
+        const float count = static_cast<float>(hi - lo);
+        if (count > 0.0f) {
+          const float scaled = v > 0.0f ? v / rr : v * rr;
+          const float spent = count * ff;
+          const float penalty = spent + pp;
+          v = scaled - penalty;
+        }
+        vals[r * h + j] = v;
+        overflow |= v == INFINITY;
+      }
+      over[r] = overflow;
     }
   }
 };
 
-std::vector<mx::array> take_put(const mx::array& x, const mx::array& ids, const mx::array& vals,
-                                const mx::array& idx) {
-  need_rows(x, mx::float32, "take_put");
-  need_rows(ids, mx::int32, "take_put");
-  need_rows(vals, mx::float32, "take_put");
-  need_rows(idx, mx::int32, "take_put");
-  const int B = x.shape(0);
-  if (ids.shape(0) != B || vals.shape(0) != B || idx.shape(0) != B || vals.shape(1) != ids.shape(1) ||
-      x.shape(1) < 1) {
-    throw std::invalid_argument("take_put: ids, vals [B, H] and idx [B, G] for x [B, V]");
+std::vector<mx::array> penalty_edits(const mx::array& x, const mx::array& hist, const mx::array& last_n,
+                                     const mx::array& repeat, const mx::array& frequency, const mx::array& presence,
+                                     const std::vector<mx::array>& prior) {
+  need_rows(x, mx::float32, "penalty_edits");
+  need_rows(hist, mx::int32, "penalty_edits");
+  need_rows(last_n, mx::int32, "penalty_edits");
+  const int B = x.shape(0), H = hist.shape(1);
+  for (const auto* a : {&repeat, &frequency, &presence}) need_rows(*a, mx::float32, "penalty_edits");
+  for (const auto* a : {&hist, &last_n, &repeat, &frequency, &presence}) {
+    if (a->shape(0) != B) throw std::invalid_argument("penalty_edits: operands must have B rows");
   }
-  return make(TakePut{}, {{B, idx.shape(1)}}, {mx::float32}, {x, ids, vals, idx});
+  if (x.shape(1) < 1 || last_n.shape(1) != 1 || repeat.shape(1) != 1 || frequency.shape(1) != 1 ||
+      presence.shape(1) != 1) {
+    throw std::invalid_argument("penalty_edits: parameters are [B, 1], x [B, V] with V >= 1");
+  }
+  std::vector<mx::array> ins = {x, hist, last_n, repeat, frequency, presence};
+  if (!prior.empty()) {
+    if (prior.size() != 2 || prior[0].dtype() != mx::int32 || prior[1].dtype() != mx::float32 ||
+        prior[0].ndim() != 2 || prior[0].shape() != prior[1].shape() || prior[0].shape(0) != B) {
+      throw std::invalid_argument("penalty_edits: prior edits are ids int32 [B, P] and values float32 [B, P]");
+    }
+    ins.push_back(prior[0]);
+    ins.push_back(prior[1]);
+  }
+  return make(PenaltyEdits{}, {{B, H}, {B, H}, {B}}, {mx::int32, mx::float32, mx::bool_}, ins);
 }
 
 mx::array block_max(const mx::array& x, int bs) {
@@ -1876,15 +1934,51 @@ struct SampleChain {
     for (int64_t r = 0; r < rows; ++r) {
       ChainRow row;
       row.x = xs.row(r, V, buf);
+      // (want_top: MLX's argmax of the input row and the value there -- the logits checks' pass, shared; with
+      // edits, of the row before them: its block maxima first, then those of the few blocks the edits touch)
+      int32_t* top_pos = want_top ? out[out.size() - 2].data<int32_t>() + r : nullptr;
+      float* top_val = want_top ? out[out.size() - 1].data<float>() + r : nullptr;
+      auto top_from_blocks = [&](const float* v) {     // the first block holding the maximum holds its first position
+        const float top = max_nan(bm.data(), nb);
+        int64_t c = 0;
+        if (top == top) {
+          while (c + 1 < nb && bm[c] != top) ++c;
+        } else {
+          while (c + 1 < nb && bm[c] == bm[c]) ++c;
+        }
+        const int64_t lo = c * bs, n = std::min<int64_t>(V, lo + bs) - lo;
+        const int64_t at = lo + std::min<int64_t>(first_of(v + lo, n, top), n - 1);
+        *top_pos = static_cast<int32_t>(at);
+        *top_val = v[at];
+      };
+      bool blocks_ready = false;
       if (edited) {
         const Rows<int32_t> ids(in[in.size() - 2]);
         const Rows<float> vals(in[in.size() - 1]);
+        if (want_top) {
+          block_max_row(row.x, V, nb, bs, bm.data());
+          top_from_blocks(row.x);
+        }
         scratch.assign(row.x, row.x + V);
-        for (int64_t j = 0, h = in.back().shape(1); j < h; ++j) {
+        const int64_t h = in.back().shape(1);
+        for (int64_t j = 0; j < h; ++j) {
           const int32_t id = ids(r, j);
           if (id >= 0 && id < V) scratch[id] = vals(r, j);
         }
         row.x = scratch.data();
+        if (want_top) {      // the edited blocks' maxima again
+          for (int64_t j = 0; j < h; ++j) {
+            const int32_t id = ids(r, j);
+            if (id < 0 || id >= V) continue;
+            const int64_t c = id / bs;
+            float m = -INFINITY;
+            for (int64_t i = c * bs; i < std::min<int64_t>(V, (c + 1) * bs); ++i) {
+              if (greater_nan(row.x[i], m)) m = row.x[i];
+            }
+            bm[c] = m;
+          }
+          blocks_ready = true;
+        }
       }
       row.V = V;
       row.stages = &stages;
@@ -1919,32 +2013,17 @@ struct SampleChain {
         row.k1 = static_cast<uint32_t>(seed & 0xFFFFFFFFu);
         row.pos = Rows<uint32_t>(in[at + 1])(r, 0);
       }
-      // (want_top: MLX's argmax of the input row and the value there -- the logits checks' pass, shared)
-      int32_t* top_pos = want_top ? out[out.size() - 2].data<int32_t>() + r : nullptr;
-      float* top_val = want_top ? out[out.size() - 1].data<float>() + r : nullptr;
       if (greedy_row(row, token + r)) {
         logprob[r] = 0.0f;
-        if (want_top) {
+        if (want_top && !edited) {
           *top_pos = static_cast<int32_t>(first_of(row.x, V, max_nan(row.x, V)));
           *top_val = row.x[*top_pos];
         }
         continue;
       }
-      block_max_row(row.x, V, nb, bs, bm.data());
+      if (!blocks_ready) block_max_row(row.x, V, nb, bs, bm.data());
       logprob[r] = 0.0f;
-      if (want_top) {            // the first block holding the maximum holds its first position
-        const float top = max_nan(bm.data(), nb);
-        int64_t c = 0;
-        if (top == top) {
-          while (c + 1 < nb && bm[c] != top) ++c;
-        } else {
-          while (c + 1 < nb && bm[c] == bm[c]) ++c;
-        }
-        const int64_t lo = c * bs, n = std::min<int64_t>(V, lo + bs) - lo;
-        const int64_t at = lo + std::min<int64_t>(first_of(row.x + lo, n, top), n - 1);
-        *top_pos = static_cast<int32_t>(at);
-        *top_val = row.x[at];
-      }
+      if (want_top && !edited) top_from_blocks(row.x);
       if (std::isnan(max_nan(bm.data(), nb))) {   // NaN logits: the program's checks report the row
         token[r] = 0;
         logprob[r] = NAN;
@@ -2021,7 +2100,6 @@ std::vector<mx::array> sample_chain(const mx::array& x, const std::vector<mx::ar
     dtypes.push_back(mx::float32);
   }
   if (want_top) {
-    if (!edits.empty()) throw std::invalid_argument("sample_chain: want_top reads an unedited row");
     shapes.push_back({B, 1});
     dtypes.push_back(mx::int32);
     shapes.push_back({B, 1});
@@ -2051,8 +2129,10 @@ NB_MODULE(_ext, m) {
         "The sampler chain (stage codes: 0 temperature, 1 top_k, 2 top_p, 3 min_p, 4 top_n_sigma, 5 typical_p, "
         "6 xtc; terminal 0 greedy, 1 sample) on each row of x: [token [B, 1], logprob [B, 1], (want_x) the final "
         "logits [B, V] or (want_probs) their softmax].");
-  m.def("take_put", &take_put, nb::arg("x"), nb::arg("ids"), nb::arg("vals"), nb::arg("idx"),
-        "take_along(put_along(x, ids, vals), idx) without writing the [B, V] result");
+  m.def("penalty_edits", &penalty_edits, nb::arg("x"), nb::arg("hist"), nb::arg("last_n"), nb::arg("repeat"),
+        nb::arg("frequency"), nb::arg("presence"), nb::arg("prior") = std::vector<mx::array>{},
+        "penalties' edits: [ids [B, H] int32, penalized values [B, H] float32, overflow [B] bool] (the window's "
+        "ids, 0 where an entry does not count; the logits there penalized; whether one is +inf).");
   m.def("argmax_put", &argmax_put, nb::arg("x"), nb::arg("ids"), nb::arg("vals"),
         "argmax of put_along(x, ids, vals) along the rows, without writing it: [B, 1] int32.");
   m.def("row_logsumexp", &row_logsumexp, nb::arg("x"),

@@ -29,7 +29,7 @@ from samplec.passes.rewrite import rewrite
 
 SEP = "\x1f"                       # between a node's name hint and its stage tag (never in a printed name)
 LOGITS, OUTPUTS = -1, 10 ** 6     # the groups before and after the stages: the logits checks, the outputs
-DENSE_OPS = set(STAGE_OPS) | set(DRAW_OPS) | {"logprob_at"}
+DENSE_OPS = set(STAGE_OPS) | set(DRAW_OPS) | {"logprob_at", "penalties", "penalties_overflow"}
 _SHAPE_OPS = {"const", "expand", "squeeze", "cast", "iota"}
 
 # what each native rule of lowering.RULES computes its node with (the primitive of samplec-native)
@@ -388,6 +388,9 @@ def _runs(grp: Group, ex: Explained) -> None:
                                 "the native chain kernel")
         elif chain is not None and ex.chain_native:
             grp.runs.append(f"{name} = {n.op}: chain #{chain[0] + 1}, the native chain kernel")
+        elif n.op in ("penalties", "penalties_overflow") and ex.native:
+            grp.runs.append(f"{name} = {n.op}: the native penalty_edits (the window's ids, their penalized logits "
+                            "and the check's flag in one primitive, shared by the stage and its check)")
         elif n.op == "logprob_at" and ex.native:
             grp.runs.append(f"{name} = logprob_at: the native row_logsumexp and a gather")
         elif n.op in DENSE_OPS:

@@ -35,7 +35,8 @@ from samplec.schema_gen import Program as fb_program
 from samplec.schema_gen import Scalar as fb_scalar
 from samplec.schema_gen.ScalarKind import ScalarKind
 
-FORMAT_VERSION = 3               # 2: the SHA-256 seal; no -O2 plans. 3: mass_threshold, no cumsum (ops renumbered)
+FORMAT_VERSION = 4               # 2: the SHA-256 seal; no -O2 plans. 3: mass_threshold, no cumsum (ops renumbered).
+#                                  4: the penalties stage op and its check op (ops renumbered)
 FILE_IDENTIFIER = b"SMPB"
 SEAL_MAGIC = b"SMPBSHA2"
 SEAL_SIZE = len(SEAL_MAGIC) + 32

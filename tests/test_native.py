@@ -537,25 +537,59 @@ def test_draw_over_compacted_kept_tokens_equals_the_reference(kind):
         np.testing.assert_allclose(np.array(out.logprob)[0], ref["logprob"], atol=2e-4, rtol=1e-4)
 
 
-def test_take_put_is_take_along_of_put_along(pure):
-    """take_along(put_along(x, ids, vals), idx) without writing the [B, V] result: the MLX kernels' values, with
-    repeated ids (carrying equal values, as penalties write them) and indices the kernels clamp."""
+def _dense_penalties(op, *ins):
+    from samplec.backend_mlx.interpreter import _run_expansion
+    return np.array(_run_expansion(type("N", (), {"op": op}), [mx.array(i) for i in ins]))
+
+
+def test_penalty_edits_are_the_dense_penalties(pure):
+    """penalty_edits: the window's ids and penalized logits written into x give the stage's dense definition bit for
+    bit, and its flag is the check's -- per-row last_n (-1, 0, inside and beyond H), padding, a row of padding only,
+    token 0 counted and not, repeats, -inf and tied logits, an overflow to +inf; then a second stage reading the
+    first one's edits (prior), where both histories hold the same tokens."""
     rng = np.random.default_rng(4)
-    B, V, H, G = 3, 500, 40, 25
-    x = rng.standard_normal((B, V)).astype(np.float32)
-    ids = rng.integers(0, 60, (B, H)).astype(np.int32)            # many repeats
-    vals = (ids * 0.5 - 3).astype(np.float32)                      # equal values at equal ids
-    idx = rng.integers(-2, 70, (B, G)).astype(np.int32)           # some outside the row: clamped
-    idx[:, 0] = V + 5
-    got = np.array(native.take_put(mx.array(x), mx.array(ids), mx.array(vals), mx.array(idx)))
-    put = kernels.KERNELS["put_along"]([mx.array(x), mx.array(ids), mx.array(vals)], {})
-    want = np.array(kernels.KERNELS["take_along"]([put, mx.array(idx)], {}))
-    assert np.array_equal(got, want)
+    B, V, H = 5, 400, 48
+    x = (np.round(rng.standard_normal((B, V)) * 6) / 2).astype(np.float32)
+    x[0, ::7] = -np.inf
+    x[3, 10] = 3e38                                                   # / 0.7 overflows
+    hist = rng.integers(-1, 60, (B, H)).astype(np.int32)
+    hist[2] = -1
+    hist[3, ::2] = 0
+    hist[3, -1] = 10
+    hist[1, 3] = 0
+    cols = lambda *v, dt=np.float32: np.array(v, dtype=dt)[:, None]
+    args = [hist, cols(-1, 0, 5, 100, 48, dt=np.int32), cols(1.3, 0.5, 1.0, 0.7, 2.0), cols(0.5, 0.0, 1.0, -0.5, 0.25),
+            cols(0.0, 1.0, 0.5, 0.0, -1.0)]
+    ids, vals, over = native.penalty_edits(mx.array(x), *(mx.array(a) for a in args))
+    got = np.array(mx.put_along_axis(mx.array(x), ids, vals, axis=-1))
+    with pure:
+        want = _dense_penalties("penalties", x, *args)
+        want_over = _dense_penalties("penalties_overflow", x, *args)
+    assert np.array_equal(got, want, equal_nan=True) and np.array_equal(np.signbit(got), np.signbit(want))
+    assert np.array(over).tolist() == want_over.tolist() == [False, False, False, True, False]
+    assert not np.array_equal(want, x)
+
+    hist2 = rng.integers(-1, 60, (B, 8)).astype(np.int32)
+    args2 = [hist2, cols(-1, -1, 4, 8, 0, dt=np.int32), cols(1.0, 1.0, 1.0, 1.0, 1.0), cols(0.5, 1.0, 2.0, 0.1, 0.5),
+             cols(1.0, 0.0, 0.5, 2.0, 1.0)]
+    ids2, vals2, _ = native.penalty_edits(mx.array(x), *(mx.array(a) for a in args2), prior=(ids, vals))
+    got2 = np.array(mx.put_along_axis(mx.array(got), ids2, vals2, axis=-1))
+    with pure:
+        want2 = _dense_penalties("penalties", want, *args2)
+    assert np.array_equal(got2, want2, equal_nan=True)
+
+
+def test_argmax_put_takes_the_last_write_of_an_id():
+    """Edits of two penalty stages, one list: an id written twice holds its second value (put_along in order)."""
+    x = np.zeros((2, 200), np.float32)
+    ids = np.array([[5, 9, 5], [7, 7, 3]], np.int32)
+    vals = np.array([[4.0, 2.0, 1.0], [1.0, 3.0, 2.0]], np.float32)      # 5: 4 then 1 -> 9 wins; 7: 1 then 3
+    assert np.array(native.argmax_put(mx.array(x), mx.array(ids), mx.array(vals))).ravel().tolist() == [9, 7]
 
 
 def test_penalties_after_penalties_are_one_list_of_edits(pure):
-    """vLLM's two penalty stages: the chain kernel takes both put_alongs as one list of edits, in order (the
-    second reading the first's values through take_put) -- the same tokens, logprobs and final distribution as
+    """vLLM's two penalty stages: the chain kernel takes both stages' edits as one list, in order (the second
+    computed from the first's values) -- the same tokens, logprobs and final distribution as
     without the native primitives and as -O0, with tokens in both histories (the second stage's value wins)."""
     src = ("sampler s(a: tokens, b: tokens, r: float, f: float, seed: seed) -> token, logprob, probs { "
            "penalties(a, repeat = r) penalties(b, frequency = f, presence = 2.0) temperature(0.8) sample(seed) }")

@@ -422,7 +422,7 @@ def test_raw_writer_agrees_with_the_loader():
     assert print_graph(g).splitlines()[2] == "  %0 = exp %logits : f32[B,V]"
 
 
-@pytest.mark.parametrize("version", [0, 1, 2, 4, 2**32 - 1])
+@pytest.mark.parametrize("version", [0, 1, 2, 3, 5, 2**32 - 1])
 def test_unsupported_version(version):
     rejected(raw_program([EXP], version=version), f"format version {version} is not supported .*recompile")
 

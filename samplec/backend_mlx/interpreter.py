@@ -13,7 +13,8 @@ import mlx.core as mx
 
 from samplec.backend_mlx import native
 from samplec.backend_mlx.kernels import KERNELS
-from samplec.backend_mlx.lowering import RULES, softmax_pattern
+from samplec.backend_mlx.lowering import RULES, penalty_edits, softmax_pattern
+from samplec.backend_mlx.lowering import _joined as joined
 from samplec.diagnostics import SamplecError
 from samplec.frontend.expand import EXPAND
 from samplec.ir.graph import INPUT, Graph, Node
@@ -28,33 +29,26 @@ class Chain:
     that something is only softmax(stage_n) (a `probs` output), the softmax: the kernel writes it directly."""
 
     def __init__(self, draw: Node, stages: list[Node], logprobs: list[Node], want_x: bool,
-                 softmax: tuple[Node, ...] = (), edit: Node | None = None, top: tuple[Node, ...] = ()):
+                 softmax: tuple[Node, ...] = (), edits: tuple[Node, ...] = (), top: tuple[Node, ...] = ()):
         self.draw, self.stages, self.logprobs, self.want_x = draw, stages, logprobs, want_x and not softmax
         self.softmax = softmax      # (reduce_max, sub, exp, reduce_sum, div) of the probs pattern, or ()
-        # the put_along(x, ids, values) read by the chain alone (penalties), and the put_alongs under it (penalties
-        # after penalties): one list of edits, applied in order; () without one
-        self.edits: tuple[Node, ...] = ()
-        while edit is not None:
-            self.edits = (edit, *self.edits)
-            edit = edit.inputs[0] if edit.inputs[0].op == "put_along" else None
+        # the penalties stages read by the chain alone, innermost first: the kernel runs on the logits below them
+        # with their edits written in order (lowering.penalty_edits); () without one
+        self.edits = edits
         self.top = top              # argmax(x) and its take_along(x, .) users (the logits checks), or ()
         self.x = stages[0].inputs[0] if stages else draw.inputs[0]
 
     def nodes(self) -> list[Node]:
-        return list(self.top) + list(self.edits[-1:]) + self.stages + [self.draw] + self.logprobs + \
-            list(self.softmax)
+        return list(self.top) + list(self.edits) + self.stages + [self.draw] + self.logprobs + list(self.softmax)
 
     def run(self, env: dict) -> dict | None:
         params = [env[id(i)] for s in self.stages for i in s.inputs[1:]] + [env[id(i)] for i in self.draw.inputs[1:]]
         x, edits = env.get(id(self.x)), ()
         if self.edits:
-            x, *edits = (env[id(i)] for i in self.edits[-1].inputs)
-            if len(self.edits) > 1:         # (the kernel writes them in order: a later id wins, as put_along's do)
-                ids = [env[id(e.inputs[1])] for e in self.edits]
-                if all(i.ndim == 2 and i.shape[0] == x.shape[0] for i in ids):
-                    vals = [mx.broadcast_to(env[id(e.inputs[2])], i.shape) for e, i in zip(self.edits, ids)]
-                    x = env[id(self.edits[0].inputs[0])]
-                    edits = [mx.concatenate(ids, axis=-1), mx.concatenate(vals, axis=-1)]
+            pen = penalty_edits(self.edits[-1], env)
+            if pen is None:
+                return None
+            x, edits = pen[0], joined(pen[1])
         out = native.sample_chain(x, params, [s.op for s in self.stages], self.draw.op, bool(self.logprobs),
                                   self.want_x, bool(self.softmax), tuple(edits), bool(self.top))
         if out is None:
@@ -94,14 +88,17 @@ def find_chains(graph: Graph) -> list[Chain]:
             while x.op in STAGE_OPS and all(u is stages[-1] for u in users.get(id(x), [])):
                 stages.append(x)
                 x = x.inputs[0]
-        first = stages[-1] if stages else n
-        edit = x if x.op == "put_along" and id(x) not in roots and \
-            all(u is first for u in users.get(id(x), [])) else None
-        top = () if edit else _top_of(x, users)
+        edits, first = [], stages[-1] if stages else n
+        while x.op == "penalties" and id(x) not in roots and all(u is first for u in users.get(id(x), [])):
+            edits.append(x)
+            first, x = x, x.inputs[0]
+        while edits and x.op == "penalties":     # (one read elsewhere too: its edits are the chain's as well)
+            x = x.inputs[0]
+        top = _top_of(x, users)
         if any(id(t) in claimed for t in top):
             top = ()
         claimed.update(id(t) for t in top)
-        chains.append(Chain(n, stages[::-1], logprobs, want_x, softmax, edit, top))
+        chains.append(Chain(n, stages[::-1], logprobs, want_x, softmax, tuple(edits[::-1]), top))
     return chains
 
 

@@ -14,8 +14,11 @@ and `SAMPLEC_NATIVE=0` runs every node through its MLX-ops kernel.
     topk_ids(x, k)                                   -> topk_select(x, k) and pairwise ranks of the k
     random_bits(expand(seed), cast<u32>(ids), cast<u32>(expand(pos)))  -> threefry_bits(seed, ids, pos)
     argmax(x), take_along(a_i, it)..., squeeze(those)                   -> argmax_take(x, [a_i...], flat)
-    argmax(put_along(x, ids, vals))                  -> argmax_put(x, ids, vals) (greedy after penalties)
-    take_along(put_along(x, ids, vals), idx)         -> take_put(x, ids, vals, idx) (a penalty after a penalty)
+    penalties(x, history, ...), penalties_overflow   -> penalty_edits(x, history, ...): the window's ids, their
+      penalized logits and the check's flag in one primitive, shared by both ops (and by a chain that reads the
+      stage: `interpreter.Chain` runs on x with the edits); a penalty after a penalty reads the first one's edits
+    argmax(penalties(x, ...)), argmax(put_along(x, ids, vals))  -> argmax_put(x, ids, vals) (greedy after
+      penalties), without writing the [B, V] result
     reduce_max(x) (f32 [B, V])                       -> row_max(x); of a softmax (`probs`): row_softmax(x)
     logprob_at(x, idx) outside a chain              -> row_logsumexp(x) and a gather
 
@@ -75,12 +78,63 @@ def _gathers(node: Node, users: Users, env: Env, like: mx.array) -> list[Node]:
     return out
 
 
+def penalty_edits(node: Node, env: Env):
+    """(x, [(ids, values) per penalties stage, innermost first], overflow [B]) of a `penalties` node or its
+    `penalties_overflow` (the same operands): the logits below every penalties stage and each stage's edits, which
+    written in order give the node's value -- computed once per operands (the env keeps them), None where the
+    native primitive does not apply."""
+    key = ("pen", *(id(i) for i in node.inputs))
+    if key not in env:
+        x = node.inputs[0]
+        if x.op == "penalties":
+            inner = penalty_edits(x, env)
+            if inner is None:
+                return None
+            base, levels = inner[0], inner[1]
+        else:
+            base, levels = env[id(x)], []
+        out = native.penalty_edits(base, *(env[id(i)] for i in node.inputs[1:]), prior=_joined(levels))
+        if out is None:
+            return None
+        env[key] = (base, levels + [out[:2]], out[2])
+    return env[key]
+
+
+def _joined(levels: list) -> tuple:
+    """Edits in order as one (ids, values) pair: the native primitives write them in order (a later id wins)."""
+    if len(levels) <= 1:
+        return tuple(levels[0]) if levels else ()
+    return mx.concatenate([i for i, _ in levels], axis=-1), mx.concatenate([v for _, v in levels], axis=-1)
+
+
+def _penalties(node: Node, users: Users, env: Env):
+    """penalties(x, ...) where something reads the whole result: x with the edits written in (MLX scatters)."""
+    edits = penalty_edits(node, env)
+    if edits is None:
+        return None
+    x = edits[0]
+    for ids, vals in edits[1]:
+        x = mx.put_along_axis(x, ids, vals, axis=-1)
+    return {id(node): x}
+
+
+def _penalties_overflow(node: Node, users: Users, env: Env):
+    edits = penalty_edits(node, env)
+    return None if edits is None else {id(node): edits[2]}
+
+
 def _argmax(node: Node, users: Users, env: Env):
     src = node.inputs[0]
-    if src.op == "put_along" and not _gathers(node, users, env, env[id(src)]):
+    edited = None
+    if src.op == "penalties":
+        edits = penalty_edits(src, env)
+        edited = edits and (edits[0], *_joined(edits[1]))
+    elif src.op == "put_along":
+        edited = tuple(env[id(i)] for i in src.inputs)
+    if edited is not None and not _gathers(node, users, env, edited[0]):
         # greedy after penalties: the argmax of the logits with the history's penalized values written in, read
         # without writing them (the [B, V] copy is lazy: made only if something else reads it)
-        base, ids, vals = (env[id(i)] for i in src.inputs)
+        base, ids, vals = edited
         out = native.argmax_put(base, ids, vals) if ids.ndim == 2 and vals.ndim == 2 else None
         if out is not None:
             return {id(node): out}
@@ -146,14 +200,8 @@ def _log_softmax(node: Node, users: Users, env: Env):
 
 
 def _take_along(node: Node, users: Users, env: Env):
-    """take_along(log_softmax(x), idx) -> (x[idx] - max) - log Z: a gather, not a pass over the vocabulary.
-    take_along(put_along(x, ids, vals), idx) -> the values put there or x's (a second penalty reading the first's
-    result): the [B, V] put_along is then never written when the chain kernel takes both as edits."""
+    """take_along(log_softmax(x), idx) -> (x[idx] - max) - log Z: a gather, not a pass over the vocabulary."""
     src = node.inputs[0]
-    if src.op == "put_along" and src.type.dtype == "f32":
-        base, ids, vals = (env[id(i)] for i in src.inputs)
-        out = native.take_put(base, ids, vals, env[id(node.inputs[1])])
-        return None if out is None else {id(node): out}
     if src.op != "log_softmax" or ("lse", id(src)) not in env:
         return None
     x, m, lz, _ = env[("lse", id(src))]
@@ -219,6 +267,8 @@ def _logprob_at(node: Node, users: Users, env: Env):
 
 
 RULES: dict[str, Rule] = {
+    "penalties": _penalties,
+    "penalties_overflow": _penalties_overflow,
     "logprob_at": _logprob_at,
     "reduce_max": _reduce_max,
     "log_softmax": _log_softmax,

@@ -106,17 +106,20 @@ def argmax_put(x: mx.array, ids: mx.array, vals: mx.array) -> mx.array | None:
     return _native.argmax_put(x, ids, vals)[0]
 
 
-def take_put(x: mx.array, ids: mx.array, vals: mx.array, idx: mx.array) -> mx.array | None:
-    """take_along(put_along(x, ids, vals), idx) ([B, G] float32), without writing the [B, V] result."""
-    if not (_rows(x) and ids.ndim == 2 and vals.ndim == 2 and idx.ndim == 2 and hasattr(_native, "take_put")):
+def penalty_edits(x: mx.array, hist: mx.array, last_n: mx.array, repeat: mx.array, frequency: mx.array,
+                  presence: mx.array, prior: tuple = ()) -> tuple[mx.array, mx.array, mx.array] | None:
+    """penalties(x, hist, last_n, repeat, frequency, presence) as its edits, in one primitive: (ids [B, H] int32,
+    values [B, H] float32, overflow [B] bool) with put_along(x, ids, values) the stage's result and `overflow` its
+    check (a penalized logit is +inf). The parameters are [B, 1], [B], [1] or scalars. `prior` (ids, values):
+    earlier edits of x, read first (a penalty after a penalty)."""
+    if not (_rows(x) and hist.ndim == 2 and hist.dtype == mx.int32 and hasattr(_native, "penalty_edits")):
         return None
     B = x.shape[0]
-    if any(a.shape[0] not in (1, B) for a in (ids, vals, idx)):
+    if hist.shape[0] != B or any(p.size not in (1, B) for p in (last_n, repeat, frequency, presence)):
         return None
-    ids = mx.broadcast_to(ids.astype(mx.int32), (B, ids.shape[-1]))
-    vals = mx.broadcast_to(vals.astype(mx.float32), (B, ids.shape[-1]))
-    idx = mx.broadcast_to(idx.astype(mx.int32), (B, idx.shape[-1]))
-    return _native.take_put(x, ids, vals, idx)[0]
+    col = lambda p, dt: mx.broadcast_to((p if p.dtype == dt else p.astype(dt)).reshape(-1, 1), (B, 1))
+    return tuple(_native.penalty_edits(x, hist, col(last_n, mx.int32), col(repeat, mx.float32),
+                                       col(frequency, mx.float32), col(presence, mx.float32), list(prior)))
 
 
 def row_logsumexp(x: mx.array) -> mx.array | None:
@@ -181,4 +184,5 @@ def sample_chain(x: mx.array, params: list[mx.array], stages: list[str], termina
 
 
 __all__ = ["enabled", "installed", "wake", "release", "evaluate", "threefry_bits", "block_max", "topk_select",
-           "argmax_take", "sample_chain", "CHAIN_STAGES", "row_logsumexp", "row_max", "row_softmax", "argmax_put", "take_put", "top_logprob_ids"]
+           "argmax_take", "sample_chain", "CHAIN_STAGES", "row_logsumexp", "row_max", "row_softmax", "argmax_put", "penalty_edits",
+           "top_logprob_ids"]

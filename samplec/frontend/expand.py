@@ -1,5 +1,5 @@
 """The dense definitions of the stage ops: each stage op (samplec/ir/ops.py: `temperature`, `top_k`, `top_p`,
-`min_p`, `top_n_sigma`, `typical_p`, `xtc`, `greedy`, `sample`, `logprob_at`) written with the low-level ops, exactly as spec §2-§4
+`min_p`, `top_n_sigma`, `typical_p`, `xtc`, `penalties` and its check, `greedy`, `sample`, `logprob_at`) written with the low-level ops, exactly as spec §2-§4
 define the stage on the whole vocabulary.
 
 These are what -O0 runs (the `expand-stages` pass rewrites every stage op into its definition) and what a stage
@@ -12,8 +12,8 @@ from typing import Callable
 
 import math
 
-from samplec.frontend.lower import NEG_INF, XTC_COUNTER, const, gumbel, log_softmax, softmax, uniform, \
-    where
+from samplec.frontend.lower import NEG_INF, XTC_COUNTER, any_rows, const, gumbel, log_softmax, penalize, softmax, \
+    uniform, where
 from samplec.ir.graph import Node, make
 from samplec.ir.types import F32, I32, U32
 
@@ -108,9 +108,37 @@ def logprob_at(x: Node, at: Node) -> Node:
     return make("take_along", log_softmax(x), at)
 
 
+def history_window(hist: Node, last_n: Node) -> tuple[Node, Node]:
+    """The history's ids (0 where not counted) and which entries count: not padding, in the last last_n."""
+    col = make("iota", hist)
+    h = make("add", make("reduce_max", col), const(1, I32))
+    in_window = make("logical_or", make("eq", last_n, const(-1, I32)), make("ge", col, make("sub", h, last_n)))
+    valid = make("logical_and", make("ge", hist, const(0, I32)), in_window, name="hist_valid")
+    return where(valid, hist, const(0, I32)), valid
+
+
+def penalized(x: Node, hist: Node, last_n: Node, rep: Node, freq: Node, pres: Node) -> tuple[Node, Node]:
+    """(ids, values): the window's tokens and their penalized logits -- sparsely: only the history's tokens
+    change, so their gathered logits are penalized and written back (every write of a token carries the same
+    value; uncounted entries point at token 0 and carry its own value)."""
+    ids, valid = history_window(hist, last_n)
+    counts = make("count_at", ids, make("cast", valid, dtype=F32), x, name="counts")
+    return ids, penalize(make("take_along", x, ids), counts, rep, freq, pres)
+
+
+def penalties(x: Node, hist: Node, last_n: Node, rep: Node, freq: Node, pres: Node) -> Node:
+    ids, vals = penalized(x, hist, last_n, rep, freq, pres)
+    return make("put_along", x, ids, vals, name="x_pen")
+
+
+def penalties_overflow(x: Node, hist: Node, last_n: Node, rep: Node, freq: Node, pres: Node) -> Node:
+    return any_rows(make("isposinf", penalized(x, hist, last_n, rep, freq, pres)[1]))
+
+
 EXPAND: dict[str, Callable[..., Node]] = {
     "temperature": temperature, "top_k": top_k, "top_p": top_p, "min_p": min_p, "top_n_sigma": top_n_sigma,
     "typical_p": typical_p, "xtc": xtc, "greedy": greedy, "sample": sample, "logprob_at": logprob_at,
+    "penalties": penalties, "penalties_overflow": penalties_overflow,
 }
 
 

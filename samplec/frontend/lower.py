@@ -69,11 +69,6 @@ def penalties_neutral_values(rep: Node, freq: Node, pres: Node) -> bool:
     return rep.attr("value") == 1.0 and freq.attr("value") == 0.0 and pres.attr("value") == 0.0
 
 
-def penalties_neutral(rep: Node, freq: Node, pres: Node) -> Node:
-    return make("logical_and", make("eq", rep, const(1.0)),
-                make("logical_and", make("eq", freq, const(0.0)), make("eq", pres, const(0.0))))
-
-
 def last_index(x: Node) -> Node:
     """V - 1 for an operand whose last axis has V entries, as i32[1]."""
     return make("reduce_max", make("iota", x))
@@ -221,28 +216,12 @@ class Lowering:
 
     def stage_penalties(self, x, history, last_n, repeat, frequency, presence):
         rep, freq, pres = self.scalar(repeat, F32), self.scalar(frequency, F32), self.scalar(presence, F32)
-        ids, valid = self.history_window(history, last_n)
-        # sparsely: only the history's tokens change, so penalize their gathered logits and write them back (every
-        # write of a token carries the same value; uncounted entries point at token 0 and carry its own value)
-        counts = make("count_at", ids, make("cast", valid, dtype=F32), x, name="counts")
-        vals = penalize(make("take_along", x, ids), counts, rep, freq, pres)
-        penalized = make("put_along", x, ids, vals)
-        if not all(v.op == "const" for v in (rep, freq, pres)) or not penalties_neutral_values(rep, freq, pres):
-            self.checks.append(Check(any_rows(make("isposinf", vals)),
-                                     "penalties: a penalized logit overflows float32 (+inf)"))
-        if all(v.op == "const" for v in (rep, freq, pres)):     # (folds: a neutral penalty disappears)
-            return where(penalties_neutral(rep, freq, pres), x, penalized, name="x_pen")
-        # neutral values (repeat 1, frequency 0, presence 0) leave every logit exactly as it was: no select needed
-        return Node(penalized.op, penalized.inputs, penalized.attrs, penalized.type, "x_pen")
-
-    def history_window(self, history, last_n) -> tuple[Node, Node]:
-        """The history's ids (0 where not counted) and which entries count: not padding, in the last last_n."""
-        hist, last_n = self.tensor(history), self.scalar(last_n, I32)
-        col = make("iota", hist)
-        h = make("add", make("reduce_max", col), const(1, I32))
-        in_window = make("logical_or", make("eq", last_n, const(-1, I32)), make("ge", col, make("sub", h, last_n)))
-        valid = make("logical_and", make("ge", hist, const(0, I32)), in_window, name="hist_valid")
-        return where(valid, hist, const(0, I32)), valid
+        if all(v.op == "const" for v in (rep, freq, pres)) and penalties_neutral_values(rep, freq, pres):
+            return x                    # (repeat 1, frequency 0, presence 0: every logit stays as it was)
+        operands = (x, self.tensor(history), self.scalar(last_n, I32), rep, freq, pres)
+        self.checks.append(Check(make("penalties_overflow", *operands),
+                                 "penalties: a penalized logit overflows float32 (+inf)"))
+        return make("penalties", *operands, name="x_pen")
 
     def stage_logit_bias(self, x, b):
         if isinstance(b, DictLit):

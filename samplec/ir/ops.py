@@ -229,6 +229,20 @@ def _dry_repeats(ts, a):
     return Type(I32, broadcast(hist.shape[:-1], x.shape[:-1]) + x.shape[-1:])
 
 
+def _penalties(ts, a):
+    x, hist, last_n, *vals = ts
+    if (x.dtype, hist.dtype, last_n.dtype) != (F32, I32, I32) or any(v.dtype != F32 for v in vals) \
+            or len(hist.shape) != 2:
+        raise TypeError_("penalties: operands are (f32 logits, i32 [B,H] history, i32 last_n, f32 repeat, "
+                         "f32 frequency, f32 presence)")
+    return Type(F32, broadcast(x.shape, hist.shape[:-1] + (1,), last_n.shape, *(v.shape for v in vals)))
+
+
+def _penalties_overflow(ts, a):
+    out = _penalties(ts, a)
+    return Type(BOOL, out.shape[:-1])
+
+
 _E = "elementwise"
 OPS: dict[str, OpDef] = {d.name: d for d in [
     # elementwise arithmetic and comparison (numpy broadcasting)
@@ -302,6 +316,12 @@ OPS: dict[str, OpDef] = {d.name: d for d in [
           "x - max - log(sum(exp(x - max))) along the last axis (the model's distribution of raw_logprob and "
           "top_logprobs, a terminal's logprob)"),
     OpDef("typical_p", 2, (), _stage(F32), "stage, cut by the score |-log p - H|: keep the typical set"),
+    OpDef("penalties", 6, (), _penalties,
+          "stage, elementwise edit (x, history, last_n, repeat, frequency, presence): where a token of the history's "
+          "last last_n entries (-1: all; ids < 0 are padding) was seen c > 0 times, x -> (x > 0 ? x / repeat : "
+          "x * repeat) - (c * frequency + presence); every other logit unchanged"),
+    OpDef("penalties_overflow", 6, (), _penalties_overflow,
+          "(the operands of a `penalties`): bool [B], whether a logit that stage penalizes is +inf (its check)"),
     OpDef("xtc", 5, (), _xtc,
           "stage (x, threshold, probability, seed, position): with chance `probability`, remove the tokens with "
           "p >= threshold but the least probable of them"),

@@ -69,5 +69,7 @@ class Op(object):
     LogprobAtNode = 63
     LogSoftmaxNode = 64
     TypicalPNode = 65
-    XtcNode = 66
-    DryRepeatsNode = 67
+    PenaltiesNode = 66
+    PenaltiesOverflowNode = 67
+    XtcNode = 68
+    DryRepeatsNode = 69
