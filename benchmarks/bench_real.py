@@ -12,6 +12,8 @@ Chains (all parameters are run-time values -- as scalars, and at B > 1 as one va
   vllm        examples/vllm.smp: penalties, temperature 0.7, min_p 0.05, top_k 50, top_p 0.9 (vLLM order)
   openai      examples/openai.smp: frequency/presence penalties, a bias, temperature 0.9, top_p 0.95 (no top_k)
   mlx_lm      examples/mlx_lm_default.smp: top_p 0.9, min_p 0.05, temperature 0.7 (mlx-lm's order: temperature last)
+  greedy      examples/hf_generate.smp's hf_greedy: repetition penalty 1.1 over the history, then greedy (HF's
+              default generate); its floor peer is one `mx.argmax` over the logits ("mx.argmax")
   server      vllm's chain, B rows each with its own temperature (a quarter of them 0), top_k, top_p and penalty
 Peers, each on its own order: llama.cpp's C++ chain (llama-cpp-python `llama_sampler_*`, one row at a time on a
 token-data array, as llama.cpp samples) with the same stages in the same order; Hugging Face's processors +
@@ -157,6 +159,8 @@ def chain_specs(B, rng):
         "mlx_lm": ("mlx_lm_default.smp", "mlx_lm",
                    dict(top_p=rows(0.9), min_p=rows(0.05), top_k=rows(0), temp=rows(0.7)),
                    [[("top_p", 0.9), ("min_p", 0.05), ("temp", 0.7)]] * B, ("llama.cpp", "mlx-lm")),
+        "greedy": ("hf_generate.smp", "hf_greedy", dict(input_ids=hist, repetition_penalty=rows(1.1)),
+                   [[("penalties", 1.1), ("temp", 0.0)]] * B, ("llama.cpp", "hf", "mx.argmax")),
         "server": ("vllm.smp", "vllm",
                    dict(prompt_and_output=hist, output=hist[:, -16:], repetition_penalty=r_server,
                         temperature=t_server, top_k=k_server, top_p=p_server),
@@ -194,9 +198,11 @@ class Samplec:
         xm = mx.array(x)
         mx.eval(xm, *[v for v in kw.values() if isinstance(v, mx.array)])
         self.last = None
+        takes_seed = any(p.name == "seed" for p in prog.params)
 
         def step(i):
-            out = prog(xm, seed=[i] * x.shape[0] if self.per_row else i, pos=7, **kw)
+            draw = dict(seed=[i] * x.shape[0] if self.per_row else i, pos=7) if takes_seed else {}
+            out = prog(xm, **draw, **kw)
             self.last = np.array(out.token)
             return self.last
         return step
@@ -323,6 +329,16 @@ class MlxLm:
         return step
 
 
+class MxArgmax:
+    """The floor for greedy: one `mx.argmax` over the logits, read back (no penalties, no checks)."""
+    name = "mx.argmax"
+
+    def setup(self, spec, x, hist):
+        xm = mx.array(x)
+        mx.eval(xm)
+        return lambda _: np.array(mx.argmax(xm, axis=-1)).tolist()
+
+
 # ---- measuring ---------------------------------------------------------------------------------------------------
 
 def interleaved(steps, budget_s, max_reps=400):
@@ -359,7 +375,7 @@ def main():
     budget = args.budget if args.budget is not None else (0.6 if args.quick else 2.0)
     batches = (1, 8)
     peers = {}
-    for cls in (LlamaCpp, HF, MlxLm):
+    for cls in (LlamaCpp, HF, MlxLm, MxArgmax):
         try:
             peers[cls.name] = cls()
         except ImportError as e:
