@@ -707,6 +707,17 @@ std::vector<mx::array> argmax_put(const mx::array& x, const mx::array& ids, cons
   return make(ArgmaxPut{}, {{x.shape(0), 1}}, {mx::int32}, {x, ids, vals});
 }
 
+// Edits of a row (penalties'), (ids int32 [B, P], values float32 [B, P]) or none: checked, then appended to ins.
+void push_edits(std::vector<mx::array>& ins, const std::vector<mx::array>& edits, int B, const char* what) {
+  if (edits.empty()) return;
+  if (edits.size() != 2 || edits[0].dtype() != mx::int32 || edits[1].dtype() != mx::float32 ||
+      edits[0].ndim() != 2 || edits[0].shape() != edits[1].shape() || edits[0].shape(0) != B) {
+    throw std::invalid_argument(std::string(what) + ": edits are ids int32 [B, P] and values float32 [B, P]");
+  }
+  ins.push_back(edits[0]);
+  ins.push_back(edits[1]);
+}
+
 // penalties' edits, one primitive for the whole stage: the history window's ids and the penalized logits there,
 // as the stage's dense definition (samplec/frontend/expand.py `penalties`) computes them, and whether one of those
 // overflows float32 (+inf). Entry j of row r counts when hist[r, j] >= 0 and it lies in the last last_n entries
@@ -790,14 +801,7 @@ std::vector<mx::array> penalty_edits(const mx::array& x, const mx::array& hist, 
     throw std::invalid_argument("penalty_edits: parameters are [B, 1], x [B, V] with V >= 1");
   }
   std::vector<mx::array> ins = {x, hist, last_n, repeat, frequency, presence};
-  if (!prior.empty()) {
-    if (prior.size() != 2 || prior[0].dtype() != mx::int32 || prior[1].dtype() != mx::float32 ||
-        prior[0].ndim() != 2 || prior[0].shape() != prior[1].shape() || prior[0].shape(0) != B) {
-      throw std::invalid_argument("penalty_edits: prior edits are ids int32 [B, P] and values float32 [B, P]");
-    }
-    ins.push_back(prior[0]);
-    ins.push_back(prior[1]);
-  }
+  push_edits(ins, prior, B, "penalty_edits");
   return make(PenaltyEdits{}, {{B, H}, {B, H}, {B}}, {mx::int32, mx::float32, mx::bool_}, ins);
 }
 
@@ -1970,12 +1974,8 @@ struct SampleChain {
           for (int64_t j = 0; j < h; ++j) {
             const int32_t id = ids(r, j);
             if (id < 0 || id >= V) continue;
-            const int64_t c = id / bs;
-            float m = -INFINITY;
-            for (int64_t i = c * bs; i < std::min<int64_t>(V, (c + 1) * bs); ++i) {
-              if (greater_nan(row.x[i], m)) m = row.x[i];
-            }
-            bm[c] = m;
+            const int64_t c = id / bs, lo = c * bs;
+            block_max_row(row.x + lo, std::min<int64_t>(V - lo, bs), 1, bs, bm.data() + c);
           }
           blocks_ready = true;
         }
@@ -2084,14 +2084,7 @@ std::vector<mx::array> sample_chain(const mx::array& x, const std::vector<mx::ar
     }
     ins.push_back(p);
   }
-  if (!edits.empty()) {
-    if (edits.size() != 2 || edits[0].dtype() != mx::int32 || edits[1].dtype() != mx::float32 ||
-        edits[0].ndim() != 2 || edits[0].shape() != edits[1].shape() || edits[0].shape(0) != B) {
-      throw std::invalid_argument("sample_chain: edits are ids int32 [B, H] and values float32 [B, H]");
-    }
-    ins.push_back(edits[0]);
-    ins.push_back(edits[1]);
-  }
+  push_edits(ins, edits, B, "sample_chain");
   std::vector<mx::Shape> shapes{{B, 1}, {B, 1}};
   std::vector<mx::Dtype> dtypes{mx::int32, mx::float32};
   if (want_x && want_probs) throw std::invalid_argument("sample_chain: the final logits or their softmax, not both");

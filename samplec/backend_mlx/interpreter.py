@@ -13,8 +13,7 @@ import mlx.core as mx
 
 from samplec.backend_mlx import native
 from samplec.backend_mlx.kernels import KERNELS
-from samplec.backend_mlx.lowering import RULES, penalty_edits, softmax_pattern
-from samplec.backend_mlx.lowering import _joined as joined
+from samplec.backend_mlx.lowering import RULES, joined_edits, penalty_edits, softmax_pattern
 from samplec.diagnostics import SamplecError
 from samplec.frontend.expand import EXPAND
 from samplec.ir.graph import INPUT, Graph, Node
@@ -48,7 +47,7 @@ class Chain:
             pen = penalty_edits(self.edits[-1], env)
             if pen is None:
                 return None
-            x, edits = pen[0], joined(pen[1])
+            x, edits = pen[0], joined_edits(pen[1])
         out = native.sample_chain(x, params, [s.op for s in self.stages], self.draw.op, bool(self.logprobs),
                                   self.want_x, bool(self.softmax), tuple(edits), bool(self.top))
         if out is None:

@@ -93,14 +93,14 @@ def penalty_edits(node: Node, env: Env):
             base, levels = inner[0], inner[1]
         else:
             base, levels = env[id(x)], []
-        out = native.penalty_edits(base, *(env[id(i)] for i in node.inputs[1:]), prior=_joined(levels))
+        out = native.penalty_edits(base, *(env[id(i)] for i in node.inputs[1:]), prior=joined_edits(levels))
         if out is None:
             return None
         env[key] = (base, levels + [out[:2]], out[2])
     return env[key]
 
 
-def _joined(levels: list) -> tuple:
+def joined_edits(levels: list) -> tuple:
     """Edits in order as one (ids, values) pair: the native primitives write them in order (a later id wins)."""
     if len(levels) <= 1:
         return tuple(levels[0]) if levels else ()
@@ -128,7 +128,7 @@ def _argmax(node: Node, users: Users, env: Env):
     edited = None
     if src.op == "penalties":
         edits = penalty_edits(src, env)
-        edited = edits and (edits[0], *_joined(edits[1]))
+        edited = edits and (edits[0], *joined_edits(edits[1]))
     elif src.op == "put_along":
         edited = tuple(env[id(i)] for i in src.inputs)
     if edited is not None and not _gathers(node, users, env, edited[0]):
