@@ -1123,37 +1123,67 @@ inline uint32_t win_threshold(float best, float v) {
   return q <= 0 ? 0u : q >= 8388607.0 ? 8388607u : static_cast<uint32_t>(q);
 }
 
-// Gumbel-max over tokens i < n (id(i), value(i)), sixteen RandomBits at a time: `best` and `at` (an index, -1
-// before the first) carry the winner. A group whose largest value plus the largest noise stays below `best` is
-// skipped (with `sorted` values, descending, so is every later one); a token is rejected on its bits alone where
-// they cannot lift it above `best`. Equal scores go to the lower id, so the winner does not depend on the order.
+// out[t] = the first word for counters (ids[t], c1), t < n (n a multiple of 16), vectorized.
+SAMPLEC_VOCAB_LOOP void threefry_ids(uint32_t k0, uint32_t k1, const uint32_t* ids, int n, uint32_t c1,
+                                     uint32_t* out) {
+  for (int t0 = 0; t0 < n; t0 += 16) {
+    U16 v;
+    std::memcpy(&v, ids + t0, sizeof v);
+    const U16 bits = threefry16(k0, k1, v, c1);
+    std::memcpy(out + t0, &bits, sizeof bits);
+  }
+}
+
+// Gumbel-max over tokens i < n (id(i), value(i)) in groups of sixteen: `best` and `at` (an index, -1 before the
+// first) carry the winner. A group whose largest value plus the largest noise stays below `best` is skipped (with
+// `sorted` values, descending, so is every later one); a token is rejected on its bits alone where they cannot
+// lift it above `best`. The groups' RandomBits come in batches of 1, 2, 4, ... 16 groups (a confident row ends
+// in its first group; a row of thousands of equal values takes them 256 at a time, vectorized). Equal scores go
+// to the lower id, so the winner does not depend on the order.
 template <class Id, class Value>
 void gumbel_max16(int64_t n, Id id, Value value, bool sorted, uint32_t k0, uint32_t k1, uint32_t pos,
                   float& best, int64_t& at) {
-  for (int64_t g = 0; g < n; g += 16) {
-    const int lanes = static_cast<int>(std::min<int64_t>(16, n - g));
-    U16 ids;
-    float gm = -INFINITY;
-    for (int l = 0; l < 16; ++l) {
-      const int64_t i = g + (l < lanes ? l : 0);
-      ids[l] = static_cast<uint32_t>(id(i));
-      gm = value(i) > gm ? value(i) : gm;
+  uint32_t ids[256], bits[256];
+  float gms[16];
+  int64_t starts[16];
+  int batch = 1;
+  for (int64_t g = 0; g < n;) {
+    int live = 0;
+    bool stop = false;
+    for (int q = 0; q < batch && g < n; ++q, g += 16) {
+      const int lanes = static_cast<int>(std::min<int64_t>(16, n - g));
+      float gm = -INFINITY;
+      for (int l = 0; l < lanes; ++l) gm = value(g + l) > gm ? value(g + l) : gm;
+      if (at >= 0 && gm + kGumbelMax < best) {
+        if (sorted) {
+          stop = true;
+          break;
+        }
+        continue;
+      }
+      for (int l = 0; l < 16; ++l) ids[live * 16 + l] = static_cast<uint32_t>(id(g + (l < lanes ? l : 0)));
+      gms[live] = gm;
+      starts[live++] = g;
     }
-    if (at >= 0 && gm + kGumbelMax < best) {
-      if (sorted) return;
-      continue;
-    }
-    const U16 bits = threefry16(k0, k1, ids, pos);
-    uint32_t need = at >= 0 ? win_threshold(best, gm) : 0u;
-    for (int l = 0; l < lanes; ++l) {
-      if ((bits[l] >> 9) < need) continue;
-      const float sc = value(g + l) + gumbel_of(bits[l]);
-      if (at < 0 || sc > best || (sc == best && id(g + l) < id(at))) {
-        best = sc;
-        at = g + l;
-        need = win_threshold(best, gm);
+    if (live > 0) threefry_ids(k0, k1, ids, live * 16, pos, bits);
+    for (int q = 0; q < live; ++q) {
+      const int64_t g0 = starts[q];
+      const float gm = gms[q];
+      if (at >= 0 && gm + kGumbelMax < best) continue;      // (the best rose within the batch)
+      const int lanes = static_cast<int>(std::min<int64_t>(16, n - g0));
+      uint32_t need = at >= 0 ? win_threshold(best, gm) : 0u;
+      for (int l = 0; l < lanes; ++l) {
+        if ((bits[q * 16 + l] >> 9) < need) continue;
+        const float sc = value(g0 + l) + gumbel_of(bits[q * 16 + l]);
+        if (at < 0 || sc > best || (sc == best && id(g0 + l) < id(at))) {
+          best = sc;
+          at = g0 + l;
+          need = win_threshold(best, gm);
+        }
       }
     }
+    if (stop) return;
+    batch = std::min(batch * 2, 16);
   }
 }
 
@@ -1295,6 +1325,17 @@ double full_z(ChainRow& row, float vmax) {
   return z;
 }
 
+// sum of exp(c[i].first - vmax) over i < L, in double, for candidates sorted by value: a run of equal values (ties:
+// thousands of tokens may share a value) takes one exp
+inline double run_sum_exp(const std::vector<std::pair<float, int32_t>>& c, int64_t L, float vmax) {
+  double zd = 0.0;
+  for (int64_t i = 0, j; i < L; i = j) {
+    for (j = i + 1; j < L && c[j].first == c[i].first;) ++j;
+    zd += std::exp(static_cast<double>(c[i].first - vmax)) * double(j - i);
+  }
+  return zd;
+}
+
 // Run the chain on the sorted candidates above `bound`; false when a cut (or the draw) may reach below the bound,
 // or a stage needs the whole row.
 bool chain_run(ChainRow& row, float bound, int32_t* token, float* logprob) {
@@ -1374,15 +1415,17 @@ bool chain_run(ChainRow& row, float bound, int32_t* token, float* logprob) {
         if (tail) {
           zd = full_z(row, vmax);
         } else {
-          for (int64_t i = 0; i < L; ++i) zd += std::exp(static_cast<double>(c[i].first - vmax));
+          zd = run_sum_exp(c, L, vmax);
         }
-        // groups of equal probability in descending order: kept while the mass strictly above is below p
+        // groups of equal probability in descending order: kept while the mass strictly above is below p (a run
+        // of equal values, one exp)
         const double need = static_cast<double>(p) * zd;
         double before = 0.0;
         float prev = NAN;
         int64_t n = L;
         bool stopped = false;
-        for (int64_t i = 0; i < L; ++i) {
+        for (int64_t i = 0, j; i < L; i = j) {
+          for (j = i + 1; j < L && c[j].first == c[i].first;) ++j;
           const float e = std::exp(c[i].first - vmax);
           if (e != prev && !(before < need)) {
             n = i;
@@ -1390,7 +1433,7 @@ bool chain_run(ChainRow& row, float bound, int32_t* token, float* logprob) {
             break;
           }
           prev = e;
-          before += e;
+          before += double(e) * double(j - i);
         }
         if (!stopped) {
           if (tail) {
@@ -1449,7 +1492,7 @@ bool chain_run(ChainRow& row, float bound, int32_t* token, float* logprob) {
     if (tail) {
       zd = full_z(row, vmax);
     } else {
-      for (int64_t i = 0; i < L; ++i) zd += std::exp(static_cast<double>(c[i].first - vmax));
+      zd = run_sum_exp(c, L, vmax);
     }
     *logprob = (c[at].first - vmax) - static_cast<float>(std::log(zd));
   }
@@ -1505,15 +1548,15 @@ inline float key_value(uint32_t k) {
   return v;
 }
 
-// The largest key k such that the weight of the keys >= k reaches `need` (the highest key when none does).
+// The largest key k such that `base` plus the weight of the keys >= k reaches `need` (the highest key when none
+// does; `base`: the weight of keys above these, already counted).
 // `keys` (and `ws`, their weights; empty: 1 each) are consumed. Each level histograms the next (up to) 11 bits
 // below the bits the remaining keys share -- so a row whose values crowd into a narrow range (a flat row: every
 // probability within a factor of two) is split by its first level as finely as a spread one -- and keeps only
 // the boundary bucket's items: the later levels see a few.
 template <class W>
-uint32_t radix_select(std::vector<uint32_t>& keys, std::vector<W>& ws, W need) {
+uint32_t radix_select(std::vector<uint32_t>& keys, std::vector<W>& ws, W need, W base = W(0)) {
   constexpr int kDigit = 11;
-  W base = 0;
   std::vector<W> hist;
   const bool unit = ws.empty();
   uint32_t lo = UINT32_MAX, hi = 0;
@@ -1568,6 +1611,122 @@ uint32_t radix_select(std::vector<uint32_t>& keys, std::vector<W>& ws, W need) {
   }
 }
 
+// The least and the largest positive value of e[0..n) (lo = +inf, hi = 0 when none), sixteen lanes at a time
+SAMPLEC_VOCAB_LOOP void positive_range(const float* e, int64_t n, float& lo, float& hi) {
+  const F16 inf = F16{} + INFINITY, zero = F16{};
+  F16 a = inf, b = zero;
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    F16 v;
+    std::memcpy(&v, e + i, sizeof v);
+    const F16 w = v > zero ? v : inf;
+    a = w < a ? w : a;
+    b = v > b ? v : b;
+  }
+  lo = INFINITY, hi = 0.0f;
+  for (int l = 0; l < 16; ++l) lo = a[l] < lo ? a[l] : lo, hi = b[l] > hi ? b[l] : hi;
+  for (; i < n; ++i) {
+    if (e[i] > 0.0f && e[i] < lo) lo = e[i];
+    if (e[i] > hi) hi = e[i];
+  }
+}
+
+// The first level of radix_select's mass selection straight over e[0..n) (the row's probabilities, 0 where
+// removed: they weigh nothing), without compacting the row into keys first: the histogram of the bits below those
+// every positive value shares, then only the boundary bucket's tokens go on to radix_select. The same buckets and
+// sums as radix_select over the positive values' keys, so the same threshold.
+void mass_histogram(const float* e, int64_t n, uint32_t lo, uint32_t hi, int& shift, uint32_t& mask,
+                    std::vector<double>& hist) {
+  constexpr int kDigit = 11;
+  const int varying = 32 - __builtin_clz(lo ^ hi);
+  shift = varying > kDigit ? varying - kDigit : 0;
+  mask = (1u << (varying - shift)) - 1u;
+  hist.assign(mask + 1, 0.0);
+  for (int64_t i = 0; i < n; ++i) hist[(order_key(e[i]) >> shift) & mask] += e[i];
+}
+
+// The least and the largest e[i] in [lo, hi] (vlo > vhi when none)
+SAMPLEC_VOCAB_LOOP void range_span(const float* e, int64_t n, float lo, float hi, float& vlo, float& vhi) {
+  const F16 a = F16{} + lo, b = F16{} + hi, inf = F16{} + INFINITY, ninf = F16{} - INFINITY;
+  F16 mn = inf, mx = ninf;
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    F16 v;
+    std::memcpy(&v, e + i, sizeof v);
+    // (one comparison per select: GCC 12 turns a select on two comparisons ANDed into scalar code)
+    const F16 u0 = v >= a ? v : inf, w0 = v <= b ? v : ninf;
+    const F16 u = u0 <= b ? u0 : inf, w = w0 >= a ? w0 : ninf;
+    mn = u < mn ? u : mn;
+    mx = w > mx ? w : mx;
+  }
+  vlo = INFINITY, vhi = -INFINITY;
+  for (int l = 0; l < 16; ++l) vlo = mn[l] < vlo ? mn[l] : vlo, vhi = mx[l] > vhi ? mx[l] : vhi;
+  for (; i < n; ++i) {
+    if (e[i] >= lo && e[i] <= hi) vlo = e[i] < vlo ? e[i] : vlo, vhi = e[i] > vhi ? e[i] : vhi;
+  }
+}
+
+// The keys and values of the e[i] in [lo, hi] (lo > 0), in index order: sixteen compared at once, the hits taken
+// by their bits (no branch per token: a tied row puts every eighth token in the range).
+SAMPLEC_VOCAB_LOOP void collect_range(const float* e, int64_t n, float lo, float hi, std::vector<uint32_t>& keys,
+                                      std::vector<double>& wd) {
+  keys.clear();
+  wd.clear();
+  const F16 a = F16{} + lo, b = F16{} + hi;
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    F16 v;
+    std::memcpy(&v, e + i, sizeof v);
+    uint32_t hits = or_lanes((v >= a) & kLaneBit);      // (two masks: see range_span)
+    hits &= or_lanes((v <= b) & kLaneBit);
+    for (; hits; hits &= hits - 1) {
+      const float x = e[i + __builtin_ctz(hits)];
+      keys.push_back(order_key(x));
+      wd.push_back(x);
+    }
+  }
+  for (; i < n; ++i) {
+    if (e[i] >= lo && e[i] <= hi) {
+      keys.push_back(order_key(e[i]));
+      wd.push_back(e[i]);
+    }
+  }
+}
+
+// The smallest probability e_min such that the mass of e >= e_min reaches `need` (radix_select on mass over the
+// positive e; the largest when nothing reaches it).
+float mass_cut(const float* e, int64_t n, double need, std::vector<uint32_t>& keys, std::vector<double>& wd) {
+  float flo, fhi;
+  positive_range(e, n, flo, fhi);
+  if (!(fhi > 0.0f)) return fhi;
+  const uint32_t lo = order_key(flo), hi = order_key(fhi);
+  if (lo == hi) return fhi;
+  thread_local std::vector<double> hist_tls;
+  auto& hist = hist_tls;
+  int shift;
+  uint32_t mask;
+  mass_histogram(e, n, lo, hi, shift, mask, hist);
+  double base = 0.0;
+  int64_t b = mask;
+  for (; b > 0; --b) {
+    if (base + hist[b] >= need) break;
+    base += hist[b];
+  }
+  const uint32_t want = static_cast<uint32_t>(b);
+  const int varying = 32 - __builtin_clz(lo ^ hi);
+  const uint32_t common = varying == 32 ? 0u : lo & ~((1u << varying) - 1u);
+  const uint32_t first = common | (want << shift);
+  if (shift == 0) return key_value(first);
+  // the bucket's keys are the positive floats from key_value(first) to key_value(first + 2^shift - 1)
+  const float blo = std::max(key_value(first), flo), bhi = key_value(first + ((1u << shift) - 1u));
+  float vlo, vhi;
+  range_span(e, n, blo, bhi, vlo, vhi);
+  if (vlo == vhi) return vlo;             // (one value in the bucket -- a tied row's: the cut, as radix_select finds)
+  if (vlo > vhi) return key_value(first);
+  collect_range(e, n, blo, bhi, keys, wd);
+  return key_value(radix_select(keys, wd, need, base));
+}
+
 // The dense chain's passes over the row, branch-free so that they vectorize (`keep` is a 0/1 byte per token).
 SAMPLEC_VOCAB_LOOP void keep_finite(uint8_t* __restrict keep, const float* __restrict v, int64_t n) {
   for (int64_t i = 0; i < n; ++i) keep[i] = static_cast<uint8_t>(v[i] > -INFINITY);
@@ -1589,6 +1748,14 @@ SAMPLEC_VOCAB_LOOP void kept_minus(float* __restrict out, const uint8_t* __restr
     const float off = keep[i] ? 0.0f : -INFINITY;
     out[i] = (v[i] - c) + off;
   }
+}
+
+// whether any l < n has (bits[l] >> 9) >= need and keep[l] (a reduction that vectorizes)
+SAMPLEC_VOCAB_LOOP bool any_live(const uint32_t* __restrict bits, const uint8_t* __restrict keep, int n,
+                                 uint32_t need) {
+  uint32_t any = 0;
+  for (int l = 0; l < n; ++l) any |= static_cast<uint32_t>((bits[l] >> 9) >= need) & keep[l];
+  return any != 0;
 }
 
 void chain_dense(ChainRow& row, int64_t nb, int bs, int32_t* token, float* logprob, std::vector<float>& buf,
@@ -1669,17 +1836,7 @@ void chain_dense(ChainRow& row, int64_t nb, int bs, int32_t* token, float* logpr
         const float p = static_cast<float>(a);
         if (p >= 1.0f) break;
         const double z = probs();
-        keys.resize(V);
-        wd.resize(V);
-        size_t n = 0;
-        for (int64_t i = 0; i < V; ++i) {
-          keys[n] = order_key(buf[i]);
-          wd[n] = buf[i];
-          n += buf[i] > 0.0f;
-        }
-        keys.resize(n);
-        wd.resize(n);
-        const float e_min = key_value(radix_select(keys, wd, static_cast<double>(p) * z));
+        const float e_min = mass_cut(buf.data(), V, static_cast<double>(p) * z, keys, wd);
         keep_at_least(keep.data(), buf.data(), V, e_min);
         break;
       }
@@ -1769,9 +1926,12 @@ void chain_dense(ChainRow& row, int64_t nb, int bs, int32_t* token, float* logpr
       if (at >= 0 && fm + kGumbelMax < best) return false;
       need = at >= 0 ? threshold(fm) : 0u;
       threefry_strided(row.k0, row.k1, static_cast<uint32_t>(c * bs), 1u, bs, row.pos, bits);
-      for (int l = 0; l < bs; ++l) {
-        const int64_t tok = c * bs + l;
-        if (tok >= V) break;
+      const int64_t lo = c * bs;
+      const int n = static_cast<int>(std::min<int64_t>(bs, V - lo));
+      // most blocks of a flat row hold no kept token whose bits pass the need: one vectorized test skips them
+      if (at >= 0 && !any_live(bits, keep.data() + lo, n, need)) return true;
+      for (int l = 0; l < n; ++l) {
+        const int64_t tok = lo + l;
         if ((bits[l] >> 9) < need || !keep[tok]) continue;
         const float sc = fx[tok] + gumbel_of(bits[l]);
         if (at < 0 || sc > best || (sc == best && tok < at)) {
@@ -1825,8 +1985,8 @@ void chain_dense(ChainRow& row, int64_t nb, int bs, int32_t* token, float* logpr
   *token = static_cast<int32_t>(at);
   if (row.want_logprob) {
     buf.resize(V);
-    for (int64_t i = 0; i < V; ++i) buf[i] = keep[i] ? fx[i] : -INFINITY;
-    *logprob = (fx[at] - fmax) - static_cast<float>(std::log(sum_exp(buf.data(), V, fmax)));
+    kept_minus(buf.data(), keep.data(), fx, V, fmax);
+    *logprob = (fx[at] - fmax) - static_cast<float>(std::log(sum_exp(buf.data(), V, 0.0f)));
   }
   if (row.x_out != nullptr) {
     for (int64_t i = 0; i < V; ++i) row.x_out[i] = keep[i] ? fx[i] : -INFINITY;
