@@ -1147,6 +1147,12 @@ void gumbel_max16(int64_t n, Id id, Value value, bool sorted, uint32_t k0, uint3
   float gms[16];
   int64_t starts[16];
   int batch = 1;
+  float t_best = NAN, t_gm = NAN;      // the last need's arguments (groups of equal values share it)
+  uint32_t t_need = 0;
+  auto threshold = [&](float gm) {
+    if (!(best == t_best && gm == t_gm)) t_best = best, t_gm = gm, t_need = win_threshold(best, gm);
+    return t_need;
+  };
   for (int64_t g = 0; g < n;) {
     int live = 0;
     bool stop = false;
@@ -1171,14 +1177,14 @@ void gumbel_max16(int64_t n, Id id, Value value, bool sorted, uint32_t k0, uint3
       const float gm = gms[q];
       if (at >= 0 && gm + kGumbelMax < best) continue;      // (the best rose within the batch)
       const int lanes = static_cast<int>(std::min<int64_t>(16, n - g0));
-      uint32_t need = at >= 0 ? win_threshold(best, gm) : 0u;
+      uint32_t need = at >= 0 ? threshold(gm) : 0u;
       for (int l = 0; l < lanes; ++l) {
         if ((bits[q * 16 + l] >> 9) < need) continue;
         const float sc = value(g0 + l) + gumbel_of(bits[q * 16 + l]);
         if (at < 0 || sc > best || (sc == best && id(g0 + l) < id(at))) {
           best = sc;
           at = g0 + l;
-          need = win_threshold(best, gm);
+          need = threshold(gm);
         }
       }
     }
@@ -1503,10 +1509,11 @@ bool chain_run(ChainRow& row, float bound, int32_t* token, float* logprob) {
       if (row.probs_out) softmax_inplace(o, row.V, vmax);
     } else if (row.probs_out) {
       std::fill(o, o + row.V, 0.0f);
-      double zd = 0.0;
-      for (int64_t i = 0; i < L; ++i) zd += std::exp(static_cast<double>(c[i].first - vmax));
-      const float z = static_cast<float>(zd);
-      for (int64_t i = 0; i < L; ++i) o[c[i].second] = std::exp(c[i].first - vmax) / z;
+      const float z = static_cast<float>(run_sum_exp(c, L, vmax));
+      for (int64_t i = 0, j; i < L; i = j) {      // (a run of equal values: one exp)
+        const float q = std::exp(c[i].first - vmax) / z;
+        for (j = i; j < L && c[j].first == c[i].first; ++j) o[c[j].second] = q;
+      }
     } else {
       std::fill(o, o + row.V, -INFINITY);
       for (int64_t i = 0; i < L; ++i) o[c[i].second] = c[i].first;
