@@ -113,23 +113,42 @@ inline uint32_t threefry_first_word(uint32_t k0, uint32_t k1, uint32_t c0, uint3
 
 typedef uint32_t U16 __attribute__((vector_size(16 * sizeof(uint32_t))));
 
+// One Threefry-2x32 round on sixteen lanes with its rotation R a constant (an immediate vprold under AVX-512)
+template <int R>
+inline void threefry_round16(U16& x0, U16& x1) {
+  x0 += x1;
+  x1 = ((x1 << R) | (x1 >> (32 - R))) ^ x0;
+}
+
 // The first Threefry-2x32-20 word for counters (c0[0..16), c1): sixteen lanes at once (one AVX-512 register, two
-// AVX2 ones).
+// AVX2 ones), the rounds unrolled with constant rotations (threefry_first_word is the scalar definition).
 inline U16 threefry16(uint32_t k0, uint32_t k1, U16 c0, uint32_t c1) {
   const uint32_t ks[3] = {k0, k1, k0 ^ k1 ^ kParity};
   U16 x0 = c0 + k0;
   U16 x1 = U16{} + (c1 + k1);
+  static_assert(kRotations[0] == 13 && kRotations[1] == 15 && kRotations[2] == 26 && kRotations[3] == 6 &&
+                kRotations[4] == 17 && kRotations[5] == 29 && kRotations[6] == 16 && kRotations[7] == 24,
+                "the rounds below spell out kRotations");
   for (int i = 0; i < 5; ++i) {
-    const int* rot = kRotations + (i % 2) * 4;
-    for (int j = 0; j < 4; ++j) {
-      x0 += x1;
-      x1 = ((x1 << rot[j]) | (x1 >> (32 - rot[j]))) ^ x0;
+    if (i % 2 == 0) {
+      threefry_round16<13>(x0, x1);
+      threefry_round16<15>(x0, x1);
+      threefry_round16<26>(x0, x1);
+      threefry_round16<6>(x0, x1);
+    } else {
+      threefry_round16<17>(x0, x1);
+      threefry_round16<29>(x0, x1);
+      threefry_round16<16>(x0, x1);
+      threefry_round16<24>(x0, x1);
     }
     x0 += ks[(i + 1) % 3];
     x1 += ks[(i + 2) % 3] + static_cast<uint32_t>(i + 1);
   }
   return x0;
 }
+
+// lane l holds l
+const U16 kIota16 = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
 
 // RandomBits over [B, C]: seed (uint64), c0, c1 (uint32), each [B, C] with any strides (broadcast views have
 // zero strides), -> uint32 [B, C] row contiguous.
@@ -1209,6 +1228,7 @@ struct ChainRow {
   bool probs_out = false;         // x_out receives softmax(final logits)
   uint32_t k0, k1, pos;           // the draw's key and position
   std::vector<float>* bm;         // block maxima
+  int64_t nb = 0;                 // ... their count (blocks of 64)
   std::vector<std::pair<float, int32_t>>* cand;
   std::vector<std::pair<float, int32_t>>* at_bound;   // (scratch: candidates at the bound, see chain_candidates)
   std::vector<float> divs;        // temperatures applied so far (while the tail is alive)
@@ -1260,13 +1280,91 @@ SAMPLEC_VOCAB_LOOP void gather_block(const float* x, int64_t lo, int64_t end, fl
   for (int l = 0; l < 16; ++l) below = under[l] > below ? under[l] : below;
 }
 
+double full_z(ChainRow& row, float vmax);
+
+// p when the row's first cut is a top_p after temperatures alone (every other stage before it off), those
+// temperatures in `divs`; 1 otherwise.
+double leading_top_p(const ChainRow& row, std::vector<float>& divs) {
+  const auto& stages = *row.stages;
+  divs.clear();
+  for (size_t s = 0; s < stages.size(); ++s) {
+    const StageArgs& sa = row.args[s];
+    switch (stages[s]) {
+      case kTemperature:
+        if (sa.a == 1.0) break;
+        if (sa.a == 0.0) return 1.0;
+        divs.push_back(static_cast<float>(sa.a));
+        break;
+      case kTopP:
+        if (static_cast<float>(sa.a) >= 1.0f) break;
+        return static_cast<float>(sa.a);
+      case kTopK:
+        if (sa.a <= 0 || sa.a >= static_cast<double>(row.V)) break;
+        return 1.0;
+      case kMinP:
+        if (static_cast<float>(sa.a) == 0.0f) break;
+        return 1.0;
+      case kTopNSigma:
+        if (static_cast<float>(sa.a) <= 0.0f) break;
+        return 1.0;
+      case kTypicalP:
+        if (sa.a >= 1.0) break;
+        return 1.0;
+      case kXtc:
+        if (sa.b == 0.0) break;
+        return 1.0;
+    }
+  }
+  return 1.0;
+}
+
+// Whether the row's first cut is a top_p (leading_top_p) whose nucleus reaches below the tokens above a bound
+// ("the candidates", the largest `top`), which hold `mass(f, f(top))` (their sum of exp(f(v) - f(top)), f the
+// temperatures): less than p of the row's mass (full_z: the exp pass chain_run's top_p would make, and keeps
+// for it). Then the candidates cannot decide the row, and need not be sorted (or gathered) to find that out;
+// `row.covered` gets their share of the nucleus. Only a shortcut: whatever it answers, the token is the same.
+template <class Mass>
+bool nucleus_beyond(ChainRow& row, float top, Mass mass) {
+  std::vector<float> divs;
+  const double p = leading_top_p(row, divs);
+  if (p >= 1.0) return false;
+  auto f = [&divs](float v) {
+    for (float t : divs) v = v == -INFINITY ? v : v / t;
+    return v;
+  };
+  const float fmax = f(top);
+  if (!std::isfinite(fmax)) return false;
+  row.divs = divs;
+  const double need = p * full_z(row, fmax), mc = mass(f, fmax);
+  if (!(mc < need)) return false;
+  row.covered = mc / need;
+  return true;
+}
+
+// nucleus_beyond for the gathered candidates (row.cand, unsorted)
+bool candidates_beyond(ChainRow& row) {
+  const auto& c = *row.cand;
+  if (c.empty()) return false;
+  float top = -INFINITY;
+  for (const auto& e : c) top = e.first > top ? e.first : top;
+  return nucleus_beyond(row, top, [&c](auto f, float fmax) {
+    double mc = 0.0;
+    for (size_t i = 0, j; i < c.size(); i = j) {    // (tokens at the bound come in a run of equal values)
+      for (j = i + 1; j < c.size() && c[j].first == c[i].first;) ++j;
+      mc += double(std::exp(f(c[i].first) - fmax)) * double(j - i);
+    }
+    return mc;
+  });
+}
+
 // Candidates above the (m+1)-th largest block maximum (nth_element over a copy of the maxima; at most m blocks
 // hold a token above it), sorted by value descending, then id ascending; returns the bound, every other token
 // being at most it. `inclusive`: the tokens at the bound too (after the others, in id order: their order
 // already) -- for a top tied across more than m blocks, where no token lies above the bound -- and returns the
 // largest value below it (-inf if none), every other token being at most that.
-float chain_candidates(const ChainRow& row, int64_t nb, int bs, int64_t m, std::vector<float>& scratch,
-                       bool inclusive = false) {
+// `beyond` (when given): set when candidates_beyond says the candidates cannot decide the row (left unsorted then).
+float chain_candidates(ChainRow& row, int64_t nb, int bs, int64_t m, std::vector<float>& scratch,
+                       bool inclusive = false, bool* beyond = nullptr) {
   auto& cand = *row.cand;
   cand.clear();
   const std::vector<float>& bm = *row.bm;
@@ -1284,11 +1382,14 @@ float chain_candidates(const ChainRow& row, int64_t nb, int bs, int64_t m, std::
     const int64_t lo = c * bs, end = std::min<int64_t>(row.V, lo + bs);
     gather_block(row.x, lo, end, bound, cand, inclusive ? &at_bound : nullptr, below);
   }
-  std::sort(cand.begin(), cand.end(), [](const auto& a, const auto& b) {
+  const size_t above = cand.size();
+  cand.insert(cand.end(), at_bound.begin(), at_bound.end());
+  const float tail = inclusive ? below : bound;
+  if (beyond != nullptr && (*beyond = candidates_beyond(row))) return tail;
+  std::sort(cand.begin(), cand.begin() + above, [](const auto& a, const auto& b) {
     return a.first > b.first || (a.first == b.first && a.second < b.second);
   });
-  cand.insert(cand.end(), at_bound.begin(), at_bound.end());
-  return inclusive ? below : bound;
+  return tail;
 }
 
 // sum of exp(v[i] / t - c) over v[0..n) (v[i] / t <= c, or -inf), in double across blocks of 64: the values
@@ -1535,8 +1636,7 @@ bool chain_run(ChainRow& row, float bound, int32_t* token, float* logprob) {
 SAMPLEC_VOCAB_LOOP void threefry_strided(uint32_t k0, uint32_t k1, uint32_t first, uint32_t stride, int n,
                                          uint32_t c1, uint32_t* out) {
   for (int t0 = 0; t0 < n; t0 += 16) {
-    U16 ids;
-    for (int l = 0; l < 16; ++l) ids[l] = first + static_cast<uint32_t>(t0 + l) * stride;
+    const U16 ids = kIota16 * stride + (first + static_cast<uint32_t>(t0) * stride);
     const U16 bits = threefry16(k0, k1, ids, c1);
     std::memcpy(out + t0, &bits, sizeof bits);
   }
@@ -1648,8 +1748,18 @@ void mass_histogram(const float* e, int64_t n, uint32_t lo, uint32_t hi, int& sh
   const int varying = 32 - __builtin_clz(lo ^ hi);
   shift = varying > kDigit ? varying - kDigit : 0;
   mask = (1u << (varying - shift)) - 1u;
-  hist.assign(mask + 1, 0.0);
-  for (int64_t i = 0; i < n; ++i) hist[(order_key(e[i]) >> shift) & mask] += e[i];
+  // four histograms over alternate tokens, then added (a tied row sends every token to a few buckets: one
+  // histogram would chain each add on the last one's store)
+  const size_t w = mask + 1;
+  hist.assign(4 * w, 0.0);
+  double* h = hist.data();
+  int64_t i = 0;
+  for (; i + 4 <= n; i += 4) {
+    for (int j = 0; j < 4; ++j) h[j * w + ((order_key(e[i + j]) >> shift) & mask)] += e[i + j];
+  }
+  for (; i < n; ++i) h[(order_key(e[i]) >> shift) & mask] += e[i];
+  for (size_t b = 0; b < w; ++b) h[b] = (h[b] + h[w + b]) + (h[2 * w + b] + h[3 * w + b]);
+  hist.resize(w);
 }
 
 // The least and the largest e[i] in [lo, hi] (vlo > vhi when none)
@@ -1732,6 +1842,48 @@ float mass_cut(const float* e, int64_t n, double need, std::vector<uint32_t>& ke
   if (vlo > vhi) return key_value(first);
   collect_range(e, n, blo, bhi, keys, wd);
   return key_value(radix_select(keys, wd, need, base));
+}
+
+// The number of v[i] equal to x
+SAMPLEC_VOCAB_LOOP int64_t count_equal(const float* v, int64_t n, float x) {
+  int64_t total = 0;
+  for (int64_t i0 = 0; i0 < n; i0 += 65536) {
+    uint32_t part = 0;
+    const int64_t end = std::min<int64_t>(n, i0 + 65536);
+    for (int64_t i = i0; i < end; ++i) part += v[i] == x;
+    total += part;
+  }
+  return total;
+}
+
+// The number of kept tokens (keep: 0/1 bytes)
+SAMPLEC_VOCAB_LOOP int64_t count_kept(const uint8_t* keep, int64_t n) {
+  int64_t total = 0;
+  for (int64_t i0 = 0; i0 < n; i0 += 65536) {     // (uint32 lanes: vectorizes)
+    uint32_t part = 0;
+    const int64_t end = std::min<int64_t>(n, i0 + 65536);
+    for (int64_t i = i0; i < end; ++i) part += keep[i];
+    total += part;
+  }
+  return total;
+}
+
+// The ids of the kept tokens, ascending, into out; their count. Eight flags at a time: an all-zero word is
+// skipped, the others' bits packed by one multiplication (byte j's 0/1 to bit j) and taken by their bits.
+int64_t kept_ids(const uint8_t* keep, int64_t n, int32_t* out) {
+  int64_t m = 0, i = 0;
+  for (; i + 8 <= n; i += 8) {
+    uint64_t w;
+    std::memcpy(&w, keep + i, sizeof w);
+    if (w == 0) continue;
+    uint32_t bits = static_cast<uint32_t>(((w & 0x0101010101010101ull) * 0x0102040810204080ull) >> 56);
+    for (; bits; bits &= bits - 1) out[m++] = static_cast<int32_t>(i + __builtin_ctz(bits));
+  }
+  for (; i < n; ++i) {
+    out[m] = static_cast<int32_t>(i);
+    m += keep[i];
+  }
+  return m;
 }
 
 // The dense chain's passes over the row, branch-free so that they vectorize (`keep` is a 0/1 byte per token).
@@ -1953,15 +2105,9 @@ void chain_dense(ChainRow& row, int64_t nb, int bs, int32_t* token, float* logpr
     // at the cut, so no block can be skipped): their ids compacted, then their RandomBits sixteen at a time, a
     // group skipped when its largest value plus the largest noise stays below the best score, a token rejected
     // on its bits alone as in the block walk -- Threefry for the kept tokens only.
-    int64_t n_kept = 0;
-    for (int64_t i = 0; i < V; ++i) n_kept += keep[i];
-    if (n_kept * 4 < V * 3) {
+    if (count_kept(keep.data(), V) * 4 < V * 3) {
       order.resize(V);
-      int64_t m = 0;
-      for (int64_t i = 0; i < V; ++i) {         // (branch-free compaction)
-        order[m] = static_cast<int32_t>(i);
-        m += keep[i];
-      }
+      const int64_t m = kept_ids(keep.data(), V, order.data());
       int64_t first = 0;                          // the best score starts at a largest value's
       while (first < m && fx[order[first]] != fmax) ++first;
       int64_t i_at = -1;
@@ -2154,6 +2300,7 @@ struct SampleChain {
       row.x_out = want_x || want_probs ? out[2].data<float>() + r * V : nullptr;
       row.probs_out = want_probs;
       row.bm = &bm;
+      row.nb = nb;
       row.cand = &cand;
       row.at_bound = &at_bound;
       bool has_zero = false;
@@ -2210,14 +2357,18 @@ struct SampleChain {
         }
         for (int64_t m : {first, int64_t(512)}) {
           if (m >= nb || (m == 512 && first == 512)) break;
-          const float bound = chain_candidates(row, nb, bs, m, scratch_bm);
-          if ((done = chain_run(row, bound, token + r, logprob + r))) break;
+          bool beyond = false;
+          const float bound = chain_candidates(row, nb, bs, m, scratch_bm, false, &beyond);
+          if (!beyond && (done = chain_run(row, bound, token + r, logprob + r))) break;
           if (cand.empty()) {
             // no candidate above the bound: the top is tied across more than m blocks (more blocks will not
             // help); the tokens at the bound join the candidates, the tail is what lies below it
-            if (bound > -INFINITY) {
-              const float below = chain_candidates(row, nb, bs, m, scratch_bm, true);
-              done = chain_run(row, below, token + r, logprob + r);
+            // (a leading top_p the tied top cannot fill -- its n tokens' mass is n -- goes to the whole row
+            // without gathering them)
+            if (bound > -INFINITY &&
+                !nucleus_beyond(row, bound, [&](auto, float) { return double(count_equal(row.x, V, bound)); })) {
+              const float below = chain_candidates(row, nb, bs, m, scratch_bm, true, &beyond);
+              done = !beyond && chain_run(row, below, token + r, logprob + r);
             }
             break;
           }
