@@ -970,9 +970,32 @@ inline FV exp_nonpos(FV v) {
 
 inline F16 exp16_nonpos(F16 v) { return exp_nonpos<F16, I16>(v); }
 
-// sum of exp(v[i] - c) over v[0..n), every v[i] <= c (or -inf); in double across blocks of 64
+typedef float F8 __attribute__((vector_size(8 * sizeof(float))));
+typedef double D8 __attribute__((vector_size(8 * sizeof(double))));
+
+// Sixteen running sums in double, one per lane, added to once per block of floats (a sum across the lanes per
+// block would be a chain of sixteen dependent scalar adds); summed across the lanes at the end.
+struct DoubleLanes {
+  D8 a{}, b{};
+  void add(F16 v) {
+    F8 lo, hi;
+    std::memcpy(&lo, &v, sizeof lo);
+    std::memcpy(&hi, reinterpret_cast<const char*>(&v) + sizeof lo, sizeof hi);
+    a += __builtin_convertvector(lo, D8);
+    b += __builtin_convertvector(hi, D8);
+  }
+  double sum() const {
+    double s = 0.0;
+    for (int l = 0; l < 8; ++l) s += a[l];
+    for (int l = 0; l < 8; ++l) s += b[l];
+    return s;
+  }
+};
+
+// sum of exp(v[i] - c) over v[0..n), every v[i] <= c (or -inf); in double, per lane (DoubleLanes)
 SAMPLEC_VOCAB_LOOP double sum_exp(const float* v, int64_t n, float c) {
-  double total = 0.0;
+  DoubleLanes total;                   // (per-lane sums in double: no horizontal sum per block)
+  double rest = 0.0;
   int64_t i = 0;
   for (; i + 64 <= n; i += 64) {
     F16 acc{};
@@ -981,17 +1004,16 @@ SAMPLEC_VOCAB_LOOP double sum_exp(const float* v, int64_t n, float c) {
       std::memcpy(&a, v + i + j, sizeof a);
       acc += exp16_nonpos(a - c);
     }
-    double s = 0.0;
-    for (int l = 0; l < 16; ++l) s += acc[l];
-    total += s;
+    total.add(acc);
   }
-  for (; i < n; ++i) total += std::exp(static_cast<double>(v[i] - c));
-  return total;
+  for (; i < n; ++i) rest += std::exp(static_cast<double>(v[i] - c));
+  return total.sum() + rest;
 }
 
-// v[i] = exp(v[i]) in place for v[i] <= 0 (or -inf: 0); their sum, in double across blocks of 64
+// v[i] = exp(v[i]) in place for v[i] <= 0 (or -inf: 0); their sum, in double per lane
 SAMPLEC_VOCAB_LOOP double exp_inplace(float* v, int64_t n) {
-  double total = 0.0;
+  DoubleLanes total;                   // (per-lane sums in double: no horizontal sum per block)
+  double rest = 0.0;
   int64_t i = 0;
   for (; i + 64 <= n; i += 64) {
     F16 acc{};
@@ -1002,15 +1024,13 @@ SAMPLEC_VOCAB_LOOP double exp_inplace(float* v, int64_t n) {
       std::memcpy(v + i + j, &a, sizeof a);
       acc += a;
     }
-    double s = 0.0;
-    for (int l = 0; l < 16; ++l) s += acc[l];
-    total += s;
+    total.add(acc);
   }
   for (; i < n; ++i) {
     v[i] = std::exp(v[i]);
-    total += v[i];
+    rest += v[i];
   }
-  return total;
+  return total.sum() + rest;
 }
 
 // A primitive applying Op::row(v, n, out) to each row v of a 2-D float32 input, writing Op::width(n) floats per
@@ -1392,10 +1412,11 @@ float chain_candidates(ChainRow& row, int64_t nb, int bs, int64_t m, std::vector
   return tail;
 }
 
-// sum of exp(v[i] / t - c) over v[0..n) (v[i] / t <= c, or -inf), in double across blocks of 64: the values
+// sum of exp(v[i] / t - c) over v[0..n) (v[i] / t <= c, or -inf), in double per lane: the values
 // divided as a temperature stage divides them, without writing them
 SAMPLEC_VOCAB_LOOP double sum_exp_div(const float* v, int64_t n, float t, float c) {
-  double total = 0.0;
+  DoubleLanes total;                   // (per-lane sums in double: no horizontal sum per block)
+  double rest = 0.0;
   int64_t i = 0;
   for (; i + 64 <= n; i += 64) {
     F16 acc{};
@@ -1404,12 +1425,10 @@ SAMPLEC_VOCAB_LOOP double sum_exp_div(const float* v, int64_t n, float t, float 
       std::memcpy(&a, v + i + j, sizeof a);
       acc += exp16_nonpos(a / t - c);      // (-inf / t - c is -inf: 0)
     }
-    double s = 0.0;
-    for (int l = 0; l < 16; ++l) s += acc[l];
-    total += s;
+    total.add(acc);
   }
-  for (; i < n; ++i) total += v[i] == -INFINITY ? 0.0 : std::exp(static_cast<double>(v[i] / t - c));
-  return total;
+  for (; i < n; ++i) rest += v[i] == -INFINITY ? 0.0 : std::exp(static_cast<double>(v[i] / t - c));
+  return total.sum() + rest;
 }
 
 // sum over the whole row of exp(f(x) - vmax), in double; once per row for given temperatures and vmax
