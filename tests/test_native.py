@@ -610,8 +610,9 @@ def test_penalties_after_penalties_are_one_list_of_edits(pure):
         np.testing.assert_allclose(np.array(got.probs), np.array(ref.probs), rtol=1e-5, atol=1e-7)
 
 
+@pytest.mark.parametrize("temp", [1.0, 0.7])
 @pytest.mark.parametrize("kind", ["flat", "ties", "flat_ties", "wide"])
-def test_top_p_over_the_whole_row_keeps_the_reference_nucleus(kind):
+def test_top_p_over_the_whole_row_keeps_the_reference_nucleus(kind, temp):
     """A leading top_p whose nucleus is most of the row runs on the whole row: its mass selection histograms the
     probabilities' bits straight from the row and refines only the boundary bucket (one value in it: a tied row's
     cut at once). The kept set (probs > 0) is the contract's -- every token whose mass strictly above, summed
@@ -629,11 +630,13 @@ def test_top_p_over_the_whole_row_keeps_the_reference_nucleus(kind):
     else:                                    # probabilities over many binades, a fifth of the row removed
         x = rng.normal(0, 3.0, (1, V)).astype(np.float32)
         x[rng.random((1, V)) < 0.2] = -np.inf
-    prog = samplec.compile("sampler s(p: float, seed: seed) -> token, probs { top_p(p) sample(seed) }")
+    prog = samplec.compile("sampler s(t: float, p: float, seed: seed) -> token, probs "
+                           "{ temperature(t) top_p(p) sample(seed) }")
+    xt = x[0] / np.float32(temp) if temp != 1.0 else x[0]
     for i, p in enumerate([0.1, 0.5, 0.9, 0.95, 0.999]):
-        out = prog(x, p=p, seed=i)
+        out = prog(x, t=temp, p=p, seed=i)
         kept = np.array(out.probs)[0] > 0
-        q = np.exp(x[0].astype(np.float64) - x[0].max())
+        q = np.exp(xt.astype(np.float64) - xt.max())
         q /= q.sum()
         order = np.argsort(-q, kind="stable")
         above = np.concatenate([[0.0], np.cumsum(q[order])[:-1]])
@@ -643,5 +646,6 @@ def test_top_p_over_the_whole_row_keeps_the_reference_nucleus(kind):
         sure_in, sure_out = S < p - 1e-6, S > p + 1e-6
         assert kept[sure_in].all() and not kept[sure_out].any(), (kind, p)
         assert sure_in.sum() > 0 and (sure_in | sure_out).sum() >= V - 64, (kind, p)   # (not vacuous)
-        ref = R.run_chain(x[0], [("top_p", {"p": p})], ("sample", {"seed": i, "position": 0}))
+        ref = R.run_chain(x[0], [("temperature", {"t": temp}), ("top_p", {"p": p})],
+                          ("sample", {"seed": i, "position": 0}))
         assert int(np.array(out.token)[0]) == ref["token"], (kind, p)
