@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <functional>
 #include <atomic>
+#include <thread>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -44,7 +45,9 @@ std::atomic<uint64_t> g_released{0};    // holds closed: all of them when it equ
 std::atomic<uint64_t> g_queued{0};      // native tasks queued
 std::atomic<double> g_hold_us{0.0};
 
-// Poll (with a pause hint) until done() or max_us have passed; whether done() held.
+// Poll until done() or max_us have passed; whether done() held. Each round yields the core (sched_yield: at once
+// back when nothing else is runnable): on a loaded machine a poller that only paused would hold the core that
+// MLX's worker -- the thread it waits for -- needs (measured: a B = 1 call 3x slower beside one busy process).
 template <class F>
 bool poll(F done, double max_us) {
   const auto start = std::chrono::steady_clock::now();
@@ -52,9 +55,7 @@ bool poll(F done, double max_us) {
     if (std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count() > max_us) {
       return false;
     }
-#if defined(__x86_64__)
-    __builtin_ia32_pause();
-#endif
+    std::this_thread::yield();
   }
   return true;
 }
@@ -1108,6 +1109,133 @@ SAMPLEC_VOCAB_LOOP void softmax_inplace(float* o, int64_t n, float m) {
   for (; i < n; ++i) o[i] /= z;
 }
 
+// out[i] = exp(d[i]) for d[i] <= 0 by the vectorized exp of sum_exp (the same clone on a given machine, so the
+// same floats sum_exp adds)
+SAMPLEC_VOCAB_LOOP void exp_terms(const float* d, int64_t n, float* out) {
+  for (int64_t i = 0; i < n; i += 16) {
+    F16 a = F16{} - INFINITY;
+    const int64_t w = std::min<int64_t>(16, n - i);
+    std::memcpy(&a, d + i, w * sizeof(float));
+    const F16 r = exp16_nonpos(a);
+    std::memcpy(out + i, &r, w * sizeof(float));
+  }
+}
+
+// The number of v[i] equal to x
+SAMPLEC_VOCAB_LOOP int64_t count_equal(const float* v, int64_t n, float x) {
+  int64_t total = 0;
+  for (int64_t i0 = 0; i0 < n; i0 += 65536) {
+    uint32_t part = 0;
+    const int64_t end = std::min<int64_t>(n, i0 + 65536);
+    for (int64_t i = i0; i < end; ++i) part += v[i] == x;
+    total += part;
+  }
+  return total;
+}
+
+// Log-probabilities at idx ([B, 1], clipped into the row) under a row and under the row with edits written in
+// (put_along(x, ids, vals), a later write of an id winning), from one exp pass over the row: four [B, 1] outputs,
+// (x'[idx] - max x') - log sum exp(x' - max x'), the same of x, then x's max and log sum exp (row_logsumexp's,
+// bit for bit: a log_softmax of x reads them). The edited sum is the row's (relative to its max) less the edited
+// tokens' terms -- each the very float the pass added -- plus their new ones; where that would not hold (a new
+// value above the row's maximum, every token at the maximum edited, a sum that cancels to nearly nothing,
+// non-finite maxima) the edited row is written out and summed directly. (Greedy after penalties with `logprob`
+// and `raw_logprob`: one primitive, no [B, V] write, one exp pass.)
+struct EditedLogSumExp {
+  static constexpr const char* kName = "SamplecEditedLogSumExp";
+  bool operator==(const EditedLogSumExp&) const { return true; }
+  void operator()(std::vector<mx::array>& in, std::vector<mx::array>& out) const {
+    const int64_t rows = in[0].shape(0), n = in[0].shape(1), h = in[1].shape(1);
+    const Rows<float> x(in[0]), vals(in[2]);
+    const Rows<int32_t> ids(in[1]), idx(in[3]);
+    float *lp = out[0].data<float>(), *raw_lp = out[1].data<float>(), *om = out[2].data<float>(),
+          *olz = out[3].data<float>();
+    std::vector<std::pair<int32_t, float>> put;
+    std::vector<float> buf, scratch, d, e;
+    for (int64_t r = 0; r < rows; ++r) {
+      put.clear();
+      for (int64_t j = 0; j < h; ++j) {
+        const int32_t id = ids(r, j);
+        if (id >= 0 && id < n) put.emplace_back(id, vals(r, j));
+      }
+      std::stable_sort(put.begin(), put.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+      size_t u = 0;                        // the last write of each id, in id order
+      for (size_t k = 0; k < put.size(); ++k) {
+        if (k + 1 < put.size() && put[k + 1].first == put[k].first) continue;
+        put[u++] = put[k];
+      }
+      put.resize(u);
+      const float* row = x.row(r, n, buf);
+      const float m = max_nan(row, n);
+      const double z = std::isfinite(m) ? sum_exp(row, n, m) : 0.0;
+      const float lz = std::isfinite(m) ? static_cast<float>(std::log(z)) : (m != m ? m : 0.0f);
+      om[r] = m;
+      olz[r] = lz;
+      int64_t at = idx(r, 0);
+      at = at < 0 ? 0 : at >= n ? n - 1 : at;
+      raw_lp[r] = (row[at] - m) - lz;
+      float v_at = row[at];
+      for (const auto& [id, v] : put) {
+        if (id == at) v_at = v;
+      }
+      // the edited maximum: the new values', and the row's where some token at it keeps its value
+      float mn = -INFINITY;
+      bool top_kept = true, nan = false;
+      for (const auto& [id, v] : put) {
+        mn = greater_nan(v, mn) ? v : mn;
+        nan |= v != v;
+        top_kept &= row[id] != m;
+      }
+      bool direct = !std::isfinite(m) || nan || greater_nan(mn, m);
+      float m2 = m;
+      double z2 = z;
+      if (!direct) {
+        if (!top_kept && count_equal(row, n, m) == static_cast<int64_t>(
+                             std::count_if(put.begin(), put.end(), [&](const auto& e) { return row[e.first] == m; }))) {
+          direct = true;                   // (every token at the maximum was edited)
+        } else {
+          // (an untouched token holds m, and no new value exceeds it) each edited token's term as sum_exp added
+          // it -- the same vectorized exp, or in its last partial block the scalar one -- and the new one
+          d.clear();
+          for (const auto& [id, v] : put) d.push_back(v - m), d.push_back(row[id] - m);
+          e.resize(d.size());
+          exp_terms(d.data(), static_cast<int64_t>(d.size()), e.data());
+          for (size_t k = 0; k < put.size(); ++k) {
+            const bool vector_part = put[k].first < n / 64 * 64;
+            z2 += vector_part ? double(e[2 * k]) : std::exp(static_cast<double>(d[2 * k]));
+            z2 -= vector_part ? double(e[2 * k + 1]) : std::exp(static_cast<double>(d[2 * k + 1]));
+          }
+          direct = !(z2 > 1e-6 * z);
+        }
+      }
+      if (direct) {
+        scratch.assign(row, row + n);
+        for (const auto& [id, v] : put) scratch[id] = v;
+        m2 = max_nan(scratch.data(), n);
+        z2 = std::isfinite(m2) ? sum_exp(scratch.data(), n, m2) : 0.0;
+      }
+      const float lz2 = std::isfinite(m2) ? static_cast<float>(std::log(z2)) : (m2 != m2 ? m2 : 0.0f);
+      lp[r] = (v_at - m2) - lz2;
+    }
+  }
+};
+
+std::vector<mx::array> edited_logsumexp(const mx::array& x, const mx::array& ids, const mx::array& vals,
+                                        const mx::array& idx) {
+  need_rows(x, mx::float32, "edited_logsumexp");
+  need_rows(ids, mx::int32, "edited_logsumexp");
+  need_rows(vals, mx::float32, "edited_logsumexp");
+  need_rows(idx, mx::int32, "edited_logsumexp");
+  const int B = x.shape(0);
+  if (ids.shape(0) != B || vals.shape(0) != B || vals.shape(1) != ids.shape(1) || idx.shape(0) != B ||
+      idx.shape(1) != 1 || x.shape(1) < 1) {
+    throw std::invalid_argument("edited_logsumexp: x [B, V], ids and vals [B, H], idx [B, 1]");
+  }
+  return make(EditedLogSumExp{}, {{B, 1}, {B, 1}, {B, 1}, {B, 1}}, {mx::float32, mx::float32, mx::float32, mx::float32},
+              {x, ids, vals, idx});
+}
+
+
 // softmax along each row. A row whose maximum is not finite (NaN, +inf, or nothing but -inf) is NaN, as
 // exp(x - max) / sum is there.
 struct SoftmaxRow {
@@ -1863,18 +1991,6 @@ float mass_cut(const float* e, int64_t n, double need, std::vector<uint32_t>& ke
   return key_value(radix_select(keys, wd, need, base));
 }
 
-// The number of v[i] equal to x
-SAMPLEC_VOCAB_LOOP int64_t count_equal(const float* v, int64_t n, float x) {
-  int64_t total = 0;
-  for (int64_t i0 = 0; i0 < n; i0 += 65536) {
-    uint32_t part = 0;
-    const int64_t end = std::min<int64_t>(n, i0 + 65536);
-    for (int64_t i = i0; i < end; ++i) part += v[i] == x;
-    total += part;
-  }
-  return total;
-}
-
 // The number of kept tokens (keep: 0/1 bytes)
 SAMPLEC_VOCAB_LOOP int64_t count_kept(const uint8_t* keep, int64_t n) {
   int64_t total = 0;
@@ -2463,6 +2579,8 @@ NB_MODULE(_ext, m) {
         nb::arg("frequency"), nb::arg("presence"), nb::arg("prior") = std::vector<mx::array>{},
         "penalties' edits: [ids [B, H] int32, penalized values [B, H] float32, overflow [B] bool] (the window's "
         "ids, 0 where an entry does not count; the logits there penalized; whether one is +inf).");
+  m.def("edited_logsumexp", &edited_logsumexp, nb::arg("x"), nb::arg("ids"), nb::arg("vals"), nb::arg("idx"),
+        "Log-probabilities at idx under put_along(x, ids, vals) and under x, then x's max and log-sum-exp.");
   m.def("argmax_put", &argmax_put, nb::arg("x"), nb::arg("ids"), nb::arg("vals"),
         "argmax of put_along(x, ids, vals) along the rows, without writing it: [B, 1] int32.");
   m.def("row_logsumexp", &row_logsumexp, nb::arg("x"),

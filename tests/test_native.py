@@ -649,3 +649,65 @@ def test_top_p_over_the_whole_row_keeps_the_reference_nucleus(kind, temp):
         ref = R.run_chain(x[0], [("temperature", {"t": temp}), ("top_p", {"p": p})],
                           ("sample", {"seed": i, "position": 0}))
         assert int(np.array(out.token)[0]) == ref["token"], (kind, p)
+
+
+def test_edited_logsumexp_is_the_normalizers_of_both_rows(pure):
+    """edited_logsumexp (greedy after penalties with logprob and raw_logprob): the log-probabilities at idx under
+    the logits and under the logits with the edits written in (a later write of an id winning), from one pass:
+    the raw row's maximum and log-sum-exp bit for bit row_logsumexp's, the edited row's equal to row_logsumexp
+    of the written row -- through the cases where the row's sum less the edited terms would not do: the maximum
+    edited (with and without another token at it), a new value above the maximum, a penalized top holding nearly
+    all the mass, -inf written, edits in the last partial block, duplicates, idx out of the row."""
+    r = np.random.default_rng(5)
+    B, V, H = 9, 1000 + 37, 12
+    x = r.standard_normal((B, V)).astype(np.float32) * 3
+    ids = r.integers(-1, V, (B, H)).astype(np.int32)
+    vals = (r.standard_normal((B, H)) * 3).astype(np.float32)
+    top = np.argmax(x, axis=1)
+    ids[1, 0], vals[1, 0] = top[1], x[1, top[1]] - 5            # the maximum edited, no other token at it
+    x[2, 7] = x[2, top[2]]
+    ids[2, 0], vals[2, 0] = top[2], -1.0                        # ... another token at it stays
+    ids[3, 0], vals[3, 0] = 5, x[3].max() + 2                    # a new value above the maximum
+    x[4, 9] = 60.0
+    ids[4, :3], vals[4, :3] = 9, [59.0, 0.0, -40.0]              # the top, nearly all the mass, penalized (last wins)
+    ids[5, 0], vals[5, 0] = 3, -np.inf                           # -inf written
+    ids[6, :4] = [V - 1, V - 2, V - 3, 1000]                     # edits in the last partial block
+    ids[7, :] = -1                                               # no edit at all
+    idx = np.concatenate([top[:, None][:7], [[V + 5]], [[-3]]]).astype(np.int32)
+    idx[3, 0], idx[6, 0] = 5, V - 2
+    lp, raw_lp, m, lz = (np.array(a) for a in native.edited_logsumexp(mx.array(x), mx.array(ids), mx.array(vals),
+                                                                        mx.array(idx)))
+    lse = np.array(native.row_logsumexp(mx.array(x)))
+    np.testing.assert_array_equal(m[:, 0], lse[:, 0])
+    np.testing.assert_array_equal(lz[:, 0], lse[:, 1])
+    xp = x.copy()
+    for b in range(B):
+        for j in range(H):
+            if 0 <= ids[b, j] < V:
+                xp[b, ids[b, j]] = vals[b, j]
+    lse_p = np.array(native.row_logsumexp(mx.array(xp)))
+    at = np.clip(idx[:, 0], 0, V - 1)
+    want = (xp[np.arange(B), at] - lse_p[:, 0]) - lse_p[:, 1]
+    want_raw = (x[np.arange(B), at] - lse[:, 0]) - lse[:, 1]
+    np.testing.assert_allclose(lp[:, 0], want, rtol=1e-6, atol=2e-6)
+    np.testing.assert_array_equal(raw_lp[:, 0], want_raw)
+    # and against float64: the values, not only the agreement of two float32 paths
+    x64 = xp.astype(np.float64)
+    ref = x64[np.arange(B), at] - (np.log(np.exp(x64 - x64.max(1, keepdims=True)).sum(1)) + x64.max(1))
+    np.testing.assert_allclose(lp[:, 0], ref, rtol=1e-5, atol=1e-5)
+
+
+def test_greedy_after_penalties_logprobs_equal_the_dense_program():
+    src = ("sampler s(h: tokens, r: float) -> token, logprob, raw_logprob "
+           "{ penalties(h, last_n = 64, repeat = r) greedy() }")
+    p2, p0 = samplec.compile(src), samplec.compile(src, opt_level=0)
+    r = np.random.default_rng(13)
+    for _ in range(6):
+        x = (r.standard_normal((3, 5000)) * 4).astype(np.float32)
+        h = r.integers(-1, 5000, (3, 70)).astype(np.int32)
+        h[:, :3] = np.argsort(-x, axis=1)[:, :3]                # the top tokens are penalized
+        kw = dict(h=h, r=[1.3, 0.7, 20.0])
+        o2, o0 = p2(x, **kw), p0(x, **kw)
+        assert np.array(o2.token).tolist() == np.array(o0.token).tolist()
+        np.testing.assert_allclose(np.array(o2.logprob), np.array(o0.logprob), rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(np.array(o2.raw_logprob), np.array(o0.raw_logprob), rtol=1e-5, atol=1e-5)

@@ -20,7 +20,9 @@ and `SAMPLEC_NATIVE=0` runs every node through its MLX-ops kernel.
     argmax(penalties(x, ...)), argmax(put_along(x, ids, vals))  -> argmax_put(x, ids, vals) (greedy after
       penalties), without writing the [B, V] result
     reduce_max(x) (f32 [B, V])                       -> row_max(x); of a softmax (`probs`): row_softmax(x)
-    logprob_at(x, idx) outside a chain              -> row_logsumexp(x) and a gather
+    logprob_at(x, idx) outside a chain              -> row_logsumexp(x) and a gather; of penalties(logits, ...):
+      edited_logsumexp(logits, edits, idx) -- both rows' normalizers from one pass, a log_softmax(logits) reads
+      the logits' one
 
 A chain of stage ops ending in a draw is covered by the interpreter itself (`interpreter.Chain`: the native
 `sample_chain` kernel). Each primitive gives exactly what the nodes it covers give through their kernels (tests/test_native.py).
@@ -191,10 +193,14 @@ def _log_softmax(node: Node, users: Users, env: Env):
     the whole result: its `take_along` users get (x[idx] - max) - log Z at their few positions (the same float
     operations), and its `topk_ids` users select on x, whose order log-softmax keeps (see `_topk_ids`)."""
     x = env[id(node.inputs[0])]
-    lse = native.row_logsumexp(x)
-    if lse is None:
-        return None
-    m, lz = lse[:, :1], lse[:, 1:]
+    if ("row_lse", id(node.inputs[0])) in env:            # (computed beside a penalized row's: `_logprob_at`)
+        m, lz = env[("row_lse", id(node.inputs[0]))]
+        lse = mx.concatenate([m, lz], axis=-1)            # (lazy: made only for a topk_ids user)
+    else:
+        lse = native.row_logsumexp(x)
+        if lse is None:
+            return None
+        m, lz = lse[:, :1], lse[:, 1:]
     # the full result is lazy: computed only if something else reads it; the parts go beside it in the env
     return {id(node): (x - m) - lz, ("lse", id(node)): (x, m, lz, lse)}
 
@@ -204,6 +210,12 @@ def _take_along(node: Node, users: Users, env: Env):
     src = node.inputs[0]
     if src.op != "log_softmax" or ("lse", id(src)) not in env:
         return None
+    at = node.inputs[1]
+    while at.op in ("expand", "squeeze") and at.inputs[0].type.dtype == "i32":    # (a token read back as [B, 1])
+        at = at.inputs[0]
+    done = env.get(("logprob_at", id(src.inputs[0]), id(at)))
+    if done is not None and tuple(done.shape) == tuple(env[id(node.inputs[1])].shape):
+        return {id(node): done}                         # (computed beside a penalized row's: `_logprob_at`)
     x, m, lz, _ = env[("lse", id(src))]
     idx = env[id(node.inputs[1])]
     if idx.ndim != 2 or idx.shape[0] not in (1, x.shape[0]):
@@ -253,12 +265,29 @@ def _reduce_max(node: Node, users: Users, env: Env):
             id(div): probs}
 
 
+def _below_penalties(node: Node) -> Node:
+    while node.op == "penalties":
+        node = node.inputs[0]
+    return node
+
+
 def _logprob_at(node: Node, users: Users, env: Env):
     """logprob_at(x, idx) (a logprob outside a chain: greedy written as argmax): (x[idx] - max) - log Z from one
-    vectorized pass, not the log-softmax of the whole row."""
+    vectorized pass, not the log-softmax of the whole row. Where x is a penalties stage, from its edits: the
+    penalized row's normalizer and the logits' own (which a raw_logprob's log_softmax then reads) from one pass
+    over the logits (`edited_logsumexp`), the penalized row never written."""
     x, idx = env[id(node.inputs[0])], env[id(node.inputs[1])]
     if not (idx.ndim == 2 and idx.shape[0] in (1, x.shape[0])):
         return None
+    src = node.inputs[0]
+    pen = penalty_edits(src, env) if src.op == "penalties" else None
+    if pen is not None and pen[1]:
+        out = native.edited_logsumexp(pen[0], *joined_edits(pen[1]), idx)
+        if out is not None:
+            base = id(_below_penalties(src))
+            env[("row_lse", base)] = out[2:]
+            env[("logprob_at", base, id(node.inputs[1]))] = out[1]
+            return {id(node): out[0]}
     lse = native.row_logsumexp(x)
     if lse is None:
         return None

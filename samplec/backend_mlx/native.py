@@ -122,6 +122,18 @@ def penalty_edits(x: mx.array, hist: mx.array, last_n: mx.array, repeat: mx.arra
                                        col(frequency, mx.float32), col(presence, mx.float32), list(prior)))
 
 
+def edited_logsumexp(x: mx.array, ids: mx.array, vals: mx.array, idx: mx.array) -> tuple | None:
+    """(log-prob at idx [B, 1] under put_along(x, ids, vals) -- a later write of an id wins --, the same under x,
+    x's maximum [B, 1], its log-sum-exp [B, 1]: row_logsumexp's), from one exp pass over x."""
+    if not (_rows(x) and ids.ndim == 2 and vals.ndim == 2 and idx.ndim == 2 and idx.shape[-1] == 1 and
+            hasattr(_native, "edited_logsumexp")):
+        return None
+    B = x.shape[0]
+    ids = mx.broadcast_to(ids.astype(mx.int32), (B, ids.shape[-1]))
+    vals = mx.broadcast_to(vals.astype(mx.float32), (B, ids.shape[-1]))
+    return tuple(_native.edited_logsumexp(x, ids, vals, mx.broadcast_to(idx.astype(mx.int32), (B, 1))))
+
+
 def row_logsumexp(x: mx.array) -> mx.array | None:
     """[B, 2]: each row's maximum and log sum exp(x - maximum), in one vectorized pass."""
     if not (_rows(x) and x.shape[-1] >= 1 and hasattr(_native, "row_logsumexp")):
@@ -185,4 +197,4 @@ def sample_chain(x: mx.array, params: list[mx.array], stages: list[str], termina
 
 __all__ = ["enabled", "installed", "wake", "release", "evaluate", "threefry_bits", "block_max", "topk_select",
            "argmax_take", "sample_chain", "CHAIN_STAGES", "row_logsumexp", "row_max", "row_softmax", "argmax_put", "penalty_edits",
-           "top_logprob_ids"]
+           "top_logprob_ids", "edited_logsumexp"]
