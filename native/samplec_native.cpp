@@ -297,7 +297,10 @@ template <class T>
 struct Rows {
   const T* p;
   int64_t s0, s1;
-  explicit Rows(const mx::array& a) : p(a.data<T>()), s0(a.strides()[0]), s1(a.strides()[1]) {}
+  // (a 1-D or 0-D array reads as a column; a dimension of size 1 broadcasts)
+  explicit Rows(const mx::array& a)
+      : p(a.data<T>()), s0(a.ndim() >= 1 && a.shape(0) > 1 ? a.strides()[0] : 0),
+        s1(a.ndim() >= 2 && a.shape(1) > 1 ? a.strides()[1] : 0) {}
   T operator()(int64_t r, int64_t c) const { return p[r * s0 + c * s1]; }
   // Row r as a contiguous pointer: in place, or (a strided view) copied into buf.
   const T* row(int64_t r, int64_t n, std::vector<T>& buf) const {
@@ -810,19 +813,47 @@ std::vector<mx::array> penalty_edits(const mx::array& x, const mx::array& hist, 
                                      const std::vector<mx::array>& prior) {
   need_rows(x, mx::float32, "penalty_edits");
   need_rows(hist, mx::int32, "penalty_edits");
-  need_rows(last_n, mx::int32, "penalty_edits");
   const int B = x.shape(0), H = hist.shape(1);
-  for (const auto* a : {&repeat, &frequency, &presence}) need_rows(*a, mx::float32, "penalty_edits");
-  for (const auto* a : {&hist, &last_n, &repeat, &frequency, &presence}) {
-    if (a->shape(0) != B) throw std::invalid_argument("penalty_edits: operands must have B rows");
-  }
-  if (x.shape(1) < 1 || last_n.shape(1) != 1 || repeat.shape(1) != 1 || frequency.shape(1) != 1 ||
-      presence.shape(1) != 1) {
-    throw std::invalid_argument("penalty_edits: parameters are [B, 1], x [B, V] with V >= 1");
+  if (hist.shape(0) != B || x.shape(1) < 1) throw std::invalid_argument("penalty_edits: x [B, V], history [B, H]");
+  for (const auto* a : {&last_n, &repeat, &frequency, &presence}) {
+    // (a column: [B, 1], [B], [1] or a scalar -- read through Rows, which broadcasts)
+    const bool column = a->ndim() == 0 || (a->ndim() == 1 && (a->shape(0) == B || a->shape(0) == 1)) ||
+                        (a->ndim() == 2 && (a->shape(0) == B || a->shape(0) == 1) && a->shape(1) == 1);
+    if (!column || a->dtype() != (a == &last_n ? mx::int32 : mx::float32)) {
+      throw std::invalid_argument("penalty_edits: last_n int32, the others float32, each [B, 1], [B], [1] or scalar");
+    }
   }
   std::vector<mx::array> ins = {x, hist, last_n, repeat, frequency, presence};
   push_edits(ins, prior, B, "penalty_edits");
   return make(PenaltyEdits{}, {{B, H}, {B, H}, {B}}, {mx::int32, mx::float32, mx::bool_}, ins);
+}
+
+// A token history's input check: ids [B, H] int32 with each id >= V read as padding (-1), and a flag [B] per row
+// holding one -- the call's error names those rows (program.py). One primitive for what would be four MLX ops.
+struct HistoryCheck {
+  static constexpr const char* kName = "SamplecHistoryCheck";
+  int64_t V;
+  bool operator==(const HistoryCheck& o) const { return V == o.V; }
+  void operator()(std::vector<mx::array>& in, std::vector<mx::array>& out) const {
+    const int64_t rows = out[0].shape(0), h = out[0].shape(1);
+    const Rows<int32_t> ids(in[0]);
+    int32_t* o = out[0].data<int32_t>();
+    bool* flag = out[1].data<bool>();
+    for (int64_t r = 0; r < rows; ++r) {
+      bool over = false;
+      for (int64_t j = 0; j < h; ++j) {
+        const int32_t id = ids(r, j);
+        over |= id >= V;
+        o[r * h + j] = id >= V ? -1 : id;
+      }
+      flag[r] = over;
+    }
+  }
+};
+
+std::vector<mx::array> history_check(const mx::array& ids, int64_t V) {
+  need_rows(ids, mx::int32, "history_check");
+  return make(HistoryCheck{V}, {ids.shape(), {ids.shape(0)}}, {mx::int32, mx::bool_}, {ids});
 }
 
 mx::array block_max(const mx::array& x, int bs) {
@@ -2532,9 +2563,9 @@ std::vector<mx::array> sample_chain(const mx::array& x, const std::vector<mx::ar
   const int B = x.shape(0);
   std::vector<mx::array> ins{x};
   for (const auto& p : params) {
-    if (p.ndim() != 2 || p.shape(0) != B || p.shape(1) != 1) {
-      throw std::invalid_argument("sample_chain: parameters must be [B, 1]");
-    }
+    const bool column = p.ndim() == 0 || (p.ndim() == 1 && (p.shape(0) == B || p.shape(0) == 1)) ||
+                        (p.ndim() == 2 && (p.shape(0) == B || p.shape(0) == 1) && p.shape(1) == 1);
+    if (!column) throw std::invalid_argument("sample_chain: parameters must be [B, 1], [B], [1] or scalars");
     ins.push_back(p);
   }
   push_edits(ins, edits, B, "sample_chain");
@@ -2581,6 +2612,8 @@ NB_MODULE(_ext, m) {
         "ids, 0 where an entry does not count; the logits there penalized; whether one is +inf).");
   m.def("edited_logsumexp", &edited_logsumexp, nb::arg("x"), nb::arg("ids"), nb::arg("vals"), nb::arg("idx"),
         "Log-probabilities at idx under put_along(x, ids, vals) and under x, then x's max and log-sum-exp.");
+  m.def("history_check", &history_check, nb::arg("ids"), nb::arg("V"),
+        "(ids with each id >= V replaced by -1, a flag [B] per row that held one): a history's input check.");
   m.def("argmax_put", &argmax_put, nb::arg("x"), nb::arg("ids"), nb::arg("vals"),
         "argmax of put_along(x, ids, vals) along the rows, without writing it: [B, 1] int32.");
   m.def("row_logsumexp", &row_logsumexp, nb::arg("x"),

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import mlx.core as mx
 import numpy as np
 
-from samplec.backend_mlx.native import evaluate, release, row_max, wake
+from samplec.backend_mlx.native import evaluate, history_check, release, row_max, wake
 from samplec.diagnostics import SamplecError
 from samplec.ir.graph import Graph, Param
 from samplec.ir.printer import print_graph
@@ -302,9 +302,12 @@ def _prepare_param(p: Param, value, B: int, V: int, late: list) -> mx.array:
             if over.any():
                 raise SamplecError(f"{message} ({_rows(over)})")
         elif arr.shape[1]:
-            over = arr >= V
-            late.append((message, mx.any(over, axis=-1)))
-            arr = mx.where(over, -1, arr)             # (read as padding until the error is raised)
+            checked = history_check(arr, V)           # (one primitive where the native ones serve)
+            if checked is None:
+                over = arr >= V
+                checked = mx.where(over, -1, arr), mx.any(over, axis=-1)
+            arr = checked[0]                          # (an id >= V reads as padding until the error is raised)
+            late.append((message, checked[1]))
         if arr.dtype != mx.int32:                     # (every negative id is padding: none may wrap to an id)
             if mx.issubdtype(arr.dtype, mx.signedinteger):
                 arr = mx.where(arr < 0, -1, arr)

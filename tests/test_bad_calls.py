@@ -64,6 +64,21 @@ def test_history_ids_are_checked_before_narrowing(prog):
     assert call(prog, h=mx.array(neg)) == call(prog, h=pad)
 
 
+@pytest.mark.parametrize("native_on", ["1", "0"])
+def test_int32_history_arrays_are_checked_in_the_call(prog, native_on, monkeypatch):
+    """An int32 MLX history is checked with the call's outputs (one primitive where the native ones serve, MLX ops
+    otherwise): an id >= V names its rows, and a clean history gives the numpy history's answer."""
+    monkeypatch.setenv("SAMPLEC_NATIVE", native_on)
+    p = samplec.compile(SRC, opt_level=2)
+    bad = np.array([[1, 50], [3, 49]], dtype=np.int32)
+    msg = error(p, h=mx.array(bad))
+    assert msg.startswith("h:") and "row 0" in msg and "row 1" not in msg, msg
+    msg = error(p, h=mx.array(np.array([[1, 2], [60, 70]], dtype=np.int32)))
+    assert msg.startswith("h:") and "row 1" in msg and "row 0" not in msg, msg
+    assert call(p, h=mx.array(H)) == call(p, h=H)
+    assert call(p, h=mx.array(H)[:, ::-1]) == call(p, h=np.ascontiguousarray(H[:, ::-1]))   # (a strided view)
+
+
 def test_the_whole_int32_range(prog):
     assert call(prog, k=-2 ** 31) == call(prog, k=0)              # (k <= 0: off)
     assert call(prog, k=[-2 ** 31, 2 ** 31 - 1]) == call(prog, k=0)

@@ -13,7 +13,7 @@ import mlx.core as mx
 
 from samplec.backend_mlx import native
 from samplec.backend_mlx.kernels import KERNELS
-from samplec.backend_mlx.lowering import RULES, joined_edits, penalty_edits, softmax_pattern
+from samplec.backend_mlx.lowering import RULES, joined_edits, penalty_edits, softmax_pattern, unexpanded
 from samplec.diagnostics import SamplecError
 from samplec.frontend.expand import EXPAND
 from samplec.ir.graph import INPUT, Graph, Node
@@ -41,7 +41,8 @@ class Chain:
         return list(self.top) + list(self.edits) + self.stages + [self.draw] + self.logprobs + list(self.softmax)
 
     def run(self, env: dict) -> dict | None:
-        params = [env[id(i)] for s in self.stages for i in s.inputs[1:]] + [env[id(i)] for i in self.draw.inputs[1:]]
+        params = [env[id(unexpanded(i))] for s in self.stages for i in s.inputs[1:]] + \
+            [env[id(unexpanded(i))] for i in self.draw.inputs[1:]]
         x, edits = env.get(id(self.x)), ()
         if self.edits:
             pen = penalty_edits(self.edits[-1], env)

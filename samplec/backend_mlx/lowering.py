@@ -80,6 +80,12 @@ def _gathers(node: Node, users: Users, env: Env, like: mx.array) -> list[Node]:
     return out
 
 
+def unexpanded(node: Node) -> Node:
+    """A parameter's [B] value itself rather than its expand to [B, 1]: the native primitives read [B] as a column,
+    and an expand that nothing else reads is never computed (each would be a primitive of its own in a call)."""
+    return node.inputs[0] if node.op == "expand" and len(node.inputs[0].type.shape) <= 1 else node
+
+
 def penalty_edits(node: Node, env: Env):
     """(x, [(ids, values) per penalties stage, innermost first], overflow [B]) of a `penalties` node or its
     `penalties_overflow` (the same operands): the logits below every penalties stage and each stage's edits, which
@@ -95,7 +101,8 @@ def penalty_edits(node: Node, env: Env):
             base, levels = inner[0], inner[1]
         else:
             base, levels = env[id(x)], []
-        out = native.penalty_edits(base, *(env[id(i)] for i in node.inputs[1:]), prior=joined_edits(levels))
+        out = native.penalty_edits(base, *(env[id(unexpanded(i))] for i in node.inputs[1:]),
+                                   prior=joined_edits(levels))
         if out is None:
             return None
         env[key] = (base, levels + [out[:2]], out[2])

@@ -117,7 +117,9 @@ def penalty_edits(x: mx.array, hist: mx.array, last_n: mx.array, repeat: mx.arra
     B = x.shape[0]
     if hist.shape[0] != B or any(p.size not in (1, B) for p in (last_n, repeat, frequency, presence)):
         return None
-    col = lambda p, dt: mx.broadcast_to((p if p.dtype == dt else p.astype(dt)).reshape(-1, 1), (B, 1))
+    if any(p.ndim > 2 or (p.ndim == 2 and p.shape[-1] != 1) for p in (last_n, repeat, frequency, presence)):
+        return None
+    col = lambda p, dt: p if p.dtype == dt else p.astype(dt)      # (the kernel reads [B], [1], scalars as columns)
     return tuple(_native.penalty_edits(x, hist, col(last_n, mx.int32), col(repeat, mx.float32),
                                        col(frequency, mx.float32), col(presence, mx.float32), list(prior)))
 
@@ -132,6 +134,14 @@ def edited_logsumexp(x: mx.array, ids: mx.array, vals: mx.array, idx: mx.array) 
     ids = mx.broadcast_to(ids.astype(mx.int32), (B, ids.shape[-1]))
     vals = mx.broadcast_to(vals.astype(mx.float32), (B, ids.shape[-1]))
     return tuple(_native.edited_logsumexp(x, ids, vals, mx.broadcast_to(idx.astype(mx.int32), (B, 1))))
+
+
+def history_check(ids: mx.array, V: int) -> tuple[mx.array, mx.array] | None:
+    """(ids int32 [B, H] with every id >= V read as padding -1, flag [B]: the rows that held one) in one
+    primitive; None where it does not apply (the caller uses MLX ops)."""
+    if not (enabled() and ids.ndim == 2 and ids.dtype == mx.int32 and hasattr(_native, "history_check")):
+        return None
+    return tuple(_native.history_check(ids, V))
 
 
 def row_logsumexp(x: mx.array) -> mx.array | None:
@@ -173,8 +183,8 @@ def sample_chain(x: mx.array, params: list[mx.array], stages: list[str], termina
                  want_top: bool = False) -> tuple[mx.array, ...] | None:
     """A chain of stage ops ending in a draw, per row, in one primitive: (token position [B, 1], logprob of it
     under the chain's final distribution [B, 1], with `want_x` the final logits [B, V], with `want_probs` their
-    softmax). `params`: each stage's operands after x ([B, 1] or broadcastable), then (sample) the seed and the
-    position. `edits` (ids, values), [B, H] each: the chain runs on put_along(x, ids, values). `want_top`: two
+    softmax). `params`: each stage's operands after x ([B, 1], [B], [1] or scalars), then (sample) the seed and
+    the position. `edits` (ids, values), [B, H] each: the chain runs on put_along(x, ids, values). `want_top`: two
     more outputs, MLX's argmax of x [B, 1] and x there [B, 1] (from the chain's own pass over x)."""
     if not (_rows(x) and x.shape[-1] >= 1 and hasattr(_native, "sample_chain")):
         return None     # (also a build of samplec-native older than the chain kernel)
@@ -188,13 +198,14 @@ def sample_chain(x: mx.array, params: list[mx.array], stages: list[str], termina
     if terminal == "sample":
         dtypes += [mx.uint64, mx.uint32]
     args = []
-    for p, dt in zip(params, dtypes):
-        p = p if p.ndim == 2 else p.reshape(p.shape + (1,) * (2 - p.ndim))
-        args.append(mx.broadcast_to(p if p.dtype == dt else p.astype(dt), (B, 1)))
+    for p, dt in zip(params, dtypes):      # (as they are: the kernel reads [B], [1] and scalars as columns)
+        if not (p.ndim <= 2 and p.size in (1, B) and (p.ndim < 2 or p.shape[-1] == 1)):
+            return None
+        args.append(p if p.dtype == dt or (p.dtype == mx.int32 and dt == mx.uint32) else p.astype(dt))
     return tuple(_native.sample_chain(x, args, [CHAIN_STAGES[s] for s in stages], CHAIN_TERMINALS[terminal],
                                       want_logprob, want_x, want_probs, list(edits), want_top))
 
 
 __all__ = ["enabled", "installed", "wake", "release", "evaluate", "threefry_bits", "block_max", "topk_select",
            "argmax_take", "sample_chain", "CHAIN_STAGES", "row_logsumexp", "row_max", "row_softmax", "argmax_put", "penalty_edits",
-           "top_logprob_ids", "edited_logsumexp"]
+           "top_logprob_ids", "edited_logsumexp", "history_check"]
