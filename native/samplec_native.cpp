@@ -583,8 +583,9 @@ struct TopKSelect {
   }
 };
 
-// top_logprobs' ids: the k largest of log_softmax(x) = (x - max) - log Z (lse: [B, 2] of max and log Z, as
-// row_logsumexp gives them), descending, the lower id first among equal log-probabilities. The selection runs on x
+// top_logprobs: the ids of the k largest of log_softmax(x) = (x - max) - log Z (max and log Z [B, 1] each, as
+// row_logsumexp or the chain kernel gives them), descending, the lower id first among equal log-probabilities,
+// and those log-probabilities (a second output: no gather after it). The selection runs on x
 // (log_softmax keeps its order) with `margin` more, and those are ordered by their log-probabilities computed as
 // MLX computes them: rounding can tie logits that differ, and the lower id must then come first.
 struct TopLogprobIds {
@@ -594,34 +595,38 @@ struct TopLogprobIds {
   void operator()(std::vector<mx::array>& in, std::vector<mx::array>& out) const {
     const int64_t rows = in[0].shape(0), n = in[0].shape(1);
     const int kk = static_cast<int>(std::min<int64_t>(n, int64_t(k) + margin));
-    const Rows<float> x(in[0]), lse(in[1]);
+    const Rows<float> x(in[0]), mx_(in[1]), lz_(in[2]);
     std::vector<float> buf;
     std::vector<int32_t> top(kk), kept;
     std::vector<std::pair<float, int32_t>> heap, ranked;
     int32_t* ids = out[0].data<int32_t>();
+    float* vals = out[1].data<float>();
     for (int64_t r = 0; r < rows; ++r) {
       const float* v = x.row(r, n, buf);
       float next;
       select_top(v, n, kk, top.data(), &next, heap, kept);
-      const float m = lse(r, 0), lz = lse(r, 1);
+      const float m = mx_(r, 0), lz = lz_(r, 0);
       ranked.clear();
       for (int i = 0; i < kk; ++i) ranked.emplace_back((v[top[i]] - m) - lz, top[i]);
       std::sort(ranked.begin(), ranked.end(), [](const auto& a, const auto& b) {
         return greater_nan(a.first, b.first) || (a.first == b.first && a.second < b.second) ||
                (a.first != a.first && b.first != b.first && a.second < b.second);
       });
-      for (int i = 0; i < k; ++i) ids[r * k + i] = ranked[i].second;
+      for (int i = 0; i < k; ++i) ids[r * k + i] = ranked[i].second, vals[r * k + i] = ranked[i].first;
     }
   }
 };
 
-std::vector<mx::array> top_logprob_ids(const mx::array& x, const mx::array& lse, int k, int margin) {
+std::vector<mx::array> top_logprob_ids(const mx::array& x, const mx::array& m, const mx::array& lz, int k,
+                                       int margin) {
   need_rows(x, mx::float32, "top_logprob_ids");
-  need_rows(lse, mx::float32, "top_logprob_ids");
-  if (k < 1 || k > x.shape(1) || margin < 0 || lse.shape(0) != x.shape(0) || lse.shape(1) != 2) {
-    throw std::invalid_argument("top_logprob_ids: x [B, n], lse [B, 2], 1 <= k <= n, margin >= 0");
+  need_rows(m, mx::float32, "top_logprob_ids");
+  need_rows(lz, mx::float32, "top_logprob_ids");
+  if (k < 1 || k > x.shape(1) || margin < 0 || m.shape(0) != x.shape(0) || lz.shape(0) != x.shape(0) ||
+      m.shape(1) != 1 || lz.shape(1) != 1) {
+    throw std::invalid_argument("top_logprob_ids: x [B, n], max and log Z [B, 1], 1 <= k <= n, margin >= 0");
   }
-  return make(TopLogprobIds{k, margin}, {{x.shape(0), k}}, {mx::int32}, {x, lse});
+  return make(TopLogprobIds{k, margin}, {{x.shape(0), k}, {x.shape(0), k}}, {mx::int32, mx::float32}, {x, m, lz});
 }
 
 // out = a at positions pos (rows of width w), elementwise over 4-byte values (float32 or int32)
@@ -2386,10 +2391,10 @@ struct SampleChain {
   static constexpr const char* kName = "SamplecSampleChain";
   std::vector<int> stages;
   int terminal;
-  bool want_logprob, want_x, want_probs, edited, want_top;
+  bool want_logprob, want_x, want_probs, edited, want_top, want_raw;
   bool operator==(const SampleChain& o) const {
     return stages == o.stages && terminal == o.terminal && want_logprob == o.want_logprob && want_x == o.want_x &&
-           want_probs == o.want_probs && edited == o.edited && want_top == o.want_top;
+           want_probs == o.want_probs && edited == o.edited && want_top == o.want_top && want_raw == o.want_raw;
   }
   // in = [x, each stage's operands after x as [B, 1] (top_k int32; xtc f32, f32, u64 seed, u32 position; others
   // f32), then (sample) seed u64 and position u32, then (edited) ids int32 [B, H] and values f32 [B, H]: the chain
@@ -2419,8 +2424,9 @@ struct SampleChain {
       row.x = xs.row(r, V, buf);
       // (want_top: MLX's argmax of the input row and the value there -- the logits checks' pass, shared; with
       // edits, of the row before them: its block maxima first, then those of the few blocks the edits touch)
-      int32_t* top_pos = want_top ? out[out.size() - 2].data<int32_t>() + r : nullptr;
-      float* top_val = want_top ? out[out.size() - 1].data<float>() + r : nullptr;
+      const size_t top_at = 2 + (want_x || want_probs);
+      int32_t* top_pos = want_top ? out[top_at].data<int32_t>() + r : nullptr;
+      float* top_val = want_top ? out[top_at + 1].data<float>() + r : nullptr;
       auto top_from_blocks = [&](const float* v) {     // the first block holding the maximum holds its first position
         const float top = max_nan(bm.data(), nb);
         int64_t c = 0;
@@ -2545,12 +2551,25 @@ struct SampleChain {
       }
       if (!done) chain_dense(row, nb, bs, token + r, logprob + r, ebuf, keep, order);
     }
+    if (want_raw) {       // the logits' own normalizer and the token's log-probability under it (row_logsumexp's)
+      const size_t at = 2 + (want_x || want_probs) + (want_top ? 2 : 0);
+      float *om = out[at].data<float>(), *olz = out[at + 1].data<float>(), *olp = out[at + 2].data<float>();
+      for (int64_t r = 0; r < rows; ++r) {
+        const float* raw = xs.row(r, V, buf);
+        const float m = want_top ? out[at - 1].data<float>()[r] : max_nan(raw, V);
+        const float lz = std::isfinite(m) ? static_cast<float>(std::log(sum_exp(raw, V, m))) : (m != m ? m : 0.0f);
+        om[r] = m;
+        olz[r] = lz;
+        olp[r] = (raw[token[r]] - m) - lz;
+      }
+    }
   }
 };
 
 std::vector<mx::array> sample_chain(const mx::array& x, const std::vector<mx::array>& params,
                                     const std::vector<int>& stages, int terminal, bool want_logprob, bool want_x,
-                                    bool want_probs, const std::vector<mx::array>& edits, bool want_top) {
+                                    bool want_probs, const std::vector<mx::array>& edits, bool want_top,
+                                    bool want_raw) {
   need_rows(x, mx::float32, "sample_chain");
   size_t arity = terminal == kSample ? 2 : 0;
   for (int s : stages) {
@@ -2582,7 +2601,12 @@ std::vector<mx::array> sample_chain(const mx::array& x, const std::vector<mx::ar
     shapes.push_back({B, 1});
     dtypes.push_back(mx::float32);
   }
-  return make(SampleChain{stages, terminal, want_logprob, want_x, want_probs, !edits.empty(), want_top}, shapes,
+  for (int i = 0; want_raw && i < 3; ++i) {
+    shapes.push_back({B, 1});
+    dtypes.push_back(mx::float32);
+  }
+  return make(SampleChain{stages, terminal, want_logprob, want_x, want_probs, !edits.empty(), want_top, want_raw},
+              shapes,
               dtypes, ins);
 }
 
@@ -2602,10 +2626,11 @@ NB_MODULE(_ext, m) {
         nb::arg("flat") = false, "[argmax [B, 1], then each gathered array there, [B, 1] or (flat) [B]].");
   m.def("sample_chain", &sample_chain, nb::arg("x"), nb::arg("params"), nb::arg("stages"), nb::arg("terminal"),
         nb::arg("want_logprob"), nb::arg("want_x") = false, nb::arg("want_probs") = false,
-        nb::arg("edits") = std::vector<mx::array>{}, nb::arg("want_top") = false,
+        nb::arg("edits") = std::vector<mx::array>{}, nb::arg("want_top") = false, nb::arg("want_raw") = false,
         "The sampler chain (stage codes: 0 temperature, 1 top_k, 2 top_p, 3 min_p, 4 top_n_sigma, 5 typical_p, "
         "6 xtc; terminal 0 greedy, 1 sample) on each row of x: [token [B, 1], logprob [B, 1], (want_x) the final "
-        "logits [B, V] or (want_probs) their softmax].");
+        "logits [B, V] or (want_probs) their softmax, (want_top) MLX's argmax of x and x there, (want_raw) x's "
+        "max, log-sum-exp and the token's log-probability under softmax(x), each [B, 1]].");
   m.def("penalty_edits", &penalty_edits, nb::arg("x"), nb::arg("hist"), nb::arg("last_n"), nb::arg("repeat"),
         nb::arg("frequency"), nb::arg("presence"), nb::arg("prior") = std::vector<mx::array>{},
         "penalties' edits: [ids [B, H] int32, penalized values [B, H] float32, overflow [B] bool] (the window's "
@@ -2618,8 +2643,8 @@ NB_MODULE(_ext, m) {
         "argmax of put_along(x, ids, vals) along the rows, without writing it: [B, 1] int32.");
   m.def("row_logsumexp", &row_logsumexp, nb::arg("x"),
         "[B, 2]: each row's maximum and the log of the sum of exp(x - maximum) (x 2-D float32).");
-  m.def("top_logprob_ids", &top_logprob_ids, nb::arg("x"), nb::arg("lse"), nb::arg("k"), nb::arg("margin"),
-        "[B, k] int32: the ids of the k largest (x - max) - log Z (lse = [max, log Z] per row), descending, lower "
+  m.def("top_logprob_ids", &top_logprob_ids, nb::arg("x"), nb::arg("m"), nb::arg("lz"), nb::arg("k"), nb::arg("margin"),
+        "[ids [B, k] int32, values [B, k]]: the k largest (x - max) - log Z (m, lz: [B, 1]), descending, lower "
         "id first on ties; selected on x with `margin` more.");
   m.def("row_max", &row_max, nb::arg("x"), "[B, 1]: the maximum of each row of a 2-D float32 array (a NaN wins).");
   m.def("row_softmax", &row_softmax, nb::arg("x"),

@@ -34,8 +34,9 @@ _SHAPE_OPS = {"const", "expand", "squeeze", "cast", "iota"}
 
 # what each native rule of lowering.RULES computes its node with (the primitive of samplec-native)
 NATIVE_PRIMITIVES = {
-    "log_softmax": "row_logsumexp", "topk_ids": "top_logprob_ids", "random_bits": "threefry_bits",
-    "argmax": "argmax_take (argmax_put after penalties)", "take_along": "a gather of x, max and log Z",
+    "log_softmax": "row_logsumexp", "topk_ids": "top_logprob_ids (ids and values)", "random_bits": "threefry_bits",
+    "argmax": "argmax_take (argmax_put after penalties)",
+    "take_along": "a gather of x, max and log Z (or a value the chain or top_logprob_ids gave)",
     "reduce_max": "row_max",
 }
 CHAIN_KERNEL = ("the native chain kernel sample_chain: per row, the tokens above a block bound (a selection over "
@@ -386,11 +387,17 @@ def _runs(grp: Group, ex: Explained) -> None:
                 grp.runs.append(f"{name} = softmax of the chain's final logits "
                                 f"({', '.join(m.op for m in chain[1].softmax)}): written by chain #{chain[0] + 1}, "
                                 "the native chain kernel")
+        elif chain is not None and ex.chain_native and n is chain[1].raw:
+            grp.runs.append(f"{name} = log_softmax: its maximum, log-sum-exp and the token's value from chain "
+                            f"#{chain[0] + 1}, the native chain kernel (the full row only where something reads it)")
         elif chain is not None and ex.chain_native:
             grp.runs.append(f"{name} = {n.op}: chain #{chain[0] + 1}, the native chain kernel")
         elif n.op in ("penalties", "penalties_overflow") and ex.native:
             grp.runs.append(f"{name} = {n.op}: the native penalty_edits (the window's ids, their penalized logits "
                             "and the check's flag in one primitive, shared by the stage and its check)")
+        elif n.op == "logprob_at" and ex.native and n.inputs[0].op == "penalties":
+            grp.runs.append(f"{name} = logprob_at: the native edited_logsumexp (the penalized row's and the logits' "
+                            "normalizers from one pass)")
         elif n.op == "logprob_at" and ex.native:
             grp.runs.append(f"{name} = logprob_at: the native row_logsumexp and a gather")
         elif n.op in DENSE_OPS:

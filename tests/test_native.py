@@ -442,7 +442,7 @@ def test_chain_on_edits_equals_the_chain_on_the_written_row():
 
 
 def test_top_logprob_ids_orders_by_rounded_logprobs_lower_id_first():
-    """top_logprobs' ids: the k largest of (x - max) - log Z as MLX computes them, descending, the lower id first
+    """top_logprobs' ids and values: the k largest of (x - max) - log Z as MLX computes them, descending, the lower id first
     among equal values -- also where distinct logits round to one log-probability (a higher id with a larger logit
     then follows a lower id), with exact ties at the k-th, -inf entries and a one-token row."""
     r = np.random.default_rng(41)
@@ -455,11 +455,13 @@ def test_top_logprob_ids_orders_by_rounded_logprobs_lower_id_first():
     x[3, 17] = 1.0
     xm = mx.array(x)
     lse = native.row_logsumexp(xm)
-    got = np.array(native.top_logprob_ids(xm, lse, 6, 8))
+    ids, vals = native.top_logprob_ids(xm, lse[:, :1], lse[:, 1:], 6, 8)
+    got, got_vals = np.array(ids), np.array(vals)
     lp = np.array((xm - lse[:, :1]) - lse[:, 1:])                 # MLX's own log-softmax values
     for b in range(4):
         want = sorted(range(5000), key=lambda i: (-lp[b, i], i))[:6]
         assert got[b].tolist() == want, (b, got[b].tolist(), want)
+        np.testing.assert_array_equal(got_vals[b], lp[b, want])   # (the values: the same floats, no gather)
 
 
 def test_chain_reports_the_argmax_of_its_input_as_mlx_does():
@@ -711,3 +713,28 @@ def test_greedy_after_penalties_logprobs_equal_the_dense_program():
         assert np.array(o2.token).tolist() == np.array(o0.token).tolist()
         np.testing.assert_allclose(np.array(o2.logprob), np.array(o0.logprob), rtol=1e-5, atol=1e-5)
         np.testing.assert_allclose(np.array(o2.raw_logprob), np.array(o0.raw_logprob), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("pen", ["", "penalties(h, repeat = 1.3) "])
+def test_chain_gives_the_logits_normalizer_raw_logprob_and_top_logprobs(pure, pen):
+    """raw_logprob and top_logprobs read log_softmax(logits): the chain kernel gives its maximum and log-sum-exp
+    (row_logsumexp's, bit for bit) and the token's log-probability under it; top_logprob_ids the ids and values.
+    Against the MLX-ops program: the same tokens and ids, the values to float rounding (MLX's own log_softmax)."""
+    src = ("sampler s(h: tokens, t: float, k: int, seed: seed) -> token, logprob, raw_logprob, top_logprobs(5) "
+           f"{{ {pen}top_k(k) temperature(t) sample(seed) }}")
+    r = np.random.default_rng(71)
+    x = (r.standard_normal((4, 3000)) * 2).astype(np.float32)
+    x[1, ::3] = -np.inf
+    x[2, [5, 9, 13]] = 9.0                                   # a tie at the top
+    h = r.integers(-1, 3000, (4, 20)).astype(np.int32)
+    kw = dict(h=h, t=[0.7, 1.0, 0.0, 1.5], k=[5, 0, 40, 1], seed=[1, 2, 3, 4])
+    got = samplec.compile(src)(x, **kw).to_dict()
+    with pure:
+        want = samplec.compile(src)(x, **kw).to_dict()
+    for field in ("token", "top_logprobs.ids"):
+        np.testing.assert_array_equal(np.array(got[field]), np.array(want[field]))
+    for field in ("logprob", "raw_logprob", "top_logprobs.values"):
+        np.testing.assert_allclose(np.array(got[field]), np.array(want[field]), rtol=1e-5, atol=1e-5)
+    lse = np.array(native.row_logsumexp(mx.array(x)))
+    tok = np.array(got["token"])
+    np.testing.assert_array_equal(np.array(got["raw_logprob"]), (x[np.arange(4), tok] - lse[:, 0]) - lse[:, 1])

@@ -13,7 +13,8 @@ import mlx.core as mx
 
 from samplec.backend_mlx import native
 from samplec.backend_mlx.kernels import KERNELS
-from samplec.backend_mlx.lowering import RULES, joined_edits, penalty_edits, softmax_pattern, unexpanded
+from samplec.backend_mlx.lowering import (RULES, joined_edits, log_softmax_parts, penalty_edits, softmax_pattern,
+                                         unexpanded)
 from samplec.diagnostics import SamplecError
 from samplec.frontend.expand import EXPAND
 from samplec.ir.graph import INPUT, Graph, Node
@@ -28,17 +29,22 @@ class Chain:
     that something is only softmax(stage_n) (a `probs` output), the softmax: the kernel writes it directly."""
 
     def __init__(self, draw: Node, stages: list[Node], logprobs: list[Node], want_x: bool,
-                 softmax: tuple[Node, ...] = (), edits: tuple[Node, ...] = (), top: tuple[Node, ...] = ()):
+                 softmax: tuple[Node, ...] = (), edits: tuple[Node, ...] = (), top: tuple[Node, ...] = (),
+                 raw: Node | None = None):
         self.draw, self.stages, self.logprobs, self.want_x = draw, stages, logprobs, want_x and not softmax
         self.softmax = softmax      # (reduce_max, sub, exp, reduce_sum, div) of the probs pattern, or ()
         # the penalties stages read by the chain alone, innermost first: the kernel runs on the logits below them
         # with their edits written in order (lowering.penalty_edits); () without one
         self.edits = edits
         self.top = top              # argmax(x) and its take_along(x, .) users (the logits checks), or ()
+        # log_softmax of the logits below the edits (raw_logprob, top_logprobs), or None: the kernel gives their
+        # maximum and log-sum-exp, and the token's log-probability under it (its take_along at the token reads it)
+        self.raw = raw
         self.x = stages[0].inputs[0] if stages else draw.inputs[0]
 
     def nodes(self) -> list[Node]:
-        return list(self.top) + list(self.edits) + self.stages + [self.draw] + self.logprobs + list(self.softmax)
+        return list(self.top) + list(self.edits) + self.stages + [self.draw] + self.logprobs + \
+            list(self.softmax) + ([self.raw] if self.raw is not None else [])
 
     def run(self, env: dict) -> dict | None:
         params = [env[id(unexpanded(i))] for s in self.stages for i in s.inputs[1:]] + \
@@ -50,13 +56,19 @@ class Chain:
                 return None
             x, edits = pen[0], joined_edits(pen[1])
         out = native.sample_chain(x, params, [s.op for s in self.stages], self.draw.op, bool(self.logprobs),
-                                  self.want_x, bool(self.softmax), tuple(edits), bool(self.top))
+                                  self.want_x, bool(self.softmax), tuple(edits), bool(self.top), self.raw is not None)
         if out is None:
             return None
         bound = {id(self.draw): out[0], **{id(n): out[1] for n in self.logprobs}}
+        at = 2 + (self.want_x or bool(self.softmax))
         if self.top:
-            bound[id(self.top[0])] = out[-2]
-            bound.update((id(t), out[-1]) for t in self.top[1:])
+            bound[id(self.top[0])] = out[at]
+            bound.update((id(t), out[at + 1]) for t in self.top[1:])
+            at += 2
+        if self.raw is not None:
+            logits = self.raw.inputs[0]
+            bound.update(log_softmax_parts(self.raw, env[id(logits)], out[at], out[at + 1]))
+            bound[("logprob_at", id(logits), id(self.draw))] = out[at + 2]       # (see lowering._take_along)
         if self.want_x:
             bound[id(self.stages[-1])] = out[2]
         if self.softmax:
@@ -98,7 +110,10 @@ def find_chains(graph: Graph) -> list[Chain]:
         if any(id(t) in claimed for t in top):
             top = ()
         claimed.update(id(t) for t in top)
-        chains.append(Chain(n, stages[::-1], logprobs, want_x, softmax, tuple(edits[::-1]), top))
+        raw = next((u for u in users.get(id(x), []) if u.op == "log_softmax" and id(u) not in claimed), None)
+        if raw is not None:
+            claimed.add(id(raw))
+        chains.append(Chain(n, stages[::-1], logprobs, want_x, softmax, tuple(edits[::-1]), top, raw))
     return chains
 
 

@@ -10,7 +10,8 @@ and `SAMPLEC_NATIVE=0` runs every node through its MLX-ops kernel.
 
     log_softmax(x)                                   -> row_logsumexp(x), then two subtractions; its
       take_along users read (x[idx] - max) - log Z, its topk_ids users select on x
-    topk_ids(log_softmax(x), k)                      -> top_logprob_ids(x, [max, log Z], k): select, then rank
+    topk_ids(log_softmax(x), k)                      -> top_logprob_ids(x, max, log Z, k): select, then rank;
+      its take_along(log_softmax(x), ids) user (the values) from the same primitive
     topk_ids(x, k)                                   -> topk_select(x, k) and pairwise ranks of the k
     random_bits(expand(seed), cast<u32>(ids), cast<u32>(expand(pos)))  -> threefry_bits(seed, ids, pos)
     argmax(x), take_along(a_i, it)..., squeeze(those)                   -> argmax_take(x, [a_i...], flat)
@@ -181,8 +182,12 @@ def _topk_ids(node: Node, users: Users, env: Env):
     if not (x.ndim == 2 and x.dtype == mx.float32 and k < n and k <= 64):
         return None
     if lse is not None:
-        ids = native.top_logprob_ids(x, lse[3], k, TIE_MARGIN)
-        return None if ids is None else {id(node): ids}
+        out = native.top_logprob_ids(x, lse[1], lse[2], k, TIE_MARGIN)
+        if out is None:
+            return None
+        # the values too: its take_along(log_softmax(x), ids) users (top_logprobs' values) need no gather
+        values = {id(u): out[1] for u in users.get(id(node), ()) if u.op == "take_along" and u.inputs == (src, node)}
+        return {id(node): out[0], **values}
     out = native.topk_select(x, k, [x])
     if out is None:
         return None
@@ -202,14 +207,19 @@ def _log_softmax(node: Node, users: Users, env: Env):
     x = env[id(node.inputs[0])]
     if ("row_lse", id(node.inputs[0])) in env:            # (computed beside a penalized row's: `_logprob_at`)
         m, lz = env[("row_lse", id(node.inputs[0]))]
-        lse = mx.concatenate([m, lz], axis=-1)            # (lazy: made only for a topk_ids user)
     else:
         lse = native.row_logsumexp(x)
         if lse is None:
             return None
         m, lz = lse[:, :1], lse[:, 1:]
-    # the full result is lazy: computed only if something else reads it; the parts go beside it in the env
-    return {id(node): (x - m) - lz, ("lse", id(node)): (x, m, lz, lse)}
+    return log_softmax_parts(node, x, m, lz)
+
+
+def log_softmax_parts(node: Node, x: mx.array, m: mx.array, lz: mx.array) -> dict:
+    """The values of log_softmax(x) given x's row maximum and log-sum-exp ([B, 1] each): the full result is lazy
+    (computed only if something else reads it); the parts go beside it in the env for its take_along and
+    topk_ids users."""
+    return {id(node): (x - m) - lz, ("lse", id(node)): (x, m, lz)}
 
 
 def _take_along(node: Node, users: Users, env: Env):
@@ -223,7 +233,7 @@ def _take_along(node: Node, users: Users, env: Env):
     done = env.get(("logprob_at", id(src.inputs[0]), id(at)))
     if done is not None and tuple(done.shape) == tuple(env[id(node.inputs[1])].shape):
         return {id(node): done}                         # (computed beside a penalized row's: `_logprob_at`)
-    x, m, lz, _ = env[("lse", id(src))]
+    x, m, lz = env[("lse", id(src))]
     idx = env[id(node.inputs[1])]
     if idx.ndim != 2 or idx.shape[0] not in (1, x.shape[0]):
         return None

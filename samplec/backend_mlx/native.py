@@ -151,12 +151,12 @@ def row_logsumexp(x: mx.array) -> mx.array | None:
     return _native.row_logsumexp(x)[0]
 
 
-def top_logprob_ids(x: mx.array, lse: mx.array, k: int, margin: int) -> mx.array | None:
-    """[B, k]: the ids of the k largest log-probabilities (x - max) - log Z, descending, the lower id first on
-    ties (lse: `row_logsumexp(x)`); None where it does not apply."""
-    if not (_rows(x, lse) and 1 <= k <= x.shape[-1] and hasattr(_native, "top_logprob_ids")):
+def top_logprob_ids(x: mx.array, m: mx.array, lz: mx.array, k: int, margin: int) -> tuple | None:
+    """(ids [B, k] int32, values [B, k]): the k largest log-probabilities (x - m) - lz (m, lz [B, 1]: the row's
+    maximum and log-sum-exp), descending, the lower id first on ties; None where it does not apply."""
+    if not (_rows(x, m, lz) and 1 <= k <= x.shape[-1] and hasattr(_native, "top_logprob_ids")):
         return None
-    return _native.top_logprob_ids(x, lse, k, margin)[0]
+    return tuple(_native.top_logprob_ids(x, m, lz, k, margin))
 
 
 def row_max(x: mx.array) -> mx.array | None:
@@ -180,12 +180,13 @@ CHAIN_TERMINALS = {"greedy": 0, "sample": 1}
 
 def sample_chain(x: mx.array, params: list[mx.array], stages: list[str], terminal: str, want_logprob: bool,
                  want_x: bool = False, want_probs: bool = False, edits: tuple = (),
-                 want_top: bool = False) -> tuple[mx.array, ...] | None:
+                 want_top: bool = False, want_raw: bool = False) -> tuple[mx.array, ...] | None:
     """A chain of stage ops ending in a draw, per row, in one primitive: (token position [B, 1], logprob of it
     under the chain's final distribution [B, 1], with `want_x` the final logits [B, V], with `want_probs` their
     softmax). `params`: each stage's operands after x ([B, 1], [B], [1] or scalars), then (sample) the seed and
     the position. `edits` (ids, values), [B, H] each: the chain runs on put_along(x, ids, values). `want_top`: two
-    more outputs, MLX's argmax of x [B, 1] and x there [B, 1] (from the chain's own pass over x)."""
+    more outputs, MLX's argmax of x [B, 1] and x there [B, 1] (from the chain's own pass over x). `want_raw`: three
+    more, x's maximum, its log-sum-exp (row_logsumexp's) and the token's log-probability under softmax(x), [B, 1]."""
     if not (_rows(x) and x.shape[-1] >= 1 and hasattr(_native, "sample_chain")):
         return None     # (also a build of samplec-native older than the chain kernel)
     if edits:
@@ -203,7 +204,7 @@ def sample_chain(x: mx.array, params: list[mx.array], stages: list[str], termina
             return None
         args.append(p if p.dtype == dt or (p.dtype == mx.int32 and dt == mx.uint32) else p.astype(dt))
     return tuple(_native.sample_chain(x, args, [CHAIN_STAGES[s] for s in stages], CHAIN_TERMINALS[terminal],
-                                      want_logprob, want_x, want_probs, list(edits), want_top))
+                                      want_logprob, want_x, want_probs, list(edits), want_top, want_raw))
 
 
 __all__ = ["enabled", "installed", "wake", "release", "evaluate", "threefry_bits", "block_max", "topk_select",
