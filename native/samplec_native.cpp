@@ -753,9 +753,11 @@ void push_edits(std::vector<mx::array>& ins, const std::vector<mx::array>& edits
 // gather does, and carries token 0's value. A token's count is the number of counted entries holding it; where it
 // is > 0 its logit v becomes (v > 0 ? v / repeat : v * repeat) - (count * frequency + presence), in float32 step
 // by step (this function is compiled without FMA: no contraction). Optional prior edits (ids, vals) [B, P] are
-// read first (a penalty after a penalty reads the first one's result; a later entry wins, as put_along's do).
-// in = [x [B, V], hist [B, H], last_n [B, 1] i32, repeat, frequency, presence [B, 1] f32 (any strides: a
-// broadcast row), (prior ids, prior vals)]; out = [ids [B, H] i32, vals [B, H] f32, overflow [B] bool].
+// read first (a penalty after a penalty reads the first one's result; a later entry wins) and lead the output:
+// the result is every edit so far, with no concatenation after it, and a prior entry for an id this stage writes
+// carries the new value (all entries of an id agree, so a put_along of them all needs no order).
+// in = [x [B, V], hist [B, H], last_n, repeat, frequency, presence (columns: [B, 1], [B], [1] or scalars; last_n
+// i32, the others f32), (prior ids, prior vals)]; out = [ids [B, P + H] i32, vals [B, P + H] f32, overflow [B]].
 struct PenaltyEdits {
   static constexpr const char* kName = "SamplecPenaltyEdits";
   bool operator==(const PenaltyEdits&) const { return true; }
@@ -764,15 +766,17 @@ struct PenaltyEdits {
     const Rows<float> x(in[0]), rep(in[3]), freq(in[4]), pres(in[5]);
     const Rows<int32_t> hist(in[1]), last_n(in[2]);
     const bool prior = in.size() == 8;
-    const int64_t p = prior ? in[6].shape(1) : 0;
-    int32_t* ids = out[0].data<int32_t>();
-    float* vals = out[1].data<float>();
+    const int64_t p = prior ? in[6].shape(1) : 0, w = p + h;     // (output rows: the prior edits, then these)
+    int32_t* out_ids = out[0].data<int32_t>();
+    float* out_vals = out[1].data<float>();
     bool* over = out[2].data<bool>();
     std::vector<int32_t> seen;
     std::vector<std::pair<int32_t, float>> put;
     auto clamp = [n](int64_t i) { return static_cast<int32_t>(std::min<int64_t>(std::max<int64_t>(i, 0), n - 1)); };
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t ln = last_n(r, 0);
+      int32_t* ids = out_ids + r * w + p - r * h;     // (ids[r * h + j] is this row's j-th new edit)
+      float* vals = out_vals + r * w + p - r * h;
       seen.clear();
       for (int64_t j = 0; j < h; ++j) {
         const int32_t id = hist(r, j);
@@ -785,7 +789,11 @@ struct PenaltyEdits {
       if (prior) {
         const Rows<int32_t> pid(in[6]);
         const Rows<float> pval(in[7]);
-        for (int64_t j = 0; j < p; ++j) put.emplace_back(clamp(pid(r, j)), pval(r, j));
+        for (int64_t j = 0; j < p; ++j) {
+          put.emplace_back(clamp(pid(r, j)), pval(r, j));
+          out_ids[r * w + j] = pid(r, j);
+          out_vals[r * w + j] = pval(r, j);
+        }
         std::stable_sort(put.begin(), put.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
       }
       const float rr = rep(r, 0), ff = freq(r, 0), pp = pres(r, 0);
@@ -809,6 +817,17 @@ struct PenaltyEdits {
         overflow |= v == INFINITY;
       }
       over[r] = overflow;
+      if (prior) {     // a prior entry for an id this stage writes carries its new value: every entry of an id
+                       // then holds the same one, and a put_along of the whole in any order gives the row
+        put.clear();
+        for (int64_t j = 0; j < h; ++j) put.emplace_back(ids[r * h + j], vals[r * h + j]);
+        std::sort(put.begin(), put.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+        for (int64_t j = 0; j < p; ++j) {
+          const int32_t id = clamp(out_ids[r * w + j]);
+          auto it = std::lower_bound(put.begin(), put.end(), id, [](const auto& e, int32_t a) { return e.first < a; });
+          if (it != put.end() && it->first == id) out_vals[r * w + j] = it->second;
+        }
+      }
     }
   }
 };
@@ -830,7 +849,8 @@ std::vector<mx::array> penalty_edits(const mx::array& x, const mx::array& hist, 
   }
   std::vector<mx::array> ins = {x, hist, last_n, repeat, frequency, presence};
   push_edits(ins, prior, B, "penalty_edits");
-  return make(PenaltyEdits{}, {{B, H}, {B, H}, {B}}, {mx::int32, mx::float32, mx::bool_}, ins);
+  const int W = H + (prior.empty() ? 0 : prior[0].shape(1));
+  return make(PenaltyEdits{}, {{B, W}, {B, W}, {B}}, {mx::int32, mx::float32, mx::bool_}, ins);
 }
 
 // A token history's input check: ids [B, H] int32 with each id >= V read as padding (-1), and a flag [B] per row
@@ -2633,8 +2653,9 @@ NB_MODULE(_ext, m) {
         "max, log-sum-exp and the token's log-probability under softmax(x), each [B, 1]].");
   m.def("penalty_edits", &penalty_edits, nb::arg("x"), nb::arg("hist"), nb::arg("last_n"), nb::arg("repeat"),
         nb::arg("frequency"), nb::arg("presence"), nb::arg("prior") = std::vector<mx::array>{},
-        "penalties' edits: [ids [B, H] int32, penalized values [B, H] float32, overflow [B] bool] (the window's "
-        "ids, 0 where an entry does not count; the logits there penalized; whether one is +inf).");
+        "penalties' edits: [ids [B, P + H] int32, penalized values [B, P + H] float32, overflow [B] bool] (the "
+        "prior edits, P of them, then the window's ids, 0 where an entry does not count; the logits there "
+        "penalized; whether one is +inf).");
   m.def("edited_logsumexp", &edited_logsumexp, nb::arg("x"), nb::arg("ids"), nb::arg("vals"), nb::arg("idx"),
         "Log-probabilities at idx under put_along(x, ids, vals) and under x, then x's max and log-sum-exp.");
   m.def("history_check", &history_check, nb::arg("ids"), nb::arg("V"),

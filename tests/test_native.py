@@ -738,3 +738,22 @@ def test_chain_gives_the_logits_normalizer_raw_logprob_and_top_logprobs(pure, pe
     lse = np.array(native.row_logsumexp(mx.array(x)))
     tok = np.array(got["token"])
     np.testing.assert_array_equal(np.array(got["raw_logprob"]), (x[np.arange(4), tok] - lse[:, 0]) - lse[:, 1])
+
+
+def test_two_penalties_written_out_give_the_second_stages_values(pure):
+    """Where something reads the penalized row itself (here `probs` without a terminal), the edits of both stages
+    are written by one put_along: a token in both histories carries the second stage's value however the scatter
+    orders its writes (the primitive gives every entry of an id the final value)."""
+    src = ("sampler s(a: tokens, b: tokens, r: float, f: float) -> probs { "
+           "penalties(a, repeat = r) penalties(b, frequency = f, presence = 2.0) }")
+    rng = np.random.default_rng(3)
+    x = (rng.standard_normal((3, 400)) * 2).astype(np.float32)
+    a = rng.integers(-1, 30, (3, 40)).astype(np.int32)
+    b = rng.integers(-1, 30, (3, 12)).astype(np.int32)
+    kw = dict(a=a, b=b, r=[1.3, 0.5, 3.0], f=[0.5, 1.0, 0.0])
+    got = np.array(samplec.compile(src)(x, **kw).probs)
+    with pure:
+        want = np.array(samplec.compile(src)(x, **kw).probs)
+    ref = np.array(samplec.compile(src, opt_level=0)(x, **kw).probs)
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-8)
+    np.testing.assert_allclose(got, ref, rtol=1e-6, atol=1e-8)

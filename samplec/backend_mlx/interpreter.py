@@ -13,8 +13,7 @@ import mlx.core as mx
 
 from samplec.backend_mlx import native
 from samplec.backend_mlx.kernels import KERNELS
-from samplec.backend_mlx.lowering import (RULES, joined_edits, log_softmax_parts, penalty_edits, softmax_pattern,
-                                         unexpanded)
+from samplec.backend_mlx.lowering import RULES, log_softmax_parts, penalty_edits, softmax_pattern, unexpanded
 from samplec.diagnostics import SamplecError
 from samplec.frontend.expand import EXPAND
 from samplec.ir.graph import INPUT, Graph, Node
@@ -54,7 +53,7 @@ class Chain:
             pen = penalty_edits(self.edits[-1], env)
             if pen is None:
                 return None
-            x, edits = pen[0], joined_edits(pen[1])
+            x, edits = pen[0], pen[1]
         out = native.sample_chain(x, params, [s.op for s in self.stages], self.draw.op, bool(self.logprobs),
                                   self.want_x, bool(self.softmax), tuple(edits), bool(self.top), self.raw is not None)
         if out is None:

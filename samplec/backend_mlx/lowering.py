@@ -88,10 +88,10 @@ def unexpanded(node: Node) -> Node:
 
 
 def penalty_edits(node: Node, env: Env):
-    """(x, [(ids, values) per penalties stage, innermost first], overflow [B]) of a `penalties` node or its
-    `penalties_overflow` (the same operands): the logits below every penalties stage and each stage's edits, which
-    written in order give the node's value -- computed once per operands (the env keeps them), None where the
-    native primitive does not apply."""
+    """(x, (ids, values), overflow [B]) of a `penalties` node or its `penalties_overflow` (the same operands): the
+    logits below every penalties stage and the edits of all of them, in order (the primitive puts a prior stage's
+    edits first in its own), which written in order give the node's value -- computed once per operands (the env
+    keeps them), None where the native primitive does not apply."""
     key = ("pen", *(id(i) for i in node.inputs))
     if key not in env:
         x = node.inputs[0]
@@ -99,22 +99,14 @@ def penalty_edits(node: Node, env: Env):
             inner = penalty_edits(x, env)
             if inner is None:
                 return None
-            base, levels = inner[0], inner[1]
+            base, prior = inner[0], inner[1]
         else:
-            base, levels = env[id(x)], []
-        out = native.penalty_edits(base, *(env[id(unexpanded(i))] for i in node.inputs[1:]),
-                                   prior=joined_edits(levels))
+            base, prior = env[id(x)], ()
+        out = native.penalty_edits(base, *(env[id(unexpanded(i))] for i in node.inputs[1:]), prior=prior)
         if out is None:
             return None
-        env[key] = (base, levels + [out[:2]], out[2])
+        env[key] = (base, tuple(out[:2]), out[2])
     return env[key]
-
-
-def joined_edits(levels: list) -> tuple:
-    """Edits in order as one (ids, values) pair: the native primitives write them in order (a later id wins)."""
-    if len(levels) <= 1:
-        return tuple(levels[0]) if levels else ()
-    return mx.concatenate([i for i, _ in levels], axis=-1), mx.concatenate([v for _, v in levels], axis=-1)
 
 
 def _penalties(node: Node, users: Users, env: Env):
@@ -122,10 +114,7 @@ def _penalties(node: Node, users: Users, env: Env):
     edits = penalty_edits(node, env)
     if edits is None:
         return None
-    x = edits[0]
-    for ids, vals in edits[1]:
-        x = mx.put_along_axis(x, ids, vals, axis=-1)
-    return {id(node): x}
+    return {id(node): mx.put_along_axis(edits[0], *edits[1], axis=-1)}
 
 
 def _penalties_overflow(node: Node, users: Users, env: Env):
@@ -138,7 +127,7 @@ def _argmax(node: Node, users: Users, env: Env):
     edited = None
     if src.op == "penalties":
         edits = penalty_edits(src, env)
-        edited = edits and (edits[0], *joined_edits(edits[1]))
+        edited = edits and (edits[0], *edits[1])
     elif src.op == "put_along":
         edited = tuple(env[id(i)] for i in src.inputs)
     if edited is not None and not _gathers(node, users, env, edited[0]):
@@ -298,8 +287,8 @@ def _logprob_at(node: Node, users: Users, env: Env):
         return None
     src = node.inputs[0]
     pen = penalty_edits(src, env) if src.op == "penalties" else None
-    if pen is not None and pen[1]:
-        out = native.edited_logsumexp(pen[0], *joined_edits(pen[1]), idx)
+    if pen is not None:
+        out = native.edited_logsumexp(pen[0], *pen[1], idx)
         if out is not None:
             base = id(_below_penalties(src))
             env[("row_lse", base)] = out[2:]

@@ -111,7 +111,8 @@ def penalty_edits(x: mx.array, hist: mx.array, last_n: mx.array, repeat: mx.arra
     """penalties(x, hist, last_n, repeat, frequency, presence) as its edits, in one primitive: (ids [B, H] int32,
     values [B, H] float32, overflow [B] bool) with put_along(x, ids, values) the stage's result and `overflow` its
     check (a penalized logit is +inf). The parameters are [B, 1], [B], [1] or scalars. `prior` (ids, values):
-    earlier edits of x, read first (a penalty after a penalty)."""
+    earlier edits of x, read first (a penalty after a penalty) and put first in the result (ids and values are
+    then [B, P + H]: every edit so far, in order)."""
     if not (_rows(x) and hist.ndim == 2 and hist.dtype == mx.int32 and hasattr(_native, "penalty_edits")):
         return None
     B = x.shape[0]
