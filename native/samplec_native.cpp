@@ -2439,6 +2439,7 @@ struct SampleChain {
     Scratch& sc = tls;
     auto& [buf, bm, ebuf, scratch, scratch_bm, keep, cand, at_bound, order] = sc;
     bm.resize(nb);
+    std::vector<std::pair<float, double>> raw_z(want_raw ? rows : 0, {NAN, 0.0});   // (max, sum) a row computed
     for (int64_t r = 0; r < rows; ++r) {
       ChainRow row;
       row.x = xs.row(r, V, buf);
@@ -2570,14 +2571,17 @@ struct SampleChain {
         }
       }
       if (!done) chain_dense(row, nb, bs, token + r, logprob + r, ebuf, keep, order);
+      if (want_raw && !edited && row.z_divs.empty()) raw_z[r] = {row.z_vmax, row.z};   // (see below)
     }
-    if (want_raw) {       // the logits' own normalizer and the token's log-probability under it (row_logsumexp's)
+    if (want_raw) {       // the logits' own normalizer and the token's log-probability under it (row_logsumexp's;
+                          // a row whose chain summed exp(x - max x) for a leading top_p reuses that sum)
       const size_t at = 2 + (want_x || want_probs) + (want_top ? 2 : 0);
       float *om = out[at].data<float>(), *olz = out[at + 1].data<float>(), *olp = out[at + 2].data<float>();
       for (int64_t r = 0; r < rows; ++r) {
         const float* raw = xs.row(r, V, buf);
         const float m = want_top ? out[at - 1].data<float>()[r] : max_nan(raw, V);
-        const float lz = std::isfinite(m) ? static_cast<float>(std::log(sum_exp(raw, V, m))) : (m != m ? m : 0.0f);
+        const double z = raw_z[r].first == m ? raw_z[r].second : std::isfinite(m) ? sum_exp(raw, V, m) : 0.0;
+        const float lz = std::isfinite(m) ? static_cast<float>(std::log(z)) : (m != m ? m : 0.0f);
         om[r] = m;
         olz[r] = lz;
         olp[r] = (raw[token[r]] - m) - lz;
