@@ -1067,7 +1067,8 @@ SAMPLEC_VOCAB_LOOP double sum_exp(const float* v, int64_t n, float c) {
   return total.sum() + rest;
 }
 
-// v[i] = exp(v[i]) in place for v[i] <= 0 (or -inf: 0); their sum, in double per lane
+// v[i] = exp(v[i]) in place for v[i] <= 0 (or -inf: 0); their sum, in double per lane -- for v = x - c the
+// very sum sum_exp(x, c) gives
 SAMPLEC_VOCAB_LOOP double exp_inplace(float* v, int64_t n) {
   DoubleLanes total;                   // (per-lane sums in double: no horizontal sum per block)
   double rest = 0.0;
@@ -1083,9 +1084,10 @@ SAMPLEC_VOCAB_LOOP double exp_inplace(float* v, int64_t n) {
     }
     total.add(acc);
   }
-  for (; i < n; ++i) {
-    v[i] = std::exp(v[i]);
-    rest += v[i];
+  for (; i < n; ++i) {            // (the last partial block in double, as sum_exp: the same sum)
+    const double e = std::exp(static_cast<double>(v[i]));
+    v[i] = static_cast<float>(e);
+    rest += e;
   }
   return total.sum() + rest;
 }
@@ -1431,6 +1433,8 @@ struct ChainRow {
   float* x_out;                   // the final logits (want_x) or their softmax (want_probs), or nullptr
   bool probs_out = false;         // x_out receives softmax(final logits)
   uint32_t k0, k1, pos;           // the draw's key and position
+  std::vector<float>* zbuf = nullptr;   // where full_z leaves exp(f(x) - vmax) (the row's probabilities up to z),
+  bool z_in_buf = false;          // ... when it did: chain_dense's top_p reads them instead of making them again
   std::vector<float>* bm;         // block maxima
   int64_t nb = 0;                 // ... their count (blocks of 64)
   std::vector<std::pair<float, int32_t>>* cand;
@@ -1482,6 +1486,19 @@ SAMPLEC_VOCAB_LOOP void gather_block(const float* x, int64_t lo, int64_t end, fl
     else if (x[t0] < bound && x[t0] > below) below = x[t0];
   }
   for (int l = 0; l < 16; ++l) below = under[l] > below ? under[l] : below;
+}
+
+// out[i] = v[i] / t, -inf staying -inf (t = inf would make it NaN)
+SAMPLEC_VOCAB_LOOP void divide_by(float* out, const float* v, int64_t n, float t) {   // (in place too)
+  for (int64_t i = 0; i < n; ++i) out[i] = v[i] == -INFINITY ? v[i] : v[i] / t;
+}
+
+// out[i] = v[i] - c for finite v[i], -inf for -inf: kept_minus with every finite token kept (the same floats)
+SAMPLEC_VOCAB_LOOP void finite_minus(float* out, const float* v, int64_t n, float c) {   // (in place too)
+  for (int64_t i = 0; i < n; ++i) {
+    const float off = v[i] > -INFINITY ? 0.0f : -INFINITY;
+    out[i] = (v[i] - c) + off;
+  }
 }
 
 double full_z(ChainRow& row, float vmax);
@@ -1619,7 +1636,21 @@ SAMPLEC_VOCAB_LOOP double sum_exp_div(const float* v, int64_t n, float t, float 
 double full_z(ChainRow& row, float vmax) {
   if (row.z_vmax == vmax && row.z_divs == row.divs) return row.z;
   double z;
-  if (row.divs.empty()) {
+  row.z_in_buf = false;
+  if (row.zbuf != nullptr && row.divs.size() <= 1) {
+    // the exps themselves into zbuf, as chain_dense's probs() makes them (the same floats and sum): a row that
+    // goes on to the whole row reuses them for a leading top_p
+    auto& buf = *row.zbuf;
+    buf.resize(row.V);
+    const float* v = row.x;
+    if (!row.divs.empty()) {
+      divide_by(buf.data(), row.x, row.V, row.divs[0]);
+      v = buf.data();
+    }
+    finite_minus(buf.data(), v, row.V, vmax);
+    z = exp_inplace(buf.data(), row.V);
+    row.z_in_buf = true;
+  } else if (row.divs.empty()) {
     z = sum_exp(row.x, row.V, vmax);
   } else if (row.divs.size() == 1) {
     z = sum_exp_div(row.x, row.V, row.divs[0], vmax);
@@ -2086,11 +2117,6 @@ SAMPLEC_VOCAB_LOOP void keep_at_least(uint8_t* __restrict keep, const float* __r
   for (int64_t i = 0; i < n; ++i) keep[i] &= static_cast<uint8_t>(v[i] >= floor);
 }
 
-// out[i] = v[i] / t, -inf staying -inf (t = inf would make it NaN)
-SAMPLEC_VOCAB_LOOP void divide_by(float* out, const float* v, int64_t n, float t) {   // (in place too)
-  for (int64_t i = 0; i < n; ++i) out[i] = v[i] == -INFINITY ? v[i] : v[i] / t;
-}
-
 // out[i] = keep[i] ? v[i] - c : -inf
 SAMPLEC_VOCAB_LOOP void kept_minus(float* __restrict out, const uint8_t* __restrict keep, const float* __restrict v,
                                    int64_t n, float c) {
@@ -2130,7 +2156,13 @@ void chain_dense(ChainRow& row, int64_t nb, int bs, int32_t* token, float* logpr
     }
     fmax = m;
   };
+  bool pristine = true;               // every finite token kept, buf untouched since full_z (if it ran)
   auto probs = [&]() {                // buf = exp(fx - max) over the kept tokens (0 elsewhere); their sum
+    if (pristine && row.z_in_buf && row.zbuf == &buf && row.z_divs == row.divs && row.z_vmax == fmax) {
+      pristine = false;
+      return row.z;                   // (full_z left exactly these in buf)
+    }
+    pristine = false;
     buf.resize(V);
     kept_minus(buf.data(), keep.data(), fx, V, fmax);
     return exp_inplace(buf.data(), V);
@@ -2144,6 +2176,7 @@ void chain_dense(ChainRow& row, int64_t nb, int bs, int32_t* token, float* logpr
         const float t = static_cast<float>(a);
         if (t == 1.0f) break;
         if (t == 0.0f || !std::isfinite(fmax / t)) {     // (the limit: see chain_run)
+          pristine = false;
           bool found = false;
           for (int64_t i = 0; i < V; ++i) {
             const bool win = !found && keep[i] && fx[i] == fmax;
@@ -2173,6 +2206,7 @@ void chain_dense(ChainRow& row, int64_t nb, int bs, int32_t* token, float* logpr
         std::vector<int64_t> unit;
         const float vk = key_value(radix_select(keys, unit, k));
         keep_at_least(keep.data(), fx, V, vk);
+        pristine = false;
         break;
       }
       case kMinP: {
@@ -2180,6 +2214,7 @@ void chain_dense(ChainRow& row, int64_t nb, int bs, int32_t* token, float* logpr
         if (m == 0.0f) break;
         const float floor = fmax + std::log(m);
         keep_at_least(keep.data(), fx, V, floor);
+        pristine = false;
         break;
       }
       case kTopP: {
@@ -2206,6 +2241,7 @@ void chain_dense(ChainRow& row, int64_t nb, int bs, int32_t* token, float* logpr
         }
         const float floor = fmax - nsig * std::sqrt(static_cast<float>(dev / count));
         for (int64_t i = 0; i < V; ++i) keep[i] = keep[i] && (fx[i] >= floor || fx[i] == fmax);
+        pristine = false;
         break;
       }
       case kTypicalP: {
@@ -2494,6 +2530,7 @@ struct SampleChain {
       row.probs_out = want_probs;
       row.bm = &bm;
       row.nb = nb;
+      row.zbuf = &ebuf;
       row.cand = &cand;
       row.at_bound = &at_bound;
       bool has_zero = false;
