@@ -286,6 +286,13 @@ std::vector<mx::array> make(Impl impl, std::vector<mx::Shape> shapes, std::vecto
                                 inputs);
 }
 
+// A per-row parameter as the kernels read it through Rows (which broadcasts a dimension of size 1): [B, 1], [B],
+// [1], [1, 1] or a scalar.
+bool is_column(const mx::array& a, int B) {
+  const bool rows = a.ndim() >= 1 && (a.shape(0) == B || a.shape(0) == 1);
+  return a.ndim() == 0 || (a.ndim() == 1 && rows) || (a.ndim() == 2 && rows && a.shape(1) == 1);
+}
+
 void need_rows(const mx::array& a, mx::Dtype dtype, const char* what) {
   if (a.dtype() != dtype || a.ndim() != 2) {
     throw std::invalid_argument(std::string(what) + ": expected a 2-D array of the right dtype");
@@ -840,10 +847,7 @@ std::vector<mx::array> penalty_edits(const mx::array& x, const mx::array& hist, 
   const int B = x.shape(0), H = hist.shape(1);
   if (hist.shape(0) != B || x.shape(1) < 1) throw std::invalid_argument("penalty_edits: x [B, V], history [B, H]");
   for (const auto* a : {&last_n, &repeat, &frequency, &presence}) {
-    // (a column: [B, 1], [B], [1] or a scalar -- read through Rows, which broadcasts)
-    const bool column = a->ndim() == 0 || (a->ndim() == 1 && (a->shape(0) == B || a->shape(0) == 1)) ||
-                        (a->ndim() == 2 && (a->shape(0) == B || a->shape(0) == 1) && a->shape(1) == 1);
-    if (!column || a->dtype() != (a == &last_n ? mx::int32 : mx::float32)) {
+    if (!is_column(*a, B) || a->dtype() != (a == &last_n ? mx::int32 : mx::float32)) {
       throw std::invalid_argument("penalty_edits: last_n int32, the others float32, each [B, 1], [B], [1] or scalar");
     }
   }
@@ -2643,9 +2647,7 @@ std::vector<mx::array> sample_chain(const mx::array& x, const std::vector<mx::ar
   const int B = x.shape(0);
   std::vector<mx::array> ins{x};
   for (const auto& p : params) {
-    const bool column = p.ndim() == 0 || (p.ndim() == 1 && (p.shape(0) == B || p.shape(0) == 1)) ||
-                        (p.ndim() == 2 && (p.shape(0) == B || p.shape(0) == 1) && p.shape(1) == 1);
-    if (!column) throw std::invalid_argument("sample_chain: parameters must be [B, 1], [B], [1] or scalars");
+    if (!is_column(p, B)) throw std::invalid_argument("sample_chain: parameters must be [B, 1], [B], [1] or scalars");
     ins.push_back(p);
   }
   push_edits(ins, edits, B, "sample_chain");
