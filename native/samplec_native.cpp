@@ -2614,13 +2614,22 @@ struct SampleChain {
       if (!done) chain_dense(row, nb, bs, token + r, logprob + r, ebuf, keep, order);
       if (want_raw && !edited && row.z_divs.empty()) raw_z[r] = {row.z_vmax, row.z};   // (see below)
     }
+    if (want_top) {       // the logits checks on the value at MLX's argmax (a NaN wins it, else a +inf)
+      const size_t at = 2 + (want_x || want_probs);
+      const float* top = out[at + 1].data<float>();
+      bool *bad = out[at + 2].data<bool>(), *ninf = out[at + 3].data<bool>();
+      for (int64_t r = 0; r < rows; ++r) {
+        bad[r] = std::isnan(top[r]) || top[r] == INFINITY;
+        ninf[r] = top[r] == -INFINITY;
+      }
+    }
     if (want_raw) {       // the logits' own normalizer and the token's log-probability under it (row_logsumexp's;
                           // a row whose chain summed exp(x - max x) for a leading top_p reuses that sum)
-      const size_t at = 2 + (want_x || want_probs) + (want_top ? 2 : 0);
+      const size_t at = 2 + (want_x || want_probs) + (want_top ? 4 : 0);
       float *om = out[at].data<float>(), *olz = out[at + 1].data<float>(), *olp = out[at + 2].data<float>();
       for (int64_t r = 0; r < rows; ++r) {
         const float* raw = xs.row(r, V, buf);
-        const float m = want_top ? out[at - 1].data<float>()[r] : max_nan(raw, V);
+        const float m = want_top ? out[at - 3].data<float>()[r] : max_nan(raw, V);
         const double z = raw_z[r].first == m ? raw_z[r].second : std::isfinite(m) ? sum_exp(raw, V, m) : 0.0;
         const float lz = std::isfinite(m) ? static_cast<float>(std::log(z)) : (m != m ? m : 0.0f);
         om[r] = m;
@@ -2663,6 +2672,10 @@ std::vector<mx::array> sample_chain(const mx::array& x, const std::vector<mx::ar
     dtypes.push_back(mx::int32);
     shapes.push_back({B, 1});
     dtypes.push_back(mx::float32);
+    shapes.push_back({B});                 // the logits checks' flags: NaN or +inf, every entry -inf
+    dtypes.push_back(mx::bool_);
+    shapes.push_back({B});
+    dtypes.push_back(mx::bool_);
   }
   for (int i = 0; want_raw && i < 3; ++i) {
     shapes.push_back({B, 1});
@@ -2692,8 +2705,9 @@ NB_MODULE(_ext, m) {
         nb::arg("edits") = std::vector<mx::array>{}, nb::arg("want_top") = false, nb::arg("want_raw") = false,
         "The sampler chain (stage codes: 0 temperature, 1 top_k, 2 top_p, 3 min_p, 4 top_n_sigma, 5 typical_p, "
         "6 xtc; terminal 0 greedy, 1 sample) on each row of x: [token [B, 1], logprob [B, 1], (want_x) the final "
-        "logits [B, V] or (want_probs) their softmax, (want_top) MLX's argmax of x and x there, (want_raw) x's "
-        "max, log-sum-exp and the token's log-probability under softmax(x), each [B, 1]].");
+        "logits [B, V] or (want_probs) their softmax, (want_top) MLX's argmax of x and x there ([B, 1]) and the "
+        "logits checks' flags there (NaN or +inf; -inf: [B] bool), (want_raw) x's max, log-sum-exp and the "
+        "token's log-probability under softmax(x), each [B, 1]].");
   m.def("penalty_edits", &penalty_edits, nb::arg("x"), nb::arg("hist"), nb::arg("last_n"), nb::arg("repeat"),
         nb::arg("frequency"), nb::arg("presence"), nb::arg("prior") = std::vector<mx::array>{},
         "penalties' edits: [ids [B, P + H] int32, penalized values [B, P + H] float32, overflow [B] bool] (the "

@@ -467,7 +467,7 @@ def test_top_logprob_ids_orders_by_rounded_logprobs_lower_id_first():
 def test_chain_reports_the_argmax_of_its_input_as_mlx_does():
     """want_top: the chain's own pass over x gives MLX's argmax of x (first maximum; the first NaN wins; -0.0 and
     0.0 tie, the first one wins) and the value there -- what the logits checks read -- on rows that take the
-    candidate path, the whole-row path and the temperature-0 shortcut."""
+    candidate path, the whole-row path and the temperature-0 shortcut -- and the logits checks' two flags there."""
     r = np.random.default_rng(51)
     x = r.standard_normal((6, 3000)).astype(np.float32)
     x[0, [100, 2000]] = 9.0                                     # a tie: the first
@@ -483,13 +483,16 @@ def test_chain_reports_the_argmax_of_its_input_as_mlx_does():
               dtype=mx.uint64), mx.array([[0]] * 6, dtype=mx.uint32)]
     out = native.sample_chain(xm, params, ["temperature"], "sample", False, want_top=True)
     want_pos = np.array(mx.argmax(xm, axis=-1, keepdims=True))
-    np.testing.assert_array_equal(np.array(out[-2]), want_pos)
-    got_val = np.array(out[-1])[:, 0]
+    np.testing.assert_array_equal(np.array(out[2]), want_pos)
+    got_val = np.array(out[3])[:, 0]
     want_val = np.take_along_axis(x, want_pos, axis=1)[:, 0]
     np.testing.assert_array_equal(np.isnan(got_val), np.isnan(want_val))
     ok = ~np.isnan(want_val)
     np.testing.assert_array_equal(got_val[ok], want_val[ok])
     assert np.signbit(got_val[3]) == np.signbit(want_val[3])
+    # and the logits checks' flags on it, as the checks compute them
+    np.testing.assert_array_equal(np.array(out[4]), np.isnan(want_val) | (want_val == np.inf))
+    np.testing.assert_array_equal(np.array(out[5]), want_val == -np.inf)
 
 
 @pytest.mark.parametrize("tail", ["top_k(k) sample(seed)", "sample(seed)", "top_p(0.9) sample(seed)",

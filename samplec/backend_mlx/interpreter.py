@@ -29,13 +29,16 @@ class Chain:
 
     def __init__(self, draw: Node, stages: list[Node], logprobs: list[Node], want_x: bool,
                  softmax: tuple[Node, ...] = (), edits: tuple[Node, ...] = (), top: tuple[Node, ...] = (),
-                 raw: Node | None = None):
+                 raw: Node | None = None, users: dict | None = None):
         self.draw, self.stages, self.logprobs, self.want_x = draw, stages, logprobs, want_x and not softmax
         self.softmax = softmax      # (reduce_max, sub, exp, reduce_sum, div) of the probs pattern, or ()
         # the penalties stages read by the chain alone, innermost first: the kernel runs on the logits below them
         # with their edits written in order (lowering.penalty_edits); () without one
         self.edits = edits
         self.top = top              # argmax(x) and its take_along(x, .) users (the logits checks), or ()
+        # the logits checks on squeeze(take_along(x, argmax(x))): logical_or(isnan, isposinf) and eq(., -inf); the
+        # kernel gives both flags (outside the chain's nodes: they read its result through a squeeze)
+        self.checks = _checks_of(top, users) if top and users is not None else (None, None)
         # log_softmax of the logits below the edits (raw_logprob, top_logprobs), or None: the kernel gives their
         # maximum and log-sum-exp, and the token's log-probability under it (its take_along at the token reads it)
         self.raw = raw
@@ -63,7 +66,8 @@ class Chain:
         if self.top:
             bound[id(self.top[0])] = out[at]
             bound.update((id(t), out[at + 1]) for t in self.top[1:])
-            at += 2
+            bound.update((id(c), f) for c, f in zip(self.checks, out[at + 2:at + 4]) if c is not None)
+            at += 4
         if self.raw is not None:
             logits = self.raw.inputs[0]
             bound.update(log_softmax_parts(self.raw, env[id(logits)], out[at], out[at + 1]))
@@ -112,7 +116,7 @@ def find_chains(graph: Graph) -> list[Chain]:
         raw = next((u for u in users.get(id(x), []) if u.op == "log_softmax" and id(u) not in claimed), None)
         if raw is not None:
             claimed.add(id(raw))
-        chains.append(Chain(n, stages[::-1], logprobs, want_x, softmax, tuple(edits[::-1]), top, raw))
+        chains.append(Chain(n, stages[::-1], logprobs, want_x, softmax, tuple(edits[::-1]), top, raw, users))
     return chains
 
 
@@ -125,6 +129,25 @@ def _top_of(x: Node, users: dict) -> tuple[Node, ...]:
             if takes and all(t.op == "take_along" and t.inputs == (x, a) for t in takes):
                 return (a, *takes)
     return ()
+
+
+def _checks_of(top: tuple[Node, ...], users: dict) -> tuple[Node | None, Node | None]:
+    """The logits checks the frontend writes on v = squeeze(take_along(x, argmax(x))) (lower.py): the node
+    logical_or(isnan(v), isposinf(v)) and the node eq(v, -inf), each None where the graph does not hold it."""
+    bad = ninf = None
+    for t in top[1:]:
+        for v in users.get(id(t), []):
+            if v.op != "squeeze":
+                continue
+            for u in users.get(id(v), []):
+                if u.op == "eq" and u.inputs[0] is v and u.inputs[1].op == "const" and \
+                        u.inputs[1].attr("value") == float("-inf") and u.type.shape == v.type.shape:
+                    ninf = u
+                for w in users.get(id(u), []) if u.op in ("isnan", "isposinf") else ():
+                    if w.op == "logical_or" and {i.op for i in w.inputs} == {"isnan", "isposinf"} and \
+                            all(i.inputs[0] is v for i in w.inputs) and w.type.shape == v.type.shape:
+                        bad = w
+    return bad, ninf
 
 
 def run_order(graph: Graph, chains: list[Chain]) -> list[Node]:

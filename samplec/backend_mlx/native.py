@@ -186,7 +186,8 @@ def sample_chain(x: mx.array, params: list[mx.array], stages: list[str], termina
     under the chain's final distribution [B, 1], with `want_x` the final logits [B, V], with `want_probs` their
     softmax). `params`: each stage's operands after x ([B, 1], [B], [1] or scalars), then (sample) the seed and
     the position. `edits` (ids, values), [B, H] each: the chain runs on put_along(x, ids, values). `want_top`: two
-    more outputs, MLX's argmax of x [B, 1] and x there [B, 1] (from the chain's own pass over x). `want_raw`: three
+    more outputs, MLX's argmax of x [B, 1] and x there [B, 1] (from the chain's own pass over x), then the logits
+    checks' flags on that value: NaN or +inf, and -inf (every entry -inf), [B] bool each. `want_raw`: three
     more, x's maximum, its log-sum-exp (row_logsumexp's) and the token's log-probability under softmax(x), [B, 1]."""
     if not (_rows(x) and x.shape[-1] >= 1 and hasattr(_native, "sample_chain")):
         return None     # (also a build of samplec-native older than the chain kernel)
