@@ -1034,6 +1034,16 @@ inline F16 exp16_nonpos(F16 v) { return exp_nonpos<F16, I16>(v); }
 typedef float F8 __attribute__((vector_size(8 * sizeof(float))));
 typedef double D8 __attribute__((vector_size(8 * sizeof(double))));
 
+// Up to sixteen floats from p (n of them) as a vector, the missing lanes -inf (their exp: 0). The last partial
+// block of a row goes through the same vectorized exp as the others: a scalar exp there rounds some values
+// differently, and tied logits on both sides of the block boundary would then get different probabilities (a
+// top_p cut between them: the spec keeps a tie group together).
+inline F16 tail16(const float* p, int64_t n) {
+  F16 a = F16{} - INFINITY;
+  std::memcpy(&a, p, std::min<int64_t>(16, n) * sizeof(float));
+  return a;
+}
+
 // Sixteen running sums in double, one per lane, added to once per block of floats (a sum across the lanes per
 // block would be a chain of sixteen dependent scalar adds); summed across the lanes at the end.
 struct DoubleLanes {
@@ -1056,7 +1066,6 @@ struct DoubleLanes {
 // sum of exp(v[i] - c) over v[0..n), every v[i] <= c (or -inf); in double, per lane (DoubleLanes)
 SAMPLEC_VOCAB_LOOP double sum_exp(const float* v, int64_t n, float c) {
   DoubleLanes total;                   // (per-lane sums in double: no horizontal sum per block)
-  double rest = 0.0;
   int64_t i = 0;
   for (; i + 64 <= n; i += 64) {
     F16 acc{};
@@ -1067,15 +1076,14 @@ SAMPLEC_VOCAB_LOOP double sum_exp(const float* v, int64_t n, float c) {
     }
     total.add(acc);
   }
-  for (; i < n; ++i) rest += std::exp(static_cast<double>(v[i] - c));
-  return total.sum() + rest;
+  for (; i < n; i += 16) total.add(exp16_nonpos(tail16(v + i, n - i) - c));
+  return total.sum();
 }
 
 // v[i] = exp(v[i]) in place for v[i] <= 0 (or -inf: 0); their sum, in double per lane -- for v = x - c the
 // very sum sum_exp(x, c) gives
 SAMPLEC_VOCAB_LOOP double exp_inplace(float* v, int64_t n) {
   DoubleLanes total;                   // (per-lane sums in double: no horizontal sum per block)
-  double rest = 0.0;
   int64_t i = 0;
   for (; i + 64 <= n; i += 64) {
     F16 acc{};
@@ -1088,12 +1096,12 @@ SAMPLEC_VOCAB_LOOP double exp_inplace(float* v, int64_t n) {
     }
     total.add(acc);
   }
-  for (; i < n; ++i) {            // (the last partial block in double, as sum_exp: the same sum)
-    const double e = std::exp(static_cast<double>(v[i]));
-    v[i] = static_cast<float>(e);
-    rest += e;
+  for (; i < n; i += 16) {
+    const F16 a = exp16_nonpos(tail16(v + i, n - i));
+    std::memcpy(v + i, &a, std::min<int64_t>(16, n - i) * sizeof(float));
+    total.add(a);
   }
-  return total.sum() + rest;
+  return total.sum();
 }
 
 // A primitive applying Op::row(v, n, out) to each row v of a 2-D float32 input, writing Op::width(n) floats per
@@ -1157,10 +1165,8 @@ SAMPLEC_VOCAB_LOOP void softmax_inplace(float* o, int64_t n, float m) {
     for (int j = 0; j < 64; ++j) o[i + j] -= m;
     total += exp_inplace(o + i, 64);
   }
-  for (; i < n; ++i) {
-    o[i] = std::exp(o[i] - m);
-    total += o[i];
-  }
+  for (int64_t j = i; j < n; ++j) o[j] -= m;
+  if (i < n) total += exp_inplace(o + i, n - i);    // (the same vectorized exp as the blocks)
   const float z = static_cast<float>(total);
   for (i = 0; i + 64 <= n; i += 64) {
     bool zero = true;
@@ -1257,16 +1263,12 @@ struct EditedLogSumExp {
           direct = true;                   // (every token at the maximum was edited)
         } else {
           // (an untouched token holds m, and no new value exceeds it) each edited token's term as sum_exp added
-          // it -- the same vectorized exp, or in its last partial block the scalar one -- and the new one
+          // it -- the same vectorized exp -- and the new one
           d.clear();
           for (const auto& [id, v] : put) d.push_back(v - m), d.push_back(row[id] - m);
           e.resize(d.size());
           exp_terms(d.data(), static_cast<int64_t>(d.size()), e.data());
-          for (size_t k = 0; k < put.size(); ++k) {
-            const bool vector_part = put[k].first < n / 64 * 64;
-            z2 += vector_part ? double(e[2 * k]) : std::exp(static_cast<double>(d[2 * k]));
-            z2 -= vector_part ? double(e[2 * k + 1]) : std::exp(static_cast<double>(d[2 * k + 1]));
-          }
+          for (size_t k = 0; k < put.size(); ++k) z2 += double(e[2 * k]) - double(e[2 * k + 1]);
           direct = !(z2 > 1e-6 * z);
         }
       }
@@ -1621,7 +1623,6 @@ float chain_candidates(ChainRow& row, int64_t nb, int bs, int64_t m, std::vector
 // divided as a temperature stage divides them, without writing them
 SAMPLEC_VOCAB_LOOP double sum_exp_div(const float* v, int64_t n, float t, float c) {
   DoubleLanes total;                   // (per-lane sums in double: no horizontal sum per block)
-  double rest = 0.0;
   int64_t i = 0;
   for (; i + 64 <= n; i += 64) {
     F16 acc{};
@@ -1632,8 +1633,8 @@ SAMPLEC_VOCAB_LOOP double sum_exp_div(const float* v, int64_t n, float t, float 
     }
     total.add(acc);
   }
-  for (; i < n; ++i) rest += v[i] == -INFINITY ? 0.0 : std::exp(static_cast<double>(v[i] / t - c));
-  return total.sum() + rest;
+  for (; i < n; i += 16) total.add(exp16_nonpos(tail16(v + i, n - i) / t - c));
+  return total.sum();
 }
 
 // sum over the whole row of exp(f(x) - vmax), in double; once per row for given temperatures and vmax
@@ -1978,8 +1979,9 @@ SAMPLEC_VOCAB_LOOP void positive_range(const float* e, int64_t n, float& lo, flo
 
 // The first level of radix_select's mass selection straight over e[0..n) (the row's probabilities, 0 where
 // removed: they weigh nothing), without compacting the row into keys first: the histogram of the bits below those
-// every positive value shares, then only the boundary bucket's tokens go on to radix_select. The same buckets and
-// sums as radix_select over the positive values' keys, so the same threshold.
+// every positive value shares, then only the boundary bucket's tokens go on to radix_select. The same buckets as
+// radix_select over the positive values' keys; their sums in another order (four accumulators), so only a mass
+// within rounding of the target can land on the other side (the contract's "up to float rounding").
 void mass_histogram(const float* e, int64_t n, uint32_t lo, uint32_t hi, int& shift, uint32_t& mask,
                     std::vector<double>& hist) {
   constexpr int kDigit = 11;

@@ -760,3 +760,34 @@ def test_two_penalties_written_out_give_the_second_stages_values(pure):
     ref = np.array(samplec.compile(src, opt_level=0)(x, **kw).probs)
     np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-8)
     np.testing.assert_allclose(got, ref, rtol=1e-6, atol=1e-8)
+
+
+def test_a_tie_across_the_last_partial_block_stays_one_group():
+    """The row's last partial block goes through the same vectorized exp as the others: tied logits on both sides
+    of the boundary get the same probability, and the whole-row top_p keeps or cuts them together (a scalar exp
+    there rounded -1.7647058 differently: token 64 was cut while token 1 stayed)."""
+    import reference as R
+    x = np.full((1, 65), -np.inf, np.float32)
+    x[0, 0], x[0, 1], x[0, 64] = 0.0, np.float32(-1.7647058), np.float32(-1.7647058)
+    prog = samplec.compile("sampler s(seed: seed) -> token, probs { top_p(0.8) sample(seed) }")
+    probs = np.array(prog(x, seed=0).probs)[0]
+    assert np.flatnonzero(probs > 0).tolist() == [0, 1, 64]
+    assert probs[1] == probs[64]
+    seeds = list(range(200))
+    toks = np.array(prog(np.repeat(x, 200, 0), seed=seeds).token)
+    for sd in seeds:
+        assert toks[sd] == R.run_chain(x[0], [("top_p", {"p": 0.8})], ("sample", {"seed": sd, "position": 0}))["token"]
+    # integer logits over a row of 200 (three blocks and a partial one), a temperature first
+    r = np.random.default_rng(8)
+    y = r.integers(-3, 3, (1, 200)).astype(np.float32)
+    prog2 = samplec.compile("sampler s(seed: seed) -> token { temperature(1.7) top_p(0.9) sample(seed) }")
+    toks = np.array(prog2(np.repeat(y, 300, 0), seed=list(range(300))).token)
+    for sd in range(300):
+        want = R.run_chain(y[0], [("temperature", {"t": 1.7}), ("top_p", {"p": 0.9})],
+                           ("sample", {"seed": sd, "position": 0}))["token"]
+        assert toks[sd] == want, sd
+    # the exps of a partial block are the blocks' exps (row_softmax, the normalizers)
+    z = np.tile(np.float32([-0.3, -1.7647058, -2.5]), 43)[None, :129]
+    sm = np.array(native.row_softmax(mx.array(z)))[0]
+    for v in (-0.3, -1.7647058, -2.5):
+        assert len(set(sm[z[0] == np.float32(v)].tolist())) == 1
