@@ -1380,3 +1380,22 @@ def test_O0_equals_O2_tokens_planned(chain):
         a, b = p0(x, **kw), p2(x, **kw)
         assert np_(a.token).tolist() == np_(b.token).tolist(), (chain, rep)
         np.testing.assert_allclose(np_(a.logprob), np_(b.logprob), atol=LP_ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("opt", OPTS)
+def test_typical_p_orders_scores_as_exact_arithmetic_does(opt):
+    """typical_p's scores |-log p_i - H| computed as |mean(d) - d_i| (log Z cancels): two near-equal logits whose
+    scores differ by ~2 float32 ulps of log 2 are ordered as exact (float64) arithmetic orders them -- the likelier
+    token alone reaches m = 0.2 -- where the literal float32 formula rounds the two scores together (and keeps
+    both). The decision documented in docs/language.md (typical_p)."""
+    x = np.array([[0.25039512, 0.25088045]], dtype=np.float32)
+    p = prog("sampler s(m: float, seed: seed) -> token, probs { typical_p(m) sample(seed) }", opt)
+    x64 = x[0].astype(np.float64)
+    q = np.exp(x64 - x64.max())
+    q /= q.sum()
+    s = np.abs(-np.log(q) + (q * np.log(q)).sum())
+    assert s[1] < s[0]                                        # exact arithmetic: token 1's score is the lower
+    for seed in range(8):
+        out = p(x, m=0.2, seed=seed)
+        assert (np.array(out.probs)[0] > 0).tolist() == [False, True]
+        assert int(np.array(out.token)[0]) == 1
