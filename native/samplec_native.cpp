@@ -687,6 +687,24 @@ struct ArgmaxTake {
 
 // argmax of put_along(x, ids, vals) without writing it: x with vals at ids (a repeated id: its last entry's value),
 // MLX's argmax on it (the first maximum, a NaN winning). [B, 1] int32. (ids, vals: [B, H], int32 / float32.)
+// Row r's edits (ids, vals) [B, h] as put_along writes them into a row of n: the last write of each id in range,
+// in id order.
+void last_writes(const Rows<int32_t>& ids, const Rows<float>& vals, int64_t r, int64_t n, int64_t h,
+                 std::vector<std::pair<int32_t, float>>& put) {
+  put.clear();
+  for (int64_t j = 0; j < h; ++j) {
+    const int32_t id = ids(r, j);
+    if (id >= 0 && id < n) put.emplace_back(id, vals(r, j));
+  }
+  std::stable_sort(put.begin(), put.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  size_t u = 0;
+  for (size_t k = 0; k < put.size(); ++k) {
+    if (k + 1 < put.size() && put[k + 1].first == put[k].first) continue;
+    put[u++] = put[k];
+  }
+  put.resize(u);
+}
+
 struct ArgmaxPut {
   static constexpr const char* kName = "SamplecArgmaxPut";
   bool operator==(const ArgmaxPut&) const { return true; }
@@ -698,12 +716,7 @@ struct ArgmaxPut {
     std::vector<std::pair<int32_t, float>> put;
     std::vector<float> buf;
     for (int64_t r = 0; r < rows; ++r) {
-      put.clear();
-      for (int64_t j = 0; j < h; ++j) {
-        const int32_t id = ids(r, j);
-        if (id >= 0 && id < n) put.emplace_back(id, vals(r, j));
-      }
-      std::stable_sort(put.begin(), put.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+      last_writes(ids, vals, r, n, h, put);
       const float* row = x.row(r, n, buf);
       // candidates in position order -- the plain stretches between written ids (their maximum in one vectorized
       // pass each) and the written values -- the first strictly greater one winning (a NaN above all); the winning
@@ -720,7 +733,6 @@ struct ArgmaxPut {
       while (k < put.size()) {
         const int64_t id = put[k].first;
         stretch(start, id);
-        while (k + 1 < put.size() && put[k + 1].first == id) ++k;     // (the last write of an id wins)
         const float v = put[k++].second;
         if (at < 0 || greater_nan(v, best)) best = v, at = id, lo = hi = 0;
         start = id + 1;
@@ -1221,18 +1233,7 @@ struct EditedLogSumExp {
     std::vector<std::pair<int32_t, float>> put;
     std::vector<float> buf, scratch, d, e;
     for (int64_t r = 0; r < rows; ++r) {
-      put.clear();
-      for (int64_t j = 0; j < h; ++j) {
-        const int32_t id = ids(r, j);
-        if (id >= 0 && id < n) put.emplace_back(id, vals(r, j));
-      }
-      std::stable_sort(put.begin(), put.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
-      size_t u = 0;                        // the last write of each id, in id order
-      for (size_t k = 0; k < put.size(); ++k) {
-        if (k + 1 < put.size() && put[k + 1].first == put[k].first) continue;
-        put[u++] = put[k];
-      }
-      put.resize(u);
+      last_writes(ids, vals, r, n, h, put);
       const float* row = x.row(r, n, buf);
       const float m = max_nan(row, n);
       const double z = std::isfinite(m) ? sum_exp(row, n, m) : 0.0;

@@ -13,7 +13,8 @@ import mlx.core as mx
 
 from samplec.backend_mlx import native
 from samplec.backend_mlx.kernels import KERNELS
-from samplec.backend_mlx.lowering import RULES, log_softmax_parts, penalty_edits, softmax_pattern, unexpanded
+from samplec.backend_mlx.lowering import (RULES, log_softmax_parts, logprob_at_key, penalty_edits, softmax_pattern,
+                                         unexpanded)
 from samplec.diagnostics import SamplecError
 from samplec.frontend.expand import EXPAND
 from samplec.ir.graph import INPUT, Graph, Node
@@ -29,7 +30,7 @@ class Chain:
 
     def __init__(self, draw: Node, stages: list[Node], logprobs: list[Node], want_x: bool,
                  softmax: tuple[Node, ...] = (), edits: tuple[Node, ...] = (), top: tuple[Node, ...] = (),
-                 raw: Node | None = None, users: dict | None = None):
+                 raw: Node | None = None, checks: tuple = (None, None)):
         self.draw, self.stages, self.logprobs, self.want_x = draw, stages, logprobs, want_x and not softmax
         self.softmax = softmax      # (reduce_max, sub, exp, reduce_sum, div) of the probs pattern, or ()
         # the penalties stages read by the chain alone, innermost first: the kernel runs on the logits below them
@@ -38,7 +39,7 @@ class Chain:
         self.top = top              # argmax(x) and its take_along(x, .) users (the logits checks), or ()
         # the logits checks on squeeze(take_along(x, argmax(x))): logical_or(isnan, isposinf) and eq(., -inf); the
         # kernel gives both flags (outside the chain's nodes: they read its result through a squeeze)
-        self.checks = _checks_of(top, users) if top and users is not None else (None, None)
+        self.checks = checks
         # log_softmax of the logits below the edits (raw_logprob, top_logprobs), or None: the kernel gives their
         # maximum and log-sum-exp, and the token's log-probability under it (its take_along at the token reads it)
         self.raw = raw
@@ -71,7 +72,7 @@ class Chain:
         if self.raw is not None:
             logits = self.raw.inputs[0]
             bound.update(log_softmax_parts(self.raw, env[id(logits)], out[at], out[at + 1]))
-            bound[("logprob_at", id(logits), id(self.draw))] = out[at + 2]       # (see lowering._take_along)
+            bound[logprob_at_key(logits, self.draw)] = out[at + 2]       # (see lowering._take_along)
         if self.want_x:
             bound[id(self.stages[-1])] = out[2]
         if self.softmax:
@@ -116,7 +117,8 @@ def find_chains(graph: Graph) -> list[Chain]:
         raw = next((u for u in users.get(id(x), []) if u.op == "log_softmax" and id(u) not in claimed), None)
         if raw is not None:
             claimed.add(id(raw))
-        chains.append(Chain(n, stages[::-1], logprobs, want_x, softmax, tuple(edits[::-1]), top, raw, users))
+        chains.append(Chain(n, stages[::-1], logprobs, want_x, softmax, tuple(edits[::-1]), top, raw,
+                            _checks_of(top, users)))
     return chains
 
 

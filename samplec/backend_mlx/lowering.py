@@ -216,10 +216,7 @@ def _take_along(node: Node, users: Users, env: Env):
     src = node.inputs[0]
     if src.op != "log_softmax" or ("lse", id(src)) not in env:
         return None
-    at = node.inputs[1]
-    while at.op in ("expand", "squeeze") and at.inputs[0].type.dtype == "i32":    # (a token read back as [B, 1])
-        at = at.inputs[0]
-    done = env.get(("logprob_at", id(src.inputs[0]), id(at)))
+    done = env.get(logprob_at_key(src.inputs[0], node.inputs[1]))
     if done is not None and tuple(done.shape) == tuple(env[id(node.inputs[1])].shape):
         return {id(node): done}                         # (computed beside a penalized row's: `_logprob_at`)
     x, m, lz = env[("lse", id(src))]
@@ -271,6 +268,15 @@ def _reduce_max(node: Node, users: Users, env: Env):
             id(div): probs}
 
 
+def logprob_at_key(logits: Node, idx: Node) -> tuple:
+    """The env key of a log-probability under log_softmax(logits) at a token computed beside other work (the chain
+    kernel's, `edited_logsumexp`'s), for the take_along that reads it: the token's node past the expand / squeeze
+    that read it back as [B, 1] or [B]."""
+    while idx.op in ("expand", "squeeze") and idx.inputs[0].type.dtype == "i32":
+        idx = idx.inputs[0]
+    return ("logprob_at", id(logits), id(idx))
+
+
 def _below_penalties(node: Node) -> Node:
     while node.op == "penalties":
         node = node.inputs[0]
@@ -290,9 +296,8 @@ def _logprob_at(node: Node, users: Users, env: Env):
     if pen is not None:
         out = native.edited_logsumexp(pen[0], *pen[1], idx)
         if out is not None:
-            base = id(_below_penalties(src))
-            env[("row_lse", base)] = out[2:]
-            env[("logprob_at", base, id(node.inputs[1]))] = out[1]
+            env[("row_lse", id(_below_penalties(src)))] = out[2:]
+            env[logprob_at_key(_below_penalties(src), node.inputs[1])] = out[1]
             return {id(node): out[0]}
     lse = native.row_logsumexp(x)
     if lse is None:
