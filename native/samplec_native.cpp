@@ -7,7 +7,9 @@
 // answers). The primitive is CPU-only; samplec uses the MLX-ops version everywhere else.
 
 #include <algorithm>
+#include <exception>
 #include <functional>
+#include <type_traits>
 #include <atomic>
 #include <thread>
 #include <chrono>
@@ -87,6 +89,107 @@ void dispatch(mx::cpu::CommandEncoder& encoder, F work) {
 // Close every hold (the call is dispatched, or failed before its dispatch).
 void release() {
   g_released.store(g_holds.load(std::memory_order_acquire), std::memory_order_release);
+}
+
+// ---- the waiting caller's help: a kernel's work in parts, run by MLX's worker and by whoever waits for it -------
+//
+// While a call runs, its caller polls in spin_wait for the result: a core doing nothing. A kernel hands its work
+// to `split(n, part)`: parts 0..n-1, each taken by the first thread to claim it -- MLX's worker, which opened
+// them, and any caller polling meanwhile (`help`, between polls). The worker returns once every part is done. A
+// caller that is not there (mx.async_eval, a single core) costs nothing: the worker takes every part itself.
+// Parts write disjoint outputs; a reduction keeps one partial per part and combines them in part order, so a
+// result never depends on which thread ran which part (or on whether anyone helped). Inside a part `split` runs
+// its parts in place (one level of parts at a time: a batch's rows, or a row's spans).
+
+struct Parts {
+  std::atomic<uint64_t> gen{0};           // odd while parts are open
+  std::atomic<int> helpers{0};            // helpers that saw them open and may still be claiming
+  std::atomic<int64_t> next{0}, done{0};
+  std::atomic<bool> busy{false};          // a worker owns the slot (another stream's splits run in place)
+  int64_t n = 0;
+  void (*call)(void*, int64_t) = nullptr;
+  void* ctx = nullptr;
+  std::exception_ptr error;
+  std::atomic<bool> failed{false};
+};
+Parts g_parts;
+thread_local bool t_in_part = false;
+std::atomic<uint64_t> g_helped{0};        // parts a waiting caller ran (diagnostics: `helped()`)
+
+// Claim and run open parts until none is left; how many this thread ran.
+int64_t run_parts(Parts& p) {
+  t_in_part = true;
+  int64_t ran = 0;
+  for (int64_t c; (c = p.next.fetch_add(1, std::memory_order_acq_rel)) < p.n; ++ran) {
+    try {
+      p.call(p.ctx, c);
+    } catch (...) {
+      if (!p.failed.exchange(true)) p.error = std::current_exception();
+    }
+    p.done.fetch_add(1, std::memory_order_acq_rel);
+  }
+  t_in_part = false;
+  return ran;
+}
+
+template <class F>
+void split(int64_t n, F&& part) {
+  Parts& p = g_parts;
+  if (n <= 1 || t_in_part || p.busy.exchange(true, std::memory_order_acquire)) {
+    for (int64_t c = 0; c < n; ++c) part(c);
+    return;
+  }
+  p.n = n;
+  p.next.store(0, std::memory_order_relaxed);
+  p.done.store(0, std::memory_order_relaxed);
+  p.ctx = &part;
+  p.call = [](void* f, int64_t c) { (*static_cast<std::remove_reference_t<F>*>(f))(c); };
+  p.failed.store(false, std::memory_order_relaxed);
+  p.error = nullptr;
+  p.gen.fetch_add(1, std::memory_order_seq_cst);          // open
+  run_parts(p);
+  while (p.done.load(std::memory_order_acquire) < n) {}    // (a helper finishing its last part: microseconds)
+  p.gen.fetch_add(1, std::memory_order_seq_cst);          // closed: no helper starts claiming from here on
+  while (p.helpers.load(std::memory_order_seq_cst) != 0) {}
+  std::exception_ptr error = p.failed.load() ? p.error : nullptr;
+  p.busy.store(false, std::memory_order_release);
+  if (error) std::rethrow_exception(error);
+}
+
+// On a waiting caller: take open parts, if any; whether it ran one.
+bool help() {
+  Parts& p = g_parts;
+  const uint64_t g = p.gen.load(std::memory_order_seq_cst);
+  if (!(g & 1) || t_in_part) return false;
+  p.helpers.fetch_add(1, std::memory_order_seq_cst);
+  int64_t ran = 0;
+  if (p.gen.load(std::memory_order_seq_cst) == g) ran = run_parts(p);   // (still the parts seen open: set)
+  p.helpers.fetch_sub(1, std::memory_order_seq_cst);
+  g_helped.fetch_add(ran, std::memory_order_relaxed);
+  return ran > 0;
+}
+
+// Spans of a vocabulary pass: fixed (multiples of 64, so of the 64-token blocks), whoever runs them
+constexpr int64_t kSpan = 16384;
+inline int64_t spans(int64_t n) { return (n + kSpan - 1) / kSpan; }
+
+// f(lo, hi) over [0, n) in spans
+template <class F>
+void each_span(int64_t n, F f) {
+  split(spans(n), [&](int64_t c) { f(c * kSpan, std::min(n, (c + 1) * kSpan)); });
+}
+
+// The sum of f(lo, hi) over [0, n)'s spans, in span order
+template <class F>
+double sum_spans(int64_t n, F f) {
+  const int64_t s = spans(n);
+  double stack[32];
+  std::vector<double> heap(s > 32 ? s : 0);
+  double* part = s > 32 ? heap.data() : stack;
+  split(s, [&](int64_t c) { part[c] = f(c * kSpan, std::min(n, (c + 1) * kSpan)); });
+  double total = 0.0;
+  for (int64_t c = 0; c < s; ++c) total += part[c];
+  return total;
 }
 
 constexpr uint32_t kParity = 0x1BD11BDA;
@@ -449,6 +552,12 @@ SAMPLEC_VOCAB_LOOP void block_max_row(const float* x, int64_t V, int64_t nb, int
     }
     o[c] = m;
   }
+}
+
+// block_max_row in spans (blocks of 64: a span is whole blocks)
+void block_max_spans(const float* x, int64_t V, int64_t nb, int bs, float* o) {
+  if (bs != 64) return block_max_row(x, V, nb, bs, o);
+  each_span(V, [&](int64_t lo, int64_t hi) { block_max_row(x + lo, hi - lo, (hi - lo + 63) / 64, 64, o + lo / 64); });
 }
 
 // block_max: block j of a row holds tokens j * bs .. (j + 1) * bs - 1 (NB = ceil(V / bs) blocks; the last partial).
@@ -985,11 +1094,18 @@ mx::array hold(double max_us) {
 }
 
 // Wait for arrays being evaluated (mx.async_eval) by polling for up to `spin_us` microseconds before blocking.
+// Meanwhile it takes the kernels' open parts (`help`); the time it helped does not count as polling.
 void spin_wait(const std::vector<mx::array>& arrays, double spin_us) {
-  const auto start = std::chrono::steady_clock::now();
+  auto start = std::chrono::steady_clock::now();
   for (const auto& a : arrays) {
-    const double spent = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count();
-    poll([&a] { return a.is_available(); }, spin_us - spent);
+    while (true) {
+      const double spent =
+          std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count();
+      bool helped = false;
+      poll([&a, &helped] { return (helped = help()) || a.is_available(); }, spin_us - spent);
+      if (!helped) break;
+      start = std::chrono::steady_clock::now();
+    }
     const_cast<mx::array&>(a).wait();
   }
 }
@@ -1018,8 +1134,10 @@ void evaluate(const std::vector<mx::array>& arrays, double spin_us) {
 // Relative error ~2e-7 against the correctly rounded value: a normalizer Z summed from it (in double, per block)
 // differs from float32 sums in other orders by less than their own rounding.
 // (FV: 8 or 16 float lanes; 16 fill an AVX-512 register and are two AVX2 ones)
+// (always inlined: a vector argument passed between a target_clones clone and a function compiled for the
+// baseline has no common calling convention)
 template <class FV, class IV>
-inline FV exp_nonpos(FV v) {
+__attribute__((always_inline)) inline FV exp_nonpos(FV v) {
   const FV lo = FV{} - 87.3f;
   const auto tiny = v < lo;
   v = tiny ? lo : v;
@@ -1041,7 +1159,7 @@ inline FV exp_nonpos(FV v) {
   return tiny ? FV{} : out;
 }
 
-inline F16 exp16_nonpos(F16 v) { return exp_nonpos<F16, I16>(v); }
+__attribute__((always_inline)) inline F16 exp16_nonpos(F16 v) { return exp_nonpos<F16, I16>(v); }
 
 typedef float F8 __attribute__((vector_size(8 * sizeof(float))));
 typedef double D8 __attribute__((vector_size(8 * sizeof(double))));
@@ -1050,7 +1168,7 @@ typedef double D8 __attribute__((vector_size(8 * sizeof(double))));
 // block of a row goes through the same vectorized exp as the others: a scalar exp there rounds some values
 // differently, and tied logits on both sides of the block boundary would then get different probabilities (a
 // top_p cut between them: the spec keeps a tie group together).
-inline F16 tail16(const float* p, int64_t n) {
+__attribute__((always_inline)) inline F16 tail16(const float* p, int64_t n) {
   F16 a = F16{} - INFINITY;
   std::memcpy(&a, p, std::min<int64_t>(16, n) * sizeof(float));
   return a;
@@ -1060,7 +1178,7 @@ inline F16 tail16(const float* p, int64_t n) {
 // block would be a chain of sixteen dependent scalar adds); summed across the lanes at the end.
 struct DoubleLanes {
   D8 a{}, b{};
-  void add(F16 v) {
+  __attribute__((always_inline)) void add(F16 v) {
     F8 lo, hi;
     std::memcpy(&lo, &v, sizeof lo);
     std::memcpy(&hi, reinterpret_cast<const char*>(&v) + sizeof lo, sizeof hi);
@@ -1111,6 +1229,57 @@ SAMPLEC_VOCAB_LOOP double exp_inplace(float* v, int64_t n) {
   for (; i < n; i += 16) {
     const F16 a = exp16_nonpos(tail16(v + i, n - i));
     std::memcpy(v + i, &a, std::min<int64_t>(16, n - i) * sizeof(float));
+    total.add(a);
+  }
+  return total.sum();
+}
+
+typedef uint8_t U8x16 __attribute__((vector_size(16)));
+
+// Sixteen lanes of v[i] / t - c (Div; else v[i] - c) where keep[i] (keep == nullptr: where v[i] is finite),
+// -inf elsewhere
+template <bool Div>
+__attribute__((always_inline)) inline F16 kept_lanes(const uint8_t* keep, F16 v, const uint8_t* k, float t, float c) {
+  const F16 ninf = F16{} - INFINITY;
+  const F16 d = Div ? v / t - c : v - c;
+  if (keep == nullptr) return v > ninf ? d : ninf;
+  U8x16 kb;
+  std::memcpy(&kb, k, sizeof kb);
+  return __builtin_convertvector(kb, I16) != 0 ? d : ninf;
+}
+
+template <bool Div>
+__attribute__((always_inline)) inline double exp_kept_loop(float* out, const uint8_t* keep, const float* v,
+                                                           int64_t n, float t, float c);
+
+// out[i] = exp(v[i] / t - c) where kept (keep == nullptr: every finite v[i]), 0 elsewhere, and their sum (in
+// double per lane); out == nullptr: the sum alone. One pass (t = 1: no division, x / 1 being x).
+SAMPLEC_VOCAB_LOOP double exp_kept(float* out, const uint8_t* keep, const float* v, int64_t n, float t, float c) {
+  return t == 1.0f ? exp_kept_loop<false>(out, keep, v, n, t, c) : exp_kept_loop<true>(out, keep, v, n, t, c);
+}
+
+template <bool Div>
+__attribute__((always_inline)) inline double exp_kept_loop(float* out, const uint8_t* keep, const float* v,
+                                                           int64_t n, float t, float c) {
+  DoubleLanes total;
+  int64_t i = 0;
+  for (; i + 64 <= n; i += 64) {
+    F16 acc{};
+    for (int j = 0; j < 64; j += 16) {
+      F16 a;
+      std::memcpy(&a, v + i + j, sizeof a);
+      a = exp16_nonpos(kept_lanes<Div>(keep, a, keep + i + j, t, c));
+      if (out != nullptr) std::memcpy(out + i + j, &a, sizeof a);
+      acc += a;
+    }
+    total.add(acc);
+  }
+  for (; i < n; i += 16) {
+    const int64_t m = std::min<int64_t>(16, n - i);
+    uint8_t kt[16] = {};
+    if (keep != nullptr) std::memcpy(kt, keep + i, m);
+    const F16 a = exp16_nonpos(kept_lanes<Div>(keep == nullptr ? nullptr : kt, tail16(v + i, m), kt, t, c));
+    if (out != nullptr) std::memcpy(out + i, &a, m * sizeof(float));
     total.add(a);
   }
   return total.sum();
@@ -1373,7 +1542,7 @@ SAMPLEC_VOCAB_LOOP void threefry_ids(uint32_t k0, uint32_t k1, const uint32_t* i
 // in its first group; a row of thousands of equal values takes them 256 at a time, vectorized). Equal scores go
 // to the lower id, so the winner does not depend on the order.
 template <class Id, class Value>
-void gumbel_max16(int64_t n, Id id, Value value, bool sorted, uint32_t k0, uint32_t k1, uint32_t pos,
+void gumbel_max16(int64_t begin, int64_t n, Id id, Value value, bool sorted, uint32_t k0, uint32_t k1, uint32_t pos,
                   float& best, int64_t& at) {
   uint32_t ids[256], bits[256];
   float gms[16];
@@ -1385,7 +1554,7 @@ void gumbel_max16(int64_t n, Id id, Value value, bool sorted, uint32_t k0, uint3
     if (!(best == t_best && gm == t_gm)) t_best = best, t_gm = gm, t_need = win_threshold(best, gm);
     return t_need;
   };
-  for (int64_t g = 0; g < n;) {
+  for (int64_t g = begin; g < n;) {
     int live = 0;
     bool stop = false;
     for (int q = 0; q < batch && g < n; ++q, g += 16) {
@@ -1500,14 +1669,6 @@ SAMPLEC_VOCAB_LOOP void divide_by(float* out, const float* v, int64_t n, float t
   for (int64_t i = 0; i < n; ++i) out[i] = v[i] == -INFINITY ? v[i] : v[i] / t;
 }
 
-// out[i] = v[i] - c for finite v[i], -inf for -inf: kept_minus with every finite token kept (the same floats)
-SAMPLEC_VOCAB_LOOP void finite_minus(float* out, const float* v, int64_t n, float c) {   // (in place too)
-  for (int64_t i = 0; i < n; ++i) {
-    const float off = v[i] > -INFINITY ? 0.0f : -INFINITY;
-    out[i] = (v[i] - c) + off;
-  }
-}
-
 double full_z(ChainRow& row, float vmax);
 
 // p when the row's first cut is a top_p after temperatures alone (every other stage before it off), those
@@ -1620,24 +1781,6 @@ float chain_candidates(ChainRow& row, int64_t nb, int bs, int64_t m, std::vector
   return tail;
 }
 
-// sum of exp(v[i] / t - c) over v[0..n) (v[i] / t <= c, or -inf), in double per lane: the values
-// divided as a temperature stage divides them, without writing them
-SAMPLEC_VOCAB_LOOP double sum_exp_div(const float* v, int64_t n, float t, float c) {
-  DoubleLanes total;                   // (per-lane sums in double: no horizontal sum per block)
-  int64_t i = 0;
-  for (; i + 64 <= n; i += 64) {
-    F16 acc{};
-    for (int j = 0; j < 64; j += 16) {
-      F16 a;
-      std::memcpy(&a, v + i + j, sizeof a);
-      acc += exp16_nonpos(a / t - c);      // (-inf / t - c is -inf: 0)
-    }
-    total.add(acc);
-  }
-  for (; i < n; i += 16) total.add(exp16_nonpos(tail16(v + i, n - i) / t - c));
-  return total.sum();
-}
-
 // sum over the whole row of exp(f(x) - vmax), in double; once per row for given temperatures and vmax
 double full_z(ChainRow& row, float vmax) {
   if (row.z_vmax == vmax && row.z_divs == row.divs) return row.z;
@@ -1648,18 +1791,15 @@ double full_z(ChainRow& row, float vmax) {
     // goes on to the whole row reuses them for a leading top_p
     auto& buf = *row.zbuf;
     buf.resize(row.V);
-    const float* v = row.x;
-    if (!row.divs.empty()) {
-      divide_by(buf.data(), row.x, row.V, row.divs[0]);
-      v = buf.data();
-    }
-    finite_minus(buf.data(), v, row.V, vmax);
-    z = exp_inplace(buf.data(), row.V);
+    const float* x = row.x;
+    const float t = row.divs.empty() ? 1.0f : row.divs[0];
+    z = sum_spans(row.V, [&](int64_t lo, int64_t hi) { return exp_kept(buf.data() + lo, nullptr, x + lo, hi - lo, t, vmax); });
     row.z_in_buf = true;
   } else if (row.divs.empty()) {
-    z = sum_exp(row.x, row.V, vmax);
+    z = sum_spans(row.V, [&](int64_t lo, int64_t hi) { return sum_exp(row.x + lo, hi - lo, vmax); });
   } else if (row.divs.size() == 1) {
-    z = sum_exp_div(row.x, row.V, row.divs[0], vmax);
+    const float t = row.divs[0];
+    z = sum_spans(row.V, [&](int64_t lo, int64_t hi) { return exp_kept(nullptr, nullptr, row.x + lo, hi - lo, t, vmax); });
   } else {
     thread_local std::vector<float> fx;
     fx.resize(row.V);
@@ -1828,7 +1968,7 @@ bool chain_run(ChainRow& row, float bound, int32_t* token, float* logprob) {
   } else {
     float best = -INFINITY;
     at = -1;
-    gumbel_max16(L, [&c](int64_t i) { return c[i].second; }, [&c](int64_t i) { return c[i].first; }, true,
+    gumbel_max16(0, L, [&c](int64_t i) { return c[i].second; }, [&c](int64_t i) { return c[i].first; }, true,
                  row.k0, row.k1, row.pos, best, at);
     if (tail && fb + kGumbelMax >= best) return false;
   }
@@ -1989,17 +2129,29 @@ void mass_histogram(const float* e, int64_t n, uint32_t lo, uint32_t hi, int& sh
   const int varying = 32 - __builtin_clz(lo ^ hi);
   shift = varying > kDigit ? varying - kDigit : 0;
   mask = (1u << (varying - shift)) - 1u;
-  // four histograms over alternate tokens, then added (a tied row sends every token to a few buckets: one
-  // histogram would chain each add on the last one's store)
+  const int sh = shift;
+  const uint32_t mk = mask;
+  // in two halves (split: the waiting caller takes one), each four histograms over alternate tokens, then all
+  // added in a fixed order (a tied row sends every token to a few buckets: one histogram would chain each add on
+  // the last one's store)
   const size_t w = mask + 1;
-  hist.assign(4 * w, 0.0);
+  hist.assign(8 * w, 0.0);
+  const int64_t half = (n / 2 + 63) / 64 * 64;
+  split(2, [&](int64_t part) {
+    double* h = hist.data() + part * 4 * w;
+    const float* v = e + (part ? half : 0);
+    const int64_t m = part ? n - half : std::min(n, half);
+    int64_t i = 0;
+    for (; i + 4 <= m; i += 4) {
+      for (int j = 0; j < 4; ++j) h[j * w + ((order_key(v[i + j]) >> sh) & mk)] += v[i + j];
+    }
+    for (; i < m; ++i) h[(order_key(v[i]) >> sh) & mk] += v[i];
+  });
   double* h = hist.data();
-  int64_t i = 0;
-  for (; i + 4 <= n; i += 4) {
-    for (int j = 0; j < 4; ++j) h[j * w + ((order_key(e[i + j]) >> shift) & mask)] += e[i + j];
+  for (size_t b = 0; b < w; ++b) {
+    h[b] = ((h[b] + h[w + b]) + (h[2 * w + b] + h[3 * w + b])) +
+           ((h[4 * w + b] + h[5 * w + b]) + (h[6 * w + b] + h[7 * w + b]));
   }
-  for (; i < n; ++i) h[(order_key(e[i]) >> shift) & mask] += e[i];
-  for (size_t b = 0; b < w; ++b) h[b] = (h[b] + h[w + b]) + (h[2 * w + b] + h[3 * w + b]);
   hist.resize(w);
 }
 
@@ -2054,8 +2206,17 @@ SAMPLEC_VOCAB_LOOP void collect_range(const float* e, int64_t n, float lo, float
 // The smallest probability e_min such that the mass of e >= e_min reaches `need` (radix_select on mass over the
 // positive e; the largest when nothing reaches it).
 float mass_cut(const float* e, int64_t n, double need, std::vector<uint32_t>& keys, std::vector<double>& wd) {
-  float flo, fhi;
-  positive_range(e, n, flo, fhi);
+  float flo = INFINITY, fhi = 0.0f;
+  {
+    float lo_s[32], hi_s[32];
+    const int64_t s = spans(n);
+    if (s > 32) {
+      positive_range(e, n, flo, fhi);
+    } else {
+      each_span(n, [&](int64_t lo, int64_t hi) { positive_range(e + lo, hi - lo, lo_s[lo / kSpan], hi_s[lo / kSpan]); });
+      for (int64_t c = 0; c < s; ++c) flo = std::min(flo, lo_s[c]), fhi = std::max(fhi, hi_s[c]);
+    }
+  }
   if (!(fhi > 0.0f)) return fhi;
   const uint32_t lo = order_key(flo), hi = order_key(fhi);
   if (lo == hi) return fhi;
@@ -2077,11 +2238,31 @@ float mass_cut(const float* e, int64_t n, double need, std::vector<uint32_t>& ke
   if (shift == 0) return key_value(first);
   // the bucket's keys are the positive floats from key_value(first) to key_value(first + 2^shift - 1)
   const float blo = std::max(key_value(first), flo), bhi = key_value(first + ((1u << shift) - 1u));
-  float vlo, vhi;
-  range_span(e, n, blo, bhi, vlo, vhi);
+  float vlo = INFINITY, vhi = -INFINITY;
+  const int64_t s = spans(n);
+  {
+    std::vector<float> lo_s(s), hi_s(s);
+    each_span(n, [&](int64_t lo, int64_t hi) {
+      range_span(e + lo, hi - lo, blo, bhi, lo_s[lo / kSpan], hi_s[lo / kSpan]);
+    });
+    for (int64_t c = 0; c < s; ++c) vlo = std::min(vlo, lo_s[c]), vhi = std::max(vhi, hi_s[c]);
+  }
   if (vlo == vhi) return vlo;             // (one value in the bucket -- a tied row's: the cut, as radix_select finds)
   if (vlo > vhi) return key_value(first);
-  collect_range(e, n, blo, bhi, keys, wd);
+  // the bucket's tokens span by span, then joined in span order
+  thread_local std::vector<std::vector<uint32_t>> keys_s;
+  thread_local std::vector<std::vector<double>> wd_s;
+  keys_s.resize(std::max<size_t>(keys_s.size(), s));
+  wd_s.resize(std::max<size_t>(wd_s.size(), s));
+  auto& ks = keys_s;
+  auto& ws = wd_s;
+  each_span(n, [&](int64_t lo, int64_t hi) { collect_range(e + lo, hi - lo, blo, bhi, ks[lo / kSpan], ws[lo / kSpan]); });
+  keys.clear();
+  wd.clear();
+  for (int64_t c = 0; c < s; ++c) {
+    keys.insert(keys.end(), ks[c].begin(), ks[c].end());
+    wd.insert(wd.end(), ws[c].begin(), ws[c].end());
+  }
   return key_value(radix_select(keys, wd, need, base));
 }
 
@@ -2097,20 +2278,19 @@ SAMPLEC_VOCAB_LOOP int64_t count_kept(const uint8_t* keep, int64_t n) {
   return total;
 }
 
-// The ids of the kept tokens, ascending, into out; their count. Eight flags at a time: an all-zero word is
+// The ids (base + i) of the kept tokens, ascending, into out; their count. Eight flags at a time: an all-zero word is
 // skipped, the others' bits packed by one multiplication (byte j's 0/1 to bit j) and taken by their bits.
-int64_t kept_ids(const uint8_t* keep, int64_t n, int32_t* out) {
+int64_t kept_ids(const uint8_t* keep, int64_t n, int64_t base, int32_t* out) {
   int64_t m = 0, i = 0;
   for (; i + 8 <= n; i += 8) {
     uint64_t w;
     std::memcpy(&w, keep + i, sizeof w);
     if (w == 0) continue;
     uint32_t bits = static_cast<uint32_t>(((w & 0x0101010101010101ull) * 0x0102040810204080ull) >> 56);
-    for (; bits; bits &= bits - 1) out[m++] = static_cast<int32_t>(i + __builtin_ctz(bits));
+    for (; bits; bits &= bits - 1) out[m++] = static_cast<int32_t>(base + i + __builtin_ctz(bits));
   }
   for (; i < n; ++i) {
-    out[m] = static_cast<int32_t>(i);
-    m += keep[i];
+    if (keep[i]) out[m++] = static_cast<int32_t>(base + i);    // (never past its own: spans write side by side)
   }
   return m;
 }
@@ -2122,15 +2302,6 @@ SAMPLEC_VOCAB_LOOP void keep_finite(uint8_t* __restrict keep, const float* __res
 
 SAMPLEC_VOCAB_LOOP void keep_at_least(uint8_t* __restrict keep, const float* __restrict v, int64_t n, float floor) {
   for (int64_t i = 0; i < n; ++i) keep[i] &= static_cast<uint8_t>(v[i] >= floor);
-}
-
-// out[i] = keep[i] ? v[i] - c : -inf
-SAMPLEC_VOCAB_LOOP void kept_minus(float* __restrict out, const uint8_t* __restrict keep, const float* __restrict v,
-                                   int64_t n, float c) {
-  for (int64_t i = 0; i < n; ++i) {        // (an add of 0 or -inf rather than a select: it vectorizes)
-    const float off = keep[i] ? 0.0f : -INFINITY;
-    out[i] = (v[i] - c) + off;
-  }
 }
 
 // whether any l < n has (bits[l] >> 9) >= need and keep[l] (a reduction that vectorizes)
@@ -2147,7 +2318,7 @@ void chain_dense(ChainRow& row, int64_t nb, int bs, int32_t* token, float* logpr
   const int64_t V = row.V;
   row.divs.clear();
   keep.resize(V);
-  keep_finite(keep.data(), x, V);
+  each_span(V, [&](int64_t lo, int64_t hi) { keep_finite(keep.data() + lo, x + lo, hi - lo); });
   thread_local std::vector<float> fxbuf_tls;
   thread_local std::vector<uint32_t> keys_tls;
   thread_local std::vector<double> wd_tls;
@@ -2155,7 +2326,7 @@ void chain_dense(ChainRow& row, int64_t nb, int bs, int32_t* token, float* logpr
   auto& keys = keys_tls;
   auto& wd = wd_tls;
   const float* fx = x;                // the current values: x with the temperatures applied so far
-  float fmax = max_nan(x, V);         // the largest kept current value (cuts keep it; xtc may remove it)
+  float fmax = max_nan(row.bm->data(), nb);   // the largest kept current value (cuts keep it; xtc may remove it)
   auto recompute_max = [&]() {
     float m = -INFINITY;
     for (int64_t i = 0; i < V; ++i) {
@@ -2171,8 +2342,17 @@ void chain_dense(ChainRow& row, int64_t nb, int bs, int32_t* token, float* logpr
     }
     pristine = false;
     buf.resize(V);
-    kept_minus(buf.data(), keep.data(), fx, V, fmax);
-    return exp_inplace(buf.data(), V);
+    return sum_spans(V, [&](int64_t lo, int64_t hi) {
+      return exp_kept(buf.data() + lo, keep.data() + lo, fx + lo, hi - lo, 1.0f, fmax);
+    });
+  };
+  auto keep_from = [&](const float* v, float floor) {   // keep[i] &= v[i] >= floor
+    each_span(V, [&](int64_t lo, int64_t hi) { keep_at_least(keep.data() + lo, v + lo, hi - lo, floor); });
+  };
+  float last_t = 1.0f;                // a temperature that is the last stage: applied where values are read
+  auto val = [&](int64_t i) {         // the current value of token i (divide_by's float)
+    const float v = fx[i];
+    return last_t == 1.0f || v == -INFINITY ? v : v / last_t;
   };
   const auto& stages = *row.stages;
   for (size_t s = 0; s < stages.size(); ++s) {
@@ -2192,11 +2372,16 @@ void chain_dense(ChainRow& row, int64_t nb, int bs, int32_t* token, float* logpr
           }
           break;
         }
-        fxbuf.resize(V);
-        divide_by(fxbuf.data(), fx, V, t);
-        fx = fxbuf.data();
         fmax = fmax == -INFINITY ? fmax : fmax / t;
         row.divs.push_back(t);
+        if (s + 1 == stages.size()) {   // the last stage: the draw and the outputs divide the values they read
+          last_t = t;
+          break;
+        }
+        fxbuf.resize(V);
+        const float* from = fx;
+        each_span(V, [&](int64_t lo, int64_t hi) { divide_by(fxbuf.data() + lo, from + lo, hi - lo, t); });
+        fx = fxbuf.data();
         break;
       }
       case kTopK: {
@@ -2212,7 +2397,7 @@ void chain_dense(ChainRow& row, int64_t nb, int bs, int32_t* token, float* logpr
         if (k >= static_cast<int64_t>(keys.size())) break;
         std::vector<int64_t> unit;
         const float vk = key_value(radix_select(keys, unit, k));
-        keep_at_least(keep.data(), fx, V, vk);
+        keep_from(fx, vk);
         pristine = false;
         break;
       }
@@ -2220,7 +2405,7 @@ void chain_dense(ChainRow& row, int64_t nb, int bs, int32_t* token, float* logpr
         const float m = static_cast<float>(a);
         if (m == 0.0f) break;
         const float floor = fmax + std::log(m);
-        keep_at_least(keep.data(), fx, V, floor);
+        keep_from(fx, floor);
         pristine = false;
         break;
       }
@@ -2229,7 +2414,7 @@ void chain_dense(ChainRow& row, int64_t nb, int bs, int32_t* token, float* logpr
         if (p >= 1.0f) break;
         const double z = probs();
         const float e_min = mass_cut(buf.data(), V, static_cast<double>(p) * z, keys, wd);
-        keep_at_least(keep.data(), buf.data(), V, e_min);
+        keep_from(buf.data(), e_min);
         break;
       }
       case kTopNSigma: {
@@ -2304,79 +2489,109 @@ void chain_dense(ChainRow& row, int64_t nb, int bs, int32_t* token, float* logpr
   int64_t at = -1;
   if (row.terminal == kGreedy) {
     for (int64_t i = 0; i < V && at < 0; ++i) {
-      if (keep[i] && fx[i] == fmax) at = i;
+      if (keep[i] && val(i) == fmax) at = i;
     }
   } else {
     const auto& bm = *row.bm;
-    float best = -INFINITY;
-    uint32_t need = 0;
-    auto threshold = [&](float fm) { return win_threshold(best, fm); };   // (fm: a block's f(maximum))
-    uint32_t bits[64];
-    // false: this block, and every block whose maximum is not above its own, cannot hold the winner
-    auto visit = [&](int64_t c) -> bool {
-      if (bm[c] == -INFINITY) return false;
-      const float fm = row.f(bm[c]);
-      if (at >= 0 && fm + kGumbelMax < best) return false;
-      need = at >= 0 ? threshold(fm) : 0u;
-      threefry_strided(row.k0, row.k1, static_cast<uint32_t>(c * bs), 1u, bs, row.pos, bits);
-      const int64_t lo = c * bs;
-      const int n = static_cast<int>(std::min<int64_t>(bs, V - lo));
-      // most blocks of a flat row hold no kept token whose bits pass the need: one vectorized test skips them
-      if (at >= 0 && !any_live(bits, keep.data() + lo, n, need)) return true;
-      for (int l = 0; l < n; ++l) {
-        const int64_t tok = lo + l;
-        if ((bits[l] >> 9) < need || !keep[tok]) continue;
-        const float sc = fx[tok] + gumbel_of(bits[l]);
-        if (at < 0 || sc > best || (sc == best && tok < at)) {
-          best = sc;
-          at = tok;
-          need = threshold(fm);
-        }
-      }
-      return true;
+    // A draw in parts (split) keeps a winner per part, each started from the same best score; the winner is
+    // the best of them, the lower id on equal scores -- the same token as one walk over everything.
+    struct Win {
+      float best;
+      int64_t at;
+    };
+    auto better = [](const Win& a, const Win& b, auto id) {    // whether a beats b
+      return a.at >= 0 && (b.at < 0 || a.best > b.best || (a.best == b.best && id(a.at) < id(b.at)));
     };
     // Few kept tokens spread over the row (a cut at a value thousands of tokens share: every block's maximum is
     // at the cut, so no block can be skipped): their ids compacted, then their RandomBits sixteen at a time, a
     // group skipped when its largest value plus the largest noise stays below the best score, a token rejected
     // on its bits alone as in the block walk -- Threefry for the kept tokens only.
-    if (count_kept(keep.data(), V) * 4 < V * 3) {
+    const int64_t s = spans(V);
+    std::vector<int64_t> kept_s(s + 1, 0);
+    each_span(V, [&](int64_t lo, int64_t hi) { kept_s[lo / kSpan + 1] = count_kept(keep.data() + lo, hi - lo); });
+    for (int64_t c = 0; c < s; ++c) kept_s[c + 1] += kept_s[c];
+    if (kept_s[s] * 4 < V * 3) {
       order.resize(V);
-      const int64_t m = kept_ids(keep.data(), V, order.data());
+      each_span(V, [&](int64_t lo, int64_t hi) { kept_ids(keep.data() + lo, hi - lo, lo, order.data() + kept_s[lo / kSpan]); });
+      const int64_t m = kept_s[s];
       int64_t first = 0;                          // the best score starts at a largest value's
-      while (first < m && fx[order[first]] != fmax) ++first;
-      int64_t i_at = -1;
+      while (first < m && val(order[first]) != fmax) ++first;
+      Win start{-INFINITY, -1};
       if (first < m) {
-        best = fmax + gumbel_of(threefry_first_word(row.k0, row.k1, static_cast<uint32_t>(order[first]), row.pos));
-        i_at = first;
+        start = {fmax + gumbel_of(threefry_first_word(row.k0, row.k1, static_cast<uint32_t>(order[first]), row.pos)),
+                 first};
       }
-      gumbel_max16(m, [&order](int64_t i) { return order[i]; }, [&](int64_t i) { return fx[order[i]]; }, false,
-                   row.k0, row.k1, row.pos, best, i_at);
-      at = i_at < 0 ? -1 : order[i_at];
+      constexpr int64_t kPart = 8192;            // (ids per part: a multiple of sixteen)
+      const int64_t parts = (m + kPart - 1) / kPart;
+      std::vector<Win> wins(parts, start);
+      auto id = [&order](int64_t i) { return order[i]; };
+      split(parts, [&](int64_t c) {
+        gumbel_max16(c * kPart, std::min(m, (c + 1) * kPart), id, [&](int64_t i) { return val(order[i]); }, false,
+                     row.k0, row.k1, row.pos, wins[c].best, wins[c].at);
+      });
+      Win w = start;
+      for (const Win& c : wins) w = better(c, w, id) ? c : w;
+      at = w.at < 0 ? -1 : order[w.at];
     } else {
       // The winner is the same whatever the order the blocks are visited in (equal scores: the lower id), so the
       // order only decides how early the bound `best` is high: the top blocks by maximum first, in descending order
-      // (a confident row ends there), then the rest as they lie, each skipped when its maximum plus the largest
-      // Gumbel noise stays below the best score so far -- no heap over every block.
+      // (a confident row ends there), then the rest as they lie, in parts, each block skipped when its maximum
+      // plus the largest Gumbel noise stays below the best score so far -- no heap over every block.
+      auto threshold = [](const Win& w, float fm) { return win_threshold(w.best, fm); };   // (fm: f(a maximum))
+      // false: this block, and every block whose maximum is not above its own, cannot hold the winner
+      auto visit = [&](int64_t c, Win& w) -> bool {
+        if (bm[c] == -INFINITY) return false;
+        const float fm = row.f(bm[c]);
+        if (w.at >= 0 && fm + kGumbelMax < w.best) return false;
+        uint32_t need = w.at >= 0 ? threshold(w, fm) : 0u;
+        uint32_t bits[64];
+        threefry_strided(row.k0, row.k1, static_cast<uint32_t>(c * bs), 1u, bs, row.pos, bits);
+        const int64_t lo = c * bs;
+        const int n = static_cast<int>(std::min<int64_t>(bs, V - lo));
+        // most blocks of a flat row hold no kept token whose bits pass the need: one vectorized test skips them
+        if (w.at >= 0 && !any_live(bits, keep.data() + lo, n, need)) return true;
+        for (int l = 0; l < n; ++l) {
+          const int64_t tok = lo + l;
+          if ((bits[l] >> 9) < need || !keep[tok]) continue;
+          const float sc = val(tok) + gumbel_of(bits[l]);
+          if (w.at < 0 || sc > w.best || (sc == w.best && tok < w.at)) {
+            w = {sc, tok};
+            need = threshold(w, fm);
+          }
+        }
+        return true;
+      };
       order.resize(nb);
       for (int64_t i = 0; i < nb; ++i) order[i] = static_cast<int32_t>(i);
       auto above = [&bm](int32_t a, int32_t b) { return bm[a] > bm[b] || (bm[a] == bm[b] && a < b); };
       const int64_t head = std::min<int64_t>(nb, 32);
       std::nth_element(order.begin(), order.begin() + (head - 1), order.end(), above);
       std::sort(order.begin(), order.begin() + head, above);
+      Win w{-INFINITY, -1};
       bool done = false;
-      for (int64_t i = 0; i < head && !done; ++i) done = !visit(order[i]);
-      for (int64_t i = head; i < nb && !done; ++i) visit(order[i]);
+      for (int64_t i = 0; i < head && !done; ++i) done = !visit(order[i], w);
+      if (!done) {
+        constexpr int64_t kPart = 256;           // (blocks per part)
+        const int64_t parts = (nb - head + kPart - 1) / kPart;
+        std::vector<Win> wins(parts, w);
+        split(parts, [&](int64_t c) {
+          for (int64_t i = head + c * kPart; i < std::min(nb, head + (c + 1) * kPart); ++i) visit(order[i], wins[c]);
+        });
+        for (const Win& c : wins) w = better(c, w, [](int64_t t) { return t; }) ? c : w;
+      }
+      at = w.at;
     }
   }
   if (at < 0) at = 0;
   *token = static_cast<int32_t>(at);
   if (row.want_logprob) {
-    buf.resize(V);
-    kept_minus(buf.data(), keep.data(), fx, V, fmax);
-    *logprob = (fx[at] - fmax) - static_cast<float>(std::log(sum_exp(buf.data(), V, 0.0f)));
+    const double z = sum_spans(V, [&](int64_t lo, int64_t hi) {
+      return exp_kept(nullptr, keep.data() + lo, fx + lo, hi - lo, last_t, fmax);
+    });
+    *logprob = (val(at) - fmax) - static_cast<float>(std::log(z));
   }
   if (row.x_out != nullptr) {
-    for (int64_t i = 0; i < V; ++i) row.x_out[i] = keep[i] ? fx[i] : -INFINITY;
+    for (int64_t i = 0; i < V; ++i) row.x_out[i] = keep[i] ? val(i) : -INFINITY;
     if (row.probs_out) softmax_inplace(row.x_out, V, fmax);
   }
 }
@@ -2470,20 +2685,39 @@ struct SampleChain {
     const Rows<float> xs(in[0]);
     int32_t* token = out[0].data<int32_t>();
     float* logprob = out[1].data<float>();
-    // scratch kept by the thread from call to call: a row-sized buffer allocated anew each call is fresh pages,
-    // which the kernel zeroes on first touch (~0.1 ms a call at V = 152064)
-    struct Scratch {
-      std::vector<float> buf, bm, ebuf, scratch, scratch_bm;
-      std::vector<uint8_t> keep;
-      std::vector<std::pair<float, int32_t>> cand, at_bound;
-      std::vector<int32_t> order;
-    };
-    thread_local Scratch tls;
-    Scratch& sc = tls;
+    // (scratch kept by each thread from call to call: a row-sized buffer allocated anew each call is fresh pages,
+    // which the kernel zeroes on first touch, ~0.1 ms a call at V = 152064)
+    // a batch's rows in parts (split): each thread its own scratch
+    split(rows, [&](int64_t r) {
+      thread_local Scratch tls;
+      one_row(r, V, nb, bs, xs, tls, in, out);
+    });
+    if (want_top) {       // the logits checks on the value at MLX's argmax (a NaN wins it, else a +inf)
+      const size_t at = 2 + (want_x || want_probs);
+      const float* top = out[at + 1].data<float>();
+      bool *bad = out[at + 2].data<bool>(), *ninf = out[at + 3].data<bool>();
+      for (int64_t r = 0; r < rows; ++r) {
+        bad[r] = std::isnan(top[r]) || top[r] == INFINITY;
+        ninf[r] = top[r] == -INFINITY;
+      }
+    }
+  }
+
+  struct Scratch {
+    std::vector<float> buf, bm, ebuf, scratch, scratch_bm;
+    std::vector<uint8_t> keep;
+    std::vector<std::pair<float, int32_t>> cand, at_bound;
+    std::vector<int32_t> order;
+  };
+
+  void one_row(int64_t r, int64_t V, int64_t nb, int bs, const Rows<float>& xs, Scratch& sc,
+               std::vector<mx::array>& in, std::vector<mx::array>& out) const {
+    int32_t* token = out[0].data<int32_t>();
+    float* logprob = out[1].data<float>();
     auto& [buf, bm, ebuf, scratch, scratch_bm, keep, cand, at_bound, order] = sc;
     bm.resize(nb);
-    std::vector<std::pair<float, double>> raw_z(want_raw ? rows : 0, {NAN, 0.0});   // (max, sum) a row computed
-    for (int64_t r = 0; r < rows; ++r) {
+    std::pair<float, double> raw_z{NAN, 0.0};       // (max, sum) the row's chain computed
+    [&] {
       ChainRow row;
       row.x = xs.row(r, V, buf);
       // (want_top: MLX's argmax of the input row and the value there -- the logits checks' pass, shared; with
@@ -2509,10 +2743,13 @@ struct SampleChain {
         const Rows<int32_t> ids(in[in.size() - 2]);
         const Rows<float> vals(in[in.size() - 1]);
         if (want_top) {
-          block_max_row(row.x, V, nb, bs, bm.data());
+          block_max_spans(row.x, V, nb, bs, bm.data());
           top_from_blocks(row.x);
         }
-        scratch.assign(row.x, row.x + V);
+        scratch.resize(V);
+        each_span(V, [&](int64_t lo, int64_t hi) {
+          std::memcpy(scratch.data() + lo, row.x + lo, (hi - lo) * sizeof(float));
+        });
         const int64_t h = in.back().shape(1);
         for (int64_t j = 0; j < h; ++j) {
           const int32_t id = ids(r, j);
@@ -2522,7 +2759,7 @@ struct SampleChain {
         if (want_top) {      // the edited blocks' maxima again
           for (int64_t j = 0; j < h; ++j) {
             const int32_t id = ids(r, j);
-            if (id < 0 || id >= V) continue;
+            if (id < 0 || id >= V) return;
             const int64_t c = id / bs, lo = c * bs;
             block_max_row(row.x + lo, std::min<int64_t>(V - lo, bs), 1, bs, bm.data() + c);
           }
@@ -2570,16 +2807,16 @@ struct SampleChain {
           *top_pos = static_cast<int32_t>(first_of(row.x, V, max_nan(row.x, V)));
           *top_val = row.x[*top_pos];
         }
-        continue;
+        return;
       }
-      if (!blocks_ready) block_max_row(row.x, V, nb, bs, bm.data());
+      if (!blocks_ready) block_max_spans(row.x, V, nb, bs, bm.data());
       logprob[r] = 0.0f;
       if (want_top && !edited) top_from_blocks(row.x);
       if (std::isnan(max_nan(bm.data(), nb))) {   // NaN logits: the program's checks report the row
         token[r] = 0;
         logprob[r] = NAN;
         if (row.x_out != nullptr) std::fill(row.x_out, row.x_out + V, NAN);
-        continue;
+        return;
       }
       bool done = false;
       if (!(terminal == kSample && row_temps_only(row) && !has_zero)) {   // (temperatures alone, every other stage
@@ -2615,30 +2852,22 @@ struct SampleChain {
         }
       }
       if (!done) chain_dense(row, nb, bs, token + r, logprob + r, ebuf, keep, order);
-      if (want_raw && !edited && row.z_divs.empty()) raw_z[r] = {row.z_vmax, row.z};   // (see below)
-    }
-    if (want_top) {       // the logits checks on the value at MLX's argmax (a NaN wins it, else a +inf)
-      const size_t at = 2 + (want_x || want_probs);
-      const float* top = out[at + 1].data<float>();
-      bool *bad = out[at + 2].data<bool>(), *ninf = out[at + 3].data<bool>();
-      for (int64_t r = 0; r < rows; ++r) {
-        bad[r] = std::isnan(top[r]) || top[r] == INFINITY;
-        ninf[r] = top[r] == -INFINITY;
-      }
-    }
+      if (want_raw && !edited && row.z_divs.empty()) raw_z = {row.z_vmax, row.z};   // (see below)
+    }();
     if (want_raw) {       // the logits' own normalizer and the token's log-probability under it (row_logsumexp's;
                           // a row whose chain summed exp(x - max x) for a leading top_p reuses that sum)
       const size_t at = 2 + (want_x || want_probs) + (want_top ? 4 : 0);
-      float *om = out[at].data<float>(), *olz = out[at + 1].data<float>(), *olp = out[at + 2].data<float>();
-      for (int64_t r = 0; r < rows; ++r) {
-        const float* raw = xs.row(r, V, buf);
-        const float m = want_top ? out[at - 3].data<float>()[r] : max_nan(raw, V);
-        const double z = raw_z[r].first == m ? raw_z[r].second : std::isfinite(m) ? sum_exp(raw, V, m) : 0.0;
-        const float lz = std::isfinite(m) ? static_cast<float>(std::log(z)) : (m != m ? m : 0.0f);
-        om[r] = m;
-        olz[r] = lz;
-        olp[r] = (raw[token[r]] - m) - lz;
-      }
+      const float* raw = xs.row(r, V, buf);
+      const float m = want_top ? out[at - 3].data<float>()[r] : max_nan(raw, V);
+      const double z = raw_z.first == m ? raw_z.second
+                       : std::isfinite(m)  ? sum_spans(V, [&](int64_t lo, int64_t hi) {
+                                              return sum_exp(raw + lo, hi - lo, m);
+                                            })
+                                           : 0.0;
+      const float lz = std::isfinite(m) ? static_cast<float>(std::log(z)) : (m != m ? m : 0.0f);
+      out[at].data<float>()[r] = m;
+      out[at + 1].data<float>()[r] = lz;
+      out[at + 2].data<float>()[r] = (raw[token[r]] - m) - lz;
     }
   }
 };
@@ -2735,5 +2964,7 @@ NB_MODULE(_ext, m) {
   m.def("evaluate", &evaluate, nb::arg("arrays"), nb::arg("spin_us"), nb::call_guard<nb::gil_scoped_release>(),
         "mx.async_eval(arrays), release(), then spin_wait(arrays, spin_us).");
   m.def("release", &release);
+  m.def("helped", [] { return g_helped.load(); },
+        "How many parts of the kernels' work waiting callers have run in this process (see `split`).");
   m.def("spin_wait", &spin_wait, nb::arg("arrays"), nb::arg("spin_us"), nb::call_guard<nb::gil_scoped_release>());
 }

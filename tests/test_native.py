@@ -791,3 +791,61 @@ def test_a_tie_across_the_last_partial_block_stays_one_group():
     sm = np.array(native.row_softmax(mx.array(z)))[0]
     for v in (-0.3, -1.7647058, -2.5):
         assert len(set(sm[z[0] == np.float32(v)].tolist())) == 1
+
+
+_PART_CHAINS = {
+    "mlx_lm": "sampler s(seed: seed, t: float, p: float) -> token, logprob, raw_logprob "
+              "{ top_p(p) min_p(0.05) temperature(t) sample(seed, position = 3) }",
+    "hf": "sampler s(seed: seed, t: float, h: tokens) -> token, logprob, probs "
+          "{ penalties(h, repeat = 1.1) temperature(t) top_k(50) top_p(0.9) sample(seed) }",
+    "vllm": "sampler s(seed: seed, t: float, p: float, h: tokens) -> token, logprob, raw_logprob, top_logprobs(5) "
+            "{ penalties(h, repeat = 1.05) temperature(t) min_p(0.05) top_k(50) top_p(p) sample(seed) }",
+    "dense": "sampler s(seed: seed, t: float, p: float) -> token, logprob "
+             "{ temperature(t) top_n_sigma(3.0) typical_p(0.95) top_p(p) sample(seed) }",
+}
+
+
+@pytest.mark.parametrize("chain", sorted(_PART_CHAINS))
+def test_parts_give_the_same_outputs_whoever_runs_them(monkeypatch, chain):
+    """The chain kernel splits a batch into rows and a long row's passes into fixed spans, run by MLX's worker and
+    by the caller while it waits: the outputs are bit-for-bit the same at B = 1, in a batch of four, and with the
+    caller not helping (no polling), and the tokens those of -O0."""
+    rng = np.random.default_rng(5)
+    V = 152064
+    x = np.stack([rng.normal(0, 0.05, V), rng.integers(-4, 4, V), rng.normal(0, 1, V),
+                  np.where(rng.random(V) < 0.9, -np.inf, rng.normal(0, 2, V))]).astype(np.float32)
+    x[2, rng.choice(V, 40, replace=False)] += 9
+    hist = rng.integers(0, V, (4, 64)).astype(np.int32)
+    src = _PART_CHAINS[chain]
+    prog, prog0 = samplec.compile(src), samplec.compile(src, opt_level=0)
+    names = {p.name for p in prog.params}
+    kw = {k: v for k, v in dict(t=[0.7, 1.0, 0.8, 1.3], p=[0.9, 0.95, 0.5, 0.99]).items() if k in names}
+
+    spin = native._SPIN                        # (off on a single core, or with SAMPLEC_SPIN=0)
+
+    def run(rows, polling=True):
+        monkeypatch.setattr(native, "_SPIN", spin and polling)
+        extra = dict(h=hist[rows]) if "h" in names else {}
+        out = prog(x[rows], seed=[11 + r for r in rows], **{k: [v[r] for r in rows] for k, v in kw.items()}, **extra)
+        outputs = {k.split(".")[0] for k, _ in prog.graph.outputs}
+        got = {f: np.array(getattr(out, f)) for f in ("token", "logprob", "raw_logprob", "probs") if f in outputs}
+        if "top_logprobs" in outputs:
+            got["top_ids"], got["top_values"] = np.array(out.top_logprobs.ids), np.array(out.top_logprobs.values)
+        return got
+
+    batch = run([0, 1, 2, 3])
+    alone = [run([r]) for r in range(4)]
+    unhelped = run([0, 1, 2, 3], polling=False)
+    for name, v in batch.items():
+        np.testing.assert_array_equal(v, np.concatenate([a[name] for a in alone]), err_msg=name)
+        np.testing.assert_array_equal(v, unhelped[name], err_msg=name)
+    want = np.array(prog0(x, seed=[11, 12, 13, 14], **kw, **(dict(h=hist) if "h" in names else {})).token)
+    np.testing.assert_array_equal(batch["token"], want)
+    monkeypatch.setattr(native, "_SPIN", spin)
+    if native._polling():                      # (the caller did take parts: when is up to the scheduler)
+        before = native.helped()
+        for _ in range(50):
+            if native.helped() > before:
+                break
+            run([0, 1, 2, 3])
+        assert native.helped() > before

@@ -66,11 +66,17 @@ def evaluate(arrays: list[mx.array]) -> None:
     """mx.eval, but on the CPU with the native package the calling thread polls for the result (up to SPIN_US,
     then it sleeps as mx.eval does) instead of sleeping until MLX's worker thread wakes it, and a `wake` hold
     ends once the work is queued. Not on a single core (polling would hold the core the worker needs), nor with
-    SAMPLEC_SPIN=0."""
+    SAMPLEC_SPIN=0. While it polls, the calling thread also runs parts of the kernels' work (a batch's rows, a
+    long row's spans) beside MLX's worker: the results are the same whoever runs which part (`helped`)."""
     if not _polling():
         mx.eval(arrays)
         return
     _native.evaluate(arrays, SPIN_US)
+
+
+def helped() -> int:
+    """How many parts of the native kernels' work a waiting caller has run in this process (0 without them)."""
+    return int(_native.helped()) if _native is not None else 0
 
 
 def _rows(*arrays, dtype=mx.float32) -> bool:
@@ -209,6 +215,6 @@ def sample_chain(x: mx.array, params: list[mx.array], stages: list[str], termina
                                       want_logprob, want_x, want_probs, list(edits), want_top, want_raw))
 
 
-__all__ = ["enabled", "installed", "wake", "release", "evaluate", "threefry_bits", "block_max", "topk_select",
+__all__ = ["enabled", "installed", "wake", "release", "evaluate", "helped", "threefry_bits", "block_max", "topk_select",
            "argmax_take", "sample_chain", "CHAIN_STAGES", "row_logsumexp", "row_max", "row_softmax", "argmax_put", "penalty_edits",
            "top_logprob_ids", "edited_logsumexp", "history_check"]
