@@ -612,18 +612,19 @@ void heap_select(const float* v, int64_t count, At at, int k, int32_t* top, floa
 
 // Appends the positions i with v[i] >= bound (no NaN in v), ascending: sixteen values compared at a time, and
 // only a group holding one is looked at one by one (a high bound: most groups hold none).
-SAMPLEC_VOCAB_LOOP void positions_at_least(const float* v, int64_t n, float bound, std::vector<int32_t>& out) {
+SAMPLEC_VOCAB_LOOP void positions_at_least(const float* v, int64_t n, float bound, std::vector<int32_t>& out,
+                                           int64_t base = 0) {   // (positions base + i)
   const F16 b = F16{} + bound;
   int64_t i = 0;
   for (; i + 16 <= n; i += 16) {           // sixteen compared at once, the hits taken by their bits
     F16 a;
     std::memcpy(&a, v + i, sizeof a);
     for (uint32_t hits = or_lanes((a >= b) & kLaneBit); hits; hits &= hits - 1) {
-      out.push_back(static_cast<int32_t>(i + __builtin_ctz(hits)));
+      out.push_back(static_cast<int32_t>(base + i + __builtin_ctz(hits)));
     }
   }
   for (; i < n; ++i) {
-    if (v[i] >= bound) out.push_back(static_cast<int32_t>(i));
+    if (v[i] >= bound) out.push_back(static_cast<int32_t>(base + i));
   }
 }
 
@@ -704,6 +705,19 @@ struct TopKSelect {
 // and those log-probabilities (a second output: no gather after it). The selection runs on x
 // (log_softmax keeps its order) with `margin` more, and those are ordered by their log-probabilities computed as
 // MLX computes them: rounding can tie logits that differ, and the lower id must then come first.
+// The kk positions `top` ranked by their log-probabilities (v - m) - lz, descending, the lower id first among
+// equals: the first k of them into ids and vals
+void rank_logprobs(const float* v, const int32_t* top, int kk, int k, float m, float lz,
+                   std::vector<std::pair<float, int32_t>>& ranked, int32_t* ids, float* vals) {
+  ranked.clear();
+  for (int i = 0; i < kk; ++i) ranked.emplace_back((v[top[i]] - m) - lz, top[i]);
+  std::sort(ranked.begin(), ranked.end(), [](const auto& a, const auto& b) {
+    return greater_nan(a.first, b.first) || (a.first == b.first && a.second < b.second) ||
+           (a.first != a.first && b.first != b.first && a.second < b.second);
+  });
+  for (int i = 0; i < k; ++i) ids[i] = ranked[i].second, vals[i] = ranked[i].first;
+}
+
 struct TopLogprobIds {
   static constexpr const char* kName = "SamplecTopLogprobIds";
   int k, margin;
@@ -721,17 +735,44 @@ struct TopLogprobIds {
       const float* v = x.row(r, n, buf);
       float next;
       select_top(v, n, kk, top.data(), &next, heap, kept);
-      const float m = mx_(r, 0), lz = lz_(r, 0);
-      ranked.clear();
-      for (int i = 0; i < kk; ++i) ranked.emplace_back((v[top[i]] - m) - lz, top[i]);
-      std::sort(ranked.begin(), ranked.end(), [](const auto& a, const auto& b) {
-        return greater_nan(a.first, b.first) || (a.first == b.first && a.second < b.second) ||
-               (a.first != a.first && b.first != b.first && a.second < b.second);
-      });
-      for (int i = 0; i < k; ++i) ids[r * k + i] = ranked[i].second, vals[r * k + i] = ranked[i].first;
+      rank_logprobs(v, top.data(), kk, k, mx_(r, 0), lz_(r, 0), ranked, ids + r * k, vals + r * k);
     }
   }
 };
+
+// The k + margin largest of a row v[0..V) as select_top finds them, from its block maxima bm (blocks of bs): the
+// (k + margin)-th largest maximum bounds the values that can be among them (that many blocks hold a value at
+// least as large), so only the blocks whose maximum reaches it are looked at. Then ranked as top_logprob_ids
+// ranks them. (The whole row where the blocks cannot narrow it: few blocks, a NaN.)
+void top_logprobs_of_blocks(const float* v, int64_t V, const float* bm, int64_t nb, int bs, int k, int margin,
+                            float m, float lz, int32_t* ids, float* vals) {
+  const int kk = static_cast<int>(std::min<int64_t>(V, int64_t(k) + margin));
+  thread_local std::vector<int32_t> top, kept, top_blocks;
+  thread_local std::vector<std::pair<float, int32_t>> heap, ranked;
+  top.resize(kk);
+  float next;
+  bool nan = false;
+  if (nb >= 8 * int64_t(kk)) {
+    top_blocks.resize(kk);
+    heap_select(bm, nb, [](int64_t i) { return i; }, kk, top_blocks.data(), &next, heap);
+    float bound = INFINITY;
+    for (int i = 0; i < kk; ++i) {
+      const float b = bm[top_blocks[i]];
+      nan |= b != b;
+      bound = std::min(bound, b);
+    }
+    if (!nan) {
+      kept.clear();
+      for (int64_t c = 0; c < nb; ++c) {
+        if (bm[c] >= bound) positions_at_least(v + c * bs, std::min<int64_t>(bs, V - c * bs), bound, kept, c * bs);
+      }
+      heap_select(v, static_cast<int64_t>(kept.size()), [](int64_t i) { return int64_t(kept[i]); }, kk, top.data(),
+                  &next, heap);
+    }
+  }
+  if (nb < 8 * int64_t(kk) || nan) select_top(v, V, kk, top.data(), &next, heap, kept);
+  rank_logprobs(v, top.data(), kk, k, m, lz, ranked, ids, vals);
+}
 
 std::vector<mx::array> top_logprob_ids(const mx::array& x, const mx::array& m, const mx::array& lz, int k,
                                        int margin) {
@@ -2670,9 +2711,11 @@ struct SampleChain {
   std::vector<int> stages;
   int terminal;
   bool want_logprob, want_x, want_probs, edited, want_top, want_raw;
+  int top_n = 0, margin = 0;          // top_logprobs(top_n) of the raw logits (with want_raw), and its tie margin
   bool operator==(const SampleChain& o) const {
     return stages == o.stages && terminal == o.terminal && want_logprob == o.want_logprob && want_x == o.want_x &&
-           want_probs == o.want_probs && edited == o.edited && want_top == o.want_top && want_raw == o.want_raw;
+           want_probs == o.want_probs && edited == o.edited && want_top == o.want_top && want_raw == o.want_raw &&
+           top_n == o.top_n && margin == o.margin;
   }
   // in = [x, each stage's operands after x as [B, 1] (top_k int32; xtc f32, f32, u64 seed, u32 position; others
   // f32), then (sample) seed u64 and position u32, then (edited) ids int32 [B, H] and values f32 [B, H]: the chain
@@ -2717,6 +2760,7 @@ struct SampleChain {
     auto& [buf, bm, ebuf, scratch, scratch_bm, keep, cand, at_bound, order] = sc;
     bm.resize(nb);
     std::pair<float, double> raw_z{NAN, 0.0};       // (max, sum) the row's chain computed
+    bool bm_ready = false;                          // bm holds row.x's block maxima
     [&] {
       ChainRow row;
       row.x = xs.row(r, V, buf);
@@ -2746,6 +2790,7 @@ struct SampleChain {
           block_max_spans(row.x, V, nb, bs, bm.data());
           top_from_blocks(row.x);
         }
+        bm_ready = want_top;
         scratch.resize(V);
         each_span(V, [&](int64_t lo, int64_t hi) {
           std::memcpy(scratch.data() + lo, row.x + lo, (hi - lo) * sizeof(float));
@@ -2810,6 +2855,7 @@ struct SampleChain {
         return;
       }
       if (!blocks_ready) block_max_spans(row.x, V, nb, bs, bm.data());
+      bm_ready = true;
       logprob[r] = 0.0f;
       if (want_top && !edited) top_from_blocks(row.x);
       if (std::isnan(max_nan(bm.data(), nb))) {   // NaN logits: the program's checks report the row
@@ -2868,6 +2914,21 @@ struct SampleChain {
       out[at].data<float>()[r] = m;
       out[at + 1].data<float>()[r] = lz;
       out[at + 2].data<float>()[r] = (raw[token[r]] - m) - lz;
+      if (top_n > 0) {    // top_logprobs: from the raw row's block maxima (those of the edited blocks made again)
+        if (!bm_ready) {
+          block_max_spans(raw, V, nb, bs, bm.data());
+        } else if (edited) {
+          const Rows<int32_t> ids(in[in.size() - 2]);
+          for (int64_t j = 0; j < in.back().shape(1); ++j) {
+            const int32_t id = ids(r, j);
+            if (id < 0 || id >= V) continue;
+            const int64_t c = id / bs, lo = c * bs;
+            block_max_row(raw + lo, std::min<int64_t>(V - lo, bs), 1, bs, bm.data() + c);
+          }
+        }
+        top_logprobs_of_blocks(raw, V, bm.data(), nb, bs, top_n, margin, m, lz,
+                               out[at + 3].data<int32_t>() + r * top_n, out[at + 4].data<float>() + r * top_n);
+      }
     }
   }
 };
@@ -2875,7 +2936,7 @@ struct SampleChain {
 std::vector<mx::array> sample_chain(const mx::array& x, const std::vector<mx::array>& params,
                                     const std::vector<int>& stages, int terminal, bool want_logprob, bool want_x,
                                     bool want_probs, const std::vector<mx::array>& edits, bool want_top,
-                                    bool want_raw) {
+                                    bool want_raw, int top_n, int margin) {
   need_rows(x, mx::float32, "sample_chain");
   size_t arity = terminal == kSample ? 2 : 0;
   for (int s : stages) {
@@ -2913,9 +2974,18 @@ std::vector<mx::array> sample_chain(const mx::array& x, const std::vector<mx::ar
     shapes.push_back({B, 1});
     dtypes.push_back(mx::float32);
   }
-  return make(SampleChain{stages, terminal, want_logprob, want_x, want_probs, !edits.empty(), want_top, want_raw},
-              shapes,
-              dtypes, ins);
+  if (top_n < 0 || margin < 0 || (top_n > 0 && (!want_raw || top_n > x.shape(1)))) {
+    throw std::invalid_argument("sample_chain: top_n needs want_raw and 0 <= top_n <= n, margin >= 0");
+  }
+  if (top_n > 0) {
+    shapes.push_back({B, top_n});
+    dtypes.push_back(mx::int32);
+    shapes.push_back({B, top_n});
+    dtypes.push_back(mx::float32);
+  }
+  return make(SampleChain{stages, terminal, want_logprob, want_x, want_probs, !edits.empty(), want_top, want_raw,
+                          top_n, margin},
+              shapes, dtypes, ins);
 }
 
 }  // namespace
@@ -2935,11 +3005,13 @@ NB_MODULE(_ext, m) {
   m.def("sample_chain", &sample_chain, nb::arg("x"), nb::arg("params"), nb::arg("stages"), nb::arg("terminal"),
         nb::arg("want_logprob"), nb::arg("want_x") = false, nb::arg("want_probs") = false,
         nb::arg("edits") = std::vector<mx::array>{}, nb::arg("want_top") = false, nb::arg("want_raw") = false,
+        nb::arg("top_n") = 0, nb::arg("margin") = 0,
         "The sampler chain (stage codes: 0 temperature, 1 top_k, 2 top_p, 3 min_p, 4 top_n_sigma, 5 typical_p, "
         "6 xtc; terminal 0 greedy, 1 sample) on each row of x: [token [B, 1], logprob [B, 1], (want_x) the final "
         "logits [B, V] or (want_probs) their softmax, (want_top) MLX's argmax of x and x there ([B, 1]) and the "
         "logits checks' flags there (NaN or +inf; -inf: [B] bool), (want_raw) x's max, log-sum-exp and the "
-        "token's log-probability under softmax(x), each [B, 1]].");
+        "token's log-probability under softmax(x), each [B, 1], (top_n > 0, with want_raw) top_logprob_ids(x, max, "
+        "log-sum-exp, top_n, margin): ids [B, top_n] and values [B, top_n]].");
   m.def("penalty_edits", &penalty_edits, nb::arg("x"), nb::arg("hist"), nb::arg("last_n"), nb::arg("repeat"),
         nb::arg("frequency"), nb::arg("presence"), nb::arg("prior") = std::vector<mx::array>{},
         "penalties' edits: [ids [B, P + H] int32, penalized values [B, P + H] float32, overflow [B] bool] (the "

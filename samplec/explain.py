@@ -390,6 +390,10 @@ def _runs(grp: Group, ex: Explained) -> None:
         elif chain is not None and ex.chain_native and n is chain[1].raw:
             grp.runs.append(f"{name} = log_softmax: its maximum, log-sum-exp and the token's value from chain "
                             f"#{chain[0] + 1}, the native chain kernel (the full row only where something reads it)")
+        elif chain is not None and ex.chain_native and n in chain[1].top_logprobs:
+            what = "ids" if n is chain[1].top_logprobs[0] else "values"
+            grp.runs.append(f"{name} = {n.op}: top_logprobs' {what} from chain #{chain[0] + 1}, the native chain "
+                            "kernel (selected from its block maxima of the logits)")
         elif chain is not None and ex.chain_native:
             grp.runs.append(f"{name} = {n.op}: chain #{chain[0] + 1}, the native chain kernel")
         elif n.op in ("penalties", "penalties_overflow") and ex.native:

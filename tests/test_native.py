@@ -849,3 +849,31 @@ def test_parts_give_the_same_outputs_whoever_runs_them(monkeypatch, chain):
                 break
             run([0, 1, 2, 3])
         assert native.helped() > before
+
+
+def test_chain_top_logprobs_from_its_block_maxima_equal_top_logprob_ids():
+    """top_logprobs read by the chain kernel come from its block maxima of the logits (the edited blocks' maxima
+    made again from the logits, none where a greedy row skipped them): bit for bit top_logprob_ids's ids and
+    values, and the reference's ids (the largest log-probabilities, lower id first among equals)."""
+    from samplec.backend_mlx.lowering import TIE_MARGIN
+    src = ("sampler s(h: tokens, t: float, seed: seed) -> token, raw_logprob, top_logprobs(5) "
+           "{ penalties(h, repeat = 3.0) top_k(20) temperature(t) sample(seed) }")
+    r = np.random.default_rng(3)
+    V = 20000
+    x = r.standard_normal((5, V)).astype(np.float32)
+    x[1, r.choice(V, 12, replace=False)] = 7.0               # a tie at the top over many blocks
+    top2 = np.argsort(-x[2], kind="stable")[:6]              # the penalties hit the top tokens
+    x[3, r.random(V) < 0.95] = -np.inf
+    x[4, [64, 65, 640, 6400]] = 5.0                          # ties inside and across blocks; row 4 is greedy
+    h = r.integers(0, V, (5, 16)).astype(np.int32)
+    h[2, :6] = top2
+    h[4, :2] = [64, 640]
+    out = samplec.compile(src)(x, h=h, t=[0.8, 1.0, 0.7, 1.2, 0.0], seed=[1, 2, 3, 4, 5])
+    lse = native.row_logsumexp(mx.array(x))
+    ids, vals = native.top_logprob_ids(mx.array(x), lse[:, :1], lse[:, 1:], 5, TIE_MARGIN)
+    np.testing.assert_array_equal(np.array(out.top_logprobs.ids), np.array(ids))
+    np.testing.assert_array_equal(np.array(out.top_logprobs.values), np.array(vals))
+    ref = x.astype(np.float64) - np.log(np.exp(x.astype(np.float64) - x.max(1, keepdims=True)).sum(1, keepdims=True)) \
+        - x.max(1, keepdims=True)
+    np.testing.assert_array_equal(np.array(ids), np.argsort(-ref, axis=1, kind="stable")[:, :5])
+    np.testing.assert_allclose(np.array(vals), np.take_along_axis(ref, np.array(ids), 1), rtol=1e-5, atol=1e-5)

@@ -13,8 +13,8 @@ import mlx.core as mx
 
 from samplec.backend_mlx import native
 from samplec.backend_mlx.kernels import KERNELS
-from samplec.backend_mlx.lowering import (RULES, log_softmax_parts, logprob_at_key, penalty_edits, softmax_pattern,
-                                         unexpanded)
+from samplec.backend_mlx.lowering import (RULES, TIE_MARGIN, log_softmax_parts, logprob_at_key, penalty_edits,
+                                         softmax_pattern, unexpanded)
 from samplec.diagnostics import SamplecError
 from samplec.frontend.expand import EXPAND
 from samplec.ir.graph import INPUT, Graph, Node
@@ -30,7 +30,7 @@ class Chain:
 
     def __init__(self, draw: Node, stages: list[Node], logprobs: list[Node], want_x: bool,
                  softmax: tuple[Node, ...] = (), edits: tuple[Node, ...] = (), top: tuple[Node, ...] = (),
-                 raw: Node | None = None, checks: tuple = (None, None)):
+                 raw: Node | None = None, checks: tuple = (None, None), top_logprobs: tuple[Node, ...] = ()):
         self.draw, self.stages, self.logprobs, self.want_x = draw, stages, logprobs, want_x and not softmax
         self.softmax = softmax      # (reduce_max, sub, exp, reduce_sum, div) of the probs pattern, or ()
         # the penalties stages read by the chain alone, innermost first: the kernel runs on the logits below them
@@ -43,11 +43,14 @@ class Chain:
         # log_softmax of the logits below the edits (raw_logprob, top_logprobs), or None: the kernel gives their
         # maximum and log-sum-exp, and the token's log-probability under it (its take_along at the token reads it)
         self.raw = raw
+        # topk_ids(raw, n) and its take_along(raw, .) users (top_logprobs(n): ids and values), or (): the kernel
+        # selects them from its block maxima of the logits (lowering.TIE_MARGIN more, ranked as _topk_ids ranks)
+        self.top_logprobs = top_logprobs
         self.x = stages[0].inputs[0] if stages else draw.inputs[0]
 
     def nodes(self) -> list[Node]:
         return list(self.top) + list(self.edits) + self.stages + [self.draw] + self.logprobs + \
-            list(self.softmax) + ([self.raw] if self.raw is not None else [])
+            list(self.softmax) + ([self.raw] if self.raw is not None else []) + list(self.top_logprobs)
 
     def run(self, env: dict) -> dict | None:
         params = [env[id(unexpanded(i))] for s in self.stages for i in s.inputs[1:]] + \
@@ -58,8 +61,10 @@ class Chain:
             if pen is None:
                 return None
             x, edits = pen[0], pen[1]
+        top_n = self.top_logprobs[0].attr("k") if self.top_logprobs else 0
         out = native.sample_chain(x, params, [s.op for s in self.stages], self.draw.op, bool(self.logprobs),
-                                  self.want_x, bool(self.softmax), tuple(edits), bool(self.top), self.raw is not None)
+                                  self.want_x, bool(self.softmax), tuple(edits), bool(self.top), self.raw is not None,
+                                  top_n, TIE_MARGIN)
         if out is None:
             return None
         bound = {id(self.draw): out[0], **{id(n): out[1] for n in self.logprobs}}
@@ -73,6 +78,9 @@ class Chain:
             logits = self.raw.inputs[0]
             bound.update(log_softmax_parts(self.raw, env[id(logits)], out[at], out[at + 1]))
             bound[logprob_at_key(logits, self.draw)] = out[at + 2]       # (see lowering._take_along)
+            if self.top_logprobs:
+                bound[id(self.top_logprobs[0])] = out[at + 3]
+                bound.update((id(t), out[at + 4]) for t in self.top_logprobs[1:])
         if self.want_x:
             bound[id(self.stages[-1])] = out[2]
         if self.softmax:
@@ -117,8 +125,9 @@ def find_chains(graph: Graph) -> list[Chain]:
         raw = next((u for u in users.get(id(x), []) if u.op == "log_softmax" and id(u) not in claimed), None)
         if raw is not None:
             claimed.add(id(raw))
+        top_logprobs = _top_logprobs_of(raw, users) if raw is not None else ()
         chains.append(Chain(n, stages[::-1], logprobs, want_x, softmax, tuple(edits[::-1]), top, raw,
-                            _checks_of(top, users)))
+                            _checks_of(top, users), top_logprobs))
     return chains
 
 
@@ -130,6 +139,17 @@ def _top_of(x: Node, users: dict) -> tuple[Node, ...]:
             takes = users.get(id(a), [])
             if takes and all(t.op == "take_along" and t.inputs == (x, a) for t in takes):
                 return (a, *takes)
+    return ()
+
+
+def _top_logprobs_of(raw: Node, users: dict) -> tuple[Node, ...]:
+    """topk_ids(raw, n) (n <= 64) and its take_along(raw, ids) users -- top_logprobs(n)'s ids and values -- when
+    nothing else reads the ids: the chain kernel gives both."""
+    for t in users.get(id(raw), []):
+        if t.op == "topk_ids" and t.inputs[0] is raw and 1 <= t.attr("k") <= 64:
+            takes = users.get(id(t), [])
+            if all(u.op == "take_along" and u.inputs == (raw, t) for u in takes):
+                return (t, *takes)
     return ()
 
 

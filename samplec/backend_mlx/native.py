@@ -187,16 +187,21 @@ CHAIN_TERMINALS = {"greedy": 0, "sample": 1}
 
 def sample_chain(x: mx.array, params: list[mx.array], stages: list[str], terminal: str, want_logprob: bool,
                  want_x: bool = False, want_probs: bool = False, edits: tuple = (),
-                 want_top: bool = False, want_raw: bool = False) -> tuple[mx.array, ...] | None:
+                 want_top: bool = False, want_raw: bool = False, top_n: int = 0,
+                 margin: int = 0) -> tuple[mx.array, ...] | None:
     """A chain of stage ops ending in a draw, per row, in one primitive: (token position [B, 1], logprob of it
     under the chain's final distribution [B, 1], with `want_x` the final logits [B, V], with `want_probs` their
     softmax). `params`: each stage's operands after x ([B, 1], [B], [1] or scalars), then (sample) the seed and
     the position. `edits` (ids, values), [B, H] each: the chain runs on put_along(x, ids, values). `want_top`: two
     more outputs, MLX's argmax of x [B, 1] and x there [B, 1] (from the chain's own pass over x), then the logits
     checks' flags on that value: NaN or +inf, and -inf (every entry -inf), [B] bool each. `want_raw`: three
-    more, x's maximum, its log-sum-exp (row_logsumexp's) and the token's log-probability under softmax(x), [B, 1]."""
+    more, x's maximum, its log-sum-exp (row_logsumexp's) and the token's log-probability under softmax(x), [B, 1].
+    `top_n` > 0 (with want_raw): two more, top_logprob_ids(x, max, log-sum-exp, top_n, margin)'s ids and values,
+    [B, top_n] each, found from the chain's block maxima of x."""
     if not (_rows(x) and x.shape[-1] >= 1 and hasattr(_native, "sample_chain")):
         return None     # (also a build of samplec-native older than the chain kernel)
+    if top_n and not (want_raw and top_n <= x.shape[-1]):
+        return None
     if edits:
         ids, vals = edits
         if not (ids.ndim == 2 and ids.shape == vals.shape and ids.shape[0] == x.shape[0] and
@@ -211,8 +216,9 @@ def sample_chain(x: mx.array, params: list[mx.array], stages: list[str], termina
         if not (p.ndim <= 2 and p.size in (1, B) and (p.ndim < 2 or p.shape[-1] == 1)):
             return None
         args.append(p if p.dtype == dt or (p.dtype == mx.int32 and dt == mx.uint32) else p.astype(dt))
+    more = dict(top_n=top_n, margin=margin) if top_n else {}
     return tuple(_native.sample_chain(x, args, [CHAIN_STAGES[s] for s in stages], CHAIN_TERMINALS[terminal],
-                                      want_logprob, want_x, want_probs, list(edits), want_top, want_raw))
+                                      want_logprob, want_x, want_probs, list(edits), want_top, want_raw, **more))
 
 
 __all__ = ["enabled", "installed", "wake", "release", "evaluate", "helped", "threefry_bits", "block_max", "topk_select",
