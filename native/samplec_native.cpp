@@ -515,6 +515,19 @@ SAMPLEC_VOCAB_LOOP float max_nan(const float* v, int64_t n) {
   return best;
 }
 
+// max_nan over a whole row, in spans (split): the first NaN's bits where there is one, as max_nan
+float max_spans(const float* v, int64_t n) {
+  const int64_t s = spans(n);
+  if (s <= 1) return max_nan(v, n);
+  float stack[32];
+  std::vector<float> heap(s > 32 ? s : 0);
+  float* part = s > 32 ? heap.data() : stack;
+  split(s, [&](int64_t c) { part[c] = max_nan(v + c * kSpan, std::min(n, (c + 1) * kSpan) - c * kSpan); });
+  float m = part[0];
+  for (int64_t c = 1; c < s && m == m; ++c) m = part[c] != part[c] || part[c] > m ? part[c] : m;
+  return m;
+}
+
 // One row's block maxima: o[c] = the largest of x[c * bs .. (c + 1) * bs) (the last block may be partial), a NaN
 // winning. Blocks are contiguous, so the chain gathers a chosen block's tokens from a few cache lines. A block of
 // 64 is four sixteen-lane loads folded by `a > m ? a : m` (vmaxps) and a sum beside them as a NaN probe: a NaN (or
@@ -569,10 +582,10 @@ struct BlockMax {
     const int64_t rows = in[0].shape(0), V = in[0].shape(1), nb = out[0].shape(1);
     const Rows<float> x(in[0]);
     float* o = out[0].data<float>();
-    std::vector<float> buf;
-    for (int64_t r = 0; r < rows; ++r) {
-      block_max_row(x.row(r, V, buf), V, nb, bs, o + r * nb);
-    }
+    split(rows, [&](int64_t r) {
+      thread_local std::vector<float> buf;
+      block_max_spans(x.row(r, V, buf), V, nb, bs, o + r * nb);
+    });
   }
 };
 
@@ -726,17 +739,18 @@ struct TopLogprobIds {
     const int64_t rows = in[0].shape(0), n = in[0].shape(1);
     const int kk = static_cast<int>(std::min<int64_t>(n, int64_t(k) + margin));
     const Rows<float> x(in[0]), mx_(in[1]), lz_(in[2]);
-    std::vector<float> buf;
-    std::vector<int32_t> top(kk), kept;
-    std::vector<std::pair<float, int32_t>> heap, ranked;
     int32_t* ids = out[0].data<int32_t>();
     float* vals = out[1].data<float>();
-    for (int64_t r = 0; r < rows; ++r) {
+    split(rows, [&](int64_t r) {
+      thread_local std::vector<float> buf;
+      thread_local std::vector<int32_t> top, kept;
+      thread_local std::vector<std::pair<float, int32_t>> heap, ranked;
+      top.resize(kk);
       const float* v = x.row(r, n, buf);
       float next;
       select_top(v, n, kk, top.data(), &next, heap, kept);
       rank_logprobs(v, top.data(), kk, k, mx_(r, 0), lz_(r, 0), ranked, ids + r * k, vals + r * k);
-    }
+    });
   }
 };
 
@@ -824,11 +838,11 @@ struct ArgmaxTake {
     const int64_t rows = in[0].shape(0), n = in[0].shape(1);
     const Rows<float> x(in[0]);
     int32_t* pos = out[0].data<int32_t>();
-    std::vector<float> buf;
-    for (int64_t r = 0; r < rows; ++r) {       // the maximum in one vectorized pass, then its first position
+    split(rows, [&](int64_t r) {       // the maximum in one vectorized pass, then its first position
+      thread_local std::vector<float> buf;
       const float* v = x.row(r, n, buf);
-      pos[r] = static_cast<int32_t>(first_of(v, n, max_nan(v, n)));
-    }
+      pos[r] = static_cast<int32_t>(first_of(v, n, max_spans(v, n)));
+    });
     for (size_t g = 1; g < in.size(); ++g) {
       gather_rows(in[g], pos, 1, out[g]);
     }
@@ -863,9 +877,9 @@ struct ArgmaxPut {
     const Rows<float> x(in[0]), vals(in[2]);
     const Rows<int32_t> ids(in[1]);
     int32_t* pos = out[0].data<int32_t>();
-    std::vector<std::pair<int32_t, float>> put;
-    std::vector<float> buf;
-    for (int64_t r = 0; r < rows; ++r) {
+    split(rows, [&](int64_t r) {
+      thread_local std::vector<std::pair<int32_t, float>> put;
+      thread_local std::vector<float> buf;
       last_writes(ids, vals, r, n, h, put);
       const float* row = x.row(r, n, buf);
       // candidates in position order -- the plain stretches between written ids (their maximum in one vectorized
@@ -875,7 +889,7 @@ struct ArgmaxPut {
       int64_t at = -1, lo = 0, hi = 0;     // (at < 0: no candidate yet; [lo, hi): the winning stretch)
       auto stretch = [&](int64_t a, int64_t b) {
         if (b <= a) return;
-        const float m = max_nan(row + a, b - a);
+        const float m = max_spans(row + a, b - a);
         if (at < 0 || greater_nan(m, best)) best = m, at = a, lo = a, hi = b;
       };
       size_t k = 0;
@@ -890,7 +904,7 @@ struct ArgmaxPut {
       stretch(start, n);
       if (hi > lo) at = lo + first_of(row + lo, hi - lo, best);
       pos[r] = static_cast<int32_t>(at < 0 ? 0 : at);
-    }
+    });
   }
 };
 
@@ -1251,6 +1265,12 @@ SAMPLEC_VOCAB_LOOP double sum_exp(const float* v, int64_t n, float c) {
   return total.sum();
 }
 
+// sum_exp over a whole row in spans (split), their sums added in span order: every kernel's normalizer of a row
+// is this sum (the same double whichever kernel computes it, whoever runs its spans)
+double sum_exp_spans(const float* v, int64_t n, float c) {
+  return sum_spans(n, [&](int64_t lo, int64_t hi) { return sum_exp(v + lo, hi - lo, c); });
+}
+
 // v[i] = exp(v[i]) in place for v[i] <= 0 (or -inf: 0); their sum, in double per lane -- for v = x - c the
 // very sum sum_exp(x, c) gives
 SAMPLEC_VOCAB_LOOP double exp_inplace(float* v, int64_t n) {
@@ -1335,9 +1355,11 @@ struct Rowwise {
   void operator()(std::vector<mx::array>& in, std::vector<mx::array>& out) const {
     const int64_t rows = in[0].shape(0), n = in[0].shape(1);
     const Rows<float> x(in[0]);
-    std::vector<float> buf;
     float* o = out[0].data<float>();
-    for (int64_t r = 0; r < rows; ++r) Op::row(x.row(r, n, buf), n, o + r * Op::width(n));
+    split(rows, [&](int64_t r) {
+      thread_local std::vector<float> buf;
+      Op::row(x.row(r, n, buf), n, o + r * Op::width(n));
+    });
   }
 };
 
@@ -1347,9 +1369,9 @@ struct LogSumExpRow {
   static constexpr const char* kName = "SamplecRowLogSumExp";
   static int64_t width(int64_t) { return 2; }
   static void row(const float* v, int64_t n, float* o) {
-    const float m = max_nan(v, n);
+    const float m = max_spans(v, n);
     o[0] = m;
-    o[1] = std::isfinite(m) ? static_cast<float>(std::log(sum_exp(v, n, m))) : (m != m ? m : 0.0f);
+    o[1] = std::isfinite(m) ? static_cast<float>(std::log(sum_exp_spans(v, n, m))) : (m != m ? m : 0.0f);
   }
 };
 
@@ -1363,7 +1385,7 @@ std::vector<mx::array> row_logsumexp(const mx::array& x) {
 struct MaxRow {
   static constexpr const char* kName = "SamplecRowMax";
   static int64_t width(int64_t) { return 1; }
-  static void row(const float* v, int64_t n, float* o) { o[0] = max_nan(v, n); }
+  static void row(const float* v, int64_t n, float* o) { o[0] = max_spans(v, n); }
 };
 
 std::vector<mx::array> row_max(const mx::array& x) {
@@ -1440,13 +1462,13 @@ struct EditedLogSumExp {
     const Rows<int32_t> ids(in[1]), idx(in[3]);
     float *lp = out[0].data<float>(), *raw_lp = out[1].data<float>(), *om = out[2].data<float>(),
           *olz = out[3].data<float>();
-    std::vector<std::pair<int32_t, float>> put;
-    std::vector<float> buf, scratch, d, e;
-    for (int64_t r = 0; r < rows; ++r) {
+    split(rows, [&](int64_t r) {
+      thread_local std::vector<std::pair<int32_t, float>> put;
+      thread_local std::vector<float> buf, scratch, d, e;
       last_writes(ids, vals, r, n, h, put);
       const float* row = x.row(r, n, buf);
-      const float m = max_nan(row, n);
-      const double z = std::isfinite(m) ? sum_exp(row, n, m) : 0.0;
+      const float m = max_spans(row, n);
+      const double z = std::isfinite(m) ? sum_exp_spans(row, n, m) : 0.0;
       const float lz = std::isfinite(m) ? static_cast<float>(std::log(z)) : (m != m ? m : 0.0f);
       om[r] = m;
       olz[r] = lz;
@@ -1486,12 +1508,12 @@ struct EditedLogSumExp {
       if (direct) {
         scratch.assign(row, row + n);
         for (const auto& [id, v] : put) scratch[id] = v;
-        m2 = max_nan(scratch.data(), n);
-        z2 = std::isfinite(m2) ? sum_exp(scratch.data(), n, m2) : 0.0;
+        m2 = max_spans(scratch.data(), n);
+        z2 = std::isfinite(m2) ? sum_exp_spans(scratch.data(), n, m2) : 0.0;
       }
       const float lz2 = std::isfinite(m2) ? static_cast<float>(std::log(z2)) : (m2 != m2 ? m2 : 0.0f);
       lp[r] = (v_at - m2) - lz2;
-    }
+    });
   }
 };
 
@@ -1517,7 +1539,7 @@ struct SoftmaxRow {
   static constexpr const char* kName = "SamplecRowSoftmax";
   static int64_t width(int64_t n) { return n; }
   static void row(const float* v, int64_t n, float* o) {
-    const float m = max_nan(v, n);
+    const float m = max_spans(v, n);
     if (!std::isfinite(m)) {
       std::fill(o, o + n, NAN);
       return;
@@ -1837,7 +1859,7 @@ double full_z(ChainRow& row, float vmax) {
     z = sum_spans(row.V, [&](int64_t lo, int64_t hi) { return exp_kept(buf.data() + lo, nullptr, x + lo, hi - lo, t, vmax); });
     row.z_in_buf = true;
   } else if (row.divs.empty()) {
-    z = sum_spans(row.V, [&](int64_t lo, int64_t hi) { return sum_exp(row.x + lo, hi - lo, vmax); });
+    z = sum_exp_spans(row.x, row.V, vmax);
   } else if (row.divs.size() == 1) {
     const float t = row.divs[0];
     z = sum_spans(row.V, [&](int64_t lo, int64_t hi) { return exp_kept(nullptr, nullptr, row.x + lo, hi - lo, t, vmax); });
@@ -1845,7 +1867,7 @@ double full_z(ChainRow& row, float vmax) {
     thread_local std::vector<float> fx;
     fx.resize(row.V);
     for (int64_t i = 0; i < row.V; ++i) fx[i] = row.f(row.x[i]);
-    z = sum_exp(fx.data(), row.V, vmax);
+    z = sum_exp_spans(fx.data(), row.V, vmax);
   }
   row.z_divs = row.divs;
   row.z_vmax = vmax;
@@ -2849,7 +2871,7 @@ struct SampleChain {
       if (greedy_row(row, token + r)) {
         logprob[r] = 0.0f;
         if (want_top && !edited) {
-          *top_pos = static_cast<int32_t>(first_of(row.x, V, max_nan(row.x, V)));
+          *top_pos = static_cast<int32_t>(first_of(row.x, V, max_spans(row.x, V)));
           *top_val = row.x[*top_pos];
         }
         return;
@@ -2904,12 +2926,8 @@ struct SampleChain {
                           // a row whose chain summed exp(x - max x) for a leading top_p reuses that sum)
       const size_t at = 2 + (want_x || want_probs) + (want_top ? 4 : 0);
       const float* raw = xs.row(r, V, buf);
-      const float m = want_top ? out[at - 3].data<float>()[r] : max_nan(raw, V);
-      const double z = raw_z.first == m ? raw_z.second
-                       : std::isfinite(m)  ? sum_spans(V, [&](int64_t lo, int64_t hi) {
-                                              return sum_exp(raw + lo, hi - lo, m);
-                                            })
-                                           : 0.0;
+      const float m = want_top ? out[at - 3].data<float>()[r] : max_spans(raw, V);
+      const double z = raw_z.first == m ? raw_z.second : std::isfinite(m) ? sum_exp_spans(raw, V, m) : 0.0;
       const float lz = std::isfinite(m) ? static_cast<float>(std::log(z)) : (m != m ? m : 0.0f);
       out[at].data<float>()[r] = m;
       out[at + 1].data<float>()[r] = lz;
