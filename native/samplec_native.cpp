@@ -776,9 +776,16 @@ void top_logprobs_of_blocks(const float* v, int64_t V, const float* bm, int64_t 
       bound = std::min(bound, b);
     }
     if (!nan) {
+      // (values at the bound rank by position: once kk of them are in, a block whose maximum is the bound holds
+      // none that could be chosen -- a tied top takes a few blocks, not every one)
       kept.clear();
+      int64_t at_bound = 0;
       for (int64_t c = 0; c < nb; ++c) {
-        if (bm[c] >= bound) positions_at_least(v + c * bs, std::min<int64_t>(bs, V - c * bs), bound, kept, c * bs);
+        if (bm[c] > bound || (bm[c] == bound && at_bound < kk)) {
+          const size_t from = kept.size();
+          positions_at_least(v + c * bs, std::min<int64_t>(bs, V - c * bs), bound, kept, c * bs);
+          for (size_t i = from; i < kept.size(); ++i) at_bound += v[kept[i]] == bound;
+        }
       }
       heap_select(v, static_cast<int64_t>(kept.size()), [](int64_t i) { return int64_t(kept[i]); }, kk, top.data(),
                   &next, heap);
@@ -1587,6 +1594,23 @@ inline uint32_t win_threshold(float best, float v) {
   return q <= 0 ? 0u : q >= 8388607.0 ? 8388607u : static_cast<uint32_t>(q);
 }
 
+// win_threshold(best, fm) for a block's largest value fm taken up to the next sixteenth: the need of a value at
+// least fm, so no lower than a token of the block needs (a sound rejection, a few percent more tokens let through),
+// and cached per sixteenth while `best` stays -- a flat row's thousands of blocks then take a few dozen of its
+// exps, not two each
+struct NeedCache {
+  float best[64], fq[64];
+  uint32_t need[64];
+  NeedCache() { std::fill(best, best + 64, NAN); }
+  uint32_t operator()(float b, float fm) {
+    const float q = std::ceil(fm * 16.0f) * 0.0625f;
+    if (!(std::fabs(q) < 1e6f)) return win_threshold(b, fm);
+    const int slot = static_cast<int>(static_cast<int64_t>(q * 16.0f) & 63);
+    if (!(best[slot] == b && fq[slot] == q)) best[slot] = b, fq[slot] = q, need[slot] = win_threshold(b, q);
+    return need[slot];
+  }
+};
+
 // out[t] = the first word for counters (ids[t], c1), t < n (n a multiple of 16), vectorized.
 SAMPLEC_VOCAB_LOOP void threefry_ids(uint32_t k0, uint32_t k1, const uint32_t* ids, int n, uint32_t c1,
                                      uint32_t* out) {
@@ -1826,13 +1850,31 @@ float chain_candidates(ChainRow& row, int64_t nb, int bs, int64_t m, std::vector
   auto& at_bound = *row.at_bound;
   at_bound.clear();
   float below = -INFINITY;                            // (inclusive: the largest value below the bound)
-  for (int64_t c = 0; c < nb; ++c) {
-    if (!(bm[c] > bound || (inclusive && bm[c] == bound))) {
-      below = bm[c] > below ? bm[c] : below;
-      continue;
+  auto gather = [&](int64_t c0, int64_t c1, std::vector<std::pair<float, int32_t>>& above,
+                    std::vector<std::pair<float, int32_t>>* at, float& under) {
+    for (int64_t c = c0; c < c1; ++c) {
+      if (!(bm[c] > bound || (inclusive && bm[c] == bound))) {
+        under = bm[c] > under ? bm[c] : under;
+        continue;
+      }
+      const int64_t lo = c * bs, end = std::min<int64_t>(row.V, lo + bs);
+      gather_block(row.x, lo, end, bound, above, at, under);
     }
-    const int64_t lo = c * bs, end = std::min<int64_t>(row.V, lo + bs);
-    gather_block(row.x, lo, end, bound, cand, inclusive ? &at_bound : nullptr, below);
+  };
+  if (!inclusive || bs * nb < 2 * kSpan) {
+    gather(0, nb, cand, inclusive ? &at_bound : nullptr, below);
+  } else {
+    // a top tied across more than m blocks: every block may hold tokens at the bound, in parts (split), joined in
+    // block order
+    const int64_t per = kSpan / bs, parts = (nb + per - 1) / per;
+    std::vector<std::vector<std::pair<float, int32_t>>> above_p(parts), at_p(parts);
+    std::vector<float> below_p(parts, -INFINITY);
+    split(parts, [&](int64_t q) { gather(q * per, std::min(nb, (q + 1) * per), above_p[q], &at_p[q], below_p[q]); });
+    for (int64_t q = 0; q < parts; ++q) {
+      cand.insert(cand.end(), above_p[q].begin(), above_p[q].end());
+      at_bound.insert(at_bound.end(), at_p[q].begin(), at_p[q].end());
+      below = below_p[q] > below ? below_p[q] : below;
+    }
   }
   const size_t above = cand.size();
   cand.insert(cand.end(), at_bound.begin(), at_bound.end());
@@ -2031,8 +2073,23 @@ bool chain_run(ChainRow& row, float bound, int32_t* token, float* logprob) {
   } else {
     float best = -INFINITY;
     at = -1;
-    gumbel_max16(0, L, [&c](int64_t i) { return c[i].second; }, [&c](int64_t i) { return c[i].first; }, true,
-                 row.k0, row.k1, row.pos, best, at);
+    auto id = [&c](int64_t i) { return c[i].second; };
+    auto value = [&c](int64_t i) { return c[i].first; };
+    // the first kPart first (a confident row ends there); thousands more that its best cannot rule out (a tied
+    // top) in parts (split), each from that best, the best of them winning (the lower id on equal scores)
+    constexpr int64_t kPart = 4096;
+    gumbel_max16(0, std::min(L, kPart), id, value, true, row.k0, row.k1, row.pos, best, at);
+    if (L > kPart && !(value(kPart) + kGumbelMax < best)) {
+      const int64_t parts = (L - kPart + kPart - 1) / kPart;
+      std::vector<std::pair<float, int64_t>> wins(parts, {best, at});
+      split(parts, [&](int64_t q) {
+        gumbel_max16(kPart * (q + 1), std::min(L, kPart * (q + 2)), id, value, true, row.k0, row.k1, row.pos,
+                     wins[q].first, wins[q].second);
+      });
+      for (const auto& [b, a] : wins) {
+        if (b > best || (b == best && id(a) < id(at))) best = b, at = a;
+      }
+    }
     if (tail && fb + kGumbelMax >= best) return false;
   }
   if (tail && floored && (row.want_logprob || row.x_out != nullptr)) return false;
@@ -2600,13 +2657,12 @@ void chain_dense(ChainRow& row, int64_t nb, int bs, int32_t* token, float* logpr
       // order only decides how early the bound `best` is high: the top blocks by maximum first, in descending order
       // (a confident row ends there), then the rest as they lie, in parts, each block skipped when its maximum
       // plus the largest Gumbel noise stays below the best score so far -- no heap over every block.
-      auto threshold = [](const Win& w, float fm) { return win_threshold(w.best, fm); };   // (fm: f(a maximum))
       // false: this block, and every block whose maximum is not above its own, cannot hold the winner
-      auto visit = [&](int64_t c, Win& w) -> bool {
+      auto visit = [&](int64_t c, Win& w, NeedCache& threshold) -> bool {
         if (bm[c] == -INFINITY) return false;
-        const float fm = row.f(bm[c]);
+        const float fm = row.f(bm[c]);                  // (f: the temperatures)
         if (w.at >= 0 && fm + kGumbelMax < w.best) return false;
-        uint32_t need = w.at >= 0 ? threshold(w, fm) : 0u;
+        uint32_t need = w.at >= 0 ? threshold(w.best, fm) : 0u;
         uint32_t bits[64];
         threefry_strided(row.k0, row.k1, static_cast<uint32_t>(c * bs), 1u, bs, row.pos, bits);
         const int64_t lo = c * bs;
@@ -2619,7 +2675,7 @@ void chain_dense(ChainRow& row, int64_t nb, int bs, int32_t* token, float* logpr
           const float sc = val(tok) + gumbel_of(bits[l]);
           if (w.at < 0 || sc > w.best || (sc == w.best && tok < w.at)) {
             w = {sc, tok};
-            need = threshold(w, fm);
+            need = threshold(w.best, fm);
           }
         }
         return true;
@@ -2632,13 +2688,17 @@ void chain_dense(ChainRow& row, int64_t nb, int bs, int32_t* token, float* logpr
       std::sort(order.begin(), order.begin() + head, above);
       Win w{-INFINITY, -1};
       bool done = false;
-      for (int64_t i = 0; i < head && !done; ++i) done = !visit(order[i], w);
+      NeedCache cache;
+      for (int64_t i = 0; i < head && !done; ++i) done = !visit(order[i], w, cache);
       if (!done) {
         constexpr int64_t kPart = 256;           // (blocks per part)
         const int64_t parts = (nb - head + kPart - 1) / kPart;
         std::vector<Win> wins(parts, w);
         split(parts, [&](int64_t c) {
-          for (int64_t i = head + c * kPart; i < std::min(nb, head + (c + 1) * kPart); ++i) visit(order[i], wins[c]);
+          NeedCache part_cache;
+          for (int64_t i = head + c * kPart; i < std::min(nb, head + (c + 1) * kPart); ++i) {
+            visit(order[i], wins[c], part_cache);
+          }
         });
         for (const Win& c : wins) w = better(c, w, [](int64_t t) { return t; }) ? c : w;
       }
