@@ -115,6 +115,7 @@ struct Parts {
 Parts g_parts;
 thread_local bool t_in_part = false;
 std::atomic<uint64_t> g_helped{0};        // parts a waiting caller ran (diagnostics: `helped()`)
+std::atomic<double> g_parts_wait_us{0.0};  // (tests: how long a worker waits for a helper to take the first part)
 
 // Claim and run open parts until none is left; how many this thread ran.
 int64_t run_parts(Parts& p) {
@@ -147,6 +148,8 @@ void split(int64_t n, F&& part) {
   p.failed.store(false, std::memory_order_relaxed);
   p.error = nullptr;
   p.gen.fetch_add(1, std::memory_order_seq_cst);          // open
+  const double wait = g_parts_wait_us.load(std::memory_order_relaxed);
+  if (wait > 0) poll([&p] { return p.next.load(std::memory_order_acquire) > 0; }, wait);
   run_parts(p);
   while (p.done.load(std::memory_order_acquire) < n) {}    // (a helper finishing its last part: microseconds)
   p.gen.fetch_add(1, std::memory_order_seq_cst);          // closed: no helper starts claiming from here on
@@ -2243,6 +2246,16 @@ SAMPLEC_VOCAB_LOOP void positive_range(const float* e, int64_t n, float& lo, flo
 // every positive value shares, then only the boundary bucket's tokens go on to radix_select. The same buckets as
 // radix_select over the positive values' keys; their sums in another order (four accumulators), so only a mass
 // within rounding of the target can land on the other side (the contract's "up to float rounding").
+// out[i] = (order_key(v[i]) >> sh) & mk for v[i] >= 0: the key's low bits are the float's own (the sign bit it
+// sets lies above the mask: lo and hi share it)
+SAMPLEC_VOCAB_LOOP void bucket_ids(const float* v, int64_t n, int sh, uint32_t mk, uint32_t* out) {
+  for (int64_t i = 0; i < n; ++i) {
+    uint32_t u;
+    std::memcpy(&u, v + i, sizeof u);
+    out[i] = (u >> sh) & mk;
+  }
+}
+
 void mass_histogram(const float* e, int64_t n, uint32_t lo, uint32_t hi, int& shift, uint32_t& mask,
                     std::vector<double>& hist) {
   constexpr int kDigit = 11;
@@ -2261,11 +2274,17 @@ void mass_histogram(const float* e, int64_t n, uint32_t lo, uint32_t hi, int& sh
     double* h = hist.data() + part * 4 * w;
     const float* v = e + (part ? half : 0);
     const int64_t m = part ? n - half : std::min(n, half);
-    int64_t i = 0;
-    for (; i + 4 <= m; i += 4) {
-      for (int j = 0; j < 4; ++j) h[j * w + ((order_key(v[i + j]) >> sh) & mk)] += v[i + j];
+    uint32_t idx[1024];
+    for (int64_t i0 = 0; i0 < m; i0 += 1024) {       // the buckets sixteen at a time, then the adds
+      const int64_t c = std::min<int64_t>(1024, m - i0);
+      bucket_ids(v + i0, c, sh, mk, idx);
+      const float* u = v + i0;
+      int64_t i = 0;
+      for (; i + 4 <= c; i += 4) {
+        for (int j = 0; j < 4; ++j) h[j * w + idx[i + j]] += u[i + j];
+      }
+      for (; i < c; ++i) h[idx[i]] += u[i];
     }
-    for (; i < m; ++i) h[(order_key(v[i]) >> sh) & mk] += v[i];
   });
   double* h = hist.data();
   for (size_t b = 0; b < w; ++b) {
@@ -2275,52 +2294,44 @@ void mass_histogram(const float* e, int64_t n, uint32_t lo, uint32_t hi, int& sh
   hist.resize(w);
 }
 
-// The least and the largest e[i] in [lo, hi] (vlo > vhi when none)
-SAMPLEC_VOCAB_LOOP void range_span(const float* e, int64_t n, float lo, float hi, float& vlo, float& vhi) {
+// The keys and values of the e[i] in [lo, hi] (lo > 0), in index order, and their least and largest (vlo > vhi
+// when none); false (the keys cut short) where there are more than `cap`: sixteen compared at once, the hits taken
+// by their bits (no branch per token: a tied row puts every eighth token in the range).
+SAMPLEC_VOCAB_LOOP bool collect_range(const float* e, int64_t n, float lo, float hi, std::vector<uint32_t>& keys,
+                                      std::vector<double>& wd, size_t cap, float& vlo, float& vhi) {
+  keys.clear();
+  wd.clear();
   const F16 a = F16{} + lo, b = F16{} + hi, inf = F16{} + INFINITY, ninf = F16{} - INFINITY;
   F16 mn = inf, mx = ninf;
+  bool whole = true;
   int64_t i = 0;
   for (; i + 16 <= n; i += 16) {
     F16 v;
     std::memcpy(&v, e + i, sizeof v);
-    // (one comparison per select: GCC 12 turns a select on two comparisons ANDed into scalar code)
+    // (one comparison per select, two masks: GCC 12 turns a select on two comparisons ANDed into scalar code)
     const F16 u0 = v >= a ? v : inf, w0 = v <= b ? v : ninf;
     const F16 u = u0 <= b ? u0 : inf, w = w0 >= a ? w0 : ninf;
     mn = u < mn ? u : mn;
     mx = w > mx ? w : mx;
-  }
-  vlo = INFINITY, vhi = -INFINITY;
-  for (int l = 0; l < 16; ++l) vlo = mn[l] < vlo ? mn[l] : vlo, vhi = mx[l] > vhi ? mx[l] : vhi;
-  for (; i < n; ++i) {
-    if (e[i] >= lo && e[i] <= hi) vlo = e[i] < vlo ? e[i] : vlo, vhi = e[i] > vhi ? e[i] : vhi;
-  }
-}
-
-// The keys and values of the e[i] in [lo, hi] (lo > 0), in index order: sixteen compared at once, the hits taken
-// by their bits (no branch per token: a tied row puts every eighth token in the range).
-SAMPLEC_VOCAB_LOOP void collect_range(const float* e, int64_t n, float lo, float hi, std::vector<uint32_t>& keys,
-                                      std::vector<double>& wd) {
-  keys.clear();
-  wd.clear();
-  const F16 a = F16{} + lo, b = F16{} + hi;
-  int64_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    F16 v;
-    std::memcpy(&v, e + i, sizeof v);
-    uint32_t hits = or_lanes((v >= a) & kLaneBit);      // (two masks: see range_span)
+    if (!whole) continue;
+    uint32_t hits = or_lanes((v >= a) & kLaneBit);
     hits &= or_lanes((v <= b) & kLaneBit);
     for (; hits; hits &= hits - 1) {
       const float x = e[i + __builtin_ctz(hits)];
       keys.push_back(order_key(x));
       wd.push_back(x);
     }
+    whole = keys.size() <= cap;
   }
+  vlo = INFINITY, vhi = -INFINITY;
+  for (int l = 0; l < 16; ++l) vlo = mn[l] < vlo ? mn[l] : vlo, vhi = mx[l] > vhi ? mx[l] : vhi;
   for (; i < n; ++i) {
     if (e[i] >= lo && e[i] <= hi) {
-      keys.push_back(order_key(e[i]));
-      wd.push_back(e[i]);
+      vlo = e[i] < vlo ? e[i] : vlo, vhi = e[i] > vhi ? e[i] : vhi;
+      if (whole) keys.push_back(order_key(e[i])), wd.push_back(e[i]);
     }
   }
+  return whole && keys.size() <= cap;
 }
 
 // The smallest probability e_min such that the mass of e >= e_min reaches `need` (radix_select on mass over the
@@ -2358,25 +2369,34 @@ float mass_cut(const float* e, int64_t n, double need, std::vector<uint32_t>& ke
   if (shift == 0) return key_value(first);
   // the bucket's keys are the positive floats from key_value(first) to key_value(first + 2^shift - 1)
   const float blo = std::max(key_value(first), flo), bhi = key_value(first + ((1u << shift) - 1u));
-  float vlo = INFINITY, vhi = -INFINITY;
+  // the bucket's tokens span by span (joined in span order), and the least and largest of them: a span that
+  // holds more than kCap (256) of them keeps only those two (a tied row's bucket: one value, thousands of tokens), and
+  // where the bucket holds more than one value all of them are collected again
+  constexpr size_t kCap = 256;
   const int64_t s = spans(n);
-  {
-    std::vector<float> lo_s(s), hi_s(s);
-    each_span(n, [&](int64_t lo, int64_t hi) {
-      range_span(e + lo, hi - lo, blo, bhi, lo_s[lo / kSpan], hi_s[lo / kSpan]);
-    });
-    for (int64_t c = 0; c < s; ++c) vlo = std::min(vlo, lo_s[c]), vhi = std::max(vhi, hi_s[c]);
-  }
-  if (vlo == vhi) return vlo;             // (one value in the bucket -- a tied row's: the cut, as radix_select finds)
-  if (vlo > vhi) return key_value(first);
-  // the bucket's tokens span by span, then joined in span order
   thread_local std::vector<std::vector<uint32_t>> keys_s;
   thread_local std::vector<std::vector<double>> wd_s;
   keys_s.resize(std::max<size_t>(keys_s.size(), s));
   wd_s.resize(std::max<size_t>(wd_s.size(), s));
   auto& ks = keys_s;
   auto& ws = wd_s;
-  each_span(n, [&](int64_t lo, int64_t hi) { collect_range(e + lo, hi - lo, blo, bhi, ks[lo / kSpan], ws[lo / kSpan]); });
+  std::vector<float> lo_s(s), hi_s(s);
+  std::vector<uint8_t> full(s);
+  each_span(n, [&](int64_t lo, int64_t hi) {
+    const int64_t c = lo / kSpan;
+    full[c] = !collect_range(e + lo, hi - lo, blo, bhi, ks[c], ws[c], kCap, lo_s[c], hi_s[c]);
+  });
+  float vlo = INFINITY, vhi = -INFINITY;
+  bool capped = false;
+  for (int64_t c = 0; c < s; ++c) vlo = std::min(vlo, lo_s[c]), vhi = std::max(vhi, hi_s[c]), capped |= full[c];
+  if (vlo == vhi) return vlo;             // (one value in the bucket -- a tied row's: the cut, as radix_select finds)
+  if (vlo > vhi) return key_value(first);
+  if (capped) {
+    each_span(n, [&](int64_t lo, int64_t hi) {
+      float a, b;
+      collect_range(e + lo, hi - lo, blo, bhi, ks[lo / kSpan], ws[lo / kSpan], SIZE_MAX, a, b);
+    });
+  }
   keys.clear();
   wd.clear();
   for (int64_t c = 0; c < s; ++c) {
@@ -2607,6 +2627,9 @@ void chain_dense(ChainRow& row, int64_t nb, int bs, int32_t* token, float* logpr
     }
   }
   int64_t at = -1;
+  int64_t compact = -1;               // the draw's kept tokens compacted: their count (ids in order, values kept_vals)
+  thread_local std::vector<float> kept_vals_tls;
+  auto& kept_vals = kept_vals_tls;
   if (row.terminal == kGreedy) {
     for (int64_t i = 0; i < V && at < 0; ++i) {
       if (keep[i] && val(i) == fmax) at = i;
@@ -2631,11 +2654,18 @@ void chain_dense(ChainRow& row, int64_t nb, int bs, int32_t* token, float* logpr
     each_span(V, [&](int64_t lo, int64_t hi) { kept_s[lo / kSpan + 1] = count_kept(keep.data() + lo, hi - lo); });
     for (int64_t c = 0; c < s; ++c) kept_s[c + 1] += kept_s[c];
     if (kept_s[s] * 4 < V * 3) {
+      // (their current values beside them, contiguous: the draw and the normalizer read those)
       order.resize(V);
-      each_span(V, [&](int64_t lo, int64_t hi) { kept_ids(keep.data() + lo, hi - lo, lo, order.data() + kept_s[lo / kSpan]); });
+      kept_vals.resize(V);
+      each_span(V, [&](int64_t lo, int64_t hi) {
+        const int64_t at0 = kept_s[lo / kSpan];
+        const int64_t n = kept_ids(keep.data() + lo, hi - lo, lo, order.data() + at0);
+        for (int64_t i = at0; i < at0 + n; ++i) kept_vals[i] = val(order[i]);
+      });
       const int64_t m = kept_s[s];
+      compact = m;
       int64_t first = 0;                          // the best score starts at a largest value's
-      while (first < m && val(order[first]) != fmax) ++first;
+      while (first < m && kept_vals[first] != fmax) ++first;
       Win start{-INFINITY, -1};
       if (first < m) {
         start = {fmax + gumbel_of(threefry_first_word(row.k0, row.k1, static_cast<uint32_t>(order[first]), row.pos)),
@@ -2646,7 +2676,7 @@ void chain_dense(ChainRow& row, int64_t nb, int bs, int32_t* token, float* logpr
       std::vector<Win> wins(parts, start);
       auto id = [&order](int64_t i) { return order[i]; };
       split(parts, [&](int64_t c) {
-        gumbel_max16(c * kPart, std::min(m, (c + 1) * kPart), id, [&](int64_t i) { return val(order[i]); }, false,
+        gumbel_max16(c * kPart, std::min(m, (c + 1) * kPart), id, [&](int64_t i) { return kept_vals[i]; }, false,
                      row.k0, row.k1, row.pos, wins[c].best, wins[c].at);
       });
       Win w = start;
@@ -2707,10 +2737,13 @@ void chain_dense(ChainRow& row, int64_t nb, int bs, int32_t* token, float* logpr
   }
   if (at < 0) at = 0;
   *token = static_cast<int32_t>(at);
-  if (row.want_logprob) {
-    const double z = sum_spans(V, [&](int64_t lo, int64_t hi) {
-      return exp_kept(nullptr, keep.data() + lo, fx + lo, hi - lo, last_t, fmax);
-    });
+  if (row.want_logprob) {     // (the kept tokens' values compacted: a pass over those alone, the same terms)
+    const double z = compact >= 0 ? sum_spans(compact, [&](int64_t lo, int64_t hi) {
+                                      return exp_kept(nullptr, nullptr, kept_vals.data() + lo, hi - lo, 1.0f, fmax);
+                                    })
+                                  : sum_spans(V, [&](int64_t lo, int64_t hi) {
+                                      return exp_kept(nullptr, keep.data() + lo, fx + lo, hi - lo, last_t, fmax);
+                                    });
     *logprob = (val(at) - fmax) - static_cast<float>(std::log(z));
   }
   if (row.x_out != nullptr) {
@@ -3116,5 +3149,7 @@ NB_MODULE(_ext, m) {
   m.def("release", &release);
   m.def("helped", [] { return g_helped.load(); },
         "How many parts of the kernels' work waiting callers have run in this process (see `split`).");
+  m.def("set_parts_wait", [](double us) { g_parts_wait_us.store(us); }, nb::arg("us"),
+        "Tests: MLX's worker waits up to `us` for a waiting caller to take a kernel's first part (0: it does not).");
   m.def("spin_wait", &spin_wait, nb::arg("arrays"), nb::arg("spin_us"), nb::call_guard<nb::gil_scoped_release>());
 }
