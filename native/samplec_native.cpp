@@ -151,9 +151,11 @@ void split(int64_t n, F&& part) {
   const double wait = g_parts_wait_us.load(std::memory_order_relaxed);
   if (wait > 0) poll([&p] { return p.next.load(std::memory_order_acquire) > 0; }, wait);
   run_parts(p);
-  while (p.done.load(std::memory_order_acquire) < n) {}    // (a helper finishing its last part: microseconds)
+  // (a helper finishing its last part: microseconds; yielding, so that a helper preempted on a loaded machine
+  // gets the core back)
+  while (p.done.load(std::memory_order_acquire) < n) std::this_thread::yield();
   p.gen.fetch_add(1, std::memory_order_seq_cst);          // closed: no helper starts claiming from here on
-  while (p.helpers.load(std::memory_order_seq_cst) != 0) {}
+  while (p.helpers.load(std::memory_order_seq_cst) != 0) std::this_thread::yield();
   std::exception_ptr error = p.failed.load() ? p.error : nullptr;
   p.busy.store(false, std::memory_order_release);
   if (error) std::rethrow_exception(error);

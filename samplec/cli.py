@@ -343,7 +343,8 @@ def doctor_report() -> list[str]:
                 lines.append(f"native          {state} ({getattr(mod, '__file__', '?')})")
                 lines.append(f"  primitives    {', '.join(prims)}")
                 lines.append(f"  spin-wait     {'on' if native._polling() else 'off'} (off on one core, off the "
-                             "CPU, or with SAMPLEC_SPIN=0)")
+                             "CPU, or with SAMPLEC_SPIN=0); while it waits the caller takes parts of the kernels' "
+                             f"work ({native.helped()} so far in this process)")
             chains = "the native chain kernel (sample_chain), per row" if native.enabled() else \
                 "their dense definitions in MLX ops"
             lines.append(f"stage chains    {chains}; elsewhere top_k/top_p/typical_p/top_logprobs select without a "
