@@ -2442,8 +2442,17 @@ SAMPLEC_VOCAB_LOOP void keep_finite(uint8_t* __restrict keep, const float* __res
   for (int64_t i = 0; i < n; ++i) keep[i] = static_cast<uint8_t>(v[i] > -INFINITY);
 }
 
-SAMPLEC_VOCAB_LOOP void keep_at_least(uint8_t* __restrict keep, const float* __restrict v, int64_t n, float floor) {
-  for (int64_t i = 0; i < n; ++i) keep[i] &= static_cast<uint8_t>(v[i] >= floor);
+// keep[i] &= v[i] >= floor (assign: keep[i] = v[i] >= floor, for a mask that held every finite value and a floor
+// above -inf); the kept count after it
+SAMPLEC_VOCAB_LOOP int64_t keep_at_least(uint8_t* __restrict keep, const float* __restrict v, int64_t n, float floor,
+                                         bool assign) {
+  uint32_t count = 0;               // (n <= a span: no overflow)
+  if (assign) {
+    for (int64_t i = 0; i < n; ++i) count += keep[i] = static_cast<uint8_t>(v[i] >= floor);
+  } else {
+    for (int64_t i = 0; i < n; ++i) count += keep[i] &= static_cast<uint8_t>(v[i] >= floor);
+  }
+  return count;
 }
 
 // whether any l < n has (bits[l] >> 9) >= need and keep[l] (a reduction that vectorizes)
@@ -2460,7 +2469,17 @@ void chain_dense(ChainRow& row, int64_t nb, int bs, int32_t* token, float* logpr
   const int64_t V = row.V;
   row.divs.clear();
   keep.resize(V);
-  each_span(V, [&](int64_t lo, int64_t hi) { keep_finite(keep.data() + lo, x + lo, hi - lo); });
+  // the mask starts as every finite token, written by the first pass that needs it (a first cut at a floor above
+  // -inf writes it in its own pass); the cut passes count the kept tokens per span as they go
+  bool lazy = true;
+  const int64_t ns = spans(V);
+  std::vector<int64_t> span_kept(ns, 0);
+  bool counted = false;
+  auto materialize = [&]() {
+    if (!lazy) return;
+    each_span(V, [&](int64_t lo, int64_t hi) { keep_finite(keep.data() + lo, x + lo, hi - lo); });
+    lazy = false;
+  };
   thread_local std::vector<float> fxbuf_tls;
   thread_local std::vector<uint32_t> keys_tls;
   thread_local std::vector<double> wd_tls;
@@ -2485,11 +2504,22 @@ void chain_dense(ChainRow& row, int64_t nb, int bs, int32_t* token, float* logpr
     pristine = false;
     buf.resize(V);
     return sum_spans(V, [&](int64_t lo, int64_t hi) {
-      return exp_kept(buf.data() + lo, keep.data() + lo, fx + lo, hi - lo, 1.0f, fmax);
+      return exp_kept(buf.data() + lo, lazy ? nullptr : keep.data() + lo, fx + lo, hi - lo, 1.0f, fmax);
     });
   };
-  auto keep_from = [&](const float* v, float floor) {   // keep[i] &= v[i] >= floor
-    each_span(V, [&](int64_t lo, int64_t hi) { keep_at_least(keep.data() + lo, v + lo, hi - lo, floor); });
+  // keep[i] &= v[i] >= floor, where a -inf token's v is `removed` (-inf in fx, 0 in the exps)
+  auto keep_from = [&](const float* v, float floor, float removed) {
+    const bool assign = lazy && floor > removed;        // (the first cut writes the mask: -inf tokens fail it)
+    if (!assign) materialize();
+    each_span(V, [&](int64_t lo, int64_t hi) {
+      span_kept[lo / kSpan] = keep_at_least(keep.data() + lo, v + lo, hi - lo, floor, assign);
+    });
+    lazy = false;
+    counted = true;
+  };
+  auto touch = [&]() {                // before a stage that reads or writes the mask element by element
+    materialize();
+    counted = false;
   };
   float last_t = 1.0f;                // a temperature that is the last stage: applied where values are read
   auto val = [&](int64_t i) {         // the current value of token i (divide_by's float)
@@ -2506,6 +2536,7 @@ void chain_dense(ChainRow& row, int64_t nb, int bs, int32_t* token, float* logpr
         if (t == 1.0f) break;
         if (t == 0.0f || !std::isfinite(fmax / t)) {     // (the limit: see chain_run)
           pristine = false;
+          touch();
           bool found = false;
           for (int64_t i = 0; i < V; ++i) {
             const bool win = !found && keep[i] && fx[i] == fmax;
@@ -2529,6 +2560,7 @@ void chain_dense(ChainRow& row, int64_t nb, int bs, int32_t* token, float* logpr
       case kTopK: {
         if (a <= 0 || a >= static_cast<double>(V)) break;
         const int64_t k = static_cast<int64_t>(a);
+        materialize();
         keys.resize(V);
         size_t n = 0;
         for (int64_t i = 0; i < V; ++i) {
@@ -2539,7 +2571,7 @@ void chain_dense(ChainRow& row, int64_t nb, int bs, int32_t* token, float* logpr
         if (k >= static_cast<int64_t>(keys.size())) break;
         std::vector<int64_t> unit;
         const float vk = key_value(radix_select(keys, unit, k));
-        keep_from(fx, vk);
+        keep_from(fx, vk, -INFINITY);
         pristine = false;
         break;
       }
@@ -2547,7 +2579,7 @@ void chain_dense(ChainRow& row, int64_t nb, int bs, int32_t* token, float* logpr
         const float m = static_cast<float>(a);
         if (m == 0.0f) break;
         const float floor = fmax + std::log(m);
-        keep_from(fx, floor);
+        keep_from(fx, floor, -INFINITY);
         pristine = false;
         break;
       }
@@ -2556,12 +2588,13 @@ void chain_dense(ChainRow& row, int64_t nb, int bs, int32_t* token, float* logpr
         if (p >= 1.0f) break;
         const double z = probs();
         const float e_min = mass_cut(buf.data(), V, static_cast<double>(p) * z, keys, wd);
-        keep_from(buf.data(), e_min);
+        keep_from(buf.data(), e_min, 0.0f);
         break;
       }
       case kTopNSigma: {
         const float nsig = static_cast<float>(a);
         if (nsig <= 0.0f) break;
+        touch();
         double sum = 0.0, count = 0.0, dev = 0.0;
         for (int64_t i = 0; i < V; ++i) {
           if (keep[i]) sum += fx[i], count += 1;
@@ -2582,6 +2615,7 @@ void chain_dense(ChainRow& row, int64_t nb, int bs, int32_t* token, float* logpr
         if (a >= 1.0) break;
         // score = |mean(d) - d_i| with d = x - max (-log p_i - H with log Z cancelled), over the live tokens
         const double z = probs();
+        touch();
         double mean_d = 0.0;
         for (int64_t i = 0; i < V; ++i) {
           if (buf[i] > 0.0f) mean_d += double(buf[i] / static_cast<float>(z)) * double(fx[i] - fmax);
@@ -2609,6 +2643,7 @@ void chain_dense(ChainRow& row, int64_t nb, int bs, int32_t* token, float* logpr
         if (sa.b == 0.0) break;
         if (!(uniform_of(threefry_first_word(sa.k0, sa.k1, kXtcCounter, sa.pos)) < static_cast<float>(sa.b))) break;
         const double z = probs();
+        touch();
         const float zf = static_cast<float>(z), thr = static_cast<float>(a);
         int64_t n_top = 0, survivor = -1;
         float least = INFINITY;
@@ -2632,6 +2667,7 @@ void chain_dense(ChainRow& row, int64_t nb, int bs, int32_t* token, float* logpr
   int64_t compact = -1;               // the draw's kept tokens compacted: their count (ids in order, values kept_vals)
   thread_local std::vector<float> kept_vals_tls;
   auto& kept_vals = kept_vals_tls;
+  materialize();
   if (row.terminal == kGreedy) {
     for (int64_t i = 0; i < V && at < 0; ++i) {
       if (keep[i] && val(i) == fmax) at = i;
@@ -2651,10 +2687,12 @@ void chain_dense(ChainRow& row, int64_t nb, int bs, int32_t* token, float* logpr
     // at the cut, so no block can be skipped): their ids compacted, then their RandomBits sixteen at a time, a
     // group skipped when its largest value plus the largest noise stays below the best score, a token rejected
     // on its bits alone as in the block walk -- Threefry for the kept tokens only.
-    const int64_t s = spans(V);
+    const int64_t s = ns;
+    if (!counted) {
+      each_span(V, [&](int64_t lo, int64_t hi) { span_kept[lo / kSpan] = count_kept(keep.data() + lo, hi - lo); });
+    }
     std::vector<int64_t> kept_s(s + 1, 0);
-    each_span(V, [&](int64_t lo, int64_t hi) { kept_s[lo / kSpan + 1] = count_kept(keep.data() + lo, hi - lo); });
-    for (int64_t c = 0; c < s; ++c) kept_s[c + 1] += kept_s[c];
+    for (int64_t c = 0; c < s; ++c) kept_s[c + 1] = kept_s[c] + span_kept[c];
     if (kept_s[s] * 4 < V * 3) {
       // (their current values beside them, contiguous: the draw and the normalizer read those)
       order.resize(V);
