@@ -2756,17 +2756,20 @@ void chain_dense(ChainRow& row, int64_t nb, int bs, int32_t* token, float* logpr
       const int64_t head = std::min<int64_t>(nb, 32);
       std::nth_element(order.begin(), order.begin() + (head - 1), order.end(), above);
       std::sort(order.begin(), order.begin() + head, above);
+      // the first 8 in order on this thread (a confident row ends there: a block that cannot hold the winner
+      // rules out every later one), then the rest in parts from the best score so far
       Win w{-INFINITY, -1};
       bool done = false;
       NeedCache cache;
-      for (int64_t i = 0; i < head && !done; ++i) done = !visit(order[i], w, cache);
+      const int64_t first = std::min<int64_t>(head, 8);
+      for (int64_t i = 0; i < first && !done; ++i) done = !visit(order[i], w, cache);
       if (!done) {
         constexpr int64_t kPart = 256;           // (blocks per part)
-        const int64_t parts = (nb - head + kPart - 1) / kPart;
+        const int64_t parts = (nb - first + kPart - 1) / kPart;
         std::vector<Win> wins(parts, w);
         split(parts, [&](int64_t c) {
           NeedCache part_cache;
-          for (int64_t i = head + c * kPart; i < std::min(nb, head + (c + 1) * kPart); ++i) {
+          for (int64_t i = first + c * kPart; i < std::min(nb, first + (c + 1) * kPart); ++i) {
             visit(order[i], wins[c], part_cache);
           }
         });
@@ -2867,13 +2870,16 @@ struct SampleChain {
   int terminal;
   bool want_logprob, want_x, want_probs, edited, want_top, want_raw;
   int top_n = 0, margin = 0;          // top_logprobs(top_n) of the raw logits (with want_raw), and its tie margin
+  bool biased = false;                // a dense bias added to the (edited) row before the stages
+  bool want_max = false;              // the maximum of the row the stages start from ([B, 1], last)
   bool operator==(const SampleChain& o) const {
     return stages == o.stages && terminal == o.terminal && want_logprob == o.want_logprob && want_x == o.want_x &&
            want_probs == o.want_probs && edited == o.edited && want_top == o.want_top && want_raw == o.want_raw &&
-           top_n == o.top_n && margin == o.margin;
+           top_n == o.top_n && margin == o.margin && biased == o.biased && want_max == o.want_max;
   }
   // in = [x, each stage's operands after x as [B, 1] (top_k int32; xtc f32, f32, u64 seed, u32 position; others
-  // f32), then (sample) seed u64 and position u32, then (edited) ids int32 [B, H] and values f32 [B, H]: the chain
+  // f32), then (sample) seed u64 and position u32, then (biased) a bias f32 [B, V] or [1, V], then (edited) ids
+  // int32 [B, H] and values f32 [B, H]: the chain
   // runs on put_along(x, ids, values) (penalties' edits: a repeated id carries equal values), each row written
   // into a scratch row, not a [B, V] array]
   void operator()(std::vector<mx::array>& in, std::vector<mx::array>& out) const {
@@ -2902,7 +2908,7 @@ struct SampleChain {
   }
 
   struct Scratch {
-    std::vector<float> buf, bm, ebuf, scratch, scratch_bm;
+    std::vector<float> buf, bm, ebuf, scratch, scratch_bm, raw_bm, bias_buf;
     std::vector<uint8_t> keep;
     std::vector<std::pair<float, int32_t>> cand, at_bound;
     std::vector<int32_t> order;
@@ -2912,9 +2918,10 @@ struct SampleChain {
                std::vector<mx::array>& in, std::vector<mx::array>& out) const {
     int32_t* token = out[0].data<int32_t>();
     float* logprob = out[1].data<float>();
-    auto& [buf, bm, ebuf, scratch, scratch_bm, keep, cand, at_bound, order] = sc;
+    auto& [buf, bm, ebuf, scratch, scratch_bm, raw_bm, bias_buf, keep, cand, at_bound, order] = sc;
     bm.resize(nb);
     std::pair<float, double> raw_z{NAN, 0.0};       // (max, sum) the row's chain computed
+    float row_max_of_start = NAN;                   // (want_max: the biased row's maximum)
     bool bm_ready = false;                          // bm holds row.x's block maxima
     [&] {
       ChainRow row;
@@ -2938,28 +2945,49 @@ struct SampleChain {
         *top_val = v[at];
       };
       bool blocks_ready = false;
-      if (edited) {
-        const Rows<int32_t> ids(in[in.size() - 2]);
-        const Rows<float> vals(in[in.size() - 1]);
-        if (want_top) {
+      if (edited || biased) {
+        // the row the stages start from, written into scratch: the edits put (each id's value), then the bias
+        // added to every token -- MLX's put_along then add, the same floats
+        if (want_top || top_n > 0) {      // (the logits' own block maxima first: their argmax, top_logprobs)
           block_max_spans(row.x, V, nb, bs, bm.data());
-          top_from_blocks(row.x);
+          if (want_top) top_from_blocks(row.x);
+          if (top_n > 0) raw_bm.assign(bm.begin(), bm.end());
         }
-        bm_ready = want_top;
+        bm_ready = want_top || top_n > 0;
         scratch.resize(V);
-        each_span(V, [&](int64_t lo, int64_t hi) {
-          std::memcpy(scratch.data() + lo, row.x + lo, (hi - lo) * sizeof(float));
-        });
-        const int64_t h = in.back().shape(1);
-        for (int64_t j = 0; j < h; ++j) {
-          const int32_t id = ids(r, j);
-          if (id >= 0 && id < V) scratch[id] = vals(r, j);
+        const float* raw_row = row.x;
+        if (biased) {
+          const Rows<float> bias(in[in.size() - 1 - (edited ? 2 : 0)]);
+          const float* b = bias.row(r, V, bias_buf);
+          each_span(V, [&](int64_t lo, int64_t hi) {
+            for (int64_t i = lo; i < hi; ++i) scratch[i] = raw_row[i] + b[i];
+          });
+        } else {
+          each_span(V, [&](int64_t lo, int64_t hi) {
+            std::memcpy(scratch.data() + lo, raw_row + lo, (hi - lo) * sizeof(float));
+          });
         }
-        row.x = scratch.data();
-        if (want_top) {      // the edited blocks' maxima again
+        if (edited) {
+          const Rows<int32_t> ids(in[in.size() - 2]);
+          const Rows<float> vals(in[in.size() - 1]);
+          const float* b = biased ? Rows<float>(in[in.size() - 3]).row(r, V, bias_buf) : nullptr;
+          const int64_t h = in.back().shape(1);
           for (int64_t j = 0; j < h; ++j) {
             const int32_t id = ids(r, j);
-            if (id < 0 || id >= V) return;
+            if (id >= 0 && id < V) scratch[id] = b ? vals(r, j) + b[id] : vals(r, j);
+          }
+        }
+        row.x = scratch.data();
+        if (biased) {        // every block changed
+          block_max_spans(row.x, V, nb, bs, bm.data());
+          blocks_ready = bm_ready = true;
+          row_max_of_start = max_nan(bm.data(), nb);
+        } else if (want_top || top_n > 0) {      // the edited blocks' maxima again
+          const Rows<int32_t> ids(in[in.size() - 2]);
+          const int64_t h = in.back().shape(1);
+          for (int64_t j = 0; j < h; ++j) {
+            const int32_t id = ids(r, j);
+            if (id < 0 || id >= V) continue;
             const int64_t c = id / bs, lo = c * bs;
             block_max_row(row.x + lo, std::min<int64_t>(V - lo, bs), 1, bs, bm.data() + c);
           }
@@ -3065,21 +3093,16 @@ struct SampleChain {
       out[at].data<float>()[r] = m;
       out[at + 1].data<float>()[r] = lz;
       out[at + 2].data<float>()[r] = (raw[token[r]] - m) - lz;
-      if (top_n > 0) {    // top_logprobs: from the raw row's block maxima (those of the edited blocks made again)
-        if (!bm_ready) {
-          block_max_spans(raw, V, nb, bs, bm.data());
-        } else if (edited) {
-          const Rows<int32_t> ids(in[in.size() - 2]);
-          for (int64_t j = 0; j < in.back().shape(1); ++j) {
-            const int32_t id = ids(r, j);
-            if (id < 0 || id >= V) continue;
-            const int64_t c = id / bs, lo = c * bs;
-            block_max_row(raw + lo, std::min<int64_t>(V - lo, bs), 1, bs, bm.data() + c);
-          }
-        }
-        top_logprobs_of_blocks(raw, V, bm.data(), nb, bs, top_n, margin, m, lz,
+      if (top_n > 0) {    // top_logprobs: from the raw row's block maxima (kept aside where edits or a bias
+                          // changed the row's)
+        if (!bm_ready) block_max_spans(raw, V, nb, bs, bm.data());
+        const float* rbm = (edited || biased) ? raw_bm.data() : bm.data();
+        top_logprobs_of_blocks(raw, V, rbm, nb, bs, top_n, margin, m, lz,
                                out[at + 3].data<int32_t>() + r * top_n, out[at + 4].data<float>() + r * top_n);
       }
+    }
+    if (want_max) {       // the maximum of the row the stages start from (a NaN winning)
+      out.back().data<float>()[r] = row_max_of_start;
     }
   }
 };
@@ -3087,7 +3110,8 @@ struct SampleChain {
 std::vector<mx::array> sample_chain(const mx::array& x, const std::vector<mx::array>& params,
                                     const std::vector<int>& stages, int terminal, bool want_logprob, bool want_x,
                                     bool want_probs, const std::vector<mx::array>& edits, bool want_top,
-                                    bool want_raw, int top_n, int margin) {
+                                    bool want_raw, int top_n, int margin, const std::vector<mx::array>& bias,
+                                    bool want_max) {
   need_rows(x, mx::float32, "sample_chain");
   size_t arity = terminal == kSample ? 2 : 0;
   for (int s : stages) {
@@ -3102,6 +3126,15 @@ std::vector<mx::array> sample_chain(const mx::array& x, const std::vector<mx::ar
   for (const auto& p : params) {
     if (!is_column(p, B)) throw std::invalid_argument("sample_chain: parameters must be [B, 1], [B], [1] or scalars");
     ins.push_back(p);
+  }
+  if (bias.size() > 1 || (want_max && bias.empty())) {
+    throw std::invalid_argument("sample_chain: at most one bias; want_max with a bias");
+  }
+  for (const auto& b : bias) {
+    if (b.dtype() != mx::float32 || b.ndim() != 2 || b.shape(1) != x.shape(1) || (b.shape(0) != B && b.shape(0) != 1)) {
+      throw std::invalid_argument("sample_chain: the bias must be float32 [B, V] or [1, V]");
+    }
+    ins.push_back(b);
   }
   push_edits(ins, edits, B, "sample_chain");
   std::vector<mx::Shape> shapes{{B, 1}, {B, 1}};
@@ -3134,8 +3167,12 @@ std::vector<mx::array> sample_chain(const mx::array& x, const std::vector<mx::ar
     shapes.push_back({B, top_n});
     dtypes.push_back(mx::float32);
   }
+  if (want_max) {
+    shapes.push_back({B, 1});
+    dtypes.push_back(mx::float32);
+  }
   return make(SampleChain{stages, terminal, want_logprob, want_x, want_probs, !edits.empty(), want_top, want_raw,
-                          top_n, margin},
+                          top_n, margin, !bias.empty(), want_max},
               shapes, dtypes, ins);
 }
 
@@ -3156,13 +3193,16 @@ NB_MODULE(_ext, m) {
   m.def("sample_chain", &sample_chain, nb::arg("x"), nb::arg("params"), nb::arg("stages"), nb::arg("terminal"),
         nb::arg("want_logprob"), nb::arg("want_x") = false, nb::arg("want_probs") = false,
         nb::arg("edits") = std::vector<mx::array>{}, nb::arg("want_top") = false, nb::arg("want_raw") = false,
-        nb::arg("top_n") = 0, nb::arg("margin") = 0,
+        nb::arg("top_n") = 0, nb::arg("margin") = 0, nb::arg("bias") = std::vector<mx::array>{},
+        nb::arg("want_max") = false,
         "The sampler chain (stage codes: 0 temperature, 1 top_k, 2 top_p, 3 min_p, 4 top_n_sigma, 5 typical_p, "
         "6 xtc; terminal 0 greedy, 1 sample) on each row of x: [token [B, 1], logprob [B, 1], (want_x) the final "
         "logits [B, V] or (want_probs) their softmax, (want_top) MLX's argmax of x and x there ([B, 1]) and the "
         "logits checks' flags there (NaN or +inf; -inf: [B] bool), (want_raw) x's max, log-sum-exp and the "
         "token's log-probability under softmax(x), each [B, 1], (top_n > 0, with want_raw) top_logprob_ids(x, max, "
-        "log-sum-exp, top_n, margin): ids [B, top_n] and values [B, top_n]].");
+        "log-sum-exp, top_n, margin): ids [B, top_n] and values [B, top_n], (want_max) the maximum of the row the "
+        "stages start from [B, 1]]. `bias` (one f32 [B, V] or [1, V]): the stages start from "
+        "put_along(x, edits) + bias.");
   m.def("penalty_edits", &penalty_edits, nb::arg("x"), nb::arg("hist"), nb::arg("last_n"), nb::arg("repeat"),
         nb::arg("frequency"), nb::arg("presence"), nb::arg("prior") = std::vector<mx::array>{},
         "penalties' edits: [ids [B, P + H] int32, penalized values [B, P + H] float32, overflow [B] bool] (the "

@@ -882,3 +882,42 @@ def test_chain_top_logprobs_from_its_block_maxima_equal_top_logprob_ids():
         - x.max(1, keepdims=True)
     np.testing.assert_array_equal(np.array(ids), np.argsort(-ref, axis=1, kind="stable")[:, :5])
     np.testing.assert_allclose(np.array(vals), np.take_along_axis(ref, np.array(ids), 1), rtol=1e-5, atol=1e-5)
+
+
+def test_a_dense_bias_is_added_by_the_chain_kernel(pure):
+    """logit_bias with a bias parameter between the penalties and the stages (OpenAI's chain): the chain kernel
+    adds it as it writes the row (after the penalties' edits) and gives that row's maximum to the bias checks --
+    the same outputs as the MLX-ops program, top_logprobs of the logits themselves, and the checks' errors."""
+    src = ("sampler s(h: tokens, b: bias, t: float, p: float, seed: seed) -> token, logprob, top_logprobs(5) "
+           "{ penalties(h, frequency = 0.5, presence = 0.3) logit_bias(b) temperature(t) top_p(p) sample(seed) }")
+    from samplec.backend_mlx.interpreter import find_chains
+    prog = samplec.compile(src)
+    (chain,) = find_chains(prog.graph)
+    assert [n.op for n in chain.bias] == ["add", "reduce_max"] and chain.edits and chain.top_logprobs
+    r = np.random.default_rng(9)
+    B, V = 4, 30000
+    x = r.standard_normal((B, V)).astype(np.float32)
+    x[1, r.choice(V, 20, replace=False)] += 8
+    b = np.where(r.random((B, V)) < 0.01, r.normal(0, 3, (B, V)), 0).astype(np.float32)
+    b[2, :V // 2] = -np.inf                                  # half the row removed
+    b[3, np.argsort(-x[3])[:3]] = -5.0                       # the top tokens pushed down
+    h = r.integers(-1, V, (B, 24)).astype(np.int32)
+    h[3, :3] = np.argsort(-x[3])[:3]                         # ... and penalized too
+    kw = dict(h=h, b=b, t=[0.8, 1.0, 0.7, 1.2], p=[0.9, 0.5, 0.95, 0.99], seed=[1, 2, 3, 4])
+    got = prog(x, **kw).to_dict()
+    with pure:
+        want = samplec.compile(src)(x, **kw).to_dict()
+    t0 = np.array(samplec.compile(src, opt_level=0)(x, **kw).token)
+    np.testing.assert_array_equal(np.array(got["token"]), np.array(want["token"]))
+    np.testing.assert_array_equal(np.array(got["token"]), t0)
+    np.testing.assert_array_equal(np.array(got["top_logprobs.ids"]), np.array(want["top_logprobs.ids"]))
+    for field in ("logprob", "top_logprobs.values"):
+        np.testing.assert_allclose(np.array(got[field]), np.array(want[field]), rtol=1e-5, atol=1e-5)
+    bad = b.copy()
+    bad[1] = -np.inf
+    with pytest.raises(samplec.SamplecError, match=r"logit_bias: a -inf bias removed every token.*row"):
+        prog(x, **{**kw, "b": bad})
+    bad, big = b.copy(), x.copy()
+    bad[2, 7] = big[2, 7] = 3e38                            # finite, their sum +inf
+    with pytest.raises(samplec.SamplecError, match=r"logit_bias: a biased logit overflows float32 \(\+inf\).*row"):
+        prog(big, **{**kw, "b": bad})

@@ -30,7 +30,8 @@ class Chain:
 
     def __init__(self, draw: Node, stages: list[Node], logprobs: list[Node], want_x: bool,
                  softmax: tuple[Node, ...] = (), edits: tuple[Node, ...] = (), top: tuple[Node, ...] = (),
-                 raw: Node | None = None, checks: tuple = (None, None), top_logprobs: tuple[Node, ...] = ()):
+                 raw: Node | None = None, checks: tuple = (None, None), top_logprobs: tuple[Node, ...] = (),
+                 bias: tuple[Node, ...] = ()):
         self.draw, self.stages, self.logprobs, self.want_x = draw, stages, logprobs, want_x and not softmax
         self.softmax = softmax      # (reduce_max, sub, exp, reduce_sum, div) of the probs pattern, or ()
         # the penalties stages read by the chain alone, innermost first: the kernel runs on the logits below them
@@ -46,16 +47,23 @@ class Chain:
         # topk_ids(raw, n) and its take_along(raw, .) users (top_logprobs(n): ids and values), or (): the kernel
         # selects them from its block maxima of the logits (lowering.TIE_MARGIN more, ranked as _topk_ids ranks)
         self.top_logprobs = top_logprobs
+        # add(x, bias) of a dense bias (logit_bias) between the edits and the first stage, and its reduce_max users
+        # (the bias checks), or (): the kernel adds the bias as it writes the row and gives that row's maximum
+        self.bias = bias
         self.x = stages[0].inputs[0] if stages else draw.inputs[0]
 
     def nodes(self) -> list[Node]:
-        return list(self.top) + list(self.edits) + self.stages + [self.draw] + self.logprobs + \
+        return list(self.top) + list(self.edits) + list(self.bias) + self.stages + [self.draw] + self.logprobs + \
             list(self.softmax) + ([self.raw] if self.raw is not None else []) + list(self.top_logprobs)
 
     def run(self, env: dict) -> dict | None:
         params = [env[id(unexpanded(i))] for s in self.stages for i in s.inputs[1:]] + \
             [env[id(unexpanded(i))] for i in self.draw.inputs[1:]]
         x, edits = env.get(id(self.x)), ()
+        bias = None
+        if self.bias:
+            bias = env[id(self.bias[0].inputs[1])]
+            x = env.get(id(self.bias[0].inputs[0]))
         if self.edits:
             pen = penalty_edits(self.edits[-1], env)
             if pen is None:
@@ -64,7 +72,7 @@ class Chain:
         top_n = self.top_logprobs[0].attr("k") if self.top_logprobs else 0
         out = native.sample_chain(x, params, [s.op for s in self.stages], self.draw.op, bool(self.logprobs),
                                   self.want_x, bool(self.softmax), tuple(edits), bool(self.top), self.raw is not None,
-                                  top_n, TIE_MARGIN)
+                                  top_n, TIE_MARGIN, bias, len(self.bias) > 1)
         if out is None:
             return None
         bound = {id(self.draw): out[0], **{id(n): out[1] for n in self.logprobs}}
@@ -81,6 +89,8 @@ class Chain:
             if self.top_logprobs:
                 bound[id(self.top_logprobs[0])] = out[at + 3]
                 bound.update((id(t), out[at + 4]) for t in self.top_logprobs[1:])
+        if len(self.bias) > 1:
+            bound.update((id(m), out[-1]) for m in self.bias[1:])
         if self.want_x:
             bound[id(self.stages[-1])] = out[2]
         if self.softmax:
@@ -112,7 +122,11 @@ def find_chains(graph: Graph) -> list[Chain]:
             while x.op in STAGE_OPS and all(u is stages[-1] for u in users.get(id(x), [])):
                 stages.append(x)
                 x = x.inputs[0]
-        edits, first = [], stages[-1] if stages else n
+        first = stages[-1] if stages else n
+        bias = _bias_of(x, first, users, roots)
+        if bias:
+            first, x = x, x.inputs[0]
+        edits = []
         while x.op == "penalties" and id(x) not in roots and all(u is first for u in users.get(id(x), [])):
             edits.append(x)
             first, x = x, x.inputs[0]
@@ -127,7 +141,7 @@ def find_chains(graph: Graph) -> list[Chain]:
             claimed.add(id(raw))
         top_logprobs = _top_logprobs_of(raw, users) if raw is not None else ()
         chains.append(Chain(n, stages[::-1], logprobs, want_x, softmax, tuple(edits[::-1]), top, raw,
-                            _checks_of(top, users), top_logprobs))
+                            _checks_of(top, users), top_logprobs, bias))
     return chains
 
 
@@ -140,6 +154,22 @@ def _top_of(x: Node, users: dict) -> tuple[Node, ...]:
             if takes and all(t.op == "take_along" and t.inputs == (x, a) for t in takes):
                 return (a, *takes)
     return ()
+
+
+def _bias_of(x: Node, first: Node, users: dict, roots: set) -> tuple[Node, ...]:
+    """x = add(y, bias) of a dense f32 bias shaped like y (logit_bias with a `bias` parameter) read only by `first`
+    (the chain's first node) and by reduce_max (the bias checks'): (x, *those reduce_max), else ()."""
+    if x.op != "add" or id(x) in roots or len(x.inputs) != 2:
+        return ()
+    y, b = x.inputs
+    if not (x.type.dtype == y.type.dtype == b.type.dtype == "f32" and len(x.type.shape) == 2 and
+            x.type.shape == y.type.shape == b.type.shape):
+        return ()
+    rest = [u for u in users.get(id(x), []) if u is not first]
+    if len(rest) == len(users.get(id(x), [])) or \
+            not all(u.op == "reduce_max" and u.inputs == (x,) and id(u) not in roots for u in rest):
+        return ()
+    return (x, *rest)
 
 
 def _top_logprobs_of(raw: Node, users: dict) -> tuple[Node, ...]:

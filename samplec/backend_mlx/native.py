@@ -188,7 +188,8 @@ CHAIN_TERMINALS = {"greedy": 0, "sample": 1}
 def sample_chain(x: mx.array, params: list[mx.array], stages: list[str], terminal: str, want_logprob: bool,
                  want_x: bool = False, want_probs: bool = False, edits: tuple = (),
                  want_top: bool = False, want_raw: bool = False, top_n: int = 0,
-                 margin: int = 0) -> tuple[mx.array, ...] | None:
+                 margin: int = 0, bias: mx.array | None = None,
+                 want_max: bool = False) -> tuple[mx.array, ...] | None:
     """A chain of stage ops ending in a draw, per row, in one primitive: (token position [B, 1], logprob of it
     under the chain's final distribution [B, 1], with `want_x` the final logits [B, V], with `want_probs` their
     softmax). `params`: each stage's operands after x ([B, 1], [B], [1] or scalars), then (sample) the seed and
@@ -197,10 +198,14 @@ def sample_chain(x: mx.array, params: list[mx.array], stages: list[str], termina
     checks' flags on that value: NaN or +inf, and -inf (every entry -inf), [B] bool each. `want_raw`: three
     more, x's maximum, its log-sum-exp (row_logsumexp's) and the token's log-probability under softmax(x), [B, 1].
     `top_n` > 0 (with want_raw): two more, top_logprob_ids(x, max, log-sum-exp, top_n, margin)'s ids and values,
-    [B, top_n] each, found from the chain's block maxima of x."""
+    [B, top_n] each, found from the chain's block maxima of x. `bias` (f32 [B, V] or [1, V]): the stages start
+    from put_along(x, edits) + bias; with `want_max`, one more output: that row's maximum [B, 1]."""
     if not (_rows(x) and x.shape[-1] >= 1 and hasattr(_native, "sample_chain")):
         return None     # (also a build of samplec-native older than the chain kernel)
     if top_n and not (want_raw and top_n <= x.shape[-1]):
+        return None
+    if bias is not None and not (bias.dtype == mx.float32 and bias.ndim == 2 and bias.shape[-1] == x.shape[-1] and
+                                 bias.shape[0] in (1, x.shape[0])):
         return None
     if edits:
         ids, vals = edits
@@ -217,6 +222,8 @@ def sample_chain(x: mx.array, params: list[mx.array], stages: list[str], termina
             return None
         args.append(p if p.dtype == dt or (p.dtype == mx.int32 and dt == mx.uint32) else p.astype(dt))
     more = dict(top_n=top_n, margin=margin) if top_n else {}
+    if bias is not None:
+        more.update(bias=[bias], want_max=want_max)
     return tuple(_native.sample_chain(x, args, [CHAIN_STAGES[s] for s in stages], CHAIN_TERMINALS[terminal],
                                       want_logprob, want_x, want_probs, list(edits), want_top, want_raw, **more))
 
