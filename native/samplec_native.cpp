@@ -3031,7 +3031,7 @@ struct SampleChain {
       }
       if (greedy_row(row, token + r)) {
         logprob[r] = 0.0f;
-        if (want_top && !edited) {
+        if (want_top && !edited && !biased) {
           *top_pos = static_cast<int32_t>(first_of(row.x, V, max_spans(row.x, V)));
           *top_val = row.x[*top_pos];
         }
@@ -3040,7 +3040,7 @@ struct SampleChain {
       if (!blocks_ready) block_max_spans(row.x, V, nb, bs, bm.data());
       bm_ready = true;
       logprob[r] = 0.0f;
-      if (want_top && !edited) top_from_blocks(row.x);
+      if (want_top && !edited && !biased) top_from_blocks(row.x);
       if (std::isnan(max_nan(bm.data(), nb))) {   // NaN logits: the program's checks report the row
         token[r] = 0;
         logprob[r] = NAN;
@@ -3081,7 +3081,7 @@ struct SampleChain {
         }
       }
       if (!done) chain_dense(row, nb, bs, token + r, logprob + r, ebuf, keep, order);
-      if (want_raw && !edited && row.z_divs.empty()) raw_z = {row.z_vmax, row.z};   // (see below)
+      if (want_raw && !edited && !biased && row.z_divs.empty()) raw_z = {row.z_vmax, row.z};   // (see below)
     }();
     if (want_raw) {       // the logits' own normalizer and the token's log-probability under it (row_logsumexp's;
                           // a row whose chain summed exp(x - max x) for a leading top_p reuses that sum)

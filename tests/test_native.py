@@ -888,7 +888,8 @@ def test_a_dense_bias_is_added_by_the_chain_kernel(pure):
     """logit_bias with a bias parameter between the penalties and the stages (OpenAI's chain): the chain kernel
     adds it as it writes the row (after the penalties' edits) and gives that row's maximum to the bias checks --
     the same outputs as the MLX-ops program, top_logprobs of the logits themselves, and the checks' errors."""
-    src = ("sampler s(h: tokens, b: bias, t: float, p: float, seed: seed) -> token, logprob, top_logprobs(5) "
+    src = ("sampler s(h: tokens, b: bias, t: float, p: float, seed: seed) -> token, logprob, raw_logprob, "
+           "top_logprobs(5) "
            "{ penalties(h, frequency = 0.5, presence = 0.3) logit_bias(b) temperature(t) top_p(p) sample(seed) }")
     from samplec.backend_mlx.interpreter import find_chains
     prog = samplec.compile(src)
@@ -901,6 +902,7 @@ def test_a_dense_bias_is_added_by_the_chain_kernel(pure):
     b = np.where(r.random((B, V)) < 0.01, r.normal(0, 3, (B, V)), 0).astype(np.float32)
     b[2, :V // 2] = -np.inf                                  # half the row removed
     b[3, np.argsort(-x[3])[:3]] = -5.0                       # the top tokens pushed down
+    b[0] -= 100.0                                            # every logit far down (the logits' own max stays)
     h = r.integers(-1, V, (B, 24)).astype(np.int32)
     h[3, :3] = np.argsort(-x[3])[:3]                         # ... and penalized too
     kw = dict(h=h, b=b, t=[0.8, 1.0, 0.7, 1.2], p=[0.9, 0.5, 0.95, 0.99], seed=[1, 2, 3, 4])
@@ -911,8 +913,19 @@ def test_a_dense_bias_is_added_by_the_chain_kernel(pure):
     np.testing.assert_array_equal(np.array(got["token"]), np.array(want["token"]))
     np.testing.assert_array_equal(np.array(got["token"]), t0)
     np.testing.assert_array_equal(np.array(got["top_logprobs.ids"]), np.array(want["top_logprobs.ids"]))
-    for field in ("logprob", "top_logprobs.values"):
+    for field in ("logprob", "raw_logprob", "top_logprobs.values"):
         np.testing.assert_allclose(np.array(got[field]), np.array(want[field]), rtol=1e-5, atol=1e-5)
+    for pen in ("", "penalties(h, repeat = 1.2) "):           # (no edits: the bias alone; greedy rows too)
+        alt = src.replace("penalties(h, frequency = 0.5, presence = 0.3) ", pen).replace("temperature(t)",
+                                                                                        "temperature(t) top_k(30)")
+        kw0 = {**kw, "t": [0.8, 0.0, 0.7, 1.2]}
+        got0 = samplec.compile(alt)(x, **kw0).to_dict()
+        with pure:
+            want0 = samplec.compile(alt)(x, **kw0).to_dict()
+        np.testing.assert_array_equal(np.array(got0["token"]), np.array(want0["token"]))
+        np.testing.assert_array_equal(np.array(got0["top_logprobs.ids"]), np.array(want0["top_logprobs.ids"]))
+        for field in ("logprob", "raw_logprob", "top_logprobs.values"):
+            np.testing.assert_allclose(np.array(got0[field]), np.array(want0[field]), rtol=1e-5, atol=1e-5)
     bad = b.copy()
     bad[1] = -np.inf
     with pytest.raises(samplec.SamplecError, match=r"logit_bias: a -inf bias removed every token.*row"):
