@@ -1260,53 +1260,6 @@ struct DoubleLanes {
   }
 };
 
-// sum of exp(v[i] - c) over v[0..n), every v[i] <= c (or -inf); in double, per lane (DoubleLanes)
-SAMPLEC_VOCAB_LOOP double sum_exp(const float* v, int64_t n, float c) {
-  DoubleLanes total;                   // (per-lane sums in double: no horizontal sum per block)
-  int64_t i = 0;
-  for (; i + 64 <= n; i += 64) {
-    F16 acc{};
-    for (int j = 0; j < 64; j += 16) {
-      F16 a;
-      std::memcpy(&a, v + i + j, sizeof a);
-      acc += exp16_nonpos(a - c);
-    }
-    total.add(acc);
-  }
-  for (; i < n; i += 16) total.add(exp16_nonpos(tail16(v + i, n - i) - c));
-  return total.sum();
-}
-
-// sum_exp over a whole row in spans (split), their sums added in span order: every kernel's normalizer of a row
-// is this sum (the same double whichever kernel computes it, whoever runs its spans)
-double sum_exp_spans(const float* v, int64_t n, float c) {
-  return sum_spans(n, [&](int64_t lo, int64_t hi) { return sum_exp(v + lo, hi - lo, c); });
-}
-
-// v[i] = exp(v[i]) in place for v[i] <= 0 (or -inf: 0); their sum, in double per lane -- for v = x - c the
-// very sum sum_exp(x, c) gives
-SAMPLEC_VOCAB_LOOP double exp_inplace(float* v, int64_t n) {
-  DoubleLanes total;                   // (per-lane sums in double: no horizontal sum per block)
-  int64_t i = 0;
-  for (; i + 64 <= n; i += 64) {
-    F16 acc{};
-    for (int j = 0; j < 64; j += 16) {
-      F16 a;
-      std::memcpy(&a, v + i + j, sizeof a);
-      a = exp16_nonpos(a);
-      std::memcpy(v + i + j, &a, sizeof a);
-      acc += a;
-    }
-    total.add(acc);
-  }
-  for (; i < n; i += 16) {
-    const F16 a = exp16_nonpos(tail16(v + i, n - i));
-    std::memcpy(v + i, &a, std::min<int64_t>(16, n - i) * sizeof(float));
-    total.add(a);
-  }
-  return total.sum();
-}
-
 typedef uint8_t U8x16 __attribute__((vector_size(16)));
 
 // Sixteen lanes of v[i] / t - c (Div; else v[i] - c) where keep[i] (keep == nullptr: where v[i] is finite),
@@ -1357,6 +1310,20 @@ __attribute__((always_inline)) inline double exp_kept_loop(float* out, const uin
   }
   return total.sum();
 }
+
+// sum of exp(v[i] - c) over v[0..n), every v[i] <= c (or -inf): exp_kept's sum, in double per lane
+inline double sum_exp(const float* v, int64_t n, float c) { return exp_kept(nullptr, nullptr, v, n, 1.0f, c); }
+
+// v[i] = exp(v[i]) in place for v[i] <= 0 (or -inf: 0); their sum -- for v = x - c the very sum sum_exp(x, c)
+// gives
+inline double exp_inplace(float* v, int64_t n) { return exp_kept(v, nullptr, v, n, 1.0f, 0.0f); }
+
+// sum_exp over a whole row in spans (split), their sums added in span order: every kernel's normalizer of a row
+// is this sum (the same double whichever kernel computes it, whoever runs its spans)
+double sum_exp_spans(const float* v, int64_t n, float c) {
+  return sum_spans(n, [&](int64_t lo, int64_t hi) { return sum_exp(v + lo, hi - lo, c); });
+}
+
 
 // A primitive applying Op::row(v, n, out) to each row v of a 2-D float32 input, writing Op::width(n) floats per
 // row of its one output (the per-row reductions and maps below share everything else).
