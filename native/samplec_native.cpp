@@ -1789,6 +1789,21 @@ bool nucleus_beyond(ChainRow& row, float top, Mass mass) {
   return true;
 }
 
+// Whether a leading top_p's nucleus needs more mass than `tokens` tokens can hold (each at most the top's
+// probability: exp(f(v) - f(top)) <= 1) -- the mass of the candidates in m blocks of 64, before they are gathered:
+// then nucleus_beyond would say so of any candidates there. (A flat row: the exp pass runs, as it would for
+// nucleus_beyond, and the row goes to the whole-row path without a gather and thousands of scalar exps.)
+bool nucleus_exceeds(ChainRow& row, int64_t tokens, float top) {
+  std::vector<float> divs;
+  const double p = leading_top_p(row, divs);
+  if (p >= 1.0) return false;
+  float fmax = top;
+  for (float t : divs) fmax = fmax == -INFINITY ? fmax : fmax / t;
+  if (!std::isfinite(fmax)) return false;
+  row.divs = divs;
+  return double(tokens) < p * full_z(row, fmax);
+}
+
 // nucleus_beyond for the gathered candidates (row.cand, unsorted)
 bool candidates_beyond(ChainRow& row) {
   const auto& c = *row.cand;
@@ -3025,8 +3040,10 @@ struct SampleChain {
             first = std::max<int64_t>(first, std::min<int64_t>(static_cast<int64_t>(k) + 8, 512));
           }
         }
+        const float top = max_nan(bm.data(), nb);
         for (int64_t m : {first, int64_t(512)}) {
           if (m >= nb || (m == 512 && first == 512)) break;
+          if (nucleus_exceeds(row, m * bs, top)) continue;     // (no gather: m blocks cannot hold the nucleus)
           bool beyond = false;
           const float bound = chain_candidates(row, nb, bs, m, scratch_bm, false, &beyond);
           if (!beyond && (done = chain_run(row, bound, token + r, logprob + r))) break;
