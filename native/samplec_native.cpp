@@ -1807,7 +1807,8 @@ bool nucleus_exceeds(ChainRow& row, int64_t tokens, float top) {
 // nucleus_beyond for the gathered candidates (row.cand, unsorted)
 bool candidates_beyond(ChainRow& row) {
   const auto& c = *row.cand;
-  if (c.empty()) return false;
+  std::vector<float> divs;
+  if (c.empty() || leading_top_p(row, divs) >= 1.0) return false;     // (before a scan of thousands of candidates)
   float top = -INFINITY;
   for (const auto& e : c) top = e.first > top ? e.first : top;
   return nucleus_beyond(row, top, [&c](auto f, float fmax) {
