@@ -1705,15 +1705,19 @@ SAMPLEC_VOCAB_LOOP void gather_block(const float* x, int64_t lo, int64_t end, fl
     const uint32_t hits = or_lanes(((v > b) & lane_bit) | ((v == b) & lane_bit_hi));
     const F16 lt = v < b ? v : ninf;
     under = lt > under ? lt : under;
-    uint32_t ma = hits & 0xFFFFu, me = hits >> 16;
-    for (; ma; ma &= ma - 1) {
-      const int64_t tok = t0 + __builtin_ctz(ma);
-      above.emplace_back(x[tok], static_cast<int32_t>(tok));
-    }
-    for (me = at ? me : 0; me; me &= me - 1) {
-      const int64_t tok = t0 + __builtin_ctz(me);
-      at->emplace_back(x[tok], static_cast<int32_t>(tok));
-    }
+    uint32_t ma = hits & 0xFFFFu, me = at ? hits >> 16 : 0;
+    // (the hits' room made once per sixteen: a tied top puts thousands at the bound)
+    auto take = [&](std::vector<std::pair<float, int32_t>>& out, uint32_t m) {
+      const size_t o = out.size();
+      out.resize(o + __builtin_popcount(m));
+      auto* p = out.data() + o;
+      for (; m; m &= m - 1) {
+        const int64_t tok = t0 + __builtin_ctz(m);
+        *p++ = {x[tok], static_cast<int32_t>(tok)};
+      }
+    };
+    if (ma) take(above, ma);
+    if (me) take(*at, me);
   }
   for (; t0 < end; ++t0) {
     if (x[t0] > bound) above.emplace_back(x[t0], static_cast<int32_t>(t0));
