@@ -184,16 +184,19 @@ void each_span(int64_t n, F f) {
   split(spans(n), [&](int64_t c) { f(c * kSpan, std::min(n, (c + 1) * kSpan)); });
 }
 
+// f(lo, hi) for each span of [0, n), in parts: the results in span order (a reduction combines them so)
+template <class T, class F>
+std::vector<T> per_span(int64_t n, F f) {
+  std::vector<T> out(spans(n));
+  split(spans(n), [&](int64_t c) { out[c] = f(c * kSpan, std::min(n, (c + 1) * kSpan)); });
+  return out;
+}
+
 // The sum of f(lo, hi) over [0, n)'s spans, in span order
 template <class F>
 double sum_spans(int64_t n, F f) {
-  const int64_t s = spans(n);
-  double stack[32];
-  std::vector<double> heap(s > 32 ? s : 0);
-  double* part = s > 32 ? heap.data() : stack;
-  split(s, [&](int64_t c) { part[c] = f(c * kSpan, std::min(n, (c + 1) * kSpan)); });
   double total = 0.0;
-  for (int64_t c = 0; c < s; ++c) total += part[c];
+  for (double part : per_span<double>(n, f)) total += part;
   return total;
 }
 
@@ -522,14 +525,10 @@ SAMPLEC_VOCAB_LOOP float max_nan(const float* v, int64_t n) {
 
 // max_nan over a whole row, in spans (split): the first NaN's bits where there is one, as max_nan
 float max_spans(const float* v, int64_t n) {
-  const int64_t s = spans(n);
-  if (s <= 1) return max_nan(v, n);
-  float stack[32];
-  std::vector<float> heap(s > 32 ? s : 0);
-  float* part = s > 32 ? heap.data() : stack;
-  split(s, [&](int64_t c) { part[c] = max_nan(v + c * kSpan, std::min(n, (c + 1) * kSpan) - c * kSpan); });
+  if (spans(n) <= 1) return max_nan(v, n);
+  const auto part = per_span<float>(n, [v](int64_t lo, int64_t hi) { return max_nan(v + lo, hi - lo); });
   float m = part[0];
-  for (int64_t c = 1; c < s && m == m; ++c) m = part[c] != part[c] || part[c] > m ? part[c] : m;
+  for (size_t c = 1; c < part.size() && m == m; ++c) m = part[c] != part[c] || part[c] > m ? part[c] : m;
   return m;
 }
 
@@ -1274,16 +1273,7 @@ __attribute__((always_inline)) inline F16 kept_lanes(const uint8_t* keep, F16 v,
   return __builtin_convertvector(kb, I16) != 0 ? d : ninf;
 }
 
-template <bool Div>
-__attribute__((always_inline)) inline double exp_kept_loop(float* out, const uint8_t* keep, const float* v,
-                                                           int64_t n, float t, float c);
-
-// out[i] = exp(v[i] / t - c) where kept (keep == nullptr: every finite v[i]), 0 elsewhere, and their sum (in
-// double per lane); out == nullptr: the sum alone. One pass (t = 1: no division, x / 1 being x).
-SAMPLEC_VOCAB_LOOP double exp_kept(float* out, const uint8_t* keep, const float* v, int64_t n, float t, float c) {
-  return t == 1.0f ? exp_kept_loop<false>(out, keep, v, n, t, c) : exp_kept_loop<true>(out, keep, v, n, t, c);
-}
-
+// exp_kept's loop, compiled into each target clone of it (always inlined)
 template <bool Div>
 __attribute__((always_inline)) inline double exp_kept_loop(float* out, const uint8_t* keep, const float* v,
                                                            int64_t n, float t, float c) {
@@ -1309,6 +1299,12 @@ __attribute__((always_inline)) inline double exp_kept_loop(float* out, const uin
     total.add(a);
   }
   return total.sum();
+}
+
+// out[i] = exp(v[i] / t - c) where kept (keep == nullptr: every finite v[i]), 0 elsewhere, and their sum (in
+// double per lane); out == nullptr: the sum alone. One pass (t = 1: no division, x / 1 being x).
+SAMPLEC_VOCAB_LOOP double exp_kept(float* out, const uint8_t* keep, const float* v, int64_t n, float t, float c) {
+  return t == 1.0f ? exp_kept_loop<false>(out, keep, v, n, t, c) : exp_kept_loop<true>(out, keep, v, n, t, c);
 }
 
 // sum of exp(v[i] - c) over v[0..n), every v[i] <= c (or -inf): exp_kept's sum, in double per lane
@@ -1568,18 +1564,22 @@ inline uint32_t win_threshold(float best, float v) {
 
 // win_threshold(best, fm) for a block's largest value fm taken up to the next sixteenth: the need of a value at
 // least fm, so no lower than a token of the block needs (a sound rejection, a few percent more tokens let through),
-// and cached per sixteenth while `best` stays -- a flat row's thousands of blocks then take a few dozen of its
-// exps, not two each
+// and cached per sixteenth while `best` stays -- a flat row's thousands of blocks (or gumbel_max16's groups) then
+// take a few dozen of its exps, not two each
 struct NeedCache {
   float best[64], fq[64];
   uint32_t need[64];
+  float last_b = NAN, last_fm = NAN;   // (the last call's arguments: runs of equal maxima skip the rounding)
+  uint32_t last_need = 0;
   NeedCache() { std::fill(best, best + 64, NAN); }
   uint32_t operator()(float b, float fm) {
+    if (b == last_b && fm == last_fm) return last_need;
+    last_b = b, last_fm = fm;
     const float q = std::ceil(fm * 16.0f) * 0.0625f;
-    if (!(std::fabs(q) < 1e6f)) return win_threshold(b, fm);
+    if (!(std::fabs(q) < 1e6f)) return last_need = win_threshold(b, fm);
     const int slot = static_cast<int>(static_cast<int64_t>(q * 16.0f) & 63);
     if (!(best[slot] == b && fq[slot] == q)) best[slot] = b, fq[slot] = q, need[slot] = win_threshold(b, q);
-    return need[slot];
+    return last_need = need[slot];
   }
 };
 
@@ -1607,12 +1607,8 @@ void gumbel_max16(int64_t begin, int64_t n, Id id, Value value, bool sorted, uin
   float gms[16];
   int64_t starts[16];
   int batch = 1;
-  float t_best = NAN, t_gm = NAN;      // the last need's arguments (groups of equal values share it)
-  uint32_t t_need = 0;
-  auto threshold = [&](float gm) {
-    if (!(best == t_best && gm == t_gm)) t_best = best, t_gm = gm, t_need = win_threshold(best, gm);
-    return t_need;
-  };
+  NeedCache need_of;                   // (groups of near or equal maxima share a need)
+  auto threshold = [&](float gm) { return need_of(best, gm); };
   for (int64_t g = begin; g < n;) {
     int live = 0;
     bool stop = false;
@@ -2327,15 +2323,12 @@ SAMPLEC_VOCAB_LOOP bool collect_range(const float* e, int64_t n, float lo, float
 // positive e; the largest when nothing reaches it).
 float mass_cut(const float* e, int64_t n, double need, std::vector<uint32_t>& keys, std::vector<double>& wd) {
   float flo = INFINITY, fhi = 0.0f;
-  {
-    float lo_s[32], hi_s[32];
-    const int64_t s = spans(n);
-    if (s > 32) {
-      positive_range(e, n, flo, fhi);
-    } else {
-      each_span(n, [&](int64_t lo, int64_t hi) { positive_range(e + lo, hi - lo, lo_s[lo / kSpan], hi_s[lo / kSpan]); });
-      for (int64_t c = 0; c < s; ++c) flo = std::min(flo, lo_s[c]), fhi = std::max(fhi, hi_s[c]);
-    }
+  for (const auto& [a, b] : per_span<std::pair<float, float>>(n, [e](int64_t lo, int64_t hi) {
+         std::pair<float, float> r;
+         positive_range(e + lo, hi - lo, r.first, r.second);
+         return r;
+       })) {
+    flo = std::min(flo, a), fhi = std::max(fhi, b);
   }
   if (!(fhi > 0.0f)) return fhi;
   const uint32_t lo = order_key(flo), hi = order_key(fhi);
@@ -2909,7 +2902,7 @@ struct SampleChain {
     bm.resize(nb);
     std::pair<float, double> raw_z{NAN, 0.0};       // (max, sum) the row's chain computed
     float row_max_of_start = NAN;                   // (want_max: the biased row's maximum)
-    bool bm_ready = false;                          // bm holds row.x's block maxima
+    bool blocks_ready = false;                      // bm holds row.x's block maxima
     [&] {
       ChainRow row;
       row.x = xs.row(r, V, buf);
@@ -2931,7 +2924,6 @@ struct SampleChain {
         *top_pos = static_cast<int32_t>(at);
         *top_val = v[at];
       };
-      bool blocks_ready = false;
       if (edited || biased) {
         // the row the stages start from, written into scratch: the edits put (each id's value), then the bias
         // added to every token -- MLX's put_along then add, the same floats
@@ -2940,7 +2932,6 @@ struct SampleChain {
           if (want_top) top_from_blocks(row.x);
           if (top_n > 0) raw_bm.assign(bm.begin(), bm.end());
         }
-        bm_ready = want_top || top_n > 0;
         scratch.resize(V);
         const float* raw_row = row.x;
         if (biased) {
@@ -2967,7 +2958,7 @@ struct SampleChain {
         row.x = scratch.data();
         if (biased) {        // every block changed
           block_max_spans(row.x, V, nb, bs, bm.data());
-          blocks_ready = bm_ready = true;
+          blocks_ready = true;
           row_max_of_start = max_nan(bm.data(), nb);
         } else if (want_top || top_n > 0) {      // the edited blocks' maxima again
           const Rows<int32_t> ids(in[in.size() - 2]);
@@ -3025,7 +3016,7 @@ struct SampleChain {
         return;
       }
       if (!blocks_ready) block_max_spans(row.x, V, nb, bs, bm.data());
-      bm_ready = true;
+      blocks_ready = true;
       logprob[r] = 0.0f;
       if (want_top && !edited && !biased) top_from_blocks(row.x);
       if (std::isnan(max_nan(bm.data(), nb))) {   // NaN logits: the program's checks report the row
@@ -3084,7 +3075,9 @@ struct SampleChain {
       out[at + 2].data<float>()[r] = (raw[token[r]] - m) - lz;
       if (top_n > 0) {    // top_logprobs: from the raw row's block maxima (kept aside where edits or a bias
                           // changed the row's)
-        if (!bm_ready) block_max_spans(raw, V, nb, bs, bm.data());
+        // (edits or a bias: the logits' own maxima were kept aside; else bm is theirs, unless a greedy row
+        // returned before making them)
+        if (!(edited || biased) && !blocks_ready) block_max_spans(raw, V, nb, bs, bm.data());
         const float* rbm = (edited || biased) ? raw_bm.data() : bm.data();
         top_logprobs_of_blocks(raw, V, rbm, nb, bs, top_n, margin, m, lz,
                                out[at + 3].data<int32_t>() + r * top_n, out[at + 4].data<float>() + r * top_n);
