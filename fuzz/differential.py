@@ -1,5 +1,6 @@
 """Differential fuzzing: random chains in random orders, literal / scalar / per-row parameters, logit families
-(peaked, flat, ties, -inf heavy, long tails, one finite, tiny V): -O2 must give -O0's token on every row, and so
+(peaked, flat, ties, -inf heavy, long tails, one finite, tiny V), allow masks and biases before or after the
+penalties: -O2 must give -O0's token on every row, and so
 must -O1 on the MLX-ops path a GPU runs (SAMPLEC_NATIVE=0: sort-free selections), and the numpy reference's
 (tests/reference.py). 'silent' counts rows where they differ; a row whose reference decision
 lies within float rounding of a boundary still counts (the report's examples show them)."""
@@ -17,7 +18,7 @@ from fuzz.common import Counts, Deadline
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 import reference as R  # noqa: E402
-from test_differential import FAMILIES, ORDER_STAGES, build, family_row  # noqa: E402
+from test_differential import EDITS, FAMILIES, ORDER_STAGES, allow_top, build, family_row  # noqa: E402
 
 
 def fuzz(seconds: float, seed: int = 0) -> Counts:
@@ -31,9 +32,12 @@ def fuzz(seconds: float, seed: int = 0) -> Counts:
         stages = [pick.choice(ORDER_STAGES) for _ in range(pick.randint(0, 4))]
         modes = [pick.choice(["literal", "scalar", "rows"]) for _ in stages]
         terminal = pick.choice(["sample", "greedy"])
-        src, kw, per_row = build(V, B, stages, modes, terminal, pick.random() < 0.5, rng, pick.random() < 0.3)
+        edits = [(pick.choice(EDITS), pick.random() < 0.5) for _ in range(pick.choice([0, 0, 1, 2, 3]))]
+        src, kw, per_row = build(V, B, stages, modes, terminal, pick.random() < 0.5, rng, pick.random() < 0.3,
+                                 edits)
         kinds = [pick.choice(FAMILIES) for _ in range(B)]
         x = np.stack([family_row(k, V, rng) for k in kinds])
+        allow_top(kw, x)
         try:
             t2 = np.array(samplec.compile(src, opt_level=2)(x, **kw).token).tolist()
             t0 = np.array(samplec.compile(src, opt_level=0)(x, **kw).token).tolist()

@@ -82,15 +82,49 @@ def cases(draw):
     penalties = draw(st.booleans())
     probs = draw(st.booleans())
     kinds = [draw(st.sampled_from(FAMILIES)) for _ in range(B)]
-    return rng, V, B, stages, modes, terminal, penalties, kinds, probs
+    edits = draw(st.lists(st.tuples(st.sampled_from(EDITS), st.booleans()), max_size=3)) if draw(st.booleans()) else []
+    return rng, V, B, stages, modes, terminal, penalties, kinds, probs, edits
 
 
-def build(V, B, stages, modes, terminal, penalties, rng, probs=False):
-    """The source, its run-time arguments, and each row's reference stage list."""
+EDITS = ("allow", "bias", "dict_bias")
+
+
+def build(V, B, stages, modes, terminal, penalties, rng, probs=False, edits=()):
+    """The source, its run-time arguments, and each row's reference stage list. `edits`: (kind, before) pairs,
+    kind in EDITS -- allow(mask), logit_bias(bias parameter), logit_bias({dict}) -- written before the penalties
+    (`before`, vLLM's order) or after them (OpenAI's), in the order given. A mask allows each token with chance
+    0.7; `allow_top` makes it allow each row's maximum (the row is never emptied)."""
     params, body, kw = ["xs: seed", "xp: int"], [], {}
     kw["xs"] = [int(s) for s in rng.integers(0, 2**63, B)]
     kw["xp"] = [int(s) for s in rng.integers(0, 100, B)]
     per_row: list[list] = [[] for _ in range(B)]
+
+    def edit(i, kind):
+        if kind == "allow":
+            mask = rng.random((B, V)) < 0.7
+            params.append(f"e{i}: mask")
+            body.append(f"allow(e{i})")
+            kw[f"e{i}"] = mask
+            for r in range(B):
+                per_row[r].append(("allow", {"mask": mask[r]}))       # (the same array: allow_top edits both)
+        elif kind == "bias":
+            b = (rng.standard_normal((B, V)) * 2).astype(np.float32)
+            b[rng.random((B, V)) < 0.05] = -100.0                     # (OpenAI's ban)
+            b[rng.random((B, V)) < 0.5] = 0.0
+            params.append(f"e{i}: bias")
+            body.append(f"logit_bias(e{i})")
+            kw[f"e{i}"] = b
+            for r in range(B):
+                per_row[r].append(("logit_bias", {"bias": b[r]}))
+        else:
+            d = {int(t): float(np.float32(rng.standard_normal() * 3)) for t in rng.integers(0, V, 3)}
+            body.append("logit_bias({" + ", ".join(f"{t}: {v!r}" for t, v in d.items()) + "})")
+            for r in range(B):
+                per_row[r].append(("logit_bias", {"bias": d}))
+
+    for i, (kind, before) in enumerate(edits):
+        if before:
+            edit(i, kind)
     if penalties:
         params.append("h: tokens")
         hist = rng.integers(-1, V, (B, 12)).astype(np.int32)
@@ -99,6 +133,9 @@ def build(V, B, stages, modes, terminal, penalties, rng, probs=False):
         for r in range(B):
             per_row[r].append(("penalties", {"history": hist[r], "last_n": 8, "repeat": 1.3, "frequency": 0.1,
                                              "presence": 0.2}))
+    for i, (kind, before) in enumerate(edits):
+        if not before:
+            edit(i, kind)
     for i, (name, mode) in enumerate(zip(stages, modes)):
         extra = f"{XTC_THRESHOLD!r}, " if name == "xtc" else ""
         tail = ", xs, position = xp" if name == "xtc" else ""
@@ -129,13 +166,21 @@ def build(V, B, stages, modes, terminal, penalties, rng, probs=False):
     return src, kw, per_row
 
 
+def allow_top(kw: dict, x: np.ndarray) -> None:
+    """Every mask in `kw` allows its row's maximum (the reference's stage lists hold the same arrays)."""
+    for name, v in kw.items():
+        if name.startswith("e") and isinstance(v, np.ndarray) and v.dtype == bool:
+            v[np.arange(x.shape[0]), np.argmax(x, axis=-1)] = True
+
+
 @settings(max_examples=EXAMPLES, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(cases())
 def test_O2_equals_O0_equals_reference(case):
-    rng, V, B, stages, modes, terminal, penalties, kinds, probs = case
-    src, kw, per_row = build(V, B, stages, modes, terminal, penalties, rng, probs)
+    rng, V, B, stages, modes, terminal, penalties, kinds, probs, edits = case
+    src, kw, per_row = build(V, B, stages, modes, terminal, penalties, rng, probs, edits)
     x = np.stack([family_row(k, V, rng) for k in kinds])
+    allow_top(kw, x)
     o2 = samplec.compile(src, opt_level=2)(x, **kw)
     o0 = samplec.compile(src, opt_level=0)(x, **kw)
     t2, t0 = np.array(o2.token).tolist(), np.array(o0.token).tolist()
@@ -159,9 +204,10 @@ def test_O2_equals_O0_equals_reference(case):
 def test_mlx_ops_path_equals_reference(case):
     """What a GPU runs (no native primitives: every stage op by its sort-free dense definition in MLX ops), at
     -O1 and -O2, against the numpy reference, token for token."""
-    rng, V, B, stages, modes, terminal, penalties, kinds, probs = case
-    src, kw, per_row = build(V, B, stages, modes, terminal, penalties, rng, probs)
+    rng, V, B, stages, modes, terminal, penalties, kinds, probs, edits = case
+    src, kw, per_row = build(V, B, stages, modes, terminal, penalties, rng, probs, edits)
     x = np.stack([family_row(k, V, rng) for k in kinds])
+    allow_top(kw, x)
     before = os.environ.get("SAMPLEC_NATIVE")
     os.environ["SAMPLEC_NATIVE"] = "0"
     try:
