@@ -523,21 +523,42 @@ SAMPLEC_VOCAB_LOOP float max_nan(const float* v, int64_t n) {
   return best;
 }
 
-// max_nan over a whole row, in spans (split): the first NaN's bits where there is one, as max_nan
-float max_spans(const float* v, int64_t n) {
-  if (spans(n) <= 1) return max_nan(v, n);
-  const auto part = per_span<float>(n, [v](int64_t lo, int64_t hi) { return max_nan(v + lo, hi - lo); });
+// spans' maxima (max_nan's) combined in span order: the first NaN where there is one
+float max_of_spans(const std::vector<float>& part) {
   float m = part[0];
   for (size_t c = 1; c < part.size() && m == m; ++c) m = part[c] != part[c] || part[c] > m ? part[c] : m;
   return m;
 }
 
+// max_nan over a whole row, in spans (split): the first NaN's bits where there is one, as max_nan
+float max_spans(const float* v, int64_t n) {
+  if (spans(n) <= 1) return max_nan(v, n);
+  return max_of_spans(per_span<float>(n, [v](int64_t lo, int64_t hi) { return max_nan(v + lo, hi - lo); }));
+}
+
+// The largest of sixteen lanes (none NaN), halving the vector
+inline float max_lanes(F16 v) {
+  typedef float F4 __attribute__((vector_size(4 * sizeof(float))));
+  F8 a, b;
+  std::memcpy(&a, &v, sizeof a);
+  std::memcpy(&b, reinterpret_cast<const char*>(&v) + sizeof a, sizeof b);
+  a = a > b ? a : b;
+  F4 c, d;
+  std::memcpy(&c, &a, sizeof c);
+  std::memcpy(&d, reinterpret_cast<const char*>(&a) + sizeof c, sizeof d);
+  c = c > d ? c : d;
+  const float e = c[0] > c[1] ? c[0] : c[1], f = c[2] > c[3] ? c[2] : c[3];
+  return e > f ? e : f;
+}
+
 // One row's block maxima: o[c] = the largest of x[c * bs .. (c + 1) * bs) (the last block may be partial), a NaN
 // winning. Blocks are contiguous, so the chain gathers a chosen block's tokens from a few cache lines. A block of
-// 64 is four sixteen-lane loads folded by `a > m ? a : m` (vmaxps) and a sum beside them as a NaN probe: a NaN (or
-// +inf meeting -inf) there sends the block through the exact scalar loop.
+// 64 is four sixteen-lane loads folded by `a > m ? a : m` (vmaxps), then halved to one; beside them running sums
+// are a NaN probe: where one met a NaN (or +inf met -inf, or the sum overflowed), every block goes through the exact
+// scalar loop.
 SAMPLEC_VOCAB_LOOP void block_max_row(const float* x, int64_t V, int64_t nb, int bs, float* o) {
   const int64_t full = bs == 64 ? V / 64 : 0;
+  F16 probe = {};
   for (int64_t c = 0; c < full; ++c) {
     const float* p = x + c * 64;
     F16 a, b, d, e;
@@ -545,24 +566,16 @@ SAMPLEC_VOCAB_LOOP void block_max_row(const float* x, int64_t V, int64_t nb, int
     std::memcpy(&b, p + 16, sizeof b);
     std::memcpy(&d, p + 32, sizeof d);
     std::memcpy(&e, p + 48, sizeof e);
-    const F16 probe = (a + b) + (d + e);
+    probe += (a + b) + (d + e);
     a = a > b ? a : b;
     d = d > e ? d : e;
     a = a > d ? a : d;
-    float m = a[0], q = probe[0];
-    for (int l = 1; l < 16; ++l) {
-      m = a[l] > m ? a[l] : m;
-      q += probe[l];
-    }
-    if (q != q) {
-      m = -INFINITY;
-      for (int j = 0; j < 64; ++j) {
-        if (greater_nan(p[j], m)) m = p[j];
-      }
-    }
-    o[c] = m;
+    o[c] = max_lanes(a);
   }
-  for (int64_t c = full; c < nb; ++c) {     // (another block size, and the partial last block)
+  bool nan = false;
+  for (int l = 0; l < 16; ++l) nan |= probe[l] != probe[l];
+  const int64_t exact = nan ? 0 : full;
+  for (int64_t c = exact; c < nb; ++c) {     // (a NaN met; another block size; the partial last block)
     float m = -INFINITY;
     for (int64_t i = c * bs; i < std::min<int64_t>(V, (c + 1) * bs); ++i) {
       if (greater_nan(x[i], m)) m = x[i];
@@ -930,6 +943,52 @@ std::vector<mx::array> argmax_put(const mx::array& x, const mx::array& ids, cons
 }
 
 // Edits of a row (penalties'), (ids int32 [B, P], values float32 [B, P]) or none: checked, then appended to ins.
+// Prefix ops: allow(mask) and logit_bias(b) as a kernel reads a row, each exactly as MLX computes it -- a mask
+// (bool [B, V] or [1, V]): v -> mask ? v : -inf (where); a bias (float32 [B, V] or [1, V]): v -> v + b (add).
+constexpr int kPrefixMask = 0, kPrefixBias = 1;
+constexpr size_t kMaxPrefix = 8;            // (a longer run of allow and logit_bias ops is not fused)
+
+void push_prefix(std::vector<mx::array>& ins, const std::vector<int>& codes, const std::vector<mx::array>& arrays,
+                 const mx::array& x, const char* what) {
+  if (codes.size() != arrays.size()) throw std::invalid_argument(std::string(what) + ": one array per prefix op");
+  for (size_t k = 0; k < codes.size(); ++k) {
+    const auto& a = arrays[k];
+    const auto dtype = codes[k] == kPrefixMask ? mx::bool_ : mx::float32;
+    if ((codes[k] != kPrefixMask && codes[k] != kPrefixBias) || a.dtype() != dtype || a.ndim() != 2 ||
+        a.shape(1) != x.shape(1) || (a.shape(0) != x.shape(0) && a.shape(0) != 1)) {
+      throw std::invalid_argument(std::string(what) + ": a prefix op is a mask (bool) or a bias (float32), [B, V] "
+                                  "or [1, V]");
+    }
+    ins.push_back(a);
+  }
+}
+
+// One prefix op's operand row: a mask's bytes or a bias's floats
+struct PrefixRow {
+  int code;
+  const void* row;
+  float at(int64_t i, float v) const {
+    return code == kPrefixMask ? (static_cast<const uint8_t*>(row)[i] ? v : -INFINITY)
+                               : v + static_cast<const float*>(row)[i];
+  }
+  // the operand from token lo on
+  PrefixRow from(int64_t lo) const {
+    return {code, code == kPrefixMask ? static_cast<const void*>(static_cast<const uint8_t*>(row) + lo)
+                                      : static_cast<const void*>(static_cast<const float*>(row) + lo)};
+  }
+};
+
+// dst[i] = op(src[i]) for i < n, op's operand from its start (dst may be src)
+SAMPLEC_VOCAB_LOOP void prefix_pass(PrefixRow op, const float* src, float* dst, int64_t n) {
+  if (op.code == kPrefixMask) {
+    const uint8_t* m = static_cast<const uint8_t*>(op.row);
+    for (int64_t i = 0; i < n; ++i) dst[i] = m[i] ? src[i] : -INFINITY;
+  } else {
+    const float* b = static_cast<const float*>(op.row);
+    for (int64_t i = 0; i < n; ++i) dst[i] = src[i] + b[i];
+  }
+}
+
 void push_edits(std::vector<mx::array>& ins, const std::vector<mx::array>& edits, int B, const char* what) {
   if (edits.empty()) return;
   if (edits.size() != 2 || edits[0].dtype() != mx::int32 || edits[1].dtype() != mx::float32 ||
@@ -954,12 +1013,25 @@ void push_edits(std::vector<mx::array>& ins, const std::vector<mx::array>& edits
 // i32, the others f32), (prior ids, prior vals)]; out = [ids [B, P + H] i32, vals [B, P + H] f32, overflow [B]].
 struct PenaltyEdits {
   static constexpr const char* kName = "SamplecPenaltyEdits";
-  bool operator==(const PenaltyEdits&) const { return true; }
+  std::vector<int> pre;       // prefix ops below the penalties (their arrays last in `in`): x is read through them
+  bool operator==(const PenaltyEdits& o) const { return pre == o.pre; }
   void operator()(std::vector<mx::array>& in, std::vector<mx::array>& out) const {
     const int64_t rows = in[0].shape(0), n = in[0].shape(1), h = in[1].shape(1);
-    const Rows<float> x(in[0]), rep(in[3]), freq(in[4]), pres(in[5]);
+    const Rows<float> rep(in[3]), freq(in[4]), pres(in[5]);
     const Rows<int32_t> hist(in[1]), last_n(in[2]);
-    const bool prior = in.size() == 8;
+    const size_t at_pre = in.size() - pre.size();
+    const bool prior = at_pre == 8;
+    auto x = [&, raw = Rows<float>(in[0])](int64_t r, int64_t i) {
+      float v = raw(r, i);
+      for (size_t k = 0; k < pre.size(); ++k) {
+        if (pre[k] == kPrefixMask) {
+          v = Rows<uint8_t>(in[at_pre + k])(r, i) ? v : -INFINITY;
+        } else {
+          v = v + Rows<float>(in[at_pre + k])(r, i);
+        }
+      }
+      return v;
+    };
     const int64_t p = prior ? in[6].shape(1) : 0, w = p + h;     // (output rows: the prior edits, then these)
     int32_t* out_ids = out[0].data<int32_t>();
     float* out_vals = out[1].data<float>();
@@ -1028,7 +1100,8 @@ struct PenaltyEdits {
 
 std::vector<mx::array> penalty_edits(const mx::array& x, const mx::array& hist, const mx::array& last_n,
                                      const mx::array& repeat, const mx::array& frequency, const mx::array& presence,
-                                     const std::vector<mx::array>& prior) {
+                                     const std::vector<mx::array>& prior, const std::vector<int>& pre,
+                                     const std::vector<mx::array>& pre_arrays) {
   need_rows(x, mx::float32, "penalty_edits");
   need_rows(hist, mx::int32, "penalty_edits");
   const int B = x.shape(0), H = hist.shape(1);
@@ -1040,8 +1113,9 @@ std::vector<mx::array> penalty_edits(const mx::array& x, const mx::array& hist, 
   }
   std::vector<mx::array> ins = {x, hist, last_n, repeat, frequency, presence};
   push_edits(ins, prior, B, "penalty_edits");
+  push_prefix(ins, pre, pre_arrays, x, "penalty_edits");
   const int W = H + (prior.empty() ? 0 : prior[0].shape(1));
-  return make(PenaltyEdits{}, {{B, W}, {B, W}, {B}}, {mx::int32, mx::float32, mx::bool_}, ins);
+  return make(PenaltyEdits{pre}, {{B, W}, {B, W}, {B}}, {mx::int32, mx::float32, mx::bool_}, ins);
 }
 
 // A token history's input check: ids [B, H] int32 with each id >= V read as padding (-1), and a flag [B] per row
@@ -2850,18 +2924,25 @@ struct SampleChain {
   int terminal;
   bool want_logprob, want_x, want_probs, edited, want_top, want_raw;
   int top_n = 0, margin = 0;          // top_logprobs(top_n) of the raw logits (with want_raw), and its tie margin
-  bool biased = false;                // a dense bias added to the (edited) row before the stages
-  bool want_max = false;              // the maximum of the row the stages start from ([B, 1], last)
+  // prefix ops (allow, logit_bias: kPrefixMask, kPrefixBias), the first n_pre of them below the edits (their
+  // values read through them: penalty_edits' `pre`), the others above; with prefix_max[k], op k's result's
+  // maximum is an output ([B, 1], after the others, in op order)
+  std::vector<int> prefix;
+  std::vector<uint8_t> prefix_max;
+  int n_pre = 0;
   bool operator==(const SampleChain& o) const {
     return stages == o.stages && terminal == o.terminal && want_logprob == o.want_logprob && want_x == o.want_x &&
            want_probs == o.want_probs && edited == o.edited && want_top == o.want_top && want_raw == o.want_raw &&
-           top_n == o.top_n && margin == o.margin && biased == o.biased && want_max == o.want_max;
+           top_n == o.top_n && margin == o.margin && prefix == o.prefix && prefix_max == o.prefix_max &&
+           n_pre == o.n_pre;
   }
+  // the stages read another row than x's
+  bool rewritten() const { return edited || !prefix.empty(); }
   // in = [x, each stage's operands after x as [B, 1] (top_k int32; xtc f32, f32, u64 seed, u32 position; others
-  // f32), then (sample) seed u64 and position u32, then (biased) a bias f32 [B, V] or [1, V], then (edited) ids
-  // int32 [B, H] and values f32 [B, H]: the chain
-  // runs on put_along(x, ids, values) (penalties' edits: a repeated id carries equal values), each row written
-  // into a scratch row, not a [B, V] array]
+  // f32), then (sample) seed u64 and position u32, then each prefix op's array, then (edited) ids int32 [B, H] and
+  // values f32 [B, H]: the chain runs on the prefix ops below the edits applied to x, put_along(., ids, values)
+  // (penalties' edits: a repeated id carries equal values) and the ops above, each row written into a scratch
+  // row, not a [B, V] array]
   void operator()(std::vector<mx::array>& in, std::vector<mx::array>& out) const {
     const int64_t rows = in[0].shape(0), V = in[0].shape(1);
     constexpr int bs = 64;
@@ -2888,7 +2969,11 @@ struct SampleChain {
   }
 
   struct Scratch {
-    std::vector<float> buf, bm, ebuf, scratch, scratch_bm, raw_bm, bias_buf;
+    std::vector<float> buf, bm, ebuf, scratch, scratch_bm, raw_bm;
+    std::vector<std::vector<float>> bias_bufs;
+    std::vector<std::vector<uint8_t>> mask_bufs;
+    std::vector<PrefixRow> ops;
+    std::vector<float> op_max;
     std::vector<uint8_t> keep;
     std::vector<std::pair<float, int32_t>> cand, at_bound;
     std::vector<int32_t> order;
@@ -2898,10 +2983,11 @@ struct SampleChain {
                std::vector<mx::array>& in, std::vector<mx::array>& out) const {
     int32_t* token = out[0].data<int32_t>();
     float* logprob = out[1].data<float>();
-    auto& [buf, bm, ebuf, scratch, scratch_bm, raw_bm, bias_buf, keep, cand, at_bound, order] = sc;
+    auto& [buf, bm, ebuf, scratch, scratch_bm, raw_bm, bias_bufs, mask_bufs, ops, op_max, keep, cand, at_bound,
+           order] = sc;
     bm.resize(nb);
     std::pair<float, double> raw_z{NAN, 0.0};       // (max, sum) the row's chain computed
-    float row_max_of_start = NAN;                   // (want_max: the biased row's maximum)
+    op_max.assign(prefix.size(), NAN);              // (prefix_max: each op's result's maximum)
     bool blocks_ready = false;                      // bm holds row.x's block maxima
     [&] {
       ChainRow row;
@@ -2924,53 +3010,82 @@ struct SampleChain {
         *top_pos = static_cast<int32_t>(at);
         *top_val = v[at];
       };
-      if (edited || biased) {
-        // the row the stages start from, written into scratch: the edits put (each id's value), then the bias
-        // added to every token -- MLX's put_along then add, the same floats
-        if (want_top || top_n > 0) {      // (the logits' own block maxima first: their argmax, top_logprobs)
-          block_max_spans(row.x, V, nb, bs, bm.data());
-          if (want_top) top_from_blocks(row.x);
-          if (top_n > 0) raw_bm.assign(bm.begin(), bm.end());
-        }
+      if (rewritten()) {
+        // the row the stages start from, written into scratch: the prefix ops below the edits, the edits put (each
+        // id's value), the ops above -- MLX's where, add and put_along, the same floats. Span by span (a span's
+        // operands stay in cache): the logits' own block maxima (their argmax, top_logprobs), each op, the result's
+        // block maxima; an op's maximum its checks read is its span maxima's, or the row's from the block maxima
         scratch.resize(V);
-        const float* raw_row = row.x;
-        if (biased) {
-          const Rows<float> bias(in[in.size() - 1 - (edited ? 2 : 0)]);
-          const float* b = bias.row(r, V, bias_buf);
-          each_span(V, [&](int64_t lo, int64_t hi) {
-            for (int64_t i = lo; i < hi; ++i) scratch[i] = raw_row[i] + b[i];
-          });
-        } else {
-          each_span(V, [&](int64_t lo, int64_t hi) {
-            std::memcpy(scratch.data() + lo, raw_row + lo, (hi - lo) * sizeof(float));
-          });
+        float* const sx = scratch.data();
+        const size_t n_ops = prefix.size(), at_ops = in.size() - n_ops - (edited ? 2 : 0);
+        ops.resize(n_ops);
+        bias_bufs.resize(n_ops);
+        mask_bufs.resize(n_ops);
+        for (size_t k = 0; k < n_ops; ++k) {
+          ops[k] = {prefix[k], prefix[k] == kPrefixMask
+                                   ? static_cast<const void*>(Rows<uint8_t>(in[at_ops + k]).row(r, V, mask_bufs[k]))
+                                   : static_cast<const void*>(Rows<float>(in[at_ops + k]).row(r, V, bias_bufs[k]))};
         }
-        if (edited) {
+        const bool raw_blocks = want_top || top_n > 0;
+        if (raw_blocks) raw_bm.resize(nb);
+        // ops [k0, k1) over the row from `from` into scratch (a copy where there is none); with `fuse`, op k1 too,
+        // without its maximum; the result's block maxima into bm; op k's span maxima where prefix_max[k] and
+        // `last_from_blocks` is not k (the last op of the row: its maximum is bm's)
+        auto passes = [&](const float* from, size_t k0, size_t k1, bool fuse, bool raw, int64_t last_from_blocks) {
+          const auto part = per_span<std::array<float, kMaxPrefix>>(V, [&](int64_t lo, int64_t hi) {
+            std::array<float, kMaxPrefix> m;
+            const int64_t n = hi - lo, b0 = lo / bs, nbs = (n + bs - 1) / bs;
+            if (raw) block_max_row(row.x + lo, n, nbs, bs, raw_bm.data() + b0);
+            const float* src = from + lo;
+            for (size_t k = k0; k < k1 + fuse; ++k, src = sx + lo) {
+              prefix_pass(ops[k].from(lo), src, sx + lo, n);
+              if (k < k1 && prefix_max[k] && static_cast<int64_t>(k) != last_from_blocks) m[k] = max_nan(sx + lo, n);
+            }
+            if (src != sx + lo) std::memcpy(sx + lo, src, n * sizeof(float));
+            block_max_row(sx + lo, n, nbs, bs, bm.data() + b0);
+            return m;
+          });
+          for (size_t k = k0; k < k1; ++k) {
+            if (!prefix_max[k] || static_cast<int64_t>(k) == last_from_blocks) continue;
+            std::vector<float> each(part.size());
+            for (size_t c = 0; c < part.size(); ++c) each[c] = part[c][k];
+            op_max[k] = max_of_spans(each);
+          }
+        };
+        const int64_t last = static_cast<int64_t>(n_ops) - 1;
+        if (!edited) {
+          passes(row.x, 0, n_ops, false, raw_blocks, last);
+          if (prefix_max[last]) op_max[last] = max_nan(bm.data(), nb);
+        } else {
+          const size_t below = static_cast<size_t>(n_pre);
+          const bool fuse = below < n_ops;      // (the first op above the edits in the same pass: they get it too)
+          passes(row.x, 0, below, fuse, raw_blocks, -1);
           const Rows<int32_t> ids(in[in.size() - 2]);
           const Rows<float> vals(in[in.size() - 1]);
-          const float* b = biased ? Rows<float>(in[in.size() - 3]).row(r, V, bias_buf) : nullptr;
           const int64_t h = in.back().shape(1);
           for (int64_t j = 0; j < h; ++j) {
             const int32_t id = ids(r, j);
-            if (id >= 0 && id < V) scratch[id] = b ? vals(r, j) + b[id] : vals(r, j);
+            if (id >= 0 && id < V) sx[id] = fuse ? ops[below].at(id, vals(r, j)) : vals(r, j);
           }
-        }
-        row.x = scratch.data();
-        if (biased) {        // every block changed
-          block_max_spans(row.x, V, nb, bs, bm.data());
-          blocks_ready = true;
-          row_max_of_start = max_nan(bm.data(), nb);
-        } else if (want_top || top_n > 0) {      // the edited blocks' maxima again
-          const Rows<int32_t> ids(in[in.size() - 2]);
-          const int64_t h = in.back().shape(1);
-          for (int64_t j = 0; j < h; ++j) {
+          for (int64_t j = 0; j < h; ++j) {     // (the edited blocks' maxima again)
             const int32_t id = ids(r, j);
             if (id < 0 || id >= V) continue;
             const int64_t c = id / bs, lo = c * bs;
-            block_max_row(row.x + lo, std::min<int64_t>(V - lo, bs), 1, bs, bm.data() + c);
+            block_max_row(sx + lo, std::min<int64_t>(V - lo, bs), 1, bs, bm.data() + c);
           }
-          blocks_ready = true;
+          if (fuse && prefix_max[below]) op_max[below] = below + 1 < n_ops ? max_spans(sx, V) : max_nan(bm.data(), nb);
+          if (below + 1 < n_ops) {
+            passes(sx, below + 1, n_ops, false, false, last);
+            if (prefix_max[last]) op_max[last] = max_nan(bm.data(), nb);
+          }
         }
+        blocks_ready = true;
+        if (want_top) {             // (from the logits' own block maxima)
+          std::swap(bm, raw_bm);
+          top_from_blocks(row.x);
+          std::swap(bm, raw_bm);
+        }
+        row.x = sx;
       }
       row.V = V;
       row.stages = &stages;
@@ -3009,7 +3124,7 @@ struct SampleChain {
       }
       if (greedy_row(row, token + r)) {
         logprob[r] = 0.0f;
-        if (want_top && !edited && !biased) {
+        if (want_top && !rewritten()) {
           *top_pos = static_cast<int32_t>(first_of(row.x, V, max_spans(row.x, V)));
           *top_val = row.x[*top_pos];
         }
@@ -3018,7 +3133,7 @@ struct SampleChain {
       if (!blocks_ready) block_max_spans(row.x, V, nb, bs, bm.data());
       blocks_ready = true;
       logprob[r] = 0.0f;
-      if (want_top && !edited && !biased) top_from_blocks(row.x);
+      if (want_top && !rewritten()) top_from_blocks(row.x);
       if (std::isnan(max_nan(bm.data(), nb))) {   // NaN logits: the program's checks report the row
         token[r] = 0;
         logprob[r] = NAN;
@@ -3061,7 +3176,7 @@ struct SampleChain {
         }
       }
       if (!done) chain_dense(row, nb, bs, token + r, logprob + r, ebuf, keep, order);
-      if (want_raw && !edited && !biased && row.z_divs.empty()) raw_z = {row.z_vmax, row.z};   // (see below)
+      if (want_raw && !rewritten() && row.z_divs.empty()) raw_z = {row.z_vmax, row.z};   // (see below)
     }();
     if (want_raw) {       // the logits' own normalizer and the token's log-probability under it (row_logsumexp's;
                           // a row whose chain summed exp(x - max x) for a leading top_p reuses that sum)
@@ -3077,14 +3192,16 @@ struct SampleChain {
                           // changed the row's)
         // (edits or a bias: the logits' own maxima were kept aside; else bm is theirs, unless a greedy row
         // returned before making them)
-        if (!(edited || biased) && !blocks_ready) block_max_spans(raw, V, nb, bs, bm.data());
-        const float* rbm = (edited || biased) ? raw_bm.data() : bm.data();
+        if (!rewritten() && !blocks_ready) block_max_spans(raw, V, nb, bs, bm.data());
+        const float* rbm = rewritten() ? raw_bm.data() : bm.data();
         top_logprobs_of_blocks(raw, V, rbm, nb, bs, top_n, margin, m, lz,
                                out[at + 3].data<int32_t>() + r * top_n, out[at + 4].data<float>() + r * top_n);
       }
     }
-    if (want_max) {       // the maximum of the row the stages start from (a NaN winning)
-      out.back().data<float>()[r] = row_max_of_start;
+    size_t at_max = out.size();      // the prefix ops' maxima (a NaN winning), last
+    for (uint8_t w : prefix_max) at_max -= w;
+    for (size_t k = 0; k < prefix.size(); ++k) {
+      if (prefix_max[k]) out[at_max++].data<float>()[r] = op_max[k];
     }
   }
 };
@@ -3092,8 +3209,9 @@ struct SampleChain {
 std::vector<mx::array> sample_chain(const mx::array& x, const std::vector<mx::array>& params,
                                     const std::vector<int>& stages, int terminal, bool want_logprob, bool want_x,
                                     bool want_probs, const std::vector<mx::array>& edits, bool want_top,
-                                    bool want_raw, int top_n, int margin, const std::vector<mx::array>& bias,
-                                    bool want_max) {
+                                    bool want_raw, int top_n, int margin, const std::vector<int>& prefix,
+                                    const std::vector<mx::array>& prefix_arrays, const std::vector<bool>& prefix_max,
+                                    int n_pre) {
   need_rows(x, mx::float32, "sample_chain");
   size_t arity = terminal == kSample ? 2 : 0;
   for (int s : stages) {
@@ -3109,14 +3227,9 @@ std::vector<mx::array> sample_chain(const mx::array& x, const std::vector<mx::ar
     if (!is_column(p, B)) throw std::invalid_argument("sample_chain: parameters must be [B, 1], [B], [1] or scalars");
     ins.push_back(p);
   }
-  if (bias.size() > 1 || (want_max && bias.empty())) {
-    throw std::invalid_argument("sample_chain: at most one bias; want_max with a bias");
-  }
-  for (const auto& b : bias) {
-    if (b.dtype() != mx::float32 || b.ndim() != 2 || b.shape(1) != x.shape(1) || (b.shape(0) != B && b.shape(0) != 1)) {
-      throw std::invalid_argument("sample_chain: the bias must be float32 [B, V] or [1, V]");
-    }
-    ins.push_back(b);
+  push_prefix(ins, prefix, prefix_arrays, x, "sample_chain");
+  if (prefix_max.size() != prefix.size() || n_pre < 0 || static_cast<size_t>(n_pre) > prefix.size()) {
+    throw std::invalid_argument("sample_chain: prefix_max one per prefix op, 0 <= n_pre <= their number");
   }
   push_edits(ins, edits, B, "sample_chain");
   std::vector<mx::Shape> shapes{{B, 1}, {B, 1}};
@@ -3149,12 +3262,13 @@ std::vector<mx::array> sample_chain(const mx::array& x, const std::vector<mx::ar
     shapes.push_back({B, top_n});
     dtypes.push_back(mx::float32);
   }
-  if (want_max) {
+  for (bool w : prefix_max) {
+    if (!w) continue;
     shapes.push_back({B, 1});
     dtypes.push_back(mx::float32);
   }
   return make(SampleChain{stages, terminal, want_logprob, want_x, want_probs, !edits.empty(), want_top, want_raw,
-                          top_n, margin, !bias.empty(), want_max},
+                          top_n, margin, prefix, std::vector<uint8_t>(prefix_max.begin(), prefix_max.end()), n_pre},
               shapes, dtypes, ins);
 }
 
@@ -3175,21 +3289,25 @@ NB_MODULE(_ext, m) {
   m.def("sample_chain", &sample_chain, nb::arg("x"), nb::arg("params"), nb::arg("stages"), nb::arg("terminal"),
         nb::arg("want_logprob"), nb::arg("want_x") = false, nb::arg("want_probs") = false,
         nb::arg("edits") = std::vector<mx::array>{}, nb::arg("want_top") = false, nb::arg("want_raw") = false,
-        nb::arg("top_n") = 0, nb::arg("margin") = 0, nb::arg("bias") = std::vector<mx::array>{},
-        nb::arg("want_max") = false,
+        nb::arg("top_n") = 0, nb::arg("margin") = 0, nb::arg("prefix") = std::vector<int>{},
+        nb::arg("prefix_arrays") = std::vector<mx::array>{}, nb::arg("prefix_max") = std::vector<bool>{},
+        nb::arg("n_pre") = 0,
         "The sampler chain (stage codes: 0 temperature, 1 top_k, 2 top_p, 3 min_p, 4 top_n_sigma, 5 typical_p, "
         "6 xtc; terminal 0 greedy, 1 sample) on each row of x: [token [B, 1], logprob [B, 1], (want_x) the final "
         "logits [B, V] or (want_probs) their softmax, (want_top) MLX's argmax of x and x there ([B, 1]) and the "
         "logits checks' flags there (NaN or +inf; -inf: [B] bool), (want_raw) x's max, log-sum-exp and the "
         "token's log-probability under softmax(x), each [B, 1], (top_n > 0, with want_raw) top_logprob_ids(x, max, "
-        "log-sum-exp, top_n, margin): ids [B, top_n] and values [B, top_n], (want_max) the maximum of the row the "
-        "stages start from [B, 1]]. `bias` (one f32 [B, V] or [1, V]): the stages start from "
-        "put_along(x, edits) + bias.");
+        "log-sum-exp, top_n, margin): ids [B, top_n] and values [B, top_n], then for each prefix op with "
+        "prefix_max its result's maximum [B, 1]]. `prefix` (codes: 0 a mask, 1 a bias) with `prefix_arrays` "
+        "(bool or f32, [B, V] or [1, V]): allow and logit_bias ops in order, the first n_pre below the edits "
+        "(penalty_edits read x through them), the others above.");
   m.def("penalty_edits", &penalty_edits, nb::arg("x"), nb::arg("hist"), nb::arg("last_n"), nb::arg("repeat"),
         nb::arg("frequency"), nb::arg("presence"), nb::arg("prior") = std::vector<mx::array>{},
+        nb::arg("pre") = std::vector<int>{}, nb::arg("pre_arrays") = std::vector<mx::array>{},
         "penalties' edits: [ids [B, P + H] int32, penalized values [B, P + H] float32, overflow [B] bool] (the "
         "prior edits, P of them, then the window's ids, 0 where an entry does not count; the logits there "
-        "penalized; whether one is +inf).");
+        "penalized; whether one is +inf). `pre` (codes: 0 a mask, 1 a bias) with `pre_arrays`: ops the logits "
+        "pass through first, in order (allow and logit_bias below the penalties).");
   m.def("edited_logsumexp", &edited_logsumexp, nb::arg("x"), nb::arg("ids"), nb::arg("vals"), nb::arg("idx"),
         "Log-probabilities at idx under put_along(x, ids, vals) and under x, then x's max and log-sum-exp.");
   m.def("history_check", &history_check, nb::arg("ids"), nb::arg("V"),

@@ -894,7 +894,8 @@ def test_a_dense_bias_is_added_by_the_chain_kernel(pure):
     from samplec.backend_mlx.interpreter import find_chains
     prog = samplec.compile(src)
     (chain,) = find_chains(prog.graph)
-    assert [n.op for n in chain.bias] == ["add", "reduce_max"] and chain.edits and chain.top_logprobs
+    assert [(p.kind, [m.op for m in p.maxes]) for p in chain.prefix] == [("bias", ["reduce_max"])]
+    assert chain.n_pre == 0 and chain.edits and chain.top_logprobs
     r = np.random.default_rng(9)
     B, V = 4, 30000
     x = r.standard_normal((B, V)).astype(np.float32)
@@ -934,3 +935,66 @@ def test_a_dense_bias_is_added_by_the_chain_kernel(pure):
     bad[2, 7] = big[2, 7] = 3e38                            # finite, their sum +inf
     with pytest.raises(samplec.SamplecError, match=r"logit_bias: a biased logit overflows float32 \(\+inf\).*row"):
         prog(big, **{**kw, "b": bad})
+
+
+@pytest.mark.parametrize("body, prefix, n_pre", [
+    # vLLM's order: allowed_token_ids, logit_bias, then the penalties (which read the masked, biased row)
+    ("allow(m) logit_bias(b) penalties(h, repeat = 1.3) penalties(o, frequency = 0.4, presence = 0.2) "
+     "temperature(t) min_p(0.05) top_k(k) top_p(p) sample(seed)", ["mask", "bias"], 2),
+    # a grammar's mask after the penalties (HF's processors), a bias before them
+    ("logit_bias(b) penalties(h, repeat = 0.7) allow(m) top_k(k) temperature(t) sample(seed)", ["bias", "mask"], 1),
+    # allow alone (constrained decoding), and bias then allow without penalties
+    ("allow(m) temperature(t) top_k(k) top_p(p) sample(seed)", ["mask"], 0),
+    ("logit_bias(b) allow(m) top_p(p) min_p(0.1) temperature(t) sample(seed)", ["bias", "mask"], 0),
+])
+def test_allow_and_bias_around_the_penalties_are_applied_by_the_chain_kernel(pure, body, prefix, n_pre):
+    """allow(mask) and logit_bias(bias) before or after the penalties are applied by the chain kernel as it writes
+    the row (the penalties' edits read through those below them) and give their checks' maxima: the same outputs
+    as the MLX-ops program and -O0 (flat, tied, peaked and -inf rows; greedy rows), and the checks' errors."""
+    names = dict(m="m: mask", b="b: bias", h="h: tokens", o="o: tokens")
+    params = ", ".join(v for k, v in names.items() if f"({k})" in body or f"({k}," in body)
+    src = (f"sampler s({params}, t: float, k: int, p: float, seed: seed) -> token, logprob, raw_logprob, "
+           f"top_logprobs(4) {{ {body} }}")
+    from samplec.backend_mlx.interpreter import find_chains
+    prog = samplec.compile(src)
+    (chain,) = find_chains(prog.graph)
+    assert [p.kind for p in chain.prefix] == prefix and chain.n_pre == n_pre
+    assert all([m.op for m in p.maxes] == ["reduce_max"] for p in chain.prefix) and chain.top_logprobs
+    r = np.random.default_rng(len(body))
+    B, V = 6, 40000
+    x = r.standard_normal((B, V)).astype(np.float32)
+    x[1] = np.round(x[1])                                     # ties
+    x[2] = 0.25                                               # flat
+    x[3, r.choice(V, 12, replace=False)] += 9                 # peaked
+    x[4, r.random(V) < 0.9] = -np.inf                         # -inf heavy
+    mask = r.random((B, V)) < 0.6
+    mask[np.arange(B), np.argmax(x, axis=-1)] = True
+    mask[5, :] = False                                        # one allowed token: its row is greedy in effect
+    mask[5, 17] = True
+    b = np.where(r.random((B, V)) < 0.05, r.normal(0, 3, (B, V)), 0).astype(np.float32)
+    b[0, np.argsort(-x[0])[:4]] = -100.0                      # OpenAI's ban on the top tokens
+    h = r.integers(-1, V, (B, 32)).astype(np.int32)
+    h[3, :6] = np.argsort(-x[3])[:6]                          # the peak penalized
+    o = r.integers(-1, V, (B, 8)).astype(np.int32)
+    kw = dict(m=mask, b=b, h=h, o=o, t=[0.8, 1.0, 0.0, 1.3, 0.7, 1.0], k=[0, 40, 5, V, 3, 50],
+              p=[0.9, 0.5, 0.95, 1.0, 0.8, 0.3], seed=[1, 2, 3, 4, 5, 6])
+    kw = {k: v for k, v in kw.items() if f"{k}:" in src}
+    got = prog(x, **kw).to_dict()
+    with pure:
+        want = samplec.compile(src)(x, **kw).to_dict()
+    t0 = np.array(samplec.compile(src, opt_level=0)(x, **kw).token)
+    np.testing.assert_array_equal(np.array(got["token"]), np.array(want["token"]))
+    np.testing.assert_array_equal(np.array(got["token"]), t0)
+    np.testing.assert_array_equal(np.array(got["top_logprobs.ids"]), np.array(want["top_logprobs.ids"]))
+    for field in ("logprob", "raw_logprob", "top_logprobs.values"):
+        np.testing.assert_allclose(np.array(got[field]), np.array(want[field]), rtol=1e-5, atol=1e-5)
+    assert np.array(got["token"])[5] == 17
+    empty = mask.copy()
+    empty[2] = False
+    with pytest.raises(samplec.SamplecError, match=r"allow: the mask allows no token \(row 2\)"):
+        prog(x, **{**kw, "m": empty})
+    if "b" in kw:
+        bad = b.copy()
+        bad[4] = -np.inf
+        with pytest.raises(samplec.SamplecError, match=r"logit_bias: a -inf bias removed every token \(row 4\)"):
+            prog(x, **{**kw, "b": bad})

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import mlx.core as mx
 
+from typing import NamedTuple
+
 from samplec.backend_mlx import native
 from samplec.backend_mlx.kernels import KERNELS
 from samplec.backend_mlx.lowering import (RULES, TIE_MARGIN, log_softmax_parts, logprob_at_key, penalty_edits,
@@ -31,7 +33,7 @@ class Chain:
     def __init__(self, draw: Node, stages: list[Node], logprobs: list[Node], want_x: bool,
                  softmax: tuple[Node, ...] = (), edits: tuple[Node, ...] = (), top: tuple[Node, ...] = (),
                  raw: Node | None = None, checks: tuple = (None, None), top_logprobs: tuple[Node, ...] = (),
-                 bias: tuple[Node, ...] = ()):
+                 prefix: tuple = (), n_pre: int = 0, base: Node | None = None):
         self.draw, self.stages, self.logprobs, self.want_x = draw, stages, logprobs, want_x and not softmax
         self.softmax = softmax      # (reduce_max, sub, exp, reduce_sum, div) of the probs pattern, or ()
         # the penalties stages read by the chain alone, innermost first: the kernel runs on the logits below them
@@ -47,32 +49,31 @@ class Chain:
         # topk_ids(raw, n) and its take_along(raw, .) users (top_logprobs(n): ids and values), or (): the kernel
         # selects them from its block maxima of the logits (lowering.TIE_MARGIN more, ranked as _topk_ids ranks)
         self.top_logprobs = top_logprobs
-        # add(x, bias) of a dense bias (logit_bias) between the edits and the first stage, and its reduce_max users
-        # (the bias checks), or (): the kernel adds the bias as it writes the row and gives that row's maximum
-        self.bias = bias
-        self.x = stages[0].inputs[0] if stages else draw.inputs[0]
+        # allow and logit_bias nodes (Prefix) from the logits up, the first n_pre of them below the edits: the
+        # kernel applies them as it writes the row and gives the maxima their checks read
+        self.prefix, self.n_pre = prefix, n_pre
+        self.base = base if base is not None else stages[0].inputs[0] if stages else draw.inputs[0]
 
     def nodes(self) -> list[Node]:
-        return list(self.top) + list(self.edits) + list(self.bias) + self.stages + [self.draw] + self.logprobs + \
-            list(self.softmax) + ([self.raw] if self.raw is not None else []) + list(self.top_logprobs)
+        ops = lambda ps: [m for p in ps for m in (p.node, *p.maxes)]
+        return list(self.top) + ops(self.prefix[:self.n_pre]) + list(self.edits) + ops(self.prefix[self.n_pre:]) + \
+            self.stages + [self.draw] + self.logprobs + list(self.softmax) + \
+            ([self.raw] if self.raw is not None else []) + list(self.top_logprobs)
 
     def run(self, env: dict) -> dict | None:
         params = [env[id(unexpanded(i))] for s in self.stages for i in s.inputs[1:]] + \
             [env[id(unexpanded(i))] for i in self.draw.inputs[1:]]
-        x, edits = env.get(id(self.x)), ()
-        bias = None
-        if self.bias:
-            bias = env[id(self.bias[0].inputs[1])]
-            x = env.get(id(self.bias[0].inputs[0]))
+        x, edits = env.get(id(self.base)), ()
+        ops = tuple((p.kind, env[id(p.operand)]) for p in self.prefix)
         if self.edits:
-            pen = penalty_edits(self.edits[-1], env)
+            pen = penalty_edits(self.edits[-1], env, (self.base, ops[:self.n_pre]) if self.n_pre else ())
             if pen is None:
                 return None
             x, edits = pen[0], pen[1]
         top_n = self.top_logprobs[0].attr("k") if self.top_logprobs else 0
         out = native.sample_chain(x, params, [s.op for s in self.stages], self.draw.op, bool(self.logprobs),
                                   self.want_x, bool(self.softmax), tuple(edits), bool(self.top), self.raw is not None,
-                                  top_n, TIE_MARGIN, bias, len(self.bias) > 1)
+                                  top_n, TIE_MARGIN, ops, tuple(bool(p.maxes) for p in self.prefix), self.n_pre)
         if out is None:
             return None
         bound = {id(self.draw): out[0], **{id(n): out[1] for n in self.logprobs}}
@@ -89,8 +90,10 @@ class Chain:
             if self.top_logprobs:
                 bound[id(self.top_logprobs[0])] = out[at + 3]
                 bound.update((id(t), out[at + 4]) for t in self.top_logprobs[1:])
-        if len(self.bias) > 1:
-            bound.update((id(m), out[-1]) for m in self.bias[1:])
+        maxima = iter(out[len(out) - sum(bool(p.maxes) for p in self.prefix):])
+        for p in self.prefix:
+            if p.maxes:
+                bound.update((id(m), v) for v in [next(maxima)] for m in p.maxes)
         if self.want_x:
             bound[id(self.stages[-1])] = out[2]
         if self.softmax:
@@ -123,15 +126,22 @@ def find_chains(graph: Graph) -> list[Chain]:
                 stages.append(x)
                 x = x.inputs[0]
         first = stages[-1] if stages else n
-        bias = _bias_of(x, first, users, roots)
-        if bias:
-            first, x = x, x.inputs[0]
+        post = _prefix_of(x, first, users, roots)
+        if post:
+            first, x = post[-1].node, post[-1].below
         edits = []
         while x.op == "penalties" and id(x) not in roots and all(u is first for u in users.get(id(x), [])):
             edits.append(x)
             first, x = x, x.inputs[0]
+        stack = list(edits)
         while edits and x.op == "penalties":     # (one read elsewhere too: its edits are the chain's as well)
+            stack.append(x)
             x = x.inputs[0]
+        pre = []
+        if edits and _owned(stack, users):
+            pre = _prefix_of(x, stack[-1], users, roots, {p.inputs for p in stack})
+            if pre:       # (the penalties read by their checks alone are the chain's too: they read its nodes)
+                edits, x = stack, pre[-1].below
         top = _top_of(x, users)
         if any(id(t) in claimed for t in top):
             top = ()
@@ -141,8 +151,51 @@ def find_chains(graph: Graph) -> list[Chain]:
             claimed.add(id(raw))
         top_logprobs = _top_logprobs_of(raw, users) if raw is not None else ()
         chains.append(Chain(n, stages[::-1], logprobs, want_x, softmax, tuple(edits[::-1]), top, raw,
-                            _checks_of(top, users), top_logprobs, bias))
+                            _checks_of(top, users), top_logprobs, tuple(pre[::-1] + post[::-1]), len(pre), x))
     return chains
+
+
+class Prefix(NamedTuple):
+    """An allow or logit_bias node a chain's kernel applies as it writes the row: where(mask, below, -inf) ("mask")
+    or add(below, bias) ("bias") of a dense operand shaped like the row, and its reduce_max users (checks)."""
+    node: Node
+    kind: str
+    operand: Node
+    below: Node
+    maxes: tuple[Node, ...]
+
+
+def _prefix_of(x: Node, first: Node, users: dict, roots: set, overflows: set = frozenset()) -> list[Prefix]:
+    """The allow and logit_bias nodes from x down, each read only by the node above it (`first`, for x), by
+    reduce_max (their checks) and, the lowest, by penalties_overflow nodes with operands in `overflows` (the
+    checks of penalties above, whose edits the kernel computes through them): top first."""
+    ops = []
+    while id(x) not in roots and x.type.dtype == "f32" and len(x.type.shape) == 2:
+        if x.op == "where" and len(x.inputs) == 3 and x.inputs[2].op == "const" and \
+                x.inputs[2].attr("value") == float("-inf") and x.inputs[0].type.dtype == "bool" and \
+                x.inputs[0].type.shape == x.type.shape == x.inputs[1].type.shape:
+            kind, operand, below = "mask", x.inputs[0], x.inputs[1]
+        elif x.op == "add" and len(x.inputs) == 2 and \
+                x.type == x.inputs[0].type == x.inputs[1].type:
+            kind, operand, below = "bias", x.inputs[1], x.inputs[0]
+        else:
+            break
+        readers = users.get(id(x), [])
+        maxes = tuple(u for u in readers if u.op == "reduce_max" and u.inputs == (x,) and id(u) not in roots)
+        if not all(u is first or u in maxes or (u.op == "penalties_overflow" and u.inputs in overflows)
+                   for u in readers) or first not in readers:
+            break
+        ops.append(Prefix(x, kind, operand, below, maxes))
+        first, x = x, below
+    return ops
+
+
+def _owned(stack: list[Node], users: dict) -> bool:
+    """A chain's penalties nodes, top first, read only by the one above them, the chain (the first) and
+    penalties_overflow nodes (checks): the edits' x may then be read through allow and logit_bias nodes below
+    them."""
+    return all(u is stack[i - 1] or u.op == "penalties_overflow"
+               for i, p in enumerate(stack) if i > 0 for u in users.get(id(p), []))
 
 
 def _top_of(x: Node, users: dict) -> tuple[Node, ...]:
@@ -154,22 +207,6 @@ def _top_of(x: Node, users: dict) -> tuple[Node, ...]:
             if takes and all(t.op == "take_along" and t.inputs == (x, a) for t in takes):
                 return (a, *takes)
     return ()
-
-
-def _bias_of(x: Node, first: Node, users: dict, roots: set) -> tuple[Node, ...]:
-    """x = add(y, bias) of a dense f32 bias shaped like y (logit_bias with a `bias` parameter) read only by `first`
-    (the chain's first node) and by reduce_max (the bias checks'): (x, *those reduce_max), else ()."""
-    if x.op != "add" or id(x) in roots or len(x.inputs) != 2:
-        return ()
-    y, b = x.inputs
-    if not (x.type.dtype == y.type.dtype == b.type.dtype == "f32" and len(x.type.shape) == 2 and
-            x.type.shape == y.type.shape == b.type.shape):
-        return ()
-    rest = [u for u in users.get(id(x), []) if u is not first]
-    if len(rest) == len(users.get(id(x), [])) or \
-            not all(u.op == "reduce_max" and u.inputs == (x,) and id(u) not in roots for u in rest):
-        return ()
-    return (x, *rest)
 
 
 def _top_logprobs_of(raw: Node, users: dict) -> tuple[Node, ...]:

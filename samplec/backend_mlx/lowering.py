@@ -87,22 +87,25 @@ def unexpanded(node: Node) -> Node:
     return node.inputs[0] if node.op == "expand" and len(node.inputs[0].type.shape) <= 1 else node
 
 
-def penalty_edits(node: Node, env: Env):
+def penalty_edits(node: Node, env: Env, pre: tuple = ()):
     """(x, (ids, values), overflow [B]) of a `penalties` node or its `penalties_overflow` (the same operands): the
     logits below every penalties stage and the edits of all of them, in order (the primitive puts a prior stage's
     edits first in its own), which written in order give the node's value -- computed once per operands (the env
-    keeps them), None where the native primitive does not apply."""
+    keeps them), None where the native primitive does not apply. `pre` (a chain's): (the node below the allow and
+    logit_bias nodes under the penalties, their (kind, array)s from it up) -- x is then that node, the edits read
+    through them (the chain owns every reader of the stages' values, so nothing reads that x as theirs)."""
     key = ("pen", *(id(i) for i in node.inputs))
     if key not in env:
         x = node.inputs[0]
+        ops = pre[1] if pre else ()
         if x.op == "penalties":
-            inner = penalty_edits(x, env)
+            inner = penalty_edits(x, env, pre)
             if inner is None:
                 return None
             base, prior = inner[0], inner[1]
         else:
-            base, prior = env[id(x)], ()
-        out = native.penalty_edits(base, *(env[id(unexpanded(i))] for i in node.inputs[1:]), prior=prior)
+            base, prior = env[id(pre[0] if pre else x)], ()
+        out = native.penalty_edits(base, *(env[id(unexpanded(i))] for i in node.inputs[1:]), prior=prior, pre=ops)
         if out is None:
             return None
         env[key] = (base, tuple(out[:2]), out[2])

@@ -112,14 +112,26 @@ def argmax_put(x: mx.array, ids: mx.array, vals: mx.array) -> mx.array | None:
     return _native.argmax_put(x, ids, vals)[0]
 
 
+PREFIX = {"mask": 0, "bias": 1}
+
+
+def _prefix_ok(kind: str, a: mx.array, x: mx.array) -> bool:
+    """A prefix op's array as the kernels take it: a mask bool, a bias float32, [B, V] or [1, V] like x."""
+    return a.dtype == (mx.bool_ if kind == "mask" else mx.float32) and a.ndim == 2 and \
+        a.shape[-1] == x.shape[-1] and a.shape[0] in (1, x.shape[0])
+
+
 def penalty_edits(x: mx.array, hist: mx.array, last_n: mx.array, repeat: mx.array, frequency: mx.array,
-                  presence: mx.array, prior: tuple = ()) -> tuple[mx.array, mx.array, mx.array] | None:
+                  presence: mx.array, prior: tuple = (), pre: tuple = ()) -> tuple[mx.array, mx.array, mx.array] | None:
     """penalties(x, hist, last_n, repeat, frequency, presence) as its edits, in one primitive: (ids [B, H] int32,
     values [B, H] float32, overflow [B] bool) with put_along(x, ids, values) the stage's result and `overflow` its
     check (a penalized logit is +inf). The parameters are [B, 1], [B], [1] or scalars. `prior` (ids, values):
     earlier edits of x, read first (a penalty after a penalty) and put first in the result (ids and values are
-    then [B, P + H]: every edit so far, in order)."""
+    then [B, P + H]: every edit so far, in order). `pre`: sample_chain's prefix ops below the penalties, x read
+    through them."""
     if not (_rows(x) and hist.ndim == 2 and hist.dtype == mx.int32 and hasattr(_native, "penalty_edits")):
+        return None
+    if not all(_prefix_ok(kind, a, x) for kind, a in pre):
         return None
     B = x.shape[0]
     if hist.shape[0] != B or any(p.size not in (1, B) for p in (last_n, repeat, frequency, presence)):
@@ -128,7 +140,8 @@ def penalty_edits(x: mx.array, hist: mx.array, last_n: mx.array, repeat: mx.arra
         return None
     col = lambda p, dt: p if p.dtype == dt else p.astype(dt)      # (the kernel reads [B], [1], scalars as columns)
     return tuple(_native.penalty_edits(x, hist, col(last_n, mx.int32), col(repeat, mx.float32),
-                                       col(frequency, mx.float32), col(presence, mx.float32), list(prior)))
+                                       col(frequency, mx.float32), col(presence, mx.float32), list(prior),
+                                       [PREFIX[kind] for kind, _ in pre], [a for _, a in pre]))
 
 
 def edited_logsumexp(x: mx.array, ids: mx.array, vals: mx.array, idx: mx.array) -> tuple | None:
@@ -188,8 +201,8 @@ CHAIN_TERMINALS = {"greedy": 0, "sample": 1}
 def sample_chain(x: mx.array, params: list[mx.array], stages: list[str], terminal: str, want_logprob: bool,
                  want_x: bool = False, want_probs: bool = False, edits: tuple = (),
                  want_top: bool = False, want_raw: bool = False, top_n: int = 0,
-                 margin: int = 0, bias: mx.array | None = None,
-                 want_max: bool = False) -> tuple[mx.array, ...] | None:
+                 margin: int = 0, prefix: tuple = (), prefix_max: tuple = (),
+                 n_pre: int = 0) -> tuple[mx.array, ...] | None:
     """A chain of stage ops ending in a draw, per row, in one primitive: (token position [B, 1], logprob of it
     under the chain's final distribution [B, 1], with `want_x` the final logits [B, V], with `want_probs` their
     softmax). `params`: each stage's operands after x ([B, 1], [B], [1] or scalars), then (sample) the seed and
@@ -198,14 +211,15 @@ def sample_chain(x: mx.array, params: list[mx.array], stages: list[str], termina
     checks' flags on that value: NaN or +inf, and -inf (every entry -inf), [B] bool each. `want_raw`: three
     more, x's maximum, its log-sum-exp (row_logsumexp's) and the token's log-probability under softmax(x), [B, 1].
     `top_n` > 0 (with want_raw): two more, top_logprob_ids(x, max, log-sum-exp, top_n, margin)'s ids and values,
-    [B, top_n] each, found from the chain's block maxima of x. `bias` (f32 [B, V] or [1, V]): the stages start
-    from put_along(x, edits) + bias; with `want_max`, one more output: that row's maximum [B, 1]."""
+    [B, top_n] each, found from the chain's block maxima of x. `prefix`: allow and logit_bias ops ("mask" or "bias",
+    array: bool or f32, [B, V] or [1, V]) in order from x up, the first `n_pre` below the edits (which were then
+    computed through them: penalty_edits' `pre`), the others above; the stages start from the result. One more
+    output [B, 1] for each op with `prefix_max` true: its result's maximum."""
     if not (_rows(x) and x.shape[-1] >= 1 and hasattr(_native, "sample_chain")):
         return None     # (also a build of samplec-native older than the chain kernel)
     if top_n and not (want_raw and top_n <= x.shape[-1]):
         return None
-    if bias is not None and not (bias.dtype == mx.float32 and bias.ndim == 2 and bias.shape[-1] == x.shape[-1] and
-                                 bias.shape[0] in (1, x.shape[0])):
+    if not all(_prefix_ok(kind, a, x) for kind, a in prefix):
         return None
     if edits:
         ids, vals = edits
@@ -222,8 +236,9 @@ def sample_chain(x: mx.array, params: list[mx.array], stages: list[str], termina
             return None
         args.append(p if p.dtype == dt or (p.dtype == mx.int32 and dt == mx.uint32) else p.astype(dt))
     more = dict(top_n=top_n, margin=margin) if top_n else {}
-    if bias is not None:
-        more.update(bias=[bias], want_max=want_max)
+    if prefix:
+        more.update(prefix=[PREFIX[kind] for kind, _ in prefix], prefix_arrays=[a for _, a in prefix],
+                    prefix_max=[bool(w) for w in prefix_max], n_pre=n_pre)
     return tuple(_native.sample_chain(x, args, [CHAIN_STAGES[s] for s in stages], CHAIN_TERMINALS[terminal],
                                       want_logprob, want_x, want_probs, list(edits), want_top, want_raw, **more))
 
