@@ -71,7 +71,8 @@ class Chain:
                 return None
             x, edits = pen[0], pen[1]
         top_n = self.top_logprobs[0].attr("k") if self.top_logprobs else 0
-        out = native.sample_chain(x, params, [s.op for s in self.stages], self.draw.op, bool(self.logprobs),
+        terminal = "greedy" if self.draw.op == "argmax" else self.draw.op
+        out = native.sample_chain(x, params, [s.op for s in self.stages], terminal, bool(self.logprobs),
                                   self.want_x, bool(self.softmax), tuple(edits), bool(self.top), self.raw is not None,
                                   top_n, TIE_MARGIN, ops, tuple(bool(p.maxes) for p in self.prefix), self.n_pre)
         if out is None:
@@ -103,12 +104,13 @@ class Chain:
 
 def find_chains(graph: Graph) -> list[Chain]:
     """Every draw, with the stage ops before it: the last one may be read elsewhere too (the kernel then also
-    returns its result, or its softmax where that is all the reader wants: `probs`), the others only by the next."""
+    returns its result, or its softmax where that is all the reader wants: `probs`), the others only by the next.
+    An argmax (greedy() after the passes) is a draw where allow or logit_bias nodes lie below it."""
     users = graph.users()
     roots = {id(r) for r in graph.roots()}
     chains, claimed = [], set()
     for n in graph.toposort():
-        if n.op not in DRAW_OPS:
+        if n.op not in DRAW_OPS and n.op != "argmax":
             continue
         x = n.inputs[0]
         logprobs = [u for u in users.get(id(x), []) if u.op == "logprob_at" and u.inputs[1] is n]
@@ -126,13 +128,15 @@ def find_chains(graph: Graph) -> list[Chain]:
                 stages.append(x)
                 x = x.inputs[0]
         first = stages[-1] if stages else n
-        post = _prefix_of(x, first, users, roots)
+        also = () if stages else tuple(logprobs)        # (no stages: the draw's logprob_at read x too)
+        post = _prefix_of(x, first, users, roots, also=also)
         if post:
-            first, x = post[-1].node, post[-1].below
+            first, x, also = post[-1].node, post[-1].below, ()
         edits = []
-        while x.op == "penalties" and id(x) not in roots and all(u is first for u in users.get(id(x), [])):
+        while x.op == "penalties" and id(x) not in roots and \
+                all(u is first or u in also for u in users.get(id(x), [])):
             edits.append(x)
-            first, x = x, x.inputs[0]
+            first, x, also = x, x.inputs[0], ()
         stack = list(edits)
         while edits and x.op == "penalties":     # (one read elsewhere too: its edits are the chain's as well)
             stack.append(x)
@@ -142,6 +146,8 @@ def find_chains(graph: Graph) -> list[Chain]:
             pre = _prefix_of(x, stack[-1], users, roots, {p.inputs for p in stack})
             if pre:       # (the penalties read by their checks alone are the chain's too: they read its nodes)
                 edits, x = stack, pre[-1].below
+        if n.op == "argmax" and not (pre or post):
+            continue          # (argmax_take, argmax_put: lowering.RULES)
         top = _top_of(x, users)
         if any(id(t) in claimed for t in top):
             top = ()
@@ -157,7 +163,8 @@ def find_chains(graph: Graph) -> list[Chain]:
 
 class Prefix(NamedTuple):
     """An allow or logit_bias node a chain's kernel applies as it writes the row: where(mask, below, -inf) ("mask")
-    or add(below, bias) ("bias") of a dense operand shaped like the row, and its reduce_max users (checks)."""
+    or add(below, bias) ("bias") of a mask or bias parameter shaped like the row, and its reduce_max users
+    (checks)."""
     node: Node
     kind: str
     operand: Node
@@ -165,28 +172,30 @@ class Prefix(NamedTuple):
     maxes: tuple[Node, ...]
 
 
-def _prefix_of(x: Node, first: Node, users: dict, roots: set, overflows: set = frozenset()) -> list[Prefix]:
-    """The allow and logit_bias nodes from x down, each read only by the node above it (`first`, for x), by
-    reduce_max (their checks) and, the lowest, by penalties_overflow nodes with operands in `overflows` (the
-    checks of penalties above, whose edits the kernel computes through them): top first."""
+def _prefix_of(x: Node, first: Node, users: dict, roots: set, overflows: set = frozenset(),
+               also: tuple = ()) -> list[Prefix]:
+    """The allow and logit_bias nodes from x down, each read only by the node above it (`first`, for x; and, for
+    x, the chain's nodes in `also`), by reduce_max (their checks) and, the lowest, by penalties_overflow nodes with
+    operands in `overflows` (the checks of penalties above, whose edits the kernel computes through them): top
+    first."""
     ops = []
     while id(x) not in roots and x.type.dtype == "f32" and len(x.type.shape) == 2:
         if x.op == "where" and len(x.inputs) == 3 and x.inputs[2].op == "const" and \
                 x.inputs[2].attr("value") == float("-inf") and x.inputs[0].type.dtype == "bool" and \
-                x.inputs[0].type.shape == x.type.shape == x.inputs[1].type.shape:
+                x.inputs[0].op == INPUT and x.inputs[0].type.shape == x.type.shape == x.inputs[1].type.shape:
             kind, operand, below = "mask", x.inputs[0], x.inputs[1]
-        elif x.op == "add" and len(x.inputs) == 2 and \
+        elif x.op == "add" and len(x.inputs) == 2 and x.inputs[1].op == INPUT and \
                 x.type == x.inputs[0].type == x.inputs[1].type:
             kind, operand, below = "bias", x.inputs[1], x.inputs[0]
         else:
             break
         readers = users.get(id(x), [])
         maxes = tuple(u for u in readers if u.op == "reduce_max" and u.inputs == (x,) and id(u) not in roots)
-        if not all(u is first or u in maxes or (u.op == "penalties_overflow" and u.inputs in overflows)
+        if not all(u is first or u in maxes or u in also or (u.op == "penalties_overflow" and u.inputs in overflows)
                    for u in readers) or first not in readers:
             break
         ops.append(Prefix(x, kind, operand, below, maxes))
-        first, x = x, below
+        first, x, also = x, below, ()
     return ops
 
 
