@@ -289,8 +289,8 @@ def _prepare_param(p: Param, value, B: int, V: int, late: list) -> mx.array:
         return mx.array(_scalar_param(p, value, B))
     host = None if isinstance(value, mx.array) else np.asarray(value) if isinstance(value, np.ndarray) else None
     arr = value if isinstance(value, mx.array) else _as_mx(value, p.name)
-    if arr.ndim == 1:
-        arr = mx.broadcast_to(arr[None, :], (B, arr.shape[0]))
+    if arr.ndim == 1 and B == 1:            # (one row's value for a one-row call)
+        arr = arr[None, :]
     if arr.ndim != 2 or arr.shape[0] != B:
         raise SamplecError(f"{p.name}: expected shape [B, ...] with B = {B}, got {list(arr.shape)}")
     if p.kind == "tokens":

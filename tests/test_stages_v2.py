@@ -269,6 +269,25 @@ def test_dry_matches_llama_cpp(setting, opt):
 
 
 @pytest.mark.parametrize("opt", OPTS)
+@pytest.mark.parametrize("n", [160, 161, 400])
+def test_dry_penalty_at_the_exponent_cap_stays_finite(n, opt):
+    """A degenerate loop (n repeats of one token): llama.cpp caps the exponent at int(88.7228391 / ln base) = 158
+    for base 1.75, a finite penalty of ~2.5e38 -- where float32 exp(158 ln 1.75) = exp(88.42) may overflow (MLX's
+    does above 88.0). The token keeps that finite value; a row holding only it still draws it."""
+    x = np.array([[1.0, 0.5, 0.2, 0.1], [1.0, -np.inf, -np.inf, -np.inf]], F32)
+    hist = np.zeros((2, n), np.int32)
+    src = "sampler s(h: tokens) -> token, logprob, candidates(4) { dry(h, 1.0) greedy() }"
+    out = prog(src, opt)(x, h=hist)
+    got = np.full_like(x, np.nan)
+    np.put_along_axis(got, np.array(out.candidates.ids), np.array(out.candidates.values), axis=-1)
+    for r in range(2):
+        cpp = cpp_dry(x[r], [0] * n, 1.0, 1.75, 2, -1, set())
+        assert np.isfinite(cpp[0]) and cpp[0] < -1e38
+        np.testing.assert_allclose(got[r], cpp, rtol=1e-5, err_msg=f"row {r}")
+    assert np.array(out.token).tolist() == [1, 0] and np.array(out.logprob)[1] == 0.0
+
+
+@pytest.mark.parametrize("opt", OPTS)
 def test_dry_breakers_from_a_tokens_parameter(opt):
     """Breakers as a `tokens` parameter: one list per row (padding ignored), the same rule as a constant list."""
     hist, V = dry_cases(np.random.default_rng(7))
