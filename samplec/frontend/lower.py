@@ -99,7 +99,9 @@ class Lowering:
         self.nodes: dict[str, Node] = {}
         self.checks: list[Check] = []
         self.state_out: dict[str, Node] = {}     # state parameter -> its updated value (an output may name it)
-        self.terminal_x: Node | None = None      # the distribution a truncating terminal (mirostat) draws from
+        # the distribution a truncating terminal (mirostat) draws from: `logprob` is under it; `probs` and
+        # `candidates` are x before the terminal (spec section 3)
+        self.terminal_x: Node | None = None
         # provenance, for `samplec explain` only (never part of the graph): per source stage, the node it ended
         # in and how many checks existed once it was lowered
         self.trace: list[tuple[BoundStage, Node, int]] = []
@@ -160,7 +162,6 @@ class Lowering:
             if STAGES[st.name].terminal:
                 self.token_position = fn(x, **st.args)
                 token = self.to_token(self.token_position)
-                x = x if self.terminal_x is None else self.terminal_x
             else:
                 x = fn(x, **st.args)
             self.trace.append((st, self.token_position if STAGES[st.name].terminal else x, len(self.checks)))
@@ -172,8 +173,10 @@ class Lowering:
         for o in self.sampler.outputs:
             if o.name == "token":
                 out.append(("token", token))
-            elif o.name == "logprob":
-                out.append(("logprob", make("squeeze", make("logprob_at", x, self.token_position), name="logprob")))
+            elif o.name == "logprob":       # (under the distribution the terminal draws from: mirostat's truncated one)
+                drawn = x if self.terminal_x is None else self.terminal_x
+                out.append(("logprob", make("squeeze", make("logprob_at", drawn, self.token_position),
+                                            name="logprob")))
             elif o.name == "raw_logprob":
                 out.append(("raw_logprob", make("squeeze", make("take_along", log_softmax(logits, "raw_logp"), tok2),
                                                  name="raw_logprob")))

@@ -436,12 +436,17 @@ def test_dry_without_breakers():
 @pytest.mark.parametrize("version", ["mirostat", "mirostat_v2"])
 def test_mirostat_kept_set(version):
     """The candidates llama.cpp's mirostat leaves (its array after the call, truncated to the drawn-from set) are
-    the tokens samplec's `probs` gives mass to, at the starting mu = 2 tau."""
+    the set samplec draws from, at the starting mu = 2 tau: the token lies in it, and its mass under `probs` (the
+    distribution before the terminal) is the token's probability over its `logprob` (under the truncated one)."""
     rows, names = logit_rows()
-    src = (f"sampler s(mu: state) -> probs {{ {version}(mu, 3.0, 0.1, seed = 1) }}")
-    probs = np.array(samplec.compile(src)(rows).probs)
+    src = (f"sampler s(mu: state) -> token, logprob, probs {{ {version}(mu, 3.0, 0.1, seed = 1) }}")
+    out = samplec.compile(src)(rows)
+    probs, token, logprob = np.array(out.probs), np.array(out.token), np.array(out.logprob)
     spec = (lambda i: [("llama_sampler_init_mirostat", V, 1, 3.0, 0.1, 100)]) if version == "mirostat" else \
         (lambda i: [("llama_sampler_init_mirostat_v2", 1, 3.0, 0.1)])
     theirs = llama_rows(rows, spec)
     for i, name in enumerate(names):
-        assert np.array_equal(probs[i] > 0, kept(theirs[i])), f"{name}: {diff_ids(probs[i] > 0, kept(theirs[i]))}"
+        keep = kept(theirs[i])
+        assert keep[token[i]], name
+        mass = float(np.sum(probs[i][keep], dtype=np.float64))
+        np.testing.assert_allclose(probs[i][token[i]] / np.exp(logprob[i]), mass, rtol=2e-4, err_msg=name)
