@@ -1082,7 +1082,22 @@ struct PenaltyEdits {
         vals[r * h + j] = v;
         overflow |= v == INFINITY;
       }
-      over[r] = overflow;
+      // the row left with no finite logit (a penalty overflowing on its last kept tokens) is flagged too: where
+      // every written value is -inf, a finite one among the tokens this stage leaves as they were (the first of a
+      // row usually)
+      bool left = false;
+      for (int64_t j = 0; j < h && !left; ++j) left = std::isfinite(vals[r * h + j]);
+      for (int64_t i = 0; i < n && !left; ++i) {
+        if (std::binary_search(seen.begin(), seen.end(), static_cast<int32_t>(i))) continue;
+        float v = x(r, i);
+        if (prior) {
+          auto it = std::upper_bound(put.begin(), put.end(), static_cast<int32_t>(i),
+                                     [](int32_t a, const auto& e) { return a < e.first; });
+          if (it != put.begin() && (it - 1)->first == i) v = (it - 1)->second;
+        }
+        left = std::isfinite(v);
+      }
+      over[r] = overflow || !left;
       if (prior) {     // a prior entry for an id this stage writes carries its new value: every entry of an id
                        // then holds the same one, and a put_along of the whole in any order gives the row
         put.clear();

@@ -124,3 +124,20 @@ def test_a_one_dimensional_history_is_one_rows_value(prog):
     assert msg.startswith("h: expected shape [B, ...] with B = 2, got [3]"), msg
     one = call(prog, x=X[:1], h=np.array([1, 2], np.int32), seed=[1])
     assert one == call(prog, x=X[:1], h=H[:1], seed=[1])
+
+
+@pytest.mark.parametrize("native", ["1", "0"])
+@pytest.mark.parametrize("opt", [0, 2])
+def test_a_row_the_penalties_leave_without_a_token_is_an_error(opt, native, monkeypatch):
+    """Penalties that overflow float32 to -inf on a row's last kept tokens leave it nothing to draw: an error naming
+    the stage and the row (never token 0 with a NaN logprob), whatever other rows hold."""
+    monkeypatch.setenv("SAMPLEC_NATIVE", native)
+    ninf = -np.inf
+    x = np.array([[-10.0, ninf, ninf], [-10.0, 1.0, ninf], [-1e38, ninf, ninf]], np.float32)
+    h = np.array([[0, -1], [0, 0], [0, -1]], np.int32)
+    for body, rows in (("penalties(h, repeat = 1e38)", "rows 0, 2"), ("penalties(h, presence = 3e38)", "row 2")):
+        p = samplec.compile(f"sampler s(h: tokens) -> token, logprob {{ {body} top_k(2) sample(0) }}", opt_level=opt)
+        with pytest.raises(samplec.SamplecError, match=rf"penalties: .*no token is left \({rows}\)"):
+            p(x, h=h)
+        ok = np.array(p(x[1:2], h=h[1:2]).token).tolist()
+        assert ok == [1]

@@ -288,6 +288,17 @@ def test_dry_penalty_at_the_exponent_cap_stays_finite(n, opt):
 
 
 @pytest.mark.parametrize("opt", OPTS)
+def test_a_row_dry_leaves_without_a_token_is_an_error(opt):
+    """A DRY penalty overflowing float32 (multiplier * base^e > 3.4e38) on a row's only kept token: an error naming
+    the stage and the row."""
+    x = np.array([[1.0, -np.inf, -np.inf, -np.inf], [1.0, 0.5, -np.inf, -np.inf]], F32)
+    p = prog("sampler s(h: tokens) -> token { dry(h, 3.0) greedy() }", opt)
+    with pytest.raises(samplec.SamplecError, match=r"dry: the penalty leaves no token \(row 0\)"):
+        p(x, h=np.zeros((2, 170), np.int32))
+    assert np.array(p(x[1:], h=np.zeros((1, 170), np.int32)).token).tolist() == [1]
+
+
+@pytest.mark.parametrize("opt", OPTS)
 def test_dry_breakers_from_a_tokens_parameter(opt):
     """Breakers as a `tokens` parameter: one list per row (padding ignored), the same rule as a constant list."""
     hist, V = dry_cases(np.random.default_rng(7))

@@ -223,7 +223,7 @@ class Lowering:
             return x                    # (repeat 1, frequency 0, presence 0: every logit stays as it was)
         operands = (x, self.tensor(history), self.scalar(last_n, I32), rep, freq, pres)
         self.checks.append(Check(make("penalties_overflow", *operands),
-                                 "penalties: a penalized logit overflows float32 (+inf)"))
+                                 "penalties: a penalized logit overflows float32 (+inf), or no token is left"))
         return make("penalties", *operands, name="x_pen")
 
     def stage_logit_bias(self, x, b):
@@ -320,7 +320,11 @@ class Lowering:
         power = where(make("gt", arg, const(80.0)), make("mul", half, half), make("exp", arg))
         penalty = make("mul", mult, power, name="dry_pen")
         out = where(make("logical_and", active, hit), make("sub", x, penalty), x)
-        return where(make("eq", mult, const(0.0)), x, out, name="x_dry")
+        x_dry = where(make("eq", mult, const(0.0)), x, out, name="x_dry")
+        # (a penalty that overflows float32 -- multiplier * base^e above 3.4e38 -- on the row's last kept tokens)
+        self.checks.append(Check(make("squeeze", make("eq", make("reduce_max", x_dry), const(NEG_INF))),
+                                 "dry: the penalty leaves no token"))
+        return x_dry
 
     def breaker_tokens(self, x: Node, breakers) -> Node | None:
         """Which tokens are sequence breakers: bool [V] for a constant list (None for an empty one), [B, V] for a
