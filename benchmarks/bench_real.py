@@ -15,6 +15,10 @@ Chains (all parameters are run-time values -- as scalars, and at B > 1 as one va
   greedy      examples/hf_generate.smp's hf_greedy: repetition penalty 1.1 over the history, then greedy (HF's
               default generate); its floor peer is one `mx.argmax` over the logits ("mx.argmax")
   server      vllm's chain, B rows each with its own temperature (a quarter of them 0), top_k, top_p and penalty
+  constrained examples/vllm.smp's vllm_constrained: vLLM's chain after allowed_token_ids and logit_bias (a mask
+              allowing a quarter of the vocabulary, as a grammar state might, and 8 biased tokens per row), which
+              vLLM applies before the penalties; llama.cpp's peer holds both in one logit_bias sampler first
+              (-inf for each disallowed token), HF's in a processor doing vLLM's masked_fill and add
 Peers, each on its own order: llama.cpp's C++ chain (llama-cpp-python `llama_sampler_*`, one row at a time on a
 token-data array, as llama.cpp samples) with the same stages in the same order; Hugging Face's processors +
 torch.multinomial (hf, vllm, openai, server); mlx-lm's `make_sampler` + `make_logits_processors` (mlx_lm), one
@@ -135,6 +139,10 @@ def chain_specs(B, rng):
     k_server = [int(v) for v in rng.choice([0, 20, 50, 100], B)]
     p_server = [float(v) for v in rng.choice([0.8, 0.9, 0.95, 1.0], B)]
     r_server = [float(v) for v in rng.choice([1.0, 1.1, 1.2], B)]
+    allowed = rng.random((B, V_DEFAULT)) < 0.25
+    bias = np.zeros((B, V_DEFAULT), np.float32)
+    for b in range(B):
+        bias[b, rng.choice(V_DEFAULT, 8, replace=False)] = rng.choice([-5.0, -1.0, 1.0, 5.0], 8)
     specs = {
         "llama_cpp": ("llama_cpp_default.smp", "llama_cpp_default",
                       dict(history=hist, repeat_penalty=rows(1.1), top_k=rows(40), typical_p=rows(1.0),
@@ -166,6 +174,12 @@ def chain_specs(B, rng):
                         temperature=t_server, top_k=k_server, top_p=p_server),
                    [[("penalties", r_server[b]), ("temp", t_server[b]), ("top_k", k_server[b]),
                      ("top_p", p_server[b])] for b in range(B)], ("llama.cpp", "hf")),
+        "constrained": ("vllm.smp", "vllm_constrained",
+                        dict(prompt_and_output=hist, output=hist[:, -16:], allowed=allowed, bias=bias,
+                             repetition_penalty=rows(1.05), temperature=rows(0.7), min_p=rows(0.05),
+                             top_k=rows(50), top_p=rows(0.9)),
+                        [[("allow_bias", (allowed[b], bias[b])), ("penalties", 1.05), ("temp", 0.7),
+                          ("min_p", 0.05), ("top_k", 50), ("top_p", 0.9)] for b in range(B)], ("llama.cpp", "hf")),
     }
     return specs, hist
 
@@ -225,7 +239,15 @@ class LlamaCpp:
             for name, v in spec[3][b]:
                 n = len(ll.llama_sampler_init_penalties.argtypes)
                 extra = (V,) if n == 5 else ()
-                if name == "penalties":
+                if name == "allow_bias":      # (one logit_bias sampler: -inf where disallowed, then the bias)
+                    entries = {int(t): float("-inf") for t in np.flatnonzero(~v[0])}
+                    for t in np.flatnonzero(v[1]):
+                        entries[int(t)] = entries.get(int(t), 0.0) + float(v[1][t])
+                    arr = (ll.llama_logit_bias * len(entries))(*[ll.llama_logit_bias(t, bv)
+                                                                 for t, bv in entries.items()])
+                    self.keep = getattr(self, "keep", []) + [arr]
+                    s = ll.llama_sampler_init_logit_bias(V, len(entries), arr)
+                elif name == "penalties":
                     s = ll.llama_sampler_init_penalties(*extra, HIST, v, 0.0, 0.0)
                 elif name == "presence":
                     s = ll.llama_sampler_init_penalties(*extra, 16, 1.0, v[1], v[0])
@@ -280,7 +302,10 @@ class HF:
         for b in range(B):
             ps = []
             for name, v in spec[3][b]:
-                if name == "penalties" and v != 1.0:
+                if name == "allow_bias":       # (vLLM's allowed_token_ids mask and logit_bias, as a processor)
+                    mask, add = torch.from_numpy(~v[0])[None], torch.from_numpy(v[1])[None]
+                    ps.append(lambda ids, s, mask=mask, add=add: s.masked_fill(mask, float("-inf")) + add)
+                elif name == "penalties" and v != 1.0:
                     ps.append(lp.RepetitionPenaltyLogitsProcessor(v))
                 elif name == "temp" and v not in (0.0, 1.0):
                     ps.append(lp.TemperatureLogitsWarper(v))
