@@ -3242,6 +3242,7 @@ std::vector<mx::array> sample_chain(const mx::array& x, const std::vector<mx::ar
     if (!is_column(p, B)) throw std::invalid_argument("sample_chain: parameters must be [B, 1], [B], [1] or scalars");
     ins.push_back(p);
   }
+  if (prefix.size() > kMaxPrefix) throw std::invalid_argument("sample_chain: at most 8 prefix ops");
   push_prefix(ins, prefix, prefix_arrays, x, "sample_chain");
   if (prefix_max.size() != prefix.size() || n_pre < 0 || static_cast<size_t>(n_pre) > prefix.size()) {
     throw std::invalid_argument("sample_chain: prefix_max one per prefix op, 0 <= n_pre <= their number");

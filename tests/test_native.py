@@ -1004,3 +1004,31 @@ def test_allow_and_bias_around_the_penalties_are_applied_by_the_chain_kernel(pur
         bad[4] = -np.inf
         with pytest.raises(samplec.SamplecError, match=r"logit_bias: a -inf bias removed every token \(row 4\)"):
             prog(x, **{**kw, "b": bad})
+
+
+@pytest.mark.parametrize("n, pen", [(9, ""), (12, ""), (9, "penalties(h, repeat = 1.3) "), (5, "penalties(h, presence = 0.5) ")])
+def test_a_long_run_of_allow_and_bias_ops_is_fused_up_to_the_kernels_limit(pure, n, pen):
+    """More allow / logit_bias ops than the chain kernel takes (MAX_PREFIX): the kernel applies the last ones, MLX
+    ops the others -- the same outputs as the MLX-ops program (a review found the kernel writing past its maxima
+    for 9 or more)."""
+    from samplec.backend_mlx import native
+    from samplec.backend_mlx.interpreter import find_chains
+    ops = " ".join(f"allow(m{i})" if i % 2 else f"logit_bias(b{i})" for i in range(n))
+    params = ", ".join(f"m{i}: mask" if i % 2 else f"b{i}: bias" for i in range(n))
+    src = f"sampler s({params}, h: tokens) -> token, logprob {{ {ops} {pen}top_k(3) sample(1) }}"
+    prog = samplec.compile(src)
+    (chain,) = find_chains(prog.graph)
+    assert len(chain.prefix) == min(n, native.MAX_PREFIX) and chain.n_pre == (len(chain.prefix) if pen else 0)
+    r = np.random.default_rng(n)
+    B, V = 3, 20000
+    x = r.standard_normal((B, V)).astype(np.float32)
+    kw = {f"m{i}": r.random((B, V)) < 0.9 for i in range(1, n, 2)}
+    for m in kw.values():
+        m[:, 0] = True
+    kw.update({f"b{i}": r.standard_normal((B, V)).astype(np.float32) for i in range(0, n, 2)})
+    kw["h"] = r.integers(0, V, (B, 5)).astype(np.int32) if pen else np.full((B, 1), -1, np.int32)
+    got = prog(x, **kw)
+    with pure:
+        want = samplec.compile(src)(x, **kw)
+    np.testing.assert_array_equal(np.array(got.token), np.array(want.token))
+    np.testing.assert_allclose(np.array(got.logprob), np.array(want.logprob), rtol=1e-5, atol=1e-6)

@@ -129,7 +129,7 @@ def find_chains(graph: Graph) -> list[Chain]:
                 x = x.inputs[0]
         first = stages[-1] if stages else n
         also = () if stages else tuple(logprobs)        # (no stages: the draw's logprob_at read x too)
-        post = _prefix_of(x, first, users, roots, also=also)
+        post = _prefix_of(x, first, users, roots, also=also)[:native.MAX_PREFIX]
         if post:
             first, x, also = post[-1].node, post[-1].below, ()
         edits = []
@@ -143,7 +143,7 @@ def find_chains(graph: Graph) -> list[Chain]:
             x = x.inputs[0]
         pre = []
         if edits and _owned(stack, users):
-            pre = _prefix_of(x, stack[-1], users, roots, {p.inputs for p in stack})
+            pre = _prefix_of(x, stack[-1], users, roots, {p.inputs for p in stack})[:native.MAX_PREFIX - len(post)]
             if pre:       # (the penalties read by their checks alone are the chain's too: they read its nodes)
                 edits, x = stack, pre[-1].below
         if n.op == "argmax" and not (pre or post):

@@ -113,6 +113,7 @@ def argmax_put(x: mx.array, ids: mx.array, vals: mx.array) -> mx.array | None:
 
 
 PREFIX = {"mask": 0, "bias": 1}
+MAX_PREFIX = 8          # prefix ops a chain kernel applies (samplec_native.cpp's kMaxPrefix); more are MLX ops
 
 
 def _prefix_ok(kind: str, a: mx.array, x: mx.array) -> bool:
@@ -219,7 +220,7 @@ def sample_chain(x: mx.array, params: list[mx.array], stages: list[str], termina
         return None     # (also a build of samplec-native older than the chain kernel)
     if top_n and not (want_raw and top_n <= x.shape[-1]):
         return None
-    if not all(_prefix_ok(kind, a, x) for kind, a in prefix):
+    if len(prefix) > MAX_PREFIX or not all(_prefix_ok(kind, a, x) for kind, a in prefix):
         return None
     if edits:
         ids, vals = edits
