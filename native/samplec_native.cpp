@@ -3056,7 +3056,13 @@ struct SampleChain {
               prefix_pass(ops[k].from(lo), src, sx + lo, n);
               if (k < k1 && prefix_max[k] && static_cast<int64_t>(k) != last_from_blocks) m[k] = max_nan(sx + lo, n);
             }
-            if (src != sx + lo) std::memcpy(sx + lo, src, n * sizeof(float));
+            if (src != sx + lo) {           // (no op: a copy, whose block maxima are its source's)
+              std::memcpy(sx + lo, src, n * sizeof(float));
+              if (raw && src == row.x + lo) {
+                std::memcpy(bm.data() + b0, raw_bm.data() + b0, nbs * sizeof(float));
+                return m;
+              }
+            }
             block_max_row(sx + lo, n, nbs, bs, bm.data() + b0);
             return m;
           });
