@@ -884,6 +884,22 @@ def test_chain_top_logprobs_from_its_block_maxima_equal_top_logprob_ids():
     np.testing.assert_allclose(np.array(vals), np.take_along_axis(ref, np.array(ids), 1), rtol=1e-5, atol=1e-5)
 
 
+def agrees_with_mlx_ops(pure, prog, src, x, kw, o0=True) -> dict:
+    """prog's outputs (token, logprob, raw_logprob, top_logprobs) on x: the MLX-ops program's, and its tokens
+    -O0's; returned as a dict."""
+    got = prog(x, **kw).to_dict()
+    with pure:
+        want = samplec.compile(src)(x, **kw).to_dict()
+    np.testing.assert_array_equal(np.array(got["token"]), np.array(want["token"]))
+    if o0:
+        t0 = samplec.compile(src, opt_level=0)(x, **kw).token
+        np.testing.assert_array_equal(np.array(got["token"]), np.array(t0))
+    np.testing.assert_array_equal(np.array(got["top_logprobs.ids"]), np.array(want["top_logprobs.ids"]))
+    for field in ("logprob", "raw_logprob", "top_logprobs.values"):
+        np.testing.assert_allclose(np.array(got[field]), np.array(want[field]), rtol=1e-5, atol=1e-5)
+    return got
+
+
 def test_a_dense_bias_is_added_by_the_chain_kernel(pure):
     """logit_bias with a bias parameter between the penalties and the stages (OpenAI's chain): the chain kernel
     adds it as it writes the row (after the penalties' edits) and gives that row's maximum to the bias checks --
@@ -907,26 +923,11 @@ def test_a_dense_bias_is_added_by_the_chain_kernel(pure):
     h = r.integers(-1, V, (B, 24)).astype(np.int32)
     h[3, :3] = np.argsort(-x[3])[:3]                         # ... and penalized too
     kw = dict(h=h, b=b, t=[0.8, 1.0, 0.7, 1.2], p=[0.9, 0.5, 0.95, 0.99], seed=[1, 2, 3, 4])
-    got = prog(x, **kw).to_dict()
-    with pure:
-        want = samplec.compile(src)(x, **kw).to_dict()
-    t0 = np.array(samplec.compile(src, opt_level=0)(x, **kw).token)
-    np.testing.assert_array_equal(np.array(got["token"]), np.array(want["token"]))
-    np.testing.assert_array_equal(np.array(got["token"]), t0)
-    np.testing.assert_array_equal(np.array(got["top_logprobs.ids"]), np.array(want["top_logprobs.ids"]))
-    for field in ("logprob", "raw_logprob", "top_logprobs.values"):
-        np.testing.assert_allclose(np.array(got[field]), np.array(want[field]), rtol=1e-5, atol=1e-5)
+    got = agrees_with_mlx_ops(pure, prog, src, x, kw)
     for pen in ("", "penalties(h, repeat = 1.2) "):           # (no edits: the bias alone; greedy rows too)
         alt = src.replace("penalties(h, frequency = 0.5, presence = 0.3) ", pen).replace("temperature(t)",
                                                                                         "temperature(t) top_k(30)")
-        kw0 = {**kw, "t": [0.8, 0.0, 0.7, 1.2]}
-        got0 = samplec.compile(alt)(x, **kw0).to_dict()
-        with pure:
-            want0 = samplec.compile(alt)(x, **kw0).to_dict()
-        np.testing.assert_array_equal(np.array(got0["token"]), np.array(want0["token"]))
-        np.testing.assert_array_equal(np.array(got0["top_logprobs.ids"]), np.array(want0["top_logprobs.ids"]))
-        for field in ("logprob", "raw_logprob", "top_logprobs.values"):
-            np.testing.assert_allclose(np.array(got0[field]), np.array(want0[field]), rtol=1e-5, atol=1e-5)
+        agrees_with_mlx_ops(pure, samplec.compile(alt), alt, x, {**kw, "t": [0.8, 0.0, 0.7, 1.2]}, o0=False)
     bad = b.copy()
     bad[1] = -np.inf
     with pytest.raises(samplec.SamplecError, match=r"logit_bias: a -inf bias removed every token.*row"):
@@ -984,15 +985,7 @@ def test_allow_and_bias_around_the_penalties_are_applied_by_the_chain_kernel(pur
     kw = dict(m=mask, b=b, h=h, o=o, t=[0.8, 1.0, 0.0, 1.3, 0.7, 1.0], k=[0, 40, 5, V, 3, 50],
               p=[0.9, 0.5, 0.95, 1.0, 0.8, 0.3], seed=[1, 2, 3, 4, 5, 6])
     kw = {k: v for k, v in kw.items() if f"{k}:" in src}
-    got = prog(x, **kw).to_dict()
-    with pure:
-        want = samplec.compile(src)(x, **kw).to_dict()
-    t0 = np.array(samplec.compile(src, opt_level=0)(x, **kw).token)
-    np.testing.assert_array_equal(np.array(got["token"]), np.array(want["token"]))
-    np.testing.assert_array_equal(np.array(got["token"]), t0)
-    np.testing.assert_array_equal(np.array(got["top_logprobs.ids"]), np.array(want["top_logprobs.ids"]))
-    for field in ("logprob", "raw_logprob", "top_logprobs.values"):
-        np.testing.assert_allclose(np.array(got[field]), np.array(want[field]), rtol=1e-5, atol=1e-5)
+    got = agrees_with_mlx_ops(pure, prog, src, x, kw)
     if "m" in kw:
         assert np.array(got["token"])[5] == 17
         empty = mask.copy()
@@ -1006,7 +999,8 @@ def test_allow_and_bias_around_the_penalties_are_applied_by_the_chain_kernel(pur
             prog(x, **{**kw, "b": bad})
 
 
-@pytest.mark.parametrize("n, pen", [(9, ""), (12, ""), (9, "penalties(h, repeat = 1.3) "), (5, "penalties(h, presence = 0.5) ")])
+@pytest.mark.parametrize("n, pen", [(9, ""), (12, ""), (9, "penalties(h, repeat = 1.3) "),
+                                    (5, "penalties(h, presence = 0.5) ")])
 def test_a_long_run_of_allow_and_bias_ops_is_fused_up_to_the_kernels_limit(pure, n, pen):
     """More allow / logit_bias ops than the chain kernel takes (MAX_PREFIX): the kernel applies the last ones, MLX
     ops the others -- the same outputs as the MLX-ops program (a review found the kernel writing past its maxima
