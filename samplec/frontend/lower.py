@@ -313,12 +313,13 @@ class Lowering:
                         make("cast", make("div", const(88.7228391), log_base), dtype=I32), const(0, I32))
         exp_ = make("sub", longest, allowed)
         exp_ = where(make("logical_and", make("gt", max_exp, const(0, I32)), make("gt", exp_, max_exp)), max_exp, exp_)
-        # base^e = exp(e ln base); near the cap (e ln base up to 88.72, where float32 exp may already overflow:
-        # MLX's does above 88.0) as exp(e ln base / 2) squared, a finite product as llama.cpp's pow gives
+        # multiplier * base^e, base^e = exp(e ln base); near the cap (e ln base up to 88.72, where float32 exp may
+        # already overflow: MLX's does above 88.0, and 2^128 is past float32) as (multiplier * exp(e ln base / 2))
+        # * exp(e ln base / 2): finite wherever llama.cpp's product (pow in double) is
         arg = make("mul", make("cast", exp_, dtype=F32), log_base)
         half = make("exp", make("mul", arg, const(0.5)))
-        power = where(make("gt", arg, const(80.0)), make("mul", half, half), make("exp", arg))
-        penalty = make("mul", mult, power, name="dry_pen")
+        penalty = where(make("gt", arg, const(80.0)), make("mul", make("mul", mult, half), half),
+                        make("mul", mult, make("exp", arg)), name="dry_pen")
         out = where(make("logical_and", active, hit), make("sub", x, penalty), x)
         x_dry = where(make("eq", mult, const(0.0)), x, out, name="x_dry")
         # (a penalty that overflows float32 -- multiplier * base^e above 3.4e38 -- on the row's last kept tokens)
