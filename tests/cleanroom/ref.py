@@ -290,15 +290,17 @@ def st_dynamic_temperature(x, c, t, range_, exponent=1.0):
     return st_temperature(x, c, dyn if dyn > 0 else 0.0)
 
 
+def _keep_probable(x, c, pr, thr, why):
+    """Keep p_i >= thr, the most probable token always (HF's epsilon and eta warpers)."""
+    k = kept(x)
+    c.m(np.min(np.abs(pr[k] - thr)) / thr, why)
+    keep = k & ((pr >= thr) | (x == x[k].max()))
+    return np.where(keep, x, NEG).astype(np.float32)
+
+
 def st_epsilon(x, c, e):
     e = float(e)
-    if e == 0:
-        return x
-    pr = softmax64(x)
-    k = kept(x)
-    c.m(np.min(np.abs(pr[k] - e)) / e, "epsilon")
-    keep = k & ((pr >= e) | (x == x[k].max()))
-    return np.where(keep, x, NEG).astype(np.float32)
+    return x if e == 0 else _keep_probable(x, c, softmax64(x), e, "epsilon")
 
 
 def st_eta(x, c, e):
@@ -306,11 +308,7 @@ def st_eta(x, c, e):
     if e == 0:
         return x
     pr = softmax64(x)
-    k = kept(x)
-    thr = min(e, math.sqrt(e) * math.exp(-entropy64(pr)))
-    c.m(np.min(np.abs(pr[k] - thr)) / thr, "eta")
-    keep = k & ((pr >= thr) | (x == x[k].max()))
-    return np.where(keep, x, NEG).astype(np.float32)
+    return _keep_probable(x, c, pr, min(e, math.sqrt(e) * math.exp(-entropy64(pr))), "eta")
 
 
 DRY_FLOAT_MAX_LOG = 88.7228391   # llama.cpp's cap: base^exponent stays below FLT_MAX
