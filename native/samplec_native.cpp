@@ -523,11 +523,16 @@ SAMPLEC_VOCAB_LOOP float max_nan(const float* v, int64_t n) {
   return best;
 }
 
-// spans' maxima (max_nan's) combined in span order: the first NaN where there is one
-float max_of_spans(const std::vector<float>& part) {
-  float m = part[0];
-  for (size_t c = 1; c < part.size() && m == m; ++c) m = part[c] != part[c] || part[c] > m ? part[c] : m;
+// spans' maxima (max_nan's, part(c) for span c < n) combined in span order: the first NaN where there is one
+template <class F>
+float max_of_parts(size_t n, F part) {
+  float m = part(0);
+  for (size_t c = 1; c < n && m == m; ++c) m = part(c) != part(c) || part(c) > m ? part(c) : m;
   return m;
+}
+
+float max_of_spans(const std::vector<float>& part) {
+  return max_of_parts(part.size(), [&part](size_t c) { return part[c]; });
 }
 
 // max_nan over a whole row, in spans (split): the first NaN's bits where there is one, as max_nan
@@ -3068,9 +3073,7 @@ struct SampleChain {
           });
           for (size_t k = k0; k < k1; ++k) {
             if (!prefix_max[k] || static_cast<int64_t>(k) == last_from_blocks) continue;
-            std::vector<float> each(part.size());
-            for (size_t c = 0; c < part.size(); ++c) each[c] = part[c][k];
-            op_max[k] = max_of_spans(each);
+            op_max[k] = max_of_parts(part.size(), [&part, k](size_t c) { return part[c][k]; });
           }
         };
         const int64_t last = static_cast<int64_t>(n_ops) - 1;
