@@ -412,7 +412,17 @@ def test_dynamic_temperature():
         for i, name in enumerate(names):
             a = kept(ours[i])
             assert np.array_equal(a, kept(theirs[i])), name
-            np.testing.assert_allclose(ours[i][a], theirs[i][a], rtol=2e-5, atol=2e-5, err_msg=name)
+            # llama.cpp sums the entropy in float32, one token after another: its temperature drifts from the exact
+            # one by ~3e-5 (relative) over 32,000 tokens, ~2e-4 at a low entropy with exponent 0.5. samplec's agrees
+            # with a float64 computation.
+            np.testing.assert_allclose(ours[i][a], theirs[i][a], rtol=5e-4, atol=1e-5, err_msg=name)
+            x = rows[i].astype(np.float64)
+            p = np.exp(x - x.max())
+            p /= p.sum()
+            h = -(p * np.log(p)).sum()
+            lo = max(0.0, t - r)
+            exact = x[a] / (lo + (t + r - lo) * (h / np.log(x.size)) ** ex)
+            np.testing.assert_allclose(ours[i][a], exact, rtol=2e-6, atol=2e-6, err_msg=name)
 
 
 def test_dry_without_breakers():
