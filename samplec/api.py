@@ -64,7 +64,7 @@ def _check_bindings(checked, bindings: dict) -> dict:
         try:
             num = float(value) if kind == "float" else int(str(value), 0) if isinstance(value, str) else int(value)
         except (TypeError, ValueError):
-            raise SamplecError(f"--set {name}: expected a {kind}, got {value!r}") from None
+            raise SamplecError(f"--set {name}: expected {'an' if kind == 'int' else 'a'} {kind}, got {value!r}") from None
         if kind == "int" and not -2**31 <= num < 2**31 or kind == "seed" and not 0 <= num < 2**64:
             raise SamplecError(f"--set {name}={value}: out of range for a {kind}")
         if name in ranges and not ranges[name].contains(float(num)):

@@ -41,6 +41,11 @@ def _guard(fn):
             _fail(e.render())
         except KeyboardInterrupt:
             _fail("interrupted", 130)
+        except BrokenPipeError:             # (`samplec run ... | head -1`: the reader left; so does samplec, quietly)
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            raise typer.Exit(141) from None
+        except OSError as e:                # (the output could not be written: a full disk, /dev/full)
+            _fail(f"error: cannot write the output: {e.strerror or e}")
         except Exception as e:  # noqa: BLE001 - the CLI promises no tracebacks
             if os.environ.get("SAMPLEC_DEBUG"):
                 raise
@@ -54,19 +59,24 @@ def _pairs(items: list[str] | None, flag: str) -> dict[str, str]:
         name, sep, value = item.partition("=")
         if not sep or not name.strip():
             raise SamplecError(f"{flag} expects NAME=VALUE, got {item!r}")
+        if name.strip() in out:
+            raise SamplecError(f"{flag} {name.strip()}: given twice ({out[name.strip()]!r} and {value.strip()!r})")
         out[name.strip()] = value.strip()
     return out
 
 
-def _load_program(path: Path, sampler: str | None, opt: int, bindings: dict | None = None):
+def _load_program(path: Path, sampler: str | None, opt: int | None, bindings: dict | None = None):
+    """A .smp source compiled at `opt` (None: -O2), or a compiled .smpb (which takes no --sampler, --set or -O)."""
     import samplec
     if not path.exists():
         raise SamplecError(f"{path}: no such file")
     if path.suffix == ".smpb":
-        if sampler or bindings:
-            raise SamplecError("--sampler and --set apply to .smp sources, not to a compiled .smpb")
+        if sampler or bindings or opt is not None:
+            given = "--sampler" if sampler else "--set" if bindings else "-O"
+            raise SamplecError(f"{given} applies to a .smp source; {path} is a compiled program (.smpb): its "
+                               "sampler, bindings and optimization level were chosen when it was compiled")
         return samplec.load(path)
-    return samplec.compile_file(path, sampler=sampler, opt_level=opt, bindings=bindings)
+    return samplec.compile_file(path, sampler=sampler, opt_level=2 if opt is None else opt, bindings=bindings)
 
 
 @app.command("compile")
@@ -375,7 +385,7 @@ def run(
                                                        help="more --param values: --param a=1 b=2"),
     logits: Path = typer.Option(..., "--logits", help=".npy, .npz or .safetensors; shape [V] or [B, V]"),
     sampler: Optional[str] = typer.Option(None, "--sampler"),
-    opt: int = typer.Option(2, "-O", min=0, max=2, help="optimization level for a .smp source"),
+    opt: Optional[int] = typer.Option(None, "-O", min=0, max=2, help="optimization level for a .smp source (default 2)"),
     param: Optional[List[str]] = typer.Option(None, "--param", help="NAME=VALUE, or NAME=V1,V2,... per row"),
     seed: Optional[str] = typer.Option(None, "--seed", help="the sampler's seed parameter"),
     history: Optional[Path] = typer.Option(None, "--history", help=".npy int token history [B, H]"),
@@ -396,7 +406,9 @@ def run(
                               ("--mask", "mask", mask), ("--bias", "bias", bias)):
         if value is not None:
             name = runner.param_of_kind(prog, kind, flag)
-            values[name] = runner.parse_value(prog, name, value) if kind == "seed" else \
+            if name in values:
+                raise SamplecError(f"{flag} and --param {name} give the same parameter: pass one")
+            values[name] = runner.parse_value(prog, name, value, flag=flag) if kind == "seed" else \
                 runner.load_array(value, flag)
     _check_required(prog, values, seeds_given_by_draws=bool(draws))
     if draws:

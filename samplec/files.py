@@ -2,6 +2,7 @@
 device could block or never end), and a file is written whole or not at all (a temporary file and a rename)."""
 from __future__ import annotations
 
+import errno
 import os
 import secrets
 import stat
@@ -45,22 +46,41 @@ def read_file(path: str | os.PathLike, limit: int = MAX_FILE_BYTES) -> bytes:
 
 def read_source(path: str | os.PathLike) -> str:
     """A .smp file's text (UTF-8; a byte-order mark is not part of the source)."""
+    data = read_file(path)
+    if data[4:8] == b"SMPB":
+        raise SamplecError(f"{path}: a compiled program (.smpb), not a .smp source (`samplec run` or "
+                           "`samplec inspect` takes it)")
     try:
-        return read_file(path).decode("utf-8-sig")
+        return data.decode("utf-8-sig")
     except UnicodeDecodeError as e:
         raise SamplecError(f"cannot read {path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
 
 
 def write_atomic(path: str | os.PathLike, data: bytes, *, not_over: str | os.PathLike | None = None) -> None:
     """Write `data` to `path` through a temporary file in the same directory, synced, then renamed over it: a
-    reader never sees half a file, and a failure leaves the old file as it was. `not_over`: an input that must
-    not be overwritten (`compile -o` naming its own source)."""
+    reader never sees half a file, and a failure leaves the old file as it was. A symbolic link is followed (the
+    file it names is replaced, the link stays); an existing file keeps its permissions; a device or a FIFO
+    (`-o /dev/null`, `-o /dev/stdout`) is written in place -- never replaced by a file -- and a FIFO nobody reads
+    is an error, not a wait. `not_over`: an input that must not be overwritten (`compile -o` naming its own
+    source)."""
     path = Path(path)
     if not str(path) or path.name in ("", ".", ".."):
         raise SamplecError(f"cannot write {str(path)!r}: not a file name")
     if not_over is not None and path.exists() and os.path.samefile(path, not_over):
         raise SamplecError(f"cannot write {path}: it is the input file (choose another -o)")
-    tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
+    target = Path(os.path.realpath(path)) if path.is_symlink() else path
+    try:
+        st = os.stat(target)
+    except FileNotFoundError:
+        st = None
+    except OSError as e:
+        raise SamplecError(f"cannot write {path}: {e.strerror or e}") from None
+    if st is not None and stat.S_ISDIR(st.st_mode):
+        raise SamplecError(f"cannot write {path}: it is a directory")
+    if st is not None and not stat.S_ISREG(st.st_mode):
+        _write_in_place(path, target, data, fifo=stat.S_ISFIFO(st.st_mode))
+        return
+    tmp = target.with_name(f".{target.name}.{secrets.token_hex(6)}.tmp")
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     except OSError as e:
@@ -69,11 +89,29 @@ def write_atomic(path: str | os.PathLike, data: bytes, *, not_over: str | os.Pat
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
+            if st is not None:
+                os.fchmod(f.fileno(), stat.S_IMODE(st.st_mode))
             os.fsync(f.fileno())
-        os.replace(tmp, path)
+        os.replace(tmp, target)
     except OSError as e:
         tmp.unlink(missing_ok=True)
         raise SamplecError(f"cannot write {path}: {e.strerror or e}") from None
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def _write_in_place(path: Path, target: Path, data: bytes, *, fifo: bool) -> None:
+    """Write to a device or a FIFO as a stream (a FIFO without a reader is refused at once: O_NONBLOCK)."""
+    try:
+        fd = os.open(target, os.O_WRONLY | (os.O_NONBLOCK if fifo else 0))
+    except OSError as e:
+        why = "nothing reads that FIFO" if fifo and e.errno == errno.ENXIO else (e.strerror or e)
+        raise SamplecError(f"cannot write {path}: {why}") from None
+    try:
+        if fifo:
+            os.set_blocking(fd, True)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+    except OSError as e:
+        raise SamplecError(f"cannot write {path}: {e.strerror or e}") from None

@@ -9,6 +9,7 @@ import numpy as np
 from samplec.diagnostics import SamplecError
 from samplec.files import check_regular
 from samplec.ir.graph import Graph
+from samplec.ir.types import U64
 from samplec.program import Outputs, Program
 
 DRAW_CHUNK_FLOATS = 1 << 23   # logits entries per batched call during --draws
@@ -26,7 +27,7 @@ def load_array(path: Path, flag: str) -> mx.array:
     try:
         data = mx.load(str(path))
     except Exception as e:  # noqa: BLE001 - any reader failure is a bad file
-        raise SamplecError(f"{flag}: cannot read {path}: {e}") from None
+        raise SamplecError(f"{flag}: cannot read {path}: {_reader_error(e)}") from None
     if isinstance(data, dict):
         if not data:
             raise SamplecError(f"{flag}: {path} holds no array")
@@ -34,7 +35,19 @@ def load_array(path: Path, flag: str) -> mx.array:
             raise SamplecError(f"{flag}: {path} holds several arrays ({', '.join(sorted(data))}); "
                                "name the one to use 'logits'")
         data = data.get("logits", next(iter(data.values())))
+    try:
+        mx.eval(data)                       # (MLX reads a .npy lazily: a short file fails here, not in the program)
+    except Exception as e:  # noqa: BLE001 - any reader failure is a bad file
+        raise SamplecError(f"{flag}: cannot read {path}: {_reader_error(e)}") from None
     return data
+
+
+def _reader_error(e: Exception) -> str:
+    """MLX's reader message, or what it means where the message is a bare C++ exception name."""
+    text = str(e)
+    if text in ("stoi", "stol", "stoll", "stoul", "stoull") or not text:
+        return "a malformed header"
+    return text.removeprefix("[read] ").removeprefix("[load] ")
 
 
 def param_of_kind(prog: Program, kind: str, flag: str) -> str:
@@ -45,19 +58,21 @@ def param_of_kind(prog: Program, kind: str, flag: str) -> str:
     return names[0]
 
 
-def parse_value(prog: Program, name: str, text: str):
-    """A --param value: a number or a comma-separated list (one per row), typed by the parameter."""
+def parse_value(prog: Program, name: str, text: str, flag: str | None = None):
+    """A --param value: a number or a comma-separated list (one per row), typed by the parameter. `flag`: how the
+    value was given, for the error messages (default `--param NAME`)."""
+    label = flag or f"--param {name}"
     params = {p.name: p for p in prog.params}
     if name not in params:
-        raise SamplecError(f"--param {name}: no such parameter (parameters: {', '.join(params) or 'none'})")
+        raise SamplecError(f"{label}: no such parameter (parameters: {', '.join(params) or 'none'})")
     p = params[name]
     if p.kind not in ("float", "int", "seed", "state"):
-        raise SamplecError(f"--param {name}: a {p.kind} parameter takes a .npy file (--history/--mask/--bias)")
+        raise SamplecError(f"{label}: a {p.kind} parameter takes a .npy file (--history/--mask/--bias)")
     items = [t.strip() for t in str(text).split(",")]
     try:
         vals = [float(t) if p.kind in ("float", "state") else int(t, 0) for t in items]
     except ValueError:
-        raise SamplecError(f"--param {name}: expected {'numbers' if p.kind in ('float', 'state') else 'integers'}, "
+        raise SamplecError(f"{label}: expected {'numbers' if p.kind in ('float', 'state') else 'integers'}, "
                            f"got {text!r}") from None
     return vals[0] if len(vals) == 1 else vals
 
@@ -143,7 +158,11 @@ def draws(prog: Program, logits: mx.array, values: dict, n: int) -> dict:
     x = logits if logits.ndim == 2 else logits[None, :]
     B, V = x.shape
     seeds = [p for p in prog.params if p.kind == "seed"]
-    # (a sampler without a seed is deterministic: every draw gives the same token)
+    if not seeds and any(n.op == "const" and n.type.dtype == U64 for n in prog.graph.nodes()):
+        raise SamplecError("--draws advances the sampler's seed parameter, and this program has none: its seed is a "
+                           "constant (a literal seed, or one bound with --set), so every draw would give the same "
+                           "token; declare a `seed` parameter and pass it at run time")
+    # (a sampler without randomness -- greedy, temperature 0 -- gives the same token every draw: that is its answer)
     base = {p.name: _scalar_param(p, values.get(p.name, 0 if p.default in (None, "os") else p.default), B)
             for p in seeds}
     threaded = [k for k, _ in dist_prog.graph.outputs if k not in ("token", "probs")]
@@ -151,8 +170,9 @@ def draws(prog: Program, logits: mx.array, values: dict, n: int) -> dict:
     chunk = 1 if threaded else max(1, min(n, DRAW_CHUNK_FLOATS // max(1, B * V)))
     counts = np.zeros((B, V), dtype=np.int64)
     probs = None
+    from rich.console import Console
     from rich.progress import Progress
-    with Progress(transient=True, disable=n <= chunk) as bar:
+    with Progress(transient=True, disable=n <= chunk, console=Console(stderr=True)) as bar:
         task = bar.add_task("drawing", total=n)
         for start in range(0, n, chunk):
             c = min(chunk, n - start)

@@ -388,3 +388,81 @@ def test_hostile_paths_and_exit_statuses(tmp_path):
     out.write_bytes(bytes(data))
     r = cli("inspect", out)
     assert r.exit_code == 1 and "SHA-256 mismatch" in r.output
+
+
+def test_short_or_malformed_array_files_name_the_flag(files):
+    """MLX reads a .npy lazily: a file cut short is refused when it is read, naming the flag and the file (exit 1),
+    not when the program runs (an internal error); a header whose shape is no number says so."""
+    d, src, x = files
+    data = (d / "x.npy").read_bytes()
+    (d / "short.npy").write_bytes(data[:-4])
+    (d / "hist.npy").write_bytes(data[:-4])
+    r = cli("run", src, "--logits", d / "short.npy")
+    assert r.exit_code == 1 and "--logits: cannot read" in r.output and "short.npy" in r.output, r.output
+    hist = d / "h.npy"
+    np.save(hist, np.zeros((3, 40), np.int32))
+    (d / "hshort.npy").write_bytes(hist.read_bytes()[:-8])
+    r = cli("run", EXAMPLES / "llama.smp", "--logits", d / "x.npy", "--history", d / "hshort.npy")
+    assert r.exit_code == 1 and "--history: cannot read" in r.output, r.output
+    assert b"(3, 50)" in data
+    (d / "bad.npy").write_bytes(data.replace(b"(3, 50)", b"(3, 5x)", 1))
+    r = cli("run", src, "--logits", d / "bad.npy")
+    assert r.exit_code == 1 and "--logits: cannot read" in r.output, r.output
+
+
+def test_draws_refuses_a_constant_seed(tmp_path, files):
+    """--draws advances the seed parameter; a program whose seed is a constant (a literal, or bound with --set)
+    would give one token N times beside a spread of probabilities: an error, not misleading statistics."""
+    d, src, _ = files
+    lit = tmp_path / "lit.smp"
+    lit.write_text("sampler lit() -> token { sample(42) }\n")
+    r = cli("run", lit, "--logits", d / "x.npy", "--draws", 10)
+    assert r.exit_code == 1 and "has none: its seed is a constant" in r.output, r.output
+    assert cli("compile", src, "--set", "seed=5", "-o", tmp_path / "s5.smpb").exit_code == 0
+    r = cli("run", tmp_path / "s5.smpb", "--logits", d / "x.npy", "--draws", 10)
+    assert r.exit_code == 1 and "seed is a constant" in r.output, r.output
+    r = cli("run", src, "--logits", d / "x.npy", "--draws", 10, "--json")
+    assert r.exit_code == 0 and json.loads(r.stdout)["draws"] == 10
+
+
+def test_conflicting_or_misplaced_flags_are_errors(tmp_path, files):
+    """A parameter given twice, --seed beside --param of the same seed, -O / --sampler on a compiled program, and a
+    compiled program given to compile: each an error naming what was given (never the last value silently)."""
+    d, src, _ = files
+    x = d / "x.npy"
+    r = cli("run", src, "--logits", x, "--param", "t=0.5", "--param", "t=0.6")
+    assert r.exit_code == 1 and "--param t: given twice" in r.output, r.output
+    r = cli("run", src, "--logits", x, "--seed", "6", "--param", "seed=5")
+    assert r.exit_code == 1 and "--seed and --param seed give the same parameter" in r.output, r.output
+    r = cli("run", src, "--logits", x, "--seed", "6x")
+    assert r.exit_code == 1 and r.output.startswith("error: --seed: expected integers"), r.output
+    smpb = tmp_path / "s.smpb"
+    assert cli("compile", src, "-o", smpb).exit_code == 0
+    for flag in (("-O", "1"), ("--sampler", "s")):
+        r = cli("run", smpb, "--logits", x, *flag)
+        assert r.exit_code == 1 and f"{flag[0]} applies to a .smp source" in r.output, r.output
+    assert cli("run", smpb, "--logits", x).exit_code == 0
+    assert cli("run", src, "-O", "1", "--logits", x).exit_code == 0
+    r = cli("compile", smpb, "-o", tmp_path / "again.smpb")
+    assert r.exit_code == 1 and "a compiled program (.smpb), not a .smp source" in r.output, r.output
+    assert not (tmp_path / "again.smpb").exists()
+
+
+def test_set_temperature_zero_is_greedy_at_o1_and_o2(files):
+    """Spec §5: --set temperature=0 leaves a greedy program with no randomness in it (-O1 runs the stage-level
+    rewrites before the stages expand; -O0 is the unoptimized definition)."""
+    d, src, _ = files
+    for level in ("-O1", "-O2"):
+        ir = cli("compile", src, level, "--set", "t=0", "--emit", "ir").stdout
+        assert "argmax" in ir and "random_bits" not in ir and " sample " not in ir and "exp" not in ir, (level, ir)
+    assert "random_bits" in cli("compile", src, "-O0", "--set", "t=0", "--emit", "ir").stdout
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")
+def test_an_unwritable_stdout_is_an_error_not_an_internal_one():
+    import subprocess
+    import sys
+    with open("/dev/full", "w") as full:
+        r = subprocess.run([sys.executable, "-m", "samplec", "compile", str(EXAMPLES / "llama.smp"), "--emit", "ir"],
+                           stdout=full, stderr=subprocess.PIPE, text=True, timeout=120)
+    assert r.returncode == 1 and "cannot write the output" in r.stderr and "internal error" not in r.stderr, r.stderr

@@ -183,6 +183,35 @@ def test_save_is_atomic(tmp_path, monkeypatch):
     assert path.read_bytes() == before
 
 
+def test_save_through_a_link_a_device_and_a_fifo(tmp_path):
+    """-o follows a symbolic link (the link stays), keeps an existing file's permissions, writes a device in place
+    (never replaces /dev/null with a file) and refuses a FIFO nobody reads instead of waiting on it."""
+    import os
+    import stat
+    target = tmp_path / "real.smpb"
+    target.write_bytes(b"old")
+    os.chmod(target, 0o600)
+    link = tmp_path / "link.smpb"
+    link.symlink_to(target.name)
+    serialize.save(small_graph(), link)
+    assert link.is_symlink() and os.readlink(link) == target.name
+    assert print_graph(serialize.load(target)) == print_graph(small_graph())
+    assert stat.S_IMODE(os.stat(target).st_mode) == 0o600
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["link.smpb", "real.smpb"]
+
+    serialize.save(small_graph(), os.devnull)
+    assert stat.S_ISCHR(os.stat(os.devnull).st_mode)
+
+    fifo = tmp_path / "pipe.smpb"
+    os.mkfifo(fifo)
+    with time_limit(5):
+        with pytest.raises(SamplecError, match="nothing reads that FIFO"):
+            serialize.save(small_graph(), fifo)
+    assert stat.S_ISFIFO(os.stat(fifo).st_mode)
+    with pytest.raises(SamplecError, match="is a directory"):
+        serialize.save(small_graph(), tmp_path)
+
+
 def test_only_regular_files_are_read(tmp_path):
     """A FIFO (or a device, or a directory) is refused before it is opened: reading one could block forever."""
     import os

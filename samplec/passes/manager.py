@@ -43,8 +43,6 @@ PASSES: dict[str, Pass] = {p.name: p for p in [
     Pass("fold", _rules(R.fold_constants), "constant folding and partial evaluation of bound parameters"),
     Pass("simplify", _rules(R.fold_constants, R.where_const, R.where_same, R.logical_const, R.arith_identity),
          "algebraic identities; removes stages at their off value"),
-    Pass("dead-branch", _rules(R.one_hot_sample), "temperature 0 before sample: no noise, no RandomBits"),
-    Pass("greedy-absorb", _rules(R.absorb_filters), "drop filters that always keep the argmax before an argmax"),
     Pass("partition-topk", _rules(R.partition_top_k), "top_k with a constant k by partial selection"),
     Pass("cse", _rules(cse=True), "common-subexpression elimination"),
     Pass("dce", dce, "dead-code elimination (dead nodes, constant-false checks)"),
@@ -52,7 +50,7 @@ PASSES: dict[str, Pass] = {p.name: p for p in [
 
 PIPELINES: dict[int, tuple[str, ...]] = {
     0: ("expand-stages",),
-    1: ("expand-stages", "fold", "simplify", "partition-topk", "cse", "dce"),
+    1: ("stages", "expand-stages", "fold", "simplify", "partition-topk", "cse", "dce"),
     2: ("stages", "fold", "simplify", "partition-topk", "cse", "dce"),
 }
 

@@ -52,9 +52,24 @@ def fold_constants(n: Node):
 # ---- simplify: identities; with folded stage parameters these remove stages at their off value ---------------
 
 def where_const(n: Node):
-    """where(true, a, b) -> a; where(false, a, b) -> b  (an off stage's guard folded to a constant)."""
-    if n.op == "where" and n.inputs[0].op == "const" and n.inputs[1].type == n.type == n.inputs[2].type:
-        return n.inputs[1] if const_value(n.inputs[0]) else n.inputs[2]
+    """where(true, a, b) -> a; where(false, a, b) -> b  (an off stage's guard folded to a constant; the guard may
+    be `c or true` / `c and false` of a wider shape, which logical_const cannot fold to a constant of that shape:
+    temperature 0's `t == 0 or no token left` with t bound to 0)."""
+    if n.op == "where" and n.inputs[1].type == n.type == n.inputs[2].type:
+        truth = _truth(n.inputs[0])
+        if truth is not None:
+            return n.inputs[1] if truth else n.inputs[2]
+    return None
+
+
+def _truth(c: Node) -> bool | None:
+    """The value of a boolean that is constant whatever its other operands hold (None: it depends on them)."""
+    if c.op == "const":
+        return bool(const_value(c))
+    if c.op in ("logical_or", "logical_and"):
+        absorbing = c.op == "logical_or"
+        if any(_truth(i) is absorbing for i in c.inputs):
+            return absorbing
     return None
 
 
@@ -88,41 +103,6 @@ def arith_identity(n: Node):
             return x
         if n.op in ("mul", "add") and x.op == "const" and float(x.attr("value")) == unit and c.type == n.type:
             return c
-    return None
-
-
-# ---- greedy absorption and dead branches -----------------------------------------------------------------------
-
-def _strip_filters(x: Node) -> Node:
-    """Follow x through filters (which keep the argmax and never change a kept value) and off-guards around them."""
-    while True:
-        if x.op == "filter":
-            x = x.inputs[0]
-        elif x.op == "where" and x.inputs[2].op == "filter" and x.inputs[2].inputs[0] is x.inputs[1]:
-            x = x.inputs[1]      # where(off, x, filter(x, keep)): either way the argmax of x survives
-        else:
-            return x
-
-
-def absorb_filters(n: Node):
-    """argmax(filter(x, keep)) -> argmax(x): top_k/top_p/min_p/typical_p/top_n_sigma/temp 0 keep the argmax."""
-    if n.op == "argmax":
-        inner = _strip_filters(n.inputs[0])
-        if inner is not n.inputs[0] and inner.type == n.inputs[0].type:
-            return make("argmax", inner, name=n.name)
-    return None
-
-
-def one_hot_sample(n: Node):
-    """argmax(filter(y, iota(y) == argmax(y)) + g) -> argmax(y): sampling a row with one token left needs no noise
-    (temperature 0 before sample)."""
-    if n.op != "argmax" or n.inputs[0].op != "add":
-        return None
-    for f in n.inputs[0].inputs:
-        if f.op == "filter" and f.inputs[1].op == "eq" and f.type == n.inputs[0].type:
-            y, (a, b) = f.inputs[0], f.inputs[1].inputs
-            if a.op == "iota" and a.inputs[0] is y and b.op == "argmax" and b.inputs[0] is y:
-                return b
     return None
 
 
