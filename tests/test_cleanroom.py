@@ -14,7 +14,7 @@ counted, not failed -- only when that margin is below KNIFE = 1e-4: float32 roun
 disagreement fails the test.
 
 Budget: `SAMPLEC_CLEANROOM_EXAMPLES` examples (default 120; `SAMPLEC_CLEANROOM_EXAMPLES=1200 python -m pytest
-tests/test_cleanroom.py` runs longer). The random programs run with MLX's compile off (`mx.disable_compile`):
+tests/test_cleanroom.py` runs longer). The random programs run with MLX's compile off (`@pytest.mark.uncompiled`, tests/conftest.py):
 what is checked is their semantics, and compiling each new program's fused CPU kernels (the C++ compiler, seconds
 per kernel on a machine with an empty $TMPDIR/mlx cache) would cost minutes on a fresh machine. Literals come from small fixed sets (random values go to run-time parameters) so that
 kernels recur. The deterministic tests check RandomBits (the spec's known answers and the
@@ -520,13 +520,10 @@ def _random_chains(case_seed):
     assert not fails, f"case seed {case_seed}\n{src}families {families}\n" + "\n".join(fails)
 
 
+@pytest.mark.uncompiled     # (the programs' semantics, op by op: no CPU JIT compile of each new program's kernels)
 def test_random_chains():
     TALLY.clear()
-    mx.disable_compile()      # (the programs' semantics, op by op: no CPU JIT compile of each new program's kernels)
-    try:
-        _random_chains()
-    finally:
-        mx.enable_compile()
+    _random_chains()
     rows, excused = TALLY["rows"], TALLY["excused rows"]
     print("\ncleanroom tally:", dict(sorted(TALLY.items())))
     assert rows > 0

@@ -173,6 +173,7 @@ def allow_top(kw: dict, x: np.ndarray) -> None:
             v[np.arange(x.shape[0]), np.argmax(x, axis=-1)] = True
 
 
+@pytest.mark.uncompiled
 @settings(max_examples=EXAMPLES, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(cases())
@@ -198,6 +199,7 @@ def test_O2_equals_O0_equals_reference(case):
             np.testing.assert_allclose(np.array(o2.probs)[r], ref["probs"], atol=2e-4)
 
 
+@pytest.mark.uncompiled
 @settings(max_examples=max(EXAMPLES // 2, 10), deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(cases())

@@ -311,3 +311,30 @@ def test_exercised_values_change_the_result():
         e = reference_row(spec, sets["exercised"], 1)
         changed += int(not np.array_equal(np.isfinite(d["x"]), np.isfinite(e["x"])))
     assert changed >= 5
+
+
+def _bits(out) -> dict:
+    """Every output of a call as numpy arrays (top_logprobs / candidates as their ids and values)."""
+    return {name: np.array(v) for name, v in out.to_dict().items()}
+
+
+@pytest.mark.parametrize("opt", (0, 1, 2))
+@pytest.mark.parametrize("file,sampler", all_samplers())
+def test_compiled_equals_uncompiled(file, sampler, opt):
+    """A program under mx.compile (what users run) gives the same bits as op by op (what the tests marked
+    `uncompiled` run, tests/conftest.py): every output, exercised values, the example logits and a flat row."""
+    import mlx.core as mx
+    spec = read_samplers(EXAMPLES / file)[sampler]
+    kwargs = param_sets(spec["params"])["exercised"]
+    x = LOGITS.copy()
+    x[1] = np.random.default_rng(3).normal(0, 0.05, V).astype(np.float32)
+    prog = compiled(file, sampler, opt)
+    fused = _bits(prog(x, **kwargs))
+    mx.disable_compile()
+    try:
+        plain = _bits(samplec.compile_file(EXAMPLES / file, sampler=sampler, opt_level=opt)(x, **kwargs))
+    finally:
+        mx.enable_compile()
+    assert fused.keys() == plain.keys()
+    for name in fused:
+        np.testing.assert_array_equal(fused[name], plain[name], err_msg=f"{file} {sampler} -O{opt} {name}")

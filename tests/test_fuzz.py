@@ -80,9 +80,11 @@ def test_crafted_programs_load_and_run_without_crashing(programs):
     assert c.cases == len(files)
 
 
+@pytest.mark.uncompiled
 def test_bad_calls_budget():
     clean(runtime.fuzz(6, seed=11))
 
 
+@pytest.mark.uncompiled
 def test_differential_budget():
     clean(differential.fuzz(6, seed=12))

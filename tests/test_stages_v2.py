@@ -322,6 +322,7 @@ def test_dry_breakers_from_a_tokens_parameter(opt):
     assert changed >= 2      # the breakers matter in these rows
 
 
+@pytest.mark.uncompiled
 @pytest.mark.parametrize("piece", [1 << 22, 50])
 def test_dry_repeats_op_random_histories(piece, monkeypatch):
     """The device search (dry_repeats) against llama.cpp's Z-algorithm on many random histories, in one piece and
@@ -555,6 +556,7 @@ def stateful_reference(model, prog, prompt, n, seed):
     return toks, mus
 
 
+@pytest.mark.uncompiled
 def test_decode_and_adapter_thread_the_state():
     pytest.importorskip("mlx_lm")
     from mlx_lm.generate import generate_step
