@@ -123,9 +123,9 @@ def compile_cmd(
     if emit is None or output is not None:
         out = output or file.with_suffix(".smpb")
         from samplec.serialize import save
-        save(prog.graph, out, not_over=file)
+        size = save(prog.graph, out, not_over=file)
         if emit is None:
-            typer.echo(f"wrote {out} ({out.stat().st_size} bytes, {len(prog.graph.toposort())} nodes)", err=True)
+            typer.echo(f"wrote {out} ({size} bytes, {len(prog.graph.toposort())} nodes)", err=True)
 
 
 class _PassPrinter:

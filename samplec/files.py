@@ -68,9 +68,8 @@ def write_atomic(path: str | os.PathLike, data: bytes, *, not_over: str | os.Pat
         raise SamplecError(f"cannot write {str(path)!r}: not a file name")
     if not_over is not None and path.exists() and os.path.samefile(path, not_over):
         raise SamplecError(f"cannot write {path}: it is the input file (choose another -o)")
-    target = Path(os.path.realpath(path)) if path.is_symlink() else path
     try:
-        st = os.stat(target)
+        st = os.stat(path)                  # (through links: /dev/stdout -> /proc/self/fd/1 -> a pipe or a tty)
     except FileNotFoundError:
         st = None
     except OSError as e:
@@ -78,8 +77,9 @@ def write_atomic(path: str | os.PathLike, data: bytes, *, not_over: str | os.Pat
     if st is not None and stat.S_ISDIR(st.st_mode):
         raise SamplecError(f"cannot write {path}: it is a directory")
     if st is not None and not stat.S_ISREG(st.st_mode):
-        _write_in_place(path, target, data, fifo=stat.S_ISFIFO(st.st_mode))
+        _write_in_place(path, data, fifo=stat.S_ISFIFO(st.st_mode))
         return
+    target = Path(os.path.realpath(path)) if path.is_symlink() else path
     tmp = target.with_name(f".{target.name}.{secrets.token_hex(6)}.tmp")
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
@@ -101,10 +101,10 @@ def write_atomic(path: str | os.PathLike, data: bytes, *, not_over: str | os.Pat
         raise
 
 
-def _write_in_place(path: Path, target: Path, data: bytes, *, fifo: bool) -> None:
+def _write_in_place(path: Path, data: bytes, *, fifo: bool) -> None:
     """Write to a device or a FIFO as a stream (a FIFO without a reader is refused at once: O_NONBLOCK)."""
     try:
-        fd = os.open(target, os.O_WRONLY | (os.O_NONBLOCK if fifo else 0))
+        fd = os.open(path, os.O_WRONLY | (os.O_NONBLOCK if fifo else 0))
     except OSError as e:
         why = "nothing reads that FIFO" if fifo and e.errno == errno.ENXIO else (e.strerror or e)
         raise SamplecError(f"cannot write {path}: {why}") from None

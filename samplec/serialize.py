@@ -263,9 +263,11 @@ def _write_program(w: "_Writer", g: Graph) -> int:
     return m.End(b)
 
 
-def save(g: Graph, path, not_over=None) -> None:
-    """Write `g` to `path` atomically (samplec.files.write_atomic)."""
-    write_atomic(path, to_bytes(g), not_over=not_over)
+def save(g: Graph, path, not_over=None) -> int:
+    """Write `g` to `path` atomically (samplec.files.write_atomic); the number of bytes written."""
+    data = to_bytes(g)
+    write_atomic(path, data, not_over=not_over)
+    return len(data)
 
 
 # ---- reading -----------------------------------------------------------------------------------------------------

@@ -466,3 +466,15 @@ def test_an_unwritable_stdout_is_an_error_not_an_internal_one():
         r = subprocess.run([sys.executable, "-m", "samplec", "compile", str(EXAMPLES / "llama.smp"), "--emit", "ir"],
                            stdout=full, stderr=subprocess.PIPE, text=True, timeout=120)
     assert r.returncode == 1 and "cannot write the output" in r.stderr and "internal error" not in r.stderr, r.stderr
+
+
+def test_compile_to_dev_stdout_writes_the_program_to_the_pipe(tmp_path):
+    """-o /dev/stdout (a link to /proc/self/fd/1, here a pipe) is written in place: the bytes go down the pipe."""
+    import subprocess
+    import sys
+    r = subprocess.run([sys.executable, "-m", "samplec", "compile", str(EXAMPLES / "llama.smp"), "-o", "/dev/stdout"],
+                       capture_output=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout[4:8] == b"SMPB" and f"({len(r.stdout)} bytes".encode() in r.stderr
+    (tmp_path / "p.smpb").write_bytes(r.stdout)
+    assert cli("inspect", tmp_path / "p.smpb").exit_code == 0
