@@ -86,6 +86,7 @@ class _Sampler:
     stages: list[str] = field(default_factory=list)
     outputs: list[str] = field(default_factory=lambda: ["token", "logprob"])
     seed: int | None = None          # the default of `seed`, None: required
+    seed_note: str | None = None     # what to say of a required seed (when the sampler has one)
     sampled: bool = True             # False: greedy() terminal
     notes: list[str] = field(default_factory=list)
     terminal: str | None = None      # a terminal other than sample(seed, position = pos) / greedy()
@@ -97,12 +98,19 @@ class _Sampler:
         self.stages.append(f"{name}({', '.join(parts)})")
 
     def render(self) -> str:
-        if self.sampled and self.stages and self.stages[-1] == "temperature(0.0)":
-            self.sampled = False             # only the most likely token is left: no draw, no seed
-            self.notes.append("temperature 0: greedy decoding")
+        if self.sampled and self.terminal is None and "temperature(0.0)" in self.stages:
+            # only the most likely token is left: no draw, no seed; what follows cannot change it (a cut keeps it,
+            # xtc needs two tokens, a temperature or a penalty leaves it the only finite logit)
+            at = self.stages.index("temperature(0.0)")
+            dropped, self.stages = self.stages[at + 1:], self.stages[:at + 1]
+            self.sampled = False
+            self.notes.append("temperature 0: greedy decoding" +
+                              (f" ({', '.join(dropped)} after it cannot change the token)" if dropped else ""))
         body = "\n".join(self.stages)
         uses_seed = self.sampled or "seed" in body
         params = []
+        if uses_seed and self.seed is None and self.seed_note:
+            self.notes.append(self.seed_note)
         if uses_seed:
             params.append("seed: seed" + ("" if self.seed is None else f" = {self.seed}"))
             params.append("pos: int = 0")
@@ -140,6 +148,18 @@ def _number(name: str, value, kind: type = float, lo: float = -math.inf, hi: flo
         lo_b = "(" if lo_open else "["
         raise SamplecError(f"{name} = {value!r} is out of range {lo_b}{_num(lo)}, {_num(hi)}]")
     return v
+
+
+def _top_p(out: "_Sampler", name: str, p: float, system: str) -> None:
+    """A nucleus cut of p in [0, 1]: 1 is off; 0 (refused by samplec's top_p, whose p lies in (0, 1]) keeps the one
+    most probable token in these systems (their cut keeps at least one): top_k(1), which also keeps the tokens
+    tied with it."""
+    if p <= 0.0:
+        out.stage("top_k", 1)
+        out.notes.append(f"{name} = 0: {system} keeps the most probable token alone; top_k(1) (which also keeps "
+                         "any token tied with it)")
+    elif p < 1.0:
+        out.stage("top_p", p)
 
 
 _TYPICAL_NOTE = ("typical_p: samplec always keeps the most likely token; {} drops it when it is atypical "
@@ -250,9 +270,7 @@ def from_hf(config: dict, name: str = "hf_generation") -> str:
     k = _number("top_k", cfg["top_k"], int, lo=0)
     if k != 0:
         out.stage("top_k", k)
-    p = _number("top_p", cfg["top_p"], lo=0.0, hi=1.0, lo_open=True)
-    if p < 1.0:
-        out.stage("top_p", p)
+    _top_p(out, "top_p", _number("top_p", cfg["top_p"], lo=0.0, hi=1.0), "transformers")
     if cfg["min_p"] is not None:
         m = _number("min_p", cfg["min_p"], lo=0.0, hi=1.0)
         if m > 0:
@@ -274,7 +292,8 @@ def from_hf(config: dict, name: str = "hf_generation") -> str:
 _LLAMA_SAMPLER_NAMES = {
     "penalties": "penalties", "dry": "dry", "top_n_sigma": "top_n_sigma", "top_k": "top_k", "typ_p": "typ_p",
     "top_p": "top_p", "min_p": "min_p", "xtc": "xtc", "temperature": "temperature", "infill": "infill",
-    "adaptive_p": "adaptive_p", "nucleus": "top_p", "temp": "temperature", "typ": "typ_p",
+    "adaptive_p": "adaptive_p", "nucleus": "top_p", "temp": "temperature", "typ": "typ_p", "typical": "typ_p",
+    "typical_p": "typ_p",
 }
 for _canon in list(_LLAMA_SAMPLER_NAMES):
     if "_" in _canon:
@@ -334,10 +353,11 @@ def _llama_unknown_flag(flag: str) -> SamplecError | None:
 
 
 def _llama_argv(text: str) -> list[str]:
-    lines = [ln for ln in text.replace("\\\r\n", " ").replace("\\\n", " ").splitlines()
-             if not ln.lstrip().startswith("#")]
+    """The flags of a command line or a flags file: `\\` continues a line, `#` starts a comment (a whole line, or
+    after a flag, outside quotes)."""
+    lines = text.replace("\\\r\n", " ").replace("\\\n", " ").splitlines()
     try:
-        return shlex.split(" ".join(lines))
+        return [arg for ln in lines for arg in shlex.split(ln, comments=True)]
     except ValueError as e:
         raise SamplecError(f"cannot split the command line: {e}") from None
 
@@ -482,7 +502,7 @@ def from_llama_cpp(argv: list[str] | str, name: str = "llama_cpp") -> str:
                 out.notes.append(_TYPICAL_NOTE.format("llama.cpp"))
         elif smp == "top_p":
             if s["top_p"] < 1:
-                out.stage("top_p", _number("--top-p", s["top_p"], lo=0.0, lo_open=True))
+                _top_p(out, "--top-p", max(_number("--top-p", s["top_p"]), 0.0), "llama.cpp")
         elif smp == "min_p":
             if s["min_p"] > 0:
                 out.stage("min_p", _number("--min-p", s["min_p"], hi=1.0))
@@ -499,7 +519,7 @@ def from_llama_cpp(argv: list[str] | str, name: str = "llama_cpp") -> str:
     if s["seed"] != 0xFFFFFFFF:
         out.seed = s["seed"]
     else:
-        out.notes.append("llama.cpp's seed was random (-1): pass seed=")
+        out.seed_note = "llama.cpp's seed was random (-1): pass seed="
     if any("history" in st for st in out.stages):
         out.notes.append("history = the sequence so far, prompt included (llama.cpp feeds the prompt to its "
                          "penalties)")
@@ -595,9 +615,7 @@ def from_openai(body: dict, name: str = "openai_chat") -> str:
     if t != 1.0:
         out.stage("temperature", t)
     p = body.get("top_p")
-    p = 1.0 if p is None else _number("top_p", p, lo=0.0, hi=1.0, lo_open=True)
-    if p < 1.0:
-        out.stage("top_p", p)
+    _top_p(out, "top_p", 1.0 if p is None else _number("top_p", p, lo=0.0, hi=1.0), "OpenAI")
     if body.get("seed") is not None:
         seed = _number("seed", body["seed"], int)
         out.seed = seed % 2 ** 64
@@ -750,8 +768,8 @@ def from_vllm(params: dict, name: str = "vllm") -> str:
 
     Order (vllm/v1/sample/sampler.py): `logit_bias` (clamped to [-100, 100]), then the penalties
     (vllm/model_executor/layers/utils.py `apply_penalties`): repetition over the prompt AND the output
-    (`x > 0 ? x / r : x * r`), frequency and presence over the output only; then temperature (below 1e-5:
-    greedy, the argmax after the penalties), min-p, top-k (0 or -1: off), top-p, and the draw. When both kinds of
+    (`x > 0 ? x / r : x * r`), frequency and presence over the output only; then temperature (0: greedy, the
+    argmax after the penalties; (0, 0.01) is raised to 0.01 first, as SamplingParams does), min-p, top-k (0 or -1: off), top-p, and the draw. When both kinds of
     penalty are on, the sampler takes two histories: `prompt_and_output` and `output`. `logprobs = N` gives the
     `raw_logprob` and `top_logprobs(N)` outputs (vLLM's default `raw_logprobs` mode).
     """
@@ -797,13 +815,13 @@ def from_vllm(params: dict, name: str = "vllm") -> str:
         out.notes.append(f"{'output' if both else 'history'} = the generated tokens only (vLLM's frequency and "
                          "presence penalties)")
     t = _number("temperature", 1.0 if p["temperature"] is None else p["temperature"], lo=0.0, hi=2.0)
+    if 0 < t < _VLLM_MAX_TEMP:          # (SamplingParams.__post_init__ raises it first: only 0 stays greedy)
+        out.notes.append(f"temperature {_num(t)} raised to 0.01 as vLLM does")
+        t = _VLLM_MAX_TEMP
     if t < _VLLM_SAMPLING_EPS:
         out.sampled = False
-        out.notes.append(f"temperature {_num(t)} < 1e-5: vLLM samples greedily (top_p, top_k, min_p unused)")
+        out.notes.append("temperature 0: vLLM samples greedily (top_p, top_k, min_p unused)")
     else:
-        if t < _VLLM_MAX_TEMP:
-            out.notes.append(f"temperature {_num(t)} raised to 0.01 as vLLM does")
-            t = _VLLM_MAX_TEMP
         if t != 1.0:
             out.stage("temperature", t)
         m = _number("min_p", p["min_p"] or 0.0, lo=0.0, hi=1.0)

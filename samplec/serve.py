@@ -10,13 +10,14 @@ temperature, top_p, top_k, min_p, the penalties, the seed and the position (the 
 generated). A row's token depends only on its own logits, values, seed and position (spec section 4), so a
 seeded request gives the same tokens alone or in any batch, and seeded requests are batched like the others.
 
-The chain is `SERVER_CHAIN` (mlx-lm's order: penalties, top_p, min_p, top_k, temperature, sample), or the chains
-named with `--sampler FILE.smp[:NAME]` (the first is the default; a request picks another with the field
-`"samplec_sampler": "NAME"`). A chain's parameters take the request's fields by name; a `tokens` parameter gets
-the request's recent tokens (`repetition_context_size` of them), a `seed` parameter the request's seed (or one
-drawn from the OS for the request), an `int` parameter named `pos` or `position` the position. Request values are
-checked when the request arrives (400 naming the field); mlx-lm's conventions hold (`top_p` 0 or 1 and `top_k` 0
-are off, `temperature` 0 is greedy).
+The chain is `SERVER_CHAIN` (mlx-lm's order: its three penalties, each over its own window, top_p, min_p, xtc,
+top_k, temperature, sample), or the chains named with `--sampler FILE.smp[:NAME]` (the first is the default; a
+request picks another with the field `"samplec_sampler": "NAME"`). A chain's parameters take the request's fields
+by name; a `tokens` parameter gets the request's recent tokens (as many as the largest of its three context sizes;
+0: all), a `seed` parameter the request's seed (or one drawn from the OS for the request), an `int` parameter named
+`pos` or `position` the position. Request values are checked when the request arrives (400 naming the field);
+mlx-lm's conventions hold (`top_p` 0 or 1 and `top_k` 0 are off, `temperature` 0 is greedy, a context size of 0 is
+every token).
 """
 from __future__ import annotations
 
@@ -36,26 +37,40 @@ from samplec.program import Program
 SERVER_CHAIN = """
 sampler mlx_lm_server(h: tokens, seed: seed, pos: int, temperature: float = 0.0, top_p: float = 1.0,
                       top_k: int = 0, min_p: float = 0.0, repetition_penalty: float = 1.0,
-                      presence_penalty: float = 0.0, frequency_penalty: float = 0.0) -> token, logprob {
-    penalties(h, repeat = repetition_penalty, frequency = frequency_penalty, presence = presence_penalty)
+                      repetition_context_size: int = 20, presence_penalty: float = 0.0,
+                      presence_context_size: int = 20, frequency_penalty: float = 0.0,
+                      frequency_context_size: int = 20, xtc_probability: float = 0.0,
+                      xtc_threshold: float = 0.1) -> token, logprob {
+    penalties(h, last_n = repetition_context_size, repeat = repetition_penalty)
+    penalties(h, last_n = presence_context_size, presence = presence_penalty)
+    penalties(h, last_n = frequency_context_size, frequency = frequency_penalty)
     top_p(top_p)
     min_p(min_p)
+    xtc(xtc_threshold, xtc_probability, seed, position = pos)
     top_k(top_k)
     temperature(temperature)
     sample(seed, position = pos)
 }
 """
 
-# request field -> how mlx-lm's value becomes the chain's (its off conventions)
+# request field -> how mlx-lm's value becomes the chain's (its off conventions; a context size of 0 is every token,
+# mlx-lm's `tokens[-0:]`)
+_WINDOW = lambda v: -1 if int(v) == 0 else int(v)      # noqa: E731
 FIELDS = {
     "temperature": lambda v: float(v),
     "top_p": lambda v: 1.0 if v <= 0 or v >= 1 else float(v),
     "top_k": lambda v: max(0, int(v)),
     "min_p": lambda v: float(v),
     "repetition_penalty": lambda v: float(v) if v > 0 else 1.0,
+    "repetition_context_size": _WINDOW,
     "presence_penalty": lambda v: float(v),
+    "presence_context_size": _WINDOW,
     "frequency_penalty": lambda v: float(v),
+    "frequency_context_size": _WINDOW,
+    "xtc_probability": lambda v: float(v),
+    "xtc_threshold": lambda v: float(v),
 }
+WINDOWS = ("repetition_context_size", "presence_context_size", "frequency_context_size")
 
 
 @dataclass
@@ -65,7 +80,7 @@ class RowMarker:
     chain: str
     values: dict
     seed: int
-    context: int
+    context: int                # how many of the recent tokens the chain's `tokens` parameter gets (-1: all)
     bias: dict = field(default_factory=dict)
     eos: int = 0
     step: int = 0
@@ -98,7 +113,8 @@ class BatchSampler:
         chain = getattr(args, "samplec_sampler", None) or self.default
         seed = args.seed if args.seed is not None else int.from_bytes(os.urandom(8), "little")
         eos = next(iter(getattr(getattr(self.provider, "tokenizer", None), "eos_token_ids", None) or [0]))
-        return RowMarker(self, chain, values, seed, max(1, int(lg.repetition_context_size or 20)),
+        windows = [values[w] for w in WINDOWS]
+        return RowMarker(self, chain, values, seed, -1 if -1 in windows else max(windows),
                          dict(lg.logit_bias or {}), eos)
 
     def __call__(self, logprobs: mx.array) -> mx.array:
@@ -118,7 +134,7 @@ class BatchSampler:
         kw: dict = {}
         for p in prog.params:
             if p.kind == "tokens":
-                hist = [np.array(t).reshape(-1)[-m.context:] for m, _, t in rows]
+                hist = [np.array(t).reshape(-1)[-m.context if m.context > 0 else 0:] for m, _, t in rows]
                 width = max(1, max(len(h) for h in hist))
                 kw[p.name] = np.stack([np.pad(h.astype(np.int32), (width - len(h), 0), constant_values=-1)
                                        for h in hist])

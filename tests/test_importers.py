@@ -317,8 +317,8 @@ def test_llama_cpp_defaults_and_flag_forms():
     assert "sampler llama_cpp(seed: seed, pos: int = 0)" in src            # random seed: required
     assert "-n -1" in src and "--color" in src                             # listed as ignored
     src = from_llama_cpp(["--sampler-seq", "tkep", "--temp=-1", "--seed", "-1", "--repeat-penalty", "1.2"])
-    assert stage_lines(src) == ["temperature(0.0)", "top_k(40)", "penalties(history, last_n = 64, repeat = 1.2)",
-                                "top_p(0.95)", "sample(seed, position = pos)"]
+    assert stage_lines(src) == ["temperature(0.0)", "greedy()"]      # (what follows temperature 0 is dropped)
+    assert "top_k(40), penalties(history, last_n = 64, repeat = 1.2), top_p(0.95) after it cannot change" in src
     samplec.compile(src)
     src = from_llama_cpp("--samplers 'Top-K;nucleus;TEMP' --top-k 0 --top-p 1 --temp 1")
     assert stage_lines(src) == ["sample(seed, position = pos)"]
@@ -411,7 +411,6 @@ def test_openai_greedy_and_defaults():
 
 @pytest.mark.parametrize("body, message", [
     ({"temperature": 2.5}, "temperature = 2.5 is out of range"),
-    ({"top_p": 0}, "top_p = 0 is out of range"),
     ({"presence_penalty": 3}, "presence_penalty"),
     ({"logit_bias": {"12": 101}}, "logit_bias[12]"),
     ({"logit_bias": {"abc": 1}}, "logit_bias token 'abc'"),
@@ -914,3 +913,24 @@ def test_vllm_each_mapped_field_maps():
                 from_vllm({key: value})
         else:
             assert from_vllm({key: value}) != base, key
+
+
+def test_imports_follow_their_systems_at_the_edges():
+    """An imported config behaves as its system does: vLLM raises a temperature in (0, 0.01) to 0.01 before its
+    greedy test (only 0 is greedy); temperature 0 anywhere gives greedy() with no seed whatever follows it; top_p 0
+    keeps the one most probable token in transformers, llama.cpp and OpenAI (top_k(1)); llama.cpp's `typical`
+    sampler name; a `#` comment after a flag in a flags file."""
+    src = from_vllm({"temperature": 1e-6})
+    assert stage_lines(src) == ["temperature(0.01)", "sample(seed, position = pos)"] and "raised to 0.01" in src
+    assert stage_lines(from_vllm({"temperature": 0})) == ["greedy()"]
+    src = from_openai({"temperature": 0, "top_p": 0.9})
+    assert stage_lines(src) == ["temperature(0.0)", "greedy()"] and "seed" not in src.split("{")[0]
+    samplec.compile(src)
+    for src in (from_hf({"do_sample": True, "top_k": 0, "top_p": 0.0}), from_openai({"top_p": 0}),
+                from_llama_cpp("--samplers top_p --top-p 0")):
+        assert "top_k(1)" in stage_lines(src) and "top_p(" not in src, src
+        samplec.compile(src)
+    assert stage_lines(from_llama_cpp("--samplers 'typical;temperature' --typical 0.9 --temp 0.7")) == \
+        ["typical_p(0.9)", "temperature(0.7)", "sample(seed, position = pos)"]
+    src = from_llama_cpp("--top-k 7   # a comment after a flag\n# a whole line\n--top-p 0.5 --min-p 0 --temp 1\n")
+    assert stage_lines(src) == ["top_k(7)", "top_p(0.5)", "sample(seed, position = pos)"]

@@ -121,3 +121,60 @@ def test_logprobs_of_the_model_and_of_the_chain(server):
                                            seed=3, logprobs=True))
     content = cut["choices"][0]["logprobs"]["content"]
     assert all(e["processed_logprob"] >= e["logprob"] - 1e-4 for e in content), content
+
+
+@pytest.mark.parametrize("fields", [
+    dict(repetition_penalty=1.5, repetition_context_size=20),
+    dict(repetition_penalty=1.5, repetition_context_size=0),              # 0: every token (mlx-lm's tokens[-0:])
+    dict(presence_penalty=1.5, presence_context_size=40),
+    dict(frequency_penalty=1.0, frequency_context_size=0, repetition_penalty=1.2, repetition_context_size=5),
+    dict(xtc_probability=1.0, xtc_threshold=0.02),
+    dict(top_p=0.8, min_p=0.05, top_k=10, temperature=0.7),
+])
+def test_server_chain_is_mlx_lms_processors_and_sampler(fields):
+    """The server's chain on a request's fields gives the distribution mlx-lm's own processors and filters give
+    (make_logits_processors, then apply_top_p / apply_min_p / apply_xtc / apply_top_k and the temperature):
+    each penalty over its own window, a context size of 0 meaning every token, xtc applied."""
+    import re
+    import types
+
+    import mlx.core as mx
+    import numpy as np
+    from mlx_lm import sample_utils as su
+    from mlx_lm import server as S
+
+    import samplec
+    V = 64
+    logits = mx.array(np.random.default_rng(0).normal(size=(1, V)).astype(np.float32) * 2)
+    tokens = mx.array(np.r_[np.arange(30, 60), np.arange(0, 10)].astype(np.int32))
+    samp = dict(temperature=1.0, top_p=1.0, top_k=0, min_p=0.0, xtc_probability=0.0, xtc_threshold=0.1)
+    lg = dict(logit_bias=None, repetition_penalty=0.0, repetition_context_size=20, presence_penalty=0.0,
+              presence_context_size=20, frequency_penalty=0.0, frequency_context_size=20)
+    samp.update({k: v for k, v in fields.items() if k in samp})
+    lg.update({k: v for k, v in fields.items() if k in lg})
+    args = types.SimpleNamespace(sampling=S.SamplingArguments(**samp), logits=S.LogitsProcessorArguments(**lg),
+                                 seed=1)
+    marker = serve.BatchSampler(serve.load_programs([])).marker(args)
+    prog = samplec.compile(re.sub(r"-> [^{]*\{", "-> token, probs {", serve.SERVER_CHAIN))
+    hist = np.array(tokens)[-marker.context if marker.context > 0 else 0:][None]
+    ours = np.array(prog(logits, h=hist, seed=1, pos=0, **marker.values).probs)[0]
+
+    x = logits
+    for p in su.make_logits_processors(None, lg["repetition_penalty"], lg["repetition_context_size"],
+                                       lg["presence_penalty"], lg["presence_context_size"],
+                                       lg["frequency_penalty"], lg["frequency_context_size"]):
+        x = p(tokens, x)
+    lp = x - mx.logsumexp(x, keepdims=True)
+    if 0 < samp["top_p"] < 1:
+        lp = su.apply_top_p(lp, samp["top_p"])
+    if samp["min_p"]:
+        lp = su.apply_min_p(lp, samp["min_p"])
+    if samp["xtc_probability"]:
+        lp = su.apply_xtc(lp, samp["xtc_probability"], samp["xtc_threshold"], [])
+    if samp["top_k"]:
+        lp = su.apply_top_k(lp, samp["top_k"])
+    y = np.array(lp / samp["temperature"], dtype=np.float64)[0]
+    theirs = np.exp(y - y.max())
+    theirs /= theirs.sum()
+    np.testing.assert_array_equal(ours > 0, theirs > 0)
+    np.testing.assert_allclose(ours, theirs, atol=2e-6)
