@@ -79,10 +79,11 @@ def _fmt(v) -> str:
     return f"{v:.5g}" if isinstance(v, float) else str(v)
 
 
-def _rows(mask: np.ndarray, ids: np.ndarray | None = None, limit: int = 8) -> str:
+def _rows(mask: np.ndarray, ids: np.ndarray | None = None, limit: int = 16) -> str:
+    """`rows 0, 2, 3` -- past `limit` rows, the first ones and the count: `rows 0, 1, ..., 15, ... (40 rows)`."""
     rows = np.nonzero(mask)[0]
     rows = (rows if ids is None else ids[rows]).tolist()
-    text = ", ".join(map(str, rows[:limit])) + (", ..." if len(rows) > limit else "")
+    text = ", ".join(map(str, rows[:limit])) + (f", ... ({len(rows)} rows)" if len(rows) > limit else "")
     return f"row{'s' if len(rows) > 1 else ''} {text}"
 
 

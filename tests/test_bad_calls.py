@@ -141,3 +141,13 @@ def test_a_row_the_penalties_leave_without_a_token_is_an_error(opt, native, monk
             p(x, h=h)
         ok = np.array(p(x[1:2], h=h[1:2]).token).tolist()
         assert ok == [1]
+
+
+def test_an_error_in_many_rows_names_the_first_and_counts_them():
+    """A run-time error names the offending rows; past sixteen it names the first sixteen and says how many."""
+    p = samplec.compile("sampler s(t: float) -> token { temperature(t) sample(1) }")
+    t = np.full(40, 0.7, np.float32)
+    t[3::2] = -1.0
+    with pytest.raises(samplec.SamplecError) as e:
+        p(np.zeros((40, 10), np.float32), t=t)
+    assert "rows 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31, 33, ... (19 rows)" in str(e.value)
