@@ -7,6 +7,7 @@ flag, missing argument: click's convention), 3 an internal error (a bug: please 
 """
 from __future__ import annotations
 
+import errno
 import json
 import os
 import sys
@@ -44,8 +45,12 @@ def _guard(fn):
         except BrokenPipeError:             # (`samplec run ... | head -1`: the reader left; so does samplec, quietly)
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
             raise typer.Exit(141) from None
-        except OSError as e:                # (the output could not be written: a full disk, /dev/full)
-            _fail(f"error: cannot write the output: {e.strerror or e}")
+        except OSError as e:                # (the output could not be written: a full disk, /dev/full; a port in use)
+            if os.environ.get("SAMPLEC_DEBUG"):
+                raise
+            if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO):
+                _fail(f"error: cannot write the output: {e.strerror or e}")
+            _fail(f"error: {e.strerror or e}" + (f": {e.filename}" if e.filename else ""))
         except Exception as e:  # noqa: BLE001 - the CLI promises no tracebacks
             if os.environ.get("SAMPLEC_DEBUG"):
                 raise
@@ -162,10 +167,7 @@ def _emit_picture(file: Path, sampler, opt: int, bindings: dict, emit: str, outp
     dot = ex.render_dot(ex.explain(source, sampler, opt, bindings, filename=str(file)))
     data = dot.encode() if emit == "dot" else ex.render_image(dot, emit)
     if output is not None:
-        try:
-            output.write_bytes(data)
-        except OSError as e:
-            raise SamplecError(f"cannot write {output}: {e}") from None
+        write_atomic(output, data, not_over=file)
         typer.echo(f"wrote {output}", err=True)
     elif emit == "png" and sys.stdout.isatty():
         raise SamplecError("--emit png writes binary data: redirect it to a file (> graph.png) or give -o FILE.png")
@@ -209,7 +211,7 @@ def explain(
     text = ex.render_text(ex.explain(source, sampler, opt, bindings, filename=str(file),
                                      native=None if native == "auto" else native == "on"))
     if output is not None:
-        write_atomic(output, text.encode())
+        write_atomic(output, text.encode(), not_over=file)
     else:
         typer.echo(text, nl=False)
 
@@ -266,7 +268,8 @@ def import_cmd(
     if output is None:
         typer.echo(text, nl=False)
         return
-    write_atomic(output, text.encode())
+    source = Path(items[0]) if len(items) == 1 and items[0] != "-" and Path(items[0]).exists() else None
+    write_atomic(output, text.encode(), not_over=source)
     typer.echo(f"wrote {output}", err=True)
 
 
@@ -441,7 +444,16 @@ def _check_required(prog, values: dict, seeds_given_by_draws: bool = False) -> N
 
 
 def main():
-    app()
+    try:
+        app()
+    except BrokenPipeError:             # (--help, --version, doctor: outside _guard; a reader that left)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(141)
+    except OSError as e:
+        if os.environ.get("SAMPLEC_DEBUG"):
+            raise
+        print(f"error: cannot write the output: {e.strerror or e}", file=sys.stderr)
+        sys.exit(1)
 
 
 if __name__ == "__main__":

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import secrets
 import stat
+import sys
 from pathlib import Path
 
 from samplec.diagnostics import SamplecError
@@ -47,7 +49,7 @@ def read_file(path: str | os.PathLike, limit: int = MAX_FILE_BYTES) -> bytes:
 def read_source(path: str | os.PathLike) -> str:
     """A .smp file's text (UTF-8; a byte-order mark is not part of the source)."""
     data = read_file(path)
-    if data[4:8] == b"SMPB":
+    if data[4:8] == b"SMPB" and b"\x00" in data[:4]:     # (a flatbuffer's root offset: never text)
         raise SamplecError(f"{path}: a compiled program (.smpb), not a .smp source (`samplec run` or "
                            "`samplec inspect` takes it)")
     try:
@@ -68,6 +70,15 @@ def write_atomic(path: str | os.PathLike, data: bytes, *, not_over: str | os.Pat
         raise SamplecError(f"cannot write {str(path)!r}: not a file name")
     if not_over is not None and path.exists() and os.path.samefile(path, not_over):
         raise SamplecError(f"cannot write {path}: it is the input file (choose another -o)")
+    fd = _own_descriptor(path)
+    if fd is not None:                      # (-o /dev/stdout >> log: append to what the shell opened, in place)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+        except OSError as e:
+            raise SamplecError(f"cannot write {path}: {e.strerror or e}") from None
+        return
     try:
         st = os.stat(path)                  # (through links: /dev/stdout -> /proc/self/fd/1 -> a pipe or a tty)
     except FileNotFoundError:
@@ -99,6 +110,23 @@ def write_atomic(path: str | os.PathLike, data: bytes, *, not_over: str | os.Pat
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def _own_descriptor(path: Path) -> int | None:
+    """The descriptor `/dev/stdout`, `/dev/stderr`, `/dev/fd/N` or `/proc/self/fd/N` names (written as it is, with
+    its own position and append mode -- reopening it by name would truncate a redirected log), or None."""
+    m = re.fullmatch(r"/dev/(stdout|stderr|fd/(\d+))|/proc/self/fd/(\d+)", str(path))
+    if m is None:
+        return None
+    fd = {"stdout": 1, "stderr": 2}.get(m.group(1)) if m.group(1) in ("stdout", "stderr") else \
+        int(m.group(2) or m.group(3))
+    try:
+        os.fstat(fd)
+    except OSError:
+        return None
+    if fd in (1, 2):
+        (sys.stdout if fd == 1 else sys.stderr).flush()
+    return fd
 
 
 def _write_in_place(path: Path, data: bytes, *, fifo: bool) -> None:

@@ -25,6 +25,7 @@ import difflib
 import json
 import math
 import os
+import re
 import shlex
 import sys
 from dataclasses import dataclass, field
@@ -117,8 +118,9 @@ class _Sampler:
         for history in ("history", "prompt_and_output", "output"):      # token histories, as stages name them
             if f"({history}," in body or f"({history})" in body:
                 params.append(f"{history}: tokens")
-        params += self.params
         terminal = self.terminal or ("sample(seed, position = pos)" if self.sampled else "greedy()")
+        used = body + "\n" + terminal + "\n" + " ".join(self.outputs)      # (stages dropped after temperature 0)
+        params += [p for p in self.params if re.search(rf"\b{re.escape(p.split(':')[0].strip())}\b", used)]
         lines = [f"# {self.origin}", *(f"# {n}" for n in self.notes)]
         lines.append(f"sampler {self.name}({', '.join(params)}) -> {', '.join(self.outputs)} {{")
         lines += [f"    {s}" for s in [*self.stages, terminal]]
@@ -156,8 +158,8 @@ def _top_p(out: "_Sampler", name: str, p: float, system: str) -> None:
     tied with it."""
     if p <= 0.0:
         out.stage("top_k", 1)
-        out.notes.append(f"{name} = 0: {system} keeps the most probable token alone; top_k(1) (which also keeps "
-                         "any token tied with it)")
+        out.notes.append(f"{name} = {_num(p)}: {system} keeps the most probable token alone; top_k(1) (which also "
+                         "keeps any token tied with it)")
     elif p < 1.0:
         out.stage("top_p", p)
 
@@ -293,7 +295,7 @@ _LLAMA_SAMPLER_NAMES = {
     "penalties": "penalties", "dry": "dry", "top_n_sigma": "top_n_sigma", "top_k": "top_k", "typ_p": "typ_p",
     "top_p": "top_p", "min_p": "min_p", "xtc": "xtc", "temperature": "temperature", "infill": "infill",
     "adaptive_p": "adaptive_p", "nucleus": "top_p", "temp": "temperature", "typ": "typ_p", "typical": "typ_p",
-    "typical_p": "typ_p",
+    "typical-p": "typ_p",
 }
 for _canon in list(_LLAMA_SAMPLER_NAMES):
     if "_" in _canon:
@@ -353,11 +355,31 @@ def _llama_unknown_flag(flag: str) -> SamplecError | None:
 
 
 def _llama_argv(text: str) -> list[str]:
-    """The flags of a command line or a flags file: `\\` continues a line, `#` starts a comment (a whole line, or
-    after a flag, outside quotes)."""
-    lines = text.replace("\\\r\n", " ").replace("\\\n", " ").splitlines()
+    """The flags of a command line or a flags file, split as a POSIX shell would: `\\` continues a line, a quoted
+    value may span lines, and `#` starts a comment only at the start of a word outside quotes (a whole line, or
+    after a flag; `models/#1.gguf` is one word)."""
+    text = text.replace("\\\r\n", " ").replace("\\\n", " ")
+    kept, quote, escaped, word_start = [], None, False, True
+    i = 0
+    while i < len(text):
+        c = text[i]
+        if escaped:
+            escaped = False
+        elif c == "\\" and quote != "'":
+            escaped = True
+        elif quote is not None:
+            quote = None if c == quote else quote
+        elif c in "'\"":
+            quote = c
+        elif c == "#" and word_start:
+            while i < len(text) and text[i] != "\n":
+                i += 1
+            continue
+        kept.append(c)
+        word_start = quote is None and not escaped and c.isspace()
+        i += 1
     try:
-        return [arg for ln in lines for arg in shlex.split(ln, comments=True)]
+        return shlex.split("".join(kept))
     except ValueError as e:
         raise SamplecError(f"cannot split the command line: {e}") from None
 
@@ -502,7 +524,7 @@ def from_llama_cpp(argv: list[str] | str, name: str = "llama_cpp") -> str:
                 out.notes.append(_TYPICAL_NOTE.format("llama.cpp"))
         elif smp == "top_p":
             if s["top_p"] < 1:
-                _top_p(out, "--top-p", max(_number("--top-p", s["top_p"]), 0.0), "llama.cpp")
+                _top_p(out, "--top-p", _number("--top-p", s["top_p"]), "llama.cpp")
         elif smp == "min_p":
             if s["min_p"] > 0:
                 out.stage("min_p", _number("--min-p", s["min_p"], hi=1.0))
@@ -510,7 +532,7 @@ def from_llama_cpp(argv: list[str] | str, name: str = "llama_cpp") -> str:
             if s["xtc_probability"] > 0 and s["xtc_threshold"] <= 0.5:
                 out.stage("xtc", s["xtc_threshold"], min(s["xtc_probability"], 1.0), "seed", position="pos")
         elif smp == "temperature":
-            t = max(s["temp"], 0.0)                         # llama.cpp clamps --temp to >= 0
+            t = s["temp"] if s["temp"] > 0 else 0.0          # llama.cpp clamps --temp to >= 0 (and -0.0 is 0)
             if s["dynatemp_range"] > 0:                     # temp_ext: dynamic whenever range > 0
                 out.stage("dynamic_temperature", t, s["dynatemp_range"],
                           _number("--dynatemp-exp", s["dynatemp_exponent"], lo=0.0))

@@ -158,10 +158,10 @@ def draws(prog: Program, logits: mx.array, values: dict, n: int) -> dict:
     x = logits if logits.ndim == 2 else logits[None, :]
     B, V = x.shape
     seeds = [p for p in prog.params if p.kind == "seed"]
-    if not seeds and any(n.op == "const" and n.type.dtype == U64 for n in prog.graph.nodes()):
-        raise SamplecError("--draws advances the sampler's seed parameter, and this program has none: its seed is a "
-                           "constant (a literal seed, or one bound with --set), so every draw would give the same "
-                           "token; declare a `seed` parameter and pass it at run time")
+    if any(n.op == "const" and n.type.dtype == U64 for n in prog.graph.nodes()):
+        raise SamplecError("--draws advances the sampler's seed parameters, and a seed of this program is a constant "
+                           "(a literal seed, or one bound with --set): its draws would repeat one another, not "
+                           "sample the distribution; make every seed a `seed` parameter passed at run time")
     # (a sampler without randomness -- greedy, temperature 0 -- gives the same token every draw: that is its answer)
     base = {p.name: _scalar_param(p, values.get(p.name, 0 if p.default in (None, "os") else p.default), B)
             for p in seeds}

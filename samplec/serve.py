@@ -55,7 +55,7 @@ sampler mlx_lm_server(h: tokens, seed: seed, pos: int, temperature: float = 0.0,
 
 # request field -> how mlx-lm's value becomes the chain's (its off conventions; a context size of 0 is every token,
 # mlx-lm's `tokens[-0:]`)
-_WINDOW = lambda v: -1 if int(v) == 0 else int(v)      # noqa: E731
+_WINDOW = lambda v: -1 if int(v) == 0 or int(v) >= 2**31 else int(v)      # noqa: E731  (past int32: every token)
 FIELDS = {
     "temperature": lambda v: float(v),
     "top_p": lambda v: 1.0 if v <= 0 or v >= 1 else float(v),
@@ -155,7 +155,7 @@ class BatchSampler:
             # its own, and a failing row ends its request with its end-of-sequence token rather than the server)
             if len(rows) == 1:
                 logging.error("samplec serve: %s", e)
-                tokens = [rows[0][0].eos]
+                tokens, lps = [rows[0][0].eos], [None]
             else:
                 tokens = [self._run(prog, [r])[0] for r in rows]
                 return tokens

@@ -417,10 +417,14 @@ def test_draws_refuses_a_constant_seed(tmp_path, files):
     lit = tmp_path / "lit.smp"
     lit.write_text("sampler lit() -> token { sample(42) }\n")
     r = cli("run", lit, "--logits", d / "x.npy", "--draws", 10)
-    assert r.exit_code == 1 and "has none: its seed is a constant" in r.output, r.output
+    assert r.exit_code == 1 and "a seed of this program is a constant" in r.output, r.output
     assert cli("compile", src, "--set", "seed=5", "-o", tmp_path / "s5.smpb").exit_code == 0
     r = cli("run", tmp_path / "s5.smpb", "--logits", d / "x.npy", "--draws", 10)
-    assert r.exit_code == 1 and "seed is a constant" in r.output, r.output
+    assert r.exit_code == 1 and "seed of this program is a constant" in r.output, r.output
+    two = tmp_path / "two.smp"          # (one seed a parameter, the xtc coin's a literal)
+    two.write_text("sampler s(seed: seed) -> token { xtc(0.1, 0.5, 42) sample(seed) }\n")
+    r = cli("run", two, "--logits", d / "x.npy", "--draws", 10)
+    assert r.exit_code == 1 and "seed of this program is a constant" in r.output, r.output
     r = cli("run", src, "--logits", d / "x.npy", "--draws", 10, "--json")
     assert r.exit_code == 0 and json.loads(r.stdout)["draws"] == 10
 
@@ -478,3 +482,31 @@ def test_compile_to_dev_stdout_writes_the_program_to_the_pipe(tmp_path):
     assert r.stdout[4:8] == b"SMPB" and f"({len(r.stdout)} bytes".encode() in r.stderr
     (tmp_path / "p.smpb").write_bytes(r.stdout)
     assert cli("inspect", tmp_path / "p.smpb").exit_code == 0
+
+
+def test_dev_stdout_appended_to_a_log_is_appended(tmp_path):
+    """`-o /dev/stdout >> log`: the shell's descriptor is written as it is (its append mode kept), never the log
+    replaced through /proc/self/fd/1 by a renamed temporary file."""
+    import subprocess
+    import sys
+    log = tmp_path / "log"
+    log.write_bytes(b"earlier lines\n")
+    with open(log, "ab") as out:
+        r = subprocess.run([sys.executable, "-m", "samplec", "compile", str(EXAMPLES / "llama.smp"), "-o",
+                            "/dev/stdout"], stdout=out, stderr=subprocess.PIPE, timeout=120)
+    assert r.returncode == 0, r.stderr
+    data = log.read_bytes()
+    assert data.startswith(b"earlier lines\n") and data[len(b"earlier lines\n") + 4:][:4] == b"SMPB"
+
+
+def test_explain_and_import_refuse_to_overwrite_their_input(tmp_path):
+    src = tmp_path / "chain.smp"
+    src.write_text(CHAIN)
+    for args in (("explain", src, "-o", src), ("compile", src, "--emit", "dot", "-o", src)):
+        r = cli(*args)
+        assert r.exit_code == 1 and "it is the input file" in r.output, (args, r.output)
+        assert src.read_text() == CHAIN
+    cfg = tmp_path / "gen.json"
+    cfg.write_text('{"do_sample": true, "temperature": 0.7}')
+    r = cli("import", "--from", "hf", cfg, "-o", cfg)
+    assert r.exit_code == 1 and "it is the input file" in r.output and "0.7" in cfg.read_text()

@@ -934,3 +934,19 @@ def test_imports_follow_their_systems_at_the_edges():
         ["typical_p(0.9)", "temperature(0.7)", "sample(seed, position = pos)"]
     src = from_llama_cpp("--top-k 7   # a comment after a flag\n# a whole line\n--top-p 0.5 --min-p 0 --temp 1\n")
     assert stage_lines(src) == ["top_k(7)", "top_p(0.5)", "sample(seed, position = pos)"]
+
+
+def test_llama_cpp_flags_split_as_a_shell_would():
+    """`#` starts a comment only at the start of a word outside quotes; a quoted value may span lines; a negative
+    zero temperature is temperature 0; stages dropped after temperature 0 take their parameters with them."""
+    from samplec.importers import _llama_argv
+    assert _llama_argv("llama-cli -m models/#1.gguf --temp 0.2 --top-k 5") == \
+        ["llama-cli", "-m", "models/#1.gguf", "--temp", "0.2", "--top-k", "5"]
+    assert _llama_argv('-p "one\ntwo" --top-k 5 # note\n# line\n--temp 0.5 \\\n --seed 3 \'#q\' a#b') == \
+        ["-p", "one\ntwo", "--top-k", "5", "--temp", "0.5", "--seed", "3", "#q", "a#b"]
+    src = from_llama_cpp("-m models/#1.gguf --temp 0.2 --top-k 5")
+    assert "top_k(5)" in src and "temperature(0.2)" in src
+    assert stage_lines(from_llama_cpp("--temp -0.0 --samplers temperature")) == ["temperature(0.0)", "greedy()"]
+    src = from_llama_cpp('--samplers "temperature;dry" --dry-multiplier 0.8 --temp 0')
+    assert "dry_breakers: tokens" not in src and stage_lines(src) == ["temperature(0.0)", "greedy()"]
+    samplec.compile(src)

@@ -178,3 +178,33 @@ def test_server_chain_is_mlx_lms_processors_and_sampler(fields):
     theirs /= theirs.sum()
     np.testing.assert_array_equal(ours > 0, theirs > 0)
     np.testing.assert_allclose(ours, theirs, atol=2e-6)
+
+
+def test_a_window_past_int32_is_every_token_and_a_failing_row_ends_its_request():
+    """mlx-lm accepts any context size >= 0: past int32 it is every token (as 0 is), not a run-time error; and a
+    row whose chain fails at run time ends with its end-of-sequence token (the fallback returns a token and no
+    log-probability instead of raising)."""
+    import types
+
+    import mlx.core as mx
+    import numpy as np
+    from mlx_lm import server as S
+    samp = dict(temperature=0.0, top_p=1.0, top_k=0, min_p=0.0, xtc_probability=0.0, xtc_threshold=0.1)
+    lg = dict(logit_bias=None, repetition_penalty=1.3, repetition_context_size=3_000_000_000,
+              presence_penalty=0.0, presence_context_size=20, frequency_penalty=0.0, frequency_context_size=0)
+    args = types.SimpleNamespace(sampling=S.SamplingArguments(**samp), logits=S.LogitsProcessorArguments(**lg),
+                                 seed=1)
+    sampler = serve.BatchSampler(serve.load_programs([]))
+    marker = sampler.marker(args)
+    assert marker.values["repetition_context_size"] == -1 and marker.values["frequency_context_size"] == -1
+    assert marker.context == -1
+    x = np.random.default_rng(0).normal(size=(1, 64)).astype(np.float32)
+    x[0, :10] += 3.0                        # (the history's tokens lead until the penalty over all of them)
+    marker(mx.array(np.arange(10, dtype=np.int32)), mx.array(x))
+    pen = x[0].copy()
+    pen[:10] = np.where(pen[:10] > 0, pen[:10] / np.float32(1.3), pen[:10] * np.float32(1.3))
+    assert np.array(sampler(mx.array(x))).tolist() == [int(np.argmax(pen))]
+    marker.eos = 7
+    marker(mx.array(np.arange(10, dtype=np.int32)), mx.full((1, 64), float("nan")))
+    assert np.array(sampler(mx.zeros((1, 64)))).tolist() == [7]
+    assert marker.logprobs[-1] is None
