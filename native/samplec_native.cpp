@@ -1004,6 +1004,23 @@ void push_edits(std::vector<mx::array>& ins, const std::vector<mx::array>& edits
   ins.push_back(edits[1]);
 }
 
+// Sort keys (id << 32 | j) by id (ids in [0, max_id]): LSD radix over the id's bits, 11 at a time (two passes
+// for a vocabulary under 2^22), or std::sort for a short history. Equal ids may end in any order.
+inline void sort_by_id(std::vector<uint64_t>& a, std::vector<uint64_t>& tmp, int64_t max_id) {
+  if (a.size() < 256) {
+    std::sort(a.begin(), a.end());
+    return;
+  }
+  tmp.resize(a.size());
+  for (int shift = 32; shift < 64 && (max_id >> (shift - 32)) > 0; shift += 11) {
+    uint32_t count[2049] = {0};
+    for (uint64_t k : a) ++count[((k >> shift) & 2047) + 1];
+    for (int d = 0; d < 2048; ++d) count[d + 1] += count[d];
+    for (uint64_t k : a) tmp[count[(k >> shift) & 2047]++] = k;
+    a.swap(tmp);
+  }
+}
+
 // penalties' edits, one primitive for the whole stage: the history window's ids and the penalized logits there,
 // as the stage's dense definition (samplec/frontend/expand.py `penalties`) computes them, and whether one of those
 // overflows float32 (+inf). Entry j of row r counts when hist[r, j] >= 0 and it lies in the last last_n entries
@@ -1041,21 +1058,23 @@ struct PenaltyEdits {
     int32_t* out_ids = out[0].data<int32_t>();
     float* out_vals = out[1].data<float>();
     bool* over = out[2].data<bool>();
-    std::vector<int32_t> seen;
-    std::vector<std::pair<int32_t, float>> put;
     auto clamp = [n](int64_t i) { return static_cast<int32_t>(std::min<int64_t>(std::max<int64_t>(i, 0), n - 1)); };
-    for (int64_t r = 0; r < rows; ++r) {
+    split(rows, [&](int64_t r) {       // (rows in parts: MLX's worker and a waiting caller share them)
+      thread_local std::vector<uint64_t> order, spare;   // (id << 32 | j) of the counted entries, by id
+      thread_local std::vector<int32_t> seen;            // the counted ids, rising, once each
+      thread_local std::vector<float> now;               // their values after this stage (seen's order)
+      thread_local std::vector<std::pair<int32_t, float>> put;   // the prior edits by id (stable: the last wins)
       const int64_t ln = last_n(r, 0);
       int32_t* ids = out_ids + r * w + p - r * h;     // (ids[r * h + j] is this row's j-th new edit)
       float* vals = out_vals + r * w + p - r * h;
-      seen.clear();
+      order.clear();
       for (int64_t j = 0; j < h; ++j) {
         const int32_t id = hist(r, j);
         const bool valid = id >= 0 && (ln == -1 || j >= h - ln);
         ids[r * h + j] = valid ? clamp(id) : 0;
-        if (valid) seen.push_back(ids[r * h + j]);
+        if (valid) order.push_back(static_cast<uint64_t>(ids[r * h + j]) << 32 | static_cast<uint64_t>(j));
       }
-      std::sort(seen.begin(), seen.end());
+      sort_by_id(order, spare, n - 1);
       put.clear();
       if (prior) {
         const Rows<int32_t> pid(in[6]);
@@ -1067,54 +1086,67 @@ struct PenaltyEdits {
         }
         std::stable_sort(put.begin(), put.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
       }
+      size_t q = 0;                                    // (put walked along the ids, which rise)
+      auto base = [&](int32_t id) {                    // x at id through the prefix ops, or its last prior edit
+        float v = x(r, id);
+        while (q < put.size() && put[q].first < id) ++q;
+        while (q < put.size() && put[q].first == id) v = put[q++].second;
+        return v;
+      };
       const float rr = rep(r, 0), ff = freq(r, 0), pp = pres(r, 0);
       bool overflow = false;
-      for (int64_t j = 0; j < h; ++j) {
-        const int32_t id = ids[r * h + j];
-        float v = x(r, id);
-        if (prior) {     // the last prior entry for id, if any
-          auto it = std::upper_bound(put.begin(), put.end(), id, [](int32_t a, const auto& e) { return a < e.first; });
-          if (it != put.begin() && (it - 1)->first == id) v = (it - 1)->second;
+      seen.clear();
+      now.clear();
+      // each counted id once, in rising order (the logits read front to back): its penalized value goes to every
+      // entry holding it
+      const Rows<float> raw(in[0]);
+      for (size_t a = 0; a < order.size();) {
+        if (a + 32 < order.size()) {     // (the reads are scattered over the row: fetch ahead, several in flight)
+          __builtin_prefetch(raw.p + r * raw.s0 + static_cast<int64_t>(order[a + 32] >> 32) * raw.s1);
         }
-        const auto [lo, hi] = std::equal_range(seen.begin(), seen.end(), id);
-        const float count = static_cast<float>(hi - lo);
-        if (count > 0.0f) {
-          const float scaled = v > 0.0f ? v / rr : v * rr;
-          const float spent = count * ff;
-          const float penalty = spent + pp;
-          v = scaled - penalty;
+        const int32_t id = static_cast<int32_t>(order[a] >> 32);
+        size_t b = a + 1;
+        while (b < order.size() && static_cast<int32_t>(order[b] >> 32) == id) ++b;
+        const float v = base(id);
+        const float count = static_cast<float>(b - a);
+        const float scaled = v > 0.0f ? v / rr : v * rr;
+        const float spent = count * ff;
+        const float penalty = spent + pp;
+        const float pen = scaled - penalty;
+        for (size_t k = a; k < b; ++k) vals[r * h + static_cast<int64_t>(order[k] & 0xFFFFFFFFu)] = pen;
+        overflow |= pen == INFINITY;
+        seen.push_back(id);
+        now.push_back(pen);
+        a = b;
+      }
+      // an entry that does not count reads token 0: its value after this stage
+      if (static_cast<int64_t>(order.size()) < h) {
+        q = 0;
+        const float v0 = !seen.empty() && seen[0] == 0 ? now[0] : base(0);
+        for (int64_t j = 0; j < h; ++j) {
+          if (!(hist(r, j) >= 0 && (ln == -1 || j >= h - ln))) vals[r * h + j] = v0;
         }
-        vals[r * h + j] = v;
-        overflow |= v == INFINITY;
       }
       // the row left with no finite logit (a penalty overflowing on its last kept tokens) is flagged too: where
       // every written value is -inf, a finite one among the tokens this stage leaves as they were (the first of a
       // row usually)
       bool left = false;
       for (int64_t j = 0; j < h && !left; ++j) left = std::isfinite(vals[r * h + j]);
+      q = 0;
       for (int64_t i = 0; i < n && !left; ++i) {
         if (std::binary_search(seen.begin(), seen.end(), static_cast<int32_t>(i))) continue;
-        float v = x(r, i);
-        if (prior) {
-          auto it = std::upper_bound(put.begin(), put.end(), static_cast<int32_t>(i),
-                                     [](int32_t a, const auto& e) { return a < e.first; });
-          if (it != put.begin() && (it - 1)->first == i) v = (it - 1)->second;
-        }
-        left = std::isfinite(v);
+        left = std::isfinite(base(static_cast<int32_t>(i)));
       }
       over[r] = overflow || !left;
       if (prior) {     // a prior entry for an id this stage writes carries its new value: every entry of an id
                        // then holds the same one, and a put_along of the whole in any order gives the row
-        put.clear();
-        for (int64_t j = 0; j < h; ++j) put.emplace_back(ids[r * h + j], vals[r * h + j]);
-        std::sort(put.begin(), put.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
         for (int64_t j = 0; j < p; ++j) {
           const int32_t id = clamp(out_ids[r * w + j]);
-          auto it = std::lower_bound(put.begin(), put.end(), id, [](const auto& e, int32_t a) { return e.first < a; });
-          if (it != put.end() && it->first == id) out_vals[r * w + j] = it->second;
+          auto it = std::lower_bound(seen.begin(), seen.end(), id);
+          if (it != seen.end() && *it == id) out_vals[r * w + j] = now[it - seen.begin()];
         }
       }
-    }
+    });
   }
 };
 

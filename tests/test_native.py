@@ -1026,3 +1026,33 @@ def test_a_long_run_of_allow_and_bias_ops_is_fused_up_to_the_kernels_limit(pure,
         want = samplec.compile(src)(x, **kw)
     np.testing.assert_array_equal(np.array(got.token), np.array(want.token))
     np.testing.assert_allclose(np.array(got.logprob), np.array(want.logprob), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("last_n", (-1, 700))
+def test_penalties_over_long_histories_equal_the_dense_definition(pure, last_n):
+    """penalty_edits over histories of hundreds to thousands of entries (the ids sorted by a radix pass, the rows
+    split between threads): repeated ids, padding anywhere, a window, a second penalties stage reading the first's
+    edits, and a greedy chain after them -- the same tokens as -O0 and the MLX ops, the same penalized logits."""
+    rng = np.random.default_rng(last_n + 5)
+    B, V, H = 5, 20000, 1500
+    x = rng.normal(0, 2, (B, V)).astype(np.float32)
+    h1 = rng.integers(0, 300, (B, H)).astype(np.int32)           # (many repeats: counts up to ~20)
+    h1[rng.random((B, H)) < 0.1] = -1
+    h1[1, :] = -1                                                # (a row with no history at all)
+    h2 = rng.integers(0, V, (B, 400)).astype(np.int32)
+    x[:, :300] += 3.0                                            # (the repeated tokens lead, so they matter)
+    kw = dict(h1=h1, h2=h2, rp=rng.uniform(1.05, 1.5, B).astype(np.float32),
+              fp=rng.uniform(0, 0.3, B).astype(np.float32), pp=rng.uniform(0, 0.5, B).astype(np.float32),
+              t=np.full(B, 0.8, np.float32), seed=np.arange(B, dtype=np.uint64))
+    head = "sampler s(h1: tokens, h2: tokens, rp: float, fp: float, pp: float, t: float, seed: seed) "
+    pens = (f"penalties(h1, last_n = {last_n}, repeat = rp, frequency = fp) "
+            "penalties(h2, presence = pp) ")
+    for src in (head + "-> token, logprob, raw_logprob, top_logprobs(3) { " + pens + "temperature(t) top_k(40) "
+                "sample(seed) }",
+                head + "-> token, logprob, raw_logprob, top_logprobs(3) { " + pens + "greedy() }"):
+        agrees_with_mlx_ops(pure, samplec.compile(src), src, x, kw)
+    src = head + "-> candidates(400) { " + pens + "}"
+    got = samplec.compile(src)(x, **kw)
+    want = samplec.compile(src, opt_level=0)(x, **kw)
+    np.testing.assert_array_equal(np.array(got.candidates.ids), np.array(want.candidates.ids))
+    np.testing.assert_array_equal(np.array(got.candidates.values), np.array(want.candidates.values))
