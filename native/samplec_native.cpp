@@ -878,6 +878,24 @@ struct ArgmaxTake {
   }
 };
 
+// Sort (id, value) pairs by id, stably (equal ids keep their order: the last write stays last), ids in
+// [0, max_id]: LSD radix over the id's bits, 11 at a time, or std::stable_sort for a few.
+inline void stable_sort_by_id(std::vector<std::pair<int32_t, float>>& a, int64_t max_id) {
+  if (a.size() < 256) {
+    std::stable_sort(a.begin(), a.end(), [](const auto& x, const auto& y) { return x.first < y.first; });
+    return;
+  }
+  thread_local std::vector<std::pair<int32_t, float>> tmp;
+  tmp.resize(a.size());
+  for (int shift = 0; shift < 31 && (max_id >> shift) > 0; shift += 11) {
+    uint32_t count[2049] = {0};
+    for (const auto& e : a) ++count[((static_cast<uint32_t>(e.first) >> shift) & 2047) + 1];
+    for (int d = 0; d < 2048; ++d) count[d + 1] += count[d];
+    for (const auto& e : a) tmp[count[(static_cast<uint32_t>(e.first) >> shift) & 2047]++] = e;
+    a.swap(tmp);
+  }
+}
+
 // argmax of put_along(x, ids, vals) without writing it: x with vals at ids (a repeated id: its last entry's value),
 // MLX's argmax on it (the first maximum, a NaN winning). [B, 1] int32. (ids, vals: [B, H], int32 / float32.)
 // Row r's edits (ids, vals) [B, h] as put_along writes them into a row of n: the last write of each id in range,
@@ -889,7 +907,7 @@ void last_writes(const Rows<int32_t>& ids, const Rows<float>& vals, int64_t r, i
     const int32_t id = ids(r, j);
     if (id >= 0 && id < n) put.emplace_back(id, vals(r, j));
   }
-  std::stable_sort(put.begin(), put.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  stable_sort_by_id(put, n - 1);
   size_t u = 0;
   for (size_t k = 0; k < put.size(); ++k) {
     if (k + 1 < put.size() && put[k + 1].first == put[k].first) continue;
@@ -1084,7 +1102,7 @@ struct PenaltyEdits {
           out_ids[r * w + j] = pid(r, j);
           out_vals[r * w + j] = pval(r, j);
         }
-        std::stable_sort(put.begin(), put.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+        stable_sort_by_id(put, n - 1);
       }
       size_t q = 0;                                    // (put walked along the ids, which rise)
       auto base = [&](int32_t id) {                    // x at id through the prefix ops, or its last prior edit

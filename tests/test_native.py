@@ -1056,3 +1056,27 @@ def test_penalties_over_long_histories_equal_the_dense_definition(pure, last_n):
     want = samplec.compile(src, opt_level=0)(x, **kw)
     np.testing.assert_array_equal(np.array(got.candidates.ids), np.array(want.candidates.ids))
     np.testing.assert_array_equal(np.array(got.candidates.values), np.array(want.candidates.values))
+
+
+@pytest.mark.parametrize("H", (40, 1000))
+def test_edits_with_repeated_ids_last_write_wins(H):
+    """argmax_put and edited_logsumexp read put_along(x, ids, vals) without writing it: a repeated id takes its
+    last entry's value (put_along's order), whether the edits are sorted by a comparison sort (a few) or by the
+    radix pass (many) -- against numpy writing the row."""
+    from samplec.backend_mlx import native
+    rng = np.random.default_rng(H)
+    B, V = 3, 5000
+    x = rng.normal(0, 1, (B, V)).astype(np.float32)
+    ids = rng.integers(0, 60, (B, H)).astype(np.int32)         # (each id written many times, values differing)
+    vals = rng.normal(0, 4, (B, H)).astype(np.float32)
+    want = x.copy()
+    for r in range(B):
+        for j in range(H):
+            want[r, ids[r, j]] = vals[r, j]
+    got = native.argmax_put(mx.array(x), mx.array(ids), mx.array(vals))
+    assert np.array(got).reshape(-1).tolist() == np.argmax(want, axis=1).tolist()
+    idx = np.argmax(want, axis=1).astype(np.int32)[:, None]
+    lp = native.edited_logsumexp(mx.array(x), mx.array(ids), mx.array(vals), mx.array(idx))
+    m = want.max(axis=1, keepdims=True)
+    ref = (np.take_along_axis(want, idx, 1) - m - np.log(np.exp(want.astype(np.float64) - m).sum(1, keepdims=True)))
+    np.testing.assert_allclose(np.array(lp[0]), ref, rtol=1e-5, atol=1e-5)
