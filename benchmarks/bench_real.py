@@ -396,7 +396,11 @@ def main():
     ap.add_argument("--out", default=None, help="write OUT.md and OUT.json")
     ap.add_argument("--chains", default=None, help="comma-separated subset")
     ap.add_argument("--cliff", action="store_true", help="only the no-cliff table (each chain on each family)")
+    ap.add_argument("--history", type=int, default=HIST,
+                    help="token history length (default 64; a prompt of thousands for HF's and vLLM's "
+                         "repetition penalty over the whole sequence)")
     args = ap.parse_args()
+    globals()["HIST"] = args.history
     budget = args.budget if args.budget is not None else (0.6 if args.quick else 2.0)
     batches = (1, 8)
     peers = {}
