@@ -965,6 +965,56 @@ std::vector<mx::array> argmax_put(const mx::array& x, const mx::array& ids, cons
   return make(ArgmaxPut{}, {{x.shape(0), 1}}, {mx::int32}, {x, ids, vals});
 }
 
+// DRY's repeat lengths (the `dry_repeats` op, samplec/backend_mlx/kernels.py `_dry_repeats`), in O(H) per row:
+// for each position p >= 1 of the window w [B, H] (-1 = padding) with w[p-1], w[p] >= 0, S[p] = the length of
+// the common suffix of w[:p] and w (a padding entry matches nothing), and out[B, V] (int32, -1 elsewhere) holds
+// at each token the largest S[p] over the positions holding it. S[p] = Z[H - p] of the reversed window (the
+// Z-algorithm, as llama.cpp computes it), each padding entry made a value of its own so that it never matches.
+// in = [w [B, H] int32, x [B, V] (its shape only)]; out = [[B, V] int32].
+struct DryRepeats {
+  static constexpr const char* kName = "SamplecDryRepeats";
+  bool operator==(const DryRepeats&) const { return true; }
+  void operator()(std::vector<mx::array>& in, std::vector<mx::array>& out) const {
+    const int64_t rows = in[0].shape(0), h = in[0].shape(1), n = in[1].shape(1);
+    const Rows<int32_t> w(in[0]);
+    int32_t* o = out[0].data<int32_t>();
+    split(rows, [&](int64_t r) {
+      thread_local std::vector<int64_t> rev;
+      thread_local std::vector<int64_t> z;
+      int32_t* row = o + r * n;
+      std::fill(row, row + n, -1);
+      if (h < 2) return;
+      rev.resize(h);
+      z.assign(h, 0);
+      for (int64_t k = 0; k < h; ++k) {
+        const int32_t v = w(r, h - 1 - k);
+        rev[k] = v >= 0 ? v : -(k + 2);          // (padding: a value no other entry holds)
+      }
+      z[0] = h;
+      for (int64_t i = 1, lo = 0, hi = 0; i < h; ++i) {
+        int64_t len = i < hi ? std::min(hi - i, z[i - lo]) : 0;
+        while (i + len < h && rev[len] == rev[i + len]) ++len;
+        z[i] = len;
+        if (i + len > hi) lo = i, hi = i + len;
+      }
+      for (int64_t q = 1; q < h; ++q) {
+        const int32_t id = w(r, q);
+        if (id < 0 || w(r, q - 1) < 0) continue;
+        const int64_t at = std::min<int64_t>(id, n - 1);
+        row[at] = std::max<int32_t>(row[at], static_cast<int32_t>(z[h - q]));
+      }
+    });
+  }
+};
+
+mx::array dry_repeats(const mx::array& w, const mx::array& x) {
+  need_rows(w, mx::int32, "dry_repeats");
+  if (x.ndim() != 2 || x.shape(0) != w.shape(0) || x.shape(1) < 1) {
+    throw std::invalid_argument("dry_repeats: the window [B, H] int32 and x [B, V]");
+  }
+  return make(DryRepeats{}, {{x.shape(0), x.shape(1)}}, {mx::int32}, {w, x})[0];
+}
+
 // Edits of a row (penalties'), (ids int32 [B, P], values float32 [B, P]) or none: checked, then appended to ins.
 // Prefix ops: allow(mask) and logit_bias(b) as a kernel reads a row, each exactly as MLX computes it -- a mask
 // (bool [B, V] or [1, V]): v -> mask ? v : -inf (where); a bias (float32 [B, V] or [1, V]): v -> v + b (add).
@@ -3387,6 +3437,9 @@ NB_MODULE(_ext, m) {
         "Log-probabilities at idx under put_along(x, ids, vals) and under x, then x's max and log-sum-exp.");
   m.def("history_check", &history_check, nb::arg("ids"), nb::arg("V"),
         "(ids with each id >= V replaced by -1, a flag [B] per row that held one): a history's input check.");
+  m.def("dry_repeats", &dry_repeats, nb::arg("w"), nb::arg("x"),
+        "DRY's repeat lengths: [B, V] int32, at each token the longest common suffix of the window before one of "
+        "its positions and the whole window (-1: none), from the Z-algorithm over the reversed window.");
   m.def("argmax_put", &argmax_put, nb::arg("x"), nb::arg("ids"), nb::arg("vals"),
         "argmax of put_along(x, ids, vals) along the rows, without writing it: [B, 1] int32.");
   m.def("row_logsumexp", &row_logsumexp, nb::arg("x"),

@@ -628,3 +628,27 @@ def test_reference_dry_equals_the_llama_cpp_transcription():
         cpp = cpp_dry(x, [int(t) for t in hist if t >= 0], 0.7, base, allowed, last_n, brk)
         ref = R.dry(x, hist, 0.7, base, allowed, last_n, sorted(brk))
         np.testing.assert_allclose(ref, cpp, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.uncompiled
+def test_dry_repeats_native_equals_the_mlx_ops(monkeypatch):
+    """The native dry_repeats (the Z-algorithm over the reversed window, O(H)) gives the MLX ops' [B, H, H]
+    comparison's result: windows right-aligned behind padding, repeats, a token alphabet of 2 to V, ids past V
+    read at V - 1."""
+    import mlx.core as mx
+
+    from samplec.backend_mlx import kernels, native
+    if not native.enabled():
+        pytest.skip("the native primitives are not built")
+    rng = np.random.default_rng(3)
+    for trial in range(60):
+        B, H, V = int(rng.integers(1, 5)), int(rng.integers(1, 300)), int(rng.integers(2, 400))
+        w = rng.integers(0, int(rng.choice([2, 5, V + 3])), (B, H)).astype(np.int32)
+        for r in range(B):
+            w[r, :int(rng.integers(0, H + 1))] = -1                  # (the window behind its padding)
+        x = mx.zeros((B, V))
+        fast = np.array(kernels._dry_repeats([mx.array(w), x], {}))
+        monkeypatch.setenv("SAMPLEC_NATIVE", "0")
+        slow = np.array(kernels._dry_repeats([mx.array(w), x], {}))
+        monkeypatch.setenv("SAMPLEC_NATIVE", "1")
+        np.testing.assert_array_equal(fast, slow, err_msg=f"trial {trial}")

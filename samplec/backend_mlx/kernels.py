@@ -231,6 +231,9 @@ def _dry_repeats(ins, a):
     """Pairwise over the history: S[p] = length of the common suffix of h[:p] and h (the reverse Z-array), from
     [B, P, H] comparisons over pieces of P positions, then a scatter-max of S onto the token at p."""
     h, x = ins
+    fast = native.dry_repeats(h, x)                 # (on the CPU: the Z-algorithm, O(H) per row)
+    if fast is not None:
+        return fast
     B, H = h.shape
     out = mx.full((B, x.shape[-1]), -1, dtype=mx.int32)
     if H < 2:

@@ -112,6 +112,14 @@ def argmax_put(x: mx.array, ids: mx.array, vals: mx.array) -> mx.array | None:
     return _native.argmax_put(x, ids, vals)[0]
 
 
+def dry_repeats(w: mx.array, x: mx.array) -> mx.array | None:
+    """DRY's repeat lengths [B, V] int32 (the `dry_repeats` op) in O(H) per row, or None (the MLX ops' O(H^2))."""
+    if not (enabled() and w.ndim == 2 and x.ndim == 2 and w.shape[0] == x.shape[0] and x.shape[-1] >= 1 and
+            hasattr(_native, "dry_repeats")):
+        return None
+    return _native.dry_repeats(w.astype(mx.int32), x)
+
+
 PREFIX = {"mask": 0, "bias": 1}
 MAX_PREFIX = 8          # prefix ops a chain kernel applies (samplec_native.cpp's kMaxPrefix); more are MLX ops
 
@@ -246,4 +254,4 @@ def sample_chain(x: mx.array, params: list[mx.array], stages: list[str], termina
 
 __all__ = ["enabled", "installed", "wake", "release", "evaluate", "helped", "threefry_bits", "block_max", "topk_select",
            "argmax_take", "sample_chain", "CHAIN_STAGES", "row_logsumexp", "row_max", "row_softmax", "argmax_put", "penalty_edits",
-           "top_logprob_ids", "edited_logsumexp", "history_check"]
+           "top_logprob_ids", "edited_logsumexp", "history_check", "dry_repeats"]
