@@ -303,10 +303,14 @@ class Lowering:
             last_breaker = make("reduce_max", where(at_breaker, col, const(-1, I32)))
             rep_limit = where(make("ge", last_breaker, const(0, I32)),
                               make("sub", make("sub", h, const(1, I32)), last_breaker), length, name="rep_limit")
-        longest = make("minimum", make("dry_repeats", w, x), rep_limit, name="dry_len")
+        # Only tokens of the window can be penalized: the penalty is computed at the window's positions [B, H]
+        # (a padding position reads token 0, like every entry of token 0: all entries of a token agree) and put
+        # back into the row -- two exps per history entry instead of per vocabulary entry.
+        at = where(make("ge", w, const(0, I32)), w, const(0, I32), name="dry_ids")
+        longest = make("take_along", make("minimum", make("dry_repeats", w, x), rep_limit), at, name="dry_len")
         hit = make("ge", longest, allowed)
         if is_breaker is not None:
-            hit = make("logical_and", hit, make("logical_not", is_breaker))
+            hit = make("logical_and", hit, make("logical_not", make("take_along", is_breaker, at)))
         active = make("logical_and", make("gt", length, allowed), make("ge", rep_limit, allowed))
         log_base = make("log", base_)
         max_exp = where(make("gt", base_, const(1.000001)),
@@ -320,7 +324,8 @@ class Lowering:
         half = make("exp", make("mul", arg, const(0.5)))
         penalty = where(make("gt", arg, const(80.0)), make("mul", make("mul", mult, half), half),
                         make("mul", mult, make("exp", arg)), name="dry_pen")
-        out = where(make("logical_and", active, hit), make("sub", x, penalty), x)
+        x_at = make("take_along", x, at)
+        out = make("put_along", x, at, where(make("logical_and", active, hit), make("sub", x_at, penalty), x_at))
         x_dry = where(make("eq", mult, const(0.0)), x, out, name="x_dry")
         # (a penalty that overflows float32 -- multiplier * base^e above 3.4e38 -- on the row's last kept tokens)
         self.checks.append(Check(make("squeeze", make("eq", make("reduce_max", x_dry), const(NEG_INF))),
