@@ -38,6 +38,7 @@ NATIVE_PRIMITIVES = {
     "argmax": "argmax_take (argmax_put after penalties)",
     "take_along": "a gather of x, max and log Z (or a value the chain or top_logprob_ids gave)",
     "reduce_max": "row_max",
+    "dry_repeats": "dry_repeats (the Z-algorithm, O(H) per row)",
 }
 CHAIN_KERNEL = ("the native chain kernel sample_chain: per row, the tokens above a block bound (a selection over "
                 "block maxima), else radix selection over the whole row; no sort")
