@@ -297,7 +297,7 @@ def _prepare_param(p: Param, value, B: int, V: int, late: list) -> mx.array:
     if p.kind == "tokens":
         if not mx.issubdtype(arr.dtype, mx.integer):
             raise SamplecError(f"{p.name}: token history must be integers, got {arr.dtype}")
-        message = f"{p.name}: token id >= V = {V} in the history"
+        message = f"{p.name}: token id >= V = {V} among its tokens"
         if host is not None and host.ndim == 2:      # (a host array: checked here, without MLX)
             over = (host >= V).any(axis=-1)
             if over.any():
