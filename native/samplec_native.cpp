@@ -878,23 +878,26 @@ struct ArgmaxTake {
   }
 };
 
-// Sort (id, value) pairs by id, stably (equal ids keep their order: the last write stays last), ids in
-// [0, max_id]: LSD radix over the id's bits, 11 at a time, or std::stable_sort for a few.
-inline void stable_sort_by_id(std::vector<std::pair<int32_t, float>>& a, int64_t max_id) {
+// Sort a row's entries by their id (id_of(e) in [0, max_id]), stably (equal ids keep their order: a last write
+// stays last): LSD radix over the id's bits, 11 at a time (two passes for a vocabulary under 2^22), or
+// std::stable_sort for a few.
+template <class T, class IdOf>
+void sort_by_id(std::vector<T>& a, int64_t max_id, IdOf id_of) {
   if (a.size() < 256) {
-    std::stable_sort(a.begin(), a.end(), [](const auto& x, const auto& y) { return x.first < y.first; });
+    std::stable_sort(a.begin(), a.end(), [&](const T& x, const T& y) { return id_of(x) < id_of(y); });
     return;
   }
-  thread_local std::vector<std::pair<int32_t, float>> tmp;
+  thread_local std::vector<T> tmp;
   tmp.resize(a.size());
   for (int shift = 0; shift < 31 && (max_id >> shift) > 0; shift += 11) {
     uint32_t count[2049] = {0};
-    for (const auto& e : a) ++count[((static_cast<uint32_t>(e.first) >> shift) & 2047) + 1];
+    for (const T& e : a) ++count[((id_of(e) >> shift) & 2047) + 1];
     for (int d = 0; d < 2048; ++d) count[d + 1] += count[d];
-    for (const auto& e : a) tmp[count[(static_cast<uint32_t>(e.first) >> shift) & 2047]++] = e;
+    for (const T& e : a) tmp[count[(id_of(e) >> shift) & 2047]++] = e;
     a.swap(tmp);
   }
 }
+constexpr auto kPairId = [](const std::pair<int32_t, float>& e) { return static_cast<uint32_t>(e.first); };
 
 // argmax of put_along(x, ids, vals) without writing it: x with vals at ids (a repeated id: its last entry's value),
 // MLX's argmax on it (the first maximum, a NaN winning). [B, 1] int32. (ids, vals: [B, H], int32 / float32.)
@@ -907,7 +910,7 @@ void last_writes(const Rows<int32_t>& ids, const Rows<float>& vals, int64_t r, i
     const int32_t id = ids(r, j);
     if (id >= 0 && id < n) put.emplace_back(id, vals(r, j));
   }
-  stable_sort_by_id(put, n - 1);
+  sort_by_id(put, n - 1, kPairId);
   size_t u = 0;
   for (size_t k = 0; k < put.size(); ++k) {
     if (k + 1 < put.size() && put[k + 1].first == put[k].first) continue;
@@ -1072,23 +1075,6 @@ void push_edits(std::vector<mx::array>& ins, const std::vector<mx::array>& edits
   ins.push_back(edits[1]);
 }
 
-// Sort keys (id << 32 | j) by id (ids in [0, max_id]): LSD radix over the id's bits, 11 at a time (two passes
-// for a vocabulary under 2^22), or std::sort for a short history. Equal ids may end in any order.
-inline void sort_by_id(std::vector<uint64_t>& a, std::vector<uint64_t>& tmp, int64_t max_id) {
-  if (a.size() < 256) {
-    std::sort(a.begin(), a.end());
-    return;
-  }
-  tmp.resize(a.size());
-  for (int shift = 32; shift < 64 && (max_id >> (shift - 32)) > 0; shift += 11) {
-    uint32_t count[2049] = {0};
-    for (uint64_t k : a) ++count[((k >> shift) & 2047) + 1];
-    for (int d = 0; d < 2048; ++d) count[d + 1] += count[d];
-    for (uint64_t k : a) tmp[count[(k >> shift) & 2047]++] = k;
-    a.swap(tmp);
-  }
-}
-
 // penalties' edits, one primitive for the whole stage: the history window's ids and the penalized logits there,
 // as the stage's dense definition (samplec/frontend/expand.py `penalties`) computes them, and whether one of those
 // overflows float32 (+inf). Entry j of row r counts when hist[r, j] >= 0 and it lies in the last last_n entries
@@ -1128,7 +1114,7 @@ struct PenaltyEdits {
     bool* over = out[2].data<bool>();
     auto clamp = [n](int64_t i) { return static_cast<int32_t>(std::min<int64_t>(std::max<int64_t>(i, 0), n - 1)); };
     split(rows, [&](int64_t r) {       // (rows in parts: MLX's worker and a waiting caller share them)
-      thread_local std::vector<uint64_t> order, spare;   // (id << 32 | j) of the counted entries, by id
+      thread_local std::vector<uint64_t> order;          // (id << 32 | j) of the counted entries, by id
       thread_local std::vector<int32_t> seen;            // the counted ids, rising, once each
       thread_local std::vector<float> now;               // their values after this stage (seen's order)
       thread_local std::vector<std::pair<int32_t, float>> put;   // the prior edits by id (stable: the last wins)
@@ -1142,7 +1128,7 @@ struct PenaltyEdits {
         ids[r * h + j] = valid ? clamp(id) : 0;
         if (valid) order.push_back(static_cast<uint64_t>(ids[r * h + j]) << 32 | static_cast<uint64_t>(j));
       }
-      sort_by_id(order, spare, n - 1);
+      sort_by_id(order, n - 1, [](uint64_t k) { return static_cast<uint32_t>(k >> 32); });
       put.clear();
       if (prior) {
         const Rows<int32_t> pid(in[6]);
@@ -1152,7 +1138,7 @@ struct PenaltyEdits {
           out_ids[r * w + j] = pid(r, j);
           out_vals[r * w + j] = pval(r, j);
         }
-        stable_sort_by_id(put, n - 1);
+        sort_by_id(put, n - 1, kPairId);
       }
       size_t q = 0;                                    // (put walked along the ids, which rise)
       auto base = [&](int32_t id) {                    // x at id through the prefix ops, or its last prior edit

@@ -43,19 +43,28 @@ def _guard(fn):
         except KeyboardInterrupt:
             _fail("interrupted", 130)
         except BrokenPipeError:             # (`samplec run ... | head -1`: the reader left; so does samplec, quietly)
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-            raise typer.Exit(141) from None
+            _reader_left()
         except OSError as e:                # (the output could not be written: a full disk, /dev/full; a port in use)
             if os.environ.get("SAMPLEC_DEBUG"):
                 raise
-            if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO):
-                _fail(f"error: cannot write the output: {e.strerror or e}")
-            _fail(f"error: {e.strerror or e}" + (f": {e.filename}" if e.filename else ""))
+            _fail(_os_error(e))
         except Exception as e:  # noqa: BLE001 - the CLI promises no tracebacks
             if os.environ.get("SAMPLEC_DEBUG"):
                 raise
             _fail(f"internal error: {type(e).__name__}: {e} (set SAMPLEC_DEBUG=1 for a traceback)", 3)
     return wrapper
+
+
+def _reader_left():
+    """The reader of standard output went away: exit quietly with SIGPIPE's status (no flush error at exit)."""
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    raise SystemExit(141)
+
+
+def _os_error(e: OSError) -> str:
+    if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO):
+        return f"error: cannot write the output: {e.strerror or e}"
+    return f"error: {e.strerror or e}" + (f": {e.filename}" if e.filename else "")
 
 
 def _pairs(items: list[str] | None, flag: str) -> dict[str, str]:
@@ -446,13 +455,12 @@ def _check_required(prog, values: dict, seeds_given_by_draws: bool = False) -> N
 def main():
     try:
         app()
-    except BrokenPipeError:             # (--help, --version, doctor: outside _guard; a reader that left)
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        sys.exit(141)
+    except BrokenPipeError:             # (--help, --version, doctor: outside _guard)
+        _reader_left()
     except OSError as e:
         if os.environ.get("SAMPLEC_DEBUG"):
             raise
-        print(f"error: cannot write the output: {e.strerror or e}", file=sys.stderr)
+        print(_os_error(e), file=sys.stderr)
         sys.exit(1)
 
 

@@ -118,8 +118,8 @@ def _own_descriptor(path: Path) -> int | None:
     m = re.fullmatch(r"/dev/(stdout|stderr|fd/(\d+))|/proc/self/fd/(\d+)", str(path))
     if m is None:
         return None
-    fd = {"stdout": 1, "stderr": 2}.get(m.group(1)) if m.group(1) in ("stdout", "stderr") else \
-        int(m.group(2) or m.group(3))
+    number = m.group(2) or m.group(3)
+    fd = int(number) if number else 1 if m.group(1) == "stdout" else 2
     try:
         os.fstat(fd)
     except OSError:
