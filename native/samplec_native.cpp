@@ -2323,8 +2323,8 @@ inline float key_value(uint32_t k) {
   return v;
 }
 
-// The largest key k such that `base` plus the weight of the keys >= k reaches `need` (the highest key when none
-// does; `base`: the weight of keys above these, already counted).
+// The largest key k such that `base` plus the weight of the keys >= k reaches `need` (the highest key where `base`
+// already does, the lowest where none does; `base`: the weight of keys above these, already counted).
 // `keys` (and `ws`, their weights; empty: 1 each) are consumed. Each level histograms the next (up to) 11 bits
 // below the bits the remaining keys share -- so a row whose values crowd into a narrow range (a flat row: every
 // probability within a factor of two) is split by its first level as finely as a spread one -- and keeps only
@@ -2339,7 +2339,8 @@ uint32_t radix_select(std::vector<uint32_t>& keys, std::vector<W>& ws, W need, W
     lo = keys[i] < lo ? keys[i] : lo;
     hi = keys[i] > hi ? keys[i] : hi;
   }
-  if (keys.empty()) lo = 0;
+  if (keys.empty()) return 0;
+  if (base >= need) return hi;                     // (every key reaches: the highest, never an empty bucket above it)
   while (true) {
     const uint32_t diff = lo ^ hi;
     if (diff == 0) return lo;                      // (one key value left, or none: lo)
@@ -2977,8 +2978,13 @@ bool greedy_row(ChainRow& row, int32_t* token) {
   const float top = max_nan(x, V);
   if (!(top > -INFINITY)) return false;   // NaN or nothing finite: the program's checks report the row
   std::vector<float> before;              // the positive temperatures applied before the zero, in order
+  float ftop = top;
   for (size_t s = 0; s < zero; ++s) {
-    if (stages[s] == kTemperature && row.args[s].a != 1.0) before.push_back(static_cast<float>(row.args[s].a));
+    if (stages[s] != kTemperature || row.args[s].a == 1.0) continue;
+    const float t = static_cast<float>(row.args[s].a);
+    if (!std::isfinite(ftop / t)) break;  // the top / t leaves the float32 range: this one keeps the argmax
+    ftop = ftop / t;
+    before.push_back(t);
   }
   auto f = [&before](float v) {
     for (float t : before) v = v / t;
@@ -2992,11 +2998,11 @@ bool greedy_row(ChainRow& row, int32_t* token) {
     while (x[at] == -INFINITY || f(x[at]) != ftop) ++at;
   }
   *token = static_cast<int32_t>(at);
-  if (row.x_out != nullptr) {             // the kept token's value: every positive temperature, in order
-    float v = x[at];
+  if (row.x_out != nullptr) {             // the kept token's value: every positive temperature, in order, but
+    float v = x[at];                      // one that would take it out of the float32 range (it keeps it as is)
     for (size_t s = 0; s < stages.size(); ++s) {
       const float t = static_cast<float>(row.args[s].a);
-      if (stages[s] == kTemperature && t != 0.0f && t != 1.0f) v = v / t;
+      if (stages[s] == kTemperature && t != 0.0f && t != 1.0f && std::isfinite(v / t)) v = v / t;
     }
     std::fill(row.x_out, row.x_out + V, row.probs_out ? 0.0f : -INFINITY);
     row.x_out[at] = row.probs_out ? 1.0f : v;

@@ -5,7 +5,7 @@ import os
 
 from samplec.diagnostics import SamplecError
 from samplec.files import read_source
-from samplec.frontend.check import check
+from samplec.frontend.check import F32_RANGE, as_float32, check
 from samplec.frontend.lower import _param_ranges, lower
 from samplec.frontend.parser import parse
 from samplec.ir.graph import Graph
@@ -66,7 +66,11 @@ def _check_bindings(checked, bindings: dict) -> dict:
         except (TypeError, ValueError):
             raise SamplecError(f"--set {name}: expected {'an' if kind == 'int' else 'a'} {kind}, got {value!r}") from None
         if kind == "int" and not -2**31 <= num < 2**31 or kind == "seed" and not 0 <= num < 2**64:
-            raise SamplecError(f"--set {name}={value}: out of range for a {kind}")
+            raise SamplecError(f"--set {name}={value}: out of range for {'an' if kind == 'int' else 'a'} {kind}")
+        if kind == "float":         # the float32 the program holds, as a literal's (docs/language.md)
+            num = as_float32(num)
+            if num is None or num != num:
+                raise SamplecError(f"--set {name}={value}: " + ("NaN" if num is not None else F32_RANGE))
         if name in ranges and not ranges[name].contains(float(num)):
             raise SamplecError(f"--set {name}={value}: out of range {ranges[name].describe()}")
         out[name] = num

@@ -358,8 +358,8 @@ def doctor_report() -> list[str]:
                 prims = sorted(n for n in dir(mod) if not n.startswith("_") and callable(getattr(mod, n)))
                 if native.enabled():
                     state = "active: these primitives serve the CPU kernels"
-                elif env_native == "0":
-                    state = "loaded but off (SAMPLEC_NATIVE=0)"
+                elif native.switched_off("SAMPLEC_NATIVE"):
+                    state = f"loaded but off (SAMPLEC_NATIVE={env_native})"
                 else:
                     state = f"loaded but off (the default device is {mx.default_device()}, not the CPU)"
                 lines.append(f"native          {state} ({getattr(mod, '__file__', '?')})")

@@ -207,8 +207,8 @@ def native_state(native: bool | None) -> tuple[bool, str]:
             "(as asked)"
     if not nat.installed():
         return False, "without the native primitives (samplec-native is not installed)"
-    if os.environ.get("SAMPLEC_NATIVE", "1") == "0":
-        return False, "without the native primitives (SAMPLEC_NATIVE=0)"
+    if nat.switched_off("SAMPLEC_NATIVE"):
+        return False, f"without the native primitives (SAMPLEC_NATIVE={os.environ['SAMPLEC_NATIVE']})"
     if not hasattr(nat._native, "sample_chain"):
         return True, "with the native primitives (installed; this build has no chain kernel)"
     return True, "with the native primitives (samplec-native installed and on)"

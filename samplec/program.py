@@ -213,8 +213,8 @@ class Program:
             if p.kind == "seed" and type(value) is int and 0 <= value < 2 ** 64 or \
                     p.kind == "int" and type(value) is int and -2 ** 31 <= value < 2 ** 31 and \
                     (p.name not in self._ranges or self._ranges[p.name].contains(value)) or \
-                    p.kind == "float" and (p.name not in self._ranges or self._ranges[p.name].contains(value)) \
-                    and value == value:
+                    p.kind == "float" and value == value and abs(value) <= _F32_MAX and \
+                    (p.name not in self._ranges or self._ranges[p.name].contains(float(np.float32(value)))):
                 arr = mx.array(np.full((B,), value, dtype=np.uint64)) if p.kind == "seed" else \
                     mx.array([value] * B, dtype=mx.int32 if p.kind == "int" else mx.float32)
                 if len(self._scalars) > 256:
@@ -348,6 +348,9 @@ def _mask(name: str, arr: mx.array, B: int, V: int) -> mx.array:
     return (bits.reshape(B, words * 32)[:, :V]) != 0
 
 
+_F32_MAX = float(np.finfo(np.float32).max)
+
+
 def _scalar_param(p: Param, value, B: int) -> np.ndarray:
     if isinstance(value, mx.array):
         value = np.array(value)
@@ -370,7 +373,16 @@ def _scalar_param(p: Param, value, B: int) -> np.ndarray:
     if arr.ndim == 0:
         arr = np.broadcast_to(arr, (B,))
     if arr.ndim != 1 or arr.shape[0] != B:
-        raise SamplecError(f"{p.name}: expected a scalar or {B} values (one per row), got shape {list(arr.shape)}")
+        raise SamplecError(f"{p.name}: expected a scalar or {B} value{'s' if B != 1 else ''} (one per row), "
+                           f"got shape {list(arr.shape)}")
+    if p.kind in ("float", "state"):     # the float32 the program computes with, checked as such (a literal's)
+        with np.errstate(over="ignore"):
+            f32 = arr.astype(np.float32)
+        over = np.isfinite(arr) & ~np.isfinite(f32)
+        if over.any():
+            raise SamplecError(f"{p.name}: out of the float32 range (|x| <= 3.4028235e38; pass inf for infinity) "
+                               f"({_rows(over)})")
+        arr = f32.astype(np.float64)
     if p.kind == "int" and arr.dtype.kind == "f":
         bad = ~np.isfinite(arr) | (arr != np.round(arr))
         if bad.any():
@@ -381,7 +393,7 @@ def _scalar_param(p: Param, value, B: int) -> np.ndarray:
         r = Range.parse(p.range)
         bad = np.array([not r.contains(float(v)) for v in arr])
         if bad.any():
-            vals = ", ".join(f"{float(v):g}" for v in arr[bad][:4])
+            vals = ", ".join(str(np.float32(v)) if p.kind == "float" else f"{int(v)}" for v in arr[bad][:4])
             raise SamplecError(f"{p.name} = {vals} is out of range {p.range} ({_rows(bad)})")
     if p.kind == "int" and ((arr < -2 ** 31) | (arr > 2 ** 31 - 1)).any():
         bad = (arr < -2 ** 31) | (arr > 2 ** 31 - 1)

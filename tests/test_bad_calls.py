@@ -151,3 +151,27 @@ def test_an_error_in_many_rows_names_the_first_and_counts_them():
     with pytest.raises(samplec.SamplecError) as e:
         p(np.zeros((40, 10), np.float32), t=t)
     assert "rows 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31, 33, ... (19 rows)" in str(e.value)
+
+
+def test_float_values_are_checked_as_the_float32_they_become(prog):
+    """A run-time float is the float32 a literal would be: checked after rounding (docs/language.md), so a value
+    a float64 sum lands one ulp past a bound is that bound, and one past the float32 range is an error."""
+    nucleus = samplec.compile("sampler s(q: float, m: float, seed: seed) -> token { top_p(q) min_p(m) sample(seed) }")
+    ok = np.array(nucleus(X, q=0.1 + 0.2 + 0.7, m=1.00000001, seed=3).token).tolist()
+    assert ok == np.array(nucleus(X, q=1.0, m=1.0, seed=3).token).tolist()
+    with pytest.raises(samplec.SamplecError, match=r"q = 0.0 is out of range \(0, 1\] \(row 1\)"):
+        nucleus(X, q=[0.5, 1e-300], m=0.0, seed=3)       # 1e-300 is 0 in float32, as top_p(1e-50) is
+    msg = error(prog, t=[0.7, 1e39])
+    assert msg.startswith("t:") and "float32 range" in msg and "row 1" in msg, msg
+    assert call(prog, t=-1e-50) == call(prog, t=0.0)  # -0.0: greedy, as the literal temperature(-1e-50)
+
+
+def test_set_floats_are_float32_too():
+    src = "sampler s(t: float, seed: seed) -> token { temperature(t) sample(seed) }"
+    with pytest.raises(samplec.SamplecError, match="float32 range"):
+        samplec.compile(src, bindings={"t": 1e39})
+    with pytest.raises(samplec.SamplecError, match="NaN"):
+        samplec.compile(src, bindings={"t": float("nan")})
+    bound = samplec.compile("sampler s(q: float, seed: seed) -> token { top_p(q) sample(seed) }",
+                            bindings={"q": 0.1 + 0.2 + 0.7})
+    assert "top_p" not in bound.ir()                      # float32(1.0000000000000002) = 1: top_p is off

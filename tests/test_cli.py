@@ -310,6 +310,8 @@ def test_version_and_doctor(monkeypatch):
         monkeypatch.setenv("SAMPLEC_NATIVE", "0")
         assert any("loaded but off (SAMPLEC_NATIVE=0)" in ln for ln in doctor_report())
         assert any("stage chains    their dense definitions in MLX ops" in ln for ln in doctor_report())
+        monkeypatch.setenv("SAMPLEC_NATIVE", "off")                 # (off, false, no too: not only 0)
+        assert any("loaded but off (SAMPLEC_NATIVE=off)" in ln for ln in doctor_report()) and not native.enabled()
     monkeypatch.setitem(sys.modules, "mlx.core", None)               # MLX missing: reported, no traceback
     lines = doctor_report()
     assert any(ln.startswith("mlx             not available") for ln in lines)

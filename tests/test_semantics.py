@@ -275,6 +275,31 @@ def test_temperature_zero_keeps_lowest_id_argmax(opt):
     assert_probs_match(probs, [R.temperature(x[0], 0), R.temperature(x[1], 0.5)])
 
 
+@pytest.mark.parametrize("opt", (0, 1, 2))
+def test_typical_p_zero_keeps_the_least_surprising(opt):
+    """typical_p(0): the mass in ascending score reaches 0 at the first score, so the most typical token (and the
+    argmax) stay -- by hand: p = [1/2, 1/4, 1/8, 1/8], H = 1.75 ln 2, scores [0.75, 0.25, 1.25, 1.25] ln 2."""
+    x = np.log(np.array([[0.5, 0.25, 0.125, 0.125]] * 3, F32))
+    for src in ("sampler s(seed: seed) -> token, probs { typical_p(0) sample(seed) }",
+                "sampler s(m: float, seed: seed) -> token, probs { typical_p(m) sample(seed) }"):
+        out = prog(src, opt)(x, m=[0.0, 0.0, 0.0], seed=[1, 2, 3]) if "m:" in src else prog(src, opt)(x, seed=[1, 2, 3])
+        np.testing.assert_allclose(np_(out.probs), [[2 / 3, 1 / 3, 0, 0]] * 3, atol=1e-6)
+        assert set(np_(out.token).tolist()) <= {0, 1}
+
+
+@pytest.mark.parametrize("opt", (0, 1, 2))
+def test_temperature_overflow_then_zero(opt):
+    """A temperature so small that the top / t leaves float32 keeps the argmax with its value (docs/language.md);
+    a temperature 0 before or after it, in the same call, keeps that token and value too (by hand)."""
+    x = np.array([[1.0, 2.0, 0.5], [1.0, 2.0, 0.5]], F32)
+    for order in ("temperature(u) temperature(t)", "temperature(t) temperature(u)"):
+        src = f"sampler s(u: float, t: float, seed: seed) -> token, probs, candidates(2) {{ {order} sample(seed) }}"
+        out = prog(src, opt)(x, u=[1e-45, 0.5], t=[0.0, 0.0], seed=[5, 6])
+        assert np_(out.token).tolist() == [1, 1], order
+        np.testing.assert_array_equal(np_(out.probs), [[0, 1, 0], [0, 1, 0]])
+        np.testing.assert_array_equal(np_(out.candidates.values), [[2.0, -np.inf], [4.0, -np.inf]])
+
+
 @pytest.mark.parametrize("opt", OPTS)
 def test_hand_computed_ties(opt):
     """Kept sets worked out by hand (not by the reference): ties at v_k and at the top_p boundary are kept."""
@@ -368,7 +393,7 @@ def chain_case(name, V, rng, kinds=ROW_KINDS):
         k = [int(v) for v in rng.choice([0, 1, 5, 40, V], B)]
         p = [float(v) for v in rng.choice([0.5, 0.9, 1.0], B)]
         m = [float(v) for v in rng.choice([0.0, 0.05, 0.2], B)]
-        tp = [float(v) for v in rng.choice([0.5, 0.95, 1.0], B)]
+        tp = [float(v) for v in rng.choice([0.0, 0.5, 0.95, 1.0], B)]
         kw = {"t": t, "k": k, "p": p, "m": m, "tp": tp, "seed": seeds, "pos": pos}
         st = lambda r: [("temperature", {"t": t[r]}), ("top_k", {"k": k[r]}), ("top_p", {"p": p[r]}),
                         ("min_p", {"m": m[r]}), ("typical_p", {"m": tp[r]})]

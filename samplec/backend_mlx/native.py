@@ -3,7 +3,7 @@
 MLX's CPU backend charges microseconds per primitive however small its input, so the ops of a -O2 plan that
 expand into many MLX primitives cost more than their arithmetic. `samplec_native` implements them as single MLX
 primitives (C++, built against the installed MLX) with exactly the same results; samplec uses them when the
-package imports, the default device is the CPU and `SAMPLEC_NATIVE` is not `0`. Everything works without it.
+package imports, the default device is the CPU and `SAMPLEC_NATIVE` is not `0` (or off/false/no). Everything works without it.
 
     pip install nanobind==3.1.0 && pip install --no-build-isolation ./native
 """
@@ -19,10 +19,14 @@ except (ImportError, OSError):   # not built (or built against another MLX): the
     _native = None
 
 
+def switched_off(var: str) -> bool:
+    """Whether the environment variable turns a feature off: 0, off, false or no (any case)."""
+    return os.environ.get(var, "1").strip().lower() in ("0", "off", "false", "no")
+
+
 def enabled() -> bool:
     """Whether the native primitives serve the kernels traced now."""
-    return _native is not None and os.environ.get("SAMPLEC_NATIVE", "1") != "0" and \
-        mx.default_device() == mx.cpu
+    return _native is not None and not switched_off("SAMPLEC_NATIVE") and mx.default_device() == mx.cpu
 
 
 def installed() -> bool:
@@ -40,7 +44,7 @@ def threefry_bits(seed: mx.array, c0: mx.array, c1: mx.array) -> mx.array | None
 
 SPIN_US = 300.0     # how long a wait polls before it blocks (a -O2 plan at B = 1 evaluates in ~0.1 ms)
 HOLD_US = 300.0     # how long MLX's CPU worker is kept awake for a call's dispatch at most
-_SPIN = (os.cpu_count() or 1) > 1 and os.environ.get("SAMPLEC_SPIN", "1") != "0"
+_SPIN = (os.cpu_count() or 1) > 1 and not switched_off("SAMPLEC_SPIN")
 
 
 def _polling() -> bool:
