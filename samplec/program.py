@@ -351,6 +351,14 @@ def _mask(name: str, arr: mx.array, B: int, V: int) -> mx.array:
 _F32_MAX = float(np.finfo(np.float32).max)
 
 
+def _show(v: float, kind: str) -> str:
+    """A value as short as it reads unambiguously (as the float32 it is, for a float)."""
+    if kind != "float":
+        return f"{int(v)}"
+    short = f"{float(v):g}"
+    return short if np.float32(short) == np.float32(v) else str(np.float32(v))
+
+
 def _scalar_param(p: Param, value, B: int) -> np.ndarray:
     if isinstance(value, mx.array):
         value = np.array(value)
@@ -393,7 +401,7 @@ def _scalar_param(p: Param, value, B: int) -> np.ndarray:
         r = Range.parse(p.range)
         bad = np.array([not r.contains(float(v)) for v in arr])
         if bad.any():
-            vals = ", ".join(str(np.float32(v)) if p.kind == "float" else f"{int(v)}" for v in arr[bad][:4])
+            vals = ", ".join(_show(v, p.kind) for v in arr[bad][:4])
             raise SamplecError(f"{p.name} = {vals} is out of range {p.range} ({_rows(bad)})")
     if p.kind == "int" and ((arr < -2 ** 31) | (arr > 2 ** 31 - 1)).any():
         bad = (arr < -2 ** 31) | (arr > 2 ** 31 - 1)
