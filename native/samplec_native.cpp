@@ -2956,6 +2956,21 @@ void chain_dense(ChainRow& row, int64_t nb, int bs, int32_t* token, float* logpr
   }
 }
 
+// Whether stage s of the row removes nothing: a temperature (a monotone map), or a cut at its off value.
+bool stage_off(const ChainRow& row, size_t s) {
+  const double a = row.args[s].a;
+  switch ((*row.stages)[s]) {
+    case kTemperature: return true;
+    case kTopK: return a <= 0 || a >= static_cast<double>(row.V);
+    case kTopP: return a >= 1.0;
+    case kMinP: return a == 0.0;
+    case kTopNSigma: return a <= 0.0;
+    case kTypicalP: return a >= 1.0;
+    case kXtc: return row.args[s].b == 0.0;
+  }
+  return false;
+}
+
 // A row whose chain reaches temperature 0 through stages that all keep the largest current value (cuts, positive
 // temperatures, an xtc whose coin does not fire) keeps that value's lowest id alone: every later stage leaves a
 // single token as it is, and the draw returns it. One pass over the row, none of the cuts' work (a server batch's
@@ -2979,10 +2994,17 @@ bool greedy_row(ChainRow& row, int32_t* token) {
   if (!(top > -INFINITY)) return false;   // NaN or nothing finite: the program's checks report the row
   std::vector<float> before;              // the positive temperatures applied before the zero, in order
   float ftop = top;
+  bool cut = false;                       // a stage before them removed tokens
   for (size_t s = 0; s < zero; ++s) {
-    if (stages[s] != kTemperature || row.args[s].a == 1.0) continue;
+    if (stages[s] != kTemperature) {
+      cut |= !stage_off(row, s);
+      continue;
+    }
+    if (row.args[s].a == 1.0) continue;
     const float t = static_cast<float>(row.args[s].a);
     if (!std::isfinite(ftop / t)) break;  // the top / t leaves the float32 range: this one keeps the argmax
+    // a division after a cut may round a removed token onto the top (x / inf, underflow): the chain decides
+    if (cut) return false;
     ftop = ftop / t;
     before.push_back(t);
   }
@@ -3012,20 +3034,8 @@ bool greedy_row(ChainRow& row, int32_t* token) {
 
 // Whether every stage of the row is a temperature or at its off value (spec section 2), so that nothing is cut.
 bool row_temps_only(const ChainRow& row) {
-  const auto& stages = *row.stages;
-  for (size_t s = 0; s < stages.size(); ++s) {
-    const double a = row.args[s].a;
-    bool off = false;
-    switch (stages[s]) {
-      case kTemperature: off = true; break;
-      case kTopK: off = a <= 0 || a >= static_cast<double>(row.V); break;
-      case kTopP: off = a >= 1.0; break;
-      case kMinP: off = a == 0.0; break;
-      case kTopNSigma: off = a <= 0.0; break;
-      case kTypicalP: off = a >= 1.0; break;
-      case kXtc: off = row.args[s].b == 0.0; break;
-    }
-    if (!off) return false;
+  for (size_t s = 0; s < row.stages->size(); ++s) {
+    if (!stage_off(row, s)) return false;
   }
   return true;
 }

@@ -300,6 +300,18 @@ def test_temperature_overflow_then_zero(opt):
         np.testing.assert_array_equal(np_(out.candidates.values), [[2.0, -np.inf], [4.0, -np.inf]])
 
 
+@pytest.mark.parametrize("opt", (0, 1, 2))
+@pytest.mark.parametrize("terminal", ("sample(seed)", "greedy()"))
+def test_temperature_inf_after_a_cut_ties_only_the_kept(opt, terminal):
+    """x / inf is 0 for every finite logit: the temperature 0 after it picks the lowest id among the tokens the
+    cut kept (ids 1 and 3), never a removed one that divides to the same 0 (by hand)."""
+    x = np.array([[0.0, 5.0, 3.0, 4.0]] * 2, F32)
+    src = f"sampler s(a: float, b: float, seed: seed) -> token, probs {{ top_k(2) temperature(a) temperature(b) {terminal} }}"
+    out = prog(src, opt)(x, a=[np.inf, 1e-45], b=[0.0, 0.0], seed=[1, 2])
+    assert np_(out.token).tolist() == [1, 1]
+    np.testing.assert_array_equal(np_(out.probs), [[0, 1, 0, 0]] * 2)
+
+
 @pytest.mark.parametrize("opt", OPTS)
 def test_hand_computed_ties(opt):
     """Kept sets worked out by hand (not by the reference): ties at v_k and at the top_p boundary are kept."""
