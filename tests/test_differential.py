@@ -281,3 +281,38 @@ def test_row_independent_of_batch():
     for r in range(5):
         alone = prog(x[r:r + 1], **{k: v[r:r + 1] for k, v in kw.items()})
         assert int(np.array(alone.token)[0]) == whole[r]
+
+
+EXTREME_T = (0.0, 1e-45, 1e-38, 1e-20, 0.5, 1.0, 2.0, 1e30, np.inf)
+EXTREME_CUTS = ("top_k(3)", "top_p(0.9)", "min_p(0.1)", "typical_p(0.5)", "typical_p(0)", "xtc(0.1, 1.0, seed)")
+
+
+@pytest.mark.uncompiled
+def test_extreme_temperatures_O2_equals_O0():
+    """Temperatures at the edges of float32 (a top / t that overflows keeps the argmax; x / inf rounds every
+    kept logit to 0; subnormal results) between cuts, per row and in several places of one chain: -O2 (the chain
+    kernel's greedy and chain paths) gives -O0's tokens, kept sets and values."""
+    rng = np.random.default_rng(11)
+    for case in range(40):
+        chain, names = [], []
+        for i in range(int(rng.integers(1, 4))):
+            if rng.random() < 0.5:
+                chain.append(str(rng.choice(EXTREME_CUTS)))
+            chain.append(f"temperature(t{i})")
+            names.append(f"t{i}")
+        outs = str(rng.choice(["token, probs", "token, logprob, candidates(3)"]))
+        term = str(rng.choice(["sample(seed)", "greedy()"]))
+        src = f"sampler s({', '.join(n + ': float' for n in names)}, seed: seed) -> {outs} {{ {' '.join(chain)} {term} }}"
+        B, V = 6, int(rng.choice([3, 50, 300]))
+        x = rng.normal(0, float(rng.choice([1.0, 1e3])), (B, V)).astype(np.float32)
+        kw = {n: [float(v) for v in rng.choice(EXTREME_T, B)] for n in names}
+        got = [samplec.compile(src, opt_level=o)(x, seed=list(range(B)), **kw) for o in (0, 2)]
+        for name in ("token", "probs", "logprob", "candidates"):
+            a, b = (getattr(o, name, None) for o in got)
+            if a is None:
+                continue
+            a, b = (np.array(v.values if name == "candidates" else v) for v in (a, b))
+            if name == "token":
+                assert a.tolist() == b.tolist(), (case, src, kw)
+            else:
+                np.testing.assert_allclose(a, b, atol=1e-6, rtol=1e-6, err_msg=f"{case} {src} {kw}")
