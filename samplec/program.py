@@ -360,22 +360,19 @@ def _show(v: float, kind: str) -> str:
 
 
 def _scalar_param(p: Param, value, B: int) -> np.ndarray:
+    """A scalar parameter's run-time value as [B] numbers, or one error naming the parameter and, for each
+    problem found (NaN, out of range, past float32 or int32, not an integer), its rows."""
     if isinstance(value, mx.array):
         value = np.array(value)
     if p.kind == "seed":
         arr = np.asarray(value, dtype=object if not isinstance(value, np.ndarray) else None)
-        items = list(np.ravel(arr))
         if any(isinstance(v, (str, bytes, bool, np.bool_)) or not isinstance(v, (int, np.integer)) and
-               not (isinstance(v, (float, np.floating)) and float(v).is_integer()) for v in items):
+               not (isinstance(v, (float, np.floating)) and float(v).is_integer()) for v in np.ravel(arr)):
             raise SamplecError(f"{p.name}: seeds must be integers, got {value!r}")
-        ints = [int(v) for v in items]
-        if any(not 0 <= v < 2 ** 64 for v in ints):
-            bad = np.array([not 0 <= v < 2 ** 64 for v in ints])
-            raise SamplecError(f"{p.name}: seeds must be in [0, 2**64) ({_rows(bad)})")
-        arr = np.array(ints, dtype=np.uint64).reshape(np.shape(arr))
+        arr = np.vectorize(int, otypes=[object])(arr) if arr.size else arr.astype(object)
     else:
         raw = np.asarray(value) if not isinstance(value, (str, bytes)) else None
-        if raw is None or raw.dtype.kind not in "biuf":     # ('0.7' is a string, not a number)
+        if raw is None or raw.dtype.kind not in "iuf":     # ('0.7' is a string, True a flag: not numbers)
             raise SamplecError(f"{p.name}: expected a number or one number per row, got {value!r}")
         arr = raw.astype(np.float64)
     if arr.ndim == 0:
@@ -383,29 +380,44 @@ def _scalar_param(p: Param, value, B: int) -> np.ndarray:
     if arr.ndim != 1 or arr.shape[0] != B:
         raise SamplecError(f"{p.name}: expected a scalar or {B} value{'s' if B != 1 else ''} (one per row), "
                            f"got shape {list(arr.shape)}")
+    if p.kind == "seed":
+        bad = np.array([not 0 <= v < 2 ** 64 for v in arr], dtype=bool)
+        if bad.any():
+            raise SamplecError(f"{p.name}: seeds must be in [0, 2**64) ({_rows(bad)})")
+        return np.array([int(v) for v in arr], dtype=np.uint64)
+    problems = []                        # every problem with its rows, in one error
     if p.kind in ("float", "state"):     # the float32 the program computes with, checked as such (a literal's)
         with np.errstate(over="ignore"):
             f32 = arr.astype(np.float32)
         over = np.isfinite(arr) & ~np.isfinite(f32)
         if over.any():
-            raise SamplecError(f"{p.name}: out of the float32 range (|x| <= 3.4028235e38; pass inf for infinity) "
-                               f"({_rows(over)})")
-        arr = f32.astype(np.float64)
-    if p.kind == "int" and arr.dtype.kind == "f":
-        bad = ~np.isfinite(arr) | (arr != np.round(arr))
-        if bad.any():
-            raise SamplecError(f"{p.name}: expected an integer ({_rows(bad)})")
-    if p.kind == "float" and np.isnan(arr).any():
-        raise SamplecError(f"{p.name}: NaN ({_rows(np.isnan(arr))})")
-    if p.range and p.kind != "seed":
+            problems.append(f"{p.name}: out of the float32 range (|x| <= 3.4028235e38; pass inf for infinity) "
+                            f"({_rows(over)})")
+        arr = np.where(over, np.nan, f32.astype(np.float64))
+    else:
+        over = np.zeros(B, dtype=bool)
+    nan = np.isnan(arr) & ~over & (p.kind != "state")     # (a state's NaN: left out, its stage's start value)
+    if nan.any():
+        problems.append(f"{p.name}: NaN ({_rows(nan)})")
+    ok = ~nan & ~over
+    if p.kind == "int":
+        frac = ok & (~np.isfinite(arr) | (arr != np.round(arr)))
+        if frac.any():
+            problems.append(f"{p.name}: expected an integer ({_rows(frac)})")
+        ok &= ~frac
+    if p.range:
         r = Range.parse(p.range)
-        bad = np.array([not r.contains(float(v)) for v in arr])
+        bad = ok & np.array([not r.contains(float(v)) for v in arr], dtype=bool)
         if bad.any():
             vals = ", ".join(_show(v, p.kind) for v in arr[bad][:4])
-            raise SamplecError(f"{p.name} = {vals} is out of range {p.range} ({_rows(bad)})")
-    if p.kind == "int" and ((arr < -2 ** 31) | (arr > 2 ** 31 - 1)).any():
-        bad = (arr < -2 ** 31) | (arr > 2 ** 31 - 1)
-        raise SamplecError(f"{p.name}: integer out of the int32 range [-2**31, 2**31 - 1] ({_rows(bad)})")
+            problems.append(f"{p.name} = {vals} is out of range {p.range} ({_rows(bad)})")
+        ok &= ~bad
+    if p.kind == "int":
+        wide = ok & ((arr < -2 ** 31) | (arr > 2 ** 31 - 1))
+        if wide.any():
+            problems.append(f"{p.name}: integer out of the int32 range [-2**31, 2**31 - 1] ({_rows(wide)})")
+    if problems:
+        raise SamplecError("; ".join(problems))
     return arr.astype(SCALAR_NP[p.kind])
 
 

@@ -175,3 +175,23 @@ def test_set_floats_are_float32_too():
     bound = samplec.compile("sampler s(q: float, seed: seed) -> token { top_p(q) sample(seed) }",
                             bindings={"q": 0.1 + 0.2 + 0.7})
     assert "top_p" not in bound.ir()                      # float32(1.0000000000000002) = 1: top_p is off
+
+
+def test_every_problem_of_a_value_is_named_with_its_rows():
+    """One error names each problem and its rows (a NaN does not hide an out-of-range row); a scalar's problem is
+    every row's; a bool is not a number."""
+    nucleus = samplec.compile("sampler s(a: float, k: int, s: seed) -> token { top_k(k) top_p(a) sample(s) }")
+    x = np.zeros((3, 5), np.float32)
+    with pytest.raises(samplec.SamplecError) as e:
+        nucleus(x, a=[np.nan, 1.5, 0.5], k=1, s=1)
+    assert str(e.value) == "a: NaN (row 0); a = 1.5 is out of range (0, 1] (row 1)"
+    with pytest.raises(samplec.SamplecError) as e:
+        nucleus(x, a=0.5, k=[1.5, 2 ** 40, np.nan], s=1)
+    assert str(e.value) == ("k: NaN (row 2); k: expected an integer (row 0); "
+                            "k: integer out of the int32 range [-2**31, 2**31 - 1] (row 1)")
+    for seed in (-1, 2 ** 64):
+        with pytest.raises(samplec.SamplecError, match=r"s: seeds must be in \[0, 2\*\*64\) \(rows 0, 1, 2\)"):
+            nucleus(x, a=0.5, k=1, s=seed)
+    for flag in (True, np.array([True, False, True])):
+        with pytest.raises(samplec.SamplecError, match="a: expected a number"):
+            nucleus(x, a=flag, k=1, s=1)
