@@ -432,7 +432,7 @@ def render_text(ex: Explained) -> str:
             covered = sorted({ex.group_of[id(n)] for n in c.nodes()} - {LOGITS, OUTPUTS})
             titles = [g.title for g in ex.groups if g.key in covered]
             how = CHAIN_KERNEL if ex.chain_native else "no native kernel: each stage op runs its dense definition"
-            out.append(f"chain #{i + 1}: {' -> '.join(titles) or c.draw.op}"
+            out.append(f"chain #{i + 1}: {' -> '.join(titles) or (c.draw.op if c.draw is not None else 'stages')}"
                        f"{' (and the logprob)' if c.logprobs else ''}: {how}")
     for grp in ex.groups:
         if grp.key == LOGITS:

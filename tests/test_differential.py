@@ -83,17 +83,19 @@ def cases(draw):
     probs = draw(st.booleans())
     kinds = [draw(st.sampled_from(FAMILIES)) for _ in range(B)]
     edits = draw(st.lists(st.tuples(st.sampled_from(EDITS), st.booleans()), max_size=3)) if draw(st.booleans()) else []
-    return rng, V, B, stages, modes, terminal, penalties, kinds, probs, edits
+    split = draw(st.integers(0, len(stages))) if draw(st.booleans()) else 0
+    return rng, V, B, stages, modes, terminal, penalties, kinds, probs, edits, split
 
 
 EDITS = ("allow", "bias", "dict_bias")
 
 
-def build(V, B, stages, modes, terminal, penalties, rng, probs=False, edits=()):
+def build(V, B, stages, modes, terminal, penalties, rng, probs=False, edits=(), split=0):
     """The source, its run-time arguments, and each row's reference stage list. `edits`: (kind, before) pairs,
     kind in EDITS -- allow(mask), logit_bias(bias parameter), logit_bias({dict}) -- written before the penalties
-    (`before`, vLLM's order) or after them (OpenAI's), in the order given. A mask allows each token with chance
-    0.7; `allow_top` makes it allow each row's maximum (the row is never emptied)."""
+    (`before`, vLLM's order) or after them (OpenAI's), in the order given; the penalties and the edits after them
+    come after the first `split` stages (a grammar mask after a cut). A mask allows each token with chance 0.7;
+    `allow_top` makes it allow each row's maximum (never emptied where it comes first)."""
     params, body, kw = ["xs: seed", "xp: int"], [], {}
     kw["xs"] = [int(s) for s in rng.integers(0, 2**63, B)]
     kw["xp"] = [int(s) for s in rng.integers(0, 100, B)]
@@ -122,21 +124,7 @@ def build(V, B, stages, modes, terminal, penalties, rng, probs=False, edits=()):
             for r in range(B):
                 per_row[r].append(("logit_bias", {"bias": d}))
 
-    for i, (kind, before) in enumerate(edits):
-        if before:
-            edit(i, kind)
-    if penalties:
-        params.append("h: tokens")
-        hist = rng.integers(-1, V, (B, 12)).astype(np.int32)
-        kw["h"] = hist
-        body.append("penalties(h, last_n = 8, repeat = 1.3, frequency = 0.1, presence = 0.2)")
-        for r in range(B):
-            per_row[r].append(("penalties", {"history": hist[r], "last_n": 8, "repeat": 1.3, "frequency": 0.1,
-                                             "presence": 0.2}))
-    for i, (kind, before) in enumerate(edits):
-        if not before:
-            edit(i, kind)
-    for i, (name, mode) in enumerate(zip(stages, modes)):
+    def stage(i, name, mode):
         extra = f"{XTC_THRESHOLD!r}, " if name == "xtc" else ""
         tail = ", xs, position = xp" if name == "xtc" else ""
         if mode == "literal":
@@ -154,6 +142,25 @@ def build(V, B, stages, modes, terminal, penalties, rng, probs=False, edits=()):
             if name == "xtc":
                 args.update(threshold=XTC_THRESHOLD, seed=kw["xs"][r], position=kw["xp"][r])
             per_row[r].append((name, args))
+
+    for i, (kind, before) in enumerate(edits):
+        if before:
+            edit(i, kind)
+    for i in range(split):
+        stage(i, stages[i], modes[i])
+    if penalties:
+        params.append("h: tokens")
+        hist = rng.integers(-1, V, (B, 12)).astype(np.int32)
+        kw["h"] = hist
+        body.append("penalties(h, last_n = 8, repeat = 1.3, frequency = 0.1, presence = 0.2)")
+        for r in range(B):
+            per_row[r].append(("penalties", {"history": hist[r], "last_n": 8, "repeat": 1.3, "frequency": 0.1,
+                                             "presence": 0.2}))
+    for i, (kind, before) in enumerate(edits):
+        if not before:
+            edit(i, kind)
+    for i in range(split, len(stages)):
+        stage(i, stages[i], modes[i])
     if terminal == "sample":
         params += ["seed: seed", "pos: int"]
         body.append("sample(seed, position = pos)")
@@ -164,6 +171,13 @@ def build(V, B, stages, modes, terminal, penalties, rng, probs=False, edits=()):
     outs = "token, logprob" + (", probs" if probs else "")
     src = f"sampler s({', '.join(params)}) -> {outs} {{\n    " + "\n    ".join(body) + "\n}\n"
     return src, kw, per_row
+
+
+def _run(prog, x, kw):
+    try:
+        return prog(x, **kw)
+    except samplec.SamplecError as e:
+        return str(e)
 
 
 def allow_top(kw: dict, x: np.ndarray) -> None:
@@ -178,12 +192,14 @@ def allow_top(kw: dict, x: np.ndarray) -> None:
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(cases())
 def test_O2_equals_O0_equals_reference(case):
-    rng, V, B, stages, modes, terminal, penalties, kinds, probs, edits = case
-    src, kw, per_row = build(V, B, stages, modes, terminal, penalties, rng, probs, edits)
+    rng, V, B, stages, modes, terminal, penalties, kinds, probs, edits, split = case
+    src, kw, per_row = build(V, B, stages, modes, terminal, penalties, rng, probs, edits, split)
     x = np.stack([family_row(k, V, rng) for k in kinds])
     allow_top(kw, x)
-    o2 = samplec.compile(src, opt_level=2)(x, **kw)
-    o0 = samplec.compile(src, opt_level=0)(x, **kw)
+    o2, o0 = (_run(samplec.compile(src, opt_level=opt), x, kw) for opt in (2, 0))
+    if isinstance(o0, str):         # (a mask after an xtc that removed every token it allows: the same error)
+        assert o2 == o0, src
+        return
     t2, t0 = np.array(o2.token).tolist(), np.array(o0.token).tolist()
     assert t2 == t0, src
     for r in range(B):
@@ -196,7 +212,9 @@ def test_O2_equals_O0_equals_reference(case):
         np.testing.assert_allclose(np.array(o2.logprob)[r], np.array(o0.logprob)[r], atol=2e-4, rtol=1e-4)
         if probs:
             np.testing.assert_allclose(np.array(o2.probs)[r], np.array(o0.probs)[r], atol=1e-5)
-            np.testing.assert_allclose(np.array(o2.probs)[r], ref["probs"], atol=2e-4)
+            if not split:   # (two cuts that each renormalize: a boundary mass within float32 rounding of p -- the
+                #             reference sums in sequence, samplec by a tree -- moves a token; -O2 = -O0 holds)
+                np.testing.assert_allclose(np.array(o2.probs)[r], ref["probs"], atol=2e-4)
 
 
 @pytest.mark.uncompiled
@@ -206,16 +224,19 @@ def test_O2_equals_O0_equals_reference(case):
 def test_mlx_ops_path_equals_reference(case):
     """What a GPU runs (no native primitives: every stage op by its sort-free dense definition in MLX ops), at
     -O1 and -O2, against the numpy reference, token for token."""
-    rng, V, B, stages, modes, terminal, penalties, kinds, probs, edits = case
-    src, kw, per_row = build(V, B, stages, modes, terminal, penalties, rng, probs, edits)
+    rng, V, B, stages, modes, terminal, penalties, kinds, probs, edits, split = case
+    src, kw, per_row = build(V, B, stages, modes, terminal, penalties, rng, probs, edits, split)
     x = np.stack([family_row(k, V, rng) for k in kinds])
     allow_top(kw, x)
     before = os.environ.get("SAMPLEC_NATIVE")
     os.environ["SAMPLEC_NATIVE"] = "0"
     try:
-        outs = {opt: samplec.compile(src, opt_level=opt)(x, **kw) for opt in (1, 2)}
+        outs = {opt: _run(samplec.compile(src, opt_level=opt), x, kw) for opt in (1, 2)}
     finally:
         os.environ.pop("SAMPLEC_NATIVE") if before is None else os.environ.__setitem__("SAMPLEC_NATIVE", before)
+    if any(isinstance(o, str) for o in outs.values()):
+        assert outs[1] == outs[2], src
+        return
     for r in range(B):
         term = ("sample", {"seed": kw["seed"][r], "position": kw["pos"][r]}) if terminal == "sample" else \
             ("greedy", {})

@@ -231,7 +231,7 @@ def test_native_auto_follows_the_installation(monkeypatch):
 
 # ---- what explain says runs a stage is what the interpreter runs --------------------------------------------------
 
-def _spy_run(monkeypatch, source: str):
+def _spy_run(monkeypatch, source: str, **kw):
     """Run the compiled program once on the CPU with the native primitives on, recording which stage ops the chain
     kernel ran and which ran by their dense definition."""
     import mlx.core as mx
@@ -256,7 +256,7 @@ def _spy_run(monkeypatch, source: str):
         mx.set_default_device(mx.cpu)
         try:
             prog = samplec.Program(samplec.compile(source).graph, compile=False)
-            prog(np.random.default_rng(0).normal(size=(2, 300)).astype(np.float32))
+            prog(np.random.default_rng(0).normal(size=(2, 300)).astype(np.float32), **kw)
         finally:
             mx.set_default_device(prev)
     return ran
@@ -279,9 +279,23 @@ def test_chain_kernel_claim_matches_the_interpreter(monkeypatch):
 
 
 @needs_chain
+def test_drawless_chain_claim_matches_the_interpreter(monkeypatch):
+    """Stages with no draw after them (a chain with no terminal; a cut before an allow) are a chain too: the
+    kernel's greedy draw runs unread beside the result the next op reads."""
+    for source, claimed in [("sampler s() -> probs { top_k(5); top_p(0.9) }", [["top_k", "top_p", "greedy"]]),
+                            ("sampler s(m: mask, seed: seed) -> token { top_p(0.9) allow(m) sample(seed) }",
+                             [["top_p", "greedy"], ["sample"]])]:
+        ex = explain(source, native=True)
+        assert [[s.op for s in c.stages] + [c.draw.op if c.draw is not None else "greedy"] for c in ex.chains] \
+            == claimed
+        assert "its dense definition in MLX ops" not in render_text(ex)
+        kw = dict(m=[[i % 3 > 0 for i in range(300)]] * 2, seed=1) if "allow" in source else {}
+        ran = _spy_run(monkeypatch, source, **kw)
+        assert ran["chain"] == claimed and ran["dense"] == []
+
+
+@needs_chain
 def test_dense_definition_claim_matches_the_interpreter(monkeypatch):
-    source = "sampler s() -> probs { top_k(5); top_p(0.9) }"     # no draw: no chain
-    text = render_text(explain(source, native=True))
-    assert text.count("its dense definition in MLX ops") == 2 and "chain #" not in text
-    ran = _spy_run(monkeypatch, source)
-    assert ran["chain"] == [] and ran["dense"] == ["top_k", "top_p"]
+    source = "sampler s() -> probs { top_k(5); top_p(0.9) }"
+    text = render_text(explain(source, native=False))
+    assert text.count("its dense definition in MLX ops") == 2

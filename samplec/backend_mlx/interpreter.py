@@ -30,7 +30,7 @@ class Chain:
     together. Only the draw and, where something else reads it, stage_n's result leave the chain -- or, where
     that something is only softmax(stage_n) (a `probs` output), the softmax: the kernel writes it directly."""
 
-    def __init__(self, draw: Node, stages: list[Node], logprobs: list[Node], want_x: bool,
+    def __init__(self, draw: Node | None, stages: list[Node], logprobs: list[Node], want_x: bool,
                  softmax: tuple[Node, ...] = (), edits: tuple[Node, ...] = (), top: tuple[Node, ...] = (),
                  raw: Node | None = None, checks: tuple = (None, None), top_logprobs: tuple[Node, ...] = (),
                  prefix: tuple = (), n_pre: int = 0, base: Node | None = None):
@@ -57,12 +57,13 @@ class Chain:
     def nodes(self) -> list[Node]:
         ops = lambda ps: [m for p in ps for m in (p.node, *p.maxes)]
         return list(self.top) + ops(self.prefix[:self.n_pre]) + list(self.edits) + ops(self.prefix[self.n_pre:]) + \
-            self.stages + [self.draw] + self.logprobs + list(self.softmax) + \
+            self.stages + ([self.draw] if self.draw is not None else []) + self.logprobs + list(self.softmax) + \
             ([self.raw] if self.raw is not None else []) + list(self.top_logprobs)
 
     def run(self, env: dict) -> dict | None:
+        draws = self.draw.inputs[1:] if self.draw is not None else ()
         params = [env[id(unexpanded(i))] for s in self.stages for i in s.inputs[1:]] + \
-            [env[id(unexpanded(i))] for i in self.draw.inputs[1:]]
+            [env[id(unexpanded(i))] for i in draws]
         x, edits = env.get(id(self.base)), ()
         ops = tuple((p.kind, env[id(p.operand)]) for p in self.prefix)
         if self.edits:
@@ -71,13 +72,15 @@ class Chain:
                 return None
             x, edits = pen[0], pen[1]
         top_n = self.top_logprobs[0].attr("k") if self.top_logprobs else 0
-        terminal = "greedy" if self.draw.op == "argmax" else self.draw.op
+        terminal = "greedy" if self.draw is None or self.draw.op == "argmax" else self.draw.op
         out = native.sample_chain(x, params, [s.op for s in self.stages], terminal, bool(self.logprobs),
                                   self.want_x, bool(self.softmax), tuple(edits), bool(self.top), self.raw is not None,
                                   top_n, TIE_MARGIN, ops, tuple(bool(p.maxes) for p in self.prefix), self.n_pre)
         if out is None:
             return None
-        bound = {id(self.draw): out[0], **{id(n): out[1] for n in self.logprobs}}
+        bound = {id(n): out[1] for n in self.logprobs}
+        if self.draw is not None:
+            bound[id(self.draw)] = out[0]
         at = 2 + (self.want_x or bool(self.softmax))
         if self.top:
             bound[id(self.top[0])] = out[at]
@@ -102,17 +105,27 @@ class Chain:
         return bound
 
 
+def _ends_stages(n: Node, users: dict) -> bool:
+    """Whether n is a stage op that no stage op or draw reads: the last of its stages, read by something else (an
+    allow, a logit_bias, the penalties or DRY after a cut, or the outputs of a chain with no terminal)."""
+    return n.op in STAGE_OPS and not any(u.op in STAGE_OPS or u.op in DRAW_OPS or u.op == "argmax"
+                                         for u in users.get(id(n), []))
+
+
 def find_chains(graph: Graph) -> list[Chain]:
     """Every draw, with the stage ops before it: the last one may be read elsewhere too (the kernel then also
     returns its result, or its softmax where that is all the reader wants: `probs`), the others only by the next.
-    An argmax (greedy() after the passes) is a draw where allow or logit_bias nodes lie below it."""
+    An argmax (greedy() after the passes) is a draw where allow or logit_bias nodes lie below it. Stage ops that
+    end without a draw (an edit after a cut, a chain with no terminal) are a chain too: the kernel's greedy draw
+    runs, unread, beside the result."""
     users = graph.users()
     roots = {id(r) for r in graph.roots()}
     chains, claimed = [], set()
     for n in graph.toposort():
-        if n.op not in DRAW_OPS and n.op != "argmax":
+        drawless = _ends_stages(n, users)
+        if n.op not in DRAW_OPS and n.op != "argmax" and not drawless:
             continue
-        x = n.inputs[0]
+        x = n if drawless else n.inputs[0]
         logprobs = [u for u in users.get(id(x), []) if u.op == "logprob_at" and u.inputs[1] is n]
         stages, want_x, softmax = [], False, ()
         if x.op in STAGE_OPS:
@@ -148,6 +161,10 @@ def find_chains(graph: Graph) -> list[Chain]:
                 edits, x = stack, pre[-1].below
         if n.op == "argmax" and not (pre or post):
             continue          # (argmax_take, argmax_put: lowering.RULES)
+        if drawless:
+            chains.append(Chain(None, stages[::-1], [], want_x, softmax, tuple(edits[::-1]),
+                                prefix=tuple(pre[::-1] + post[::-1]), n_pre=len(pre), base=x))
+            continue
         top = _top_of(x, users)
         if any(id(t) in claimed for t in top):
             top = ()
