@@ -295,6 +295,15 @@ def test_drawless_chain_claim_matches_the_interpreter(monkeypatch):
 
 
 @needs_chain
+def test_folded_stage_check_leaves_the_cut_to_the_chain(monkeypatch):
+    """DRY at multiplier 0 folds away but keeps its "no token left" check; that check reads the row's maximum,
+    which every cut keeps, so it reads the logits' and top_p runs in the chain, not by its dense definition."""
+    source = "sampler s(h: tokens, seed: seed) -> token { top_p(0.9) dry(h, 0.0) temperature(0.7) sample(seed) }"
+    ran = _spy_run(monkeypatch, source, h=[[1, 2, 1, 2]] * 2, seed=3)
+    assert ran["chain"] == [["top_p", "temperature", "sample"]] and ran["dense"] == []
+
+
+@needs_chain
 def test_dense_definition_claim_matches_the_interpreter(monkeypatch):
     source = "sampler s() -> probs { top_k(5); top_p(0.9) }"
     text = render_text(explain(source, native=False))

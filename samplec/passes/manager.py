@@ -36,12 +36,13 @@ def dce(g: Graph) -> Graph:
 
 PASSES: dict[str, Pass] = {p.name: p for p in [
     Pass("stages", _rules(R.fold_constants, R.stage_off, R.xtc_off, R.cut_after_t0, R.sample_t0, R.greedy_cuts, R.greedy_plain,
-                          R.logprob_one_token),
+                          R.logprob_one_token, R.empty_through_cuts),
          "stage level: stages at their off value removed, temperature 0 makes the rest of the chain greedy, cuts "
          "before greedy dropped"),
     Pass("expand-stages", _rules(R.expand_stage), "every stage op into its dense definition (what -O0 runs)"),
     Pass("fold", _rules(R.fold_constants), "constant folding and partial evaluation of bound parameters"),
-    Pass("simplify", _rules(R.fold_constants, R.where_const, R.where_same, R.logical_const, R.arith_identity),
+    Pass("simplify", _rules(R.fold_constants, R.where_const, R.where_same, R.logical_const, R.arith_identity,
+                              R.empty_through_cuts),
          "algebraic identities; removes stages at their off value"),
     Pass("partition-topk", _rules(R.partition_top_k), "top_k with a constant k by partial selection"),
     Pass("cse", _rules(cse=True), "common-subexpression elimination"),

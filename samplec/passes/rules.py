@@ -1,6 +1,8 @@
 """Local rewrite rules, one small function and one comment each, grouped into the named passes."""
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from samplec.ir.graph import Node, make
@@ -135,6 +137,20 @@ def stage_off(n: Node):
     if n.op in _OFF and n.inputs[1].op == "const" and _OFF[n.op](const_value(n.inputs[1])) \
             and n.inputs[0].type == n.type:
         return n.inputs[0]
+    return None
+
+
+def empty_through_cuts(n: Node):
+    """eq(reduce_max(cut(x)), -inf) -> eq(reduce_max(x), -inf): a cut keeps the row's maximum, so a row is empty
+    after it only if it was before. (A "no token left" check reading a folded stage's result -- DRY at multiplier
+    0 -- then leaves the cut one reader, the chain. A softmax's reduce_max is left alone: it must read its x.)"""
+    if n.op == "eq" and n.inputs[1].is_const(-math.inf) and n.inputs[0].op == "reduce_max":
+        x = n.inputs[0].inputs[0]
+        while x.op in CUTS and x.inputs[0].type == x.type:
+            x = x.inputs[0]
+        if x is not n.inputs[0].inputs[0]:
+            out = make("eq", make("reduce_max", x), n.inputs[1], name=n.name)
+            return out if out.type == n.type else None
     return None
 
 
