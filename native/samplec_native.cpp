@@ -1910,6 +1910,73 @@ SAMPLEC_VOCAB_LOOP void divide_by(float* out, const float* v, int64_t n, float t
 
 double full_z(ChainRow& row, float vmax);
 
+// top_n_sigma's moments over the kept values of v[0..n) (keep == nullptr: the finite ones), branch-free sixteen
+// lanes at a time (a mask of kept tokens scattered over the row costs no mispredicted branches): kept_sums gives
+// their count and sum (in double per lane), kept_dev the sum of (v - mean)^2 with v - mean in float32 (as the dense
+// definition subtracts) squared and summed in double.
+__attribute__((always_inline)) inline I16 kept_mask16(const uint8_t* keep, const float* v, F16 a, int64_t m) {
+  if (keep == nullptr) return a > (F16{} - INFINITY);
+  uint8_t kt[16] = {};
+  std::memcpy(kt, keep, m);
+  U8x16 kb;
+  std::memcpy(&kb, kt, sizeof kb);
+  (void)v;
+  return __builtin_convertvector(kb, I16) != 0;
+}
+
+SAMPLEC_VOCAB_LOOP void kept_sums(const uint8_t* keep, const float* v, int64_t n, double& count, double& sum) {
+  DoubleLanes s, c;
+  for (int64_t i = 0; i < n; i += 16) {
+    const int64_t m = std::min<int64_t>(16, n - i);
+    const F16 a = tail16(v + i, m);
+    const I16 k = kept_mask16(keep == nullptr ? nullptr : keep + i, v + i, a, m);
+    s.add(k ? a : F16{});
+    c.add(k ? F16{} + 1.0f : F16{});
+  }
+  count = c.sum();
+  sum = s.sum();
+}
+
+SAMPLEC_VOCAB_LOOP double kept_dev(const uint8_t* keep, const float* v, int64_t n, float mean) {
+  D8 lo{}, hi{};
+  for (int64_t i = 0; i < n; i += 16) {
+    const int64_t m = std::min<int64_t>(16, n - i);
+    const F16 a = tail16(v + i, m);
+    const I16 k = kept_mask16(keep == nullptr ? nullptr : keep + i, v + i, a, m);
+    const F16 d = k ? a - mean : F16{};
+    F8 dl, dh;
+    std::memcpy(&dl, &d, sizeof dl);
+    std::memcpy(&dh, reinterpret_cast<const char*>(&d) + sizeof dl, sizeof dh);
+    const D8 xl = __builtin_convertvector(dl, D8), xh = __builtin_convertvector(dh, D8);
+    lo += xl * xl;
+    hi += xh * xh;
+  }
+  double out = 0.0;
+  for (int l = 0; l < 8; ++l) out += lo[l];
+  for (int l = 0; l < 8; ++l) out += hi[l];
+  return out;
+}
+
+// top_n_sigma's floor max - n * std over the kept values of v (keep == nullptr: the finite ones) in spans, their
+// sums combined in span order -- the same floats whichever path (the candidates' or the whole row's) asks. A floor
+// that is not at most vmax (n * std NaN: n = inf, std = 0) is vmax: the top alone stays, as the stage says.
+float sigma_floor(const uint8_t* keep, const float* v, int64_t n, float vmax, float nsig) {
+  auto parts = per_span<std::pair<double, double>>(n, [&](int64_t lo, int64_t hi) {
+    std::pair<double, double> cs;
+    kept_sums(keep == nullptr ? nullptr : keep + lo, v + lo, hi - lo, cs.first, cs.second);
+    return cs;
+  });
+  double count = 0.0, sum = 0.0;
+  for (const auto& cs : parts) count += cs.first, sum += cs.second;
+  const float mean = static_cast<float>(sum / count);
+  const double dev = sum_spans(n, [&](int64_t lo, int64_t hi) {
+    return kept_dev(keep == nullptr ? nullptr : keep + lo, v + lo, hi - lo, mean);
+  });
+  const float floor = vmax - nsig * std::sqrt(static_cast<float>(dev / count));
+  return floor <= vmax ? floor : vmax;
+}
+
+
 // p when the row's first cut is a top_p after temperatures alone (every other stage before it off), those
 // temperatures in `divs`; 1 otherwise.
 double leading_top_p(const ChainRow& row, std::vector<float>& divs) {
@@ -2209,7 +2276,29 @@ bool chain_run(ChainRow& row, float bound, int32_t* token, float* logprob) {
       case kTopNSigma: {
         const float nsig = static_cast<float>(a);
         if (nsig <= 0.0f) break;
-        if (tail) return false;           // the moments need the whole row
+        if (tail) {
+          // the moments of the whole row: every finite token is still kept (no cut has ended yet; a min_p floor
+          // inside the tail would leave a part of it -- the whole-row path). The cut ends among the candidates
+          // where its floor lies above the bound.
+          if (floored) return false;
+          thread_local std::vector<float> fx_tls;
+          const float* fx = row.x;
+          if (!row.divs.empty()) {
+            fx_tls.resize(row.V);
+            for (float t : row.divs) {
+              const float* from = fx;
+              each_span(row.V, [&](int64_t lo, int64_t hi) { divide_by(fx_tls.data() + lo, from + lo, hi - lo, t); });
+              fx = fx_tls.data();
+            }
+          }
+          const float floor = sigma_floor(nullptr, fx, row.V, c[0].first, nsig);
+          if (reaches(floor)) return false;
+          int64_t n = 1;
+          while (n < L && c[n].first >= floor) ++n;
+          L = n;
+          tail = false;
+          break;
+        }
         double sum = 0.0, dev = 0.0;
         for (int64_t i = 0; i < L; ++i) sum += c[i].first;
         const float mean = static_cast<float>(sum / L);
@@ -2755,20 +2844,7 @@ void chain_dense(ChainRow& row, int64_t nb, int bs, int32_t* token, float* logpr
       case kTopNSigma: {
         const float nsig = static_cast<float>(a);
         if (nsig <= 0.0f) break;
-        touch();
-        double sum = 0.0, count = 0.0, dev = 0.0;
-        for (int64_t i = 0; i < V; ++i) {
-          if (keep[i]) sum += fx[i], count += 1;
-        }
-        const float mean = static_cast<float>(sum / count);
-        for (int64_t i = 0; i < V; ++i) {
-          if (keep[i]) {
-            const float d = fx[i] - mean;
-            dev += double(d) * double(d);
-          }
-        }
-        const float floor = fmax - nsig * std::sqrt(static_cast<float>(dev / count));
-        for (int64_t i = 0; i < V; ++i) keep[i] = keep[i] && (fx[i] >= floor || fx[i] == fmax);
+        keep_from(fx, sigma_floor(lazy ? nullptr : keep.data(), fx, V, fmax, nsig), -INFINITY);
         pristine = false;
         break;
       }

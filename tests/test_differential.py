@@ -337,3 +337,25 @@ def test_extreme_temperatures_O2_equals_O0():
                 assert a.tolist() == b.tolist(), (case, src, kw)
             else:
                 np.testing.assert_allclose(a, b, atol=1e-6, rtol=1e-6, err_msg=f"{case} {src} {kw}")
+
+
+@pytest.mark.uncompiled
+def test_leading_top_n_sigma_O2_equals_O0():
+    """top_n_sigma as the first cut (temperatures before it, other cuts after): the chain kernel computes the
+    whole row's moments and ends the cut among its candidates when the floor lies above their bound, else runs the
+    whole row -- the same tokens and kept sets as -O0, on rows wide enough (V = 20000: 313 blocks) for both."""
+    rng = np.random.default_rng(23)
+    src = ("sampler s(t: float, n: float, k: int, seed: seed) -> token, probs "
+           "{ temperature(t) top_n_sigma(n) top_k(k) sample(seed) }")
+    progs = [samplec.compile(src, opt_level=o) for o in (0, 2)]
+    for case in range(12):
+        B, V = 4, 20000
+        x = np.stack([family_row(str(rng.choice(["peaked", "tail", "flat", "ties", "normal"])), V, rng)
+                      for _ in range(B)])
+        kw = dict(t=[float(v) for v in rng.choice([0.5, 1.0, 1.7], B)],
+                  n=[float(v) for v in rng.choice([0.5, 1.0, 2.0, 3.0], B)],
+                  k=[int(v) for v in rng.choice([0, 20, 500], B)], seed=list(range(case, case + B)))
+        a, b = (p(x, **kw) for p in progs)
+        assert np.array(a.token).tolist() == np.array(b.token).tolist(), (case, kw)
+        np.testing.assert_array_equal(np.array(a.probs) > 0, np.array(b.probs) > 0)
+        np.testing.assert_allclose(np.array(a.probs), np.array(b.probs), atol=1e-6, rtol=1e-5)
