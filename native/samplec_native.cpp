@@ -3049,8 +3049,32 @@ bool stage_off(const ChainRow& row, size_t s) {
 
 // A row whose chain reaches temperature 0 through stages that all keep the largest current value (cuts, positive
 // temperatures, an xtc whose coin does not fire) keeps that value's lowest id alone: every later stage leaves a
-// single token as it is, and the draw returns it. One pass over the row, none of the cuts' work (a server batch's
-// greedy requests cost an argmax). False (nothing written) where the row needs the chain.
+// single token as it is, and the draw returns it. A greedy draw asked for its token alone is the same point at the
+// chain's end. Every cut keeps the whole group at the largest value, so the token is the lowest id at the top
+// unless a temperature rounds a lower value onto it (then a cut may have removed that one: the chain decides).
+// One pass over the row (two with temperatures after a cut), none of the cuts' work (a server batch's greedy
+// requests cost an argmax). False (nothing written) where the row needs the chain.
+// The number of finite values of x[0..n) below `top` that the divisions by `divs`, in order, round onto top's
+// (a reduction that vectorizes, in spans)
+SAMPLEC_VOCAB_LOOP int64_t rounded_onto(const float* x, int64_t n, float top, float ftop, const float* divs,
+                                        size_t nd) {
+  int64_t count = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    float v = x[i];
+    for (size_t d = 0; d < nd; ++d) v = v / divs[d];
+    count += (x[i] < top) & (x[i] > -INFINITY) & (v == ftop);
+  }
+  return count;
+}
+
+int64_t count_rounded_onto(const float* x, int64_t V, float top, const std::vector<float>& divs) {
+  float ftop = top;
+  for (float t : divs) ftop = ftop / t;
+  return static_cast<int64_t>(sum_spans(V, [&](int64_t lo, int64_t hi) {
+    return static_cast<double>(rounded_onto(x + lo, hi - lo, top, ftop, divs.data(), divs.size()));
+  }));
+}
+
 bool greedy_row(ChainRow& row, int32_t* token) {
   const auto& stages = *row.stages;
   size_t zero = stages.size();
@@ -3063,14 +3087,15 @@ bool greedy_row(ChainRow& row, int32_t* token) {
       return false;                       // xtc may remove the largest value
     }
   }
-  if (zero == stages.size()) return false;
+  if (zero == stages.size() && (row.terminal != kGreedy || row.want_logprob || row.x_out != nullptr)) return false;
   const float* x = row.x;
   const int64_t V = row.V;
-  const float top = max_nan(x, V);
+  const float top = max_spans(x, V);
   if (!(top > -INFINITY)) return false;   // NaN or nothing finite: the program's checks report the row
   std::vector<float> before;              // the positive temperatures applied before the zero, in order
   float ftop = top;
   bool cut = false;                       // a stage before them removed tokens
+  bool rounded = false;                   // ... and a temperature after it
   for (size_t s = 0; s < zero; ++s) {
     if (stages[s] != kTemperature) {
       cut |= !stage_off(row, s);
@@ -3079,8 +3104,8 @@ bool greedy_row(ChainRow& row, int32_t* token) {
     if (row.args[s].a == 1.0) continue;
     const float t = static_cast<float>(row.args[s].a);
     if (!std::isfinite(ftop / t)) break;  // the top / t leaves the float32 range: this one keeps the argmax
-    // a division after a cut may round a removed token onto the top (x / inf, underflow): the chain decides
-    if (cut) return false;
+    // a division after a cut may round a removed token onto the top (x / inf, underflow): checked below
+    rounded |= cut;
     ftop = ftop / t;
     before.push_back(t);
   }
@@ -3088,11 +3113,12 @@ bool greedy_row(ChainRow& row, int32_t* token) {
     for (float t : before) v = v / t;
     return v;
   };
-  int64_t at = 0;
-  if (before.empty()) {
-    while (x[at] != top) ++at;
-  } else {                                // a division may round distinct values together: compare f(x)
-    const float ftop = f(top);
+  int64_t at = first_of(x, V, top);
+  // a division may round a lower value onto the top: then the first token whose f(x) is the top's (and where a cut
+  // came before the division, it may have removed that one or not: the chain decides)
+  if (!before.empty() && count_rounded_onto(x, V, top, before) > 0) {
+    if (rounded) return false;
+    at = 0;
     while (x[at] == -INFINITY || f(x[at]) != ftop) ++at;
   }
   *token = static_cast<int32_t>(at);

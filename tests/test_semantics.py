@@ -312,6 +312,18 @@ def test_temperature_inf_after_a_cut_ties_only_the_kept(opt, terminal):
     np.testing.assert_array_equal(np_(out.probs), [[0, 1, 0, 0]] * 2)
 
 
+@pytest.mark.parametrize("opt", (0, 1, 2))
+def test_greedy_after_a_cut_and_a_rounding_temperature(opt):
+    """greedy() asked for its token alone, after a cut and a temperature: x / 1e38 rounds 0.001 and the next float32
+    to the same (subnormal) float32, so the lower id wins where the cut kept it (row 0: top_k(2) keeps ids 0 and 1) and the top's id
+    where it did not (row 1: top_k(1)); a top with no value rounded onto it is the argmax (row 2). By hand."""
+    x = np.array([[0.001, np.nextafter(F32(0.001), F32(1.0)), 0.0005]] * 2 + [[0.001, 3.0, 0.0005]], F32)
+    src = "sampler s(k: int, t: float) -> token { top_k(k) temperature(t) greedy() }"
+    assert (x[:2, 0] / F32(1e38) == x[:2, 1] / F32(1e38)).all()
+    out = prog(src, opt)(x, k=[2, 1, 2], t=[1e38, 1e38, 0.5])
+    assert np_(out.token).tolist() == [0, 1, 1]
+
+
 @pytest.mark.parametrize("opt", OPTS)
 def test_hand_computed_ties(opt):
     """Kept sets worked out by hand (not by the reference): ties at v_k and at the top_p boundary are kept."""
