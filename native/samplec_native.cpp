@@ -2310,9 +2310,50 @@ bool chain_run(ChainRow& row, float bound, int32_t* token, float* logprob) {
         L = n;
         break;
       }
-      case kTypicalP:
+      case kTypicalP: {
         if (a >= 1.0) break;
-        return false;                     // (not a cut on the logit order: the whole row)
+        if (tail) return false;           // (the entropy and the scores need the whole row)
+        // the kept set is the L candidates: chain_dense's arithmetic on them (its exps, the same floats), then the
+        // score cutoff by mass in ascending score, a group of equal scores at a time. typical_p is not a cut on the
+        // logit order: the kept candidates stay in their order, no longer an upper set (no tail is left to need one)
+        thread_local std::vector<float> tv_tls, te_tls, ts_tls;
+        thread_local std::vector<int32_t> to_tls;
+        auto &tv = tv_tls, &te = te_tls, &ts = ts_tls;
+        auto& order = to_tls;
+        tv.resize(L);
+        te.resize(L);
+        ts.resize(L);
+        for (int64_t i = 0; i < L; ++i) tv[i] = c[i].first;
+        const float vmax = c[0].first;
+        const double z = exp_kept(te.data(), nullptr, tv.data(), L, 1.0f, vmax);
+        double mean_d = 0.0;
+        for (int64_t i = 0; i < L; ++i) {
+          if (te[i] > 0.0f) mean_d += double(te[i] / static_cast<float>(z)) * double(tv[i] - vmax);
+        }
+        const float md = static_cast<float>(mean_d);
+        order.clear();
+        for (int64_t i = 0; i < L; ++i) {
+          ts[i] = std::fabs(md - (tv[i] - vmax));
+          if (te[i] > 0.0f) order.push_back(static_cast<int32_t>(i));
+        }
+        std::sort(order.begin(), order.end(), [&ts](int32_t u, int32_t v) { return ts[u] < ts[v]; });
+        const double need = a * z;
+        float cut = order.empty() ? -INFINITY : ts[order.back()];   // (never reached: the largest score)
+        double mass = 0.0;
+        for (size_t i = 0, j; i < order.size(); i = j) {
+          for (j = i; j < order.size() && ts[order[j]] == ts[order[i]]; ++j) mass += te[order[j]];
+          if (mass >= need) {
+            cut = ts[order[i]];
+            break;
+          }
+        }
+        int64_t n = 0;
+        for (int64_t i = 0; i < L; ++i) {
+          if ((te[i] > 0.0f && ts[i] <= cut) || tv[i] == vmax) c[n++] = c[i];
+        }
+        L = n;
+        break;
+      }
       case kXtc:
         if (sa.b == 0.0) break;
         if (!(uniform_of(threefry_first_word(sa.k0, sa.k1, kXtcCounter, sa.pos)) < static_cast<float>(sa.b))) break;

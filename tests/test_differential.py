@@ -359,3 +359,30 @@ def test_leading_top_n_sigma_O2_equals_O0():
         assert np.array(a.token).tolist() == np.array(b.token).tolist(), (case, kw)
         np.testing.assert_array_equal(np.array(a.probs) > 0, np.array(b.probs) > 0)
         np.testing.assert_allclose(np.array(a.probs), np.array(b.probs), atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.uncompiled
+@pytest.mark.parametrize("chain", ["top_k(k) typical_p(m) sample(seed)",
+                                   "min_p(q) temperature(t) typical_p(m) top_p(p) sample(seed)",
+                                   "top_k(k) typical_p(m) top_k(j) greedy()"])
+def test_typical_p_after_a_cut_O2_equals_O0(chain):
+    """typical_p after a cut that ends among the chain kernel's candidates runs on them (their entropy and scores;
+    the kept candidates stay in value order, no longer an upper set) -- the same tokens, kept sets, values and
+    logprob as -O0, on rows wide enough (V = 20000) for the candidates."""
+    rng = np.random.default_rng(29)
+    names = [n for n in ("k", "j", "q", "t", "m", "p") if f"({n})" in chain]
+    types = {"k": "int", "j": "int"}
+    decl = ", ".join(f"{n}: {types.get(n, 'float')}" for n in names)
+    src = f"sampler s({decl}, seed: seed) -> token, probs, logprob {{ {chain} }}"
+    progs = [samplec.compile(src, opt_level=o) for o in (0, 2)]
+    values = dict(k=[1, 5, 40, 200], j=[1, 3, 10], q=[0.02, 0.1, 0.3], t=[0.5, 1.0, 1.5], m=[0.0, 0.2, 0.5, 0.9, 0.99],
+                  p=[0.5, 0.9, 1.0])
+    for case in range(8):
+        B, V = 4, 20000
+        x = np.stack([family_row(str(rng.choice(["peaked", "tail", "ties", "normal"])), V, rng) for _ in range(B)])
+        kw = {n: [v.item() for v in rng.choice(values[n], B)] for n in names}
+        a, b = (p(x, seed=list(range(case, case + B)), **kw) for p in progs)
+        assert np.array(a.token).tolist() == np.array(b.token).tolist(), (case, kw)
+        np.testing.assert_array_equal(np.array(a.probs) > 0, np.array(b.probs) > 0, err_msg=str((case, kw)))
+        np.testing.assert_allclose(np.array(a.probs), np.array(b.probs), atol=1e-6, rtol=1e-5)
+        np.testing.assert_allclose(np.array(a.logprob), np.array(b.logprob), atol=1e-5, rtol=1e-5)
