@@ -2282,13 +2282,14 @@ bool chain_run(ChainRow& row, float bound, int32_t* token, float* logprob) {
           // where its floor lies above the bound.
           if (floored) return false;
           thread_local std::vector<float> fx_tls;
+          auto& fxb = fx_tls;               // (bound here: a helper thread naming fx_tls would get its own)
           const float* fx = row.x;
           if (!row.divs.empty()) {
-            fx_tls.resize(row.V);
+            fxb.resize(row.V);
             for (float t : row.divs) {
               const float* from = fx;
-              each_span(row.V, [&](int64_t lo, int64_t hi) { divide_by(fx_tls.data() + lo, from + lo, hi - lo, t); });
-              fx = fx_tls.data();
+              each_span(row.V, [&](int64_t lo, int64_t hi) { divide_by(fxb.data() + lo, from + lo, hi - lo, t); });
+              fx = fxb.data();
             }
           }
           const float floor = sigma_floor(nullptr, fx, row.V, c[0].first, nsig);
@@ -2754,6 +2755,43 @@ SAMPLEC_VOCAB_LOOP bool any_live(const uint32_t* __restrict bits, const uint8_t*
   return any != 0;
 }
 
+// typical_p's passes over the row (e: the kept tokens' exp(x - max), 0 where removed; d = x - max):
+// sum of (e / z) * d over the live tokens (e > 0), in double per lane
+SAMPLEC_VOCAB_LOOP double typical_mean(const float* e, const float* v, int64_t n, float z, float vmax) {
+  D8 lo{}, hi{};
+  for (int64_t i = 0; i < n; i += 16) {
+    const int64_t m = std::min<int64_t>(16, n - i);
+    F16 a = F16{}, x = F16{};
+    std::memcpy(&a, e + i, m * sizeof(float));
+    std::memcpy(&x, v + i, m * sizeof(float));
+    const auto live = a > F16{};
+    const F16 p = a / z, d = live ? x - vmax : F16{};
+    F8 pl, ph, dl, dh;
+    std::memcpy(&pl, &p, sizeof pl);
+    std::memcpy(&ph, reinterpret_cast<const char*>(&p) + sizeof pl, sizeof ph);
+    std::memcpy(&dl, &d, sizeof dl);
+    std::memcpy(&dh, reinterpret_cast<const char*>(&d) + sizeof dl, sizeof dh);
+    lo += __builtin_convertvector(pl, D8) * __builtin_convertvector(dl, D8);
+    hi += __builtin_convertvector(ph, D8) * __builtin_convertvector(dh, D8);
+  }
+  double out = 0.0;
+  for (int l = 0; l < 8; ++l) out += lo[l];
+  for (int l = 0; l < 8; ++l) out += hi[l];
+  return out;
+}
+
+// score[i] = |md - (v[i] - vmax)| for the live tokens, +inf for the others
+SAMPLEC_VOCAB_LOOP void typical_scores(float* __restrict score, const float* __restrict e, const float* __restrict v,
+                                       int64_t n, float md, float vmax) {
+  for (int64_t i = 0; i < n; ++i) score[i] = e[i] > 0.0f ? std::fabs(md - (v[i] - vmax)) : INFINITY;
+}
+
+// keep[i] &= score[i] <= cut or v[i] is the top
+SAMPLEC_VOCAB_LOOP void keep_typical(uint8_t* __restrict keep, const float* __restrict score,
+                                     const float* __restrict v, int64_t n, float cut, float vmax) {
+  for (int64_t i = 0; i < n; ++i) keep[i] &= static_cast<uint8_t>((score[i] <= cut) | (v[i] == vmax));
+}
+
 void chain_dense(ChainRow& row, int64_t nb, int bs, int32_t* token, float* logprob, std::vector<float>& buf,
                  std::vector<uint8_t>& keep, std::vector<int32_t>& order) {
   const float* x = row.x;
@@ -2894,27 +2932,31 @@ void chain_dense(ChainRow& row, int64_t nb, int bs, int32_t* token, float* logpr
         // score = |mean(d) - d_i| with d = x - max (-log p_i - H with log Z cancelled), over the live tokens
         const double z = probs();
         touch();
-        double mean_d = 0.0;
-        for (int64_t i = 0; i < V; ++i) {
-          if (buf[i] > 0.0f) mean_d += double(buf[i] / static_cast<float>(z)) * double(fx[i] - fmax);
-        }
-        const float md = static_cast<float>(mean_d);
-        auto score = [&](int64_t i) { return std::fabs(md - (fx[i] - fmax)); };
+        const float zf = static_cast<float>(z);
+        const float md = static_cast<float>(sum_spans(V, [&](int64_t lo, int64_t hi) {
+          return typical_mean(buf.data() + lo, fx + lo, hi - lo, zf, fmax);
+        }));
+        thread_local std::vector<float> score_tls;
+        auto& score = score_tls;
+        score.resize(V);
+        each_span(V, [&](int64_t lo, int64_t hi) {
+          typical_scores(score.data() + lo, buf.data() + lo, fx + lo, hi - lo, md, fmax);
+        });
         // the smallest score whose cumulative mass (ascending score) reaches m: descending keys of ~score
         keys.resize(V);
         wd.resize(V);
         size_t n = 0;
         for (int64_t i = 0; i < V; ++i) {
-          keys[n] = ~order_key(score(i));
+          keys[n] = ~order_key(score[i]);
           wd[n] = buf[i];
           n += buf[i] > 0.0f;
         }
         keys.resize(n);
         wd.resize(n);
         const float cut = key_value(~radix_select(keys, wd, a * z));
-        for (int64_t i = 0; i < V; ++i) {
-          keep[i] = keep[i] && ((buf[i] > 0.0f && score(i) <= cut) || fx[i] == fmax);
-        }
+        each_span(V, [&](int64_t lo, int64_t hi) {
+          keep_typical(keep.data() + lo, score.data() + lo, fx + lo, hi - lo, cut, fmax);
+        });
         break;
       }
       case kXtc: {
