@@ -2263,6 +2263,13 @@ bool chain_run(ChainRow& row, float bound, int32_t* token, float* logprob) {
           before += double(e) * double(j - i);
         }
         if (!stopped) {
+          // the candidates reach the mass and the tail's largest probability lies below their last group's: every
+          // tail token would start a group of its own past the nucleus -- the cut ends at the bound (a tied top
+          // gathered whole, a top group that holds the nucleus alone)
+          if (tail && !(before < need) && std::exp(fb - vmax) < prev) {
+            tail = false;
+            break;
+          }
           if (tail) {
             row.covered = before / need;  // (how much of the nucleus the candidates held: see the retry)
             return false;

@@ -386,3 +386,24 @@ def test_typical_p_after_a_cut_O2_equals_O0(chain):
         np.testing.assert_array_equal(np.array(a.probs) > 0, np.array(b.probs) > 0, err_msg=str((case, kw)))
         np.testing.assert_allclose(np.array(a.probs), np.array(b.probs), atol=1e-6, rtol=1e-5)
         np.testing.assert_allclose(np.array(a.logprob), np.array(b.logprob), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.uncompiled
+def test_tied_top_that_holds_the_nucleus():
+    """A top value tied across every block (thousands of tokens) whose group holds the nucleus alone: the chain
+    kernel gathers the tie whole and ends top_p at it (the next group is past the nucleus) -- kept set by hand (the
+    top group exactly, where its mass reaches p; else the next group too), tokens and probs as -O0."""
+    rng = np.random.default_rng(31)
+    B, V = 4, 20000
+    x = rng.integers(-3, 3, (B, V)).astype(np.float32)               # top value 2 in ~1/6 of the tokens
+    src = "sampler s(t: float, p: float, seed: seed) -> token, probs { temperature(t) top_p(p) sample(seed) }"
+    t, p = [0.3, 0.3, 1.0, 0.5], [0.9, 0.97, 0.5, 0.95]
+    out = [samplec.compile(src, opt_level=o)(x, t=t, p=p, seed=[1, 2, 3, 4]) for o in (0, 2)]
+    assert np.array(out[0].token).tolist() == np.array(out[1].token).tolist()
+    for r in range(B):
+        w = np.exp((x[r].astype(np.float64) - 2) / t[r])
+        top_mass = w[x[r] == 2].sum() / w.sum()
+        kept = x[r] >= (2 if top_mass >= p[r] else 1)
+        for o in out:
+            np.testing.assert_array_equal(np.array(o.probs)[r] > 0, kept, err_msg=f"row {r}")
+    np.testing.assert_allclose(np.array(out[0].probs), np.array(out[1].probs), atol=1e-7, rtol=1e-5)
