@@ -203,24 +203,27 @@ class Program:
         return args
 
     def _scalar(self, p: Param, value, B: int) -> mx.array:
-        """A scalar parameter as an MLX array [B]. Plain Python numbers (the common case in a decode loop) take a
-        short path and are cached; everything else goes through the full checks of `_scalar_param`."""
-        if type(value) is int or type(value) is float:
-            key = (p.name, type(value), value, B)
+        """A scalar parameter as an MLX array [B]. Plain Python numbers (the common case in a decode loop) and lists
+        of them, one per row (a server's batch), take a short path and are cached; everything else goes through
+        the full checks of `_scalar_param`."""
+        t = type(value)
+        if t is int or t is float:
+            key = (p.name, t, value, B)
             hit = self._scalars.get(key)
             if hit is not None:
                 return hit
-            if p.kind == "seed" and type(value) is int and 0 <= value < 2 ** 64 or \
-                    p.kind == "int" and type(value) is int and -2 ** 31 <= value < 2 ** 31 and \
-                    (p.name not in self._ranges or self._ranges[p.name].contains(value)) or \
-                    p.kind == "float" and value == value and abs(value) <= _F32_MAX and \
-                    (p.name not in self._ranges or self._ranges[p.name].contains(float(np.float32(value)))):
-                arr = mx.array(np.full((B,), value, dtype=np.uint64)) if p.kind == "seed" else \
-                    mx.array([value] * B, dtype=mx.int32 if p.kind == "int" else mx.float32)
-                if len(self._scalars) > 256:
-                    self._scalars.clear()
-                self._scalars[key] = arr
-                return arr
+            if self._plain_ok(p, value):
+                return self._cache(key, np.full((B,), value, dtype=np.uint64) if p.kind == "seed" else
+                                   mx.array([value] * B, dtype=mx.int32 if p.kind == "int" else mx.float32))
+        elif t is list and len(value) == B and p.kind in SCALAR_NP and \
+                all(type(v) is float or type(v) is int for v in value):
+            key = (p.name, tuple(map(type, value)), tuple(value))
+            hit = self._scalars.get(key)
+            if hit is not None:
+                return hit
+            if all(self._plain_ok(p, v) for v in value):
+                return self._cache(key, np.array(value, dtype=np.uint64) if p.kind == "seed" else
+                                   mx.array(value, dtype=mx.int32 if p.kind == "int" else mx.float32))
         if p.kind == "state" and type(value) is mx.array and value.dtype == mx.float32 and value.shape == (B,):
             return value        # (the previous step's state output, still lazy: no host round trip)
         if type(value) is np.ndarray and value.dtype == np.uint64 and value.shape == (B,) and p.kind == "seed":
@@ -232,6 +235,25 @@ class Program:
                 hit = self._scalars[key] = mx.array(value)
             return hit
         return mx.array(_scalar_param(p, value, B))
+
+    def _plain_ok(self, p: Param, v) -> bool:
+        """Whether a Python int or float is a valid value of scalar parameter p as is (the checks of
+        `_scalar_param` for one plain number: a false answer sends the value there, for its error)."""
+        if p.kind == "seed":
+            return type(v) is int and 0 <= v < 2 ** 64
+        if p.kind == "int":
+            return type(v) is int and -2 ** 31 <= v < 2 ** 31 and \
+                (p.name not in self._ranges or self._ranges[p.name].contains(v))
+        return v == v and abs(v) <= _F32_MAX and \
+            (p.name not in self._ranges or self._ranges[p.name].contains(float(np.float32(v))))
+
+    def _cache(self, key, arr) -> mx.array:
+        if not isinstance(arr, mx.array):
+            arr = mx.array(arr)
+        if len(self._scalars) > 256:
+            self._scalars.clear()
+        self._scalars[key] = arr
+        return arr
 
 
 _MLX_LM_MISUSE = (

@@ -195,3 +195,23 @@ def test_every_problem_of_a_value_is_named_with_its_rows():
     for flag in (True, np.array([True, False, True])):
         with pytest.raises(samplec.SamplecError, match="a: expected a number"):
             nucleus(x, a=flag, k=1, s=1)
+
+
+def test_per_row_lists_are_checked_and_never_stale():
+    """Per-row lists of plain numbers take a cached short path: a list of flags is still refused after the same
+    numbers were accepted (True == 1 in a tuple key), a value out of range still names its row, and a list changed
+    in place between calls is read anew."""
+    prog = samplec.compile("sampler s(k: int, t: float, seed: seed) -> token, probs { top_k(k) temperature(t) "
+                           "sample(seed) }")
+    x = np.array([[0.0, 1.0, 2.0, 3.0]] * 2, np.float32)
+    k = [1, 1]
+    assert np.array(prog(x, k=k, t=[1.0, 1.0], seed=[1, 2]).token).tolist() == [3, 3]
+    with pytest.raises(samplec.SamplecError, match="k: expected a number"):
+        prog(x, k=[True, True], t=[1.0, 1.0], seed=[1, 2])
+    with pytest.raises(samplec.SamplecError, match=r"t = -1 is out of range \[0, inf\] \(row 1\)"):
+        prog(x, k=k, t=[1.0, -1.0], seed=[1, 2])
+    with pytest.raises(samplec.SamplecError, match=r"seed: seeds must be in \[0, 2\*\*64\) \(row 0\)"):
+        prog(x, k=k, t=[1.0, 1.0], seed=[-1, 2])
+    k[1] = 4
+    probs = np.array(prog(x, k=k, t=[1.0, 1.0], seed=[1, 2]).probs)
+    assert (probs[0] > 0).sum() == 1 and (probs[1] > 0).sum() == 4
