@@ -1721,7 +1721,9 @@ std::vector<mx::array> row_softmax(const mx::array& x) {
 // runs on the whole row instead (`chain_dense`), which finds every threshold by radix selection, without a sort.
 // The draw is Gumbel-max over the kept tokens with RandomBits at (token id, position) (spec section 4). Every
 // decision is made here, per row: a call never returns to the host to re-run a row.
-enum ChainStage { kTemperature = 0, kTopK = 1, kTopP = 2, kMinP = 3, kTopNSigma = 4, kTypicalP = 5, kXtc = 6 };
+enum ChainStage {
+  kTemperature = 0, kTopK = 1, kTopP = 2, kMinP = 3, kTopNSigma = 4, kTypicalP = 5, kXtc = 6, kEpsilon = 7, kEta = 8
+};
 enum ChainTerminal { kGreedy = 0, kSample = 1 };
 
 inline int stage_arity(int kind) { return kind == kXtc ? 4 : 1; }
@@ -2008,6 +2010,10 @@ double leading_top_p(const ChainRow& row, std::vector<float>& divs) {
       case kXtc:
         if (sa.b == 0.0) break;
         return 1.0;
+      case kEpsilon:
+      case kEta:
+        if (static_cast<float>(sa.a) == 0.0f) break;
+        return 1.0;
     }
   }
   return 1.0;
@@ -2161,6 +2167,56 @@ inline double run_sum_exp(const std::vector<std::pair<float, int32_t>>& c, int64
     zd += std::exp(static_cast<double>(c[i].first - vmax)) * double(j - i);
   }
   return zd;
+}
+
+// typical_p's passes over the row (e: the kept tokens' exp(x - max), 0 where removed; d = x - max):
+// sum of (e / z) * d over the live tokens (e > 0), in double per lane
+SAMPLEC_VOCAB_LOOP double typical_mean(const float* e, const float* v, int64_t n, float z, float vmax) {
+  D8 lo{}, hi{};
+  for (int64_t i = 0; i < n; i += 16) {
+    const int64_t m = std::min<int64_t>(16, n - i);
+    F16 a = F16{}, x = F16{};
+    std::memcpy(&a, e + i, m * sizeof(float));
+    std::memcpy(&x, v + i, m * sizeof(float));
+    const auto live = a > F16{};
+    const F16 p = a / z, d = live ? x - vmax : F16{};
+    F8 pl, ph, dl, dh;
+    std::memcpy(&pl, &p, sizeof pl);
+    std::memcpy(&ph, reinterpret_cast<const char*>(&p) + sizeof pl, sizeof ph);
+    std::memcpy(&dl, &d, sizeof dl);
+    std::memcpy(&dh, reinterpret_cast<const char*>(&d) + sizeof dl, sizeof dh);
+    lo += __builtin_convertvector(pl, D8) * __builtin_convertvector(dl, D8);
+    hi += __builtin_convertvector(ph, D8) * __builtin_convertvector(dh, D8);
+  }
+  double out = 0.0;
+  for (int l = 0; l < 8; ++l) out += lo[l];
+  for (int l = 0; l < 8; ++l) out += hi[l];
+  return out;
+}
+
+// score[i] = |md - (v[i] - vmax)| for the live tokens, +inf for the others
+SAMPLEC_VOCAB_LOOP void typical_scores(float* __restrict score, const float* __restrict e, const float* __restrict v,
+                                       int64_t n, float md, float vmax) {
+  for (int64_t i = 0; i < n; ++i) score[i] = e[i] > 0.0f ? std::fabs(md - (v[i] - vmax)) : INFINITY;
+}
+
+// keep[i] &= score[i] <= cut or v[i] is the top
+SAMPLEC_VOCAB_LOOP void keep_typical(uint8_t* __restrict keep, const float* __restrict score,
+                                     const float* __restrict v, int64_t n, float cut, float vmax) {
+  for (int64_t i = 0; i < n; ++i) keep[i] &= static_cast<uint8_t>((score[i] <= cut) | (v[i] == vmax));
+}
+
+// eta's probability floor min(e, sqrt(e) * exp(-H)) from the kept set's normalizer z and sum p d (d = x - max):
+// H = log z - sum p d, in double, then float32 as the dense definition computes the floor
+inline float eta_cut(float e, double z, double pd) {
+  const float h = static_cast<float>(std::log(z) - pd);
+  return std::min(e, std::sqrt(e) * std::exp(-h));
+}
+
+// keep[i] &= e[i] / z >= cut or v[i] is the top (epsilon's and eta's cut: p as the kept tokens' exp over their sum)
+SAMPLEC_VOCAB_LOOP void keep_prob_at_least(uint8_t* __restrict keep, const float* __restrict e,
+                                           const float* __restrict v, int64_t n, float z, float cut, float vmax) {
+  for (int64_t i = 0; i < n; ++i) keep[i] &= static_cast<uint8_t>((e[i] / z >= cut) | (v[i] == vmax));
 }
 
 // Run the chain on the sorted candidates above `bound`; false when a cut (or the draw) may reach below the bound,
@@ -2360,6 +2416,63 @@ bool chain_run(ChainRow& row, float bound, int32_t* token, float* logprob) {
           if ((te[i] > 0.0f && ts[i] <= cut) || tv[i] == vmax) c[n++] = c[i];
         }
         L = n;
+        break;
+      }
+      case kEpsilon:
+      case kEta: {
+        const float e = static_cast<float>(a);
+        if (e == 0.0f) break;
+        if (tail && floored) return false;
+        // p = exp(v - max) / z over the kept set, each exp chain_dense's (the same vectorized exp, the same floats);
+        // the kept candidates are a prefix (p falls with v), and the tail is out where its largest p is below the
+        // floor
+        const float vmax = c[0].first;
+        thread_local std::vector<float> ev_tls, ee_tls;
+        auto &ev = ev_tls, &ee = ee_tls;
+        ev.resize(L);
+        ee.resize(L);
+        for (int64_t i = 0; i < L; ++i) ev[i] = c[i].first;
+        double z = 0.0, pd = 0.0;
+        if (!tail) {
+          z = exp_kept(ee.data(), nullptr, ev.data(), L, 1.0f, vmax);
+          if (stages[s] == kEta) pd = typical_mean(ee.data(), ev.data(), L, static_cast<float>(z), vmax);
+        } else if (stages[s] == kEpsilon) {
+          z = full_z(row, vmax);
+          exp_kept(ee.data(), nullptr, ev.data(), L, 1.0f, vmax);
+        } else {
+          // the whole row's entropy: its current values (the temperatures so far), their exps and sum p d
+          thread_local std::vector<float> fx_tls, fe_tls;
+          auto &fxb = fx_tls, &feb = fe_tls;
+          const float* fx = row.x;
+          if (!row.divs.empty()) {
+            fxb.resize(row.V);
+            for (float t : row.divs) {
+              const float* from = fx;
+              each_span(row.V, [&](int64_t lo, int64_t hi) { divide_by(fxb.data() + lo, from + lo, hi - lo, t); });
+              fx = fxb.data();
+            }
+          }
+          feb.resize(row.V);
+          z = sum_spans(row.V, [&](int64_t lo, int64_t hi) {
+            return exp_kept(feb.data() + lo, nullptr, fx + lo, hi - lo, 1.0f, vmax);
+          });
+          pd = sum_spans(row.V, [&](int64_t lo, int64_t hi) {
+            return typical_mean(feb.data() + lo, fx + lo, hi - lo, static_cast<float>(z), vmax);
+          });
+          exp_kept(ee.data(), nullptr, ev.data(), L, 1.0f, vmax);
+        }
+        const float zf = static_cast<float>(z);
+        const float cut = stages[s] == kEta ? eta_cut(e, z, pd) : e;
+        if (tail) {
+          float top_tail;
+          exp_kept(&top_tail, nullptr, &fb, 1, 1.0f, vmax);
+          if (!(top_tail / zf < cut) && fb > -INFINITY) return false;
+        }
+        int64_t n = 1;
+        while (n < L && ee[n] / zf >= cut) ++n;
+        while (n < L && c[n].first == vmax) ++n;
+        L = n;
+        tail = false;
         break;
       }
       case kXtc:
@@ -2762,43 +2875,6 @@ SAMPLEC_VOCAB_LOOP bool any_live(const uint32_t* __restrict bits, const uint8_t*
   return any != 0;
 }
 
-// typical_p's passes over the row (e: the kept tokens' exp(x - max), 0 where removed; d = x - max):
-// sum of (e / z) * d over the live tokens (e > 0), in double per lane
-SAMPLEC_VOCAB_LOOP double typical_mean(const float* e, const float* v, int64_t n, float z, float vmax) {
-  D8 lo{}, hi{};
-  for (int64_t i = 0; i < n; i += 16) {
-    const int64_t m = std::min<int64_t>(16, n - i);
-    F16 a = F16{}, x = F16{};
-    std::memcpy(&a, e + i, m * sizeof(float));
-    std::memcpy(&x, v + i, m * sizeof(float));
-    const auto live = a > F16{};
-    const F16 p = a / z, d = live ? x - vmax : F16{};
-    F8 pl, ph, dl, dh;
-    std::memcpy(&pl, &p, sizeof pl);
-    std::memcpy(&ph, reinterpret_cast<const char*>(&p) + sizeof pl, sizeof ph);
-    std::memcpy(&dl, &d, sizeof dl);
-    std::memcpy(&dh, reinterpret_cast<const char*>(&d) + sizeof dl, sizeof dh);
-    lo += __builtin_convertvector(pl, D8) * __builtin_convertvector(dl, D8);
-    hi += __builtin_convertvector(ph, D8) * __builtin_convertvector(dh, D8);
-  }
-  double out = 0.0;
-  for (int l = 0; l < 8; ++l) out += lo[l];
-  for (int l = 0; l < 8; ++l) out += hi[l];
-  return out;
-}
-
-// score[i] = |md - (v[i] - vmax)| for the live tokens, +inf for the others
-SAMPLEC_VOCAB_LOOP void typical_scores(float* __restrict score, const float* __restrict e, const float* __restrict v,
-                                       int64_t n, float md, float vmax) {
-  for (int64_t i = 0; i < n; ++i) score[i] = e[i] > 0.0f ? std::fabs(md - (v[i] - vmax)) : INFINITY;
-}
-
-// keep[i] &= score[i] <= cut or v[i] is the top
-SAMPLEC_VOCAB_LOOP void keep_typical(uint8_t* __restrict keep, const float* __restrict score,
-                                     const float* __restrict v, int64_t n, float cut, float vmax) {
-  for (int64_t i = 0; i < n; ++i) keep[i] &= static_cast<uint8_t>((score[i] <= cut) | (v[i] == vmax));
-}
-
 void chain_dense(ChainRow& row, int64_t nb, int bs, int32_t* token, float* logprob, std::vector<float>& buf,
                  std::vector<uint8_t>& keep, std::vector<int32_t>& order) {
   const float* x = row.x;
@@ -2963,6 +3039,25 @@ void chain_dense(ChainRow& row, int64_t nb, int bs, int32_t* token, float* logpr
         const float cut = key_value(~radix_select(keys, wd, a * z));
         each_span(V, [&](int64_t lo, int64_t hi) {
           keep_typical(keep.data() + lo, score.data() + lo, fx + lo, hi - lo, cut, fmax);
+        });
+        break;
+      }
+      case kEpsilon:
+      case kEta: {
+        const float e = static_cast<float>(a);
+        if (e == 0.0f) break;
+        // p = the kept tokens' exp over their sum; eta's floor from their entropy (log z - sum p d)
+        const double z = probs();
+        const float zf = static_cast<float>(z);
+        float cut = e;
+        if (stages[s] == kEta) {
+          cut = eta_cut(e, z, sum_spans(V, [&](int64_t lo, int64_t hi) {
+            return typical_mean(buf.data() + lo, fx + lo, hi - lo, zf, fmax);
+          }));
+        }
+        touch();
+        each_span(V, [&](int64_t lo, int64_t hi) {
+          keep_prob_at_least(keep.data() + lo, buf.data() + lo, fx + lo, hi - lo, zf, cut, fmax);
         });
         break;
       }
@@ -3133,6 +3228,8 @@ bool stage_off(const ChainRow& row, size_t s) {
     case kTopNSigma: return a <= 0.0;
     case kTypicalP: return a >= 1.0;
     case kXtc: return row.args[s].b == 0.0;
+    case kEpsilon:
+    case kEta: return static_cast<float>(a) == 0.0f;
   }
   return false;
 }
@@ -3533,7 +3630,7 @@ std::vector<mx::array> sample_chain(const mx::array& x, const std::vector<mx::ar
   need_rows(x, mx::float32, "sample_chain");
   size_t arity = terminal == kSample ? 2 : 0;
   for (int s : stages) {
-    if (s < kTemperature || s > kXtc) throw std::invalid_argument("sample_chain: unknown stage code");
+    if (s < kTemperature || s > kEta) throw std::invalid_argument("sample_chain: unknown stage code");
     arity += stage_arity(s);
   }
   if (params.size() != arity || (terminal != kGreedy && terminal != kSample)) {
@@ -3595,6 +3692,7 @@ std::vector<mx::array> sample_chain(const mx::array& x, const std::vector<mx::ar
 
 NB_MODULE(_ext, m) {
   m.doc() = "MLX CPU kernels for samplec";
+  m.attr("chain_stages") = static_cast<int>(kEta) + 1;   // the stage codes sample_chain knows: 0 .. chain_stages - 1
   m.def("threefry_bits", &threefry_bits, nb::arg("seed"), nb::arg("c0"), nb::arg("c1"),
         "First word of Threefry-2x32-20(key(seed), (c0, c1)): seed uint64, counters uint32 or int32 (their "
         "uint32 bits), each [B, C] or [B] (read as [B, 1]), broadcasting: one MLX primitive on the CPU.");
@@ -3612,7 +3710,7 @@ NB_MODULE(_ext, m) {
         nb::arg("prefix_arrays") = std::vector<mx::array>{}, nb::arg("prefix_max") = std::vector<bool>{},
         nb::arg("n_pre") = 0,
         "The sampler chain (stage codes: 0 temperature, 1 top_k, 2 top_p, 3 min_p, 4 top_n_sigma, 5 typical_p, "
-        "6 xtc; terminal 0 greedy, 1 sample) on each row of x: [token [B, 1], logprob [B, 1], (want_x) the final "
+        "6 xtc, 7 epsilon, 8 eta; terminal 0 greedy, 1 sample) on each row of x: [token [B, 1], logprob [B, 1], (want_x) the final "
         "logits [B, V] or (want_probs) their softmax, (want_top) MLX's argmax of x and x there ([B, 1]) and the "
         "logits checks' flags there (NaN or +inf; -inf: [B] bool), (want_raw) x's max, log-sum-exp and the "
         "token's log-probability under softmax(x), each [B, 1], (top_n > 0, with want_raw) top_logprob_ids(x, max, "

@@ -249,9 +249,10 @@ def explain(source: str, sampler: str | None = None, level: int = 2, bindings: d
         namer(n)
     names = {id(p.node): namer(p.node) for p in stripped.params}
     names.update((tid, namer(node)) for tid, node in smap.items())
-    chains = find_chains(g)
     use_native, note = native_state(native)
     from samplec.backend_mlx import native as nat
+    # (the installed build runs a chain whose stage codes it knows; `native` given: as asked)
+    chains = [c for c in find_chains(g) if native is not None or nat.knows_stages([s.op for s in c.stages])]
     chain_native = use_native and (native is not None or hasattr(nat._native, "sample_chain"))
     ex = Explained(checked.name, level, groups, g, stripped, names, attrs[-1], chains, use_native, chain_native, note,
                    changed, unchanged)

@@ -139,8 +139,6 @@ SUPPORTED = {"temperature", "top_k", "top_p", "min_p", "greedy", "sample",
              "typical_p", "top_n_sigma", "xtc", "penalties", "logit_bias", "allow",
              "dynamic_temperature", "epsilon", "eta", "dry", "mirostat", "mirostat_v2"}
 
-# The v2 stages (spec §6). They run by their dense definitions at every level (the chain kernel does not cover them).
-V2_STAGES = frozenset({"dynamic_temperature", "epsilon", "eta", "dry", "mirostat", "mirostat_v2"})
 
 # Stateful stages: slot holding the state -> how a missing state starts (a function of the stage's other args).
 # A `state` parameter is f32 [B]; left out at run time (or NaN in a row) it starts at this value.

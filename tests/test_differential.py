@@ -20,7 +20,7 @@ import reference as R
 import samplec
 
 EXAMPLES = int(os.environ.get("SAMPLEC_FUZZ_EXAMPLES", "60"))
-ORDER_STAGES = ("temperature", "top_k", "top_p", "min_p", "top_n_sigma", "typical_p", "xtc")
+ORDER_STAGES = ("temperature", "top_k", "top_p", "min_p", "top_n_sigma", "typical_p", "xtc", "epsilon", "eta")
 FAMILIES = ("peaked", "flat", "ties", "neg_inf", "normal", "tail", "one_finite")
 
 
@@ -60,13 +60,15 @@ def stage_value(name: str, V: int, rng: np.random.Generator):
         return float(rng.choice([0.2, 0.5, 0.9, 1.0]))
     if name == "xtc":                                        # the probability; the threshold is fixed below
         return float(rng.choice([0.0, 0.5, 1.0]))
+    if name in ("epsilon", "eta"):
+        return float(rng.choice([0.0, 1e-4, 3e-4, 2e-3, 0.02, 0.2]))
     return float(rng.choice([0.0, 0.5, 1.0, 2.0]))          # top_n_sigma
 
 
 PTYPE = {"temperature": "float", "top_k": "int", "top_p": "float", "min_p": "float", "top_n_sigma": "float",
-         "typical_p": "float", "xtc": "float"}
+         "typical_p": "float", "xtc": "float", "epsilon": "float", "eta": "float"}
 ARG = {"temperature": "t", "top_k": "k", "top_p": "p", "min_p": "m", "top_n_sigma": "n", "typical_p": "m",
-       "xtc": "probability"}
+       "xtc": "probability", "epsilon": "e", "eta": "e"}
 XTC_THRESHOLD = 0.1
 
 
@@ -407,3 +409,31 @@ def test_tied_top_that_holds_the_nucleus():
         for o in out:
             np.testing.assert_array_equal(np.array(o.probs)[r] > 0, kept, err_msg=f"row {r}")
     np.testing.assert_allclose(np.array(out[0].probs), np.array(out[1].probs), atol=1e-7, rtol=1e-5)
+
+
+@pytest.mark.uncompiled
+@pytest.mark.parametrize("chain", ["epsilon(e) sample(seed)", "temperature(t) eta(e) sample(seed)",
+                                   "top_k(k) eta(e) top_p(p) sample(seed)", "min_p(q) epsilon(e) greedy()",
+                                   "top_p(p) epsilon(e) temperature(t) sample(seed)"])
+def test_epsilon_and_eta_in_the_chain_O2_equals_O0(chain):
+    """epsilon and eta are cuts on the logit order by probability: the chain kernel finds their floor from the
+    whole row's normalizer (and entropy) while no cut has ended yet, from the candidates' after one did, else on
+    the whole row -- the same tokens, kept sets, values and logprob as -O0 (their dense definitions in MLX ops), on
+    rows wide enough (V = 20000) for every path, per-row values including the off value 0."""
+    rng = np.random.default_rng(37)
+    names = [n for n in ("k", "q", "t", "e", "p") if f"({n})" in chain]
+    types = {"k": "int"}
+    decl = ", ".join(f"{n}: {types.get(n, 'float')}" for n in names)
+    src = f"sampler s({decl}, seed: seed) -> token, probs, logprob {{ {chain} }}"
+    progs = [samplec.compile(src, opt_level=o) for o in (0, 2)]
+    values = dict(k=[5, 40, 200], q=[0.02, 0.1], t=[0.5, 1.0, 1.5], e=[0.0, 3e-4, 2e-3, 0.02, 0.2], p=[0.5, 0.9, 1.0])
+    for case in range(8):
+        B, V = 4, 20000
+        x = np.stack([family_row(str(rng.choice(["peaked", "tail", "flat", "ties", "normal"])), V, rng)
+                      for _ in range(B)])
+        kw = {n: [v.item() for v in rng.choice(values[n], B)] for n in names}
+        a, b = (p(x, seed=list(range(case, case + B)), **kw) for p in progs)
+        assert np.array(a.token).tolist() == np.array(b.token).tolist(), (case, kw)
+        np.testing.assert_array_equal(np.array(a.probs) > 0, np.array(b.probs) > 0, err_msg=str((case, kw)))
+        np.testing.assert_allclose(np.array(a.probs), np.array(b.probs), atol=1e-6, rtol=1e-5)
+        np.testing.assert_allclose(np.array(a.logprob), np.array(b.logprob), atol=1e-5, rtol=1e-5)

@@ -206,9 +206,16 @@ def row_softmax(x: mx.array) -> mx.array | None:
     return _native.row_softmax(x)[0]
 
 
-CHAIN_STAGES = {"temperature": 0, "top_k": 1, "top_p": 2, "min_p": 3, "top_n_sigma": 4, "typical_p": 5, "xtc": 6}
+CHAIN_STAGES = {"temperature": 0, "top_k": 1, "top_p": 2, "min_p": 3, "top_n_sigma": 4, "typical_p": 5, "xtc": 6,
+                "epsilon": 7, "eta": 8}
 _PARAM_DTYPES = {"top_k": [mx.int32], "xtc": [mx.float32, mx.float32, mx.uint64, mx.uint32]}
 CHAIN_TERMINALS = {"greedy": 0, "sample": 1}
+
+
+def knows_stages(stages) -> bool:
+    """Whether the installed build's chain kernel has a code for each of these stage ops (epsilon and eta came
+    after the first builds: 7 codes)."""
+    return all(CHAIN_STAGES[s] < getattr(_native, "chain_stages", 7) for s in stages)
 
 
 def sample_chain(x: mx.array, params: list[mx.array], stages: list[str], terminal: str, want_logprob: bool,
@@ -230,6 +237,8 @@ def sample_chain(x: mx.array, params: list[mx.array], stages: list[str], termina
     output [B, 1] for each op with `prefix_max` true: its result's maximum."""
     if not (_rows(x) and x.shape[-1] >= 1 and hasattr(_native, "sample_chain")):
         return None     # (also a build of samplec-native older than the chain kernel)
+    if not knows_stages(stages):
+        return None     # (a build older than a stage's code: the stages run by their definitions)
     if top_n and not (want_raw and top_n <= x.shape[-1]):
         return None
     if len(prefix) > MAX_PREFIX or not all(_prefix_ok(kind, a, x) for kind, a in prefix):
@@ -256,6 +265,6 @@ def sample_chain(x: mx.array, params: list[mx.array], stages: list[str], termina
                                       want_logprob, want_x, want_probs, list(edits), want_top, want_raw, **more))
 
 
-__all__ = ["enabled", "installed", "wake", "release", "evaluate", "helped", "threefry_bits", "block_max", "topk_select",
+__all__ = ["enabled", "installed", "knows_stages", "wake", "release", "evaluate", "helped", "threefry_bits", "block_max", "topk_select",
            "argmax_take", "sample_chain", "CHAIN_STAGES", "row_logsumexp", "row_max", "row_softmax", "argmax_put", "penalty_edits",
            "top_logprob_ids", "edited_logsumexp", "history_check", "dry_repeats"]

@@ -1,6 +1,6 @@
 """The dense definitions of the stage ops: each stage op (samplec/ir/ops.py: `temperature`, `top_k`, `top_p`,
-`min_p`, `top_n_sigma`, `typical_p`, `xtc`, `penalties` and its check, `greedy`, `sample`, `logprob_at`) written with the low-level ops, exactly as spec §2-§4
-define the stage on the whole vocabulary.
+`min_p`, `top_n_sigma`, `typical_p`, `xtc`, `epsilon`, `eta`, `penalties` and its check, `greedy`, `sample`,
+`logprob_at`) written with the low-level ops, exactly as spec §2-§4 and §6 define the stage on the whole vocabulary.
 
 These are what -O0 runs (the `expand-stages` pass rewrites every stage op into its definition) and what a stage
 op's kernel runs where no faster kernel covers it. Every stage is `where(off, x, stage(x))`: for a constant
@@ -12,8 +12,8 @@ from typing import Callable
 
 import math
 
-from samplec.frontend.lower import NEG_INF, XTC_COUNTER, any_rows, const, gumbel, log_softmax, penalize, softmax, \
-    uniform, where
+from samplec.frontend.lower import NEG_INF, XTC_COUNTER, any_rows, const, entropy, gumbel, log_softmax, penalize, \
+    softmax, uniform, where
 from samplec.ir.graph import Node, make
 from samplec.ir.types import F32, I32, U32
 
@@ -94,6 +94,19 @@ def xtc(x: Node, thr: Node, prob: Node, seed: Node, position: Node) -> Node:
     return where(make("eq", prob, const(0.0)), x, cut, name="x_xtc")
 
 
+def epsilon(x: Node, e: Node) -> Node:
+    """HF EpsilonLogitsWarper: keep p >= e and every token at the maximum."""
+    keep = make("logical_or", make("ge", softmax(x), e), make("eq", x, make("reduce_max", x)))
+    return where(make("eq", e, const(0.0)), x, make("filter", x, keep), name="x_epsilon")
+
+
+def eta(x: Node, e: Node) -> Node:
+    """HF EtaLogitsWarper: keep p >= min(e, sqrt(e) * exp(-H)) and every token at the maximum."""
+    cut = make("minimum", e, make("mul", make("sqrt", e), make("exp", make("neg", entropy(x)))), name="eta_cut")
+    keep = make("logical_or", make("ge", softmax(x), cut), make("eq", x, make("reduce_max", x)))
+    return where(make("eq", e, const(0.0)), x, make("filter", x, keep), name="x_eta")
+
+
 def greedy(x: Node) -> Node:
     return make("argmax", x)
 
@@ -141,7 +154,7 @@ def penalties_overflow(x: Node, hist: Node, last_n: Node, rep: Node, freq: Node,
 
 EXPAND: dict[str, Callable[..., Node]] = {
     "temperature": temperature, "top_k": top_k, "top_p": top_p, "min_p": min_p, "top_n_sigma": top_n_sigma,
-    "typical_p": typical_p, "xtc": xtc, "greedy": greedy, "sample": sample, "logprob_at": logprob_at,
+    "typical_p": typical_p, "xtc": xtc, "epsilon": epsilon, "eta": eta, "greedy": greedy, "sample": sample, "logprob_at": logprob_at,
     "penalties": penalties, "penalties_overflow": penalties_overflow,
 }
 

@@ -268,17 +268,12 @@ class Lowering:
                      name="x_dyntemp")
 
     def stage_epsilon(self, x, e):
-        """HF EpsilonLogitsWarper: keep p >= e and every token at the maximum."""
-        e = self.scalar(e, F32)
-        keep = make("logical_or", make("ge", softmax(x), e), make("eq", x, make("reduce_max", x)))
-        return where(make("eq", e, const(0.0)), x, make("filter", x, keep), name="x_epsilon")
+        """HF EpsilonLogitsWarper (its definition: samplec/frontend/expand.py)."""
+        return make("epsilon", x, self.scalar(e, F32), name="x_epsilon")
 
     def stage_eta(self, x, e):
-        """HF EtaLogitsWarper: keep p >= min(e, sqrt(e) * exp(-H)) and every token at the maximum."""
-        e = self.scalar(e, F32)
-        cut = make("minimum", e, make("mul", make("sqrt", e), make("exp", make("neg", entropy(x)))), name="eta_cut")
-        keep = make("logical_or", make("ge", softmax(x), cut), make("eq", x, make("reduce_max", x)))
-        return where(make("eq", e, const(0.0)), x, make("filter", x, keep), name="x_eta")
+        """HF EtaLogitsWarper (its definition: samplec/frontend/expand.py)."""
+        return make("eta", x, self.scalar(e, F32), name="x_eta")
 
     def stage_dry(self, x, history, multiplier, base, allowed_length, last_n, breakers):
         """llama.cpp DRY on the device: the history right-aligned (padding dropped), its last L entries the window,

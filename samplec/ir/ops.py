@@ -330,9 +330,14 @@ OPS: dict[str, OpDef] = {d.name: d for d in [
           "(history h, x): for each token v of x's vocabulary, the largest n such that some h[p] = v (p >= 1, "
           "h[p-1] >= 0) follows a copy of the history's last n entries, h[p-n..p-1] = h[H-n..H-1] (entries < 0 "
           "never match); -1 if v follows no entry. DRY's repeat search: [B, H, H] comparisons"),
+    OpDef("epsilon", 2, (), _stage(F32),
+          "stage, cut on the logit order by probability: keep p >= e and every token at the maximum"),
+    OpDef("eta", 2, (), _stage(F32),
+          "stage, cut on the logit order by probability: keep p >= min(e, sqrt(e) * exp(-H)) and every token at "
+          "the maximum"),
 ]}
 
-STAGE_OPS = ("temperature", "top_k", "top_p", "min_p", "top_n_sigma", "typical_p", "xtc")   # x -> x
+STAGE_OPS = ("temperature", "top_k", "top_p", "min_p", "top_n_sigma", "typical_p", "xtc", "epsilon", "eta")  # x -> x
 DRAW_OPS = ("greedy", "sample")
 
 

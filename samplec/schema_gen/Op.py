@@ -73,3 +73,5 @@ class Op(object):
     PenaltiesOverflowNode = 67
     XtcNode = 68
     DryRepeatsNode = 69
+    EpsilonNode = 70
+    EtaNode = 71
