@@ -1916,13 +1916,12 @@ double full_z(ChainRow& row, float vmax);
 // lanes at a time (a mask of kept tokens scattered over the row costs no mispredicted branches): kept_sums gives
 // their count and sum (in double per lane), kept_dev the sum of (v - mean)^2 with v - mean in float32 (as the dense
 // definition subtracts) squared and summed in double.
-__attribute__((always_inline)) inline I16 kept_mask16(const uint8_t* keep, const float* v, F16 a, int64_t m) {
+__attribute__((always_inline)) inline I16 kept_mask16(const uint8_t* keep, F16 a, int64_t m) {
   if (keep == nullptr) return a > (F16{} - INFINITY);
   uint8_t kt[16] = {};
   std::memcpy(kt, keep, m);
   U8x16 kb;
   std::memcpy(&kb, kt, sizeof kb);
-  (void)v;
   return __builtin_convertvector(kb, I16) != 0;
 }
 
@@ -1931,7 +1930,7 @@ SAMPLEC_VOCAB_LOOP void kept_sums(const uint8_t* keep, const float* v, int64_t n
   for (int64_t i = 0; i < n; i += 16) {
     const int64_t m = std::min<int64_t>(16, n - i);
     const F16 a = tail16(v + i, m);
-    const I16 k = kept_mask16(keep == nullptr ? nullptr : keep + i, v + i, a, m);
+    const I16 k = kept_mask16(keep == nullptr ? nullptr : keep + i, a, m);
     s.add(k ? a : F16{});
     c.add(k ? F16{} + 1.0f : F16{});
   }
@@ -1944,7 +1943,7 @@ SAMPLEC_VOCAB_LOOP double kept_dev(const uint8_t* keep, const float* v, int64_t 
   for (int64_t i = 0; i < n; i += 16) {
     const int64_t m = std::min<int64_t>(16, n - i);
     const F16 a = tail16(v + i, m);
-    const I16 k = kept_mask16(keep == nullptr ? nullptr : keep + i, v + i, a, m);
+    const I16 k = kept_mask16(keep == nullptr ? nullptr : keep + i, a, m);
     const F16 d = k ? a - mean : F16{};
     F8 dl, dh;
     std::memcpy(&dl, &d, sizeof dl);
@@ -3234,13 +3233,6 @@ bool stage_off(const ChainRow& row, size_t s) {
   return false;
 }
 
-// A row whose chain reaches temperature 0 through stages that all keep the largest current value (cuts, positive
-// temperatures, an xtc whose coin does not fire) keeps that value's lowest id alone: every later stage leaves a
-// single token as it is, and the draw returns it. A greedy draw asked for its token alone is the same point at the
-// chain's end. Every cut keeps the whole group at the largest value, so the token is the lowest id at the top
-// unless a temperature rounds a lower value onto it (then a cut may have removed that one: the chain decides).
-// One pass over the row (two with temperatures after a cut), none of the cuts' work (a server batch's greedy
-// requests cost an argmax). False (nothing written) where the row needs the chain.
 // The number of finite values of x[0..n) below `top` that the divisions by `divs`, in order, round onto top's
 // (a reduction that vectorizes, in spans)
 SAMPLEC_VOCAB_LOOP int64_t rounded_onto(const float* x, int64_t n, float top, float ftop, const float* divs,
@@ -3262,6 +3254,13 @@ int64_t count_rounded_onto(const float* x, int64_t V, float top, const std::vect
   }));
 }
 
+// A row whose chain reaches temperature 0 through stages that all keep the largest current value (cuts, positive
+// temperatures, an xtc whose coin does not fire) keeps that value's lowest id alone: every later stage leaves a
+// single token as it is, and the draw returns it. A greedy draw asked for its token alone is the same point at the
+// chain's end. Every cut keeps the whole group at the largest value, so the token is the lowest id at the top
+// unless a temperature rounds a lower value onto it (then a cut may have removed that one: the chain decides).
+// One pass over the row (two with temperatures after a cut), none of the cuts' work (a server batch's greedy
+// requests cost an argmax). False (nothing written) where the row needs the chain.
 bool greedy_row(ChainRow& row, int32_t* token) {
   const auto& stages = *row.stages;
   size_t zero = stages.size();
