@@ -990,7 +990,7 @@ def test_allow_and_bias_around_the_penalties_are_applied_by_the_chain_kernel(pur
         assert np.array(got["token"])[5] == 17
         empty = mask.copy()
         empty[2] = False
-        with pytest.raises(samplec.SamplecError, match=r"allow: the mask allows no token \(row 2\)"):
+        with pytest.raises(samplec.SamplecError, match=r"allow: the mask allows none of the tokens left \(row 2\)"):
             prog(x, **{**kw, "m": empty})
     if "b" in kw:
         bad = b.copy()

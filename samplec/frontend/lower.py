@@ -240,7 +240,7 @@ class Lowering:
 
     def stage_allow(self, x, mask):
         out = where(self.tensor(mask), x, const(NEG_INF), name="x_allowed")
-        self.checks.append(Check(empty_rows(out), "allow: the mask allows no token"))
+        self.checks.append(Check(empty_rows(out), "allow: the mask allows none of the tokens left"))
         return out
 
     def stage_greedy(self, x):
