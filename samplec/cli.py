@@ -369,6 +369,10 @@ def doctor_report() -> list[str]:
                              f"work ({native.helped()} so far in this process)")
             chains = "the native chain kernel (sample_chain), per row" if native.enabled() else \
                 "their dense definitions in MLX ops"
+            if native.enabled():
+                unknown = [s for s in native.CHAIN_STAGES if not native.knows_stages([s])]
+                chains += f" (this build predates {', '.join(unknown)}: those run by their dense definitions; " \
+                          "rebuild samplec-native)" if unknown else f" ({', '.join(native.CHAIN_STAGES)})"
             lines.append(f"stage chains    {chains}; elsewhere top_k/top_p/typical_p/top_logprobs select without a "
                          "sort (kth_largest, mass_threshold: 32 bitwise passes in MLX ops)")
         except Exception as e:  # noqa: BLE001

@@ -1080,3 +1080,23 @@ def test_edits_with_repeated_ids_last_write_wins(H):
     m = want.max(axis=1, keepdims=True)
     ref = (np.take_along_axis(want, idx, 1) - m - np.log(np.exp(want.astype(np.float64) - m).sum(1, keepdims=True)))
     np.testing.assert_allclose(np.array(lp[0]), ref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.skipif(not native.installed(), reason="samplec-native is not installed")
+def test_a_build_without_a_stage_code_leaves_that_chain_to_the_definitions(monkeypatch):
+    """A samplec-native built before epsilon and eta had codes (7 stage codes): the chain with them runs by the
+    dense definitions -- the same tokens as -O0 -- `samplec explain` claims no chain kernel for it, and `samplec
+    doctor` says which stages the build predates."""
+    from samplec.cli import doctor_report
+    from samplec.explain import explain
+    monkeypatch.setenv("SAMPLEC_NATIVE", "1")
+    monkeypatch.setattr(native._native, "chain_stages", 7, raising=False)
+    src = "sampler s(e: float, seed: seed) -> token, probs { top_k(50) eta(e) sample(seed) }"
+    x = np.random.default_rng(3).normal(0, 2, (3, 5000)).astype(np.float32)
+    a, b = (samplec.compile(src, opt_level=o)(x, e=[0.0, 0.002, 0.02], seed=[1, 2, 3]) for o in (0, 2))
+    assert np.array(a.token).tolist() == np.array(b.token).tolist()
+    np.testing.assert_array_equal(np.array(a.probs) > 0, np.array(b.probs) > 0)
+    assert explain(src).chains == []
+    assert any("predates epsilon, eta" in ln for ln in doctor_report())
+    monkeypatch.setattr(native._native, "chain_stages", 9, raising=False)
+    assert len(explain(src).chains) == 1
