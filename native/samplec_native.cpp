@@ -1912,6 +1912,22 @@ SAMPLEC_VOCAB_LOOP void divide_by(float* out, const float* v, int64_t n, float t
 
 double full_z(ChainRow& row, float vmax);
 
+// The row's current values while the tail lives: x with the temperatures so far applied in order (divide_by's
+// floats, as chain_dense's), or x itself; a scratch row per thread, valid until the next call on this thread
+const float* current_values(const ChainRow& row) {
+  if (row.divs.empty()) return row.x;
+  thread_local std::vector<float> fx_tls;
+  auto& fxb = fx_tls;                   // (bound here: a helper thread naming fx_tls would get its own)
+  fxb.resize(row.V);
+  const float* fx = row.x;
+  for (float t : row.divs) {
+    const float* from = fx;
+    each_span(row.V, [&](int64_t lo, int64_t hi) { divide_by(fxb.data() + lo, from + lo, hi - lo, t); });
+    fx = fxb.data();
+  }
+  return fx;
+}
+
 // top_n_sigma's moments over the kept values of v[0..n) (keep == nullptr: the finite ones), branch-free sixteen
 // lanes at a time (a mask of kept tokens scattered over the row costs no mispredicted branches): kept_sums gives
 // their count and sum (in double per lane), kept_dev the sum of (v - mean)^2 with v - mean in float32 (as the dense
@@ -2343,18 +2359,7 @@ bool chain_run(ChainRow& row, float bound, int32_t* token, float* logprob) {
           // inside the tail would leave a part of it -- the whole-row path). The cut ends among the candidates
           // where its floor lies above the bound.
           if (floored) return false;
-          thread_local std::vector<float> fx_tls;
-          auto& fxb = fx_tls;               // (bound here: a helper thread naming fx_tls would get its own)
-          const float* fx = row.x;
-          if (!row.divs.empty()) {
-            fxb.resize(row.V);
-            for (float t : row.divs) {
-              const float* from = fx;
-              each_span(row.V, [&](int64_t lo, int64_t hi) { divide_by(fxb.data() + lo, from + lo, hi - lo, t); });
-              fx = fxb.data();
-            }
-          }
-          const float floor = sigma_floor(nullptr, fx, row.V, c[0].first, nsig);
+          const float floor = sigma_floor(nullptr, current_values(row), row.V, c[0].first, nsig);
           if (reaches(floor)) return false;
           int64_t n = 1;
           while (n < L && c[n].first >= floor) ++n;
@@ -2440,17 +2445,9 @@ bool chain_run(ChainRow& row, float bound, int32_t* token, float* logprob) {
           exp_kept(ee.data(), nullptr, ev.data(), L, 1.0f, vmax);
         } else {
           // the whole row's entropy: its current values (the temperatures so far), their exps and sum p d
-          thread_local std::vector<float> fx_tls, fe_tls;
-          auto &fxb = fx_tls, &feb = fe_tls;
-          const float* fx = row.x;
-          if (!row.divs.empty()) {
-            fxb.resize(row.V);
-            for (float t : row.divs) {
-              const float* from = fx;
-              each_span(row.V, [&](int64_t lo, int64_t hi) { divide_by(fxb.data() + lo, from + lo, hi - lo, t); });
-              fx = fxb.data();
-            }
-          }
+          thread_local std::vector<float> fe_tls;
+          auto& feb = fe_tls;               // (bound here: a helper thread naming fe_tls would get its own)
+          const float* fx = current_values(row);
           feb.resize(row.V);
           z = sum_spans(row.V, [&](int64_t lo, int64_t hi) {
             return exp_kept(feb.data() + lo, nullptr, fx + lo, hi - lo, 1.0f, vmax);

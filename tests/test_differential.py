@@ -341,6 +341,16 @@ def test_extreme_temperatures_O2_equals_O0():
                 np.testing.assert_allclose(a, b, atol=1e-6, rtol=1e-6, err_msg=f"{case} {src} {kw}")
 
 
+def _levels_agree(progs, x, kw, what, logprob=True):
+    """-O0 and -O2 (`progs`) on the same call: the same tokens and kept sets, probs (and logprob) within rounding."""
+    a, b = (p(x, **kw) for p in progs)
+    assert np.array(a.token).tolist() == np.array(b.token).tolist(), what
+    np.testing.assert_array_equal(np.array(a.probs) > 0, np.array(b.probs) > 0, err_msg=str(what))
+    np.testing.assert_allclose(np.array(a.probs), np.array(b.probs), atol=1e-6, rtol=1e-5)
+    if logprob:
+        np.testing.assert_allclose(np.array(a.logprob), np.array(b.logprob), atol=1e-5, rtol=1e-5)
+
+
 @pytest.mark.uncompiled
 def test_leading_top_n_sigma_O2_equals_O0():
     """top_n_sigma as the first cut (temperatures before it, other cuts after): the chain kernel computes the
@@ -357,10 +367,7 @@ def test_leading_top_n_sigma_O2_equals_O0():
         kw = dict(t=[float(v) for v in rng.choice([0.5, 1.0, 1.7], B)],
                   n=[float(v) for v in rng.choice([0.5, 1.0, 2.0, 3.0], B)],
                   k=[int(v) for v in rng.choice([0, 20, 500], B)], seed=list(range(case, case + B)))
-        a, b = (p(x, **kw) for p in progs)
-        assert np.array(a.token).tolist() == np.array(b.token).tolist(), (case, kw)
-        np.testing.assert_array_equal(np.array(a.probs) > 0, np.array(b.probs) > 0)
-        np.testing.assert_allclose(np.array(a.probs), np.array(b.probs), atol=1e-6, rtol=1e-5)
+        _levels_agree(progs, x, kw, (case, kw), logprob=False)
 
 
 @pytest.mark.uncompiled
@@ -383,11 +390,7 @@ def test_typical_p_after_a_cut_O2_equals_O0(chain):
         B, V = 4, 20000
         x = np.stack([family_row(str(rng.choice(["peaked", "tail", "ties", "normal"])), V, rng) for _ in range(B)])
         kw = {n: [v.item() for v in rng.choice(values[n], B)] for n in names}
-        a, b = (p(x, seed=list(range(case, case + B)), **kw) for p in progs)
-        assert np.array(a.token).tolist() == np.array(b.token).tolist(), (case, kw)
-        np.testing.assert_array_equal(np.array(a.probs) > 0, np.array(b.probs) > 0, err_msg=str((case, kw)))
-        np.testing.assert_allclose(np.array(a.probs), np.array(b.probs), atol=1e-6, rtol=1e-5)
-        np.testing.assert_allclose(np.array(a.logprob), np.array(b.logprob), atol=1e-5, rtol=1e-5)
+        _levels_agree(progs, x, dict(kw, seed=list(range(case, case + B))), (case, kw))
 
 
 @pytest.mark.uncompiled
@@ -432,8 +435,4 @@ def test_epsilon_and_eta_in_the_chain_O2_equals_O0(chain):
         x = np.stack([family_row(str(rng.choice(["peaked", "tail", "flat", "ties", "normal"])), V, rng)
                       for _ in range(B)])
         kw = {n: [v.item() for v in rng.choice(values[n], B)] for n in names}
-        a, b = (p(x, seed=list(range(case, case + B)), **kw) for p in progs)
-        assert np.array(a.token).tolist() == np.array(b.token).tolist(), (case, kw)
-        np.testing.assert_array_equal(np.array(a.probs) > 0, np.array(b.probs) > 0, err_msg=str((case, kw)))
-        np.testing.assert_allclose(np.array(a.probs), np.array(b.probs), atol=1e-6, rtol=1e-5)
-        np.testing.assert_allclose(np.array(a.logprob), np.array(b.logprob), atol=1e-5, rtol=1e-5)
+        _levels_agree(progs, x, dict(kw, seed=list(range(case, case + B))), (case, kw))
