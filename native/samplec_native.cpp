@@ -1974,6 +1974,14 @@ SAMPLEC_VOCAB_LOOP double kept_dev(const uint8_t* keep, const float* v, int64_t 
   return out;
 }
 
+// The standard deviation of a variance summed in double: the float32 variance's float32 root, as the dense
+// definition takes it, where the variance is a float32 number; past float32 (a spread of logits beyond ~1.8e19)
+// the double's root, so that the floor stays what exact arithmetic gives
+inline float sigma_of(double var) {
+  return var <= std::numeric_limits<float>::max() ? std::sqrt(static_cast<float>(var))
+                                                   : static_cast<float>(std::sqrt(var));
+}
+
 // top_n_sigma's floor max - n * std over the kept values of v (keep == nullptr: the finite ones) in spans, their
 // sums combined in span order -- the same floats whichever path (the candidates' or the whole row's) asks. A floor
 // that is not at most vmax (n * std NaN: n = inf, std = 0) is vmax: the top alone stays, as the stage says.
@@ -1989,7 +1997,7 @@ float sigma_floor(const uint8_t* keep, const float* v, int64_t n, float vmax, fl
   const double dev = sum_spans(n, [&](int64_t lo, int64_t hi) {
     return kept_dev(keep == nullptr ? nullptr : keep + lo, v + lo, hi - lo, mean);
   });
-  const float floor = vmax - nsig * std::sqrt(static_cast<float>(dev / count));
+  const float floor = vmax - nsig * sigma_of(dev / count);
   return floor <= vmax ? floor : vmax;
 }
 
@@ -2315,9 +2323,11 @@ bool chain_run(ChainRow& row, float bound, int32_t* token, float* logprob) {
         } else {
           zd = run_sum_exp(c, L, vmax);
         }
-        // groups of equal probability in descending order: kept while the mass strictly above is below p (a run
-        // of equal values, one exp)
+        // groups of equal probability -- the float32 exp(v - max) / Z, as the contract's p (a division that can
+        // round neighbouring exps together on a near-flat row) -- in descending order: kept while the mass
+        // strictly above is below p (a run of equal values, one exp)
         const double need = static_cast<double>(p) * zd;
+        const float zf = static_cast<float>(zd);
         double before = 0.0;
         float prev = NAN;
         int64_t n = L;
@@ -2325,19 +2335,19 @@ bool chain_run(ChainRow& row, float bound, int32_t* token, float* logprob) {
         for (int64_t i = 0, j; i < L; i = j) {
           for (j = i + 1; j < L && c[j].first == c[i].first;) ++j;
           const float e = std::exp(c[i].first - vmax);
-          if (e != prev && !(before < need)) {
+          if (e / zf != prev && !(before < need)) {
             n = i;
             stopped = true;
             break;
           }
-          prev = e;
+          prev = e / zf;
           before += double(e) * double(j - i);
         }
         if (!stopped) {
           // the candidates reach the mass and the tail's largest probability lies below their last group's: every
           // tail token would start a group of its own past the nucleus -- the cut ends at the bound (a tied top
           // gathered whole, a top group that holds the nucleus alone)
-          if (tail && !(before < need) && std::exp(fb - vmax) < prev) {
+          if (tail && !(before < need) && std::exp(fb - vmax) / zf < prev) {
             tail = false;
             break;
           }
@@ -2372,7 +2382,7 @@ bool chain_run(ChainRow& row, float bound, int32_t* token, float* logprob) {
         const float mean = static_cast<float>(sum / L);
         for (int64_t i = 0; i < L; ++i) dev += double(c[i].first - mean) * double(c[i].first - mean);
         const float top = c[0].first;
-        const float floor = top - nsig * std::sqrt(static_cast<float>(dev / L));
+        const float floor = top - nsig * sigma_of(dev / L);
         int64_t n = 1;
         while (n < L && (c[n].first >= floor || c[n].first == top)) ++n;
         L = n;
@@ -2995,7 +3005,16 @@ void chain_dense(ChainRow& row, int64_t nb, int bs, int32_t* token, float* logpr
         const float p = static_cast<float>(a);
         if (p >= 1.0f) break;
         const double z = probs();
-        const float e_min = mass_cut(buf.data(), V, static_cast<double>(p) * z, keys, wd);
+        // the smallest kept exp, then down to the least exp whose probability (the float32 e / Z, as the contract
+        // computes p) is that one's: a division that rounds neighbouring exps together makes them one group (a
+        // float32 quotient holds one or two exps where it is normal: the cut's mass keeps it there, Z <= V)
+        float e_min = mass_cut(buf.data(), V, static_cast<double>(p) * z, keys, wd);
+        const float zf = static_cast<float>(z), q = e_min / zf;
+        float lower = std::nextafter(e_min, 0.0f);
+        for (int step = 0; step < 4096 && lower > 0.0f && lower / zf == q; ++step) {   // (a few: see below)
+          e_min = lower;
+          lower = std::nextafter(lower, 0.0f);
+        }
         keep_from(buf.data(), e_min, 0.0f);
         break;
       }

@@ -436,3 +436,27 @@ def test_epsilon_and_eta_in_the_chain_O2_equals_O0(chain):
                       for _ in range(B)])
         kw = {n: [v.item() for v in rng.choice(values[n], B)] for n in names}
         _levels_agree(progs, x, dict(kw, seed=list(range(case, case + B))), (case, kw))
+
+
+@pytest.mark.uncompiled
+def test_top_p_groups_by_the_float32_probability_on_near_flat_rows():
+    """After a huge temperature (or on logits a few float32 steps apart) exp(x - max) takes a few values, and the
+    float32 division by Z rounds neighbouring ones to one probability: they are one group, kept or removed together
+    (the contract's p), in the chain kernel as in the dense definition -- -O2 = -O0, kept sets and tokens; found by a
+    review where -O2 kept 110 tokens and -O0 751."""
+    rng = np.random.default_rng(41)
+    temp = "sampler s(t: float, p: float, seed: seed) -> token, probs { temperature(t) top_p(p) sample(seed) }"
+    flat = "sampler s(p: float, seed: seed) -> token, probs { top_p(p) sample(seed) }"
+    greedy = "sampler s(p: float) -> token { top_p(p) temperature(1e38) greedy() }"
+    for src, make, kw in [(temp, lambda V: rng.normal(0, 1, (4, V)),
+                           dict(t=[3e7, 1e7, 1e5, 3e7], p=[0.1, 0.3, 0.3, 0.9])),
+                          (flat, lambda V: rng.uniform(0, 3e-7, (4, V)), dict(p=[0.1, 0.5, 0.9, 0.3])),
+                          (greedy, lambda V: rng.uniform(0, 1e-6, (4, V)), dict(p=[0.01, 0.1, 0.5, 0.9]))]:
+        progs = [samplec.compile(src, opt_level=o) for o in (0, 2)]
+        for V in (1000, 20000):
+            x = make(V).astype(np.float32)
+            args = dict(kw, seed=[1, 2, 3, 4]) if "seed" in src else kw
+            a, b = (p(x, **args) for p in progs)
+            assert np.array(a.token).tolist() == np.array(b.token).tolist(), (src, V)
+            if "probs" in src:
+                np.testing.assert_array_equal(np.array(a.probs) > 0, np.array(b.probs) > 0, err_msg=f"{src} {V}")

@@ -1100,3 +1100,17 @@ def test_a_build_without_a_stage_code_leaves_that_chain_to_the_definitions(monke
     assert any("predates epsilon, eta" in ln for ln in doctor_report())
     monkeypatch.setattr(native._native, "chain_stages", 9, raising=False)
     assert len(explain(src).chains) == 1
+
+
+@pytest.mark.skipif(not native.installed(), reason="samplec-native is not installed")
+def test_top_n_sigma_past_the_float32_variance_keeps_the_exact_set(monkeypatch):
+    """Logits spread past ~1.8e19 have a variance past float32: the chain kernel takes the root of its double
+    variance, so it keeps what exact arithmetic keeps (docs/language.md; -O0's float32 sums keep everything)."""
+    monkeypatch.setenv("SAMPLEC_NATIVE", "1")
+    rng = np.random.default_rng(0)
+    x = (rng.uniform(-1, 1, (2, 32000)) * 1e20).astype(np.float32)
+    src = "sampler s(seed: seed) -> token, probs { top_n_sigma(0.5) temperature(1e20) sample(seed) }"
+    out = samplec.compile(src)(x, seed=[1, 2])                  # (the temperature: probabilities that show the set)
+    x64 = x.astype(np.float64)
+    exact = x64 >= x64.max(axis=1, keepdims=True) - 0.5 * x64.std(axis=1, keepdims=True)
+    np.testing.assert_array_equal(np.array(out.probs) > 0, exact)
