@@ -2390,25 +2390,42 @@ bool chain_run(ChainRow& row, float bound, int32_t* token, float* logprob) {
       }
       case kTypicalP: {
         if (a >= 1.0) break;
-        if (tail) return false;           // (the entropy and the scores need the whole row)
-        // the kept set is the L candidates: chain_dense's arithmetic on them (its exps, the same floats), then the
-        // score cutoff by mass in ascending score, a group of equal scores at a time. typical_p is not a cut on the
-        // logit order: the kept candidates stay in their order, no longer an upper set (no tail is left to need one)
-        thread_local std::vector<float> tv_tls, te_tls, ts_tls;
+        if (tail && floored) return false;
+        // chain_dense's arithmetic (its exps, the same floats): z and mean(d) over the kept set -- the candidates,
+        // or the whole row while the tail lives -- then the score cutoff by mass in ascending score, a group of
+        // equal scores at a time, on the candidates. A tail token's score is at least md - (fb - max) where that is
+        // positive: the cut ends among the candidates when they reach the mass below it (else the whole row).
+        // typical_p is not a cut on the logit order: the kept candidates stay in their order, no longer an upper
+        // set (no tail is left to need one)
+        thread_local std::vector<float> tv_tls, te_tls, ts_tls, fe_tls;
         thread_local std::vector<int32_t> to_tls;
-        auto &tv = tv_tls, &te = te_tls, &ts = ts_tls;
+        auto &tv = tv_tls, &te = te_tls, &ts = ts_tls, &feb = fe_tls;
         auto& order = to_tls;
         tv.resize(L);
         te.resize(L);
         ts.resize(L);
         for (int64_t i = 0; i < L; ++i) tv[i] = c[i].first;
         const float vmax = c[0].first;
-        const double z = exp_kept(te.data(), nullptr, tv.data(), L, 1.0f, vmax);
-        double mean_d = 0.0;
-        for (int64_t i = 0; i < L; ++i) {
-          if (te[i] > 0.0f) mean_d += double(te[i] / static_cast<float>(z)) * double(tv[i] - vmax);
+        double z = exp_kept(te.data(), nullptr, tv.data(), L, 1.0f, vmax);
+        float md, limit = INFINITY;       // (limit: the least score a tail token can have)
+        if (!tail) {
+          double mean_d = 0.0;
+          for (int64_t i = 0; i < L; ++i) {
+            if (te[i] > 0.0f) mean_d += double(te[i] / static_cast<float>(z)) * double(tv[i] - vmax);
+          }
+          md = static_cast<float>(mean_d);
+        } else {
+          const float* fx = current_values(row);
+          feb.resize(row.V);
+          z = sum_spans(row.V, [&](int64_t lo, int64_t hi) {
+            return exp_kept(feb.data() + lo, nullptr, fx + lo, hi - lo, 1.0f, vmax);
+          });
+          md = static_cast<float>(sum_spans(row.V, [&](int64_t lo, int64_t hi) {
+            return typical_mean(feb.data() + lo, fx + lo, hi - lo, static_cast<float>(z), vmax);
+          }));
+          if (!(fb - vmax < md)) return false;
+          limit = md - (fb - vmax);
         }
-        const float md = static_cast<float>(mean_d);
         order.clear();
         for (int64_t i = 0; i < L; ++i) {
           ts[i] = std::fabs(md - (tv[i] - vmax));
@@ -2418,18 +2435,22 @@ bool chain_run(ChainRow& row, float bound, int32_t* token, float* logprob) {
         const double need = a * z;
         float cut = order.empty() ? -INFINITY : ts[order.back()];   // (never reached: the largest score)
         double mass = 0.0;
-        for (size_t i = 0, j; i < order.size(); i = j) {
+        bool reached = false;
+        for (size_t i = 0, j; i < order.size() && ts[order[i]] < limit; i = j) {
           for (j = i; j < order.size() && ts[order[j]] == ts[order[i]]; ++j) mass += te[order[j]];
           if (mass >= need) {
             cut = ts[order[i]];
+            reached = true;
             break;
           }
         }
+        if (tail && !reached) return false;
         int64_t n = 0;
         for (int64_t i = 0; i < L; ++i) {
           if ((te[i] > 0.0f && ts[i] <= cut) || tv[i] == vmax) c[n++] = c[i];
         }
         L = n;
+        tail = false;
         break;
       }
       case kEpsilon:

@@ -460,3 +460,22 @@ def test_top_p_groups_by_the_float32_probability_on_near_flat_rows():
             assert np.array(a.token).tolist() == np.array(b.token).tolist(), (src, V)
             if "probs" in src:
                 np.testing.assert_array_equal(np.array(a.probs) > 0, np.array(b.probs) > 0, err_msg=f"{src} {V}")
+
+
+@pytest.mark.uncompiled
+@pytest.mark.parametrize("chain", ["typical_p(m) sample(seed)", "temperature(t) typical_p(m) top_k(k) sample(seed)"])
+def test_leading_typical_p_O2_equals_O0(chain):
+    """typical_p while nothing is cut yet: the chain kernel takes the whole row's normalizer and mean(d), and ends
+    the cut among its candidates where they reach the mass below the least score a tail token can have (else the
+    whole row) -- -O0's tokens, kept sets, values and logprob, per-row values including the off value 1."""
+    rng = np.random.default_rng(43)
+    names = [n for n in ("t", "m", "k") if f"({n})" in chain]
+    decl = ", ".join(f"{n}: {'int' if n == 'k' else 'float'}" for n in names)
+    src = f"sampler s({decl}, seed: seed) -> token, probs, logprob {{ {chain} }}"
+    progs = [samplec.compile(src, opt_level=o) for o in (0, 2)]
+    values = dict(t=[0.5, 1.0, 1.5], m=[0.2, 0.5, 0.9, 0.99, 1.0], k=[0, 5, 100])
+    for case in range(8):
+        B, V = 4, 20000
+        x = np.stack([family_row(str(rng.choice(["peaked", "tail", "normal", "ties"])), V, rng) for _ in range(B)])
+        kw = {n: [v.item() for v in rng.choice(values[n], B)] for n in names}
+        _levels_agree(progs, x, dict(kw, seed=list(range(case, case + B))), (case, kw))
