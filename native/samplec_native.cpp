@@ -2415,13 +2415,22 @@ bool chain_run(ChainRow& row, float bound, int32_t* token, float* logprob) {
           }
           md = static_cast<float>(mean_d);
         } else {
+          // (full_z: its exps stay for the whole-row path where this one ends there; candidates holding less
+          // than the mass cannot decide the row)
+          const double candidates = z;
+          z = full_z(row, vmax);
+          if (candidates < a * z) return false;
           const float* fx = current_values(row);
-          feb.resize(row.V);
-          z = sum_spans(row.V, [&](int64_t lo, int64_t hi) {
-            return exp_kept(feb.data() + lo, nullptr, fx + lo, hi - lo, 1.0f, vmax);
-          });
+          const float* ex = row.z_in_buf ? row.zbuf->data() : nullptr;
+          if (ex == nullptr) {
+            feb.resize(row.V);
+            each_span(row.V, [&](int64_t lo, int64_t hi) {
+              exp_kept(feb.data() + lo, nullptr, fx + lo, hi - lo, 1.0f, vmax);
+            });
+            ex = feb.data();
+          }
           md = static_cast<float>(sum_spans(row.V, [&](int64_t lo, int64_t hi) {
-            return typical_mean(feb.data() + lo, fx + lo, hi - lo, static_cast<float>(z), vmax);
+            return typical_mean(ex + lo, fx + lo, hi - lo, static_cast<float>(z), vmax);
           }));
           if (!(fb - vmax < md)) return false;
           limit = md - (fb - vmax);
