@@ -1,7 +1,7 @@
 """The op table: every IR op is declared once here (name, arity, attributes, result type rule).
 
 The verifier, the textual printer and parser, the flatbuffer writer and reader, the passes and the MLX kernels all
-read this table; `tests/test_schema.py` checks that the flatbuffer schema lists exactly these ops.
+read this table; `tests/test_serialize.py` checks that the flatbuffer schema lists exactly these ops.
 All ops are pure. Reductions, sorts, scans and gathers work along the last axis; elementwise ops broadcast
 numpy-style over symbolic shapes such as `[B,V]`, `[B,1]`, `[V]` and `[]`.
 """
