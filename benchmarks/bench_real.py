@@ -289,11 +289,12 @@ class LlamaCpp:
 class HF:
     name = "hf"
 
-    def __init__(self):
+    def __init__(self, device="cpu"):
         import torch
         import transformers.generation.logits_process as lp
-        self.torch, self.lp = torch, lp
-        torch.set_num_threads(1)
+        self.torch, self.lp, self.device = torch, lp, device
+        if device == "cpu":
+            torch.set_num_threads(1)
 
     def setup(self, spec, x, hist):
         torch, lp = self.torch, self.lp
@@ -303,7 +304,8 @@ class HF:
             ps = []
             for name, v in spec[3][b]:
                 if name == "allow_bias":       # (vLLM's allowed_token_ids mask and logit_bias, as a processor)
-                    mask, add = torch.from_numpy(~v[0])[None], torch.from_numpy(v[1])[None]
+                    mask = torch.from_numpy(~v[0])[None].to(self.device)
+                    add = torch.from_numpy(v[1])[None].to(self.device)
                     ps.append(lambda ids, s, mask=mask, add=add: s.masked_fill(mask, float("-inf")) + add)
                 elif name == "penalties" and v != 1.0:
                     ps.append(lp.RepetitionPenaltyLogitsProcessor(v))
@@ -316,8 +318,9 @@ class HF:
                 elif name == "min_p" and v > 0:
                     ps.append(lp.MinPLogitsWarper(v))
             procs.append((lp.LogitsProcessorList(ps), any(n == "temp" and v == 0 for n, v in spec[3][b])))
-        xt, ht = torch.from_numpy(x), torch.from_numpy(hist.astype(np.int64))
-        gen = torch.Generator().manual_seed(0)
+        xt = torch.from_numpy(x).to(self.device)
+        ht = torch.from_numpy(hist.astype(np.int64)).to(self.device)
+        gen = torch.Generator(device=self.device).manual_seed(0)
 
         def step(_):
             out = []
@@ -396,6 +399,8 @@ def main():
     ap.add_argument("--out", default=None, help="write OUT.md and OUT.json")
     ap.add_argument("--chains", default=None, help="comma-separated subset")
     ap.add_argument("--cliff", action="store_true", help="only the no-cliff table (each chain on each family)")
+    ap.add_argument("--torch-device", default="cpu",
+                    help="where Hugging Face's processors run (cuda: beside MLX's CUDA backend)")
     ap.add_argument("--history", type=int, default=HIST,
                     help="token history length (default 64; a prompt of thousands for HF's and vLLM's "
                          "repetition penalty over the whole sequence)")
@@ -406,9 +411,10 @@ def main():
     peers = {}
     for cls in (LlamaCpp, HF, MlxLm, MxArgmax):
         try:
-            peers[cls.name] = cls()
+            peers[cls.name] = cls(args.torch_device) if cls is HF else cls()
         except ImportError as e:
             print(f"[skip] {cls.name}: {e}")
+    print(f"MLX {mx.__version__} on {mx.default_device()}; Hugging Face's processors on torch {args.torch_device}")
     results = []
     print(f"native kernels: {'on' if native.enabled() else 'off'}")
     if args.cliff:

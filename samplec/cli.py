@@ -375,10 +375,20 @@ def doctor_report() -> list[str]:
                           "rebuild samplec-native)" if unknown else f" ({', '.join(native.CHAIN_STAGES)})"
             lines.append(f"stage chains    {chains}; elsewhere top_k/top_p/typical_p/top_logprobs select without a "
                          "sort (kth_largest, mass_threshold: 32 bitwise passes in MLX ops)")
+            from samplec.backend_mlx import gpu
+            if gpu.available():
+                gpu_state = "active: kth_largest (top_k, top_logprobs, candidates) by one radix-select block per row"
+            elif gpu.switched_off():
+                gpu_state = f"off (SAMPLEC_GPU_KERNELS={os.environ.get('SAMPLEC_GPU_KERNELS')})"
+            else:
+                gpu_state = f"off (the default device is {mx.default_device()}, not a CUDA GPU)"
+            lines.append(f"cuda kernels    {gpu_state}")
         except Exception as e:  # noqa: BLE001
             lines.append(f"native          cannot check: {type(e).__name__}: {e}")
     lines.append(f"SAMPLEC_NATIVE  {env_native if env_native is not None else '(unset: on)'}")
     lines.append(f"SAMPLEC_SPIN    {env_spin if env_spin is not None else '(unset: on)'}")
+    env_gpu = os.environ.get("SAMPLEC_GPU_KERNELS")
+    lines.append(f"SAMPLEC_GPU_KERNELS {env_gpu if env_gpu is not None else '(unset: on)'}")
     return lines
 
 

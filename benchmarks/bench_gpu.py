@@ -1,0 +1,135 @@
+"""What the selections and the other vocabulary passes cost on a GPU, and whether the CUDA kernels agree with the
+dense definitions -- the numbers behind docs/performance.md's GPU section.
+
+    python benchmarks/bench_gpu.py [--json OUT.json]
+
+Not a test (tests/test_gpu.py checks the kernels where a CUDA device is present). On MLX's default device, V = 152064,
+B in {1, 8, 64}, `chat`-like logits (bench_real's recipe), medians of many calls each evaluated and synchronized:
+  * one MLX primitive over [B, V] (sort, argpartition, max, logsumexp, RandomBits for every token);
+  * top_k's threshold (`kth_largest`, k = 40 and a per-row k) by the dense definition's 32 passes and, on CUDA, by
+    the radix-select kernel (samplec.backend_mlx.gpu), each compiled as a program would be;
+  * top_p's threshold (`mass_threshold`) by the dense definition.
+Before timing, the CUDA kernel's thresholds are compared bit for bit with the dense definition's on peaked, flat,
+tied, -inf-heavy and short rows.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import mlx.core as mx
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from samplec.backend_mlx import gpu, kernels  # noqa: E402
+from samplec.backend_mlx.rng import random_bits  # noqa: E402
+from bench_real import chat_logits  # noqa: E402
+
+V = 152064
+
+
+def median_ms(fn, reps=200, budget_s=1.5):
+    for _ in range(5):
+        mx.eval(fn())
+    times = []
+    t_end = time.perf_counter() + budget_s
+    while len(times) < reps and (len(times) < 10 or time.perf_counter() < t_end):
+        t0 = time.perf_counter()
+        mx.eval(fn())
+        mx.synchronize()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times) * 1e3
+
+
+def dense_kth(x, want):
+    return kernels._select(kernels._ordered(x), lambda above: mx.sum(above, axis=-1, keepdims=True) >= want)
+
+
+def families(rng):
+    yield "normal", rng.normal(0, 3, (8, 4096)).astype(np.float32)
+    yield "ties", rng.integers(-3, 4, (8, 4096)).astype(np.float32)
+    yield "neg_inf", np.where(rng.random((8, 4096)) < 0.9, -np.inf, rng.normal(0, 1, (8, 4096))).astype(np.float32)
+    yield "flat", rng.normal(0, 1e-3, (8, 4096)).astype(np.float32)
+    yield "zeros_signed", np.where(rng.random((4, 1000)) < 0.5, -0.0, 0.0).astype(np.float32)
+    yield "short", rng.normal(0, 1, (3, 1)).astype(np.float32)
+    yield "two", rng.normal(0, 1, (5, 2)).astype(np.float32)
+    yield "chat", chat_logits(4, V, seed=3)
+
+
+def check(rng) -> list[str]:
+    bad = []
+    for name, x in families(rng):
+        B, n = x.shape
+        xm = mx.array(x)
+        for ks in ([1] * B, [n] * B, [min(40, n)] * B, list(rng.integers(1, n + 1, B))):
+            want = mx.array(np.array(ks, dtype=np.int32)[:, None])
+            got = gpu.kth_largest(xm, want)
+            ref = dense_kth(xm, want)
+            exp = -np.sort(-x, axis=-1)[np.arange(B), np.array(ks) - 1][:, None]
+            if got is None:
+                return ["the CUDA kernel did not apply"]
+            g, r = np.array(got), np.array(ref)
+            if not (np.array_equal(g.view(np.uint32), r.view(np.uint32)) or np.array_equal(g, r)) \
+                    or not np.array_equal(g, exp):
+                bad.append(f"{name} k={ks[:4]}: kernel {g.ravel()[:4]} dense {r.ravel()[:4]} numpy {exp.ravel()[:4]}")
+    return bad
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    print(f"MLX {mx.__version__} on {mx.default_device()}; CUDA kernels: {'on' if gpu.available() else 'off'}")
+    rng = np.random.default_rng(0)
+    result = {"device": str(mx.default_device()), "kernels": gpu.available(), "rows": []}
+    if gpu.available():
+        bad = check(rng)
+        print("kernel vs dense definition vs numpy:", "all equal" if not bad else f"{len(bad)} MISMATCHES")
+        for b in bad[:20]:
+            print("  ", b)
+        result["check"] = bad
+    for B in (1, 8, 64):
+        x = mx.array(chat_logits(B, V, seed=B))
+        k40 = mx.array(np.full((B, 1), 40, dtype=np.int32))
+        krow = mx.array(rng.integers(1, 200, (B, 1)).astype(np.int32))
+        seed = mx.array(np.arange(B, dtype=np.uint64)[:, None])
+        ids = mx.arange(V, dtype=mx.uint32)[None, :]
+        pos = mx.array(np.full((B, 1), 7, dtype=np.uint32))
+        w = mx.softmax(x, axis=-1)
+        target = mx.array(np.full((B, 1), 0.9, dtype=np.float32))
+        mx.eval(x, k40, krow, seed, w, target)
+        dense_c = mx.compile(dense_kth)
+        mass_c = mx.compile(lambda key, w, t: kernels._mass_threshold([key, w, t], {}))
+        rb_c = mx.compile(lambda s, i, p: random_bits(s, i, p))
+        cases = {
+            "sort": lambda: mx.sort(x, axis=-1),
+            "argpartition(k=40)": lambda: mx.argpartition(-x, kth=39, axis=-1),
+            "max": lambda: mx.max(x, axis=-1),
+            "logsumexp": lambda: mx.logsumexp(x, axis=-1),
+            "RandomBits [B, V]": lambda: rb_c(seed, ids, pos),
+            "kth_largest k=40, dense (32 passes)": lambda: dense_c(x, k40),
+            "kth_largest per-row k, dense": lambda: dense_c(x, krow),
+            "mass_threshold p=0.9, dense": lambda: mass_c(x, w, target),
+        }
+        if gpu.available():
+            gk = mx.compile(gpu.kth_largest)
+            cases["kth_largest k=40, CUDA radix select"] = lambda: gk(x, k40)
+            cases["kth_largest per-row k, CUDA radix select"] = lambda: gk(x, krow)
+        print(f"\nB = {B}, V = {V} (median ms)")
+        for name, fn in cases.items():
+            ms = median_ms(fn)
+            result["rows"].append({"B": B, "case": name, "ms": ms})
+            print(f"  {name:42s} {ms:8.4f}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()

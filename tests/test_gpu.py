@@ -1,0 +1,86 @@
+"""The CUDA kernel (samplec.backend_mlx.gpu) against the dense definition and numpy, and a program's tokens on the
+GPU against the same program on the CPU. These run where MLX's default device is a CUDA GPU (a machine with
+`mlx[cuda13]`); elsewhere only the first test runs -- the kernel must stay off the CPU path."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+import samplec
+from samplec.backend_mlx import gpu, kernels
+
+ROOT = Path(__file__).resolve().parent.parent
+cuda = pytest.mark.skipif(not gpu.available(), reason="needs MLX's CUDA backend as the default device")
+
+
+def test_kernels_off_the_cpu():
+    with mx.stream(mx.cpu):
+        prev = mx.default_device()
+        mx.set_default_device(mx.cpu)
+        try:
+            x = mx.array(np.arange(12, dtype=np.float32).reshape(2, 6))
+            assert gpu.kth_largest(x, mx.array([[2], [3]])) is None
+        finally:
+            mx.set_default_device(prev)
+
+
+def _rows(rng):
+    yield rng.normal(0, 3, (8, 4096)).astype(np.float32)
+    yield rng.integers(-3, 4, (8, 4096)).astype(np.float32)                       # ties
+    yield np.where(rng.random((8, 4096)) < 0.9, -np.inf, rng.normal(0, 1, (8, 4096))).astype(np.float32)
+    yield np.where(rng.random((4, 1000)) < 0.5, -0.0, 0.0).astype(np.float32)     # signed zeros
+    yield rng.normal(0, 1, (3, 1)).astype(np.float32)
+    yield rng.normal(0, 1, (5, 2)).astype(np.float32)
+
+
+@cuda
+def test_kth_largest_kernel_equals_dense_and_numpy():
+    rng = np.random.default_rng(0)
+    for x in _rows(rng):
+        B, n = x.shape
+        xm = mx.array(x)
+        for ks in ([1] * B, [n] * B, [min(40, n)] * B, list(rng.integers(1, n + 1, B))):
+            want = mx.array(np.array(ks, dtype=np.int32)[:, None])
+            got = np.array(gpu.kth_largest(xm, want))
+            dense = np.array(kernels._select(kernels._ordered(xm),
+                                             lambda above: mx.sum(above, axis=-1, keepdims=True) >= want))
+            exp = -np.sort(-x, axis=-1)[np.arange(B), np.array(ks) - 1][:, None]
+            assert np.array_equal(got, dense) and np.array_equal(got, exp), (x[:, :4], ks)
+
+
+@cuda
+@pytest.mark.parametrize("example", ["llama.smp", "hf_generate.smp", "vllm.smp", "openai.smp", "mlx_lm_default.smp",
+                                     "llama_cpp_default.smp"])
+def test_gpu_tokens_equal_cpu_tokens(example):
+    """§4: a row's token does not depend on the device. Chat-like rows away from knife-edges (a Zipf head)."""
+    rng = np.random.default_rng(7)
+    B, V = 4, 32000
+    x = rng.normal(0, 1, (B, V)).astype(np.float32)
+    for b in range(B):
+        x[b, rng.choice(V, 200, replace=False)] += 6 + 10 / np.arange(1, 201) ** 0.6
+    hist = rng.integers(0, V, (B, 64)).astype(np.int32)
+    src = (ROOT / "examples" / example).read_text()
+    for name in re.findall(r"^sampler\s+(\w+)", src, re.M):
+        prog = samplec.compile(src, sampler=name)
+        kw = {}
+        for p in prog.params:
+            if p.kind == "seed":
+                kw[p.name] = list(range(B))
+            elif p.kind == "tokens":
+                kw[p.name] = hist
+            elif p.kind == "mask":
+                kw[p.name] = rng.random((B, V)) < 0.5
+            elif p.kind == "bias":
+                kw[p.name] = np.zeros((B, V), np.float32)
+        gpu_tok = np.array(prog(x, **kw).token)
+        prev = mx.default_device()
+        mx.set_default_device(mx.cpu)
+        try:
+            cpu_tok = np.array(prog(x, **kw).token)
+        finally:
+            mx.set_default_device(prev)
+        assert gpu_tok.tolist() == cpu_tok.tolist(), (example, name)
