@@ -117,7 +117,8 @@ def _kernel(name: str, inputs: list[str], source: str):
 def kth_largest(x: mx.array, want: mx.array) -> mx.array | None:
     """The want-th largest value of each row of x (f32 [B, V]; want i32 broadcastable to [B, 1], already in
     [1, V]) as f32 [B, 1], or None where the kernel does not apply."""
-    if not (available() and x.ndim == 2 and x.dtype == mx.float32 and x.shape[0] >= 1 and x.shape[1] >= 1):
+    if not (available() and x.ndim == 2 and x.dtype == mx.float32 and x.shape[0] >= 1 and x.shape[1] >= 1
+            and want.size in (1, x.shape[0])):
         return None
     B = x.shape[0]
     k = mx.broadcast_to(want.astype(mx.int32).reshape(-1, 1) if want.ndim else want.astype(mx.int32), (B, 1))
