@@ -6,9 +6,10 @@ dense definitions -- the numbers behind docs/performance.md's GPU section.
 Not a test (tests/test_gpu.py checks the kernels where a CUDA device is present). On MLX's default device, V = 152064,
 B in {1, 8, 64}, `chat`-like logits (bench_real's recipe), medians of many calls each evaluated and synchronized:
   * one MLX primitive over [B, V] (sort, argpartition, max, logsumexp, RandomBits for every token);
-  * top_k's threshold (`kth_largest`, k = 40 and a per-row k) by the dense definition's 32 passes and, on CUDA, by
-    the radix-select kernel (samplec.backend_mlx.gpu), each compiled as a program would be;
-  * top_p's threshold (`mass_threshold`) by the dense definition.
+  * top_k's threshold (`kth_largest`, k = 40 and a per-row k) by the dense definition's 32 one-bit rounds, by the
+    rounds of several bits a GPU takes (kernels._select_bits) and, on CUDA, by the radix-select kernel
+    (samplec.backend_mlx.gpu), each compiled as a program would be;
+  * top_p's threshold (`mass_threshold`) by the dense definition, one bit and the device's bits a round.
 Before timing, the CUDA kernel's thresholds are compared bit for bit with the dense definition's on peaked, flat,
 tied, -inf-heavy and short rows.
 """
@@ -48,8 +49,16 @@ def median_ms(fn, reps=200, budget_s=1.5):
     return statistics.median(times) * 1e3
 
 
-def dense_kth(x, want):
-    return kernels._select(kernels._ordered(x), lambda above: mx.sum(above, axis=-1, keepdims=True) >= want)
+def dense_kth(x, want, bits=1):
+    want = kernels._lift(want)
+    return kernels._select(kernels._ordered(x), lambda above: mx.sum(above, axis=-1, keepdims=True) >= want,
+                           bits=bits)
+
+
+def dense_mass(key, w, target, bits=1):
+    w, target = kernels._lift(w), kernels._lift(target)
+    return kernels._select(kernels._ordered(key),
+                           lambda above: kernels._reduce_sum([mx.where(above, w, 0.0)], {}) >= target, bits=bits)
 
 
 def families(rng):
@@ -105,8 +114,11 @@ def main():
         w = mx.softmax(x, axis=-1)
         target = mx.array(np.full((B, 1), 0.9, dtype=np.float32))
         mx.eval(x, k40, krow, seed, w, target)
-        dense_c = mx.compile(dense_kth)
-        mass_c = mx.compile(lambda key, w, t: kernels._mass_threshold([key, w, t], {}))
+        wide = kernels._select_bits(x)
+        dense_1 = mx.compile(lambda x, k: dense_kth(x, k, 1))
+        dense_w = mx.compile(lambda x, k: dense_kth(x, k, wide))
+        mass_1 = mx.compile(lambda key, w, t: dense_mass(key, w, t, 1))
+        mass_w = mx.compile(lambda key, w, t: dense_mass(key, w, t, wide))
         rb_c = mx.compile(lambda s, i, p: random_bits(s, i, p))
         cases = {
             "sort": lambda: mx.sort(x, axis=-1),
@@ -114,10 +126,13 @@ def main():
             "max": lambda: mx.max(x, axis=-1),
             "logsumexp": lambda: mx.logsumexp(x, axis=-1),
             "RandomBits [B, V]": lambda: rb_c(seed, ids, pos),
-            "kth_largest k=40, dense (32 passes)": lambda: dense_c(x, k40),
-            "kth_largest per-row k, dense": lambda: dense_c(x, krow),
-            "mass_threshold p=0.9, dense": lambda: mass_c(x, w, target),
+            "kth_largest k=40, dense, 1 bit a round": lambda: dense_1(x, k40),
+            "kth_largest per-row k, dense, 1 bit a round": lambda: dense_1(x, krow),
+            "mass_threshold p=0.9, dense, 1 bit a round": lambda: mass_1(x, w, target),
         }
+        if wide > 1:
+            cases[f"kth_largest k=40, dense, {wide} bits a round"] = lambda: dense_w(x, k40)
+            cases[f"mass_threshold p=0.9, dense, {wide} bits a round"] = lambda: mass_w(x, w, target)
         if gpu.available():
             gk = mx.compile(gpu.kth_largest)
             cases["kth_largest k=40, CUDA radix select"] = lambda: gk(x, k40)
@@ -126,7 +141,7 @@ def main():
         for name, fn in cases.items():
             ms = median_ms(fn)
             result["rows"].append({"B": B, "case": name, "ms": ms})
-            print(f"  {name:42s} {ms:8.4f}")
+            print(f"  {name:46s} {ms:8.4f}")
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1))
 

@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 import reference as R
 import samplec
+from samplec.backend_mlx import kernels
 
 EXAMPLES = int(os.environ.get("SAMPLEC_FUZZ_EXAMPLES", "60"))
 ORDER_STAGES = ("temperature", "top_k", "top_p", "min_p", "top_n_sigma", "typical_p", "xtc", "epsilon", "eta")
@@ -226,15 +227,32 @@ def test_O2_equals_O0_equals_reference(case):
 def test_mlx_ops_path_equals_reference(case):
     """What a GPU runs (no native primitives: every stage op by its sort-free dense definition in MLX ops), at
     -O1 and -O2, against the numpy reference, token for token."""
+    _mlx_ops_case(case, None)
+
+
+@pytest.mark.uncompiled
+@settings(max_examples=max(EXAMPLES // 4, 10), deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(cases())
+def test_mlx_ops_path_with_a_gpus_selection_rounds_equals_reference(case):
+    """The same with the selections deciding four key bits per round (15 candidates at once), as a GPU runs them."""
+    _mlx_ops_case(case, 4)
+
+
+def _mlx_ops_case(case, bits):
     rng, V, B, stages, modes, terminal, penalties, kinds, probs, edits, split = case
     src, kw, per_row = build(V, B, stages, modes, terminal, penalties, rng, probs, edits, split)
     x = np.stack([family_row(k, V, rng) for k in kinds])
     allow_top(kw, x)
     before = os.environ.get("SAMPLEC_NATIVE")
     os.environ["SAMPLEC_NATIVE"] = "0"
+    chosen = kernels._select_bits
+    if bits is not None:
+        kernels._select_bits = lambda keys: bits
     try:
         outs = {opt: _run(samplec.compile(src, opt_level=opt), x, kw) for opt in (1, 2)}
     finally:
+        kernels._select_bits = chosen
         os.environ.pop("SAMPLEC_NATIVE") if before is None else os.environ.__setitem__("SAMPLEC_NATIVE", before)
     if any(isinstance(o, str) for o in outs.values()):
         assert outs[1] == outs[2], src

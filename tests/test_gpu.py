@@ -47,7 +47,7 @@ def test_kth_largest_kernel_equals_dense_and_numpy():
             want = mx.array(np.array(ks, dtype=np.int32)[:, None])
             got = np.array(gpu.kth_largest(xm, want))
             dense = np.array(kernels._select(kernels._ordered(xm),
-                                             lambda above: mx.sum(above, axis=-1, keepdims=True) >= want))
+                                             lambda above: mx.sum(above, axis=-1, keepdims=True) >= kernels._lift(want)))
             exp = -np.sort(-x, axis=-1)[np.arange(B), np.array(ks) - 1][:, None]
             assert np.array_equal(got, dense) and np.array_equal(got, exp), (x[:, :4], ks)
 

@@ -87,6 +87,31 @@ def test_mass_threshold_is_the_largest_value_whose_upper_set_holds_the_target(ca
         assert got[r] == want, (x[r], w[r], target)
 
 
+@settings(max_examples=60, deadline=None, derandomize=True)
+@given(rows(), st.sampled_from([2, 3, 4, 5]), st.sampled_from([0.0, 0.3, 0.9, 0.999, 1.0, 2.0]))
+def test_selection_rounds_of_any_width_give_the_same_threshold(case, bits, target):
+    """A GPU decides several key bits per round (2**bits - 1 candidates compared at once): by count and by mass,
+    the threshold is the one-bit rounds' bit for bit -- each candidate's reduction is the same as alone."""
+    from samplec.backend_mlx.kernels import _lift, _ordered, _reduce_sum, _select
+    rng, x = case
+    B, V = x.shape
+    keys = _ordered(mx.array(x))
+    w = mx.array((rng.random(x.shape) * (rng.random(x.shape) < 0.7)).astype(F32))
+    w = w / mx.maximum(mx.sum(w, axis=-1, keepdims=True), 1e-30)
+    t = _lift(mx.array(np.full((B, 1), target, F32)))
+    want = _lift(mx.array(rng.integers(1, V + 1, (B, 1)).astype(np.int32)))
+
+    def by_mass(above):
+        return _reduce_sum([mx.where(above, _lift(w), 0.0)], {}) >= t
+
+    def by_count(above):
+        return mx.sum(above, axis=-1, keepdims=True) >= want
+
+    for reaches in (by_mass, by_count):
+        one, wide = (np.array(_select(keys, reaches, bits=b)).view(np.uint32) for b in (1, bits))
+        assert np.array_equal(one, wide), (reaches.__name__, x, bits)
+
+
 def test_mass_threshold_keeps_the_top_for_a_zero_target_and_finds_nothing_past_the_total():
     x = mx.array(np.array([[1.0, 3.0, 2.0, -np.inf]], F32))
     w = mx.array(np.array([[0.2, 0.5, 0.3, 0.0]], F32))

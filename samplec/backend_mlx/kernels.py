@@ -85,16 +85,57 @@ def _ordered(x: mx.array) -> mx.array:
     return mx.where(bits >= 0x80000000, ~bits, bits | 0x80000000)
 
 
-def _select(keys: mx.array, reaches) -> mx.array:
-    """The largest value t, at most the row's largest, with `reaches(keys >= key(t))` ([B, 1] bool, monotone: true
-    for every smaller t once true), or -inf if none does, as float32 [..., 1]."""
+def _select(keys: mx.array, reaches, bits: int | None = None) -> mx.array:
+    """The largest value t, at most the row's largest, with `reaches(keys >= key(t))` monotone (true for every
+    smaller t once true), or -inf if none does, as float32 [..., 1]. `reaches` takes the comparison of the row with
+    c candidates at once, [..., c, V] bool, and answers [..., c, 1].
+
+    `bits` key bits are decided per round: 2**bits - 1 candidates compared in one pass, 32 / bits rounds
+    (`_select_bits`: 1 on the CPU; on a GPU, where each round's few kernels cost their launches more than their
+    work, as many as keep the round's [..., c, V] comparison within _ROUND_BYTES). The candidates of a round are
+    reduced each on its own, in the same order as one candidate's, so every width gives the same threshold
+    (tests/test_selection.py, and the differential test runs the MLX-ops path with four bits per round)."""
+    if bits is None:
+        bits = _select_bits(keys)
     lo = mx.zeros(keys.shape[:-1] + (1,), dtype=mx.uint32)
-    for bit in range(31, -1, -1):
-        mid = lo | (1 << bit)
-        lo = mx.where(reaches(keys >= mid), mid, lo)
+    rows = keys[..., None, :]
+    shift = 32
+    while shift > 0:
+        b = min(bits, shift)
+        shift -= b
+        if b == 1:
+            mid = lo | (1 << shift)
+            lo = mx.where(reaches(rows >= mid[..., None, :])[..., 0, :], mid, lo)
+            continue
+        steps = mx.arange(1, 1 << b, dtype=mx.uint32)[:, None] << shift          # [c, 1]
+        ok = reaches(rows >= (lo[..., None, :] | steps))                            # [..., c, 1], true for a prefix
+        lo = lo | (mx.sum(ok.astype(mx.uint32), axis=-2) << shift)
     lo = mx.minimum(lo, mx.max(keys, axis=-1, keepdims=True))      # (an empty upper set may reach a target <= 0)
     value = mx.where(lo >= 0x80000000, lo & 0x7FFFFFFF, ~lo).view(mx.float32)
     return mx.where(lo < _NEG_INF_KEY, -np.inf, value)
+
+
+# A round's candidates on a GPU: at most 16 MiB of float32 weights between its comparison and its reductions (B = 1
+# at V = 152064: four bits, 8 rounds; B = 8: two bits, 16 rounds; B >= 32: one bit, as on the CPU). On an H200 a
+# selection's 32 one-bit rounds were ~250 kernel launches, 1.1-1.3 ms, 7x a full sort of the row (docs/performance.md,
+# GPU): launches, not bytes, are the cost there. On the CPU the rounds' work is the cost: one bit per round.
+_ROUND_BYTES = 1 << 24
+
+
+def _select_bits(keys: mx.array) -> int:
+    """Key bits a selection decides per round on the current device."""
+    if mx.default_device() == mx.cpu:
+        return 1
+    n = max(1, int(np.prod(keys.shape)))
+    for bits in (4, 3, 2):
+        if n * ((1 << bits) - 1) * 4 <= _ROUND_BYTES:
+            return bits
+    return 1
+
+
+def _lift(a: mx.array) -> mx.array:
+    """A [..., 1] operand of a round's test, lifted over its candidate axis ([..., 1, 1])."""
+    return a if a.ndim == 0 else mx.expand_dims(a, -2)
 
 
 def _kth_largest(ins, a):
@@ -103,12 +144,13 @@ def _kth_largest(ins, a):
     fast = gpu.kth_largest(x, want)         # (a CUDA device: one radix-select block per row)
     if fast is not None:
         return fast
+    want = _lift(want)
     return _select(_ordered(x), lambda above: mx.sum(above, axis=-1, keepdims=True) >= want)
 
 
 def _mass_threshold(ins, a):
     key, w, target = ins
-    w = mx.broadcast_to(w, key.shape)
+    w, target = _lift(mx.broadcast_to(w, key.shape)), _lift(target)
     # (the tree sum of reduce_sum: a few ulps where a sequential float32 sum would move a boundary by ~1e-5)
     return _select(_ordered(key), lambda above: _reduce_sum([mx.where(above, w, 0.0)], a) >= target)
 
