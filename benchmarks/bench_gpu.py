@@ -2,6 +2,7 @@
 dense definitions -- the numbers behind docs/performance.md's GPU section.
 
     python benchmarks/bench_gpu.py [--json OUT.json]
+    SAMPLEC_NATIVE=0 python benchmarks/bench_gpu.py --count     # kernel launches per call, any device
 
 Not a test (tests/test_gpu.py checks the kernels where a CUDA device is present). On MLX's default device, V = 152064,
 B in {1, 8, 64}, `chat`-like logits (bench_real's recipe), medians of many calls each evaluated and synchronized:
@@ -16,9 +17,12 @@ tied, -inf-heavy and short rows.
 from __future__ import annotations
 
 import argparse
+import collections
 import json
+import re
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -29,6 +33,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+import samplec  # noqa: E402
 from samplec.backend_mlx import gpu, kernels  # noqa: E402
 from samplec.backend_mlx.rng import random_bits  # noqa: E402
 from bench_real import chat_logits  # noqa: E402
@@ -91,10 +96,47 @@ def check(rng) -> list[str]:
     return bad
 
 
+VIEWS = {"Squeeze", "Reshape", "ExpandDims", "Broadcast", "View"}
+
+
+def launches(example: str, sampler: str, bits: int, B: int = 1) -> collections.Counter:
+    """The MLX primitives one call of the example's -O2 program evaluates (`mx.export_to_dot` of its outputs), by
+    kind, with the selections deciding `bits` key bits a round -- on a GPU, each one that is not a view is a kernel
+    launch."""
+    chosen = kernels._select_bits
+    kernels._select_bits = lambda keys: bits
+    try:
+        prog = samplec.compile((ROOT / "examples" / example).read_text(), sampler=sampler)
+        kw = {p.name: np.zeros((B, 64), np.int32) for p in prog.params if p.kind == "tokens"}
+        outs, flags = prog.exe(*prog.prepare(mx.array(chat_logits(B, V, seed=1)), dict(seed=0, **kw)))
+        with tempfile.TemporaryDirectory() as d:
+            mx.export_to_dot(str(Path(d) / "g.dot"), *(outs + flags))
+            text = (Path(d) / "g.dot").read_text()
+    finally:
+        kernels._select_bits = chosen
+    kinds = re.findall(r'label ="?([A-Za-z]+)', text)
+    return collections.Counter("Compiled (fused)" if k.startswith("Compiled") else k for k in kinds)
+
+
+def count_launches():
+    print("Primitives that are not views, one call of the -O2 program, V = 152064, B = 1")
+    for example, sampler in (("mlx_lm_default.smp", "mlx_lm"), ("hf_generate.smp", "hf_generate"),
+                             ("vllm.smp", "vllm")):
+        row = []
+        for bits in (1, 2, 4):
+            n = sum(v for k, v in launches(example, sampler, bits).items() if k not in VIEWS)
+            row.append(f"{bits} bit{'s' if bits > 1 else ''} a round {n:4d}")
+        print(f"  {sampler:12s} " + "   ".join(row))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--json", default=None)
+    ap.add_argument("--count", action="store_true", help="only count the example chains' kernel launches")
     args = ap.parse_args()
+    if args.count:
+        count_launches()
+        return
     print(f"MLX {mx.__version__} on {mx.default_device()}; CUDA kernels: {'on' if gpu.available() else 'off'}")
     rng = np.random.default_rng(0)
     result = {"device": str(mx.default_device()), "kernels": gpu.available(), "rows": []}

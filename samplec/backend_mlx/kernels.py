@@ -107,8 +107,7 @@ def _select(keys: mx.array, reaches, bits: int | None = None) -> mx.array:
             mid = lo | (1 << shift)
             lo = mx.where(reaches(rows >= mid[..., None, :])[..., 0, :], mid, lo)
             continue
-        steps = mx.arange(1, 1 << b, dtype=mx.uint32)[:, None] << shift          # [c, 1]
-        ok = reaches(rows >= (lo[..., None, :] | steps))                            # [..., c, 1], true for a prefix
+        ok = reaches(rows >= (lo[..., None, :] | _steps(b, shift)))                # [..., c, 1], true for a prefix
         lo = lo | (mx.sum(ok.astype(mx.uint32), axis=-2) << shift)
     lo = mx.minimum(lo, mx.max(keys, axis=-1, keepdims=True))      # (an empty upper set may reach a target <= 0)
     value = mx.where(lo >= 0x80000000, lo & 0x7FFFFFFF, ~lo).view(mx.float32)
@@ -120,6 +119,14 @@ def _select(keys: mx.array, reaches, bits: int | None = None) -> mx.array:
 # selection's 32 one-bit rounds were ~250 kernel launches, 1.1-1.3 ms, 7x a full sort of the row (docs/performance.md,
 # GPU): launches, not bytes, are the cost there. On the CPU the rounds' work is the cost: one bit per round.
 _ROUND_BYTES = 1 << 24
+_STEPS: dict[tuple[int, int], mx.array] = {}
+
+
+def _steps(bits: int, shift: int) -> mx.array:
+    """A round's candidate digits [c, 1], j << shift for j = 1 .. 2**bits - 1 (a constant: no kernel per round)."""
+    if (bits, shift) not in _STEPS:
+        _STEPS[bits, shift] = mx.array((np.arange(1, 1 << bits, dtype=np.uint32) << np.uint32(shift))[:, None])
+    return _STEPS[bits, shift]
 
 
 def _select_bits(keys: mx.array) -> int:
