@@ -374,7 +374,11 @@ def doctor_report() -> list[str]:
                 chains += f" (this build predates {', '.join(unknown)}: those run by their dense definitions; " \
                           "rebuild samplec-native)" if unknown else f" ({', '.join(native.CHAIN_STAGES)})"
             lines.append(f"stage chains    {chains}; elsewhere top_k/top_p/typical_p/top_logprobs select without a "
-                         "sort (kth_largest, mass_threshold: 32 bitwise passes in MLX ops)")
+                         "sort (kth_largest, mass_threshold: rounds of a comparison and a reduction in MLX ops, one "
+                         "key bit a round on the CPU, several on a GPU)")
+        except Exception as e:  # noqa: BLE001
+            lines.append(f"native          cannot check: {type(e).__name__}: {e}")
+        try:
             from samplec.backend_mlx import gpu
             if gpu.available():
                 gpu_state = "active: kth_largest (top_k, top_logprobs, candidates) by one radix-select block per row"
@@ -384,7 +388,7 @@ def doctor_report() -> list[str]:
                 gpu_state = f"off (the default device is {mx.default_device()}, not a CUDA GPU)"
             lines.append(f"cuda kernels    {gpu_state}")
         except Exception as e:  # noqa: BLE001
-            lines.append(f"native          cannot check: {type(e).__name__}: {e}")
+            lines.append(f"cuda kernels    cannot check: {type(e).__name__}: {e}")
     lines.append(f"SAMPLEC_NATIVE  {env_native if env_native is not None else '(unset: on)'}")
     lines.append(f"SAMPLEC_SPIN    {env_spin if env_spin is not None else '(unset: on)'}")
     env_gpu = os.environ.get("SAMPLEC_GPU_KERNELS")

@@ -5,13 +5,14 @@
 # Here (with a network), once: the wheels for the GPU machine's Python (3.12 below), MLX's CUDA backend as an
 # xz'd tar (its wheel is ~90 MB; split it where a transfer limit needs that, and cat the parts back in WHEELS):
 #   scripts/gpu_run.sh --fetch WHEELS [PYVER]
-# There, from the repository root (torch, transformers, numpy, networkx, typer, flatbuffers and the CUDA 13
-# libraries as pip packages -- nvidia-cublas, nvidia-cuda-nvrtc, ... -- already installed, as on a CUDA image):
+# There, from the repository root (pytest, hypothesis, torch, transformers, numpy, networkx, typer, flatbuffers and
+# the CUDA 13 libraries as pip packages -- nvidia-cublas, nvidia-cuda-nvrtc, ... -- already installed, as on a CUDA
+# image); it exits non-zero when a step failed or ran out of time:
 #   scripts/gpu_run.sh WHEELS OUT
 # Order matters: MLX compiles each fused kernel with NVRTC the first time a process meets it (seconds per program
 # with a cold cache), so the small checks run first and warm the cache for the benchmarks. Each step has its own
 # time limit and writes its log to OUT, so a slow step costs only itself.
-set -u
+set -u -o pipefail
 if [ "${1:-}" = "--fetch" ]; then
     W=$2; PY=${3:-3.12}; V=0.32.4
     mkdir -p "$W" && T=$(mktemp -d)
@@ -35,16 +36,20 @@ if [ ! -e "$SITE/mlx/lib/libmlx.so" ]; then
         "$W"/*.whl || exit 3
     xz -dc -T0 "$W/mlx-cuda-13.tar.xz" | tar xf - -C "$SITE" || exit 4
     # libmlx.so finds the CUDA libraries at $ORIGIN/../../nvidia: point that at the installed nvidia packages
-    ln -sfn "$(python3 -c 'import nvidia; print(list(nvidia.__path__)[0])')" "$SITE/nvidia"
+    NV=$(python3 -c 'import nvidia; print(list(nvidia.__path__)[0])') || {
+        echo "no nvidia packages (CUDA libraries) found"; rm -rf "$SITE/mlx/lib"; exit 6; }
+    ln -sfn "$NV" "$SITE/nvidia"
 fi
 export PYTHONPATH=$SITE:$PWD
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 python3 -c "import mlx.core as mx; print('MLX', mx.__version__, mx.default_device(), 'cuda', mx.cuda.is_available())" \
     || exit 5
-timeout 120 python3 -m pytest -q -p no:cacheprovider tests/test_gpu.py > "$OUT/test_gpu.log" 2>&1
+failed=0
+timeout 200 python3 -m pytest -q -p no:cacheprovider tests/test_gpu.py > "$OUT/test_gpu.log" 2>&1 || failed=1
 tail -3 "$OUT/test_gpu.log"
-timeout 150 python3 benchmarks/bench_gpu.py --json "$OUT/bench_gpu.json" > "$OUT/bench_gpu.log" 2>&1
+timeout 120 python3 benchmarks/bench_gpu.py --json "$OUT/bench_gpu.json" > "$OUT/bench_gpu.log" 2>&1 || failed=1
 cat "$OUT/bench_gpu.log"
 timeout 240 python3 benchmarks/bench_real.py --quick --budget 0.25 --torch-device cuda --out "$OUT/bench_real_cuda" \
-    > "$OUT/bench_real_cuda.log" 2>&1
+    > "$OUT/bench_real_cuda.log" 2>&1 || failed=1
 tail -40 "$OUT/bench_real_cuda.log"
+exit $failed

@@ -77,11 +77,37 @@ def test_gpu_tokens_equal_cpu_tokens(example):
                 kw[p.name] = rng.random((B, V)) < 0.5
             elif p.kind == "bias":
                 kw[p.name] = np.zeros((B, V), np.float32)
-        gpu_tok = np.array(prog(x, **kw).token)
+        on_gpu = {k: np.array(v) for k, v in prog(x, **kw).to_dict().items()}
         prev = mx.default_device()
         mx.set_default_device(mx.cpu)
         try:
-            cpu_tok = np.array(prog(x, **kw).token)
+            on_cpu = {k: np.array(v) for k, v in prog(x, **kw).to_dict().items()}
         finally:
             mx.set_default_device(prev)
-        assert gpu_tok.tolist() == cpu_tok.tolist(), (example, name)
+        assert on_gpu["token"].tolist() == on_cpu["token"].tolist(), (example, name)
+        for k, v in on_cpu.items():          # ids exactly (top_logprobs, candidates); values to float rounding
+            if v.dtype.kind in "iu":
+                assert np.array_equal(on_gpu[k], v), (example, name, k)
+            else:
+                np.testing.assert_allclose(on_gpu[k], v, rtol=1e-4, atol=1e-5, err_msg=f"{example} {name} {k}")
+
+
+@cuda
+def test_selection_rounds_on_the_gpu_equal_one_bit_rounds():
+    """The GPU's several-bit rounds (kernels._select_bits) against one-bit rounds on the GPU itself, by mass (the
+    reductions' order could differ with the shape there) and by count."""
+    rng = np.random.default_rng(2)
+    for x in _rows(rng):
+        B, n = x.shape
+        xm = mx.array(x)
+        keys = kernels._ordered(xm)
+        wide = kernels._select_bits(keys)
+        w = kernels._lift(mx.softmax(xm, axis=-1))
+        want = kernels._lift(mx.array(rng.integers(1, n + 1, (B, 1)).astype(np.int32)))
+        for p in (0.0, 0.3, 0.9, 0.95, 1.0):
+            t = kernels._lift(mx.array(np.full((B, 1), p, np.float32)))
+            by_mass = lambda above: kernels._reduce_sum([mx.where(above, w, 0.0)], {}) >= t        # noqa: E731
+            by_count = lambda above: mx.sum(above, axis=-1, keepdims=True) >= want                   # noqa: E731
+            for reaches in (by_mass, by_count):
+                one, many = (np.array(kernels._select(keys, reaches, bits=b)).view(np.uint32) for b in (1, wide))
+                assert np.array_equal(one, many), (x[:, :4], p, wide)

@@ -52,8 +52,8 @@ _KTH_SOURCE = r"""
                 unsigned int key = (b & 0x80000000u) ? ~b : (b | 0x80000000u);
                 if ((key & himask) == prefix) bin = (int)((key >> shift) & 255u);
             }
-            const unsigned int active = __activemask();
-            const unsigned int same = __match_any_sync(active, bin);
+            // (every lane gets here: the loop's trip count is the same for all, blockDim a multiple of 32)
+            const unsigned int same = __match_any_sync(0xFFFFFFFFu, bin);
             if (bin >= 0 && lane == __ffs(same) - 1) atomicAdd(&hist[bin], (unsigned int)__popc(same));
         }
         __syncthreads();
@@ -118,8 +118,8 @@ def kth_largest(x: mx.array, want: mx.array) -> mx.array | None:
     """The want-th largest value of each row of x (f32 [B, V]; want i32 broadcastable to [B, 1], already in
     [1, V]) as f32 [B, 1], or None where the kernel does not apply."""
     if not (available() and x.ndim == 2 and x.dtype == mx.float32 and x.shape[0] >= 1 and x.shape[1] >= 1
-            and want.size in (1, x.shape[0])):
-        return None
+            and (want.ndim == 0 or (want.ndim <= 2 and want.shape[-1] == 1 and want.size in (1, x.shape[0])))):
+        return None         # (k's other shapes broadcast x's rows: the dense definition)
     B = x.shape[0]
     k = mx.broadcast_to(want.astype(mx.int32).reshape(-1, 1) if want.ndim else want.astype(mx.int32), (B, 1))
     out = _kernel("samplec_kth_largest", ["x", "k"], _KTH_SOURCE)(

@@ -114,8 +114,8 @@ def _select(keys: mx.array, reaches, bits: int | None = None) -> mx.array:
     return mx.where(lo < _NEG_INF_KEY, -np.inf, value)
 
 
-# A round's candidates on a GPU: at most 16 MiB of float32 weights between its comparison and its reductions (B = 1
-# at V = 152064: four bits, 8 rounds; B = 8: two bits, 16 rounds; B >= 32: one bit, as on the CPU). On an H200 a
+# A round's candidates on a GPU: at most 16 MiB of float32 weights between its comparison and its reductions (at
+# V = 152064: B = 1 four bits, 8 rounds; B = 2-3 three bits; B = 4-9 two bits; B >= 10 one bit, as on the CPU). On an H200 a
 # selection's 32 one-bit rounds were ~250 kernel launches, 1.1-1.3 ms, 7x a full sort of the row (docs/performance.md,
 # GPU): launches, not bytes, are the cost there. On the CPU the rounds' work is the cost: one bit per round.
 _ROUND_BYTES = 1 << 24
