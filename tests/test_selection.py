@@ -112,6 +112,15 @@ def test_selection_rounds_of_any_width_give_the_same_threshold(case, bits, targe
         assert np.array_equal(one, wide), (reaches.__name__, x, bits)
 
 
+def test_selection_round_widths(monkeypatch):
+    """One bit a round on the CPU; on a GPU as many as keep a round within 16 MiB (docs/compiler.md's widths)."""
+    from samplec.backend_mlx import kernels
+    keys = {B: mx.zeros((B, 152064), dtype=mx.uint32) for B in (1, 2, 3, 4, 9, 10, 64)}
+    assert {kernels._select_bits(k) for k in keys.values()} == {1}
+    monkeypatch.setattr(kernels.mx, "default_device", lambda: mx.gpu)
+    assert {B: kernels._select_bits(k) for B, k in keys.items()} == {1: 4, 2: 3, 3: 3, 4: 2, 9: 2, 10: 1, 64: 1}
+
+
 def test_mass_threshold_keeps_the_top_for_a_zero_target_and_finds_nothing_past_the_total():
     x = mx.array(np.array([[1.0, 3.0, 2.0, -np.inf]], F32))
     w = mx.array(np.array([[0.2, 0.5, 0.3, 0.0]], F32))
