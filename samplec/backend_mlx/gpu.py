@@ -121,9 +121,9 @@ def kth_largest(x: mx.array, want: mx.array) -> mx.array | None:
             and (want.ndim == 0 or (want.ndim <= 2 and want.shape[-1] == 1 and want.size in (1, x.shape[0])))):
         return None         # (k's other shapes broadcast x's rows: the dense definition)
     B = x.shape[0]
-    k = mx.broadcast_to(want.astype(mx.int32).reshape(-1, 1) if want.ndim else want.astype(mx.int32), (B, 1))
+    k = mx.broadcast_to(want.astype(mx.int32).reshape(-1), (B,))
     out = _kernel("samplec_kth_largest", ["x", "k"], _KTH_SOURCE)(
-        inputs=[x, k.reshape(B)], output_shapes=[(B,)], output_dtypes=[mx.float32],
+        inputs=[x, k], output_shapes=[(B,)], output_dtypes=[mx.float32],
         grid=(B * THREADS, 1, 1), threadgroup=(THREADS, 1, 1))[0]
     return out.reshape(B, 1)
 

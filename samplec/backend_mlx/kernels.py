@@ -103,10 +103,6 @@ def _select(keys: mx.array, reaches, bits: int | None = None) -> mx.array:
     while shift > 0:
         b = min(bits, shift)
         shift -= b
-        if b == 1:
-            mid = lo | (1 << shift)
-            lo = mx.where(reaches(rows >= mid[..., None, :])[..., 0, :], mid, lo)
-            continue
         ok = reaches(rows >= (lo[..., None, :] | _steps(b, shift)))                # [..., c, 1], true for a prefix
         lo = lo | (mx.sum(ok.astype(mx.uint32), axis=-2) << shift)
     lo = mx.minimum(lo, mx.max(keys, axis=-1, keepdims=True))      # (an empty upper set may reach a target <= 0)
@@ -115,9 +111,9 @@ def _select(keys: mx.array, reaches, bits: int | None = None) -> mx.array:
 
 
 # A round's candidates on a GPU: at most 16 MiB of float32 weights between its comparison and its reductions (at
-# V = 152064: B = 1 four bits, 8 rounds; B = 2-3 three bits; B = 4-9 two bits; B >= 10 one bit, as on the CPU). On an H200 a
-# selection's 32 one-bit rounds were ~250 kernel launches, 1.1-1.3 ms, 7x a full sort of the row (docs/performance.md,
-# GPU): launches, not bytes, are the cost there. On the CPU the rounds' work is the cost: one bit per round.
+# V = 152064: B = 1 four bits, 8 rounds; B = 2-3 three bits; B = 4-9 two bits; B >= 10 one bit, as on the CPU).
+# On an H200 a selection's 32 one-bit rounds were ~240 kernel launches, 1.1-1.3 ms, 7x a full sort of the row
+# (docs/performance.md, GPU): launches, not bytes, are the cost there. On the CPU the work is: one bit a round.
 _ROUND_BYTES = 1 << 24
 _STEPS: dict[tuple[int, int], mx.array] = {}
 
