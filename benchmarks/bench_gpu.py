@@ -129,6 +129,47 @@ def count_launches():
         print(f"  {sampler:12s} " + "   ".join(row))
 
 
+# Chains as servers run them: every value at run time, one per row (bench_real's values), each system's order.
+CHAINS = {
+    "mlx_lm": ("top_p(p) min_p(m) top_k(k) temperature(t) sample(seed)", "token, logprob"),
+    "hf": ("temperature(t) top_k(k) top_p(p) sample(seed)", "token"),
+    "vllm": ("temperature(t) top_k(k) top_p(p) min_p(m) sample(seed)", "token, logprob"),
+    "llama_cpp": ("top_k(k) top_p(p) min_p(m) temperature(t) sample(seed)", "token"),
+}
+
+
+def chain_values(B: int, rng) -> dict:
+    pick = lambda vals, one, cast: [cast(v) for v in rng.choice(vals, B)] if B > 1 else one    # noqa: E731
+    return {"t": pick([0.0, 0.6, 0.8, 1.0], 0.8, float), "k": pick([0, 20, 40, 50], 40, int),
+            "p": pick([0.8, 0.9, 0.95, 1.0], 0.95, float), "m": pick([0.0, 0.05, 0.1], 0.05, float),
+            "seed": list(range(B))}
+
+
+def chains(result: dict) -> None:
+    """Each chain with the chain kernel (one block per row) against the same program on the dense definitions
+    (SAMPLEC_GPU_CHAIN=0), tokens compared first."""
+    import os
+    rng = np.random.default_rng(1)
+    print("\nchains, V = 152064, run-time values (one per row at B > 1): chain kernel vs dense definitions (ms)")
+    for B in (1, 8, 64):
+        x = mx.array(chat_logits(B, V, seed=B))
+        kw = chain_values(B, rng)
+        for name, (body, outs) in CHAINS.items():
+            src = f"sampler s(t: float, k: int, p: float, m: float = 0.0, seed: seed) -> {outs} {{ {body} }}"
+            progs = {}
+            for mode in ("kernel", "dense"):
+                os.environ["SAMPLEC_GPU_CHAIN"] = "1" if mode == "kernel" else "0"
+                progs[mode] = samplec.compile(src)
+                mx.eval(progs[mode](x, **kw).token)        # (traced under this setting)
+            os.environ.pop("SAMPLEC_GPU_CHAIN")
+            same = np.array_equal(np.array(progs["kernel"](x, **kw).token), np.array(progs["dense"](x, **kw).token))
+            ms = {mode: median_ms(lambda: progs[mode](x, **kw).token, reps=100, budget_s=1.0) for mode in progs}
+            result["rows"].append({"B": B, "case": f"chain {name}", "ms": ms["kernel"], "dense_ms": ms["dense"],
+                                   "same_tokens": bool(same)})
+            print(f"  B = {B:2d} {name:10s} kernel {ms['kernel']:7.3f}  dense {ms['dense']:7.3f}  "
+                  f"({ms['dense'] / ms['kernel']:4.1f}x)  tokens {'equal' if same else 'DIFFER'}")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--json", default=None)
@@ -146,6 +187,7 @@ def main():
         for b in bad[:20]:
             print("  ", b)
         result["check"] = bad
+        chains(result)
     for B in (1, 8, 64):
         x = mx.array(chat_logits(B, V, seed=B))
         k40 = mx.array(np.full((B, 1), 40, dtype=np.int32))
@@ -181,7 +223,7 @@ def main():
             cases["kth_largest per-row k, CUDA radix select"] = lambda: gk(x, krow)
         print(f"\nB = {B}, V = {V} (median ms)")
         for name, fn in cases.items():
-            ms = median_ms(fn)
+            ms = median_ms(fn, budget_s=0.5)
             result["rows"].append({"B": B, "case": name, "ms": ms})
             print(f"  {name:46s} {ms:8.4f}")
     if args.json:

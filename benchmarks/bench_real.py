@@ -401,6 +401,9 @@ def main():
     ap.add_argument("--cliff", action="store_true", help="only the no-cliff table (each chain on each family)")
     ap.add_argument("--torch-device", default="cpu",
                     help="where Hugging Face's processors run (cuda: beside MLX's CUDA backend)")
+    ap.add_argument("--check-device", choices=("same", "cpu"), default="same",
+                    help="where the -O0 program that checks -O2's tokens runs (cpu: MLX's CPU, where a GPU would "
+                         "spend its first minutes compiling the dense definitions' kernels)")
     ap.add_argument("--history", type=int, default=HIST,
                     help="token history length (default 64; a prompt of thousands for HF's and vLLM's "
                          "repetition penalty over the whole sequence)")
@@ -437,8 +440,14 @@ def main():
                 mine = Samplec(2, per_row=B > 1)
                 lean = Samplec(2, per_row=B > 1, token_only=True)
                 steps = {mine.name: mine.setup(spec, x, hist), lean.name: lean.setup(spec, x, hist)}
-                check = Samplec(0, per_row=B > 1).setup(spec, x, hist)
-                t2, t0 = steps[mine.name](123), check(123)
+                t2 = steps[mine.name](123)
+                prev = mx.default_device()
+                if args.check_device == "cpu":
+                    mx.set_default_device(mx.cpu)
+                try:
+                    t0 = Samplec(0, per_row=B > 1).setup(spec, x, hist)(123)
+                finally:
+                    mx.set_default_device(prev)
                 assert t2.tolist() == t0.tolist(), (name, family, B, t2, t0)
                 for pname in spec[4]:
                     if pname in peers:

@@ -1,4 +1,4 @@
-"""The CUDA kernel (samplec.backend_mlx.gpu) against the dense definition and numpy, and a program's tokens on the
+"""The CUDA kernels (samplec.backend_mlx.gpu) against the dense definitions and numpy, and a program's tokens on the
 GPU against the same program on the CPU. These run where MLX's default device is a CUDA GPU (a machine with
 `mlx[cuda13]`); elsewhere only the first test runs -- the kernel must stay off the CPU path."""
 from __future__ import annotations
@@ -111,3 +111,29 @@ def test_selection_rounds_on_the_gpu_equal_one_bit_rounds():
             for reaches in (by_mass, by_count):
                 one, many = (np.array(kernels._select(keys, reaches, bits=b)).view(np.uint32) for b in (1, wide))
                 assert np.array_equal(one, many), (x[:, :4], p, wide)
+
+
+@cuda
+@pytest.mark.parametrize("seed", range(16))
+def test_gpu_chain_kernel_equals_cpu_O0(seed, monkeypatch):
+    """The chain kernel (gpu_chain.cu) on the GPU -- random chains of its stages in random orders, one value per
+    row, the differential test's logit families, V up to 152064 -- against the dense definitions on the CPU."""
+    from test_gpu_chain import chain_case
+    rng = np.random.default_rng(seed)
+    V = int(rng.choice([1, 2, 50, 1000, 5000, 40000, 152064]))
+    B, n = int(rng.integers(1, 5)), int(rng.integers(0, 6))
+    terminal = str(rng.choice(["sample", "greedy"]))
+    stages, src, kw, _, _, _, x = chain_case(seed, V, B, n, terminal)
+    calls = []
+    real = gpu.sample_chain
+    monkeypatch.setattr(gpu, "sample_chain", lambda *a: calls.append(a[2]) or real(*a))
+    on_gpu = samplec.compile(src)(x, **kw)
+    assert calls or terminal == "greedy"         # (greedy after cuts is the logits' argmax: no chain to run)
+    prev = mx.default_device()
+    mx.set_default_device(mx.cpu)
+    try:
+        on_cpu = samplec.compile(src, opt_level=0)(x, **kw)
+    finally:
+        mx.set_default_device(prev)
+    assert np.array(on_gpu.token).tolist() == np.array(on_cpu.token).tolist(), src
+    np.testing.assert_allclose(np.array(on_gpu.logprob), np.array(on_cpu.logprob), rtol=1e-4, atol=2e-4, err_msg=src)

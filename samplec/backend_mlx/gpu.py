@@ -14,9 +14,19 @@ A selection by mass (top_p's floor) built the same way -- per-bin sums as 64-bit
 they do not depend on the order threads add in -- was exact but no faster than the dense definition on the H200
 (1.24 against 1.31 ms at B = 1: contended 64-bit shared-memory atomics), so top_p keeps its dense definition.
 
-`SAMPLEC_GPU_KERNELS=0` (or off, false, no) turns the kernel off.
+The chain kernel (`sample_chain`, gpu_chain.cu) runs a chain of temperature, top_k, top_p, min_p and xtc stages
+in any order, with per-row run-time values, and its draw (sample or greedy) and the token's log-probability, as
+one block per row: the kept tokens stay an upper set of the raw logits (a threshold rho per row), each stage one
+or a few passes over the row, thresholds by radix selects over the float32 keys. The interpreter gives it a
+chain's stage ops where MLX's default device is a CUDA GPU (the CPU has the native chain kernel); the masks,
+biases and penalties below the stages and the outputs beside them (raw_logprob, top_logprobs) run as MLX ops.
+
+`SAMPLEC_GPU_KERNELS=0` (or off, false, no) turns the kernels off; `SAMPLEC_GPU_CHAIN=0` the chain kernel alone
+(the stages then run their dense definitions, with the radix select for top_k).
 """
 from __future__ import annotations
+
+from pathlib import Path
 
 import mlx.core as mx
 
@@ -127,3 +137,96 @@ def kth_largest(x: mx.array, want: mx.array) -> mx.array | None:
         grid=(B * THREADS, 1, 1), threadgroup=(THREADS, 1, 1))[0]
     return out.reshape(B, 1)
 
+
+
+# -- the chain kernel ----------------------------------------------------------------------------------------------
+
+CHAIN_SOURCE = Path(__file__).with_name("gpu_chain.cu")
+CHAIN_STAGES = {"temperature": 1, "top_k": 1, "top_p": 1, "min_p": 1, "xtc": 2}     # float operands each
+MAX_TEMPERATURES = 8            # gpu_chain.cu's SC_MAX_TEMPS
+
+
+def chain_header() -> str:
+    return CHAIN_SOURCE.read_text()
+
+
+def chain_supports(stages: list[str], terminal: str) -> bool:
+    return all(s in CHAIN_STAGES for s in stages) and terminal in ("sample", "greedy", "argmax") and \
+        stages.count("temperature") <= MAX_TEMPERATURES
+
+
+STAGE_CODES = {name: i for i, name in enumerate(CHAIN_STAGES)}      # gpu_chain.cu's sc_chain switch
+
+
+def chain_codes(stages: list[str], terminal: str, want_logprob: bool) -> list[int]:
+    """The kernel's program for one chain: [#stages, sample?, want_logprob?, #float operands, #u32 operands, the
+    stages' codes...] (one kernel serves every chain: one NVRTC compile per process)."""
+    nf = max(1, sum(CHAIN_STAGES[s] for s in stages))
+    nu = max(1, 3 * (stages.count("xtc") + (terminal == "sample")))
+    return [len(stages), int(terminal == "sample"), int(want_logprob), nf, nu] + [STAGE_CODES[s] for s in stages]
+
+
+# The body: inputs x [B, V] f32, P [B, nf] f32 (the stages' float operands in order; top_k's k as a float), U [B,
+# nu] u32 (each xtc's and the sample's key words and position), S (chain_codes); outputs tok [B] i32, lp [B] f32.
+CHAIN_BODY = """
+    __shared__ ScShared sh;
+    sc_chain(x + (size_t)blockIdx.x * x_shape[1], x_shape[1], P, U, S, blockIdx.x, sh, tok + blockIdx.x,
+             lp + blockIdx.x);
+"""
+
+
+def _column(p: mx.array, B: int, dtype) -> mx.array | None:
+    if not (p.ndim <= 2 and p.size in (1, B) and (p.ndim < 2 or p.shape[-1] == 1)):
+        return None
+    return mx.broadcast_to(p.reshape(-1).astype(dtype), (B,))
+
+
+def chain_operands(params: list[mx.array], stages: list[str], terminal: str, B: int):
+    """(P, U) for the chain kernel from a chain's stage operands in order (then the sample's seed and position),
+    or None where one is not a scalar or one value per row."""
+    fcols, ucols, it = [], [], iter(params)
+
+    def key_and_position():
+        seed, pos = next(it), next(it)
+        s, q = _column(seed, B, mx.uint64), _column(pos, B, mx.int32)
+        if s is None or q is None:
+            return False
+        ucols.extend([(s >> 32).astype(mx.uint32), (s & 0xFFFFFFFF).astype(mx.uint32), q.astype(mx.uint32)])
+        return True
+
+    for s in stages:
+        for _ in range(CHAIN_STAGES[s]):
+            c = _column(next(it), B, mx.float32)
+            if c is None:
+                return None
+            fcols.append(c)
+        if s == "xtc" and not key_and_position():
+            return None
+    if terminal == "sample" and not key_and_position():
+        return None
+    P = mx.stack(fcols, axis=1) if fcols else mx.zeros((B, 1), dtype=mx.float32)
+    U = mx.stack(ucols, axis=1) if ucols else mx.zeros((B, 1), dtype=mx.uint32)
+    return P, U
+
+
+def sample_chain(x: mx.array, params: list[mx.array], stages: list[str], terminal: str,
+                 want_logprob: bool) -> tuple[mx.array, mx.array] | None:
+    """The chain's token [B, 1] i32 and its log-probability under the final softmax [B, 1] f32 (0 without
+    want_logprob), or None where the kernel does not apply (not a CUDA device, a stage it does not run, operands
+    of other shapes)."""
+    if not (available() and not native.switched_off("SAMPLEC_GPU_CHAIN") and x.ndim == 2 and
+            x.dtype == mx.float32 and x.shape[0] >= 1 and x.shape[1] >= 1 and chain_supports(stages, terminal)):
+        return None
+    B = x.shape[0]
+    ops = chain_operands(params, stages, terminal, B)
+    if ops is None:
+        return None
+    if "samplec_chain" not in _kernels:
+        _kernels["samplec_chain"] = mx.fast.cuda_kernel(
+            name="samplec_chain", input_names=["x", "P", "U", "S"], output_names=["tok", "lp"], source=CHAIN_BODY,
+            header=chain_header())
+    codes = mx.array(chain_codes(stages, terminal, want_logprob), dtype=mx.int32)
+    tok, lp = _kernels["samplec_chain"](
+        inputs=[x, *ops, codes], output_shapes=[(B,), (B,)], output_dtypes=[mx.int32, mx.float32],
+        grid=(B * THREADS, 1, 1), threadgroup=(THREADS, 1, 1))
+    return tok.reshape(B, 1), lp.reshape(B, 1)

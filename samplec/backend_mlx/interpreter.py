@@ -13,7 +13,7 @@ import mlx.core as mx
 
 from typing import NamedTuple
 
-from samplec.backend_mlx import native
+from samplec.backend_mlx import gpu, native
 from samplec.backend_mlx.kernels import KERNELS
 from samplec.backend_mlx.lowering import (RULES, TIE_MARGIN, log_softmax_parts, logprob_at_key, penalty_edits,
                                          softmax_pattern, unexpanded)
@@ -59,6 +59,26 @@ class Chain:
         return list(self.top) + ops(self.prefix[:self.n_pre]) + list(self.edits) + ops(self.prefix[self.n_pre:]) + \
             self.stages + ([self.draw] if self.draw is not None else []) + self.logprobs + list(self.softmax) + \
             ([self.raw] if self.raw is not None else []) + list(self.top_logprobs)
+
+    def run_gpu(self, env: dict, evaluate) -> dict | None:
+        """On a CUDA GPU: the stages, the draw and its log-probabilities as gpu.sample_chain's one kernel; the
+        chain's other nodes (masks, biases and penalties below the stages, the logits checks' maxima, the model's
+        log-softmax and top_logprobs) by `evaluate`, each by its definition. None where the kernel does not apply."""
+        terminal = self.draw.op if self.draw is not None else None
+        if terminal is None or self.want_x or self.softmax or \
+                not gpu.chain_supports([s.op for s in self.stages], terminal):
+            return None
+        core = {id(n) for n in (*self.stages, self.draw, *self.logprobs)}
+        for m in self.nodes():
+            if id(m) not in core:
+                env[id(m)] = evaluate(m, env)
+        x = self.stages[0].inputs[0] if self.stages else self.draw.inputs[0]
+        params = [env[id(unexpanded(i))] for s in self.stages for i in s.inputs[1:]] + \
+            [env[id(unexpanded(i))] for i in self.draw.inputs[1:]]
+        out = gpu.sample_chain(env[id(x)], params, [s.op for s in self.stages], terminal, bool(self.logprobs))
+        if out is None:
+            return None
+        return {id(self.draw): out[0], **{id(n): out[1] for n in self.logprobs}}
 
     def run(self, env: dict) -> dict | None:
         draws = self.draw.inputs[1:] if self.draw is not None else ()
@@ -321,22 +341,23 @@ class Executable:
         env = {id(p.node): args[i] for i, p in enumerate(self.graph.params)}
         rules = RULES if native.enabled() else {}
         users = self.graph.users() if rules else {}
-        chained = self.covered if rules else {}
+        on_gpu = not rules and gpu.available()
+        chained = self.covered if rules or on_gpu else {}
         for node in self.order:
             if id(node) in env:         # covered by a native rule of an earlier node
                 continue
             try:
                 chain = chained.get(id(node))
                 if chain is not None:
-                    bound = chain.run(env)          # (the chain's first node: everything it reads is computed)
+                    # (the chain's first node: everything it reads is computed)
+                    bound = chain.run_gpu(env, self._evaluate) if on_gpu else chain.run(env)
                     if bound:
                         env.update(bound)
                         for m in chain.nodes():         # (stages read by nothing outside the chain)
                             env.setdefault(id(m), None)
                         continue
                     for s in chain.nodes():      # (the primitive declined: each by its definition)
-                        ins = [env[id(i)] for i in s.inputs]
-                        env[id(s)] = _run_expansion(s, ins) if s.op in EXPAND else KERNELS[s.op](ins, s.attr_dict)
+                        env[id(s)] = self._evaluate(s, env)
                     continue
                 rule = rules.get(node.op)
                 bound = rule(node, users, env) if rule is not None else None
@@ -351,6 +372,12 @@ class Executable:
         n = len(self.graph.outputs)
         return [env[id(r)] for r in self.roots[:n]] + \
             [env[id(f.inputs[0] if f.op == "squeeze" else f)] for f in self.roots[n:]]
+
+    @staticmethod
+    def _evaluate(node: Node, env: dict) -> mx.array:
+        """A node by its definition (a stage op's dense definition, else its kernel)."""
+        ins = [env[id(i)] for i in node.inputs]
+        return _run_expansion(node, ins) if node.op in EXPAND else KERNELS[node.op](ins, node.attr_dict)
 
     def __call__(self, *args: mx.array) -> tuple[list[mx.array], list[mx.array]]:
         res = self._fn(*args)

@@ -1,0 +1,408 @@
+// samplec's sampler chain as one CUDA block per row (`mx.fast.cuda_kernel`'s header; gpu.py writes the body).
+//
+// A row's state after any prefix of the chain's stages is kept small: every cut these stages make keeps an upper
+// set of the current logits, and the current logits are the raw ones through non-decreasing maps (divisions by
+// positive temperatures), so the kept tokens are those with raw >= rho -- minus, after an xtc that fired, the
+// tokens at raw >= sigma other than its survivor -- and a kept token's current logit is its raw one divided by the
+// temperatures seen so far, in order. Each stage turns a threshold on the current logits (or probabilities) into
+// a new rho with one pass over the row; thresholds come from selections without sorting: a 4-bit radix select over
+// the float32 values' order-preserving keys, by count (top_k) or by probability mass (top_p), its per-bin sums kept
+// in registers and added in a fixed order, so a row's result does not depend on thread timing. Temperature 0 (or a
+// temperature that overflows the row's maximum) keeps the argmax alone: the row is then decided.
+//
+// Semantics are spec section 2's dense definitions (samplec/frontend/expand.py) evaluated in float32, each
+// division and subtraction rounded as the definitions round them; sums are added in another order than MLX's
+// reductions, so a threshold can move only where a row sits within float rounding of a boundary (spec section 4:
+// "up to float rounding at exact ties").
+//
+// tests/test_gpu_chain.py runs this file on the CPU through a thread-per-CUDA-thread emulation of the intrinsics
+// used below (tests/cuda_emulation.h) against the dense definitions; tests/test_gpu.py runs it on a CUDA GPU.
+
+#ifndef SC_T
+#define SC_T 1024          // threads per block, a multiple of 32 up to 1024 (the CPU emulation runs fewer)
+#endif
+#define SC_WARPS (SC_T / 32)
+#define SC_MAX_TEMPS 8
+#define SC_INF __int_as_float(0x7f800000)   // (no headers under NVRTC)
+
+struct ScRow {
+  float rho;               // kept: raw >= rho ...
+  float sigma;             // ... and (raw < sigma or id == surv)
+  int surv;
+  float mraw;              // the largest kept raw logit (its current value is the row's maximum)
+  int greedy;              // >= 0: the one token left (temperature 0)
+  int nt;
+  float temps[SC_MAX_TEMPS];
+};
+
+struct ScShared {
+  ScRow st;
+  float redf[SC_WARPS];
+  int redi[SC_WARPS];
+  float bins[SC_WARPS][16];
+  unsigned prefix;
+  float above;
+};
+
+__device__ __forceinline__ bool sc_finite(float v) { return fabsf(v) <= 3.402823466e38f; }
+
+__device__ __forceinline__ unsigned sc_key(float v) {
+  const unsigned b = __float_as_uint(v == 0.0f ? 0.0f : v);
+  return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+}
+
+__device__ __forceinline__ float sc_unkey(unsigned lo) {
+  if (lo < 0x007FFFFFu) return -SC_INF;             // below -inf's key: nothing reached
+  return __uint_as_float(lo >= 0x80000000u ? (lo & 0x7FFFFFFFu) : ~lo);
+}
+
+// A thread's copy of the row state a pass reads (the temperatures stay in shared memory).
+struct ScView {
+  float rho, sigma, mraw;
+  int surv, nt;
+  const float* temps;
+};
+
+__device__ __forceinline__ ScView sc_view(const ScShared& sh) {
+  return ScView{sh.st.rho, sh.st.sigma, sh.st.mraw, sh.st.surv, sh.st.nt, sh.st.temps};
+}
+
+// The current logit of token i with raw logit r.
+__device__ __forceinline__ float sc_cur(const ScView& s, int i, float r) {
+  if (!(r >= s.rho) || (r >= s.sigma && i != s.surv) || r == -SC_INF) return -SC_INF;
+  for (int j = 0; j < s.nt; ++j) r = __fdiv_rn(r, s.temps[j]);
+  return r;
+}
+
+// Threefry-2x32-20's first output word (Random123; spec section 4).
+__device__ __forceinline__ unsigned sc_rotl(unsigned x, int r) { return (x << r) | (x >> (32 - r)); }
+
+__device__ __forceinline__ unsigned sc_threefry(unsigned k0, unsigned k1, unsigned c0, unsigned c1) {
+  const unsigned ks[3] = {k0, k1, k0 ^ k1 ^ 0x1BD11BDAu};
+  const int rot[8] = {13, 15, 26, 6, 17, 29, 16, 24};
+  unsigned x0 = c0 + k0, x1 = c1 + k1;
+#pragma unroll
+  for (int i = 0; i < 5; ++i) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      x0 += x1;
+      x1 = sc_rotl(x1, rot[(i % 2) * 4 + j]) ^ x0;
+    }
+    x0 += ks[(i + 1) % 3];
+    x1 += ks[(i + 2) % 3] + (unsigned)(i + 1);
+  }
+  return x0;
+}
+
+__device__ __forceinline__ float sc_uniform(unsigned bits) {
+  return ((float)(bits >> 9) + 0.5f) * 1.1920928955078125e-07f;     // ((bits >> 9) + 0.5) * 2**-23, exact
+}
+
+// f(i, raw) for every token, each thread its tokens in id order (four loads in flight per thread).
+template <class F>
+__device__ __forceinline__ void sc_each(const float* xr, int V, F f) {
+  const int tid = threadIdx.x;
+  int base = 0;
+  for (; base + 4 * SC_T <= V; base += 4 * SC_T) {
+    const float r0 = xr[base + tid], r1 = xr[base + SC_T + tid];
+    const float r2 = xr[base + 2 * SC_T + tid], r3 = xr[base + 3 * SC_T + tid];
+    f(base + tid, r0);
+    f(base + SC_T + tid, r1);
+    f(base + 2 * SC_T + tid, r2);
+    f(base + 3 * SC_T + tid, r3);
+  }
+  for (int i = base + tid; i < V; i += SC_T) f(i, xr[i]);
+}
+
+// Block-wide reductions: the same tree every time (a butterfly in each warp, then warp 0 over the warps' results),
+// so every thread gets the same, reproducible value.
+__device__ __forceinline__ float sc_sum(float v, ScShared& sh) {
+  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xFFFFFFFFu, v, o);
+  __syncthreads();
+  if (lane == 0) sh.redf[w] = v;
+  __syncthreads();
+  if (w == 0) {
+    v = lane < SC_WARPS ? sh.redf[lane] : 0.0f;
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xFFFFFFFFu, v, o);
+    if (lane == 0) sh.redf[0] = v;
+  }
+  __syncthreads();
+  return sh.redf[0];
+}
+
+__device__ __forceinline__ float sc_min(float v, ScShared& sh) {
+  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+  for (int o = 16; o > 0; o >>= 1) v = fminf(v, __shfl_xor_sync(0xFFFFFFFFu, v, o));
+  __syncthreads();
+  if (lane == 0) sh.redf[w] = v;
+  __syncthreads();
+  if (w == 0) {
+    v = lane < SC_WARPS ? sh.redf[lane] : SC_INF;
+    for (int o = 16; o > 0; o >>= 1) v = fminf(v, __shfl_xor_sync(0xFFFFFFFFu, v, o));
+    if (lane == 0) sh.redf[0] = v;
+  }
+  __syncthreads();
+  return sh.redf[0];
+}
+
+// (value, id) pairs: the largest value, the lowest id among equals (sign = 1), or the smallest value, the lowest
+// id among equals (sign = -1). Ids of "none" are INT_MAX.
+__device__ __forceinline__ bool sc_better(float a, int ia, float b, int ib, float sign) {
+  return sign * a > sign * b || (a == b && ia < ib);
+}
+
+__device__ __forceinline__ int sc_arg(float v, int id, float sign, ScShared& sh, float* value) {
+  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+  for (int o = 16; o > 0; o >>= 1) {
+    const float v2 = __shfl_xor_sync(0xFFFFFFFFu, v, o);
+    const int i2 = __shfl_xor_sync(0xFFFFFFFFu, id, o);
+    if (sc_better(v2, i2, v, id, sign)) { v = v2; id = i2; }
+  }
+  __syncthreads();
+  if (lane == 0) { sh.redf[w] = v; sh.redi[w] = id; }
+  __syncthreads();
+  if (w == 0) {
+    v = lane < SC_WARPS ? sh.redf[lane] : (sign > 0.0f ? -SC_INF : SC_INF);
+    id = lane < SC_WARPS ? sh.redi[lane] : 0x7FFFFFFF;
+    for (int o = 16; o > 0; o >>= 1) {
+      const float v2 = __shfl_xor_sync(0xFFFFFFFFu, v, o);
+      const int i2 = __shfl_xor_sync(0xFFFFFFFFu, id, o);
+      if (sc_better(v2, i2, v, id, sign)) { v = v2; id = i2; }
+    }
+    if (lane == 0) { sh.redf[0] = v; sh.redi[0] = id; }
+  }
+  __syncthreads();
+  if (value) *value = sh.redf[0];
+  return sh.redi[0];
+}
+
+// The largest value t whose upper set {key >= key(t)} has weight >= target (spec's selections: top_k by count,
+// top_p by mass), or -inf if none: eight rounds of 4 key bits, as kernels._select decides them. kw(i, raw, &key,
+// &w) gives a token's key and weight.
+template <class KW>
+__device__ float sc_select(const float* xr, int V, float target, KW kw, ScShared& sh) {
+  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+  unsigned prefix = 0u;
+  float above = 0.0f;
+  for (int shift = 28; shift >= 0; shift -= 4) {
+    float bins[16];
+#pragma unroll
+    for (int b = 0; b < 16; ++b) bins[b] = 0.0f;
+    const unsigned himask = shift == 28 ? 0u : (0xFFFFFFFFu << (shift + 4));
+    sc_each(xr, V, [&](int i, float r) {
+      unsigned key;
+      float wt;
+      kw(i, r, &key, &wt);
+      if ((key & himask) == prefix) {
+        const unsigned d = (key >> shift) & 15u;
+#pragma unroll
+        for (int b = 0; b < 16; ++b) bins[b] += d == (unsigned)b ? wt : 0.0f;
+      }
+    });
+#pragma unroll
+    for (int b = 0; b < 16; ++b)
+      for (int o = 16; o > 0; o >>= 1) bins[b] += __shfl_xor_sync(0xFFFFFFFFu, bins[b], o);
+    if (lane == 0)
+      for (int b = 0; b < 16; ++b) sh.bins[w][b] = bins[b];
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      float acc = above;
+      int digit = 0;
+      for (int d = 15; d >= 1; --d) {
+        float tot = 0.0f;
+        for (int k = 0; k < SC_WARPS; ++k) tot += sh.bins[k][d];
+        if (acc + tot >= target) { digit = d; break; }
+        acc += tot;
+      }
+      sh.prefix = prefix | ((unsigned)digit << shift);
+      sh.above = acc;
+    }
+    __syncthreads();
+    prefix = sh.prefix;
+    above = sh.above;
+    __syncthreads();
+  }
+  return sc_unkey(prefix);
+}
+
+// The row's current maximum (the largest kept raw logit through the temperatures).
+__device__ __forceinline__ float sc_max(const ScView& s) { return sc_cur(s, s.surv >= 0 ? s.surv : 0, s.mraw); }
+
+// softmax's normalizer over the current logits: sum of exp(x - max).
+__device__ __forceinline__ float sc_norm(const float* xr, int V, float m, ScShared& sh) {
+  const ScView s = sc_view(sh);
+  float z = 0.0f;
+  sc_each(xr, V, [&](int i, float r) { z += expf(__fsub_rn(sc_cur(s, i, r), m)); });
+  return sc_sum(z, sh);
+}
+
+// Keep the tokens whose current logit c passes keep(c): the new rho is the smallest raw logit left. (A token at
+// -inf stays removed whatever the threshold: a cut at -inf keeps the row as it is.)
+template <class K>
+__device__ __forceinline__ void sc_cut(const float* xr, int V, K keep, ScShared& sh) {
+  const ScView s = sc_view(sh);
+  float lo = SC_INF;
+  sc_each(xr, V, [&](int i, float r) {
+    const float c = sc_cur(s, i, r);
+    if (c != -SC_INF && keep(c)) lo = fminf(lo, r);
+  });
+  lo = sc_min(lo, sh);
+  if (threadIdx.x == 0 && lo != SC_INF) sh.st.rho = lo;
+  __syncthreads();
+}
+
+__device__ __forceinline__ int sc_argmax(const float* xr, int V, ScShared& sh) {
+  const ScView s = sc_view(sh);
+  float best = -SC_INF;
+  int id = 0x7FFFFFFF;
+  sc_each(xr, V, [&](int i, float r) {
+    const float v = sc_cur(s, i, r);
+    if (sc_better(v, i, best, id, 1.0f)) { best = v; id = i; }
+  });
+  return sc_arg(best, id, 1.0f, sh, nullptr);
+}
+
+__device__ void sc_temperature(const float* xr, int V, float t, ScShared& sh) {
+  if (t == 1.0f) return;
+  const float top = __fdiv_rn(sc_max(sc_view(sh)), t == 0.0f ? 1.0f : t);
+  __syncthreads();                                  // (every thread has read the state thread 0 changes below)
+  if (t == 0.0f || !sc_finite(top)) {
+    const int id = sc_argmax(xr, V, sh);
+    if (threadIdx.x == 0) sh.st.greedy = id;
+  } else if (threadIdx.x == 0) {
+    sh.st.temps[sh.st.nt++] = t;
+  }
+  __syncthreads();
+}
+
+__device__ void sc_top_k(const float* xr, int V, float k, ScShared& sh) {
+  if (k <= 0.0f || k >= (float)V) return;           // off, or every token (the V-th largest is the row's least)
+  const ScView s = sc_view(sh);
+  const float vk = sc_select(xr, V, floorf(k), [&](int i, float r, unsigned* key, float* w) {
+    *key = sc_key(sc_cur(s, i, r));
+    *w = 1.0f;
+  }, sh);
+  sc_cut(xr, V, [&](float c) { return c >= vk; }, sh);
+}
+
+__device__ void sc_top_p(const float* xr, int V, float p, ScShared& sh) {
+  if (p >= 1.0f) return;
+  const ScView s = sc_view(sh);
+  const float m = sc_max(s);
+  const float z = sc_norm(xr, V, m, sh);
+  auto prob = [&](float c) { return __fdiv_rn(expf(__fsub_rn(c, m)), z); };
+  const float floor_p = sc_select(xr, V, p, [&](int i, float r, unsigned* key, float* w) {
+    *w = prob(sc_cur(s, i, r));
+    *key = sc_key(*w);
+  }, sh);
+  sc_cut(xr, V, [&](float c) { return prob(c) >= floor_p; }, sh);
+}
+
+__device__ void sc_min_p(const float* xr, int V, float mp, ScShared& sh) {
+  if (mp == 0.0f) return;
+  const ScView s = sc_view(sh);
+  const float floor_x = __fadd_rn(sc_max(s), logf(mp));
+  sc_cut(xr, V, [&](float c) { return c >= floor_x; }, sh);
+}
+
+__device__ void sc_xtc(const float* xr, int V, float thr, float prob_fire, unsigned k0, unsigned k1, unsigned pos,
+                       ScShared& sh) {
+  if (prob_fire == 0.0f) return;
+  if (!(sc_uniform(sc_threefry(k0, k1, 0xFFFFFFFFu, pos)) < prob_fire)) return;
+  const ScView s = sc_view(sh);
+  const float m = sc_max(s);
+  const float z = sc_norm(xr, V, m, sh);
+  float least = SC_INF, lo = SC_INF, n = 0.0f;
+  int id = 0x7FFFFFFF;
+  sc_each(xr, V, [&](int i, float r) {
+    const float x = sc_cur(s, i, r);
+    const float p = __fdiv_rn(expf(__fsub_rn(x, m)), z);
+    if (p >= thr && sc_finite(x)) {
+      n += 1.0f;
+      lo = fminf(lo, r);
+      if (sc_better(p, i, least, id, -1.0f)) { least = p; id = i; }
+    }
+  });
+  n = sc_sum(n, sh);
+  lo = sc_min(lo, sh);
+  id = sc_arg(least, id, -1.0f, sh, nullptr);
+  if (n >= 2.0f && threadIdx.x == 0) {
+    sh.st.sigma = lo;
+    sh.st.surv = id;
+    sh.st.mraw = xr[id];
+  }
+  __syncthreads();
+}
+
+__device__ int sc_sample(const float* xr, int V, unsigned k0, unsigned k1, unsigned pos, ScShared& sh) {
+  const ScView s = sc_view(sh);
+  float best = -SC_INF;
+  int id = 0x7FFFFFFF;
+  sc_each(xr, V, [&](int i, float r) {
+    const float x = sc_cur(s, i, r);
+    if (x == -SC_INF) return;
+    const float u = sc_uniform(sc_threefry(k0, k1, (unsigned)i, pos));
+    const float v = __fadd_rn(x, -logf(-logf(u)));
+    if (sc_better(v, i, best, id, 1.0f)) { best = v; id = i; }
+  });
+  return sc_arg(best, id, 1.0f, sh, nullptr);
+}
+
+__device__ void sc_begin(const float* xr, int V, ScShared& sh) {
+  float m = -SC_INF;
+  sc_each(xr, V, [&](int i, float r) { m = fmaxf(m, r); });
+  m = -sc_min(-m, sh);
+  if (threadIdx.x == 0) {
+    sh.st.rho = -SC_INF;
+    sh.st.sigma = SC_INF;
+    sh.st.surv = -1;
+    sh.st.mraw = m;
+    sh.st.greedy = -1;
+    sh.st.nt = 0;
+  }
+  __syncthreads();
+}
+
+// The terminal: the token, and with want_lp its log-probability under the final softmax (else 0).
+__device__ void sc_finish(const float* xr, int V, int token, bool want_lp, ScShared& sh, int* tok, float* lp) {
+  if (want_lp) {
+    float l = 0.0f;
+    if (sh.st.greedy < 0) {
+      const ScView s = sc_view(sh);
+      const float m = sc_max(s);
+      const float z = sc_norm(xr, V, m, sh);
+      l = __fsub_rn(__fsub_rn(sc_cur(s, token, xr[token]), m), logf(z));
+    }
+    if (threadIdx.x == 0) *lp = l;
+  } else if (threadIdx.x == 0) {
+    *lp = 0.0f;
+  }
+  if (threadIdx.x == 0) *tok = token;
+}
+
+// One row's chain. S: [#stages, sample?, want_logprob?, #float operands, #u32 operands, stage codes...] with codes
+// in gpu.py's STAGE_CODES order: 0 temperature, 1 top_k, 2 top_p, 3 min_p, 4 xtc.
+__device__ void sc_chain(const float* xr, int V, const float* P, const unsigned* U, const int* S, int row,
+                         ScShared& sh, int* tok, float* lp) {
+  const int n = S[0], nf = S[3], nu = S[4];
+  const float* pr = P + (size_t)row * nf;
+  const unsigned* ur = U + (size_t)row * nu;
+  sc_begin(xr, V, sh);
+  int f = 0, u = 0;
+  for (int j = 0; j < n; ++j) {
+    const int op = S[5 + j];
+    if (sh.st.greedy < 0) {
+      if (op == 0) sc_temperature(xr, V, pr[f], sh);
+      else if (op == 1) sc_top_k(xr, V, pr[f], sh);
+      else if (op == 2) sc_top_p(xr, V, pr[f], sh);
+      else if (op == 3) sc_min_p(xr, V, pr[f], sh);
+      else sc_xtc(xr, V, pr[f], pr[f + 1], ur[u], ur[u + 1], ur[u + 2], sh);
+    }
+    f += op == 4 ? 2 : 1;
+    u += op == 4 ? 3 : 0;
+  }
+  const int token = sh.st.greedy >= 0 ? sh.st.greedy
+                    : S[1] ? sc_sample(xr, V, ur[u], ur[u + 1], ur[u + 2], sh) : sc_argmax(xr, V, sh);
+  sc_finish(xr, V, token, S[2] != 0, sh, tok, lp);
+}

@@ -1,0 +1,170 @@
+"""The CUDA chain kernel (samplec/backend_mlx/gpu_chain.cu) on the CPU: its own source, compiled with g++ over a
+thread-per-CUDA-thread emulation of the intrinsics it uses (tests/cuda_emulation.h), against the numpy reference
+(tests/reference.py) and the dense definitions (-O0), token for token, on random chains of its stages in random
+orders with one value per row, on the differential test's logit families.
+
+What this cannot show -- the kernel's speed, NVRTC's compile, CUDA's expf/logf -- tests/test_gpu.py shows on a
+CUDA GPU (docs/performance.md, GPU). Blocks here have 64 threads (two warps: the cross-warp reductions run) or
+1024 (one small case: the GPU's block size)."""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+import reference as R
+import samplec
+from samplec.backend_mlx import gpu
+from test_differential import family_row
+
+HERE = Path(__file__).parent
+CXX = shutil.which(os.environ.get("CXX", "g++")) or shutil.which("c++")
+pytestmark = pytest.mark.skipif(CXX is None, reason="no C++ compiler to build the emulation")
+
+STAGES = tuple(gpu.CHAIN_STAGES)
+FAMILIES = ("peaked", "flat", "ties", "neg_inf", "normal", "tail", "one_finite")
+_BUILT: dict = {}
+
+
+def emulated(stages: list[str], terminal: str, want_logprob: bool, threads: int = 64):
+    """The kernel (one for every chain), built for the CPU: f(x [B, V], P, U) -> (tok [B], lp [B])."""
+    src = (f"#define SC_T {threads}\n#include \"cuda_emulation.h\"\n{gpu.chain_header()}\n"
+           "static void sc_body(const float* x, const int* x_shape, const float* P, const unsigned* U, const int* S,\n"
+           f"                    int* tok, float* lp) {{\n{gpu.CHAIN_BODY}}}\n"
+           "extern \"C\" void run(const float* x, int B, int V, const float* P, const unsigned* U, const int* S,\n"
+           "                      int* tok, float* lp) {\n"
+           "  const int shape[2] = {B, V};\n"
+           "  sc_launch(B, [&] { sc_body(x, shape, P, U, S, tok, lp); });\n}\n")
+    digest = hashlib.sha256(src.encode() + (HERE / "cuda_emulation.h").read_bytes()).hexdigest()[:16]
+    if digest not in _BUILT:
+        out = Path(os.environ.get("PYTEST_TMP", "/tmp")) / f"samplec_gpu_chain_{digest}"
+        out.mkdir(parents=True, exist_ok=True)
+        lib = out / "chain.so"
+        if not lib.exists():
+            (out / "chain.cpp").write_text(src)
+            tmp = out / f"chain.{os.getpid()}.so"
+            subprocess.run([CXX, "-std=c++20", "-O1", "-pthread", "-shared", "-fPIC", f"-I{HERE}",
+                            str(out / "chain.cpp"), "-o", str(tmp)], check=True)
+            os.replace(tmp, lib)
+        fn = ctypes.CDLL(str(lib)).run
+        fn.restype = None
+        _BUILT[digest] = fn
+    fn = _BUILT[digest]
+    codes = np.array(gpu.chain_codes(stages, terminal, want_logprob), dtype=np.int32)
+
+    def run(x: np.ndarray, P: np.ndarray, U: np.ndarray):
+        x, P, U = (np.ascontiguousarray(a) for a in (x.astype(np.float32), P.astype(np.float32),
+                                                     U.astype(np.uint32)))
+        B, V = x.shape
+        tok, lp = np.zeros(B, dtype=np.int32), np.zeros(B, dtype=np.float32)
+        ptr = lambda a: a.ctypes.data_as(ctypes.c_void_p)
+        fn(ptr(x), ctypes.c_int(B), ctypes.c_int(V), ptr(P), ptr(U), ptr(codes), ptr(tok), ptr(lp))
+        return tok, lp
+    return run
+
+
+def stage_value(name: str, V: int, rng: np.random.Generator):
+    if name == "temperature":
+        return float(rng.choice([0.0, 0.3, 0.7, 1.0, 1.3, 2.5, 1e-30]))
+    if name == "top_k":
+        return int(rng.choice([-1, 0, 1, 2, 5, 40, max(1, V // 2), V, V + 3]))
+    if name == "top_p":
+        return float(rng.choice([0.1, 0.5, 0.9, 0.95, 0.999, 1.0]))
+    if name == "min_p":
+        return float(rng.choice([0.0, 0.01, 0.05, 0.2, 1.0]))
+    return float(rng.choice([0.0, 0.5, 1.0]))           # xtc's probability (its threshold: 0.1)
+
+
+ARG = {"temperature": "t", "top_k": "k", "top_p": "p", "min_p": "m", "xtc": "probability"}
+PTYPE = {"temperature": "float", "top_k": "int", "top_p": "float", "min_p": "float", "xtc": "float"}
+
+
+def chain_case(seed: int, V: int, B: int, n_stages: int, terminal: str):
+    """A random chain of the kernel's stages with one run-time value per row: (source, kwargs, per-row reference
+    stages, the kernel's operands P and U, x)."""
+    rng = np.random.default_rng(seed)
+    stages = [str(s) for s in rng.choice(STAGES, n_stages)]
+    x = np.stack([family_row(str(rng.choice(FAMILIES)), V, rng) for _ in range(B)])
+    kw = {"xs": [int(s) for s in rng.integers(0, 2**63, B)], "xp": [int(p) for p in rng.integers(0, 100, B)]}
+    params, body, per_row = ["xs: seed", "xp: int"], [], [[] for _ in range(B)]
+    for i, name in enumerate(stages):
+        vals = [stage_value(name, V, rng) for _ in range(B)]
+        params.append(f"a{i}: {PTYPE[name]}")
+        kw[f"a{i}"] = vals
+        body.append(f"xtc(0.1, a{i}, xs, position = xp)" if name == "xtc" else f"{name}(a{i})")
+        for r in range(B):
+            args = {ARG[name]: vals[r]}
+            if name == "xtc":
+                args.update(threshold=0.1, seed=kw["xs"][r], position=kw["xp"][r])
+            per_row[r].append((name, args))
+    if terminal == "sample":
+        params += ["seed: seed", "pos: int"]
+        body.append("sample(seed, position = pos)")
+        kw["seed"] = [int(s) for s in rng.integers(0, 2**63, B)]
+        kw["pos"] = [int(p) for p in rng.integers(0, 5000, B)]
+    else:
+        body.append("greedy()")
+    src = f"sampler s({', '.join(params)}) -> token, logprob {{\n    " + "\n    ".join(body) + "\n}\n"
+    operands = []
+    for i, name in enumerate(stages):
+        if name == "xtc":
+            operands += [mx.array(np.float32(0.1)), mx.array(kw[f"a{i}"], dtype=mx.float32),
+                         mx.array(np.array(kw["xs"], dtype=np.uint64)), mx.array(kw["xp"], dtype=mx.int32)]
+        else:
+            operands.append(mx.array(kw[f"a{i}"], dtype=mx.int32 if name == "top_k" else mx.float32))
+    if terminal == "sample":
+        operands += [mx.array(np.array(kw["seed"], dtype=np.uint64)), mx.array(kw["pos"], dtype=mx.int32)]
+    P, U = gpu.chain_operands(operands, stages, terminal, B)
+    return stages, src, kw, per_row, np.array(P), np.array(U), x
+
+
+CASES = [(seed, V, B, n, term) for seed, (V, B, n, term) in enumerate(
+    [(1, 2, 2, "sample"), (2, 3, 3, "greedy"), (7, 3, 4, "sample"), (100, 3, 2, "sample"), (100, 2, 5, "greedy"),
+     (600, 3, 3, "sample"), (600, 3, 4, "sample"), (600, 2, 1, "greedy"), (2500, 2, 3, "sample"),
+     (2500, 2, 4, "sample"), (5000, 1, 5, "sample"), (333, 3, 0, "sample"), (333, 2, 0, "greedy")] * 2)]
+
+
+@pytest.mark.parametrize("seed,V,B,n,terminal", CASES)
+def test_emulated_chain_kernel_equals_reference_and_O0(seed, V, B, n, terminal):
+    stages, src, kw, per_row, P, U, x = chain_case(seed, V, B, n, terminal)
+    tok, lp = emulated(stages, terminal, True)(x, P, U)
+    o0 = samplec.compile(src, opt_level=0)(x, **kw)
+    assert tok.tolist() == np.array(o0.token).tolist(), src
+    for r in range(B):
+        term = ("sample", {"seed": kw["seed"][r], "position": kw["pos"][r]}) if terminal == "sample" else \
+            ("greedy", {})
+        ref = R.run_chain(x[r], per_row[r], term, row=r)
+        assert tok[r] == ref["token"], (src, r)
+        np.testing.assert_allclose(lp[r], ref["logprob"], atol=2e-3, rtol=1e-3, err_msg=f"{src} row {r}")
+        np.testing.assert_allclose(lp[r], np.array(o0.logprob)[r], atol=2e-4, rtol=1e-4, err_msg=f"{src} row {r}")
+
+
+def test_emulated_chain_kernel_at_the_gpus_block_size():
+    """1024 threads a block, as on the GPU (V above 4 * 1024: the unrolled loads run too)."""
+    stages, src, kw, per_row, P, U, x = chain_case(99, 9000, 2, 4, "sample")
+    tok, lp = emulated(stages, "sample", True, threads=1024)(x, P, U)
+    o0 = samplec.compile(src, opt_level=0)(x, **kw)
+    assert tok.tolist() == np.array(o0.token).tolist(), src
+    np.testing.assert_allclose(lp, np.array(o0.logprob), atol=2e-4, rtol=1e-4)
+
+
+def test_emulated_chain_kernel_without_logprob_writes_zero():
+    stages, src, kw, per_row, P, U, x = chain_case(5, 300, 2, 2, "sample")
+    tok, lp = emulated(stages, "sample", False)(x, P, U)
+    assert lp.tolist() == [0.0, 0.0]
+    assert tok.tolist() == np.array(samplec.compile(src, opt_level=0)(x, **kw).token).tolist()
+
+
+def test_chain_supports_and_body():
+    assert gpu.chain_supports(["temperature", "top_k", "top_p", "min_p", "xtc"], "sample")
+    assert not gpu.chain_supports(["typical_p"], "sample")
+    assert not gpu.chain_supports(["temperature"] * 9, "greedy")
+    assert gpu.chain_codes(["top_k", "xtc", "temperature"], "sample", True) == [3, 1, 1, 4, 6, 1, 4, 0]
+    assert gpu.chain_codes([], "greedy", False) == [0, 0, 0, 1, 1]
