@@ -145,35 +145,69 @@ def chain_values(B: int, rng) -> dict:
             "seed": list(range(B))}
 
 
-def chains(result: dict) -> None:
-    """Each chain with the chain kernel (one block per row) against the same program on the dense definitions
-    (SAMPLEC_GPU_CHAIN=0), tokens compared first."""
+def stages(result: dict) -> None:
+    """The chain kernel alone (gpu.sample_chain, one stage and a greedy draw), so that each stage's passes show."""
+    print("\nthe chain kernel alone, V = 152064, chat rows (ms)")
+    for B in (1, 64):
+        x = mx.array(chat_logits(B, V, seed=B))
+        seed, pos = mx.array(np.arange(B, dtype=np.uint64)), mx.array(np.full(B, 7, np.int32))
+        f32 = lambda v: mx.array(np.full(B, v, np.float32))        # noqa: E731
+        i32 = lambda v: mx.array(np.full(B, v, np.int32))          # noqa: E731
+        cases = {"greedy": ([], "greedy", [], False), "sample": ([], "sample", [seed, pos], False),
+                 "sample + logprob": ([], "sample", [seed, pos], True),
+                 "temperature 0.8": (["temperature"], "greedy", [f32(0.8)], False),
+                 "min_p 0.05": (["min_p"], "greedy", [f32(0.05)], False),
+                 "top_k 40": (["top_k"], "greedy", [i32(40)], False),
+                 "top_k 1000": (["top_k"], "greedy", [i32(1000)], False),
+                 "top_p 0.9": (["top_p"], "greedy", [f32(0.9)], False),
+                 "top_p 0.9, then sample": (["top_p"], "sample", [f32(0.9), seed, pos], False)}
+        for name, (st, term, ps, lp) in cases.items():
+            ms = median_ms(lambda: gpu.sample_chain(x, ps, st, term, lp)[0], reps=60, budget_s=0.5)
+            result["rows"].append({"B": B, "case": f"kernel {name}", "ms": ms})
+            print(f"  B = {B:2d} {name:24s} {ms:7.3f}")
+        ms = median_ms(lambda: mx.max(x, axis=-1), reps=60, budget_s=0.5)
+        result["rows"].append({"B": B, "case": "mx.max (a call's floor)", "ms": ms})
+        print(f"  B = {B:2d} {'mx.max (a call floor)':24s} {ms:7.3f}")
+
+
+def chains(result: dict, dense: bool) -> None:
+    """Each chain with the chain kernel (one block per row) and, with `dense`, the same program on the dense
+    definitions (SAMPLEC_GPU_CHAIN=0; a cold NVRTC cache spends a minute or more compiling each), tokens compared
+    first."""
     import os
     rng = np.random.default_rng(1)
-    print("\nchains, V = 152064, run-time values (one per row at B > 1): chain kernel vs dense definitions (ms)")
+    print("\nchains, V = 152064, run-time values (one per row at B > 1): chain kernel" +
+          (" vs dense definitions" if dense else "") + " (ms)")
     for B in (1, 8, 64):
         x = mx.array(chat_logits(B, V, seed=B))
         kw = chain_values(B, rng)
         for name, (body, outs) in CHAINS.items():
             src = f"sampler s(t: float, k: int, p: float, m: float = 0.0, seed: seed) -> {outs} {{ {body} }}"
             progs = {}
-            for mode in ("kernel", "dense"):
+            for mode in ("kernel", "dense") if dense else ("kernel",):
                 os.environ["SAMPLEC_GPU_CHAIN"] = "1" if mode == "kernel" else "0"
                 progs[mode] = samplec.compile(src)
                 mx.eval(progs[mode](x, **kw).token)        # (traced under this setting)
             os.environ.pop("SAMPLEC_GPU_CHAIN")
-            same = np.array_equal(np.array(progs["kernel"](x, **kw).token), np.array(progs["dense"](x, **kw).token))
             ms = {mode: median_ms(lambda: progs[mode](x, **kw).token, reps=100, budget_s=1.0) for mode in progs}
-            result["rows"].append({"B": B, "case": f"chain {name}", "ms": ms["kernel"], "dense_ms": ms["dense"],
-                                   "same_tokens": bool(same)})
-            print(f"  B = {B:2d} {name:10s} kernel {ms['kernel']:7.3f}  dense {ms['dense']:7.3f}  "
-                  f"({ms['dense'] / ms['kernel']:4.1f}x)  tokens {'equal' if same else 'DIFFER'}")
+            row = {"B": B, "case": f"chain {name}", "ms": ms["kernel"]}
+            line = f"  B = {B:2d} {name:10s} kernel {ms['kernel']:7.3f}"
+            if dense:
+                same = np.array_equal(np.array(progs["kernel"](x, **kw).token),
+                                      np.array(progs["dense"](x, **kw).token))
+                row.update(dense_ms=ms["dense"], same_tokens=bool(same))
+                line += (f"  dense {ms['dense']:7.3f}  ({ms['dense'] / ms['kernel']:4.1f}x)  tokens "
+                         f"{'equal' if same else 'DIFFER'}")
+            result["rows"].append(row)
+            print(line)
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--json", default=None)
     ap.add_argument("--count", action="store_true", help="only count the example chains' kernel launches")
+    ap.add_argument("--dense", action="store_true", help="time each chain on the dense definitions too")
+    ap.add_argument("--chains-only", action="store_true", help="only the kernel's check and the chains")
     args = ap.parse_args()
     if args.count:
         count_launches()
@@ -187,7 +221,12 @@ def main():
         for b in bad[:20]:
             print("  ", b)
         result["check"] = bad
-        chains(result)
+        stages(result)
+        chains(result, args.dense)
+    if args.chains_only:
+        if args.json:
+            Path(args.json).write_text(json.dumps(result, indent=1))
+        return
     for B in (1, 8, 64):
         x = mx.array(chat_logits(B, V, seed=B))
         k40 = mx.array(np.full((B, 1), 40, dtype=np.int32))

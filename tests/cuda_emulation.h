@@ -36,6 +36,19 @@ static T __shfl_xor_sync(unsigned, T v, int m) {
   return r;
 }
 
+template <class T>
+static T __shfl_up_sync(unsigned, T v, int d) {
+  const int w = threadIdx.x >> 5, l = threadIdx.x & 31, ph = sc_phase;
+  sc_phase ^= 1;
+  std::memcpy(&sc_warp_buf[ph][w][l], &v, sizeof(T));
+  sc_warp_barrier[w]->arrive_and_wait();
+  T r = v;
+  if (l >= d) std::memcpy(&r, &sc_warp_buf[ph][w][l - d], sizeof(T));
+  return r;
+}
+
+struct alignas(16) float4 { float x, y, z, w; };
+
 static inline unsigned __float_as_uint(float f) { unsigned u; std::memcpy(&u, &f, 4); return u; }
 static inline float __uint_as_float(unsigned u) { float f; std::memcpy(&f, &u, 4); return f; }
 static inline float __int_as_float(int u) { float f; std::memcpy(&f, &u, 4); return f; }

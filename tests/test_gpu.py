@@ -114,6 +114,7 @@ def test_selection_rounds_on_the_gpu_equal_one_bit_rounds():
 
 
 @cuda
+@pytest.mark.uncompiled
 @pytest.mark.parametrize("seed", range(16))
 def test_gpu_chain_kernel_equals_cpu_O0(seed, monkeypatch):
     """The chain kernel (gpu_chain.cu) on the GPU -- random chains of its stages in random orders, one value per

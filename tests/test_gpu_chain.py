@@ -5,7 +5,7 @@ orders with one value per row, on the differential test's logit families.
 
 What this cannot show -- the kernel's speed, NVRTC's compile, CUDA's expf/logf -- tests/test_gpu.py shows on a
 CUDA GPU (docs/performance.md, GPU). Blocks here have 64 threads (two warps: the cross-warp reductions run) or
-1024 (one small case: the GPU's block size)."""
+512 (one case: the GPU's block size, gpu.CHAIN_THREADS)."""
 from __future__ import annotations
 
 import ctypes
@@ -26,7 +26,8 @@ from test_differential import family_row
 
 HERE = Path(__file__).parent
 CXX = shutil.which(os.environ.get("CXX", "g++")) or shutil.which("c++")
-pytestmark = pytest.mark.skipif(CXX is None, reason="no C++ compiler to build the emulation")
+pytestmark = [pytest.mark.skipif(CXX is None, reason="no C++ compiler to build the emulation"),
+              pytest.mark.uncompiled]          # (many distinct -O0 programs: conftest.py)
 
 STAGES = tuple(gpu.CHAIN_STAGES)
 FAMILIES = ("peaked", "flat", "ties", "neg_inf", "normal", "tail", "one_finite")
@@ -147,9 +148,9 @@ def test_emulated_chain_kernel_equals_reference_and_O0(seed, V, B, n, terminal):
 
 
 def test_emulated_chain_kernel_at_the_gpus_block_size():
-    """1024 threads a block, as on the GPU (V above 4 * 1024: the unrolled loads run too)."""
+    """gpu.CHAIN_THREADS threads a block, as on the GPU (V above 16 * 512: the unrolled float4 loads run too)."""
     stages, src, kw, per_row, P, U, x = chain_case(99, 9000, 2, 4, "sample")
-    tok, lp = emulated(stages, "sample", True, threads=1024)(x, P, U)
+    tok, lp = emulated(stages, "sample", True, threads=gpu.CHAIN_THREADS)(x, P, U)
     o0 = samplec.compile(src, opt_level=0)(x, **kw)
     assert tok.tolist() == np.array(o0.token).tolist(), src
     np.testing.assert_allclose(lp, np.array(o0.logprob), atol=2e-4, rtol=1e-4)

@@ -142,6 +142,7 @@ def kth_largest(x: mx.array, want: mx.array) -> mx.array | None:
 # -- the chain kernel ----------------------------------------------------------------------------------------------
 
 CHAIN_SOURCE = Path(__file__).with_name("gpu_chain.cu")
+CHAIN_THREADS = 512             # gpu_chain.cu's SC_T
 CHAIN_STAGES = {"temperature": 1, "top_k": 1, "top_p": 1, "min_p": 1, "xtc": 2}     # float operands each
 MAX_TEMPERATURES = 8            # gpu_chain.cu's SC_MAX_TEMPS
 
@@ -228,5 +229,5 @@ def sample_chain(x: mx.array, params: list[mx.array], stages: list[str], termina
     codes = mx.array(chain_codes(stages, terminal, want_logprob), dtype=mx.int32)
     tok, lp = _kernels["samplec_chain"](
         inputs=[x, *ops, codes], output_shapes=[(B,), (B,)], output_dtypes=[mx.int32, mx.float32],
-        grid=(B * THREADS, 1, 1), threadgroup=(THREADS, 1, 1))
+        grid=(B * CHAIN_THREADS, 1, 1), threadgroup=(CHAIN_THREADS, 1, 1))
     return tok.reshape(B, 1), lp.reshape(B, 1)

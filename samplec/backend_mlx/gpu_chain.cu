@@ -19,8 +19,8 @@
 // used below (tests/cuda_emulation.h) against the dense definitions; tests/test_gpu.py runs it on a CUDA GPU.
 
 #ifndef SC_T
-#define SC_T 1024          // threads per block, a multiple of 32 up to 1024 (the CPU emulation runs fewer)
-#endif
+#define SC_T 512           // threads per block (gpu.CHAIN_THREADS; a multiple of 32; the CPU emulation runs fewer):
+#endif                     // 512 leaves the kernel its ~70 registers a thread (1024 would allow 64)
 #define SC_WARPS (SC_T / 32)
 #define SC_MAX_TEMPS 8
 #define SC_INF __int_as_float(0x7f800000)   // (no headers under NVRTC)
@@ -35,8 +35,16 @@ struct ScRow {
   float temps[SC_MAX_TEMPS];
 };
 
+#define SC_CAP 4096         // candidates kept in shared memory once a cut leaves at most this many tokens
+
 struct ScShared {
   ScRow st;
+  int ncand;               // -1: the passes read the row; else they read the candidates below
+  float bound;
+  float tmax[SC_T];
+  int scan[SC_WARPS];
+  float cand_raw[SC_CAP];
+  int cand_id[SC_CAP];
   float redf[SC_WARPS];
   int redi[SC_WARPS];
   float bins[SC_WARPS][16];
@@ -98,11 +106,38 @@ __device__ __forceinline__ float sc_uniform(unsigned bits) {
   return ((float)(bits >> 9) + 0.5f) * 1.1920928955078125e-07f;     // ((bits >> 9) + 0.5) * 2**-23, exact
 }
 
-// f(i, raw) for every token, each thread its tokens in id order (four loads in flight per thread).
+// f(i, raw) for every token that can still be kept, each thread its tokens in a fixed order: the candidates in
+// shared memory once a cut has gathered them (every other token is removed), else the row -- four float4 loads in
+// flight per thread where the row is 16-byte aligned, so that a pass is not bound by one load's latency.
 template <class F>
-__device__ __forceinline__ void sc_each(const float* xr, int V, F f) {
+__device__ __forceinline__ void sc_each(const float* xr, int V, const ScShared& sh, F f) {
   const int tid = threadIdx.x;
+  const int nc = sh.ncand;
+  if (nc >= 0) {
+    for (int c = tid; c < nc; c += SC_T) f(sh.cand_id[c], sh.cand_raw[c]);
+    return;
+  }
   int base = 0;
+  if ((V & 3) == 0 && (reinterpret_cast<size_t>(xr) & 15) == 0) {
+    const float4* x4 = reinterpret_cast<const float4*>(xr);
+    const int V4 = V >> 2;
+    int b = 0;
+    for (; b + 4 * SC_T <= V4; b += 4 * SC_T) {
+      float4 a[4];
+#pragma unroll
+      for (int u = 0; u < 4; ++u) a[u] = x4[b + u * SC_T + tid];
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        const int i = 4 * (b + u * SC_T + tid);
+        f(i, a[u].x); f(i + 1, a[u].y); f(i + 2, a[u].z); f(i + 3, a[u].w);
+      }
+    }
+    for (int q = b + tid; q < V4; q += SC_T) {
+      const float4 a = x4[q];
+      f(4 * q, a.x); f(4 * q + 1, a.y); f(4 * q + 2, a.z); f(4 * q + 3, a.w);
+    }
+    return;
+  }
   for (; base + 4 * SC_T <= V; base += 4 * SC_T) {
     const float r0 = xr[base + tid], r1 = xr[base + SC_T + tid];
     const float r2 = xr[base + 2 * SC_T + tid], r3 = xr[base + 3 * SC_T + tid];
@@ -112,6 +147,34 @@ __device__ __forceinline__ void sc_each(const float* xr, int V, F f) {
     f(base + 3 * SC_T + tid, r3);
   }
   for (int i = base + tid; i < V; i += SC_T) f(i, xr[i]);
+}
+
+// The exclusive prefix sum of v over the block's threads (in thread order), and the total in *total.
+__device__ __forceinline__ int sc_scan(int v, ScShared& sh, int* total) {
+  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+  int incl = v;
+  for (int o = 1; o < 32; o <<= 1) {
+    const int up = __shfl_up_sync(0xFFFFFFFFu, incl, o);
+    if (lane >= o) incl += up;
+  }
+  __syncthreads();
+  if (lane == 31) sh.scan[w] = incl;
+  __syncthreads();
+  if (w == 0) {
+    const int t = lane < SC_WARPS ? sh.scan[lane] : 0;
+    int ti = t;
+    for (int o = 1; o < 32; o <<= 1) {
+      const int up = __shfl_up_sync(0xFFFFFFFFu, ti, o);
+      if (lane >= o) ti += up;
+    }
+    if (lane < SC_WARPS) sh.scan[lane] = ti - t;
+    if (lane == 31) sh.redi[0] = ti;
+  }
+  __syncthreads();
+  const int excl = sh.scan[w] + incl - v;
+  *total = sh.redi[0];
+  __syncthreads();
+  return excl;
 }
 
 // Block-wide reductions: the same tree every time (a butterfly in each warp, then warp 0 over the warps' results),
@@ -190,7 +253,7 @@ __device__ float sc_select(const float* xr, int V, float target, KW kw, ScShared
 #pragma unroll
     for (int b = 0; b < 16; ++b) bins[b] = 0.0f;
     const unsigned himask = shift == 28 ? 0u : (0xFFFFFFFFu << (shift + 4));
-    sc_each(xr, V, [&](int i, float r) {
+    sc_each(xr, V, sh, [&](int i, float r) {
       unsigned key;
       float wt;
       kw(i, r, &key, &wt);
@@ -233,8 +296,28 @@ __device__ __forceinline__ float sc_max(const ScView& s) { return sc_cur(s, s.su
 __device__ __forceinline__ float sc_norm(const float* xr, int V, float m, ScShared& sh) {
   const ScView s = sc_view(sh);
   float z = 0.0f;
-  sc_each(xr, V, [&](int i, float r) { z += expf(__fsub_rn(sc_cur(s, i, r), m)); });
+  sc_each(xr, V, sh, [&](int i, float r) { z += expf(__fsub_rn(sc_cur(s, i, r), m)); });
   return sc_sum(z, sh);
+}
+
+// Where the passes still read the row and at most SC_CAP tokens pass keep(c) (c: the token's current logit, not
+// -inf), gather them into shared memory: every other token is removed from then on. Each thread writes its own
+// tokens in its own order at its offset in the block (`mine`: how many it has), a fixed order, so that sums over
+// the candidates do not depend on timing.
+template <class K>
+__device__ __forceinline__ void sc_gather(const float* xr, int V, const ScView& s, K keep, int mine,
+                                          ScShared& sh) {
+  if (sh.ncand >= 0) return;
+  int total;
+  int at = sc_scan(mine, sh, &total);
+  if (total > SC_CAP) return;
+  sc_each(xr, V, sh, [&](int i, float r) {
+    const float c = sc_cur(s, i, r);
+    if (c != -SC_INF && keep(c)) { sh.cand_raw[at] = r; sh.cand_id[at] = i; ++at; }
+  });
+  __syncthreads();
+  if (threadIdx.x == 0) sh.ncand = total;
+  __syncthreads();
 }
 
 // Keep the tokens whose current logit c passes keep(c): the new rho is the smallest raw logit left. (A token at
@@ -243,11 +326,13 @@ template <class K>
 __device__ __forceinline__ void sc_cut(const float* xr, int V, K keep, ScShared& sh) {
   const ScView s = sc_view(sh);
   float lo = SC_INF;
-  sc_each(xr, V, [&](int i, float r) {
+  int mine = 0;
+  sc_each(xr, V, sh, [&](int i, float r) {
     const float c = sc_cur(s, i, r);
-    if (c != -SC_INF && keep(c)) lo = fminf(lo, r);
+    if (c != -SC_INF && keep(c)) { lo = fminf(lo, r); ++mine; }
   });
   lo = sc_min(lo, sh);
+  sc_gather(xr, V, s, keep, mine, sh);
   if (threadIdx.x == 0 && lo != SC_INF) sh.st.rho = lo;
   __syncthreads();
 }
@@ -256,7 +341,7 @@ __device__ __forceinline__ int sc_argmax(const float* xr, int V, ScShared& sh) {
   const ScView s = sc_view(sh);
   float best = -SC_INF;
   int id = 0x7FFFFFFF;
-  sc_each(xr, V, [&](int i, float r) {
+  sc_each(xr, V, sh, [&](int i, float r) {
     const float v = sc_cur(s, i, r);
     if (sc_better(v, i, best, id, 1.0f)) { best = v; id = i; }
   });
@@ -279,6 +364,33 @@ __device__ void sc_temperature(const float* xr, int V, float t, ScShared& sh) {
 __device__ void sc_top_k(const float* xr, int V, float k, ScShared& sh) {
   if (k <= 0.0f || k >= (float)V) return;           // off, or every token (the V-th largest is the row's least)
   const ScView s = sc_view(sh);
+  const int kk = (int)floorf(k);
+  if (sh.ncand < 0 && kk <= SC_T) {
+    // The kk-th largest of the threads' maxima is at most the row's kk-th largest: the tokens at or above it hold
+    // the cut (usually a few times kk of them) -- gathered, the selection reads them alone.
+    float tm = -SC_INF;
+    sc_each(xr, V, sh, [&](int i, float r) { tm = fmaxf(tm, sc_cur(s, i, r)); });
+    sh.tmax[threadIdx.x] = tm;
+    if (threadIdx.x == 0) sh.bound = -SC_INF;
+    __syncthreads();
+    int gt = 0, eq = 0;
+    for (int j = 0; j < SC_T; ++j) {
+      const float o = sh.tmax[j];
+      gt += o > tm;
+      eq += o == tm;
+    }
+    if (gt < kk && kk <= gt + eq) sh.bound = tm;      // (every writer writes the same value)
+    __syncthreads();
+    const float t0 = sh.bound;
+    if (t0 != -SC_INF) {
+      int mine = 0;
+      sc_each(xr, V, sh, [&](int i, float r) {
+        const float c = sc_cur(s, i, r);
+        mine += c != -SC_INF && c >= t0;
+      });
+      sc_gather(xr, V, s, [&](float c) { return c >= t0; }, mine, sh);
+    }
+  }
   const float vk = sc_select(xr, V, floorf(k), [&](int i, float r, unsigned* key, float* w) {
     *key = sc_key(sc_cur(s, i, r));
     *w = 1.0f;
@@ -315,7 +427,7 @@ __device__ void sc_xtc(const float* xr, int V, float thr, float prob_fire, unsig
   const float z = sc_norm(xr, V, m, sh);
   float least = SC_INF, lo = SC_INF, n = 0.0f;
   int id = 0x7FFFFFFF;
-  sc_each(xr, V, [&](int i, float r) {
+  sc_each(xr, V, sh, [&](int i, float r) {
     const float x = sc_cur(s, i, r);
     const float p = __fdiv_rn(expf(__fsub_rn(x, m)), z);
     if (p >= thr && sc_finite(x)) {
@@ -339,7 +451,7 @@ __device__ int sc_sample(const float* xr, int V, unsigned k0, unsigned k1, unsig
   const ScView s = sc_view(sh);
   float best = -SC_INF;
   int id = 0x7FFFFFFF;
-  sc_each(xr, V, [&](int i, float r) {
+  sc_each(xr, V, sh, [&](int i, float r) {
     const float x = sc_cur(s, i, r);
     if (x == -SC_INF) return;
     const float u = sc_uniform(sc_threefry(k0, k1, (unsigned)i, pos));
@@ -350,8 +462,10 @@ __device__ int sc_sample(const float* xr, int V, unsigned k0, unsigned k1, unsig
 }
 
 __device__ void sc_begin(const float* xr, int V, ScShared& sh) {
+  if (threadIdx.x == 0) sh.ncand = -1;
+  __syncthreads();
   float m = -SC_INF;
-  sc_each(xr, V, [&](int i, float r) { m = fmaxf(m, r); });
+  sc_each(xr, V, sh, [&](int i, float r) { m = fmaxf(m, r); });
   m = -sc_min(-m, sh);
   if (threadIdx.x == 0) {
     sh.st.rho = -SC_INF;
