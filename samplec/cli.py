@@ -381,7 +381,10 @@ def doctor_report() -> list[str]:
         try:
             from samplec.backend_mlx import gpu
             if gpu.available():
-                gpu_state = "active: kth_largest (top_k, top_logprobs, candidates) by one radix-select block per row"
+                chain = "off (SAMPLEC_GPU_CHAIN=0)" if native.switched_off("SAMPLEC_GPU_CHAIN") else \
+                    f"{', '.join(gpu.CHAIN_STAGES)} -> sample/greedy"
+                gpu_state = ("active: kth_largest (top_k, top_logprobs, candidates) by one radix-select block per row; "
+                             f"the chain kernel (one block per row): {chain}")
             elif gpu.switched_off():
                 gpu_state = f"off (SAMPLEC_GPU_KERNELS={os.environ.get('SAMPLEC_GPU_KERNELS')})"
             else:
@@ -393,6 +396,8 @@ def doctor_report() -> list[str]:
     lines.append(f"SAMPLEC_SPIN    {env_spin if env_spin is not None else '(unset: on)'}")
     env_gpu = os.environ.get("SAMPLEC_GPU_KERNELS")
     lines.append(f"SAMPLEC_GPU_KERNELS {env_gpu if env_gpu is not None else '(unset: on)'}")
+    env_chain = os.environ.get("SAMPLEC_GPU_CHAIN")
+    lines.append(f"SAMPLEC_GPU_CHAIN {env_chain if env_chain is not None else '(unset: on)'}")
     return lines
 
 

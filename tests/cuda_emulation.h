@@ -55,6 +55,7 @@ static inline float __int_as_float(int u) { float f; std::memcpy(&f, &u, 4); ret
 static inline float __fdiv_rn(float a, float b) { return a / b; }
 static inline float __fadd_rn(float a, float b) { return a + b; }
 static inline float __fsub_rn(float a, float b) { return a - b; }
+static inline float __fmul_rn(float a, float b) { return a * b; }
 
 // Runs body(block) for each block on SC_T threads.
 template <class F>

@@ -302,10 +302,13 @@ def test_version_and_doctor(monkeypatch):
     assert r.exit_code == 0
     for what in ("samplec ", "python ", f"mlx             {mx.__version__}", "default device  Device(cpu",
                  "native ", "SAMPLEC_NATIVE", "SAMPLEC_SPIN", "cuda kernels    off (the default device is Device(cpu",
-                 "SAMPLEC_GPU_KERNELS (unset: on)"):
+                 "SAMPLEC_GPU_KERNELS (unset: on)", "SAMPLEC_GPU_CHAIN (unset: on)"):
         assert what in r.stdout, what
     monkeypatch.setenv("SAMPLEC_GPU_KERNELS", "no")
+    monkeypatch.setenv("SAMPLEC_GPU_CHAIN", "0")
     assert any(ln == "cuda kernels    off (SAMPLEC_GPU_KERNELS=no)" for ln in doctor_report())
+    assert "SAMPLEC_GPU_CHAIN 0" in doctor_report()
+    monkeypatch.delenv("SAMPLEC_GPU_CHAIN")
     monkeypatch.delenv("SAMPLEC_GPU_KERNELS")
     from samplec.backend_mlx import native
     if native.installed():

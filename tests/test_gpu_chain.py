@@ -80,11 +80,16 @@ def stage_value(name: str, V: int, rng: np.random.Generator):
         return float(rng.choice([0.1, 0.5, 0.9, 0.95, 0.999, 1.0]))
     if name == "min_p":
         return float(rng.choice([0.0, 0.01, 0.05, 0.2, 1.0]))
+    if name == "top_n_sigma":
+        return float(rng.choice([-1.0, 0.0, 0.5, 1.0, 2.0, float("inf")]))
+    if name in ("epsilon", "eta"):
+        return float(rng.choice([0.0, 1e-4, 3e-4, 2e-3, 0.02, 0.2]))
     return float(rng.choice([0.0, 0.5, 1.0]))           # xtc's probability (its threshold: 0.1)
 
 
-ARG = {"temperature": "t", "top_k": "k", "top_p": "p", "min_p": "m", "xtc": "probability"}
-PTYPE = {"temperature": "float", "top_k": "int", "top_p": "float", "min_p": "float", "xtc": "float"}
+ARG = {"temperature": "t", "top_k": "k", "top_p": "p", "min_p": "m", "xtc": "probability", "top_n_sigma": "n",
+       "epsilon": "e", "eta": "e"}
+PTYPE = {**{name: "float" for name in ARG}, "top_k": "int"}
 
 
 def chain_case(seed: int, V: int, B: int, n_stages: int, terminal: str):
@@ -164,7 +169,8 @@ def test_emulated_chain_kernel_without_logprob_writes_zero():
 
 
 def test_chain_supports_and_body():
-    assert gpu.chain_supports(["temperature", "top_k", "top_p", "min_p", "xtc"], "sample")
+    assert gpu.chain_supports(["temperature", "top_k", "top_p", "min_p", "xtc", "top_n_sigma", "epsilon", "eta"],
+                              "sample")
     assert not gpu.chain_supports(["typical_p"], "sample")
     assert not gpu.chain_supports(["temperature"] * 9, "greedy")
     assert gpu.chain_codes(["top_k", "xtc", "temperature"], "sample", True) == [3, 1, 1, 4, 6, 1, 4, 0]

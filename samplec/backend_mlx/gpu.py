@@ -1,6 +1,7 @@
-"""GPU kernels (`mx.fast.cuda_kernel`) for the selection the dense definitions make in 32 dependent passes.
+"""CUDA kernels (`mx.fast.cuda_kernel`): a chain of stages as one kernel, and the selection by count.
 
-On a GPU every stage op runs its dense definition in MLX ops (the native CPU primitives stay off there). The
+On a GPU the native CPU primitives stay off; a stage op the chain kernel (below) does not cover runs its dense
+definition in MLX ops. The
 selection by count (`kth_largest`: top_k's threshold for any per-row k, and top_logprobs' and candidates' ids) is
 32 rounds of a comparison and a reduction over the row -- ~100 small kernels -- where one block per row finds the
 same value in four passes of an 8-bit radix histogram over the float32 values' order-preserving keys (the radix
@@ -12,12 +13,15 @@ never takes this path.
 
 A selection by mass (top_p's floor) built the same way -- per-bin sums as 64-bit fixed-point integers, so that
 they do not depend on the order threads add in -- was exact but no faster than the dense definition on the H200
-(1.24 against 1.31 ms at B = 1: contended 64-bit shared-memory atomics), so top_p keeps its dense definition.
+(1.24 against 1.31 ms at B = 1: contended 64-bit shared-memory atomics), so a top_p outside a chain keeps its
+dense definition.
 
-The chain kernel (`sample_chain`, gpu_chain.cu) runs a chain of temperature, top_k, top_p, min_p and xtc stages
-in any order, with per-row run-time values, and its draw (sample or greedy) and the token's log-probability, as
+The chain kernel (`sample_chain`, gpu_chain.cu) runs a chain of temperature, top_k, top_p, min_p, xtc,
+top_n_sigma, epsilon and eta stages in any order, with per-row run-time values, and its draw (sample or greedy) and the token's log-probability, as
 one block per row: the kept tokens stay an upper set of the raw logits (a threshold rho per row), each stage one
-or a few passes over the row, thresholds by radix selects over the float32 keys. The interpreter gives it a
+or a few passes over the row (or over the at most 4,096 tokens a cut left, gathered in shared memory), thresholds
+by radix selects over the float32 keys: on an H200, HF's and vLLM's orders in ~0.5 ms at B = 1 against 4-5 ms on
+the dense definitions (docs/performance.md, GPU). The interpreter gives it a
 chain's stage ops where MLX's default device is a CUDA GPU (the CPU has the native chain kernel); the masks,
 biases and penalties below the stages and the outputs beside them (raw_logprob, top_logprobs) run as MLX ops.
 
@@ -143,7 +147,8 @@ def kth_largest(x: mx.array, want: mx.array) -> mx.array | None:
 
 CHAIN_SOURCE = Path(__file__).with_name("gpu_chain.cu")
 CHAIN_THREADS = 512             # gpu_chain.cu's SC_T
-CHAIN_STAGES = {"temperature": 1, "top_k": 1, "top_p": 1, "min_p": 1, "xtc": 2}     # float operands each
+CHAIN_STAGES = {"temperature": 1, "top_k": 1, "top_p": 1, "min_p": 1, "xtc": 2,       # float operands each
+                "top_n_sigma": 1, "epsilon": 1, "eta": 1}
 MAX_TEMPERATURES = 8            # gpu_chain.cu's SC_MAX_TEMPS
 
 

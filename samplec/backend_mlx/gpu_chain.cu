@@ -402,13 +402,100 @@ __device__ void sc_top_p(const float* xr, int V, float p, ScShared& sh) {
   if (p >= 1.0f) return;
   const ScView s = sc_view(sh);
   const float m = sc_max(s);
-  const float z = sc_norm(xr, V, m, sh);
+  float z = 0.0f, tm = -SC_INF;
+  sc_each(xr, V, sh, [&](int i, float r) {
+    const float c = sc_cur(s, i, r);
+    z += expf(__fsub_rn(c, m));
+    tm = fmaxf(tm, c);
+  });
+  z = sc_sum(z, sh);
   auto prob = [&](float c) { return __fdiv_rn(expf(__fsub_rn(c, m)), z); };
+  if (sh.ncand < 0) {
+    // A bound from the threads' maxima: the j largest of them are j tokens, so once their probabilities add up to
+    // p (with a margin over float rounding) the nucleus lies at or above the j-th, and so within the tokens whose
+    // probability is at least its probability -- gathered, the selection reads them alone. (No bound on a flat
+    // row, where the maxima hold less than p: the selection reads the row.)
+    sh.tmax[threadIdx.x] = tm;
+    __syncthreads();
+    int rank = 0;
+    for (int j = 0; j < SC_T; ++j) {
+      const float o = sh.tmax[j];
+      rank += o > tm || (o == tm && j < (int)threadIdx.x);
+    }
+    sh.cand_raw[rank] = tm;                             // (the candidates' space is free until a gather)
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      const float need = __fadd_rn(__fmul_rn(p, 1.00001f), 1e-6f);
+      float acc = 0.0f, t0 = -SC_INF;
+      for (int j = 0; j < SC_T && sh.cand_raw[j] != -SC_INF; ++j) {
+        acc += prob(sh.cand_raw[j]);
+        if (acc >= need) { t0 = sh.cand_raw[j]; break; }
+      }
+      sh.bound = t0;
+    }
+    __syncthreads();
+    const float t0 = sh.bound;
+    if (t0 != -SC_INF) {
+      const float p0 = prob(t0);
+      int mine = 0;
+      sc_each(xr, V, sh, [&](int i, float r) {
+        const float c = sc_cur(s, i, r);
+        mine += c != -SC_INF && prob(c) >= p0;
+      });
+      sc_gather(xr, V, s, [&](float c) { return prob(c) >= p0; }, mine, sh);
+    }
+  }
   const float floor_p = sc_select(xr, V, p, [&](int i, float r, unsigned* key, float* w) {
     *w = prob(sc_cur(s, i, r));
     *key = sc_key(*w);
   }, sh);
   sc_cut(xr, V, [&](float c) { return prob(c) >= floor_p; }, sh);
+}
+
+__device__ void sc_top_n_sigma(const float* xr, int V, float n, ScShared& sh) {
+  if (n <= 0.0f) return;
+  const ScView s = sc_view(sh);
+  const float m = sc_max(s);
+  float cnt = 0.0f, sum = 0.0f;
+  sc_each(xr, V, sh, [&](int i, float r) {
+    const float c = sc_cur(s, i, r);
+    if (sc_finite(c)) { cnt += 1.0f; sum += c; }
+  });
+  cnt = sc_sum(cnt, sh);
+  const float mean = __fdiv_rn(sc_sum(sum, sh), cnt);
+  float sq = 0.0f;
+  sc_each(xr, V, sh, [&](int i, float r) {
+    const float c = sc_cur(s, i, r);
+    if (sc_finite(c)) { const float d = __fsub_rn(c, mean); sq += d * d; }
+  });
+  const float sd = sqrtf(__fdiv_rn(sc_sum(sq, sh), cnt));
+  const float floor_x = __fsub_rn(m, __fmul_rn(n, sd));     // (NaN for n = inf, sd = 0: the maximum alone)
+  sc_cut(xr, V, [&](float c) { return c >= floor_x || c == m; }, sh);
+}
+
+// epsilon (HF EpsilonLogitsWarper) and eta (EtaLogitsWarper): keep p >= cut, and every token at the maximum; eta's
+// cut is min(e, sqrt(e) exp(-H)) with H the entropy of the current softmax.
+__device__ void sc_epsilon_eta(const float* xr, int V, float e, bool eta, ScShared& sh) {
+  if (e == 0.0f) return;
+  const ScView s = sc_view(sh);
+  const float m = sc_max(s);
+  const float z = sc_norm(xr, V, m, sh);
+  auto prob = [&](float c) { return __fdiv_rn(expf(__fsub_rn(c, m)), z); };
+  float cut = e;
+  if (eta) {
+    const float lz = logf(z);
+    float h = 0.0f;
+    sc_each(xr, V, sh, [&](int i, float r) {
+      const float c = sc_cur(s, i, r);
+      if (c != -SC_INF) {
+        const float plogp = prob(c) * __fsub_rn(__fsub_rn(c, m), lz);
+        if (sc_finite(plogp)) h += plogp;
+      }
+    });
+    h = -sc_sum(h, sh);
+    cut = fminf(e, sqrtf(e) * expf(-h));
+  }
+  sc_cut(xr, V, [&](float c) { return prob(c) >= cut || c == m; }, sh);
 }
 
 __device__ void sc_min_p(const float* xr, int V, float mp, ScShared& sh) {
@@ -496,7 +583,7 @@ __device__ void sc_finish(const float* xr, int V, int token, bool want_lp, ScSha
 }
 
 // One row's chain. S: [#stages, sample?, want_logprob?, #float operands, #u32 operands, stage codes...] with codes
-// in gpu.py's STAGE_CODES order: 0 temperature, 1 top_k, 2 top_p, 3 min_p, 4 xtc.
+// in gpu.py's STAGE_CODES order: 0 temperature, 1 top_k, 2 top_p, 3 min_p, 4 xtc, 5 top_n_sigma, 6 epsilon, 7 eta.
 __device__ void sc_chain(const float* xr, int V, const float* P, const unsigned* U, const int* S, int row,
                          ScShared& sh, int* tok, float* lp) {
   const int n = S[0], nf = S[3], nu = S[4];
@@ -511,7 +598,9 @@ __device__ void sc_chain(const float* xr, int V, const float* P, const unsigned*
       else if (op == 1) sc_top_k(xr, V, pr[f], sh);
       else if (op == 2) sc_top_p(xr, V, pr[f], sh);
       else if (op == 3) sc_min_p(xr, V, pr[f], sh);
-      else sc_xtc(xr, V, pr[f], pr[f + 1], ur[u], ur[u + 1], ur[u + 2], sh);
+      else if (op == 4) sc_xtc(xr, V, pr[f], pr[f + 1], ur[u], ur[u + 1], ur[u + 2], sh);
+      else if (op == 5) sc_top_n_sigma(xr, V, pr[f], sh);
+      else sc_epsilon_eta(xr, V, pr[f], op == 7, sh);
     }
     f += op == 4 ? 2 : 1;
     u += op == 4 ? 3 : 0;
