@@ -34,15 +34,16 @@ FAMILIES = ("peaked", "flat", "ties", "neg_inf", "normal", "tail", "one_finite")
 _BUILT: dict = {}
 
 
-def emulated(stages: list[str], terminal: str, want_logprob: bool, threads: int = 64):
-    """The kernel (one for every chain), built for the CPU: f(x [B, V], P, U) -> (tok [B], lp [B])."""
+def emulated(stages: list[str], terminal: str, want_logprob: bool, threads: int = 64, out_x: int = 0):
+    """The kernel (one for every chain), built for the CPU: f(x [B, V], P, U) -> (tok [B], lp [B]), and with out_x
+    the final logits (1) or their softmax (2), [B, V]."""
     src = (f"#define SC_T {threads}\n#include \"cuda_emulation.h\"\n{gpu.chain_header()}\n"
            "static void sc_body(const float* x, const int* x_shape, const float* P, const unsigned* U, const int* S,\n"
-           f"                    int* tok, float* lp) {{\n{gpu.CHAIN_BODY}}}\n"
+           f"                    int* tok, float* lp, float* xo) {{\n{gpu.CHAIN_BODY}}}\n"
            "extern \"C\" void run(const float* x, int B, int V, const float* P, const unsigned* U, const int* S,\n"
-           "                      int* tok, float* lp) {\n"
+           "                      int* tok, float* lp, float* xo) {\n"
            "  const int shape[2] = {B, V};\n"
-           "  sc_launch(B, [&] { sc_body(x, shape, P, U, S, tok, lp); });\n}\n")
+           "  sc_launch(B, [&] { sc_body(x, shape, P, U, S, tok, lp, xo); });\n}\n")
     digest = hashlib.sha256(src.encode() + (HERE / "cuda_emulation.h").read_bytes()).hexdigest()[:16]
     if digest not in _BUILT:
         out = Path(os.environ.get("PYTEST_TMP", "/tmp")) / f"samplec_gpu_chain_{digest}"
@@ -58,16 +59,17 @@ def emulated(stages: list[str], terminal: str, want_logprob: bool, threads: int 
         fn.restype = None
         _BUILT[digest] = fn
     fn = _BUILT[digest]
-    codes = np.array(gpu.chain_codes(stages, terminal, want_logprob), dtype=np.int32)
+    codes = np.array(gpu.chain_codes(stages, terminal, want_logprob, out_x), dtype=np.int32)
 
     def run(x: np.ndarray, P: np.ndarray, U: np.ndarray):
         x, P, U = (np.ascontiguousarray(a) for a in (x.astype(np.float32), P.astype(np.float32),
                                                      U.astype(np.uint32)))
         B, V = x.shape
         tok, lp = np.zeros(B, dtype=np.int32), np.zeros(B, dtype=np.float32)
+        xo = np.full((B, V) if out_x else (B, 1), np.nan, dtype=np.float32)
         ptr = lambda a: a.ctypes.data_as(ctypes.c_void_p)
-        fn(ptr(x), ctypes.c_int(B), ctypes.c_int(V), ptr(P), ptr(U), ptr(codes), ptr(tok), ptr(lp))
-        return tok, lp
+        fn(ptr(x), ctypes.c_int(B), ctypes.c_int(V), ptr(P), ptr(U), ptr(codes), ptr(tok), ptr(lp), ptr(xo))
+        return (tok, lp, xo) if out_x else (tok, lp)
     return run
 
 
@@ -173,5 +175,19 @@ def test_chain_supports_and_body():
                               "sample")
     assert not gpu.chain_supports(["typical_p"], "sample")
     assert not gpu.chain_supports(["temperature"] * 9, "greedy")
-    assert gpu.chain_codes(["top_k", "xtc", "temperature"], "sample", True) == [3, 1, 1, 4, 6, 1, 4, 0]
-    assert gpu.chain_codes([], "greedy", False) == [0, 0, 0, 1, 1]
+    assert gpu.chain_codes(["top_k", "xtc", "temperature"], "sample", True) == [3, 1, 1, 4, 6, 0, 1, 4, 0]
+    assert gpu.chain_codes([], "greedy", False, 2) == [0, 0, 0, 1, 1, 2]
+
+
+@pytest.mark.parametrize("seed,V,n", [(40, 300, 3), (41, 300, 4), (42, 7, 2), (43, 1000, 5), (44, 300, 1)])
+def test_emulated_chain_kernel_final_logits_and_probs(seed, V, n):
+    """The [B, V] output: the chain's final logits (a chain whose last stage something else reads) and their
+    softmax (a `probs` output), against -O0's `candidates(V)` and `probs`."""
+    stages, src, kw, per_row, P, U, x = chain_case(seed, V, 3, n, "sample")
+    src = src.replace("-> token, logprob", f"-> token, logprob, probs, candidates({V})")
+    o0 = samplec.compile(src, opt_level=0)(x, **kw)
+    tok, lp, probs = emulated(stages, "sample", True, out_x=2)(x, P, U)
+    assert tok.tolist() == np.array(o0.token).tolist(), src
+    np.testing.assert_allclose(probs, np.array(o0.probs), atol=1e-6, rtol=1e-5, err_msg=src)
+    _, _, final = emulated(stages, "sample", True, out_x=1)(x, P, U)
+    assert np.array_equal(-np.sort(-final, axis=-1), np.array(o0.candidates.values)), src

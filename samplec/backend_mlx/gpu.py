@@ -164,20 +164,24 @@ def chain_supports(stages: list[str], terminal: str) -> bool:
 STAGE_CODES = {name: i for i, name in enumerate(CHAIN_STAGES)}      # gpu_chain.cu's sc_chain switch
 
 
-def chain_codes(stages: list[str], terminal: str, want_logprob: bool) -> list[int]:
-    """The kernel's program for one chain: [#stages, sample?, want_logprob?, #float operands, #u32 operands, the
-    stages' codes...] (one kernel serves every chain: one NVRTC compile per process)."""
+def chain_codes(stages: list[str], terminal: str, want_logprob: bool, out_x: int = 0) -> list[int]:
+    """The kernel's program for one chain: [#stages, sample?, want_logprob?, #float operands, #u32 operands, out_x
+    (0: no [B, V] output, 1: the final logits, 2: their softmax), the stages' codes...] (one kernel serves every
+    chain: one NVRTC compile per process)."""
     nf = max(1, sum(CHAIN_STAGES[s] for s in stages))
     nu = max(1, 3 * (stages.count("xtc") + (terminal == "sample")))
-    return [len(stages), int(terminal == "sample"), int(want_logprob), nf, nu] + [STAGE_CODES[s] for s in stages]
+    return [len(stages), int(terminal == "sample"), int(want_logprob), nf, nu, out_x] + \
+        [STAGE_CODES[s] for s in stages]
 
 
 # The body: inputs x [B, V] f32, P [B, nf] f32 (the stages' float operands in order; top_k's k as a float), U [B,
-# nu] u32 (each xtc's and the sample's key words and position), S (chain_codes); outputs tok [B] i32, lp [B] f32.
+# nu] u32 (each xtc's and the sample's key words and position), S (chain_codes); outputs tok [B] i32, lp [B] f32,
+# xo [B, V] f32 where S asks for the final logits or their softmax (else [B, 1], unwritten).
 CHAIN_BODY = """
     __shared__ ScShared sh;
-    sc_chain(x + (size_t)blockIdx.x * x_shape[1], x_shape[1], P, U, S, blockIdx.x, sh, tok + blockIdx.x,
-             lp + blockIdx.x);
+    const int V = x_shape[1];
+    sc_chain(x + (size_t)blockIdx.x * V, V, P, U, S, blockIdx.x, sh, tok + blockIdx.x, lp + blockIdx.x,
+             xo + (S[5] != 0 ? (size_t)blockIdx.x * V : (size_t)blockIdx.x));
 """
 
 
@@ -216,10 +220,10 @@ def chain_operands(params: list[mx.array], stages: list[str], terminal: str, B: 
 
 
 def sample_chain(x: mx.array, params: list[mx.array], stages: list[str], terminal: str,
-                 want_logprob: bool) -> tuple[mx.array, mx.array] | None:
+                 want_logprob: bool, out_x: int = 0) -> tuple[mx.array, ...] | None:
     """The chain's token [B, 1] i32 and its log-probability under the final softmax [B, 1] f32 (0 without
-    want_logprob), or None where the kernel does not apply (not a CUDA device, a stage it does not run, operands
-    of other shapes)."""
+    want_logprob), and with out_x the final logits (1) or their softmax (2) [B, V]; or None where the kernel does
+    not apply (not a CUDA device, a stage it does not run, operands of other shapes)."""
     if not (available() and not native.switched_off("SAMPLEC_GPU_CHAIN") and x.ndim == 2 and
             x.dtype == mx.float32 and x.shape[0] >= 1 and x.shape[1] >= 1 and chain_supports(stages, terminal)):
         return None
@@ -229,10 +233,11 @@ def sample_chain(x: mx.array, params: list[mx.array], stages: list[str], termina
         return None
     if "samplec_chain" not in _kernels:
         _kernels["samplec_chain"] = mx.fast.cuda_kernel(
-            name="samplec_chain", input_names=["x", "P", "U", "S"], output_names=["tok", "lp"], source=CHAIN_BODY,
-            header=chain_header())
-    codes = mx.array(chain_codes(stages, terminal, want_logprob), dtype=mx.int32)
-    tok, lp = _kernels["samplec_chain"](
-        inputs=[x, *ops, codes], output_shapes=[(B,), (B,)], output_dtypes=[mx.int32, mx.float32],
+            name="samplec_chain", input_names=["x", "P", "U", "S"], output_names=["tok", "lp", "xo"],
+            source=CHAIN_BODY, header=chain_header())
+    codes = mx.array(chain_codes(stages, terminal, want_logprob, out_x), dtype=mx.int32)
+    tok, lp, xo = _kernels["samplec_chain"](
+        inputs=[x, *ops, codes], output_shapes=[(B,), (B,), x.shape if out_x else (B, 1)],
+        output_dtypes=[mx.int32, mx.float32, mx.float32],
         grid=(B * CHAIN_THREADS, 1, 1), threadgroup=(CHAIN_THREADS, 1, 1))
-    return tok.reshape(B, 1), lp.reshape(B, 1)
+    return (tok.reshape(B, 1), lp.reshape(B, 1)) + ((xo,) if out_x else ())

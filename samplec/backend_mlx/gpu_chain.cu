@@ -348,13 +348,19 @@ __device__ __forceinline__ int sc_argmax(const float* xr, int V, ScShared& sh) {
   return sc_arg(best, id, 1.0f, sh, nullptr);
 }
 
+// (After a temperature 0 the row holds one token; later temperatures still divide its logit, for the final
+// logits a chain may output.)
 __device__ void sc_temperature(const float* xr, int V, float t, ScShared& sh) {
   if (t == 1.0f) return;
-  const float top = __fdiv_rn(sc_max(sc_view(sh)), t == 0.0f ? 1.0f : t);
+  const ScView s = sc_view(sh);
+  const int g = sh.st.greedy;
+  const float top = __fdiv_rn(g >= 0 ? sc_cur(s, g, xr[g]) : sc_max(s), t == 0.0f ? 1.0f : t);
   __syncthreads();                                  // (every thread has read the state thread 0 changes below)
   if (t == 0.0f || !sc_finite(top)) {
-    const int id = sc_argmax(xr, V, sh);
-    if (threadIdx.x == 0) sh.st.greedy = id;
+    if (g < 0) {
+      const int id = sc_argmax(xr, V, sh);
+      if (threadIdx.x == 0) sh.st.greedy = id;
+    }
   } else if (threadIdx.x == 0) {
     sh.st.temps[sh.st.nt++] = t;
   }
@@ -582,20 +588,37 @@ __device__ void sc_finish(const float* xr, int V, int token, bool want_lp, ScSha
   if (threadIdx.x == 0) *tok = token;
 }
 
-// One row's chain. S: [#stages, sample?, want_logprob?, #float operands, #u32 operands, stage codes...] with codes
+// The chain's final logits (mode 1) or their softmax (mode 2) for every token of the row, into xo.
+__device__ void sc_write(const float* xr, int V, int mode, ScShared& sh, float* xo) {
+  const ScView s = sc_view(sh);
+  const int g = sh.st.greedy;
+  float m = 0.0f, z = 1.0f;
+  if (mode == 2 && g < 0) {
+    m = sc_max(s);
+    z = sc_norm(xr, V, m, sh);
+  }
+  for (int i = threadIdx.x; i < V; i += SC_T) {
+    const float c = g >= 0 && i != g ? -SC_INF : sc_cur(s, i, xr[i]);
+    xo[i] = mode == 1 ? c : g >= 0 ? (i == g ? 1.0f : 0.0f) : __fdiv_rn(expf(__fsub_rn(c, m)), z);
+  }
+}
+
+// One row's chain. S: [#stages, sample?, want_logprob?, #float operands, #u32 operands, output mode (0: none, 1:
+// the final logits, 2: their softmax), stage codes...] with codes
 // in gpu.py's STAGE_CODES order: 0 temperature, 1 top_k, 2 top_p, 3 min_p, 4 xtc, 5 top_n_sigma, 6 epsilon, 7 eta.
 __device__ void sc_chain(const float* xr, int V, const float* P, const unsigned* U, const int* S, int row,
-                         ScShared& sh, int* tok, float* lp) {
+                         ScShared& sh, int* tok, float* lp, float* xo) {
   const int n = S[0], nf = S[3], nu = S[4];
   const float* pr = P + (size_t)row * nf;
   const unsigned* ur = U + (size_t)row * nu;
   sc_begin(xr, V, sh);
   int f = 0, u = 0;
   for (int j = 0; j < n; ++j) {
-    const int op = S[5 + j];
-    if (sh.st.greedy < 0) {
-      if (op == 0) sc_temperature(xr, V, pr[f], sh);
-      else if (op == 1) sc_top_k(xr, V, pr[f], sh);
+    const int op = S[6 + j];
+    if (op == 0) {
+      sc_temperature(xr, V, pr[f], sh);
+    } else if (sh.st.greedy < 0) {
+      if (op == 1) sc_top_k(xr, V, pr[f], sh);
       else if (op == 2) sc_top_p(xr, V, pr[f], sh);
       else if (op == 3) sc_min_p(xr, V, pr[f], sh);
       else if (op == 4) sc_xtc(xr, V, pr[f], pr[f + 1], ur[u], ur[u + 1], ur[u + 2], sh);
@@ -608,4 +631,5 @@ __device__ void sc_chain(const float* xr, int V, const float* P, const unsigned*
   const int token = sh.st.greedy >= 0 ? sh.st.greedy
                     : S[1] ? sc_sample(xr, V, ur[u], ur[u + 1], ur[u + 2], sh) : sc_argmax(xr, V, sh);
   sc_finish(xr, V, token, S[2] != 0, sh, tok, lp);
+  if (S[5] != 0) sc_write(xr, V, S[5], sh, xo);
 }

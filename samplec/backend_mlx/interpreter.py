@@ -65,20 +65,24 @@ class Chain:
         chain's other nodes (masks, biases and penalties below the stages, the logits checks' maxima, the model's
         log-softmax and top_logprobs) by `evaluate`, each by its definition. None where the kernel does not apply."""
         terminal = self.draw.op if self.draw is not None else None
-        if terminal is None or self.want_x or self.softmax or \
-                not gpu.chain_supports([s.op for s in self.stages], terminal):
+        if terminal is None or not gpu.chain_supports([s.op for s in self.stages], terminal):
             return None
-        core = {id(n) for n in (*self.stages, self.draw, *self.logprobs)}
+        core = {id(n) for n in (*self.stages, self.draw, *self.logprobs, *self.softmax)}
         for m in self.nodes():
             if id(m) not in core:
                 env[id(m)] = evaluate(m, env)
         x = self.stages[0].inputs[0] if self.stages else self.draw.inputs[0]
         params = [env[id(unexpanded(i))] for s in self.stages for i in s.inputs[1:]] + \
             [env[id(unexpanded(i))] for i in self.draw.inputs[1:]]
-        out = gpu.sample_chain(env[id(x)], params, [s.op for s in self.stages], terminal, bool(self.logprobs))
+        out_x = 2 if self.softmax else 1 if self.want_x else 0
+        out = gpu.sample_chain(env[id(x)], params, [s.op for s in self.stages], terminal, bool(self.logprobs),
+                               out_x)
         if out is None:
             return None
-        return {id(self.draw): out[0], **{id(n): out[1] for n in self.logprobs}}
+        bound = {id(self.draw): out[0], **{id(n): out[1] for n in self.logprobs}}
+        if out_x:       # (the final logits for their other readers, or the softmax a `probs` output is)
+            bound[id(self.softmax[-1] if self.softmax else self.stages[-1])] = out[2]
+        return bound
 
     def run(self, env: dict) -> dict | None:
         draws = self.draw.inputs[1:] if self.draw is not None else ()
