@@ -191,3 +191,37 @@ def test_emulated_chain_kernel_final_logits_and_probs(seed, V, n):
     np.testing.assert_allclose(probs, np.array(o0.probs), atol=1e-6, rtol=1e-5, err_msg=src)
     _, _, final = emulated(stages, "sample", True, out_x=1)(x, P, U)
     assert np.array_equal(-np.sort(-final, axis=-1), np.array(o0.candidates.values)), src
+
+
+@pytest.mark.parametrize("seed,V,n,terminal,outs", [
+    (60, 300, 3, "sample", "token, logprob"), (61, 1000, 4, "sample", "token, logprob, probs"),
+    (62, 300, 2, "greedy", "token, logprob"), (63, 500, 3, "greedy", "token, logprob, probs"),
+    (64, 300, 0, "sample", "token, logprob, raw_logprob, top_logprobs(3)"), (65, 7, 3, "sample", "token")])
+def test_interpreter_hands_chains_to_the_kernel(seed, V, n, terminal, outs, monkeypatch):
+    """The interpreter's side (Chain.run_gpu, gpu.sample_chain's operands and outputs) on the CPU: a CUDA device
+    faked, its kernel the emulated one; a program's outputs against -O0's. Greedy chains after cuts have no draw
+    node (the passes take the logits' argmax): the kernel gives their final logits for the logprob."""
+    stages, src, kw, per_row, P, U, x = chain_case(seed, V, 2, n, terminal)
+    src = src.replace("-> token, logprob", f"-> {outs}")
+    want = samplec.compile(src, opt_level=0)(x, **kw).to_dict()
+    calls = []
+
+    def fake(x, params, stages, terminal, want_logprob, out_x=0):
+        P, U = gpu.chain_operands(params, stages, terminal, x.shape[0])
+        out = emulated(stages, terminal, want_logprob, out_x=out_x)(np.array(x), np.array(P), np.array(U))
+        calls.append((tuple(stages), terminal, out_x))
+        return (mx.array(out[0])[:, None], mx.array(out[1])[:, None]) + ((mx.array(out[2]),) if out_x else ())
+
+    monkeypatch.setenv("SAMPLEC_NATIVE", "0")
+    monkeypatch.setattr(gpu, "available", lambda: True)
+    monkeypatch.setattr(gpu, "kth_largest", lambda x, want: None)
+    monkeypatch.setattr(gpu, "sample_chain", fake)
+    got = samplec.compile(src)(x, **kw).to_dict()
+    assert calls, src
+    assert got.keys() == want.keys()
+    for k, v in want.items():
+        v, g = np.array(v), np.array(got[k])
+        if v.dtype.kind in "iu":
+            assert np.array_equal(g, v), (src, k)
+        else:
+            np.testing.assert_allclose(g, v, atol=2e-4, rtol=1e-4, err_msg=f"{src} {k}")

@@ -61,11 +61,13 @@ class Chain:
             ([self.raw] if self.raw is not None else []) + list(self.top_logprobs)
 
     def run_gpu(self, env: dict, evaluate) -> dict | None:
-        """On a CUDA GPU: the stages, the draw and its log-probabilities as gpu.sample_chain's one kernel; the
-        chain's other nodes (masks, biases and penalties below the stages, the logits checks' maxima, the model's
-        log-softmax and top_logprobs) by `evaluate`, each by its definition. None where the kernel does not apply."""
-        terminal = self.draw.op if self.draw is not None else None
-        if terminal is None or not gpu.chain_supports([s.op for s in self.stages], terminal):
+        """On a CUDA GPU: the stages, the draw and its log-probabilities (and the final logits or their softmax
+        where something reads them) as gpu.sample_chain's one kernel; the chain's other nodes (masks, biases and
+        penalties below the stages, the logits checks' maxima, the model's log-softmax and top_logprobs) by
+        `evaluate`, each by its definition. None where the kernel does not apply."""
+        terminal = self.draw.op if self.draw is not None else "greedy"      # (no draw: its result unread)
+        out_x = 2 if self.softmax else 1 if self.want_x else 0
+        if not gpu.chain_supports([s.op for s in self.stages], terminal) or (self.draw is None and not out_x):
             return None
         core = {id(n) for n in (*self.stages, self.draw, *self.logprobs, *self.softmax)}
         for m in self.nodes():
@@ -73,13 +75,14 @@ class Chain:
                 env[id(m)] = evaluate(m, env)
         x = self.stages[0].inputs[0] if self.stages else self.draw.inputs[0]
         params = [env[id(unexpanded(i))] for s in self.stages for i in s.inputs[1:]] + \
-            [env[id(unexpanded(i))] for i in self.draw.inputs[1:]]
-        out_x = 2 if self.softmax else 1 if self.want_x else 0
+            [env[id(unexpanded(i))] for i in (self.draw.inputs[1:] if self.draw is not None else ())]
         out = gpu.sample_chain(env[id(x)], params, [s.op for s in self.stages], terminal, bool(self.logprobs),
                                out_x)
         if out is None:
             return None
-        bound = {id(self.draw): out[0], **{id(n): out[1] for n in self.logprobs}}
+        bound = {id(n): out[1] for n in self.logprobs}
+        if self.draw is not None:
+            bound[id(self.draw)] = out[0]
         if out_x:       # (the final logits for their other readers, or the softmax a `probs` output is)
             bound[id(self.softmax[-1] if self.softmax else self.stages[-1])] = out[2]
         return bound
