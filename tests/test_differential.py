@@ -49,10 +49,10 @@ def family_row(kind: str, V: int, rng: np.random.Generator) -> np.ndarray:
 
 
 def stage_value(name: str, V: int, rng: np.random.Generator):
-    if name == "temperature":
-        return float(rng.choice([0.0, 0.3, 0.7, 1.0, 1.3, 2.5]))
+    if name == "temperature":       # (1e-30: the row's maximum over it overflows -- the argmax alone)
+        return float(rng.choice([0.0, 0.3, 0.7, 1.0, 1.3, 2.5, 1e-30]))
     if name == "top_k":
-        return int(rng.choice([0, 1, 2, 5, 40, max(1, V // 2), V, V + 3]))
+        return int(rng.choice([-1, 0, 1, 2, 5, 40, max(1, V // 2), V, V + 3]))
     if name == "top_p":
         return float(rng.choice([0.1, 0.5, 0.9, 0.95, 0.999, 1.0]))
     if name == "min_p":
@@ -63,7 +63,7 @@ def stage_value(name: str, V: int, rng: np.random.Generator):
         return float(rng.choice([0.0, 0.5, 1.0]))
     if name in ("epsilon", "eta"):
         return float(rng.choice([0.0, 1e-4, 3e-4, 2e-3, 0.02, 0.2]))
-    return float(rng.choice([0.0, 0.5, 1.0, 2.0]))          # top_n_sigma
+    return float(rng.choice([-1.0, 0.0, 0.5, 1.0, 2.0, np.inf]))          # top_n_sigma
 
 
 PTYPE = {"temperature": "float", "top_k": "int", "top_p": "float", "min_p": "float", "top_n_sigma": "float",

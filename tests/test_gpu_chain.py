@@ -22,7 +22,7 @@ import pytest
 import reference as R
 import samplec
 from samplec.backend_mlx import gpu
-from test_differential import family_row
+from test_differential import XTC_THRESHOLD, build, family_row
 
 HERE = Path(__file__).parent
 CXX = shutil.which(os.environ.get("CXX", "g++")) or shutil.which("c++")
@@ -73,57 +73,18 @@ def emulated(stages: list[str], terminal: str, want_logprob: bool, threads: int 
     return run
 
 
-def stage_value(name: str, V: int, rng: np.random.Generator):
-    if name == "temperature":
-        return float(rng.choice([0.0, 0.3, 0.7, 1.0, 1.3, 2.5, 1e-30]))
-    if name == "top_k":
-        return int(rng.choice([-1, 0, 1, 2, 5, 40, max(1, V // 2), V, V + 3]))
-    if name == "top_p":
-        return float(rng.choice([0.1, 0.5, 0.9, 0.95, 0.999, 1.0]))
-    if name == "min_p":
-        return float(rng.choice([0.0, 0.01, 0.05, 0.2, 1.0]))
-    if name == "top_n_sigma":
-        return float(rng.choice([-1.0, 0.0, 0.5, 1.0, 2.0, float("inf")]))
-    if name in ("epsilon", "eta"):
-        return float(rng.choice([0.0, 1e-4, 3e-4, 2e-3, 0.02, 0.2]))
-    return float(rng.choice([0.0, 0.5, 1.0]))           # xtc's probability (its threshold: 0.1)
-
-
-ARG = {"temperature": "t", "top_k": "k", "top_p": "p", "min_p": "m", "xtc": "probability", "top_n_sigma": "n",
-       "epsilon": "e", "eta": "e"}
-PTYPE = {**{name: "float" for name in ARG}, "top_k": "int"}
-
-
 def chain_case(seed: int, V: int, B: int, n_stages: int, terminal: str):
-    """A random chain of the kernel's stages with one run-time value per row: (source, kwargs, per-row reference
-    stages, the kernel's operands P and U, x)."""
+    """A random chain of the kernel's stages with one run-time value per row, as the differential test builds it
+    (its stage values, at their edges too): (stages, source, kwargs, per-row reference stages, the kernel's
+    operands P and U, x)."""
     rng = np.random.default_rng(seed)
     stages = [str(s) for s in rng.choice(STAGES, n_stages)]
     x = np.stack([family_row(str(rng.choice(FAMILIES)), V, rng) for _ in range(B)])
-    kw = {"xs": [int(s) for s in rng.integers(0, 2**63, B)], "xp": [int(p) for p in rng.integers(0, 100, B)]}
-    params, body, per_row = ["xs: seed", "xp: int"], [], [[] for _ in range(B)]
-    for i, name in enumerate(stages):
-        vals = [stage_value(name, V, rng) for _ in range(B)]
-        params.append(f"a{i}: {PTYPE[name]}")
-        kw[f"a{i}"] = vals
-        body.append(f"xtc(0.1, a{i}, xs, position = xp)" if name == "xtc" else f"{name}(a{i})")
-        for r in range(B):
-            args = {ARG[name]: vals[r]}
-            if name == "xtc":
-                args.update(threshold=0.1, seed=kw["xs"][r], position=kw["xp"][r])
-            per_row[r].append((name, args))
-    if terminal == "sample":
-        params += ["seed: seed", "pos: int"]
-        body.append("sample(seed, position = pos)")
-        kw["seed"] = [int(s) for s in rng.integers(0, 2**63, B)]
-        kw["pos"] = [int(p) for p in rng.integers(0, 5000, B)]
-    else:
-        body.append("greedy()")
-    src = f"sampler s({', '.join(params)}) -> token, logprob {{\n    " + "\n    ".join(body) + "\n}\n"
+    src, kw, per_row = build(V, B, stages, ["rows"] * n_stages, terminal, False, rng)
     operands = []
     for i, name in enumerate(stages):
         if name == "xtc":
-            operands += [mx.array(np.float32(0.1)), mx.array(kw[f"a{i}"], dtype=mx.float32),
+            operands += [mx.array(np.float32(XTC_THRESHOLD)), mx.array(kw[f"a{i}"], dtype=mx.float32),
                          mx.array(np.array(kw["xs"], dtype=np.uint64)), mx.array(kw["xp"], dtype=mx.int32)]
         else:
             operands.append(mx.array(kw[f"a{i}"], dtype=mx.int32 if name == "top_k" else mx.float32))
