@@ -186,3 +186,18 @@ def test_interpreter_hands_chains_to_the_kernel(seed, V, n, terminal, outs, monk
             assert np.array_equal(g, v), (src, k)
         else:
             np.testing.assert_allclose(g, v, atol=2e-4, rtol=1e-4, err_msg=f"{src} {k}")
+
+
+@pytest.mark.parametrize("terminal", ["sample", "greedy"])
+def test_emulated_chain_kernel_on_a_row_with_no_finite_logit(terminal):
+    """A row the checks reject (every logit -inf: an allow or a -inf bias emptied it) must not send the kernel out
+    of the row before the error is raised: token 0 (the dense argmax), a finite or NaN logprob, no fault."""
+    x = np.full((2, 300), -np.inf, dtype=np.float32)
+    x[1, 17] = 2.0
+    stages = ["top_k", "top_p"]
+    ops = [mx.array([5, 5], dtype=mx.int32), mx.array([0.9, 0.9], dtype=mx.float32)]
+    if terminal == "sample":
+        ops += [mx.array(np.array([3, 4], dtype=np.uint64)), mx.array([0, 0], dtype=mx.int32)]
+    P, U = gpu.chain_operands(ops, stages, terminal, 2)
+    tok, lp = emulated(stages, terminal, True)(x, np.array(P), np.array(U))
+    assert tok.tolist() == [0, 17]

@@ -17,8 +17,9 @@ they do not depend on the order threads add in -- was exact but no faster than t
 dense definition.
 
 The chain kernel (`sample_chain`, gpu_chain.cu) runs a chain of temperature, top_k, top_p, min_p, xtc,
-top_n_sigma, epsilon and eta stages in any order, with per-row run-time values, and its draw (sample or greedy) and the token's log-probability, as
-one block per row: the kept tokens stay an upper set of the raw logits (a threshold rho per row), each stage one
+top_n_sigma, epsilon and eta stages in any order, with per-row run-time values, and its draw (sample or greedy)
+and the token's log-probability (and the final logits or their softmax where a program reads them), as one block
+per row: the kept tokens stay an upper set of the raw logits (a threshold rho per row), each stage one
 or a few passes over the row (or over the at most 4,096 tokens a cut left, gathered in shared memory), thresholds
 by radix selects over the float32 keys: on an H200, HF's and vLLM's orders in ~0.5 ms at B = 1 against 4-5 ms on
 the dense definitions (docs/performance.md, GPU). The interpreter gives it a

@@ -345,7 +345,8 @@ __device__ __forceinline__ int sc_argmax(const float* xr, int V, ScShared& sh) {
     const float v = sc_cur(s, i, r);
     if (sc_better(v, i, best, id, 1.0f)) { best = v; id = i; }
   });
-  return sc_arg(best, id, 1.0f, sh, nullptr);
+  const int won = sc_arg(best, id, 1.0f, sh, nullptr);
+  return won == 0x7FFFFFFF ? 0 : won;     // (nothing left to read: a row the checks reject)
 }
 
 // (After a temperature 0 the row holds one token; later temperatures still divide its logit, for the final
@@ -431,10 +432,11 @@ __device__ void sc_top_p(const float* xr, int V, float p, ScShared& sh) {
     sh.cand_raw[rank] = tm;                             // (the candidates' space is free until a gather)
     __syncthreads();
     if (threadIdx.x == 0) {
-      const float need = __fadd_rn(__fmul_rn(p, 1.00001f), 1e-6f);
-      float acc = 0.0f, t0 = -SC_INF;
+      const double need = (double)p * 1.00001 + 1e-6;
+      double acc = 0.0;
+      float t0 = -SC_INF;
       for (int j = 0; j < SC_T && sh.cand_raw[j] != -SC_INF; ++j) {
-        acc += prob(sh.cand_raw[j]);
+        acc += (double)prob(sh.cand_raw[j]);
         if (acc >= need) { t0 = sh.cand_raw[j]; break; }
       }
       sh.bound = t0;
@@ -551,7 +553,8 @@ __device__ int sc_sample(const float* xr, int V, unsigned k0, unsigned k1, unsig
     const float v = __fadd_rn(x, -logf(-logf(u)));
     if (sc_better(v, i, best, id, 1.0f)) { best = v; id = i; }
   });
-  return sc_arg(best, id, 1.0f, sh, nullptr);
+  const int won = sc_arg(best, id, 1.0f, sh, nullptr);
+  return won == 0x7FFFFFFF ? 0 : won;     // (a row with no finite logit -- an error the checks raise -- reads token 0)
 }
 
 __device__ void sc_begin(const float* xr, int V, ScShared& sh) {
