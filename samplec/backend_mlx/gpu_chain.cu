@@ -107,46 +107,34 @@ __device__ __forceinline__ float sc_uniform(unsigned bits) {
 }
 
 // f(i, raw) for every token that can still be kept, each thread its tokens in a fixed order: the candidates in
-// shared memory once a cut has gathered them (every other token is removed), else the row -- four float4 loads in
-// flight per thread where the row is 16-byte aligned, so that a pass is not bound by one load's latency.
+// shared memory once a cut has gathered them (every other token is removed), else the row, a float4 at a time
+// where the row is 16-byte aligned. (Each call inlines f: few copies of it keep NVRTC's compile short.)
 template <class F>
 __device__ __forceinline__ void sc_each(const float* xr, int V, const ScShared& sh, F f) {
   const int tid = threadIdx.x;
   const int nc = sh.ncand;
   if (nc >= 0) {
+#pragma unroll 1
     for (int c = tid; c < nc; c += SC_T) f(sh.cand_id[c], sh.cand_raw[c]);
     return;
   }
-  int base = 0;
   if ((V & 3) == 0 && (reinterpret_cast<size_t>(xr) & 15) == 0) {
     const float4* x4 = reinterpret_cast<const float4*>(xr);
-    const int V4 = V >> 2;
-    int b = 0;
-    for (; b + 4 * SC_T <= V4; b += 4 * SC_T) {
-      float4 a[4];
-#pragma unroll
-      for (int u = 0; u < 4; ++u) a[u] = x4[b + u * SC_T + tid];
-#pragma unroll
-      for (int u = 0; u < 4; ++u) {
-        const int i = 4 * (b + u * SC_T + tid);
-        f(i, a[u].x); f(i + 1, a[u].y); f(i + 2, a[u].z); f(i + 3, a[u].w);
-      }
-    }
-    for (int q = b + tid; q < V4; q += SC_T) {
-      const float4 a = x4[q];
-      f(4 * q, a.x); f(4 * q + 1, a.y); f(4 * q + 2, a.z); f(4 * q + 3, a.w);
+    const int n4 = V >> 2;
+    const float4 none = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    float4 a = tid < n4 ? x4[tid] : none, b = tid + SC_T < n4 ? x4[tid + SC_T] : none;
+#pragma unroll 1
+    for (int q = tid; q < n4; q += SC_T) {     // (the next two float4 loads in flight while one is read)
+      const float4 c = a;
+      a = b;
+      if (q + 2 * SC_T < n4) b = x4[q + 2 * SC_T];
+#pragma unroll 1
+      for (int u = 0; u < 4; ++u) f(4 * q + u, u == 0 ? c.x : u == 1 ? c.y : u == 2 ? c.z : c.w);
     }
     return;
   }
-  for (; base + 4 * SC_T <= V; base += 4 * SC_T) {
-    const float r0 = xr[base + tid], r1 = xr[base + SC_T + tid];
-    const float r2 = xr[base + 2 * SC_T + tid], r3 = xr[base + 3 * SC_T + tid];
-    f(base + tid, r0);
-    f(base + SC_T + tid, r1);
-    f(base + 2 * SC_T + tid, r2);
-    f(base + 3 * SC_T + tid, r3);
-  }
-  for (int i = base + tid; i < V; i += SC_T) f(i, xr[i]);
+#pragma unroll 1
+  for (int i = tid; i < V; i += SC_T) f(i, xr[i]);
 }
 
 // The exclusive prefix sum of v over the block's threads (in thread order), and the total in *total.

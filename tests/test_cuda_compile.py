@@ -1,0 +1,87 @@
+"""The CUDA kernels' sources compiled by NVRTC (NVIDIA's runtime compiler, the `nvidia-cuda-nvrtc` wheel of the dev
+extra) for the GPUs MLX's CUDA backend targets -- no GPU needed: a syntax or type error in a path only a GPU runs
+fails here, in CI, not on a user's machine; and each kernel's register count must let its block size launch
+(65,536 registers per SM: a block of 512 threads may use 128 a thread, of 1024 64). MLX wraps a kernel's body in
+its own signature and headers; the wrapper below declares the same parameters."""
+from __future__ import annotations
+
+import ctypes
+import importlib.util
+import struct
+from pathlib import Path
+
+import pytest
+
+from samplec.backend_mlx import gpu
+
+
+def _nvrtc():
+    spec = importlib.util.find_spec("nvidia")
+    for root in (spec.submodule_search_locations or []) if spec else []:
+        for lib in sorted(Path(root).glob("*/lib/libnvrtc.so*")):
+            if "builtins" not in lib.name:
+                return ctypes.CDLL(str(lib))
+    return None
+
+
+NVRTC = _nvrtc()
+pytestmark = pytest.mark.skipif(NVRTC is None, reason="no NVRTC (the dev extra's nvidia-cuda-nvrtc, Linux x86-64)")
+
+
+def compile_cubin(source: str, arch: str) -> bytes:
+    prog = ctypes.c_void_p()
+    assert NVRTC.nvrtcCreateProgram(ctypes.byref(prog), source.encode(), b"samplec.cu", 0, None, None) == 0
+    opts = [f"--gpu-architecture={arch}".encode(), b"--std=c++17", b"-default-device"]
+    rc = NVRTC.nvrtcCompileProgram(prog, len(opts), (ctypes.c_char_p * len(opts))(*opts))
+    n = ctypes.c_size_t()
+    NVRTC.nvrtcGetProgramLogSize(prog, ctypes.byref(n))
+    log = ctypes.create_string_buffer(n.value)
+    NVRTC.nvrtcGetProgramLog(prog, log)
+    assert rc == 0, log.value.decode()
+    NVRTC.nvrtcGetCUBINSize(prog, ctypes.byref(n))
+    cubin = ctypes.create_string_buffer(n.value)
+    NVRTC.nvrtcGetCUBIN(prog, cubin)
+    NVRTC.nvrtcDestroyProgram(ctypes.byref(prog))
+    return cubin.raw
+
+
+def registers(cubin: bytes) -> list[int]:
+    """Each kernel's register count: EIATTR_REGCOUNT (0x2f) entries of the ELF's .nv.info sections."""
+    shoff, = struct.unpack_from("<Q", cubin, 0x28)
+    size, count, names = struct.unpack_from("<HHH", cubin, 0x3A)
+    sections = [struct.unpack_from("<IIQQQQIIQQ", cubin, shoff + i * size) for i in range(count)]
+    strtab = sections[names][4]
+    found = []
+    for sh in sections:
+        name = cubin[strtab + sh[0]:cubin.index(b"\0", strtab + sh[0])]
+        if not name.startswith(b".nv.info"):
+            continue
+        at, end = sh[4], sh[4] + sh[5]
+        while at < end:
+            fmt, attr = cubin[at], cubin[at + 1]
+            if fmt == 4:                                   # (EIFMT_SVAL: a 16-bit size, then the value)
+                n, = struct.unpack_from("<H", cubin, at + 2)
+                if attr == 0x2F:
+                    found.append(struct.unpack_from("<II", cubin, at + 4)[1])
+                at += 4 + n
+            else:
+                at += 4
+    return found
+
+
+KERNELS = {
+    "chain": (gpu.chain_header() + '\nextern "C" __global__ void samplec_chain(const float* x, const int* x_shape, '
+              "const float* P, const unsigned* U, const int* S, int* tok, float* lp, float* xo) {\n" +
+              gpu.CHAIN_BODY + "}\n", gpu.CHAIN_THREADS),
+    "kth_largest": ('extern "C" __global__ void samplec_kth_largest(const float* x, const int* x_shape, const int* k, '
+                    "float* out) {\n" + gpu._KTH_SOURCE + "}\n", gpu.THREADS),
+}
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+@pytest.mark.parametrize("kernel", sorted(KERNELS))
+def test_cuda_kernel_compiles_and_fits_its_block(kernel, arch):
+    source, threads = KERNELS[kernel]
+    regs = registers(compile_cubin(source, arch))
+    assert regs, "no register count in the cubin"
+    assert max(regs) <= 65536 // threads, (kernel, arch, regs, threads)
