@@ -23,29 +23,25 @@ static thread_local int sc_phase = 0;
 #define __shared__ static
 #define __syncthreads() sc_block_barrier->arrive_and_wait()
 
-// One barrier per shuffle: each call writes the buffer of its phase, and a lane reuses a phase only after the
-// next call's barrier, which every lane reaches after its read.
+// One barrier per shuffle: each lane posts v in its phase's buffer and reads lane `from`'s (its own v where `from`
+// is outside the warp); a lane reuses a phase only after the next shuffle's barrier, which every lane reaches after
+// its read.
 template <class T>
-static T __shfl_xor_sync(unsigned, T v, int m) {
-  const int w = threadIdx.x >> 5, l = threadIdx.x & 31, ph = sc_phase;
-  sc_phase ^= 1;
-  std::memcpy(&sc_warp_buf[ph][w][l], &v, sizeof(T));
-  sc_warp_barrier[w]->arrive_and_wait();
-  T r;
-  std::memcpy(&r, &sc_warp_buf[ph][w][l ^ m], sizeof(T));
-  return r;
-}
-
-template <class T>
-static T __shfl_up_sync(unsigned, T v, int d) {
+static T sc_shuffle(T v, int from) {
   const int w = threadIdx.x >> 5, l = threadIdx.x & 31, ph = sc_phase;
   sc_phase ^= 1;
   std::memcpy(&sc_warp_buf[ph][w][l], &v, sizeof(T));
   sc_warp_barrier[w]->arrive_and_wait();
   T r = v;
-  if (l >= d) std::memcpy(&r, &sc_warp_buf[ph][w][l - d], sizeof(T));
+  if (from >= 0 && from < 32) std::memcpy(&r, &sc_warp_buf[ph][w][from], sizeof(T));
   return r;
 }
+
+template <class T>
+static T __shfl_xor_sync(unsigned, T v, int m) { return sc_shuffle(v, static_cast<int>(threadIdx.x & 31) ^ m); }
+
+template <class T>
+static T __shfl_up_sync(unsigned, T v, int d) { return sc_shuffle(v, static_cast<int>(threadIdx.x & 31) - d); }
 
 struct alignas(16) float4 { float x, y, z, w; };
 static inline float4 make_float4(float x, float y, float z, float w) { return float4{x, y, z, w}; }
