@@ -1,12 +1,11 @@
 """CUDA kernels (`mx.fast.cuda_kernel`): a chain of stages as one kernel, and the selection by count.
 
 On a GPU the native CPU primitives stay off; a stage op the chain kernel (below) does not cover runs its dense
-definition in MLX ops. The
-selection by count (`kth_largest`: top_k's threshold for any per-row k, and top_logprobs' and candidates' ids) is
-32 rounds of a comparison and a reduction over the row -- ~100 small kernels -- where one block per row finds the
-same value in four passes of an 8-bit radix histogram over the float32 values' order-preserving keys (the radix
-select of FlashInfer's and vLLM's sort-free top-k). Counts are integers, so the result is the dense definition's,
-bit for bit: on an H200 it equalled the dense definition and numpy on peaked, tied, -inf-heavy, signed-zero and
+definition in MLX ops. The selection by count (`kth_largest`: top_k's threshold for any per-row k, and
+top_logprobs' and candidates' ids) is 32 rounds of a comparison and a reduction over the row -- ~100 small
+kernels -- where one block per row finds the same value in four passes of an 8-bit radix histogram over the
+float32 values' order-preserving keys (the radix select of FlashInfer's and vLLM's sort-free top-k). Counts are
+integers, so the result is the dense definition's, bit for bit: on an H200 it equalled the dense definition and numpy on peaked, tied, -inf-heavy, signed-zero and
 one- and two-token rows, and took 0.31 ms at V = 152064 against the dense definition's 1.1-2.0 ms (B = 1..64;
 docs/performance.md, GPU). tests/test_gpu.py runs those checks where MLX's default device is a CUDA GPU; the CPU
 never takes this path.
@@ -19,12 +18,12 @@ dense definition.
 The chain kernel (`sample_chain`, gpu_chain.cu) runs a chain of temperature, top_k, top_p, min_p, xtc,
 top_n_sigma, epsilon and eta stages in any order, with per-row run-time values, and its draw (sample or greedy)
 and the token's log-probability (and the final logits or their softmax where a program reads them), as one block
-per row: the kept tokens stay an upper set of the raw logits (a threshold rho per row), each stage one
-or a few passes over the row (or over the at most 4,096 tokens a cut left, gathered in shared memory), thresholds
-by radix selects over the float32 keys: on an H200, HF's and vLLM's orders in ~0.5 ms at B = 1 against 4-5 ms on
-the dense definitions (docs/performance.md, GPU). The interpreter gives it a
-chain's stage ops where MLX's default device is a CUDA GPU (the CPU has the native chain kernel); the masks,
-biases and penalties below the stages and the outputs beside them (raw_logprob, top_logprobs) run as MLX ops.
+per row: the kept tokens stay an upper set of the raw logits (a threshold rho per row), each stage one or a few
+passes over the row (or over the at most 4,096 tokens a cut left, gathered in shared memory), thresholds by radix
+selects over the float32 keys: on an H200, HF's and vLLM's orders in ~0.5 ms at B = 1 against 4-5 ms on the dense
+definitions (docs/performance.md, GPU). The interpreter gives it a chain's stage ops where MLX's default device is
+a CUDA GPU (the CPU has the native chain kernel); the masks, biases and penalties below the stages and the outputs
+beside them (raw_logprob, top_logprobs) run as MLX ops.
 
 `SAMPLEC_GPU_KERNELS=0` (or off, false, no) turns the kernels off; `SAMPLEC_GPU_CHAIN=0` the chain kernel alone
 (the stages then run their dense definitions, with the radix select for top_k).
@@ -141,7 +140,6 @@ def kth_largest(x: mx.array, want: mx.array) -> mx.array | None:
         inputs=[x, k], output_shapes=[(B,)], output_dtypes=[mx.float32],
         grid=(B * THREADS, 1, 1), threadgroup=(THREADS, 1, 1))[0]
     return out.reshape(B, 1)
-
 
 
 # -- the chain kernel ----------------------------------------------------------------------------------------------

@@ -308,6 +308,31 @@ __device__ __forceinline__ void sc_gather(const float* xr, int V, const ScView& 
   __syncthreads();
 }
 
+// sc_gather after a pass counting each thread's tokens that pass keep(c).
+template <class K>
+__device__ __forceinline__ void sc_gather_passing(const float* xr, int V, const ScView& s, K keep, ScShared& sh) {
+  int mine = 0;
+  sc_each(xr, V, sh, [&](int i, float r) {
+    const float c = sc_cur(s, i, r);
+    mine += c != -SC_INF && keep(c);
+  });
+  sc_gather(xr, V, s, keep, mine, sh);
+}
+
+// The threads' maxima tm, sorted descending (equal ones by thread), into sh.cand_raw[0, SC_T) -- free while the
+// passes read the row. The j largest of them are j distinct tokens: the bounds of top_k and top_p.
+__device__ __forceinline__ void sc_sort_maxima(float tm, ScShared& sh) {
+  sh.tmax[threadIdx.x] = tm;
+  __syncthreads();
+  int rank = 0;
+  for (int j = 0; j < SC_T; ++j) {
+    const float o = sh.tmax[j];
+    rank += o > tm || (o == tm && j < (int)threadIdx.x);
+  }
+  sh.cand_raw[rank] = tm;
+  __syncthreads();
+}
+
 // Keep the tokens whose current logit c passes keep(c): the new rho is the smallest raw logit left. (A token at
 // -inf stays removed whatever the threshold: a cut at -inf keeps the row as it is.)
 template <class K>
@@ -365,26 +390,9 @@ __device__ void sc_top_k(const float* xr, int V, float k, ScShared& sh) {
     // the cut (usually a few times kk of them) -- gathered, the selection reads them alone.
     float tm = -SC_INF;
     sc_each(xr, V, sh, [&](int i, float r) { tm = fmaxf(tm, sc_cur(s, i, r)); });
-    sh.tmax[threadIdx.x] = tm;
-    if (threadIdx.x == 0) sh.bound = -SC_INF;
-    __syncthreads();
-    int gt = 0, eq = 0;
-    for (int j = 0; j < SC_T; ++j) {
-      const float o = sh.tmax[j];
-      gt += o > tm;
-      eq += o == tm;
-    }
-    if (gt < kk && kk <= gt + eq) sh.bound = tm;      // (every writer writes the same value)
-    __syncthreads();
-    const float t0 = sh.bound;
-    if (t0 != -SC_INF) {
-      int mine = 0;
-      sc_each(xr, V, sh, [&](int i, float r) {
-        const float c = sc_cur(s, i, r);
-        mine += c != -SC_INF && c >= t0;
-      });
-      sc_gather(xr, V, s, [&](float c) { return c >= t0; }, mine, sh);
-    }
+    sc_sort_maxima(tm, sh);
+    const float t0 = sh.cand_raw[kk - 1];
+    if (t0 != -SC_INF) sc_gather_passing(xr, V, s, [&](float c) { return c >= t0; }, sh);
   }
   const float vk = sc_select(xr, V, floorf(k), [&](int i, float r, unsigned* key, float* w) {
     *key = sc_key(sc_cur(s, i, r));
@@ -410,15 +418,7 @@ __device__ void sc_top_p(const float* xr, int V, float p, ScShared& sh) {
     // p (with a margin over float rounding) the nucleus lies at or above the j-th, and so within the tokens whose
     // probability is at least its probability -- gathered, the selection reads them alone. (No bound on a flat
     // row, where the maxima hold less than p: the selection reads the row.)
-    sh.tmax[threadIdx.x] = tm;
-    __syncthreads();
-    int rank = 0;
-    for (int j = 0; j < SC_T; ++j) {
-      const float o = sh.tmax[j];
-      rank += o > tm || (o == tm && j < (int)threadIdx.x);
-    }
-    sh.cand_raw[rank] = tm;                             // (the candidates' space is free until a gather)
-    __syncthreads();
+    sc_sort_maxima(tm, sh);
     if (threadIdx.x == 0) {
       const double need = (double)p * 1.00001 + 1e-6;
       double acc = 0.0;
@@ -433,12 +433,7 @@ __device__ void sc_top_p(const float* xr, int V, float p, ScShared& sh) {
     const float t0 = sh.bound;
     if (t0 != -SC_INF) {
       const float p0 = prob(t0);
-      int mine = 0;
-      sc_each(xr, V, sh, [&](int i, float r) {
-        const float c = sc_cur(s, i, r);
-        mine += c != -SC_INF && prob(c) >= p0;
-      });
-      sc_gather(xr, V, s, [&](float c) { return prob(c) >= p0; }, mine, sh);
+      sc_gather_passing(xr, V, s, [&](float c) { return prob(c) >= p0; }, sh);
     }
   }
   const float floor_p = sc_select(xr, V, p, [&](int i, float r, unsigned* key, float* w) {

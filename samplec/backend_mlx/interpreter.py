@@ -74,9 +74,7 @@ class Chain:
             if id(m) not in core:
                 env[id(m)] = evaluate(m, env)
         x = self.stages[0].inputs[0] if self.stages else self.draw.inputs[0]
-        params = [env[id(unexpanded(i))] for s in self.stages for i in s.inputs[1:]] + \
-            [env[id(unexpanded(i))] for i in (self.draw.inputs[1:] if self.draw is not None else ())]
-        out = gpu.sample_chain(env[id(x)], params, [s.op for s in self.stages], terminal, bool(self.logprobs),
+        out = gpu.sample_chain(env[id(x)], self.params(env), [s.op for s in self.stages], terminal, bool(self.logprobs),
                                out_x)
         if out is None:
             return None
@@ -87,10 +85,14 @@ class Chain:
             bound[id(self.softmax[-1] if self.softmax else self.stages[-1])] = out[2]
         return bound
 
-    def run(self, env: dict) -> dict | None:
+    def params(self, env: dict) -> list[mx.array]:
+        """The stages' operands after x in order, then the draw's (sample: the seed and the position)."""
         draws = self.draw.inputs[1:] if self.draw is not None else ()
-        params = [env[id(unexpanded(i))] for s in self.stages for i in s.inputs[1:]] + \
+        return [env[id(unexpanded(i))] for s in self.stages for i in s.inputs[1:]] + \
             [env[id(unexpanded(i))] for i in draws]
+
+    def run(self, env: dict) -> dict | None:
+        params = self.params(env)
         x, edits = env.get(id(self.base)), ()
         ops = tuple((p.kind, env[id(p.operand)]) for p in self.prefix)
         if self.edits:
@@ -363,8 +365,9 @@ class Executable:
                         for m in chain.nodes():         # (stages read by nothing outside the chain)
                             env.setdefault(id(m), None)
                         continue
-                    for s in chain.nodes():      # (the primitive declined: each by its definition)
-                        env[id(s)] = self._evaluate(s, env)
+                    for s in chain.nodes():      # (the primitive declined: each by its definition, once)
+                        if id(s) not in env:
+                            env[id(s)] = self._evaluate(s, env)
                     continue
                 rule = rules.get(node.op)
                 bound = rule(node, users, env) if rule is not None else None
