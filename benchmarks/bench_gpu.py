@@ -170,6 +170,47 @@ def stages(result: dict) -> None:
         print(f"  B = {B:2d} {'mx.max (a call floor)':24s} {ms:7.3f}")
 
 
+def floor(result: dict) -> None:
+    """Where a chain call's time goes at B = 1: MLX's own one-pass reductions, the chain kernel with its operands
+    built once (greedy: two passes over the row) on the whole row and on a short one (the kernel's fixed cost), k
+    calls queued before one evaluation (the GPU's time a call, without the host's wait), the whole
+    gpu.sample_chain as a program calls it, and a program's whole call."""
+    print("\nwhere a call's time goes, B = 1 (ms)")
+    x = mx.array(chat_logits(1, V, seed=1))
+    xs = x[:, :1024]
+    mx.eval(xs)
+    seed, pos = mx.array(np.arange(1, dtype=np.uint64)), mx.array(np.full(1, 7, np.int32))
+    inputs = gpu.chain_inputs([], [], "greedy", False, 0, 1)
+    gpu.sample_chain(x, [], [], "greedy", False)
+    kern = gpu._kernels["samplec_chain"]
+    prog = samplec.compile("sampler s(seed: seed) -> token { sample(seed) }")
+
+    def call(v):
+        return kern(inputs=[v, *inputs], output_shapes=[(1,), (1,), (1, 1)],
+                    output_dtypes=[mx.int32, mx.float32, mx.float32],
+                    grid=(gpu.CHAIN_THREADS, 1, 1), threadgroup=(gpu.CHAIN_THREADS, 1, 1))[0]
+
+    def queued(k):
+        def run():
+            outs = []
+            for _ in range(k):
+                outs.append(call(x))
+            return outs
+        return run
+    cases = {"mx.max": lambda: mx.max(x, axis=-1), "mx.argmax": lambda: mx.argmax(x, axis=-1),
+             "mx.max, V = 1024": lambda: mx.max(xs, axis=-1),
+             "kernel greedy, operands built": lambda: call(x),
+             "kernel greedy, V = 1024": lambda: call(xs),
+             "kernel greedy x8 queued (/8)": queued(8),
+             "a program: sample(seed), token only": lambda: prog(x, seed=[3]).token,
+             "sample_chain greedy": lambda: gpu.sample_chain(x, [], [], "greedy", False)[0],
+             "sample_chain sample": lambda: gpu.sample_chain(x, [seed, pos], [], "sample", False)[0]}
+    for name, fn in cases.items():
+        ms = median_ms(fn, reps=100, budget_s=0.6) / (8 if "x8" in name else 1)
+        result["rows"].append({"B": 1, "case": f"floor {name}", "ms": ms})
+        print(f"  {name:40s} {ms:7.3f}")
+
+
 def chains(result: dict, dense: bool) -> None:
     """Each chain with the chain kernel (one block per row) and, with `dense`, the same program on the dense
     definitions (SAMPLEC_GPU_CHAIN=0; a cold NVRTC cache spends a minute or more compiling each), tokens compared
@@ -208,6 +249,7 @@ def main():
     ap.add_argument("--count", action="store_true", help="only count the example chains' kernel launches")
     ap.add_argument("--dense", action="store_true", help="time each chain on the dense definitions too")
     ap.add_argument("--chains-only", action="store_true", help="only the kernel's check and the chains")
+    ap.add_argument("--floor", action="store_true", help="only the kernel's check and a call's fixed costs")
     args = ap.parse_args()
     if args.count:
         count_launches()
@@ -221,9 +263,11 @@ def main():
         for b in bad[:20]:
             print("  ", b)
         result["check"] = bad
-        stages(result)
-        chains(result, args.dense)
-    if args.chains_only:
+        floor(result)
+        if not args.floor:
+            stages(result)
+            chains(result, args.dense)
+    if args.chains_only or args.floor:
         if args.json:
             Path(args.json).write_text(json.dumps(result, indent=1))
         return

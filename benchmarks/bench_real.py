@@ -369,11 +369,14 @@ class MxArgmax:
 
 # ---- measuring ---------------------------------------------------------------------------------------------------
 
-def interleaved(steps, budget_s, max_reps=400):
+def interleaved(steps, budget_s, max_reps=400, trace=None):
     rng = random.Random(0)
-    for s in steps.values():
+    for k, s in steps.items():
+        t0 = time.perf_counter()
         s(0)
         s(1)
+        if trace:
+            trace(f"{k}: first two calls {time.perf_counter() - t0:.2f} s")
     times = {k: [] for k in steps}
     spent = {k: 0.0 for k in steps}
     i = 2
@@ -409,8 +412,14 @@ def main():
     ap.add_argument("--history", type=int, default=HIST,
                     help="token history length (default 64; a prompt of thousands for HF's and vLLM's "
                          "repetition penalty over the whole sequence)")
+    ap.add_argument("--trace", action="store_true", help="print each step's start time (where a cold GPU waits)")
     args = ap.parse_args()
     globals()["HIST"] = args.history
+    t_start = time.perf_counter()
+
+    def trace(what):
+        if args.trace:
+            print(f"  [{time.perf_counter() - t_start:7.1f} s] {what}", flush=True)
     budget = args.budget if args.budget is not None else (0.6 if args.quick else 2.0)
     batches = (1, 8)
     peers = {}
@@ -441,8 +450,10 @@ def main():
                     continue
                 lean = Samplec(2, per_row=B > 1, token_only=True)
                 mine = lean if args.lean else Samplec(2, per_row=B > 1)
+                trace(f"{name}: samplec setup")
                 steps = {mine.name: mine.setup(spec, x, hist), lean.name: lean.setup(spec, x, hist)}
                 if not args.lean:
+                    trace(f"{name}: -O2 = -O0 check")
                     t2 = steps[mine.name](123)
                     prev = mx.default_device()
                     if args.check_device == "cpu":
@@ -454,8 +465,10 @@ def main():
                     assert t2.tolist() == t0.tolist(), (name, family, B, t2, t0)
                 for pname in spec[4]:
                     if pname in peers:
+                        trace(f"{name}: {pname} setup")
                         steps[pname] = peers[pname].setup(spec, x, hist)
-                ms = interleaved(steps, budget)
+                trace(f"{name}: timing")
+                ms = interleaved(steps, budget, trace=trace if args.trace else None)
                 for p in spec[4]:
                     if p in peers and hasattr(peers[p], "teardown"):
                         peers[p].teardown()

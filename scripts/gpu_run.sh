@@ -44,6 +44,7 @@ export PYTHONPATH=$SITE:$PWD
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 python3 -c "import mlx.core as mx; print('MLX', mx.__version__, mx.default_device(), 'cuda', mx.cuda.is_available())" \
     || exit 5
+[ "${INSTALL_ONLY:-0}" = 1 ] && exit 0      # (then run any step by hand: PYTHONPATH=$SITE:$PWD python3 ...)
 failed=0
 # QUICK=1 (a short lease): the chain kernel's tests, the chains, the peers on the chains the kernel runs, token only
 if [ "${QUICK:-0}" = 1 ]; then
@@ -53,7 +54,7 @@ if [ "${QUICK:-0}" = 1 ]; then
     timeout ${T_BENCH:-60} python3 benchmarks/bench_gpu.py --chains-only --json "$OUT/bench_gpu.json" \
         > "$OUT/bench_gpu.log" 2>&1 || failed=1
     cat "$OUT/bench_gpu.log"
-    timeout ${T_REAL:-150} python3 benchmarks/bench_real.py --quick --lean --budget 0.25 --torch-device cuda \
+    timeout ${T_REAL:-150} python3 benchmarks/bench_real.py --quick --lean --trace --budget 0.25 --torch-device cuda \
         --chains mlx_lm,hf,vllm,server,openai --out "$OUT/bench_real_cuda" > "$OUT/bench_real_cuda.log" 2>&1 \
         || failed=1
     tail -30 "$OUT/bench_real_cuda.log"
@@ -67,7 +68,7 @@ grep -E "passed|failed|Error|assert" "$OUT/test_gpu.log" | tail -12
 timeout ${T_BENCH:-120} python3 benchmarks/bench_gpu.py --json "$OUT/bench_gpu.json" > "$OUT/bench_gpu.log" 2>&1 \
     || failed=1
 cat "$OUT/bench_gpu.log"
-timeout ${T_REAL:-170} python3 benchmarks/bench_real.py --quick --budget 0.25 --torch-device cuda --check-device cpu \
+timeout ${T_REAL:-170} python3 benchmarks/bench_real.py --quick --trace --budget 0.25 --torch-device cuda --check-device cpu \
     --out "$OUT/bench_real_cuda" > "$OUT/bench_real_cuda.log" 2>&1 || failed=1
 tail -40 "$OUT/bench_real_cuda.log"
 timeout ${T_TEST2:-60} python3 -m pytest -q -p no:cacheprovider tests/test_gpu.py -k "not chain and not kth" \

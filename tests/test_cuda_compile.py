@@ -70,9 +70,11 @@ def registers(cubin: bytes) -> list[int]:
 
 
 KERNELS = {
-    "chain": (gpu.chain_header() + '\nextern "C" __global__ void samplec_chain(const float* x, const int* x_shape, '
-              "const float* P, const unsigned* U, const int* S, int* tok, float* lp, float* xo) {\n" +
-              gpu.CHAIN_BODY + "}\n", gpu.CHAIN_THREADS),
+    "chain": (gpu.chain_header() + '\nextern "C" __global__ void samplec_chain(const float* x, const int* x_shape, ' +
+              "".join(f"const float* F{i}, " for i in range(gpu.CHAIN_FLOAT_SLOTS)) +
+              "".join(f"const unsigned long long* K{i}, " for i in range(gpu.CHAIN_KEY_SLOTS)) +
+              "".join(f"const int* Q{i}, " for i in range(gpu.CHAIN_KEY_SLOTS)) +
+              "const int* S, int* tok, float* lp, float* xo) {\n" + gpu.CHAIN_BODY + "}\n", gpu.CHAIN_THREADS),
     "kth_largest": ('extern "C" __global__ void samplec_kth_largest(const float* x, const int* x_shape, const int* k, '
                     "float* out) {\n" + gpu._KTH_SOURCE + "}\n", gpu.THREADS),
 }

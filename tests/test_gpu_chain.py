@@ -34,16 +34,21 @@ FAMILIES = ("peaked", "flat", "ties", "neg_inf", "normal", "tail", "one_finite")
 _BUILT: dict = {}
 
 
-def emulated(stages: list[str], terminal: str, want_logprob: bool, threads: int = 64, out_x: int = 0):
-    """The kernel (one for every chain), built for the CPU: f(x [B, V], P, U) -> (tok [B], lp [B]), and with out_x
-    the final logits (1) or their softmax (2), [B, V]."""
+def emulated(threads: int = 64):
+    """The kernel (one for every chain), built for the CPU: f(x [B, V], inputs) with inputs gpu.chain_inputs' F0..F9,
+    K0, K1, Q0, Q1, S -> (tok [B], lp [B]), and where S asks for it the final logits (1) or their softmax (2),
+    [B, V]."""
+    slots = ", ".join([f"const float* F{i}" for i in range(gpu.CHAIN_FLOAT_SLOTS)] +
+                      [f"const unsigned long long* K{i}" for i in range(gpu.CHAIN_KEY_SLOTS)] +
+                      [f"const int* Q{i}" for i in range(gpu.CHAIN_KEY_SLOTS)])
+    names = ", ".join(gpu._SLOTS)
     src = (f"#define SC_T {threads}\n#include \"cuda_emulation.h\"\n{gpu.chain_header()}\n"
-           "static void sc_body(const float* x, const int* x_shape, const float* P, const unsigned* U, const int* S,\n"
+           f"static void sc_body(const float* x, const int* x_shape, {slots}, const int* S,\n"
            f"                    int* tok, float* lp, float* xo) {{\n{gpu.CHAIN_BODY}}}\n"
-           "extern \"C\" void run(const float* x, int B, int V, const float* P, const unsigned* U, const int* S,\n"
+           f"extern \"C\" void run(const float* x, int B, int V, {slots}, const int* S,\n"
            "                      int* tok, float* lp, float* xo) {\n"
            "  const int shape[2] = {B, V};\n"
-           "  sc_launch(B, [&] { sc_body(x, shape, P, U, S, tok, lp, xo); });\n}\n")
+           f"  sc_launch(B, [&] {{ sc_body(x, shape, {names}, S, tok, lp, xo); }});\n}}\n")
     digest = hashlib.sha256(src.encode() + (HERE / "cuda_emulation.h").read_bytes()).hexdigest()[:16]
     if digest not in _BUILT:
         out = Path(os.environ.get("PYTEST_TMP", "/tmp")) / f"samplec_gpu_chain_{digest}"
@@ -59,26 +64,35 @@ def emulated(stages: list[str], terminal: str, want_logprob: bool, threads: int 
         fn.restype = None
         _BUILT[digest] = fn
     fn = _BUILT[digest]
-    codes = np.array(gpu.chain_codes(stages, terminal, want_logprob, out_x), dtype=np.int32)
 
-    def run(x: np.ndarray, P: np.ndarray, U: np.ndarray):
-        x, P, U = (np.ascontiguousarray(a) for a in (x.astype(np.float32), P.astype(np.float32),
-                                                     U.astype(np.uint32)))
+    def run(x: np.ndarray, inputs: list):
+        x = np.ascontiguousarray(x.astype(np.float32))
+        ins = [np.ascontiguousarray(np.array(a)) for a in inputs]
         B, V = x.shape
+        out_x = int(ins[-1][5])
         tok, lp = np.zeros(B, dtype=np.int32), np.zeros(B, dtype=np.float32)
         xo = np.full((B, V) if out_x else (B, 1), np.nan, dtype=np.float32)
-        ptr = lambda a: a.ctypes.data_as(ctypes.c_void_p)
-        fn(ptr(x), ctypes.c_int(B), ctypes.c_int(V), ptr(P), ptr(U), ptr(codes), ptr(tok), ptr(lp), ptr(xo))
+        ptr = lambda a: a.ctypes.data_as(ctypes.c_void_p)      # noqa: E731
+        fn(ptr(x), ctypes.c_int(B), ctypes.c_int(V), *(ptr(a) for a in ins), ptr(tok), ptr(lp), ptr(xo))
         return (tok, lp, xo) if out_x else (tok, lp)
     return run
 
 
+def kernel(x, operands, stages, terminal, want_logprob=True, out_x=0, threads=64):
+    """The emulated kernel on a chain's operands as gpu.sample_chain passes them."""
+    inputs = gpu.chain_inputs(operands, stages, terminal, want_logprob, out_x, x.shape[0])
+    assert inputs is not None
+    return emulated(threads)(x, inputs)
+
+
 def chain_case(seed: int, V: int, B: int, n_stages: int, terminal: str):
     """A random chain of the kernel's stages with one run-time value per row, as the differential test builds it
-    (its stage values, at their edges too): (stages, source, kwargs, per-row reference stages, the kernel's
-    operands P and U, x)."""
+    (its stage values, at their edges too): (stages, source, kwargs, per-row reference stages, the chain's
+    operands as the interpreter hands them to gpu.sample_chain, x)."""
     rng = np.random.default_rng(seed)
     stages = [str(s) for s in rng.choice(STAGES, n_stages)]
+    while not gpu.chain_supports(stages, terminal):      # (at most one xtc before a sample: the kernel's key slots)
+        stages = [str(s) for s in rng.choice(STAGES, n_stages)]
     x = np.stack([family_row(str(rng.choice(FAMILIES)), V, rng) for _ in range(B)])
     src, kw, per_row = build(V, B, stages, ["rows"] * n_stages, terminal, False, rng)
     operands = []
@@ -90,8 +104,7 @@ def chain_case(seed: int, V: int, B: int, n_stages: int, terminal: str):
             operands.append(mx.array(kw[f"a{i}"], dtype=mx.int32 if name == "top_k" else mx.float32))
     if terminal == "sample":
         operands += [mx.array(np.array(kw["seed"], dtype=np.uint64)), mx.array(kw["pos"], dtype=mx.int32)]
-    P, U = gpu.chain_operands(operands, stages, terminal, B)
-    return stages, src, kw, per_row, np.array(P), np.array(U), x
+    return stages, src, kw, per_row, operands, x
 
 
 CASES = [(seed, V, B, n, term) for seed, (V, B, n, term) in enumerate(
@@ -102,8 +115,8 @@ CASES = [(seed, V, B, n, term) for seed, (V, B, n, term) in enumerate(
 
 @pytest.mark.parametrize("seed,V,B,n,terminal", CASES)
 def test_emulated_chain_kernel_equals_reference_and_O0(seed, V, B, n, terminal):
-    stages, src, kw, per_row, P, U, x = chain_case(seed, V, B, n, terminal)
-    tok, lp = emulated(stages, terminal, True)(x, P, U)
+    stages, src, kw, per_row, ops, x = chain_case(seed, V, B, n, terminal)
+    tok, lp = kernel(x, ops, stages, terminal)
     o0 = samplec.compile(src, opt_level=0)(x, **kw)
     assert tok.tolist() == np.array(o0.token).tolist(), src
     for r in range(B):
@@ -117,16 +130,16 @@ def test_emulated_chain_kernel_equals_reference_and_O0(seed, V, B, n, terminal):
 
 def test_emulated_chain_kernel_at_the_gpus_block_size():
     """gpu.CHAIN_THREADS threads a block, as on the GPU (V above 16 * 512: the unrolled float4 loads run too)."""
-    stages, src, kw, per_row, P, U, x = chain_case(99, 9000, 2, 4, "sample")
-    tok, lp = emulated(stages, "sample", True, threads=gpu.CHAIN_THREADS)(x, P, U)
+    stages, src, kw, per_row, ops, x = chain_case(99, 9000, 2, 4, "sample")
+    tok, lp = kernel(x, ops, stages, "sample", threads=gpu.CHAIN_THREADS)
     o0 = samplec.compile(src, opt_level=0)(x, **kw)
     assert tok.tolist() == np.array(o0.token).tolist(), src
     np.testing.assert_allclose(lp, np.array(o0.logprob), atol=2e-4, rtol=1e-4)
 
 
 def test_emulated_chain_kernel_without_logprob_writes_zero():
-    stages, src, kw, per_row, P, U, x = chain_case(5, 300, 2, 2, "sample")
-    tok, lp = emulated(stages, "sample", False)(x, P, U)
+    stages, src, kw, per_row, ops, x = chain_case(5, 300, 2, 2, "sample")
+    tok, lp = kernel(x, ops, stages, "sample", False)
     assert lp.tolist() == [0.0, 0.0]
     assert tok.tolist() == np.array(samplec.compile(src, opt_level=0)(x, **kw).token).tolist()
 
@@ -136,21 +149,51 @@ def test_chain_supports_and_body():
                               "sample")
     assert not gpu.chain_supports(["typical_p"], "sample")
     assert not gpu.chain_supports(["temperature"] * 9, "greedy")
-    assert gpu.chain_codes(["top_k", "xtc", "temperature"], "sample", True) == [3, 1, 1, 4, 6, 0, 1, 4, 0]
-    assert gpu.chain_codes([], "greedy", False, 2) == [0, 0, 0, 1, 1, 2]
+    assert not gpu.chain_supports(["xtc", "xtc"], "sample") and gpu.chain_supports(["xtc", "xtc"], "greedy")
+    assert not gpu.chain_supports(["xtc"] * 5 + ["top_k"], "greedy")           # (11 float operands)
+    assert gpu.chain_codes(["top_k", "xtc", "temperature"], "sample", True) == [3, 1, 1, 4, 6, 0, 1, 4, 0] + [0] * 14
+    assert gpu.chain_codes([], "greedy", False, 2) == [0, 0, 0, 1, 1, 2] + [0] * 14
+
+
+def test_chain_inputs_pass_operands_as_they_are():
+    """The operands go to the kernel as the program holds them: an f32 value per row or one value, a u64 seed and
+    an i32 position without an op; another dtype is cast; S flags which slots hold one value per row."""
+    k, p, seed, pos = (mx.array([5, 7, 9], dtype=mx.int32), mx.array([0.9, 0.5, 1.0], dtype=mx.float32),
+                       mx.array(np.array([1, 2, 3], dtype=np.uint64)), mx.array(4, dtype=mx.int32))
+    t = mx.array(0.7, dtype=mx.float32)
+    ins = gpu.chain_inputs([t, k, p, seed, pos], ["temperature", "top_k", "top_p"], "sample", False, 0, 3)
+    assert ins[0] is t and ins[2] is p and ins[gpu.CHAIN_FLOAT_SLOTS] is seed
+    assert ins[gpu.CHAIN_FLOAT_SLOTS + gpu.CHAIN_KEY_SLOTS] is pos
+    assert ins[1].dtype == mx.float32 and np.array(ins[1]).tolist() == [5.0, 7.0, 9.0]
+    S = np.array(ins[-1]).tolist()
+    assert S[9:] == [0, 1, 1] + [0] * 7 + [1, 0] + [0, 0]
+    assert gpu.chain_inputs([mx.array([[1.0, 2.0]])], ["temperature"], "greedy", False, 0, 3) is None
+
+
+def test_emulated_chain_kernel_scalar_and_per_row_operands_agree():
+    """One value for every row (stride 0) reads as that value repeated per row."""
+    rng = np.random.default_rng(7)
+    x = np.stack([family_row(f, 500, rng) for f in ("peaked", "flat", "tail")])
+    stages = ["top_k", "temperature", "top_p", "min_p"]
+    vals = [mx.array(40, dtype=mx.int32), mx.array(0.8, dtype=mx.float32), mx.array(0.9, dtype=mx.float32),
+            mx.array(0.05, dtype=mx.float32), mx.array(np.array(11, dtype=np.uint64)), mx.array(3, dtype=mx.int32)]
+    rows = [mx.broadcast_to(v, (3,)) for v in vals]
+    one = kernel(x, vals, stages, "sample")
+    each = kernel(x, rows, stages, "sample")
+    assert one[0].tolist() == each[0].tolist() and np.array_equal(one[1], each[1])
 
 
 @pytest.mark.parametrize("seed,V,n", [(40, 300, 3), (41, 300, 4), (42, 7, 2), (43, 1000, 5), (44, 300, 1)])
 def test_emulated_chain_kernel_final_logits_and_probs(seed, V, n):
     """The [B, V] output: the chain's final logits (a chain whose last stage something else reads) and their
     softmax (a `probs` output), against -O0's `candidates(V)` and `probs`."""
-    stages, src, kw, per_row, P, U, x = chain_case(seed, V, 3, n, "sample")
+    stages, src, kw, per_row, ops, x = chain_case(seed, V, 3, n, "sample")
     src = src.replace("-> token, logprob", f"-> token, logprob, probs, candidates({V})")
     o0 = samplec.compile(src, opt_level=0)(x, **kw)
-    tok, lp, probs = emulated(stages, "sample", True, out_x=2)(x, P, U)
+    tok, lp, probs = kernel(x, ops, stages, "sample", out_x=2)
     assert tok.tolist() == np.array(o0.token).tolist(), src
     np.testing.assert_allclose(probs, np.array(o0.probs), atol=1e-6, rtol=1e-5, err_msg=src)
-    _, _, final = emulated(stages, "sample", True, out_x=1)(x, P, U)
+    _, _, final = kernel(x, ops, stages, "sample", out_x=1)
     assert np.array_equal(-np.sort(-final, axis=-1), np.array(o0.candidates.values)), src
 
 
@@ -162,14 +205,13 @@ def test_interpreter_hands_chains_to_the_kernel(seed, V, n, terminal, outs, monk
     """The interpreter's side (Chain.run_gpu, gpu.sample_chain's operands and outputs) on the CPU: a CUDA device
     faked, its kernel the emulated one; a program's outputs against -O0's. Greedy chains after cuts have no draw
     node (the passes take the logits' argmax): the kernel gives their final logits for the logprob."""
-    stages, src, kw, per_row, P, U, x = chain_case(seed, V, 2, n, terminal)
+    stages, src, kw, per_row, ops, x = chain_case(seed, V, 2, n, terminal)
     src = src.replace("-> token, logprob", f"-> {outs}")
     want = samplec.compile(src, opt_level=0)(x, **kw).to_dict()
     calls = []
 
     def fake(x, params, stages, terminal, want_logprob, out_x=0):
-        P, U = gpu.chain_operands(params, stages, terminal, x.shape[0])
-        out = emulated(stages, terminal, want_logprob, out_x=out_x)(np.array(x), np.array(P), np.array(U))
+        out = kernel(np.array(x), params, stages, terminal, want_logprob, out_x)
         calls.append((tuple(stages), terminal, out_x))
         return (mx.array(out[0])[:, None], mx.array(out[1])[:, None]) + ((mx.array(out[2]),) if out_x else ())
 
@@ -198,6 +240,5 @@ def test_emulated_chain_kernel_on_a_row_with_no_finite_logit(terminal):
     ops = [mx.array([5, 5], dtype=mx.int32), mx.array([0.9, 0.9], dtype=mx.float32)]
     if terminal == "sample":
         ops += [mx.array(np.array([3, 4], dtype=np.uint64)), mx.array([0, 0], dtype=mx.int32)]
-    P, U = gpu.chain_operands(ops, stages, terminal, 2)
-    tok, lp = emulated(stages, terminal, True)(x, np.array(P), np.array(U))
+    tok, lp = kernel(x, ops, stages, terminal)
     assert tok.tolist() == [0, 17]

@@ -30,9 +30,12 @@ beside them (raw_logprob, top_logprobs) run as MLX ops.
 """
 from __future__ import annotations
 
+import functools
+import hashlib
 from pathlib import Path
 
 import mlx.core as mx
+import numpy as np
 
 from samplec.backend_mlx import native
 
@@ -122,9 +125,15 @@ def available() -> bool:
         return False
 
 
-def _kernel(name: str, inputs: list[str], source: str):
+def _kernel(name: str, inputs: list[str], source: str, outputs: tuple = ("out",), header: str = ""):
+    """MLX's CUDA kernel object for a source, made once a process. Its name carries a digest of the source: MLX
+    keeps compiled kernels on disk by name alone (MLX_PTX_CACHE_DIR, else $TMPDIR/mlx/<version>/ptx), so a kernel
+    an upgrade changed must not load the old one. (The name does not follow the inputs' dtypes: callers cast each
+    input to the one dtype its kernel is written for.)"""
     if name not in _kernels:
-        _kernels[name] = mx.fast.cuda_kernel(name=name, input_names=inputs, output_names=["out"], source=source)
+        digest = hashlib.sha256("\0".join([header, source, *inputs, *outputs]).encode()).hexdigest()[:12]
+        _kernels[name] = mx.fast.cuda_kernel(name=f"{name}_{digest}", input_names=inputs,
+                                             output_names=list(outputs), source=source, header=header)
     return _kernels[name]
 
 
@@ -151,71 +160,102 @@ CHAIN_STAGES = {"temperature": 1, "top_k": 1, "top_p": 1, "min_p": 1, "xtc": 2, 
 MAX_TEMPERATURES = 8            # gpu_chain.cu's SC_MAX_TEMPS
 
 
+@functools.cache
 def chain_header() -> str:
     return CHAIN_SOURCE.read_text()
 
 
 def chain_supports(stages: list[str], terminal: str) -> bool:
     return all(s in CHAIN_STAGES for s in stages) and terminal in ("sample", "greedy", "argmax") and \
-        stages.count("temperature") <= MAX_TEMPERATURES
+        stages.count("temperature") <= MAX_TEMPERATURES and \
+        sum(CHAIN_STAGES[s] for s in stages) <= CHAIN_FLOAT_SLOTS and \
+        stages.count("xtc") + (terminal == "sample") <= CHAIN_KEY_SLOTS
 
 
 STAGE_CODES = {name: i for i, name in enumerate(CHAIN_STAGES)}      # gpu_chain.cu's sc_chain switch
+CHAIN_FLOAT_SLOTS = 10          # gpu_chain.cu's SC_FSLOTS: the float operands' inputs F0..F9
+CHAIN_KEY_SLOTS = 2             # SC_KSLOTS: the (seed, position) inputs K0, Q0 and K1, Q1 (xtc's, the sample's)
+_SLOTS = [f"F{i}" for i in range(CHAIN_FLOAT_SLOTS)] + [f"K{i}" for i in range(CHAIN_KEY_SLOTS)] + \
+    [f"Q{i}" for i in range(CHAIN_KEY_SLOTS)]
 
 
-def chain_codes(stages: list[str], terminal: str, want_logprob: bool, out_x: int = 0) -> list[int]:
-    """The kernel's program for one chain: [#stages, sample?, want_logprob?, #float operands, #u32 operands, out_x
-    (0: no [B, V] output, 1: the final logits, 2: their softmax), the stages' codes...] (one kernel serves every
-    chain: one NVRTC compile per process)."""
+def chain_codes(stages: list[str], terminal: str, want_logprob: bool, out_x: int = 0,
+                per_row: tuple = ()) -> list[int]:
+    """The kernel's program for one chain: [#stages, sample?, want_logprob?, #float operands, #key words, out_x (0:
+    no [B, V] output, 1: the final logits, 2: their softmax), the stages' codes..., then each operand slot's stride
+    (F0..F9, K0, K1, Q0, Q1: 1 where it holds one value per row, 0 for one value; per_row's flags)] (one kernel
+    serves every chain: one NVRTC compile per process)."""
     nf = max(1, sum(CHAIN_STAGES[s] for s in stages))
     nu = max(1, 3 * (stages.count("xtc") + (terminal == "sample")))
+    strides = [int(bool(f)) for f in per_row] + [0] * (len(_SLOTS) - len(per_row))
     return [len(stages), int(terminal == "sample"), int(want_logprob), nf, nu, out_x] + \
-        [STAGE_CODES[s] for s in stages]
+        [STAGE_CODES[s] for s in stages] + strides
 
 
-# The body: inputs x [B, V] f32, P [B, nf] f32 (the stages' float operands in order; top_k's k as a float), U [B,
-# nu] u32 (each xtc's and the sample's key words and position), S (chain_codes); outputs tok [B] i32, lp [B] f32,
-# xo [B, V] f32 where S asks for the final logits or their softmax (else [B, 1], unwritten).
+# The body: inputs x [B, V] f32; F0..F9 f32 (the stages' float operands in order, top_k's k as a float), K0, K1
+# u64 and Q0, Q1 i32 (each xtc's and then the sample's seed and position), each one value or one per row, unused
+# slots one placeholder value; S (chain_codes). Outputs tok [B] i32, lp [B] f32, xo [B, V] f32 where S asks for the
+# final logits or their softmax (else [B, 1], unwritten). The operands go in as the program holds them (no op
+# gathers them first: at B = 1 a few small ops cost more than the kernel).
 CHAIN_BODY = """
     __shared__ ScShared sh;
-    const int V = x_shape[1];
-    sc_chain(x + (size_t)blockIdx.x * V, V, P, U, S, blockIdx.x, sh, tok + blockIdx.x, lp + blockIdx.x,
-             xo + (S[5] != 0 ? (size_t)blockIdx.x * V : (size_t)blockIdx.x));
+    const int V = x_shape[1], row = blockIdx.x, nf = S[3];
+    const int* st = S + 6 + S[0];
+    const float* F[SC_FSLOTS] = {F0, F1, F2, F3, F4, F5, F6, F7, F8, F9};
+    float pr[SC_FSLOTS];
+    for (int j = 0; j < nf; ++j) pr[j] = F[j][st[j] ? row : 0];
+    const unsigned long long k0 = K0[st[SC_FSLOTS] ? row : 0], k1 = K1[st[SC_FSLOTS + 1] ? row : 0];
+    const unsigned ur[3 * SC_KSLOTS] = {
+        (unsigned)(k0 >> 32), (unsigned)(k0 & 0xFFFFFFFFull), (unsigned)Q0[st[SC_FSLOTS + 2] ? row : 0],
+        (unsigned)(k1 >> 32), (unsigned)(k1 & 0xFFFFFFFFull), (unsigned)Q1[st[SC_FSLOTS + 3] ? row : 0]};
+    sc_chain(x + (size_t)row * V, V, pr, ur, S, sh, tok + row, lp + row,
+             xo + (S[5] != 0 ? (size_t)row * V : (size_t)row));
 """
 
+_PLACEHOLDERS: dict = {}
+_NP = {mx.float32: np.float32, mx.uint64: np.uint64, mx.int32: np.int32}
+_CODES: dict = {}
 
-def _column(p: mx.array, B: int, dtype) -> mx.array | None:
+
+def _placeholder(dtype) -> mx.array:
+    if dtype not in _PLACEHOLDERS:
+        _PLACEHOLDERS[dtype] = mx.array(np.zeros(1, dtype=_NP[dtype]))
+    return _PLACEHOLDERS[dtype]
+
+
+def _slot(p: mx.array, B: int, dtype) -> tuple[mx.array, bool] | None:
+    """An operand as the kernel reads it (one value, or one a row) and whether it is one a row; None otherwise."""
     if not (p.ndim <= 2 and p.size in (1, B) and (p.ndim < 2 or p.shape[-1] == 1)):
         return None
-    return mx.broadcast_to(p.reshape(-1).astype(dtype), (B,))
+    return (p if p.dtype == dtype else p.astype(dtype)), p.size == B and B > 1
 
 
-def chain_operands(params: list[mx.array], stages: list[str], terminal: str, B: int):
-    """(P, U) for the chain kernel from a chain's stage operands in order (then the sample's seed and position),
-    or None where one is not a scalar or one value per row."""
-    fcols, ucols, it = [], [], iter(params)
-
-    def key_and_position():
-        seed, pos = next(it), next(it)
-        s, q = _column(seed, B, mx.uint64), _column(pos, B, mx.int32)
-        if s is None or q is None:
-            return False
-        ucols.extend([(s >> 32).astype(mx.uint32), (s & 0xFFFFFFFF).astype(mx.uint32), q.astype(mx.uint32)])
-        return True
-
-    for s in stages:
-        for _ in range(CHAIN_STAGES[s]):
-            c = _column(next(it), B, mx.float32)
-            if c is None:
-                return None
-            fcols.append(c)
-        if s == "xtc" and not key_and_position():
-            return None
-    if terminal == "sample" and not key_and_position():
+def chain_inputs(params: list[mx.array], stages: list[str], terminal: str, want_logprob: bool, out_x: int,
+                 B: int) -> list[mx.array] | None:
+    """The kernel's inputs after x -- F0..F9, K0, K1, Q0, Q1, S -- from a chain's stage operands in order (then the
+    sample's seed and position), or None where one is not a scalar or one value per row. Only an operand of another
+    dtype costs an op; S is made once per chain and per-row pattern."""
+    floats, keys, poss, it = [], [], [], iter(params)
+    for s in stages + (["sample"] if terminal == "sample" else []):
+        if s == "sample" or s == "xtc":
+            if s == "xtc":
+                floats += [_slot(next(it), B, mx.float32), _slot(next(it), B, mx.float32)]
+            keys.append(_slot(next(it), B, mx.uint64))
+            poss.append(_slot(next(it), B, mx.int32))
+        else:
+            floats.append(_slot(next(it), B, mx.float32))
+    ops = floats + keys + poss
+    if any(o is None for o in ops) or len(floats) > CHAIN_FLOAT_SLOTS or len(keys) > CHAIN_KEY_SLOTS:
         return None
-    P = mx.stack(fcols, axis=1) if fcols else mx.zeros((B, 1), dtype=mx.float32)
-    U = mx.stack(ucols, axis=1) if ucols else mx.zeros((B, 1), dtype=mx.uint32)
-    return P, U
+    pad = lambda got, n, dtype: [o[0] for o in got] + [_placeholder(dtype)] * (n - len(got))     # noqa: E731
+    per_row = tuple(o[1] for o in floats) + (False,) * (CHAIN_FLOAT_SLOTS - len(floats)) + \
+        tuple(o[1] for o in keys) + (False,) * (CHAIN_KEY_SLOTS - len(keys)) + \
+        tuple(o[1] for o in poss) + (False,) * (CHAIN_KEY_SLOTS - len(poss))
+    key = (tuple(stages), terminal, bool(want_logprob), out_x, per_row)
+    if key not in _CODES:
+        _CODES[key] = mx.array(np.array(chain_codes(stages, terminal, want_logprob, out_x, per_row), np.int32))
+    return pad(floats, CHAIN_FLOAT_SLOTS, mx.float32) + pad(keys, CHAIN_KEY_SLOTS, mx.uint64) + \
+        pad(poss, CHAIN_KEY_SLOTS, mx.int32) + [_CODES[key]]
 
 
 def sample_chain(x: mx.array, params: list[mx.array], stages: list[str], terminal: str,
@@ -227,16 +267,11 @@ def sample_chain(x: mx.array, params: list[mx.array], stages: list[str], termina
             x.dtype == mx.float32 and x.shape[0] >= 1 and x.shape[1] >= 1 and chain_supports(stages, terminal)):
         return None
     B = x.shape[0]
-    ops = chain_operands(params, stages, terminal, B)
-    if ops is None:
+    inputs = chain_inputs(params, stages, terminal, want_logprob, out_x, B)
+    if inputs is None:
         return None
-    if "samplec_chain" not in _kernels:
-        _kernels["samplec_chain"] = mx.fast.cuda_kernel(
-            name="samplec_chain", input_names=["x", "P", "U", "S"], output_names=["tok", "lp", "xo"],
-            source=CHAIN_BODY, header=chain_header())
-    codes = mx.array(chain_codes(stages, terminal, want_logprob, out_x), dtype=mx.int32)
-    tok, lp, xo = _kernels["samplec_chain"](
-        inputs=[x, *ops, codes], output_shapes=[(B,), (B,), x.shape if out_x else (B, 1)],
+    tok, lp, xo = _kernel("samplec_chain", ["x", *_SLOTS, "S"], CHAIN_BODY, ("tok", "lp", "xo"), chain_header())(
+        inputs=[x, *inputs], output_shapes=[(B,), (B,), x.shape if out_x else (B, 1)],
         output_dtypes=[mx.int32, mx.float32, mx.float32],
         grid=(B * CHAIN_THREADS, 1, 1), threadgroup=(CHAIN_THREADS, 1, 1))
     return (tok.reshape(B, 1), lp.reshape(B, 1)) + ((xo,) if out_x else ())

@@ -23,6 +23,8 @@
 #endif                     // 512 leaves the kernel its ~70 registers a thread (1024 would allow 64)
 #define SC_WARPS (SC_T / 32)
 #define SC_MAX_TEMPS 8
+#define SC_FSLOTS 10       // float operand slots (gpu.CHAIN_FLOAT_SLOTS), key slots (gpu.CHAIN_KEY_SLOTS)
+#define SC_KSLOTS 2
 #define SC_INF __int_as_float(0x7f800000)   // (no headers under NVRTC)
 
 struct ScRow {
@@ -589,14 +591,13 @@ __device__ void sc_write(const float* xr, int V, int mode, ScShared& sh, float* 
   }
 }
 
-// One row's chain. S: [#stages, sample?, want_logprob?, #float operands, #u32 operands, output mode (0: none, 1:
-// the final logits, 2: their softmax), stage codes...] with codes
-// in gpu.py's STAGE_CODES order: 0 temperature, 1 top_k, 2 top_p, 3 min_p, 4 xtc, 5 top_n_sigma, 6 epsilon, 7 eta.
-__device__ void sc_chain(const float* xr, int V, const float* P, const unsigned* U, const int* S, int row,
+// One row's chain. S: gpu.chain_codes' [#stages, sample?, want_logprob?, #float operands, #key words, output mode
+// (0: none, 1: the final logits, 2: their softmax), stage codes..., then the operand slots' strides] with codes in
+// gpu.py's STAGE_CODES order: 0 temperature, 1 top_k, 2 top_p, 3 min_p, 4 xtc, 5 top_n_sigma, 6 epsilon, 7 eta.
+// pr: the row's float operands in order; ur: each xtc's and the sample's key words and position, in order.
+__device__ void sc_chain(const float* xr, int V, const float* pr, const unsigned* ur, const int* S,
                          ScShared& sh, int* tok, float* lp, float* xo) {
-  const int n = S[0], nf = S[3], nu = S[4];
-  const float* pr = P + (size_t)row * nf;
-  const unsigned* ur = U + (size_t)row * nu;
+  const int n = S[0];
   sc_begin(xr, V, sh);
   int f = 0, u = 0;
   for (int j = 0; j < n; ++j) {
