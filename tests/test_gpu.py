@@ -124,7 +124,7 @@ def test_gpu_chain_kernel_equals_cpu_O0(seed, monkeypatch):
     V = int(rng.choice([1, 2, 50, 1000, 5000, 40000, 152064]))
     B, n = int(rng.integers(1, 5)), int(rng.integers(0, 6))
     terminal = str(rng.choice(["sample", "greedy"]))
-    stages, src, kw, _, _, _, x = chain_case(seed, V, B, n, terminal)
+    stages, src, kw, _, _, x = chain_case(seed, V, B, n, terminal)
     calls = []
     real = gpu.sample_chain
     monkeypatch.setattr(gpu, "sample_chain", lambda *a: calls.append(a[2]) or real(*a))

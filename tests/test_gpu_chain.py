@@ -128,6 +128,37 @@ def test_emulated_chain_kernel_equals_reference_and_O0(seed, V, B, n, terminal):
         np.testing.assert_allclose(lp[r], np.array(o0.logprob)[r], atol=2e-4, rtol=1e-4, err_msg=f"{src} row {r}")
 
 
+TYPICAL = [(s, V, B, n, term) for s, (V, B, n, term) in enumerate(
+    [(300, 3, 1, "sample"), (300, 3, 2, "greedy"), (1000, 3, 3, "sample"), (50, 3, 2, "sample"),
+     (2500, 2, 4, "sample"), (600, 3, 3, "greedy"), (7, 3, 2, "sample"), (5000, 2, 2, "sample")] * 3, start=700)]
+
+
+@pytest.mark.parametrize("seed,V,B,n,terminal", TYPICAL)
+def test_emulated_typical_p_in_any_place_equals_reference_and_O0(seed, V, B, n, terminal):
+    """typical_p's band (the tokens between it and the maximum removed) in random places of random chains, twice in
+    some: the kernel against -O0 and the numpy reference."""
+    rng = np.random.default_rng(seed)
+    stages, src, kw, per_row, ops, x = chain_case(seed, V, B, n, terminal)
+    at = int(rng.integers(0, n + 1))
+    stages2 = stages[:at] + ["typical_p"] + stages[at:]
+    if not gpu.chain_supports(stages2, terminal):
+        stages2 = [s for s in stages2 if s != "xtc"]
+    src, kw, per_row = build(V, B, stages2, ["rows"] * len(stages2), terminal, False, rng)
+    ops = []
+    for i, name in enumerate(stages2):
+        ops.append(mx.array(kw[f"a{i}"], dtype=mx.int32 if name == "top_k" else mx.float32))
+    if terminal == "sample":
+        ops += [mx.array(np.array(kw["seed"], dtype=np.uint64)), mx.array(kw["pos"], dtype=mx.int32)]
+    tok, lp = kernel(x, ops, stages2, terminal)
+    o0 = samplec.compile(src, opt_level=0)(x, **kw)
+    assert tok.tolist() == np.array(o0.token).tolist(), src
+    for r in range(B):
+        term = ("sample", {"seed": kw["seed"][r], "position": kw["pos"][r]}) if terminal == "sample" else \
+            ("greedy", {})
+        assert tok[r] == R.run_chain(x[r], per_row[r], term, row=r)["token"], (src, r)
+    np.testing.assert_allclose(lp, np.array(o0.logprob), atol=2e-4, rtol=1e-4, err_msg=src)
+
+
 def test_emulated_chain_kernel_at_the_gpus_block_size():
     """gpu.CHAIN_THREADS threads a block, as on the GPU (V above 16 * 512: the unrolled float4 loads run too)."""
     stages, src, kw, per_row, ops, x = chain_case(99, 9000, 2, 4, "sample")
@@ -147,7 +178,8 @@ def test_emulated_chain_kernel_without_logprob_writes_zero():
 def test_chain_supports_and_body():
     assert gpu.chain_supports(["temperature", "top_k", "top_p", "min_p", "xtc", "top_n_sigma", "epsilon", "eta"],
                               "sample")
-    assert not gpu.chain_supports(["typical_p"], "sample")
+    assert gpu.chain_supports(["typical_p", "top_k"], "sample") and not gpu.chain_supports(["penalties"], "sample")
+    assert not gpu.chain_supports(["xtc", "typical_p"], "greedy")       # (one gap below the maximum)
     assert not gpu.chain_supports(["temperature"] * 9, "greedy")
     assert not gpu.chain_supports(["xtc", "xtc"], "sample") and gpu.chain_supports(["xtc", "xtc"], "greedy")
     assert not gpu.chain_supports(["xtc"] * 5 + ["top_k"], "greedy")           # (11 float operands)

@@ -16,14 +16,17 @@ they do not depend on the order threads add in -- was exact but no faster than t
 dense definition.
 
 The chain kernel (`sample_chain`, gpu_chain.cu) runs a chain of temperature, top_k, top_p, min_p, xtc,
-top_n_sigma, epsilon and eta stages in any order, with per-row run-time values, and its draw (sample or greedy)
-and the token's log-probability (and the final logits or their softmax where a program reads them), as one block
-per row: the kept tokens stay an upper set of the raw logits (a threshold rho per row), each stage one or a few
+top_n_sigma, epsilon, eta and typical_p stages in any order (xtc and typical_p not both), with per-row run-time
+values, and its draw (sample or greedy) and the token's log-probability (and the final logits or their softmax
+where a program reads them), as one block per row: the kept tokens stay an upper set of the raw logits (a
+threshold rho per row; xtc's survivor and typical_p's band remove one range below the maximum), each stage one or a few
 passes over the row (or over the at most 4,096 tokens a cut left, gathered in shared memory), thresholds by radix
 selects over the float32 keys: on an H200, HF's and vLLM's orders in ~0.5 ms at B = 1 against 4-5 ms on the dense
 definitions (docs/performance.md, GPU). The interpreter gives it a chain's stage ops where MLX's default device is
 a CUDA GPU (the CPU has the native chain kernel); the masks, biases and penalties below the stages and the outputs
-beside them (raw_logprob, top_logprobs) run as MLX ops.
+beside them (raw_logprob, top_logprobs) run as MLX ops. The stage operands go in as the program holds them (ten
+f32 slots, two seed and position slots, each one value or one per row): at B = 1 a few small ops to pack them
+cost more than the kernel's work.
 
 `SAMPLEC_GPU_KERNELS=0` (or off, false, no) turns the kernels off; `SAMPLEC_GPU_CHAIN=0` the chain kernel alone
 (the stages then run their dense definitions, with the radix select for top_k).
@@ -156,7 +159,7 @@ def kth_largest(x: mx.array, want: mx.array) -> mx.array | None:
 CHAIN_SOURCE = Path(__file__).with_name("gpu_chain.cu")
 CHAIN_THREADS = 512             # gpu_chain.cu's SC_T
 CHAIN_STAGES = {"temperature": 1, "top_k": 1, "top_p": 1, "min_p": 1, "xtc": 2,       # float operands each
-                "top_n_sigma": 1, "epsilon": 1, "eta": 1}
+                "top_n_sigma": 1, "epsilon": 1, "eta": 1, "typical_p": 1}
 MAX_TEMPERATURES = 8            # gpu_chain.cu's SC_MAX_TEMPS
 
 
@@ -169,7 +172,8 @@ def chain_supports(stages: list[str], terminal: str) -> bool:
     return all(s in CHAIN_STAGES for s in stages) and terminal in ("sample", "greedy", "argmax") and \
         stages.count("temperature") <= MAX_TEMPERATURES and \
         sum(CHAIN_STAGES[s] for s in stages) <= CHAIN_FLOAT_SLOTS and \
-        stages.count("xtc") + (terminal == "sample") <= CHAIN_KEY_SLOTS
+        stages.count("xtc") + (terminal == "sample") <= CHAIN_KEY_SLOTS and \
+        not ("xtc" in stages and "typical_p" in stages)         # (each removes tokens below the maximum: one gap)
 
 
 STAGE_CODES = {name: i for i, name in enumerate(CHAIN_STAGES)}      # gpu_chain.cu's sc_chain switch

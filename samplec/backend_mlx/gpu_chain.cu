@@ -3,7 +3,8 @@
 // A row's state after any prefix of the chain's stages is kept small: every cut these stages make keeps an upper
 // set of the current logits, and the current logits are the raw ones through non-decreasing maps (divisions by
 // positive temperatures), so the kept tokens are those with raw >= rho -- minus, after an xtc that fired, the
-// tokens at raw >= sigma other than its survivor -- and a kept token's current logit is its raw one divided by the
+// tokens at raw >= sigma other than its survivor, after a typical_p, the tokens between its band and the row's
+// maximum (raw in [sigma, tau)) -- and a kept token's current logit is its raw one divided by the
 // temperatures seen so far, in order. Each stage turns a threshold on the current logits (or probabilities) into
 // a new rho with one pass over the row; thresholds come from selections without sorting: a 4-bit radix select over
 // the float32 values' order-preserving keys, by count (top_k) or by probability mass (top_p), its per-bin sums kept
@@ -29,7 +30,8 @@
 
 struct ScRow {
   float rho;               // kept: raw >= rho ...
-  float sigma;             // ... and (raw < sigma or id == surv)
+  float sigma;             // ... and (raw < sigma or raw >= tau or id == surv)
+  float tau;               // (inf: no upper end)
   int surv;
   float mraw;              // the largest kept raw logit (its current value is the row's maximum)
   int greedy;              // >= 0: the one token left (temperature 0)
@@ -68,18 +70,19 @@ __device__ __forceinline__ float sc_unkey(unsigned lo) {
 
 // A thread's copy of the row state a pass reads (the temperatures stay in shared memory).
 struct ScView {
-  float rho, sigma, mraw;
+  float rho, sigma, tau, mraw;
   int surv, nt;
   const float* temps;
 };
 
 __device__ __forceinline__ ScView sc_view(const ScShared& sh) {
-  return ScView{sh.st.rho, sh.st.sigma, sh.st.mraw, sh.st.surv, sh.st.nt, sh.st.temps};
+  return ScView{sh.st.rho, sh.st.sigma, sh.st.tau, sh.st.mraw, sh.st.surv, sh.st.nt, sh.st.temps};
 }
 
 // The current logit of token i with raw logit r.
 __device__ __forceinline__ float sc_cur(const ScView& s, int i, float r) {
-  if (!(r >= s.rho) || (r >= s.sigma && i != s.surv) || r == -SC_INF) return -SC_INF;
+  if (!(r >= s.rho) || (r >= s.sigma && (r < s.tau || s.tau == SC_INF) && i != s.surv) || r == -SC_INF)
+    return -SC_INF;
   for (int j = 0; j < s.nt; ++j) r = __fdiv_rn(r, s.temps[j]);
   return r;
 }
@@ -491,6 +494,68 @@ __device__ void sc_epsilon_eta(const float* xr, int V, float e, bool eta, ScShar
   sc_cut(xr, V, [&](float c) { return prob(c) >= cut || c == m; }, sh);
 }
 
+// typical_p (spec section 2): with p the current softmax and d = x - max, the score of a token with p > 0 is
+// |mean - d| (mean = sum p d; the dense definition's form, free of log Z's cancellation), else inf; keep the tokens
+// whose score is at most the score where the mass in ascending score first reaches m (or, never reached, the
+// largest finite score), and every token at the maximum. The score falls and then rises along the logit order, so
+// the band kept is an interval: its lowest raw logit is the new rho, and the tokens between its top and the
+// tokens at the maximum are removed ([sigma, tau); chain_supports keeps xtc, the other user of sigma, out of a
+// chain with typical_p).
+__device__ void sc_typical(const float* xr, int V, float mass, ScShared& sh) {
+  if (mass >= 1.0f) return;
+  const ScView s = sc_view(sh);
+  const float m = sc_max(s);
+  const float z = sc_norm(xr, V, m, sh);
+  auto prob = [&](float c) { return __fdiv_rn(expf(__fsub_rn(c, m)), z); };
+  float mean = 0.0f, dlo = SC_INF;
+  sc_each(xr, V, sh, [&](int i, float r) {
+    const float c = sc_cur(s, i, r);
+    const float p = prob(c);
+    if (p > 0.0f) {
+      const float d = __fsub_rn(c, m);
+      mean += __fmul_rn(p, d);
+      dlo = fminf(dlo, d);
+    }
+  });
+  mean = sc_sum(mean, sh);
+  dlo = sc_min(dlo, sh);
+  // (the score is monotone on each side of mean, so the largest finite one is at the least or the greatest d: 0)
+  const float top_finite = fmaxf(fabsf(__fsub_rn(mean, dlo)), fabsf(mean));
+  auto score = [&](float c) {
+    return prob(c) > 0.0f ? fabsf(__fsub_rn(mean, __fsub_rn(c, m))) : SC_INF;
+  };
+  const float t = sc_select(xr, V, mass, [&](int i, float r, unsigned* key, float* w) {
+    const float c = sc_cur(s, i, r);
+    *w = prob(c);
+    *key = sc_key(-score(c));
+  }, sh);
+  const float cutoff = fminf(-t, top_finite);
+  // the band's lowest and highest raw logits (below the maximum), the least raw logit at the maximum
+  float lo = SC_INF, band_hi = -SC_INF, at_max = SC_INF;
+  sc_each(xr, V, sh, [&](int i, float r) {
+    const float c = sc_cur(s, i, r);
+    if (c == -SC_INF) return;
+    if (c == m) {
+      at_max = fminf(at_max, r);
+      lo = fminf(lo, r);
+    } else if (score(c) <= cutoff) {
+      band_hi = fmaxf(band_hi, r);
+      lo = fminf(lo, r);
+    }
+  });
+  lo = sc_min(lo, sh);
+  band_hi = -sc_min(-band_hi, sh);
+  at_max = sc_min(at_max, sh);
+  if (threadIdx.x == 0 && lo != SC_INF) {
+    sh.st.rho = lo;
+    if (band_hi != -SC_INF) {                       // (else rho alone leaves the tokens at the maximum)
+      sh.st.sigma = nextafterf(band_hi, SC_INF);
+      sh.st.tau = at_max;
+    }
+  }
+  __syncthreads();
+}
+
 __device__ void sc_min_p(const float* xr, int V, float mp, ScShared& sh) {
   if (mp == 0.0f) return;
   const ScView s = sc_view(sh);
@@ -551,6 +616,7 @@ __device__ void sc_begin(const float* xr, int V, ScShared& sh) {
   if (threadIdx.x == 0) {
     sh.st.rho = -SC_INF;
     sh.st.sigma = SC_INF;
+    sh.st.tau = SC_INF;
     sh.st.surv = -1;
     sh.st.mraw = m;
     sh.st.greedy = -1;
@@ -593,7 +659,8 @@ __device__ void sc_write(const float* xr, int V, int mode, ScShared& sh, float* 
 
 // One row's chain. S: gpu.chain_codes' [#stages, sample?, want_logprob?, #float operands, #key words, output mode
 // (0: none, 1: the final logits, 2: their softmax), stage codes..., then the operand slots' strides] with codes in
-// gpu.py's STAGE_CODES order: 0 temperature, 1 top_k, 2 top_p, 3 min_p, 4 xtc, 5 top_n_sigma, 6 epsilon, 7 eta.
+// gpu.py's STAGE_CODES order: 0 temperature, 1 top_k, 2 top_p, 3 min_p, 4 xtc, 5 top_n_sigma, 6 epsilon, 7 eta,
+// 8 typical_p.
 // pr: the row's float operands in order; ur: each xtc's and the sample's key words and position, in order.
 __device__ void sc_chain(const float* xr, int V, const float* pr, const unsigned* ur, const int* S,
                          ScShared& sh, int* tok, float* lp, float* xo) {
@@ -610,6 +677,7 @@ __device__ void sc_chain(const float* xr, int V, const float* pr, const unsigned
       else if (op == 3) sc_min_p(xr, V, pr[f], sh);
       else if (op == 4) sc_xtc(xr, V, pr[f], pr[f + 1], ur[u], ur[u + 1], ur[u + 2], sh);
       else if (op == 5) sc_top_n_sigma(xr, V, pr[f], sh);
+      else if (op == 8) sc_typical(xr, V, pr[f], sh);
       else sc_epsilon_eta(xr, V, pr[f], op == 7, sh);
     }
     f += op == 4 ? 2 : 1;
