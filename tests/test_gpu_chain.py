@@ -135,18 +135,26 @@ TYPICAL = [(s, V, B, n, term) for s, (V, B, n, term) in enumerate(
 
 @pytest.mark.parametrize("seed,V,B,n,terminal", TYPICAL)
 def test_emulated_typical_p_in_any_place_equals_reference_and_O0(seed, V, B, n, terminal):
-    """typical_p's band (the tokens between it and the maximum removed) in random places of random chains, twice in
-    some: the kernel against -O0 and the numpy reference."""
+    """typical_p's band (the tokens between it and the maximum removed) in random places of random chains, with
+    xtc in many and twice in some: the kernel against -O0 and the numpy reference."""
     rng = np.random.default_rng(seed)
     stages, src, kw, per_row, ops, x = chain_case(seed, V, B, n, terminal)
     at = int(rng.integers(0, n + 1))
     stages2 = stages[:at] + ["typical_p"] + stages[at:]
-    if not gpu.chain_supports(stages2, terminal):
-        stages2 = [s for s in stages2 if s != "xtc"]
+    if rng.random() < 0.3:
+        stages2.insert(int(rng.integers(0, len(stages2) + 1)), "xtc")
+    if rng.random() < 0.2:
+        stages2.insert(int(rng.integers(0, len(stages2) + 1)), "typical_p")
+    while not gpu.chain_supports(stages2, terminal):     # (the key slots: one xtc before a sample)
+        stages2.remove("xtc")
     src, kw, per_row = build(V, B, stages2, ["rows"] * len(stages2), terminal, False, rng)
     ops = []
     for i, name in enumerate(stages2):
-        ops.append(mx.array(kw[f"a{i}"], dtype=mx.int32 if name == "top_k" else mx.float32))
+        if name == "xtc":
+            ops += [mx.array(np.float32(XTC_THRESHOLD)), mx.array(kw[f"a{i}"], dtype=mx.float32),
+                    mx.array(np.array(kw["xs"], dtype=np.uint64)), mx.array(kw["xp"], dtype=mx.int32)]
+        else:
+            ops.append(mx.array(kw[f"a{i}"], dtype=mx.int32 if name == "top_k" else mx.float32))
     if terminal == "sample":
         ops += [mx.array(np.array(kw["seed"], dtype=np.uint64)), mx.array(kw["pos"], dtype=mx.int32)]
     tok, lp = kernel(x, ops, stages2, terminal)
@@ -179,7 +187,7 @@ def test_chain_supports_and_body():
     assert gpu.chain_supports(["temperature", "top_k", "top_p", "min_p", "xtc", "top_n_sigma", "epsilon", "eta"],
                               "sample")
     assert gpu.chain_supports(["typical_p", "top_k"], "sample") and not gpu.chain_supports(["penalties"], "sample")
-    assert not gpu.chain_supports(["xtc", "typical_p"], "greedy")       # (one gap below the maximum)
+    assert gpu.chain_supports(["xtc", "typical_p", "xtc", "typical_p"], "greedy")
     assert not gpu.chain_supports(["temperature"] * 9, "greedy")
     assert not gpu.chain_supports(["xtc", "xtc"], "sample") and gpu.chain_supports(["xtc", "xtc"], "greedy")
     assert not gpu.chain_supports(["xtc"] * 5 + ["top_k"], "greedy")           # (11 float operands)

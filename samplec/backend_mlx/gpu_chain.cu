@@ -4,7 +4,7 @@
 // set of the current logits, and the current logits are the raw ones through non-decreasing maps (divisions by
 // positive temperatures), so the kept tokens are those with raw >= rho -- minus, after an xtc that fired, the
 // tokens at raw >= sigma other than its survivor, after a typical_p, the tokens between its band and the row's
-// maximum (raw in [sigma, tau)) -- and a kept token's current logit is its raw one divided by the
+// maximum (raw in [glo, ghi)) -- and a kept token's current logit is its raw one divided by the
 // temperatures seen so far, in order. Each stage turns a threshold on the current logits (or probabilities) into
 // a new rho with one pass over the row; thresholds come from selections without sorting: a 4-bit radix select over
 // the float32 values' order-preserving keys, by count (top_k) or by probability mass (top_p), its per-bin sums kept
@@ -30,8 +30,8 @@
 
 struct ScRow {
   float rho;               // kept: raw >= rho ...
-  float sigma;             // ... and (raw < sigma or raw >= tau or id == surv)
-  float tau;               // (inf: no upper end)
+  float sigma;             // ... and (raw < sigma or id == surv)
+  float glo, ghi;          // ... and not glo <= raw < ghi
   int surv;
   float mraw;              // the largest kept raw logit (its current value is the row's maximum)
   int greedy;              // >= 0: the one token left (temperature 0)
@@ -70,19 +70,18 @@ __device__ __forceinline__ float sc_unkey(unsigned lo) {
 
 // A thread's copy of the row state a pass reads (the temperatures stay in shared memory).
 struct ScView {
-  float rho, sigma, tau, mraw;
+  float rho, sigma, glo, ghi, mraw;
   int surv, nt;
   const float* temps;
 };
 
 __device__ __forceinline__ ScView sc_view(const ScShared& sh) {
-  return ScView{sh.st.rho, sh.st.sigma, sh.st.tau, sh.st.mraw, sh.st.surv, sh.st.nt, sh.st.temps};
+  return ScView{sh.st.rho, sh.st.sigma, sh.st.glo, sh.st.ghi, sh.st.mraw, sh.st.surv, sh.st.nt, sh.st.temps};
 }
 
 // The current logit of token i with raw logit r.
 __device__ __forceinline__ float sc_cur(const ScView& s, int i, float r) {
-  if (!(r >= s.rho) || (r >= s.sigma && (r < s.tau || s.tau == SC_INF) && i != s.surv) || r == -SC_INF)
-    return -SC_INF;
+  if (!(r >= s.rho) || (r >= s.sigma && i != s.surv) || (r >= s.glo && r < s.ghi) || r == -SC_INF) return -SC_INF;
   for (int j = 0; j < s.nt; ++j) r = __fdiv_rn(r, s.temps[j]);
   return r;
 }
@@ -499,8 +498,8 @@ __device__ void sc_epsilon_eta(const float* xr, int V, float e, bool eta, ScShar
 // whose score is at most the score where the mass in ascending score first reaches m (or, never reached, the
 // largest finite score), and every token at the maximum. The score falls and then rises along the logit order, so
 // the band kept is an interval: its lowest raw logit is the new rho, and the tokens between its top and the
-// tokens at the maximum are removed ([sigma, tau); chain_supports keeps xtc, the other user of sigma, out of a
-// chain with typical_p).
+// tokens at the maximum are removed ([glo, ghi), which holds an earlier typical_p's range: its band lies below
+// this one's top, or an xtc between them removed its range already).
 __device__ void sc_typical(const float* xr, int V, float mass, ScShared& sh) {
   if (mass >= 1.0f) return;
   const ScView s = sc_view(sh);
@@ -549,8 +548,8 @@ __device__ void sc_typical(const float* xr, int V, float mass, ScShared& sh) {
   if (threadIdx.x == 0 && lo != SC_INF) {
     sh.st.rho = lo;
     if (band_hi != -SC_INF) {                       // (else rho alone leaves the tokens at the maximum)
-      sh.st.sigma = nextafterf(band_hi, SC_INF);
-      sh.st.tau = at_max;
+      sh.st.glo = nextafterf(band_hi, SC_INF);
+      sh.st.ghi = at_max;
     }
   }
   __syncthreads();
@@ -616,7 +615,8 @@ __device__ void sc_begin(const float* xr, int V, ScShared& sh) {
   if (threadIdx.x == 0) {
     sh.st.rho = -SC_INF;
     sh.st.sigma = SC_INF;
-    sh.st.tau = SC_INF;
+    sh.st.glo = SC_INF;
+    sh.st.ghi = SC_INF;
     sh.st.surv = -1;
     sh.st.mraw = m;
     sh.st.greedy = -1;
