@@ -40,12 +40,15 @@ struct ScRow {
 };
 
 #define SC_CAP 4096         // candidates kept in shared memory once a cut leaves at most this many tokens
+#define SC_NMAX (4 * SC_T)  // maxima a bound pass keeps: each thread's, of its tokens with id % 4 = 0, 1, 2, 3
+static_assert(SC_NMAX <= SC_CAP, "the sorted maxima live in cand_raw");
+static_assert(SC_NMAX >= 10 * SC_WARPS, "top_p's histogram counts live in tmax");
 
 struct ScShared {
   ScRow st;
   int ncand;               // -1: the passes read the row; else they read the candidates below
   float bound;
-  float tmax[SC_T];
+  float tmax[SC_NMAX];
   int scan[SC_WARPS];
   float cand_raw[SC_CAP];
   int cand_id[SC_CAP];
@@ -323,17 +326,33 @@ __device__ __forceinline__ void sc_gather_passing(const float* xr, int V, const 
   sc_gather(xr, V, s, keep, mine, sh);
 }
 
-// The threads' maxima tm, sorted descending (equal ones by thread), into sh.cand_raw[0, SC_T) -- free while the
-// passes read the row. The j largest of them are j distinct tokens: the bounds of top_k and top_p.
-__device__ __forceinline__ void sc_sort_maxima(float tm, ScShared& sh) {
-  sh.tmax[threadIdx.x] = tm;
-  __syncthreads();
-  int rank = 0;
-  for (int j = 0; j < SC_T; ++j) {
-    const float o = sh.tmax[j];
-    rank += o > tm || (o == tm && j < (int)threadIdx.x);
+// A bound pass's running maxima: each thread keeps four, one for its tokens of each id % 4 -- disjoint sets of
+// tokens, so the j largest of the SC_NMAX maxima are j distinct tokens (the bounds of top_k and top_p).
+struct ScMaxima {
+  float m0 = -SC_INF, m1 = -SC_INF, m2 = -SC_INF, m3 = -SC_INF;
+  __device__ __forceinline__ void add(int i, float c) {
+    const int u = i & 3;
+    m0 = u == 0 ? fmaxf(m0, c) : m0;
+    m1 = u == 1 ? fmaxf(m1, c) : m1;
+    m2 = u == 2 ? fmaxf(m2, c) : m2;
+    m3 = u == 3 ? fmaxf(m3, c) : m3;
   }
-  sh.cand_raw[rank] = tm;
+};
+
+// The maxima of every thread, sorted descending (equal ones by their place), into sh.cand_raw[0, SC_NMAX) -- free
+// while the passes read the row.
+__device__ __forceinline__ void sc_sort_maxima(const ScMaxima& tm, ScShared& sh) {
+  const int me = 4 * threadIdx.x;
+  const float v[4] = {tm.m0, tm.m1, tm.m2, tm.m3};
+  for (int u = 0; u < 4; ++u) sh.tmax[me + u] = v[u];
+  __syncthreads();
+  int rank[4] = {0, 0, 0, 0};
+  for (int j = 0; j < SC_NMAX; ++j) {
+    const float o = sh.tmax[j];
+#pragma unroll
+    for (int u = 0; u < 4; ++u) rank[u] += o > v[u] || (o == v[u] && j < me + u);
+  }
+  for (int u = 0; u < 4; ++u) sh.cand_raw[rank[u]] = v[u];
   __syncthreads();
 }
 
@@ -389,11 +408,11 @@ __device__ void sc_top_k(const float* xr, int V, float k, ScShared& sh) {
   if (k <= 0.0f || k >= (float)V) return;           // off, or every token (the V-th largest is the row's least)
   const ScView s = sc_view(sh);
   const int kk = (int)floorf(k);
-  if (sh.ncand < 0 && kk <= SC_T) {
+  if (sh.ncand < 0 && kk <= SC_NMAX) {
     // The kk-th largest of the threads' maxima is at most the row's kk-th largest: the tokens at or above it hold
     // the cut (usually a few times kk of them) -- gathered, the selection reads them alone.
-    float tm = -SC_INF;
-    sc_each(xr, V, sh, [&](int i, float r) { tm = fmaxf(tm, sc_cur(s, i, r)); });
+    ScMaxima tm;
+    sc_each(xr, V, sh, [&](int i, float r) { tm.add(i, sc_cur(s, i, r)); });
     sc_sort_maxima(tm, sh);
     const float t0 = sh.cand_raw[kk - 1];
     if (t0 != -SC_INF) sc_gather_passing(xr, V, s, [&](float c) { return c >= t0; }, sh);
@@ -405,39 +424,81 @@ __device__ void sc_top_k(const float* xr, int V, float k, ScShared& sh) {
   sc_cut(xr, V, [&](float c) { return c >= vk; }, sh);
 }
 
+// The thresholds of top_p's bound: the probabilities of the logits this far below the maximum.
+#define SC_HIST 10
+__device__ __forceinline__ float sc_hist_delta(int k) {
+  return k == 0 ? 0.5f : k < 8 ? (float)k : k == 8 ? 8.5f : 10.0f;
+}
+
 __device__ void sc_top_p(const float* xr, int V, float p, ScShared& sh) {
   if (p >= 1.0f) return;
   const ScView s = sc_view(sh);
   const float m = sc_max(s);
-  float z = 0.0f, tm = -SC_INF;
-  sc_each(xr, V, sh, [&](int i, float r) {
-    const float c = sc_cur(s, i, r);
-    z += expf(__fsub_rn(c, m));
-    tm = fmaxf(tm, c);
-  });
-  z = sc_sum(z, sh);
+  const float z = sc_norm(xr, V, m, sh);
   auto prob = [&](float c) { return __fdiv_rn(expf(__fsub_rn(c, m)), z); };
   if (sh.ncand < 0) {
-    // A bound from the threads' maxima: the j largest of them are j tokens, so once their probabilities add up to
-    // p (with a margin over float rounding) the nucleus lies at or above the j-th, and so within the tokens whose
-    // probability is at least its probability -- gathered, the selection reads them alone. (No bound on a flat
-    // row, where the maxima hold less than p: the selection reads the row.)
-    sc_sort_maxima(tm, sh);
-    if (threadIdx.x == 0) {
-      const double need = (double)p * 1.00001 + 1e-6;
-      double acc = 0.0;
-      float t0 = -SC_INF;
-      for (int j = 0; j < SC_T && sh.cand_raw[j] != -SC_INF; ++j) {
-        acc += (double)prob(sh.cand_raw[j]);
-        if (acc >= need) { t0 = sh.cand_raw[j]; break; }
+    // A bound from a histogram of the probabilities (the selection's own weights): for each threshold P_k the mass
+    // and the number of the tokens with p >= P_k, in one pass, added in a fixed order. The least P_k whose tokens
+    // hold p (with a margin over float rounding) and number at most SC_CAP bounds the nucleus: those tokens --
+    // an upper set of the weights, so every token the selection could keep -- are gathered, and the selection
+    // reads them alone. (None on a flat row: the selection reads the row.)
+    float pk[SC_HIST], mass[SC_HIST], cnt[SC_HIST];
+#pragma unroll
+    for (int k = 0; k < SC_HIST; ++k) {
+      pk[k] = __fdiv_rn(expf(-sc_hist_delta(k)), z);
+      mass[k] = 0.0f;
+      cnt[k] = 0.0f;
+    }
+    sc_each(xr, V, sh, [&](int i, float r) {
+      const float w = prob(sc_cur(s, i, r));
+#pragma unroll
+      for (int k = 0; k < SC_HIST; ++k) {
+        const bool in = w >= pk[k];
+        mass[k] += in ? w : 0.0f;
+        cnt[k] += in ? 1.0f : 0.0f;
       }
-      sh.bound = t0;
+    });
+    const int lane = threadIdx.x & 31, wp = threadIdx.x >> 5;
+    __syncthreads();                                  // (sh.bins and sh.tmax are free)
+#pragma unroll
+    for (int k = 0; k < SC_HIST; ++k) {
+      float mk = mass[k], ck = cnt[k];
+      for (int o = 16; o > 0; o >>= 1) {
+        mk += __shfl_xor_sync(0xFFFFFFFFu, mk, o);
+        ck += __shfl_xor_sync(0xFFFFFFFFu, ck, o);
+      }
+      if (lane == 0) {
+        sh.bins[wp][k] = mk;
+        sh.tmax[wp * SC_HIST + k] = ck;
+      }
     }
     __syncthreads();
-    const float t0 = sh.bound;
-    if (t0 != -SC_INF) {
-      const float p0 = prob(t0);
-      sc_gather_passing(xr, V, s, [&](float c) { return prob(c) >= p0; }, sh);
+    if (threadIdx.x == 0) {
+      const double need = (double)p * 1.0001 + 1e-6;
+      int chosen = -1;
+#pragma unroll 1
+      for (int k = 0; k < SC_HIST && chosen < 0; ++k) {   // (not unrolled: sm_80's build took 218 registers)
+        double mk = 0.0, ck = 0.0;
+#pragma unroll 1
+        for (int w = 0; w < SC_WARPS; ++w) {
+          mk += (double)sh.bins[w][k];
+          ck += (double)sh.tmax[w * SC_HIST + k];
+        }
+        if (ck > (double)SC_CAP) break;               // (the counts only grow with k)
+        if (mk >= need) chosen = k;
+      }
+      sh.bound = (float)chosen;
+    }
+    __syncthreads();
+    const int chosen = (int)sh.bound;
+    if (chosen >= 0) {
+      float p0 = 0.0f, have = 0.0f;
+#pragma unroll
+      for (int k = 0; k < SC_HIST; ++k) {
+        p0 = k == chosen ? pk[k] : p0;
+        have = k == chosen ? cnt[k] : have;
+      }
+      sc_gather(xr, V, s, [&](float c) { return prob(c) >= p0; }, (int)have, sh);
     }
   }
   const float floor_p = sc_select(xr, V, p, [&](int i, float r, unsigned* key, float* w) {
