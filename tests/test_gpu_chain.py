@@ -95,6 +95,11 @@ def chain_case(seed: int, V: int, B: int, n_stages: int, terminal: str):
         stages = [str(s) for s in rng.choice(STAGES, n_stages)]
     x = np.stack([family_row(str(rng.choice(FAMILIES)), V, rng) for _ in range(B)])
     src, kw, per_row = build(V, B, stages, ["rows"] * n_stages, terminal, False, rng)
+    return stages, src, kw, per_row, operands_of(stages, kw, terminal), x
+
+
+def operands_of(stages: list[str], kw: dict, terminal: str) -> list:
+    """A chain's operands from the differential builder's arguments, as the interpreter hands them to the kernel."""
     operands = []
     for i, name in enumerate(stages):
         if name == "xtc":
@@ -104,7 +109,7 @@ def chain_case(seed: int, V: int, B: int, n_stages: int, terminal: str):
             operands.append(mx.array(kw[f"a{i}"], dtype=mx.int32 if name == "top_k" else mx.float32))
     if terminal == "sample":
         operands += [mx.array(np.array(kw["seed"], dtype=np.uint64)), mx.array(kw["pos"], dtype=mx.int32)]
-    return stages, src, kw, per_row, operands, x
+    return operands
 
 
 CASES = [(seed, V, B, n, term) for seed, (V, B, n, term) in enumerate(
@@ -138,7 +143,7 @@ def test_emulated_typical_p_in_any_place_equals_reference_and_O0(seed, V, B, n, 
     """typical_p's band (the tokens between it and the maximum removed) in random places of random chains, with
     xtc in many and twice in some: the kernel against -O0 and the numpy reference."""
     rng = np.random.default_rng(seed)
-    stages, src, kw, per_row, ops, x = chain_case(seed, V, B, n, terminal)
+    stages, _, _, _, _, x = chain_case(seed, V, B, n, terminal)
     at = int(rng.integers(0, n + 1))
     stages2 = stages[:at] + ["typical_p"] + stages[at:]
     if rng.random() < 0.3:
@@ -148,16 +153,7 @@ def test_emulated_typical_p_in_any_place_equals_reference_and_O0(seed, V, B, n, 
     while not gpu.chain_supports(stages2, terminal):     # (the key slots: one xtc before a sample)
         stages2.remove("xtc")
     src, kw, per_row = build(V, B, stages2, ["rows"] * len(stages2), terminal, False, rng)
-    ops = []
-    for i, name in enumerate(stages2):
-        if name == "xtc":
-            ops += [mx.array(np.float32(XTC_THRESHOLD)), mx.array(kw[f"a{i}"], dtype=mx.float32),
-                    mx.array(np.array(kw["xs"], dtype=np.uint64)), mx.array(kw["xp"], dtype=mx.int32)]
-        else:
-            ops.append(mx.array(kw[f"a{i}"], dtype=mx.int32 if name == "top_k" else mx.float32))
-    if terminal == "sample":
-        ops += [mx.array(np.array(kw["seed"], dtype=np.uint64)), mx.array(kw["pos"], dtype=mx.int32)]
-    tok, lp = kernel(x, ops, stages2, terminal)
+    tok, lp = kernel(x, operands_of(stages2, kw, terminal), stages2, terminal)
     o0 = samplec.compile(src, opt_level=0)(x, **kw)
     assert tok.tolist() == np.array(o0.token).tolist(), src
     for r in range(B):

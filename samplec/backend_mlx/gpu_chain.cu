@@ -295,6 +295,17 @@ __device__ __forceinline__ float sc_norm(const float* xr, int V, float m, ScShar
   return sc_sum(z, sh);
 }
 
+// The current softmax: prob(c) = exp(c - m) / z for a current logit c, as the dense definitions round it.
+struct ScProbs {
+  float m, z;
+  __device__ __forceinline__ float operator()(float c) const { return __fdiv_rn(expf(__fsub_rn(c, m)), z); }
+};
+
+__device__ __forceinline__ ScProbs sc_probs(const float* xr, int V, const ScView& s, ScShared& sh) {
+  const float m = sc_max(s);
+  return ScProbs{m, sc_norm(xr, V, m, sh)};
+}
+
 // Where the passes still read the row and at most SC_CAP tokens pass keep(c) (c: the token's current logit, not
 // -inf), gather them into shared memory: every other token is removed from then on. Each thread writes its own
 // tokens in its own order at its offset in the block (`mine`: how many it has), a fixed order, so that sums over
@@ -433,9 +444,8 @@ __device__ __forceinline__ float sc_hist_delta(int k) {
 __device__ void sc_top_p(const float* xr, int V, float p, ScShared& sh) {
   if (p >= 1.0f) return;
   const ScView s = sc_view(sh);
-  const float m = sc_max(s);
-  const float z = sc_norm(xr, V, m, sh);
-  auto prob = [&](float c) { return __fdiv_rn(expf(__fsub_rn(c, m)), z); };
+  const ScProbs prob = sc_probs(xr, V, s, sh);
+  const float z = prob.z;
   if (sh.ncand < 0) {
     // A bound from a histogram of the probabilities (the selection's own weights): for each threshold P_k the mass
     // and the number of the tokens with p >= P_k, in one pass, added in a fixed order. The least P_k whose tokens
@@ -534,9 +544,8 @@ __device__ void sc_top_n_sigma(const float* xr, int V, float n, ScShared& sh) {
 __device__ void sc_epsilon_eta(const float* xr, int V, float e, bool eta, ScShared& sh) {
   if (e == 0.0f) return;
   const ScView s = sc_view(sh);
-  const float m = sc_max(s);
-  const float z = sc_norm(xr, V, m, sh);
-  auto prob = [&](float c) { return __fdiv_rn(expf(__fsub_rn(c, m)), z); };
+  const ScProbs prob = sc_probs(xr, V, s, sh);
+  const float m = prob.m, z = prob.z;
   float cut = e;
   if (eta) {
     const float lz = logf(z);
@@ -564,9 +573,8 @@ __device__ void sc_epsilon_eta(const float* xr, int V, float e, bool eta, ScShar
 __device__ void sc_typical(const float* xr, int V, float mass, ScShared& sh) {
   if (mass >= 1.0f) return;
   const ScView s = sc_view(sh);
-  const float m = sc_max(s);
-  const float z = sc_norm(xr, V, m, sh);
-  auto prob = [&](float c) { return __fdiv_rn(expf(__fsub_rn(c, m)), z); };
+  const ScProbs prob = sc_probs(xr, V, s, sh);
+  const float m = prob.m;
   float mean = 0.0f, dlo = SC_INF;
   sc_each(xr, V, sh, [&](int i, float r) {
     const float c = sc_cur(s, i, r);
@@ -628,13 +636,12 @@ __device__ void sc_xtc(const float* xr, int V, float thr, float prob_fire, unsig
   if (prob_fire == 0.0f) return;
   if (!(sc_uniform(sc_threefry(k0, k1, 0xFFFFFFFFu, pos)) < prob_fire)) return;
   const ScView s = sc_view(sh);
-  const float m = sc_max(s);
-  const float z = sc_norm(xr, V, m, sh);
+  const ScProbs prob = sc_probs(xr, V, s, sh);
   float least = SC_INF, lo = SC_INF, n = 0.0f;
   int id = 0x7FFFFFFF;
   sc_each(xr, V, sh, [&](int i, float r) {
     const float x = sc_cur(s, i, r);
-    const float p = __fdiv_rn(expf(__fsub_rn(x, m)), z);
+    const float p = prob(x);
     if (p >= thr && sc_finite(x)) {
       n += 1.0f;
       lo = fminf(lo, r);
