@@ -163,6 +163,21 @@ def test_emulated_typical_p_in_any_place_equals_reference_and_O0(seed, V, B, n, 
     np.testing.assert_allclose(lp, np.array(o0.logprob), atol=2e-4, rtol=1e-4, err_msg=src)
 
 
+def test_emulated_sample_skips_only_tokens_that_cannot_win():
+    """The draw skips the Threefry of a token whose logit plus the largest noise stays below its thread's best:
+    rows whose logits spread over tens (most tokens skipped) draw what -O0 draws, over many seeds."""
+    rng = np.random.default_rng(5)
+    x = (rng.standard_normal((4, 3000)) * np.array([[1.0], [8.0], [20.0], [40.0]])).astype(np.float32)
+    prog = samplec.compile("sampler s(seed: seed) -> token, logprob { sample(seed) }", opt_level=0)
+    for seed in range(6):
+        seeds = [seed * 4 + r for r in range(4)]
+        ops = [mx.array(np.array(seeds, dtype=np.uint64)), mx.array(np.zeros(4, dtype=np.int32))]
+        tok, lp = kernel(x, ops, [], "sample")
+        o0 = prog(x, seed=seeds)
+        assert tok.tolist() == np.array(o0.token).tolist(), seed
+        np.testing.assert_allclose(lp, np.array(o0.logprob), atol=2e-4, rtol=1e-4)
+
+
 def test_emulated_chain_kernel_at_the_gpus_block_size():
     """gpu.CHAIN_THREADS threads a block, as on the GPU (V above 16 * 512: the unrolled float4 loads run too)."""
     stages, src, kw, per_row, ops, x = chain_case(99, 9000, 2, 4, "sample")

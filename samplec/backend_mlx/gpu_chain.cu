@@ -109,6 +109,9 @@ __device__ __forceinline__ unsigned sc_threefry(unsigned k0, unsigned k1, unsign
   return x0;
 }
 
+// -log(-log(u)) for the largest u sc_uniform gives, ((2^23 - 1) + 0.5) * 2^-23, with a margin for logf's rounding
+#define SC_GUMBEL_MAX (16.6355323f + 1e-3f)
+
 __device__ __forceinline__ float sc_uniform(unsigned bits) {
   return ((float)(bits >> 9) + 0.5f) * 1.1920928955078125e-07f;     // ((bits >> 9) + 0.5) * 2**-23, exact
 }
@@ -665,7 +668,9 @@ __device__ int sc_sample(const float* xr, int V, unsigned k0, unsigned k1, unsig
   int id = 0x7FFFFFFF;
   sc_each(xr, V, sh, [&](int i, float r) {
     const float x = sc_cur(s, i, r);
-    if (x == -SC_INF) return;
+    // (a token whose logit plus the largest noise the generator gives stays below this thread's best cannot win:
+    // its Threefry is skipped -- most of a real row's tail, whose logits lie tens below its maximum)
+    if (x == -SC_INF || __fadd_rn(x, SC_GUMBEL_MAX) < best) return;
     const float u = sc_uniform(sc_threefry(k0, k1, (unsigned)i, pos));
     const float v = __fadd_rn(x, -logf(-logf(u)));
     if (sc_better(v, i, best, id, 1.0f)) { best = v; id = i; }
