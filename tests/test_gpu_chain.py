@@ -141,15 +141,13 @@ TYPICAL = [(s, V, B, n, term) for s, (V, B, n, term) in enumerate(
 @pytest.mark.parametrize("seed,V,B,n,terminal", TYPICAL)
 def test_emulated_typical_p_in_any_place_equals_reference_and_O0(seed, V, B, n, terminal):
     """typical_p's band (the tokens between it and the maximum removed) in random places of random chains, with
-    xtc in many and twice in some: the kernel against -O0 and the numpy reference."""
+    xtc in many: the kernel against -O0 and the numpy reference."""
     rng = np.random.default_rng(seed)
     stages, _, _, _, _, x = chain_case(seed, V, B, n, terminal)
-    at = int(rng.integers(0, n + 1))
-    stages2 = stages[:at] + ["typical_p"] + stages[at:]
+    stages2 = [s for s in stages if s != "typical_p"]
+    stages2.insert(int(rng.integers(0, len(stages2) + 1)), "typical_p")
     if rng.random() < 0.3:
         stages2.insert(int(rng.integers(0, len(stages2) + 1)), "xtc")
-    if rng.random() < 0.2:
-        stages2.insert(int(rng.integers(0, len(stages2) + 1)), "typical_p")
     while not gpu.chain_supports(stages2, terminal):     # (the key slots: one xtc before a sample)
         stages2.remove("xtc")
     src, kw, per_row = build(V, B, stages2, ["rows"] * len(stages2), terminal, False, rng)
@@ -178,6 +176,36 @@ def test_emulated_sample_skips_only_tokens_that_cannot_win():
         np.testing.assert_allclose(lp, np.array(o0.logprob), atol=2e-4, rtol=1e-4)
 
 
+@pytest.mark.parametrize("terminal", ["greedy", "sample"])
+def test_emulated_typical_p_zero_keeps_the_most_typical(terminal):
+    """typical_p(0): a selection whose target an empty set reaches answers the row's largest key (the dense
+    definition's clamp), so only the most typical tokens and the maximum stay -- not the whole row."""
+    rng = np.random.default_rng(0)
+    x = (rng.standard_normal((2, 300)) * 2).astype(np.float32)
+    src = "sampler s(m: float, seed: seed) -> token, logprob { typical_p(m) " + \
+        ("sample(seed) }" if terminal == "sample" else "greedy() }")
+    ops = [mx.array(0.0, dtype=mx.float32)] + \
+        ([mx.array(np.array([5, 6], dtype=np.uint64)), mx.array(0, dtype=mx.int32)] if terminal == "sample" else [])
+    tok, lp = kernel(x, ops, ["typical_p"], terminal)
+    o0 = samplec.compile(src, opt_level=0)(x, m=0.0, seed=[5, 6])
+    assert tok.tolist() == np.array(o0.token).tolist()
+    np.testing.assert_allclose(lp, np.array(o0.logprob), atol=2e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("V,k", [(20001, 600), (20001, 2000), (20000, 1500)])
+def test_emulated_top_k_bound_between_the_block_and_four_maxima_a_thread(V, k):
+    """top_k from 513 to 2,048 at the GPU's block size, the row 16-byte aligned or not (a float4 pass or a scalar
+    one): the bound from four maxima a thread, then the selection, against -O0."""
+    rng = np.random.default_rng(V + k)
+    x = np.stack([family_row(f, V, rng) for f in ("normal", "tail")])
+    ops = [mx.array(k, dtype=mx.int32), mx.array(np.array([1, 2], dtype=np.uint64)), mx.array(3, dtype=mx.int32)]
+    tok, lp = kernel(x, ops, ["top_k"], "sample", threads=gpu.CHAIN_THREADS)
+    src = "sampler s(k: int, seed: seed) -> token, logprob { top_k(k) sample(seed, position = 3) }"
+    o0 = samplec.compile(src, opt_level=0)(x, k=k, seed=[1, 2])
+    assert tok.tolist() == np.array(o0.token).tolist()
+    np.testing.assert_allclose(lp, np.array(o0.logprob), atol=2e-4, rtol=1e-4)
+
+
 def test_emulated_chain_kernel_at_the_gpus_block_size():
     """gpu.CHAIN_THREADS threads a block, as on the GPU (V above 16 * 512: the unrolled float4 loads run too)."""
     stages, src, kw, per_row, ops, x = chain_case(99, 9000, 2, 4, "sample")
@@ -198,7 +226,8 @@ def test_chain_supports_and_body():
     assert gpu.chain_supports(["temperature", "top_k", "top_p", "min_p", "xtc", "top_n_sigma", "epsilon", "eta"],
                               "sample")
     assert gpu.chain_supports(["typical_p", "top_k"], "sample") and not gpu.chain_supports(["penalties"], "sample")
-    assert gpu.chain_supports(["xtc", "typical_p", "xtc", "typical_p"], "greedy")
+    assert gpu.chain_supports(["xtc", "typical_p", "xtc"], "greedy")
+    assert not gpu.chain_supports(["typical_p", "temperature", "typical_p"], "greedy")      # (one removed range)
     assert not gpu.chain_supports(["temperature"] * 9, "greedy")
     assert not gpu.chain_supports(["xtc", "xtc"], "sample") and gpu.chain_supports(["xtc", "xtc"], "greedy")
     assert not gpu.chain_supports(["xtc"] * 5 + ["top_k"], "greedy")           # (11 float operands)

@@ -16,7 +16,7 @@ they do not depend on the order threads add in -- was exact but no faster than t
 dense definition.
 
 The chain kernel (`sample_chain`, gpu_chain.cu) runs a chain of temperature, top_k, top_p, min_p, xtc,
-top_n_sigma, epsilon, eta and typical_p stages in any order, with per-row run-time
+top_n_sigma, epsilon, eta and typical_p (once) stages in any order, with per-row run-time
 values, and its draw (sample or greedy) and the token's log-probability (and the final logits or their softmax
 where a program reads them), as one block per row: the kept tokens stay an upper set of the raw logits (a
 threshold rho per row; xtc's survivor and typical_p's band remove one range below the maximum), each stage one or a few
@@ -172,7 +172,8 @@ def chain_supports(stages: list[str], terminal: str) -> bool:
     return all(s in CHAIN_STAGES for s in stages) and terminal in ("sample", "greedy", "argmax") and \
         stages.count("temperature") <= MAX_TEMPERATURES and \
         sum(CHAIN_STAGES[s] for s in stages) <= CHAIN_FLOAT_SLOTS and \
-        stages.count("xtc") + (terminal == "sample") <= CHAIN_KEY_SLOTS
+        stages.count("xtc") + (terminal == "sample") <= CHAIN_KEY_SLOTS and \
+        stages.count("typical_p") <= 1         # (its removed range is one a row: gpu_chain.cu's sc_typical)
 
 
 STAGE_CODES = {name: i for i, name in enumerate(CHAIN_STAGES)}      # gpu_chain.cu's sc_chain switch

@@ -40,7 +40,7 @@ struct ScRow {
 };
 
 #define SC_CAP 4096         // candidates kept in shared memory once a cut leaves at most this many tokens
-#define SC_NMAX (4 * SC_T)  // maxima a bound pass keeps: each thread's, of its tokens with id % 4 = 0, 1, 2, 3
+#define SC_NMAX (4 * SC_T)  // maxima a bound pass keeps: four a thread (ScMaxima)
 static_assert(SC_NMAX <= SC_CAP, "the sorted maxima live in cand_raw");
 static_assert(SC_NMAX >= 10 * SC_WARPS, "top_p's histogram counts live in tmax");
 
@@ -243,6 +243,16 @@ __device__ __forceinline__ int sc_arg(float v, int id, float sign, ScShared& sh,
 // &w) gives a token's key and weight.
 template <class KW>
 __device__ float sc_select(const float* xr, int V, float target, KW kw, ScShared& sh) {
+  if (!(target > 0.0f)) {     // (an empty upper set reaches it: the row's largest key, as kernels._select clamps)
+    float top = -SC_INF;
+    sc_each(xr, V, sh, [&](int i, float r) {
+      unsigned key;
+      float wt;
+      kw(i, r, &key, &wt);
+      top = fmaxf(top, sc_unkey(key));
+    });
+    return -sc_min(-top, sh);
+  }
   const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
   unsigned prefix = 0u;
   float above = 0.0f;
@@ -340,12 +350,13 @@ __device__ __forceinline__ void sc_gather_passing(const float* xr, int V, const 
   sc_gather(xr, V, s, keep, mine, sh);
 }
 
-// A bound pass's running maxima: each thread keeps four, one for its tokens of each id % 4 -- disjoint sets of
-// tokens, so the j largest of the SC_NMAX maxima are j distinct tokens (the bounds of top_k and top_p).
+// A bound pass's running maxima: each thread keeps four, one for each of four disjoint sets of its tokens (by
+// (i ^ i / SC_T) % 4: a float4's four lanes, or a scalar pass's every fourth visit), so the j largest of the
+// SC_NMAX maxima are j distinct tokens (top_k's bound).
 struct ScMaxima {
   float m0 = -SC_INF, m1 = -SC_INF, m2 = -SC_INF, m3 = -SC_INF;
   __device__ __forceinline__ void add(int i, float c) {
-    const int u = i & 3;
+    const int u = (i ^ (i / SC_T)) & 3;
     m0 = u == 0 ? fmaxf(m0, c) : m0;
     m1 = u == 1 ? fmaxf(m1, c) : m1;
     m2 = u == 2 ? fmaxf(m2, c) : m2;
@@ -571,8 +582,8 @@ __device__ void sc_epsilon_eta(const float* xr, int V, float e, bool eta, ScShar
 // whose score is at most the score where the mass in ascending score first reaches m (or, never reached, the
 // largest finite score), and every token at the maximum. The score falls and then rises along the logit order, so
 // the band kept is an interval: its lowest raw logit is the new rho, and the tokens between its top and the
-// tokens at the maximum are removed ([glo, ghi), which holds an earlier typical_p's range: its band lies below
-// this one's top, or an xtc between them removed its range already).
+// tokens at the maximum are removed ([glo, ghi); one typical_p a chain: chain_supports -- a second one's range need
+// not hold the first's, where temperatures since made tokens of the first band equal to the maximum).
 __device__ void sc_typical(const float* xr, int V, float mass, ScShared& sh) {
   if (mass >= 1.0f) return;
   const ScView s = sc_view(sh);
