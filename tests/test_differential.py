@@ -58,7 +58,7 @@ def stage_value(name: str, V: int, rng: np.random.Generator):
     if name == "min_p":
         return float(rng.choice([0.0, 0.01, 0.05, 0.2, 1.0]))
     if name == "typical_p":
-        return float(rng.choice([0.0, 0.2, 0.5, 0.9, 1.0]))
+        return float(rng.choice([0.2, 0.5, 0.9, 1.0]))
     if name == "xtc":                                        # the probability; the threshold is fixed below
         return float(rng.choice([0.0, 0.5, 1.0]))
     if name in ("epsilon", "eta"):

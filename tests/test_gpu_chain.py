@@ -22,7 +22,7 @@ import pytest
 import reference as R
 import samplec
 from samplec.backend_mlx import gpu
-from test_differential import XTC_THRESHOLD, build, family_row
+from test_differential import EXTREME_CUTS, EXTREME_T, XTC_THRESHOLD, build, family_row
 
 HERE = Path(__file__).parent
 CXX = shutil.which(os.environ.get("CXX", "g++")) or shutil.which("c++")
@@ -204,6 +204,65 @@ def test_emulated_top_k_bound_between_the_block_and_four_maxima_a_thread(V, k):
     o0 = samplec.compile(src, opt_level=0)(x, k=k, seed=[1, 2])
     assert tok.tolist() == np.array(o0.token).tolist()
     np.testing.assert_allclose(lp, np.array(o0.logprob), atol=2e-4, rtol=1e-4)
+
+
+def _cut_operands(cut: str, seeds: list[int]) -> tuple[str, list]:
+    """One of test_differential's EXTREME_CUTS as the kernel's stage and operands (literals: one value a row)."""
+    name, args = cut.rstrip(")").split("(")
+    vals = [a.strip() for a in args.split(",")]
+    if name == "xtc":
+        return name, [mx.array(float(vals[0]), dtype=mx.float32), mx.array(float(vals[1]), dtype=mx.float32),
+                      mx.array(np.array(seeds, dtype=np.uint64)), mx.array(0, dtype=mx.int32)]
+    return name, [mx.array(int(vals[0]), dtype=mx.int32) if name == "top_k" else mx.array(float(vals[0]), mx.float32)]
+
+
+def test_emulated_extreme_temperatures_between_cuts_equal_O0():
+    """test_differential's extreme temperatures (0, subnormal, 1e30, inf: a top that overflows, logits rounded
+    together) between its cuts (typical_p(0) and xtc among them), per row, through the emulated kernel: tokens and
+    the final softmax against -O0's (chains the kernel declines -- typical_p twice -- skipped)."""
+    rng = np.random.default_rng(11)
+    ran = ties = 0
+    for case in range(60):
+        chain, names, stages, ops = [], [], [], []
+        B, seeds = 6, list(range(6))
+        for i in range(int(rng.integers(1, 4))):
+            if rng.random() < 0.5:
+                cut = str(rng.choice(EXTREME_CUTS))
+                chain.append(cut)
+                st, o = _cut_operands(cut, seeds)
+                stages.append(st)
+                ops += o
+            chain.append(f"temperature(t{i})")
+            names.append(f"t{i}")
+            stages.append("temperature")
+            ops.append(None)                       # (the temperature's per-row values, below)
+        term = str(rng.choice(["sample", "greedy"]))
+        V = int(rng.choice([3, 50, 300]))
+        x = rng.normal(0, float(rng.choice([1.0, 1e3])), (B, V)).astype(np.float32)
+        kw = {n: [float(v) for v in rng.choice(EXTREME_T, B)] for n in names}
+        if not gpu.chain_supports(stages, term):
+            continue
+        temps = iter(names)
+        ops = [mx.array(kw[next(temps)], dtype=mx.float32) if o is None else o for o in ops]
+        if term == "sample":
+            ops += [mx.array(np.array(seeds, dtype=np.uint64)), mx.array(0, dtype=mx.int32)]
+        src = (f"sampler s({', '.join(n + ': float' for n in names)}, seed: seed) -> token, probs "
+               f"{{ {' '.join(chain)} {'sample(seed)' if term == 'sample' else 'greedy()'} }}")
+        o0 = samplec.compile(src, opt_level=0)(x, seed=seeds, **kw)
+        tok, _, probs = kernel(x, ops, stages, term, out_x=2)
+        want_tok, want = np.array(o0.token), np.array(o0.probs)
+        for r in range(B):
+            if tok[r] == want_tok[r] and np.allclose(probs[r], want[r], atol=1e-6, rtol=1e-6):
+                continue
+            # (a temperature that rounds every kept logit together leaves equal probabilities: a top_p or typical_p
+            # cut then lands where the cumulative mass equals p exactly, and sums in another order than MLX's may
+            # keep a token more or less -- spec section 4's "up to float rounding at exact ties")
+            support = want[r][want[r] > 0]
+            tied = support.size > 0 and support.max() == support.min() and {"top_p", "typical_p"} & set(stages)
+            assert tied, (case, r, src, {n: v[r] for n, v in kw.items()}, tok[r], want_tok[r])
+            ties += 1
+        ran += 1
+    assert ran >= 30 and ties <= ran
 
 
 def test_emulated_chain_kernel_at_the_gpus_block_size():

@@ -85,7 +85,7 @@ __device__ __forceinline__ ScView sc_view(const ScShared& sh) {
 // The current logit of token i with raw logit r.
 __device__ __forceinline__ float sc_cur(const ScView& s, int i, float r) {
   if (!(r >= s.rho) || (r >= s.sigma && i != s.surv) || (r >= s.glo && r < s.ghi) || r == -SC_INF) return -SC_INF;
-  for (int j = 0; j < s.nt; ++j) r = __fdiv_rn(r, s.temps[j]);
+  for (int j = 0; j < s.nt; ++j) r = r == -SC_INF ? r : __fdiv_rn(r, s.temps[j]);   // (-inf stays: not -inf / inf)
   return r;
 }
 
