@@ -541,13 +541,9 @@ float max_spans(const float* v, int64_t n) {
   return max_of_spans(per_span<float>(n, [v](int64_t lo, int64_t hi) { return max_nan(v + lo, hi - lo); }));
 }
 
-// The largest of sixteen lanes (none NaN), halving the vector
-inline float max_lanes(F16 v) {
+// The largest of eight lanes (none NaN), halving the vector
+inline float max_lanes8(F8 a) {
   typedef float F4 __attribute__((vector_size(4 * sizeof(float))));
-  F8 a, b;
-  std::memcpy(&a, &v, sizeof a);
-  std::memcpy(&b, reinterpret_cast<const char*>(&v) + sizeof a, sizeof b);
-  a = a > b ? a : b;
   F4 c, d;
   std::memcpy(&c, &a, sizeof c);
   std::memcpy(&d, reinterpret_cast<const char*>(&a) + sizeof c, sizeof d);
@@ -558,27 +554,34 @@ inline float max_lanes(F16 v) {
 
 // One row's block maxima: o[c] = the largest of x[c * bs .. (c + 1) * bs) (the last block may be partial), a NaN
 // winning. Blocks are contiguous, so the chain gathers a chosen block's tokens from a few cache lines. A block of
-// 64 is four sixteen-lane loads folded by `a > m ? a : m` (vmaxps), then halved to one; beside them running sums
+// 64 is eight eight-lane loads folded by `a > m ? a : m` (vmaxps), then halved to one; beside them running sums
 // are a NaN probe: where one met a NaN (or +inf met -inf, or the sum overflowed), every block goes through the exact
 // scalar loop.
 SAMPLEC_VOCAB_LOOP void block_max_row(const float* x, int64_t V, int64_t nb, int bs, float* o) {
   const int64_t full = bs == 64 ? V / 64 : 0;
-  F16 probe = {};
-  for (int64_t c = 0; c < full; ++c) {
-    const float* p = x + c * 64;
-    F16 a, b, d, e;
-    std::memcpy(&a, p, sizeof a);
-    std::memcpy(&b, p + 16, sizeof b);
-    std::memcpy(&d, p + 32, sizeof d);
-    std::memcpy(&e, p + 48, sizeof e);
-    probe += (a + b) + (d + e);
-    a = a > b ? a : b;
-    d = d > e ? d : e;
-    a = a > d ? a : d;
-    o[c] = max_lanes(a);
+  F8 probe = {};
+  for (int64_t c = 0; c < full; ++c) {      // (eight-float vectors: GCC lowers a sixteen-float `?:` lane by lane
+    const float* p = x + c * 64;           // on AVX2, ten times slower)
+    F8 v0, v1, v2, v3, v4, v5, v6, v7;      // (named, not an array: GCC kept an array on the stack)
+    std::memcpy(&v0, p, sizeof v0);
+    std::memcpy(&v1, p + 8, sizeof v1);
+    std::memcpy(&v2, p + 16, sizeof v2);
+    std::memcpy(&v3, p + 24, sizeof v3);
+    std::memcpy(&v4, p + 32, sizeof v4);
+    std::memcpy(&v5, p + 40, sizeof v5);
+    std::memcpy(&v6, p + 48, sizeof v6);
+    std::memcpy(&v7, p + 56, sizeof v7);
+    probe += ((v0 + v1) + (v2 + v3)) + ((v4 + v5) + (v6 + v7));
+    v0 = v0 > v1 ? v0 : v1;
+    v2 = v2 > v3 ? v2 : v3;
+    v4 = v4 > v5 ? v4 : v5;
+    v6 = v6 > v7 ? v6 : v7;
+    v0 = v0 > v2 ? v0 : v2;
+    v4 = v4 > v6 ? v4 : v6;
+    o[c] = max_lanes8(v0 > v4 ? v0 : v4);
   }
   bool nan = false;
-  for (int l = 0; l < 16; ++l) nan |= probe[l] != probe[l];
+  for (int l = 0; l < 8; ++l) nan |= probe[l] != probe[l];
   const int64_t exact = nan ? 0 : full;
   for (int64_t c = exact; c < nb; ++c) {     // (a NaN met; another block size; the partial last block)
     float m = -INFINITY;
