@@ -440,26 +440,13 @@ struct Rows {
 // The vectorized maxima below keep 16 running maxima (`x > m ? x : m`: vmaxps) in two 8-float vectors (AVX2 and
 // AVX-512 registers) and, beside them, running sums as a NaN probe: a NaN among the values leaves its lane's sum
 // NaN. A NaN probe (also reached by +inf meeting -inf, or by overflow) sends the values through the exact scalar
-// loop, so the result is always MLX's: a NaN wins.
+// loop, so the result is always MLX's: a NaN wins. Comparisons and selects (`?:`) stay at eight lanes in the hot
+// loops: GCC splits sixteen-lane arithmetic into two AVX2 registers but lowers a sixteen-lane comparison or `?:`
+// lane by lane through the stack (block_max_row was ten times slower so; session 17).
 typedef float F8 __attribute__((vector_size(8 * sizeof(float))));
 typedef float F16 __attribute__((vector_size(16 * sizeof(float))));
 typedef int32_t I16 __attribute__((vector_size(16 * sizeof(int32_t))));
 typedef int32_t I32x8 __attribute__((vector_size(8 * sizeof(int32_t))));
-
-// The OR of sixteen lanes, halving the vector (vector ORs, not sixteen lane extractions)
-inline uint32_t or_lanes(I16 v) {
-  typedef int32_t I8 __attribute__((vector_size(8 * sizeof(int32_t))));
-  typedef int32_t I4 __attribute__((vector_size(4 * sizeof(int32_t))));
-  I8 a, b;
-  std::memcpy(&a, &v, sizeof a);
-  std::memcpy(&b, reinterpret_cast<const char*>(&v) + sizeof a, sizeof b);
-  a |= b;
-  I4 c, d;
-  std::memcpy(&c, &a, sizeof c);
-  std::memcpy(&d, reinterpret_cast<const char*>(&a) + sizeof c, sizeof d);
-  c |= d;
-  return static_cast<uint32_t>(c[0] | c[1] | c[2] | c[3]);
-}
 
 // The OR of eight lanes
 inline uint32_t or_lanes8(I32x8 v) {
@@ -471,8 +458,11 @@ inline uint32_t or_lanes8(I32x8 v) {
   return static_cast<uint32_t>(c[0] | c[1] | c[2] | c[3]);
 }
 
-// Lane l's bit, for turning a sixteen-lane comparison into a bit mask: or_lanes(cmp & kLaneBit)
-const I16 kLaneBit = {1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768};
+// Sixteen comparisons as bits (bit l: lane l), two eight-lane halves: GCC lowers a sixteen-lane comparison lane by
+// lane on AVX2
+const I32x8 kBit8 = {1, 2, 4, 8, 16, 32, 64, 128};
+inline uint32_t bits16(I32x8 lo, I32x8 hi) { return or_lanes8((lo & kBit8) | (hi & (kBit8 << 8))); }
+
 constexpr int kLanes = 16;
 constexpr int kGroup = 16;      // segments a block maximum pass walks down at once
 
@@ -663,12 +653,13 @@ void heap_select(const float* v, int64_t count, At at, int k, int32_t* top, floa
 // only a group holding one is looked at one by one (a high bound: most groups hold none).
 SAMPLEC_VOCAB_LOOP void positions_at_least(const float* v, int64_t n, float bound, std::vector<int32_t>& out,
                                            int64_t base = 0) {   // (positions base + i)
-  const F16 b = F16{} + bound;
+  const F8 b = F8{} + bound;
   int64_t i = 0;
   for (; i + 16 <= n; i += 16) {           // sixteen compared at once, the hits taken by their bits
-    F16 a;
-    std::memcpy(&a, v + i, sizeof a);
-    for (uint32_t hits = or_lanes((a >= b) & kLaneBit); hits; hits &= hits - 1) {
+    F8 a0, a1;
+    std::memcpy(&a0, v + i, sizeof a0);
+    std::memcpy(&a1, v + i + 8, sizeof a1);
+    for (uint32_t hits = bits16(a0 >= b, a1 >= b); hits; hits &= hits - 1) {
       out.push_back(static_cast<int32_t>(base + i + __builtin_ctz(hits)));
     }
   }
@@ -2797,21 +2788,24 @@ SAMPLEC_VOCAB_LOOP bool collect_range(const float* e, int64_t n, float lo, float
                                       std::vector<double>& wd, size_t cap, float& vlo, float& vhi) {
   keys.clear();
   wd.clear();
-  const F16 a = F16{} + lo, b = F16{} + hi, inf = F16{} + INFINITY, ninf = F16{} - INFINITY;
-  F16 mn = inf, mx = ninf;
+  const F8 a = F8{} + lo, b = F8{} + hi, inf = F8{} + INFINITY, ninf = F8{} - INFINITY;
+  F8 mn[2] = {inf, inf}, mx[2] = {ninf, ninf};
   bool whole = true;
   int64_t i = 0;
   for (; i + 16 <= n; i += 16) {
-    F16 v;
-    std::memcpy(&v, e + i, sizeof v);
-    // (one comparison per select, two masks: GCC 12 turns a select on two comparisons ANDed into scalar code)
-    const F16 u0 = v >= a ? v : inf, w0 = v <= b ? v : ninf;
-    const F16 u = u0 <= b ? u0 : inf, w = w0 >= a ? w0 : ninf;
-    mn = u < mn ? u : mn;
-    mx = w > mx ? w : mx;
+    F8 v[2];
+    std::memcpy(&v[0], e + i, sizeof v[0]);
+    std::memcpy(&v[1], e + i + 8, sizeof v[1]);
+    // (eight lanes, one comparison per select, two masks: GCC turns sixteen-lane comparisons, and a select on two
+    // comparisons ANDed, into scalar code)
+    for (int h = 0; h < 2; ++h) {
+      const F8 u0 = v[h] >= a ? v[h] : inf, w0 = v[h] <= b ? v[h] : ninf;
+      const F8 u = u0 <= b ? u0 : inf, w = w0 >= a ? w0 : ninf;
+      mn[h] = u < mn[h] ? u : mn[h];
+      mx[h] = w > mx[h] ? w : mx[h];
+    }
     if (!whole) continue;
-    uint32_t hits = or_lanes((v >= a) & kLaneBit);
-    hits &= or_lanes((v <= b) & kLaneBit);
+    uint32_t hits = bits16(v[0] >= a, v[1] >= a) & bits16(v[0] <= b, v[1] <= b);
     for (; hits; hits &= hits - 1) {
       const float x = e[i + __builtin_ctz(hits)];
       keys.push_back(order_key(x));
@@ -2820,7 +2814,8 @@ SAMPLEC_VOCAB_LOOP bool collect_range(const float* e, int64_t n, float lo, float
     whole = keys.size() <= cap;
   }
   vlo = INFINITY, vhi = -INFINITY;
-  for (int l = 0; l < 16; ++l) vlo = mn[l] < vlo ? mn[l] : vlo, vhi = mx[l] > vhi ? mx[l] : vhi;
+  for (int h = 0; h < 2; ++h)
+    for (int l = 0; l < 8; ++l) vlo = mn[h][l] < vlo ? mn[h][l] : vlo, vhi = mx[h][l] > vhi ? mx[h][l] : vhi;
   for (; i < n; ++i) {
     if (e[i] >= lo && e[i] <= hi) {
       vlo = e[i] < vlo ? e[i] : vlo, vhi = e[i] > vhi ? e[i] : vhi;
