@@ -1453,22 +1453,10 @@ struct DoubleLanes {
 };
 
 typedef uint8_t U8x16 __attribute__((vector_size(16)));
-
-// Sixteen lanes of v[i] / t - c (Div; else v[i] - c) where keep[i] (keep == nullptr: where v[i] is finite),
-// -inf elsewhere
-template <bool Div>
-__attribute__((always_inline)) inline F16 kept_lanes(const uint8_t* keep, F16 v, const uint8_t* k, float t, float c) {
-  const F16 ninf = F16{} - INFINITY;
-  const F16 d = Div ? v / t - c : v - c;
-  if (keep == nullptr) return v > ninf ? d : ninf;
-  U8x16 kb;
-  std::memcpy(&kb, k, sizeof kb);
-  return __builtin_convertvector(kb, I16) != 0 ? d : ninf;
-}
-
 typedef uint8_t U8x8 __attribute__((vector_size(8)));
 
-// kept_lanes on eight lanes
+// Eight lanes of v[i] / t - c (Div; else v[i] - c) where keep[i] (keep == nullptr: where v[i] is finite), -inf
+// elsewhere
 template <bool Div>
 __attribute__((always_inline)) inline F8 kept_lanes8(const uint8_t* keep, F8 v, const uint8_t* k, float t, float c) {
   const F8 ninf = F8{} - INFINITY;
