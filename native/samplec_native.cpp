@@ -1416,19 +1416,13 @@ __attribute__((always_inline)) inline F8 exp8_nonpos(F8 v) { return exp_nonpos<F
 typedef float F8 __attribute__((vector_size(8 * sizeof(float))));
 typedef double D8 __attribute__((vector_size(8 * sizeof(double))));
 
-// Up to sixteen floats from p (n of them) as a vector, the missing lanes -inf (their exp: 0). The last partial
-// block of a row goes through the same vectorized exp as the others: a scalar exp there rounds some values
-// differently, and tied logits on both sides of the block boundary would then get different probabilities (a
-// top_p cut between them: the spec keeps a tie group together).
-__attribute__((always_inline)) inline F16 tail16(const float* p, int64_t n) {
-  F16 a = F16{} - INFINITY;
-  std::memcpy(&a, p, std::min<int64_t>(16, n) * sizeof(float));
-  return a;
-}
-
+// Up to eight floats from p (n of them; none for n <= 0) as a vector, the missing lanes -inf (their exp: 0). The
+// last partial block of a row goes through the same vectorized exp as the others: a scalar exp there rounds some
+// values differently, and tied logits on both sides of the block boundary would then get different probabilities
+// (a top_p cut between them: the spec keeps a tie group together).
 __attribute__((always_inline)) inline F8 tail8(const float* p, int64_t n) {
   F8 a = F8{} - INFINITY;
-  std::memcpy(&a, p, std::min<int64_t>(8, n) * sizeof(float));
+  if (n > 0) std::memcpy(&a, p, std::min<int64_t>(8, n) * sizeof(float));
   return a;
 }
 
@@ -1437,6 +1431,10 @@ __attribute__((always_inline)) inline F8 tail8(const float* p, int64_t n) {
 struct DoubleLanes {
   D8 a{}, b{};
   __attribute__((always_inline)) void add(F8 v) { a += __builtin_convertvector(v, D8); }
+  __attribute__((always_inline)) void add(F8 lo, F8 hi) {      // (as add(F16) of the two halves)
+    a += __builtin_convertvector(lo, D8);
+    b += __builtin_convertvector(hi, D8);
+  }
   __attribute__((always_inline)) void add(F16 v) {
     F8 lo, hi;
     std::memcpy(&lo, &v, sizeof lo);
@@ -1954,45 +1952,51 @@ const float* current_values(const ChainRow& row) {
 // lanes at a time (a mask of kept tokens scattered over the row costs no mispredicted branches): kept_sums gives
 // their count and sum (in double per lane), kept_dev the sum of (v - mean)^2 with v - mean in float32 (as the dense
 // definition subtracts) squared and summed in double.
-__attribute__((always_inline)) inline I16 kept_mask16(const uint8_t* keep, F16 a, int64_t m) {
-  if (keep == nullptr) return a > (F16{} - INFINITY);
-  uint8_t kt[16] = {};
-  std::memcpy(kt, keep, m);
-  U8x16 kb;
-  std::memcpy(&kb, kt, sizeof kb);
-  return __builtin_convertvector(kb, I16) != 0;
-}
+// (eight lanes a half, so that comparisons and selects stay at eight lanes -- GCC lowers sixteen-lane ones lane by
+// lane on AVX2 -- the halves feeding the same per-lane double sums as one sixteen-lane vector would)
+struct KeptHalves {
+  F8 a[2];
+  I32x8 k[2];
+  __attribute__((always_inline)) KeptHalves(const uint8_t* keep, const float* v, int64_t m) {   // m <= 16 values
+    a[0] = tail8(v, m);
+    a[1] = tail8(v + 8, m - 8);
+    if (keep == nullptr) {
+      for (int h = 0; h < 2; ++h) k[h] = a[h] > (F8{} - INFINITY);
+      return;
+    }
+    uint8_t kt[16] = {};
+    std::memcpy(kt, keep, m);
+    for (int h = 0; h < 2; ++h) {
+      U8x8 kb;
+      std::memcpy(&kb, kt + 8 * h, sizeof kb);
+      k[h] = __builtin_convertvector(kb, I32x8) != 0;
+    }
+  }
+};
 
 SAMPLEC_VOCAB_LOOP void kept_sums(const uint8_t* keep, const float* v, int64_t n, double& count, double& sum) {
   DoubleLanes s, c;
   for (int64_t i = 0; i < n; i += 16) {
-    const int64_t m = std::min<int64_t>(16, n - i);
-    const F16 a = tail16(v + i, m);
-    const I16 k = kept_mask16(keep == nullptr ? nullptr : keep + i, a, m);
-    s.add(k ? a : F16{});
-    c.add(k ? F16{} + 1.0f : F16{});
+    const KeptHalves g(keep == nullptr ? nullptr : keep + i, v + i, std::min<int64_t>(16, n - i));
+    s.add(g.k[0] ? g.a[0] : F8{}, g.k[1] ? g.a[1] : F8{});
+    c.add(g.k[0] ? F8{} + 1.0f : F8{}, g.k[1] ? F8{} + 1.0f : F8{});
   }
   count = c.sum();
   sum = s.sum();
 }
 
 SAMPLEC_VOCAB_LOOP double kept_dev(const uint8_t* keep, const float* v, int64_t n, float mean) {
-  D8 lo{}, hi{};
+  D8 acc[2] = {};
   for (int64_t i = 0; i < n; i += 16) {
-    const int64_t m = std::min<int64_t>(16, n - i);
-    const F16 a = tail16(v + i, m);
-    const I16 k = kept_mask16(keep == nullptr ? nullptr : keep + i, a, m);
-    const F16 d = k ? a - mean : F16{};
-    F8 dl, dh;
-    std::memcpy(&dl, &d, sizeof dl);
-    std::memcpy(&dh, reinterpret_cast<const char*>(&d) + sizeof dl, sizeof dh);
-    const D8 xl = __builtin_convertvector(dl, D8), xh = __builtin_convertvector(dh, D8);
-    lo += xl * xl;
-    hi += xh * xh;
+    const KeptHalves g(keep == nullptr ? nullptr : keep + i, v + i, std::min<int64_t>(16, n - i));
+    for (int h = 0; h < 2; ++h) {
+      const D8 x = __builtin_convertvector(g.k[h] ? g.a[h] - mean : F8{}, D8);
+      acc[h] += x * x;
+    }
   }
   double out = 0.0;
-  for (int l = 0; l < 8; ++l) out += lo[l];
-  for (int l = 0; l < 8; ++l) out += hi[l];
+  for (int h = 0; h < 2; ++h)
+    for (int l = 0; l < 8; ++l) out += acc[h][l];
   return out;
 }
 
@@ -2220,18 +2224,16 @@ SAMPLEC_VOCAB_LOOP double typical_mean(const float* e, const float* v, int64_t n
   D8 lo{}, hi{};
   for (int64_t i = 0; i < n; i += 16) {
     const int64_t m = std::min<int64_t>(16, n - i);
-    F16 a = F16{}, x = F16{};
-    std::memcpy(&a, e + i, m * sizeof(float));
-    std::memcpy(&x, v + i, m * sizeof(float));
-    const auto live = a > F16{};
-    const F16 p = a / z, d = live ? x - vmax : F16{};
-    F8 pl, ph, dl, dh;
-    std::memcpy(&pl, &p, sizeof pl);
-    std::memcpy(&ph, reinterpret_cast<const char*>(&p) + sizeof pl, sizeof ph);
-    std::memcpy(&dl, &d, sizeof dl);
-    std::memcpy(&dh, reinterpret_cast<const char*>(&d) + sizeof dl, sizeof dh);
-    lo += __builtin_convertvector(pl, D8) * __builtin_convertvector(dl, D8);
-    hi += __builtin_convertvector(ph, D8) * __builtin_convertvector(dh, D8);
+    float ab[16] = {}, xb[16] = {};
+    std::memcpy(ab, e + i, m * sizeof(float));
+    std::memcpy(xb, v + i, m * sizeof(float));
+    for (int h = 0; h < 2; ++h) {            // (eight lanes at a time: see KeptHalves)
+      F8 a, x;
+      std::memcpy(&a, ab + 8 * h, sizeof a);
+      std::memcpy(&x, xb + 8 * h, sizeof x);
+      const F8 p = a / z, d = a > F8{} ? x - vmax : F8{};
+      (h == 0 ? lo : hi) += __builtin_convertvector(p, D8) * __builtin_convertvector(d, D8);
+    }
   }
   double out = 0.0;
   for (int l = 0; l < 8; ++l) out += lo[l];
