@@ -444,8 +444,6 @@ struct Rows {
 // loops: GCC splits sixteen-lane arithmetic into two AVX2 registers but lowers a sixteen-lane comparison or `?:`
 // lane by lane through the stack (block_max_row was ten times slower so; session 17).
 typedef float F8 __attribute__((vector_size(8 * sizeof(float))));
-typedef float F16 __attribute__((vector_size(16 * sizeof(float))));
-typedef int32_t I16 __attribute__((vector_size(16 * sizeof(int32_t))));
 typedef int32_t I32x8 __attribute__((vector_size(8 * sizeof(int32_t))));
 
 // The OR of eight lanes
@@ -1378,13 +1376,13 @@ void evaluate(const std::vector<mx::array>& arrays, double spin_us) {
   spin_wait(arrays, spin_us);
 }
 
-// ---- exp over a row, sixteen lanes at a time -----------------------------------------------------------------------
+// ---- exp over a row, eight lanes at a time -------------------------------------------------------------------------
 //
 // exp(v) for v <= 0 by the Cephes scheme: v = n ln 2 + r with |r| <= ln 2 / 2, a degree-6 polynomial for e^r, and
 // 2^n put into the exponent bits; below -87.3 (where float32 e^v is subnormal or 0, and for -inf) it gives 0.
 // Relative error ~2e-7 against the correctly rounded value: a normalizer Z summed from it (in double, per block)
 // differs from float32 sums in other orders by less than their own rounding.
-// (FV: 8 or 16 float lanes; 16 fill an AVX-512 register and are two AVX2 ones)
+// (FV: eight float lanes, an AVX2 register: GCC lowers sixteen-lane comparisons and selects lane by lane there)
 // (always inlined: a vector argument passed between a target_clones clone and a function compiled for the
 // baseline has no common calling convention)
 template <class FV, class IV>
@@ -1410,7 +1408,6 @@ __attribute__((always_inline)) inline FV exp_nonpos(FV v) {
   return tiny ? FV{} : out;
 }
 
-__attribute__((always_inline)) inline F16 exp16_nonpos(F16 v) { return exp_nonpos<F16, I16>(v); }
 __attribute__((always_inline)) inline F8 exp8_nonpos(F8 v) { return exp_nonpos<F8, I32x8>(v); }
 
 typedef float F8 __attribute__((vector_size(8 * sizeof(float))));
@@ -1431,14 +1428,7 @@ __attribute__((always_inline)) inline F8 tail8(const float* p, int64_t n) {
 struct DoubleLanes {
   D8 a{}, b{};
   __attribute__((always_inline)) void add(F8 v) { a += __builtin_convertvector(v, D8); }
-  __attribute__((always_inline)) void add(F8 lo, F8 hi) {      // (as add(F16) of the two halves)
-    a += __builtin_convertvector(lo, D8);
-    b += __builtin_convertvector(hi, D8);
-  }
-  __attribute__((always_inline)) void add(F16 v) {
-    F8 lo, hi;
-    std::memcpy(&lo, &v, sizeof lo);
-    std::memcpy(&hi, reinterpret_cast<const char*>(&v) + sizeof lo, sizeof hi);
+  __attribute__((always_inline)) void add(F8 lo, F8 hi) {      // (lanes 0-7 and 8-15 of a sixteen-float group)
     a += __builtin_convertvector(lo, D8);
     b += __builtin_convertvector(hi, D8);
   }
@@ -1450,7 +1440,6 @@ struct DoubleLanes {
   }
 };
 
-typedef uint8_t U8x16 __attribute__((vector_size(16)));
 typedef uint8_t U8x8 __attribute__((vector_size(8)));
 
 // Eight lanes of v[i] / t - c (Div; else v[i] - c) where keep[i] (keep == nullptr: where v[i] is finite), -inf
@@ -1593,11 +1582,9 @@ SAMPLEC_VOCAB_LOOP void softmax_inplace(float* o, int64_t n, float m) {
 // out[i] = exp(d[i]) for d[i] <= 0 by the vectorized exp of sum_exp (the same clone on a given machine, so the
 // same floats sum_exp adds)
 SAMPLEC_VOCAB_LOOP void exp_terms(const float* d, int64_t n, float* out) {
-  for (int64_t i = 0; i < n; i += 16) {
-    F16 a = F16{} - INFINITY;
-    const int64_t w = std::min<int64_t>(16, n - i);
-    std::memcpy(&a, d + i, w * sizeof(float));
-    const F16 r = exp16_nonpos(a);
+  for (int64_t i = 0; i < n; i += 8) {
+    const int64_t w = std::min<int64_t>(8, n - i);
+    const F8 r = exp8_nonpos(tail8(d + i, w));
     std::memcpy(out + i, &r, w * sizeof(float));
   }
 }
@@ -2698,20 +2685,20 @@ uint32_t radix_select(std::vector<uint32_t>& keys, std::vector<W>& ws, W need, W
   }
 }
 
-// The least and the largest positive value of e[0..n) (lo = +inf, hi = 0 when none), sixteen lanes at a time
+// The least and the largest positive value of e[0..n) (lo = +inf, hi = 0 when none), eight lanes at a time
 SAMPLEC_VOCAB_LOOP void positive_range(const float* e, int64_t n, float& lo, float& hi) {
-  const F16 inf = F16{} + INFINITY, zero = F16{};
-  F16 a = inf, b = zero;
+  const F8 inf = F8{} + INFINITY, zero = F8{};
+  F8 a = inf, b = zero;
   int64_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    F16 v;
+  for (; i + 8 <= n; i += 8) {
+    F8 v;
     std::memcpy(&v, e + i, sizeof v);
-    const F16 w = v > zero ? v : inf;
+    const F8 w = v > zero ? v : inf;
     a = w < a ? w : a;
     b = v > b ? v : b;
   }
   lo = INFINITY, hi = 0.0f;
-  for (int l = 0; l < 16; ++l) lo = a[l] < lo ? a[l] : lo, hi = b[l] > hi ? b[l] : hi;
+  for (int l = 0; l < 8; ++l) lo = a[l] < lo ? a[l] : lo, hi = b[l] > hi ? b[l] : hi;
   for (; i < n; ++i) {
     if (e[i] > 0.0f && e[i] < lo) lo = e[i];
     if (e[i] > hi) hi = e[i];
