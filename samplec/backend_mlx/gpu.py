@@ -217,13 +217,12 @@ CHAIN_BODY = """
 """
 
 _PLACEHOLDERS: dict = {}
-_NP = {mx.float32: np.float32, mx.uint64: np.uint64, mx.int32: np.int32}
 _CODES: dict = {}
 
 
 def _placeholder(dtype) -> mx.array:
     if dtype not in _PLACEHOLDERS:
-        _PLACEHOLDERS[dtype] = mx.array(np.zeros(1, dtype=_NP[dtype]))
+        _PLACEHOLDERS[dtype] = mx.array([0], dtype=dtype)
     return _PLACEHOLDERS[dtype]
 
 
@@ -241,25 +240,20 @@ def chain_inputs(params: list[mx.array], stages: list[str], terminal: str, want_
     dtype costs an op; S is made once per chain and per-row pattern."""
     floats, keys, poss, it = [], [], [], iter(params)
     for s in stages + (["sample"] if terminal == "sample" else []):
-        if s == "sample" or s == "xtc":
-            if s == "xtc":
-                floats += [_slot(next(it), B, mx.float32), _slot(next(it), B, mx.float32)]
+        floats += [_slot(next(it), B, mx.float32) for _ in range(CHAIN_STAGES.get(s, 0))]
+        if s in ("xtc", "sample"):
             keys.append(_slot(next(it), B, mx.uint64))
             poss.append(_slot(next(it), B, mx.int32))
-        else:
-            floats.append(_slot(next(it), B, mx.float32))
-    ops = floats + keys + poss
-    if any(o is None for o in ops) or len(floats) > CHAIN_FLOAT_SLOTS or len(keys) > CHAIN_KEY_SLOTS:
+    groups = ((floats, CHAIN_FLOAT_SLOTS, mx.float32), (keys, CHAIN_KEY_SLOTS, mx.uint64),
+              (poss, CHAIN_KEY_SLOTS, mx.int32))
+    if any(o is None for got, _, _ in groups for o in got) or any(len(got) > n for got, n, _ in groups):
         return None
-    pad = lambda got, n, dtype: [o[0] for o in got] + [_placeholder(dtype)] * (n - len(got))     # noqa: E731
-    per_row = tuple(o[1] for o in floats) + (False,) * (CHAIN_FLOAT_SLOTS - len(floats)) + \
-        tuple(o[1] for o in keys) + (False,) * (CHAIN_KEY_SLOTS - len(keys)) + \
-        tuple(o[1] for o in poss) + (False,) * (CHAIN_KEY_SLOTS - len(poss))
+    slots = [o for got, n, dtype in groups for o in got + [(_placeholder(dtype), False)] * (n - len(got))]
+    per_row = tuple(flag for _, flag in slots)
     key = (tuple(stages), terminal, bool(want_logprob), out_x, per_row)
     if key not in _CODES:
         _CODES[key] = mx.array(np.array(chain_codes(stages, terminal, want_logprob, out_x, per_row), np.int32))
-    return pad(floats, CHAIN_FLOAT_SLOTS, mx.float32) + pad(keys, CHAIN_KEY_SLOTS, mx.uint64) + \
-        pad(poss, CHAIN_KEY_SLOTS, mx.int32) + [_CODES[key]]
+    return [a for a, _ in slots] + [_CODES[key]]
 
 
 def sample_chain(x: mx.array, params: list[mx.array], stages: list[str], terminal: str,
