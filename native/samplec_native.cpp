@@ -504,6 +504,21 @@ struct Lanes {
 };
 
 // The largest of v[0..n), a NaN winning.
+// The first i in [from, n) with v[i] not -inf (NaN included), or n: sixty-four values tested at a time (a row
+// after a cut holds a few such values among -inf).
+SAMPLEC_VOCAB_LOOP int64_t first_above_neg_inf(const float* v, int64_t from, int64_t n) {
+  int64_t i = from;
+  for (; i + 64 <= n; i += 64) {
+    int any = 0;
+    for (int k = 0; k < 64; ++k) any |= v[i + k] != -INFINITY;
+    if (any) break;
+  }
+  for (; i < n; ++i) {
+    if (v[i] != -INFINITY) return i;
+  }
+  return n;
+}
+
 SAMPLEC_VOCAB_LOOP float max_nan(const float* v, int64_t n) {
   Lanes acc;
   int64_t i = 0;
@@ -1184,15 +1199,34 @@ struct PenaltyEdits {
           if (!(hist(r, j) >= 0 && (ln == -1 || j >= h - ln))) vals[r * h + j] = v0;
         }
       }
-      // the row left with no finite logit (a penalty overflowing on its last kept tokens) is flagged too: where
-      // every written value is -inf, a finite one among the tokens this stage leaves as they were (the first of a
-      // row usually)
+      // the row left with nothing but -inf (a penalty overflowing on its last kept tokens) is flagged too, as the
+      // dense check reads it (reduce_max == -inf): where every written value is -inf, one that is not among the
+      // tokens this stage leaves as they were (the first of a row usually)
       bool left = false;
-      for (int64_t j = 0; j < h && !left; ++j) left = std::isfinite(vals[r * h + j]);
-      q = 0;
+      for (int64_t j = 0; j < h && !left; ++j) left = vals[r * h + j] != -INFINITY;
+      auto written = [&seen](int32_t id) { return std::binary_search(seen.begin(), seen.end(), id); };
+      auto edited = [&put](int32_t id) {
+        auto it = std::lower_bound(put.begin(), put.end(), id, [](const auto& e, int32_t v) { return e.first < v; });
+        return it != put.end() && it->first == id;
+      };
+      for (size_t a = 0; a < put.size() && !left;) {      // an id with prior edits: its last one
+        size_t b = a + 1;
+        while (b < put.size() && put[b].first == put[a].first) ++b;
+        left = !written(put[a].first) && put[b - 1].second != -INFINITY;
+        a = b;
+      }
+      // the others read the row (through the prefix ops): the scan skips to its values above -inf (after a cut, a
+      // few: the whole row in vectorized chunks)
+      const float* contiguous = pre.empty() && raw.s1 == 1 ? raw.p + r * raw.s0 : nullptr;
       for (int64_t i = 0; i < n && !left; ++i) {
-        if (std::binary_search(seen.begin(), seen.end(), static_cast<int32_t>(i))) continue;
-        left = std::isfinite(base(static_cast<int32_t>(i)));
+        if (contiguous) {
+          i = first_above_neg_inf(contiguous, i, n);
+          if (i == n) break;
+        } else if (x(r, i) == -INFINITY) {
+          continue;
+        }
+        const int32_t id = static_cast<int32_t>(i);
+        left = !written(id) && !edited(id);
       }
       over[r] = overflow || !left;
       if (prior) {     // a prior entry for an id this stage writes carries its new value: every entry of an id

@@ -584,6 +584,57 @@ def test_penalty_edits_are_the_dense_penalties(pure):
     assert np.array_equal(got2, want2, equal_nan=True)
 
 
+def test_penalty_edits_flag_a_row_left_with_no_token_as_the_dense_check_does(pure):
+    """After a cut a row holds a few finite logits among -inf: the flag (penalties_overflow) is set exactly where
+    the penalized row has no finite value left -- the survivors all in the history and sent to -inf, or one
+    survivor outside it (at the row's first or last position, V not a multiple of the scan's chunks, a NaN),
+    through a prior stage's edits and through an allow mask and a bias below the penalties."""
+    rng = np.random.default_rng(8)
+    B, V, H = 8, 1000, 6
+    x = np.full((B, V), -np.inf, np.float32)
+    hist = np.full((B, H), -1, np.int32)
+    x[0, [3, 500]] = -3e38; hist[0, :2] = [3, 500]                  # both survivors overflow to -inf: flagged
+    x[1, [3, 500, V - 1]] = [-3e38, -3e38, 0.5]; hist[1, :2] = [3, 500]   # the last token is left
+    x[2, [0, 77]] = [1.0, -3e38]; hist[2, 0] = 77                  # the first token is left
+    x[3, 10] = -3e38; x[3, 20] = np.nan; hist[3, 0] = 10            # a NaN is not -inf
+    x[4] = rng.standard_normal(V).astype(np.float32)                # a whole row, nothing cut
+    x[5, 999] = -3e38; hist[5, 0] = 999                             # one survivor, the last token, in the history
+    x[6, [64, 128]] = [2.0, -3e38]; hist[6, 0] = 128                # at a chunk's start
+    x[7, 0] = -3e38                                                 # padding only: token 0 counts nothing, stays
+    args = [hist, np.full((B, 1), -1, np.int32), np.full((B, 1), 1.5, np.float32), np.zeros((B, 1), np.float32),
+            np.zeros((B, 1), np.float32)]
+    ids, vals, over = native.penalty_edits(mx.array(x), *(mx.array(a) for a in args))
+    with pure:
+        want = _dense_penalties("penalties_overflow", x, *args)
+        pen = _dense_penalties("penalties", x, *args)
+    assert np.array(over).tolist() == want.tolist() == [True, False, False, False, False, True, False, False]
+
+    # a second stage after the first one's edits: row 1's last token now in the second history and sent to -inf
+    hist2 = np.full((B, 2), -1, np.int32)
+    hist2[1, 0] = V - 1
+    x2 = x.copy(); x2[1, V - 1] = -3e38
+    args1 = [a.copy() for a in args]
+    ids1, vals1, _ = native.penalty_edits(mx.array(x2), *(mx.array(a) for a in args1))
+    args2 = [hist2] + args[1:3] + [np.zeros((B, 1), np.float32)] * 2
+    _, _, over2 = native.penalty_edits(mx.array(x2), *(mx.array(a) for a in args2), prior=(ids1, vals1))
+    with pure:
+        first = _dense_penalties("penalties", x2, *args1)
+        want2 = _dense_penalties("penalties_overflow", first, *args2)
+    assert np.array(over2).tolist() == want2.tolist()
+    assert want2[1] and not want2[2]
+
+    # through an allow mask and a bias: the mask removes row 2's survivor, the bias keeps row 4 whole
+    mask = np.ones((B, V), bool); mask[2, 0] = False
+    bias = np.zeros((B, V), np.float32); bias[1, V - 1] = -np.inf
+    _, _, over3 = native.penalty_edits(mx.array(x), *(mx.array(a) for a in args),
+                                       pre=(("mask", mx.array(mask)), ("bias", mx.array(bias))))
+    with pure:
+        seen = np.where(mask, x, -np.inf) + bias
+        want3 = _dense_penalties("penalties_overflow", seen, *args)
+    assert np.array(over3).tolist() == want3.tolist()
+    assert want3[1] and want3[2] and not want3[4]
+
+
 def test_argmax_put_takes_the_last_write_of_an_id():
     """Edits of two penalty stages, one list: an id written twice holds its second value (put_along in order)."""
     x = np.zeros((2, 200), np.float32)
