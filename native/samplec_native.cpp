@@ -2262,10 +2262,31 @@ SAMPLEC_VOCAB_LOOP double typical_mean(const float* e, const float* v, int64_t n
   return out;
 }
 
-// score[i] = |md - (v[i] - vmax)| for the live tokens, +inf for the others
-SAMPLEC_VOCAB_LOOP void typical_scores(float* __restrict score, const float* __restrict e, const float* __restrict v,
-                                       int64_t n, float md, float vmax) {
-  for (int64_t i = 0; i < n; ++i) score[i] = e[i] > 0.0f ? std::fabs(md - (v[i] - vmax)) : INFINITY;
+// score[i] = |md - (v[i] - vmax)| for the live tokens, +inf for the others; the live scores' least and largest
+// (+inf and -inf where none is live)
+SAMPLEC_VOCAB_LOOP std::pair<float, float> typical_scores(float* __restrict score, const float* __restrict e,
+                                                          const float* __restrict v, int64_t n, float md, float vmax) {
+  F8 mn = F8{} + INFINITY, mx = F8{} - INFINITY;
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {           // (eight lanes: see KeptHalves)
+    F8 a, x;
+    std::memcpy(&a, e + i, sizeof a);
+    std::memcpy(&x, v + i, sizeof x);
+    const F8 d = md - (x - vmax);
+    const F8 ad = d < F8{} ? -d : d;
+    const F8 sc = a > F8{} ? ad : F8{} + INFINITY;
+    std::memcpy(score + i, &sc, sizeof sc);
+    mn = sc < mn ? sc : mn;
+    const F8 live = a > F8{} ? ad : F8{} - INFINITY;
+    mx = live > mx ? live : mx;
+  }
+  float lo = INFINITY, hi = -INFINITY;
+  for (int l = 0; l < 8; ++l) lo = mn[l] < lo ? mn[l] : lo, hi = mx[l] > hi ? mx[l] : hi;
+  for (; i < n; ++i) {
+    score[i] = e[i] > 0.0f ? std::fabs(md - (v[i] - vmax)) : INFINITY;
+    if (e[i] > 0.0f) lo = std::min(lo, score[i]), hi = std::max(hi, score[i]);
+  }
+  return {lo, hi};
 }
 
 // keep[i] &= score[i] <= cut or v[i] is the top
@@ -2754,8 +2775,8 @@ SAMPLEC_VOCAB_LOOP void bucket_ids(const float* v, int64_t n, int sh, uint32_t m
   }
 }
 
-void mass_histogram(const float* e, int64_t n, uint32_t lo, uint32_t hi, int& shift, uint32_t& mask,
-                    std::vector<double>& hist) {
+void mass_histogram(const float* e, const float* wt, int64_t n, uint32_t lo, uint32_t hi, int& shift,
+                    uint32_t& mask, std::vector<double>& hist) {
   constexpr int kDigit = 11;
   const int varying = 32 - __builtin_clz(lo ^ hi);
   shift = varying > kDigit ? varying - kDigit : 0;
@@ -2771,12 +2792,13 @@ void mass_histogram(const float* e, int64_t n, uint32_t lo, uint32_t hi, int& sh
   split(2, [&](int64_t part) {
     double* h = hist.data() + part * 4 * w;
     const float* v = e + (part ? half : 0);
+    const float* wv = wt + (part ? half : 0);
     const int64_t m = part ? n - half : std::min(n, half);
     uint32_t idx[1024];
     for (int64_t i0 = 0; i0 < m; i0 += 1024) {       // the buckets sixteen at a time, then the adds
       const int64_t c = std::min<int64_t>(1024, m - i0);
       bucket_ids(v + i0, c, sh, mk, idx);
-      const float* u = v + i0;
+      const float* u = wv + i0;
       int64_t i = 0;
       for (; i + 4 <= c; i += 4) {
         for (int j = 0; j < 4; ++j) h[j * w + idx[i + j]] += u[i + j];
@@ -2792,11 +2814,13 @@ void mass_histogram(const float* e, int64_t n, uint32_t lo, uint32_t hi, int& sh
   hist.resize(w);
 }
 
-// The keys and values of the e[i] in [lo, hi] (lo > 0), in index order, and their least and largest (vlo > vhi
-// when none); false (the keys cut short) where there are more than `cap`: sixteen compared at once, the hits taken
-// by their bits (no branch per token: a tied row puts every eighth token in the range).
-SAMPLEC_VOCAB_LOOP bool collect_range(const float* e, int64_t n, float lo, float hi, std::vector<uint32_t>& keys,
-                                      std::vector<double>& wd, size_t cap, float& vlo, float& vhi) {
+// The keys of the e[i] in [lo, hi] (lo >= 0; ~ the keys where `flip`) and their weights wt[i], in index order,
+// and the least and largest of those e (vlo > vhi when none); false (the keys cut short) where there are more than
+// `cap`: sixteen compared at once, the hits taken by their bits (no branch per token: a tied row puts every eighth
+// token in the range).
+SAMPLEC_VOCAB_LOOP bool collect_range(const float* e, const float* wt, bool flip, int64_t n, float lo, float hi,
+                                      std::vector<uint32_t>& keys, std::vector<double>& wd, size_t cap, float& vlo,
+                                      float& vhi) {
   keys.clear();
   wd.clear();
   const F8 a = F8{} + lo, b = F8{} + hi, inf = F8{} + INFINITY, ninf = F8{} - INFINITY;
@@ -2818,9 +2842,9 @@ SAMPLEC_VOCAB_LOOP bool collect_range(const float* e, int64_t n, float lo, float
     if (!whole) continue;
     uint32_t hits = bits16(v[0] >= a, v[1] >= a) & bits16(v[0] <= b, v[1] <= b);
     for (; hits; hits &= hits - 1) {
-      const float x = e[i + __builtin_ctz(hits)];
-      keys.push_back(order_key(x));
-      wd.push_back(x);
+      const int64_t at = i + __builtin_ctz(hits);
+      keys.push_back(flip ? ~order_key(e[at]) : order_key(e[at]));
+      wd.push_back(wt[at]);
     }
     whole = keys.size() <= cap;
   }
@@ -2830,34 +2854,35 @@ SAMPLEC_VOCAB_LOOP bool collect_range(const float* e, int64_t n, float lo, float
   for (; i < n; ++i) {
     if (e[i] >= lo && e[i] <= hi) {
       vlo = e[i] < vlo ? e[i] : vlo, vhi = e[i] > vhi ? e[i] : vhi;
-      if (whole) keys.push_back(order_key(e[i])), wd.push_back(e[i]);
+      if (whole) keys.push_back(flip ? ~order_key(e[i]) : order_key(e[i])), wd.push_back(wt[i]);
     }
   }
   return whole && keys.size() <= cap;
 }
 
-// The smallest probability e_min such that the mass of e >= e_min reaches `need` (radix_select on mass over the
-// positive e; the largest when nothing reaches it).
-float mass_cut(const float* e, int64_t n, double need, std::vector<uint32_t>& keys, std::vector<double>& wd) {
-  float flo = INFINITY, fhi = 0.0f;
-  for (const auto& [a, b] : per_span<std::pair<float, float>>(n, [e](int64_t lo, int64_t hi) {
-         std::pair<float, float> r;
-         positive_range(e + lo, hi - lo, r.first, r.second);
-         return r;
-       })) {
-    flo = std::min(flo, a), fhi = std::max(fhi, b);
-  }
-  if (!(fhi > 0.0f)) return fhi;
+// A selection by mass over keys k[0..n) (non-negative floats; their weights w, 0 where removed, and a removed
+// token's key outside [flo, fhi], the range of the others): descending, the least key whose mass of the keys at or
+// above it reaches `need` (the largest where nothing reaches it); ascending, the largest key whose mass at or below
+// it does (the least where nothing does). The first level of radix_select straight over the row, without
+// compacting it into keys first: the histogram of the bits below those every key in range shares, then only the
+// boundary bucket's tokens go on to radix_select. The same buckets as radix_select over the keys; their sums in
+// another order (four accumulators), so only a mass within rounding of the target can land on the other side (the
+// contract's "up to float rounding").
+float mass_select(const float* k, const float* w, int64_t n, double need, float flo, float fhi, bool ascending,
+                  std::vector<uint32_t>& keys, std::vector<double>& wd) {
   const uint32_t lo = order_key(flo), hi = order_key(fhi);
   if (lo == hi) return fhi;
   thread_local std::vector<double> hist_tls;
   auto& hist = hist_tls;
   int shift;
   uint32_t mask;
-  mass_histogram(e, n, lo, hi, shift, mask, hist);
+  mass_histogram(k, w, n, lo, hi, shift, mask, hist);
+  // the walk from lo's bucket up (ascending) or hi's down, ending at the other's: the buckets outside hold nothing
+  // (a need of 0 ends at once, in a bucket that holds a key)
+  const int64_t b_lo = (lo >> shift) & mask, b_hi = (hi >> shift) & mask, step = ascending ? 1 : -1;
   double base = 0.0;
-  int64_t b = mask;
-  for (; b > 0; --b) {
+  int64_t b = ascending ? b_lo : b_hi;
+  for (; b != (ascending ? b_hi : b_lo); b += step) {
     if (base + hist[b] >= need) break;
     base += hist[b];
   }
@@ -2866,8 +2891,8 @@ float mass_cut(const float* e, int64_t n, double need, std::vector<uint32_t>& ke
   const uint32_t common = varying == 32 ? 0u : lo & ~((1u << varying) - 1u);
   const uint32_t first = common | (want << shift);
   if (shift == 0) return key_value(first);
-  // the bucket's keys are the positive floats from key_value(first) to key_value(first + 2^shift - 1)
-  const float blo = std::max(key_value(first), flo), bhi = key_value(first + ((1u << shift) - 1u));
+  // the bucket's keys are the floats from key_value(first) to key_value(first + 2^shift - 1)
+  const float blo = std::max(key_value(first), flo), bhi = std::min(key_value(first + ((1u << shift) - 1u)), fhi);
   // the bucket's tokens span by span (joined in span order), and the least and largest of them: a span that
   // holds more than kCap (256) of them keeps only those two (a tied row's bucket: one value, thousands of tokens), and
   // where the bucket holds more than one value all of them are collected again
@@ -2883,7 +2908,7 @@ float mass_cut(const float* e, int64_t n, double need, std::vector<uint32_t>& ke
   std::vector<uint8_t> full(s);
   each_span(n, [&](int64_t lo, int64_t hi) {
     const int64_t c = lo / kSpan;
-    full[c] = !collect_range(e + lo, hi - lo, blo, bhi, ks[c], ws[c], kCap, lo_s[c], hi_s[c]);
+    full[c] = !collect_range(k + lo, w + lo, ascending, hi - lo, blo, bhi, ks[c], ws[c], kCap, lo_s[c], hi_s[c]);
   });
   float vlo = INFINITY, vhi = -INFINITY;
   bool capped = false;
@@ -2893,7 +2918,7 @@ float mass_cut(const float* e, int64_t n, double need, std::vector<uint32_t>& ke
   if (capped) {
     each_span(n, [&](int64_t lo, int64_t hi) {
       float a, b;
-      collect_range(e + lo, hi - lo, blo, bhi, ks[lo / kSpan], ws[lo / kSpan], SIZE_MAX, a, b);
+      collect_range(k + lo, w + lo, ascending, hi - lo, blo, bhi, ks[lo / kSpan], ws[lo / kSpan], SIZE_MAX, a, b);
     });
   }
   keys.clear();
@@ -2902,7 +2927,23 @@ float mass_cut(const float* e, int64_t n, double need, std::vector<uint32_t>& ke
     keys.insert(keys.end(), ks[c].begin(), ks[c].end());
     wd.insert(wd.end(), ws[c].begin(), ws[c].end());
   }
-  return key_value(radix_select(keys, wd, need, base));
+  const uint32_t key = radix_select(keys, wd, need, base);
+  return key_value(ascending ? ~key : key);
+}
+
+// The smallest probability e_min such that the mass of e >= e_min reaches `need` (a descending mass_select over the
+// positive e; the largest when nothing reaches it).
+float mass_cut(const float* e, int64_t n, double need, std::vector<uint32_t>& keys, std::vector<double>& wd) {
+  float flo = INFINITY, fhi = 0.0f;
+  for (const auto& [a, b] : per_span<std::pair<float, float>>(n, [e](int64_t lo, int64_t hi) {
+         std::pair<float, float> r;
+         positive_range(e + lo, hi - lo, r.first, r.second);
+         return r;
+       })) {
+    flo = std::min(flo, a), fhi = std::max(fhi, b);
+  }
+  if (!(fhi > 0.0f)) return fhi;
+  return mass_select(e, e, n, need, flo, fhi, false, keys, wd);
 }
 
 // The number of kept tokens (keep: 0/1 bytes)
@@ -3116,21 +3157,14 @@ void chain_dense(ChainRow& row, int64_t nb, int bs, int32_t* token, float* logpr
         thread_local std::vector<float> score_tls;
         auto& score = score_tls;
         score.resize(V);
-        each_span(V, [&](int64_t lo, int64_t hi) {
-          typical_scores(score.data() + lo, buf.data() + lo, fx + lo, hi - lo, md, fmax);
-        });
-        // the smallest score whose cumulative mass (ascending score) reaches m: descending keys of ~score
-        keys.resize(V);
-        wd.resize(V);
-        size_t n = 0;
-        for (int64_t i = 0; i < V; ++i) {
-          keys[n] = ~order_key(score[i]);
-          wd[n] = buf[i];
-          n += buf[i] > 0.0f;
+        float slo = INFINITY, shi = -INFINITY;
+        for (const auto& [l, h] : per_span<std::pair<float, float>>(V, [&](int64_t lo, int64_t hi) {
+               return typical_scores(score.data() + lo, buf.data() + lo, fx + lo, hi - lo, md, fmax);
+             })) {
+          slo = std::min(slo, l), shi = std::max(shi, h);
         }
-        keys.resize(n);
-        wd.resize(n);
-        const float cut = key_value(~radix_select(keys, wd, a * z));
+        // the smallest score whose cumulative mass (ascending score) reaches m (the top is live: slo <= shi)
+        const float cut = mass_select(score.data(), buf.data(), V, a * z, slo, shi, true, keys, wd);
         each_span(V, [&](int64_t lo, int64_t hi) {
           keep_typical(keep.data() + lo, score.data() + lo, fx + lo, hi - lo, cut, fmax);
         });
