@@ -1167,3 +1167,29 @@ def test_top_n_sigma_past_the_float32_variance_keeps_the_exact_set(monkeypatch):
     x64 = x.astype(np.float64)
     exact = x64 >= x64.max(axis=1, keepdims=True) - 0.5 * x64.std(axis=1, keepdims=True)
     np.testing.assert_array_equal(np.array(out.probs) > 0, exact)
+
+
+@pytest.mark.parametrize("family", ["ties", "flat", "tied_top", "normal"])
+def test_typical_p_on_the_whole_row_is_O0s(family):
+    """typical_p where the chain kernel's candidates fall short (a tied top above its band, a flat row) and it
+    runs on the whole row -- mass_select over the scores, the band's mean reused from the candidates' attempt, the
+    draw over the kept ids or the block walk (under or over half the row kept) -- the same kept sets and tokens as
+    -O0, at typical_p 0 (the least score alone) through 0.9, after a temperature too."""
+    rng = np.random.default_rng(31)
+    V = 152064
+    if family == "ties":
+        x = rng.integers(-4, 4, (3, V)).astype(np.float32)
+    elif family == "flat":
+        x = rng.normal(0, 0.05, (3, V)).astype(np.float32)
+    elif family == "tied_top":
+        x = rng.normal(0, 1, (3, V)).astype(np.float32)
+        x[:, rng.choice(V, 20000, replace=False)] = 4.0
+    else:
+        x = rng.normal(0, 3, (3, V)).astype(np.float32)
+    for chain in ("typical_p(m) sample(seed)", "temperature(0.7) typical_p(m) sample(seed)"):
+        src = f"sampler s(m: float, seed: seed) -> token, probs {{ {chain} }}"
+        progs = [samplec.compile(src, opt_level=o) for o in (0, 2)]
+        for m in ([0.0, 0.3, 0.6], [0.9, 0.2, 0.75]):
+            a, b = (p(x, m=m, seed=[3, 4, 5]) for p in progs)
+            np.testing.assert_array_equal(np.array(a.probs) > 0, np.array(b.probs) > 0, err_msg=f"{chain} {m}")
+            assert np.array(a.token).tolist() == np.array(b.token).tolist(), (chain, m)
