@@ -1585,10 +1585,8 @@ std::vector<mx::array> row_max(const mx::array& x) {
   return make(Rowwise<MaxRow>{}, {{x.shape(0), 1}}, {mx::float32}, {x});
 }
 
-// o[0..n) <- softmax(o) given its maximum m (finite): exp(o - m) in one vectorized pass (the sum in double), then
-// one scaling pass. Blocks of 64 that are all -inf (a final distribution after cuts is mostly -inf) are zeros
-// without an exp or a division.
-SAMPLEC_VOCAB_LOOP void softmax_inplace(float* o, int64_t n, float m) {
+// softmax_inplace's passes over a span: o <- exp(o - m) and its sum (in double); o <- o / z
+SAMPLEC_VOCAB_LOOP double softmax_exps(float* o, int64_t n, float m) {
   double total = 0.0;
   int64_t i = 0;
   for (; i + 64 <= n; i += 64) {
@@ -1603,14 +1601,26 @@ SAMPLEC_VOCAB_LOOP void softmax_inplace(float* o, int64_t n, float m) {
   }
   for (int64_t j = i; j < n; ++j) o[j] -= m;
   if (i < n) total += exp_inplace(o + i, n - i);    // (the same vectorized exp as the blocks)
-  const float z = static_cast<float>(total);
-  for (i = 0; i + 64 <= n; i += 64) {
+  return total;
+}
+
+SAMPLEC_VOCAB_LOOP void softmax_scale(float* o, int64_t n, float z) {
+  int64_t i = 0;
+  for (; i + 64 <= n; i += 64) {
     bool zero = true;
     for (int j = 0; j < 64; ++j) zero &= o[i + j] == 0.0f;
     if (zero) continue;
     for (int j = 0; j < 64; ++j) o[i + j] /= z;
   }
   for (; i < n; ++i) o[i] /= z;
+}
+
+// o[0..n) <- softmax(o) given its maximum m (finite): exp(o - m) in one vectorized pass (the sum in double, span by
+// span), then one scaling pass, each in spans (split: a waiting caller takes some). Blocks of 64 that are all -inf
+// (a final distribution after cuts is mostly -inf) are zeros without an exp or a division.
+void softmax_inplace(float* o, int64_t n, float m) {
+  const float z = static_cast<float>(sum_spans(n, [&](int64_t lo, int64_t hi) { return softmax_exps(o + lo, hi - lo, m); }));
+  each_span(n, [&](int64_t lo, int64_t hi) { softmax_scale(o + lo, hi - lo, z); });
 }
 
 // out[i] = exp(d[i]) for d[i] <= 0 by the vectorized exp of sum_exp (the same clone on a given machine, so the
@@ -2638,7 +2648,14 @@ bool chain_run(ChainRow& row, float bound, int32_t* token, float* logprob) {
   if (row.x_out != nullptr) {
     float* o = row.x_out;
     if (tail) {
-      for (int64_t i = 0; i < row.V; ++i) o[i] = row.f(row.x[i]);
+      if (row.divs.empty()) {
+        std::copy(row.x, row.x + row.V, o);
+      } else {
+        each_span(row.V, [&](int64_t lo, int64_t hi) {     // (row.f: the temperatures in order)
+          divide_by(o + lo, row.x + lo, hi - lo, row.divs[0]);
+          for (size_t d = 1; d < row.divs.size(); ++d) divide_by(o + lo, o + lo, hi - lo, row.divs[d]);
+        });
+      }
       if (row.probs_out) softmax_inplace(o, row.V, vmax);
     } else if (row.probs_out) {
       std::fill(o, o + row.V, 0.0f);
@@ -2994,6 +3011,33 @@ int64_t kept_ids(const uint8_t* keep, int64_t n, int64_t base, int32_t* out) {
   return m;
 }
 
+// out[i] = v[i] divided by t as `val` does where kept, -inf elsewhere
+SAMPLEC_VOCAB_LOOP void write_kept(float* __restrict out, const uint8_t* __restrict keep, const float* __restrict v,
+                                   int64_t n, float t) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float a = t == 1.0f || v[i] == -INFINITY ? v[i] : v[i] / t;
+    out[i] = keep[i] ? a : -INFINITY;
+  }
+}
+
+// The first kept i in [0, n) whose value (divided by t as `val` does) is top, or n: sixty-four at a time
+SAMPLEC_VOCAB_LOOP int64_t first_kept_at(const uint8_t* keep, const float* v, int64_t n, float t, float top) {
+  int64_t i = 0;
+  for (; i + 64 <= n; i += 64) {
+    int any = 0;
+    for (int j = 0; j < 64; ++j) {
+      const float a = t == 1.0f || v[i + j] == -INFINITY ? v[i + j] : v[i + j] / t;
+      any |= (keep[i + j] != 0) & (a == top);
+    }
+    if (any) break;
+  }
+  for (; i < n; ++i) {
+    const float a = t == 1.0f || v[i] == -INFINITY ? v[i] : v[i] / t;
+    if (keep[i] && a == top) return i;
+  }
+  return n;
+}
+
 // out[i] = v[ids[i]] divided by t as `val` does (-inf stays; t == 1: as it is), branch-free (gathers)
 SAMPLEC_VOCAB_LOOP void gather_divided(float* __restrict out, const float* __restrict v, const int32_t* __restrict ids,
                                        int64_t n, float t) {
@@ -3256,9 +3300,8 @@ void chain_dense(ChainRow& row, int64_t nb, int bs, int32_t* token, float* logpr
   auto& kept_vals = kept_vals_tls;
   materialize();
   if (row.terminal == kGreedy) {
-    for (int64_t i = 0; i < V && at < 0; ++i) {
-      if (keep[i] && val(i) == fmax) at = i;
-    }
+    const int64_t i = first_kept_at(keep.data(), fx, V, last_t, fmax);
+    if (i < V) at = i;
   } else {
     const auto& bm = *row.bm;
     // A draw in parts (split) keeps a winner per part, each started from the same best score; the winner is
@@ -3379,7 +3422,9 @@ void chain_dense(ChainRow& row, int64_t nb, int bs, int32_t* token, float* logpr
     *logprob = (val(at) - fmax) - static_cast<float>(std::log(z));
   }
   if (row.x_out != nullptr) {
-    for (int64_t i = 0; i < V; ++i) row.x_out[i] = keep[i] ? val(i) : -INFINITY;
+    each_span(V, [&](int64_t lo, int64_t hi) {
+      write_kept(row.x_out + lo, keep.data() + lo, fx + lo, hi - lo, last_t);
+    });
     if (row.probs_out) softmax_inplace(row.x_out, V, fmax);
   }
 }
