@@ -1445,7 +1445,26 @@ __attribute__((always_inline)) inline FV exp_nonpos(FV v) {
 __attribute__((always_inline)) inline F8 exp8_nonpos(F8 v) { return exp_nonpos<F8, I32x8>(v); }
 
 typedef float F8 __attribute__((vector_size(8 * sizeof(float))));
-typedef double D8 __attribute__((vector_size(8 * sizeof(double))));
+typedef double D4 __attribute__((vector_size(4 * sizeof(double))));
+typedef float F4h __attribute__((vector_size(4 * sizeof(float))));
+// Eight doubles as two four-double vectors (one AVX2 register each): GCC lowers an eight-double vector type, and
+// the conversion of eight floats to it, through the stack on AVX2 (a lane-for-lane equal sum, a third of the time)
+struct D8 {
+  D4 lo{}, hi{};
+  D8() = default;
+  __attribute__((always_inline)) D8(D4 l, D4 h) : lo(l), hi(h) {}
+  __attribute__((always_inline)) double operator[](int l) const { return l < 4 ? lo[l] : hi[l - 4]; }
+  __attribute__((always_inline)) D8& operator+=(const D8& o) {
+    lo += o.lo;
+    hi += o.hi;
+    return *this;
+  }
+  __attribute__((always_inline)) friend D8 operator*(const D8& a, const D8& b) { return {a.lo * b.lo, a.hi * b.hi}; }
+};
+__attribute__((always_inline)) inline D8 widen(F8 v) {      // eight floats as eight doubles, lane for lane
+  const F4h l = __builtin_shufflevector(v, v, 0, 1, 2, 3), h = __builtin_shufflevector(v, v, 4, 5, 6, 7);
+  return {__builtin_convertvector(l, D4), __builtin_convertvector(h, D4)};
+}
 
 // Up to eight floats from p (n of them; none for n <= 0) as a vector, the missing lanes -inf (their exp: 0). The
 // last partial block of a row goes through the same vectorized exp as the others: a scalar exp there rounds some
@@ -1461,10 +1480,10 @@ __attribute__((always_inline)) inline F8 tail8(const float* p, int64_t n) {
 // block would be a chain of sixteen dependent scalar adds); summed across the lanes at the end.
 struct DoubleLanes {
   D8 a{}, b{};
-  __attribute__((always_inline)) void add(F8 v) { a += __builtin_convertvector(v, D8); }
+  __attribute__((always_inline)) void add(F8 v) { a += widen(v); }
   __attribute__((always_inline)) void add(F8 lo, F8 hi) {      // (lanes 0-7 and 8-15 of a sixteen-float group)
-    a += __builtin_convertvector(lo, D8);
-    b += __builtin_convertvector(hi, D8);
+    a += widen(lo);
+    b += widen(hi);
   }
   double sum() const {
     double s = 0.0;
@@ -1626,11 +1645,13 @@ void softmax_inplace(float* o, int64_t n, float m) {
 // out[i] = exp(d[i]) for d[i] <= 0 by the vectorized exp of sum_exp (the same clone on a given machine, so the
 // same floats sum_exp adds)
 SAMPLEC_VOCAB_LOOP void exp_terms(const float* d, int64_t n, float* out) {
-  for (int64_t i = 0; i < n; i += 8) {
-    const int64_t w = std::min<int64_t>(8, n - i);
+  auto group = [&](int64_t i, int64_t w) __attribute__((always_inline)) {     // (see kept_sums)
     const F8 r = exp8_nonpos(tail8(d + i, w));
     std::memcpy(out + i, &r, w * sizeof(float));
-  }
+  };
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) group(i, 8);
+  if (i < n) group(i, n - i);
 }
 
 // The number of v[i] equal to x
@@ -2010,26 +2031,34 @@ struct KeptHalves {
   }
 };
 
+// (each pass: its groups of sixteen with m = 16 a constant -- the copies into lanes become loads -- then the last,
+// shorter group: a group of a length known only at run time copies through memcpy calls)
 SAMPLEC_VOCAB_LOOP void kept_sums(const uint8_t* keep, const float* v, int64_t n, double& count, double& sum) {
   DoubleLanes s, c;
-  for (int64_t i = 0; i < n; i += 16) {
-    const KeptHalves g(keep == nullptr ? nullptr : keep + i, v + i, std::min<int64_t>(16, n - i));
+  auto group = [&](int64_t i, int64_t m) __attribute__((always_inline)) {
+    const KeptHalves g(keep == nullptr ? nullptr : keep + i, v + i, m);
     s.add(g.k[0] ? g.a[0] : F8{}, g.k[1] ? g.a[1] : F8{});
     c.add(g.k[0] ? F8{} + 1.0f : F8{}, g.k[1] ? F8{} + 1.0f : F8{});
-  }
+  };
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) group(i, 16);
+  if (i < n) group(i, n - i);
   count = c.sum();
   sum = s.sum();
 }
 
 SAMPLEC_VOCAB_LOOP double kept_dev(const uint8_t* keep, const float* v, int64_t n, float mean) {
   D8 acc[2] = {};
-  for (int64_t i = 0; i < n; i += 16) {
-    const KeptHalves g(keep == nullptr ? nullptr : keep + i, v + i, std::min<int64_t>(16, n - i));
+  auto group = [&](int64_t i, int64_t m) __attribute__((always_inline)) {
+    const KeptHalves g(keep == nullptr ? nullptr : keep + i, v + i, m);
     for (int h = 0; h < 2; ++h) {
-      const D8 x = __builtin_convertvector(g.k[h] ? g.a[h] - mean : F8{}, D8);
+      const D8 x = widen(g.k[h] ? g.a[h] - mean : F8{});
       acc[h] += x * x;
     }
-  }
+  };
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) group(i, 16);
+  if (i < n) group(i, n - i);
   double out = 0.0;
   for (int h = 0; h < 2; ++h)
     for (int l = 0; l < 8; ++l) out += acc[h][l];
@@ -2258,8 +2287,7 @@ inline double run_sum_exp(const std::vector<std::pair<float, int32_t>>& c, int64
 // sum of (e / z) * d over the live tokens (e > 0), in double per lane
 SAMPLEC_VOCAB_LOOP double typical_mean(const float* e, const float* v, int64_t n, float z, float vmax) {
   D8 lo{}, hi{};
-  for (int64_t i = 0; i < n; i += 16) {
-    const int64_t m = std::min<int64_t>(16, n - i);
+  auto group = [&](int64_t i, int64_t m) __attribute__((always_inline)) {     // (see kept_sums)
     float ab[16] = {}, xb[16] = {};
     std::memcpy(ab, e + i, m * sizeof(float));
     std::memcpy(xb, v + i, m * sizeof(float));
@@ -2268,9 +2296,12 @@ SAMPLEC_VOCAB_LOOP double typical_mean(const float* e, const float* v, int64_t n
       std::memcpy(&a, ab + 8 * h, sizeof a);
       std::memcpy(&x, xb + 8 * h, sizeof x);
       const F8 p = a / z, d = a > F8{} ? x - vmax : F8{};
-      (h == 0 ? lo : hi) += __builtin_convertvector(p, D8) * __builtin_convertvector(d, D8);
+      (h == 0 ? lo : hi) += widen(p) * widen(d);
     }
-  }
+  };
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) group(i, 16);
+  if (i < n) group(i, n - i);
   double out = 0.0;
   for (int l = 0; l < 8; ++l) out += lo[l];
   for (int l = 0; l < 8; ++l) out += hi[l];
