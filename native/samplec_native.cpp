@@ -1186,7 +1186,7 @@ struct PenaltyEdits {
         const float penalty = spent + pp;
         const float pen = scaled - penalty;
         for (size_t k = a; k < b; ++k) vals[r * h + static_cast<int64_t>(order[k] & 0xFFFFFFFFu)] = pen;
-        overflow |= pen == INFINITY;
+        overflow |= pen == INFINITY || pen != pen;     // (+inf, or NaN: -inf minus a count's -inf)
         seen.push_back(id);
         now.push_back(pen);
         a = b;
@@ -2929,6 +2929,8 @@ SAMPLEC_VOCAB_LOOP bool collect_range(const float* e, const float* wt, bool flip
 // contract's "up to float rounding").
 float mass_select(const float* k, const float* w, int64_t n, double need, float flo, float fhi, bool ascending,
                   std::vector<uint32_t>& keys, std::vector<double>& wd) {
+  // (no key in range -- a row the checks reject, +inf or NaN in it: NaN, which no key reaches)
+  if (!(flo <= fhi)) return NAN;
   const uint32_t lo = order_key(flo), hi = order_key(fhi);
   if (lo == hi) return fhi;
   thread_local std::vector<double> hist_tls;

@@ -117,6 +117,41 @@ def test_overflow_inside_the_chain_is_exact_or_an_error(opt, monkeypatch):
             r(x, h=h, r=[1e-38, 1.0, 1.0])
 
 
+@pytest.mark.parametrize("opt", [0, 2])
+@pytest.mark.parametrize("V", [10, 152064])
+def test_an_overflowed_row_before_typical_p_is_an_error_not_a_crash(opt, V):
+    """A +inf a penalty or a bias wrote, then typical_p with the row's probabilities or log-probabilities read:
+    the stage's check names it (the native typical_p ran first on the row and crashed: its scores held no key in
+    range)."""
+    x = np.zeros((1, V), np.float32)
+    x[0, 5] = 2e38
+    h = np.array([[5]], np.int32)
+    for outs, term in (("probs", ""), ("token, logprob", "greedy()"), ("token, probs", "sample(seed)")):
+        p = samplec.compile(f"sampler s(h: tokens, seed: seed) -> {outs} {{ penalties(h, repeat = 0.5) "
+                            f"typical_p(0.5) {term} }}", opt_level=opt)
+        with pytest.raises(samplec.SamplecError, match=r"penalties: .*overflows.*row 0"):
+            p(x, h=h, seed=1)
+    b = np.zeros((1, V), np.float32)
+    b[0, 5] = 3e38
+    q = samplec.compile("sampler s(b: bias) -> probs { top_k(3) logit_bias(b) typical_p(0.5) }", opt_level=opt)
+    with pytest.raises(samplec.SamplecError, match=r"logit_bias: .*overflows.*row 0"):
+        q(x, b=b)
+
+
+@pytest.mark.parametrize("opt", [0, 2])
+def test_a_penalty_that_makes_nan_is_an_error(opt):
+    """count * frequency overflowing to -inf on a token a cut removed makes -inf - (-inf) = NaN: the penalties'
+    check names it at every level (the levels drew different tokens from the NaN, or only one flagged a later
+    stage)."""
+    x = np.array([[0.0, 1.0, 2.0, 3.0]], np.float32)
+    h = np.array([[1, 1]], np.int32)
+    for src in ("sampler s(h: tokens) -> token, logprob { top_k(1) penalties(h, frequency = -2e38) greedy() }",
+                "sampler s(h: tokens) -> token, logprob { top_k(1) penalties(h, frequency = -2e38) sample(7) }",
+                "sampler s(h: tokens) -> probs { top_k(1) penalties(h, frequency = -2e38) top_p(0.5) }"):
+        with pytest.raises(samplec.SamplecError, match=r"penalties: .*\(\+inf or NaN\).*row 0"):
+            samplec.compile(src, opt_level=opt)(x, h=h)
+
+
 def test_a_one_dimensional_history_is_one_rows_value(prog):
     """A 1-D `tokens` value is one row's history: the value of a one-row call, and for a batch a wrong shape (an
     error naming the parameter) -- not silently every row's history."""

@@ -145,11 +145,13 @@ def penalties(x: Node, hist: Node, last_n: Node, rep: Node, freq: Node, pres: No
 
 
 def penalties_overflow(x: Node, hist: Node, last_n: Node, rep: Node, freq: Node, pres: Node) -> Node:
-    """Whether a penalized logit is +inf, or the penalties leave the row no finite logit (-inf everywhere: a
-    penalty overflowing float32 on the last kept tokens)."""
+    """Whether a penalized logit is +inf or NaN (a count times a frequency overflowing to -inf, taken from a
+    removed token's -inf), or the penalties leave the row no finite logit (-inf everywhere: a penalty overflowing
+    float32 on the last kept tokens)."""
     ids, vals = penalized(x, hist, last_n, rep, freq, pres)
     empty = make("squeeze", make("eq", make("reduce_max", make("put_along", x, ids, vals)), const(NEG_INF)))
-    return make("logical_or", any_rows(make("isposinf", vals)), empty)
+    bad = make("logical_or", make("isposinf", vals), make("isnan", vals))
+    return make("logical_or", any_rows(bad), empty)
 
 
 EXPAND: dict[str, Callable[..., Node]] = {

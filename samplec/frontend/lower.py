@@ -223,7 +223,7 @@ class Lowering:
             return x                    # (repeat 1, frequency 0, presence 0: every logit stays as it was)
         operands = (x, self.tensor(history), self.scalar(last_n, I32), rep, freq, pres)
         self.checks.append(Check(make("penalties_overflow", *operands),
-                                 "penalties: a penalized logit overflows float32 (+inf), or no token is left"))
+                                 "penalties: a penalized logit overflows float32 (+inf or NaN), or no token is left"))
         return make("penalties", *operands, name="x_pen")
 
     def stage_logit_bias(self, x, b):

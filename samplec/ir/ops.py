@@ -321,8 +321,8 @@ OPS: dict[str, OpDef] = {d.name: d for d in [
           "last last_n entries (-1: all; ids < 0 are padding) was seen c > 0 times, x -> (x > 0 ? x / repeat : "
           "x * repeat) - (c * frequency + presence); every other logit unchanged"),
     OpDef("penalties_overflow", 6, (), _penalties_overflow,
-          "(the operands of a `penalties`): bool [B], whether a logit that stage penalizes is +inf or it leaves the "
-          "row no finite logit (its check)"),
+          "(the operands of a `penalties`): bool [B], whether a logit that stage penalizes is +inf or NaN, or it "
+          "leaves the row no finite logit (its check)"),
     OpDef("xtc", 5, (), _xtc,
           "stage (x, threshold, probability, seed, position): with chance `probability`, remove the tokens with "
           "p >= threshold but the least probable of them"),

@@ -6,7 +6,7 @@ import flatbuffers
 from flatbuffers.compat import import_numpy
 np = import_numpy()
 
-# penalties_overflow (6 operands): (the operands of a `penalties`): bool [B], whether a logit that stage penalizes is +inf or it leaves the row no finite logit (its check)
+# penalties_overflow (6 operands): (the operands of a `penalties`): bool [B], whether a logit that stage penalizes is +inf or NaN, or it leaves the row no finite logit (its check)
 class PenaltiesOverflowNode(object):
     __slots__ = ['_tab']
 
