@@ -223,44 +223,53 @@ inline uint32_t threefry_first_word(uint32_t k0, uint32_t k1, uint32_t c0, uint3
   return x0;
 }
 
-typedef uint32_t U16 __attribute__((vector_size(16 * sizeof(uint32_t))));
+typedef uint32_t U8v __attribute__((vector_size(8 * sizeof(uint32_t))));
 
-// One Threefry-2x32 round on sixteen lanes with its rotation R a constant (an immediate vprold under AVX-512)
+// One Threefry-2x32 round on two groups of eight lanes with its rotation R a constant
 template <int R>
-inline void threefry_round16(U16& x0, U16& x1) {
-  x0 += x1;
-  x1 = ((x1 << R) | (x1 >> (32 - R))) ^ x0;
+__attribute__((always_inline)) inline void threefry_round8x2(U8v& a0, U8v& a1, U8v& b0, U8v& b1) {
+  a0 += a1;
+  b0 += b1;
+  a1 = ((a1 << R) | (a1 >> (32 - R))) ^ a0;
+  b1 = ((b1 << R) | (b1 >> (32 - R))) ^ b0;
 }
 
-// The first Threefry-2x32-20 word for counters (c0[0..16), c1): sixteen lanes at once (one AVX-512 register, two
-// AVX2 ones), the rounds unrolled with constant rotations (threefry_first_word is the scalar definition).
-inline U16 threefry16(uint32_t k0, uint32_t k1, U16 c0, uint32_t c1) {
+// The first Threefry-2x32-20 word for counters c0 (sixteen: a then b, eight each) and c1, in place: sixteen lanes
+// as two eight-lane vectors, one AVX2 register each, side by side (two independent chains of rounds), the rounds
+// unrolled with constant rotations (threefry_first_word is the scalar definition). (A sixteen-lane vector type
+// cost GCC stack traffic on AVX2 for its broadcasts and key adds.)
+__attribute__((always_inline)) inline void threefry8x2(uint32_t k0, uint32_t k1, U8v& a, U8v& b, uint32_t c1) {
   const uint32_t ks[3] = {k0, k1, k0 ^ k1 ^ kParity};
-  U16 x0 = c0 + k0;
-  U16 x1 = U16{} + (c1 + k1);
+  U8v a0 = a + k0, b0 = b + k0;
+  U8v a1 = U8v{} + (c1 + k1), b1 = a1;
   static_assert(kRotations[0] == 13 && kRotations[1] == 15 && kRotations[2] == 26 && kRotations[3] == 6 &&
                 kRotations[4] == 17 && kRotations[5] == 29 && kRotations[6] == 16 && kRotations[7] == 24,
                 "the rounds below spell out kRotations");
+#pragma GCC unroll 5
   for (int i = 0; i < 5; ++i) {
     if (i % 2 == 0) {
-      threefry_round16<13>(x0, x1);
-      threefry_round16<15>(x0, x1);
-      threefry_round16<26>(x0, x1);
-      threefry_round16<6>(x0, x1);
+      threefry_round8x2<13>(a0, a1, b0, b1);
+      threefry_round8x2<15>(a0, a1, b0, b1);
+      threefry_round8x2<26>(a0, a1, b0, b1);
+      threefry_round8x2<6>(a0, a1, b0, b1);
     } else {
-      threefry_round16<17>(x0, x1);
-      threefry_round16<29>(x0, x1);
-      threefry_round16<16>(x0, x1);
-      threefry_round16<24>(x0, x1);
+      threefry_round8x2<17>(a0, a1, b0, b1);
+      threefry_round8x2<29>(a0, a1, b0, b1);
+      threefry_round8x2<16>(a0, a1, b0, b1);
+      threefry_round8x2<24>(a0, a1, b0, b1);
     }
-    x0 += ks[(i + 1) % 3];
-    x1 += ks[(i + 2) % 3] + static_cast<uint32_t>(i + 1);
+    const uint32_t k_0 = ks[(i + 1) % 3], k_1 = ks[(i + 2) % 3] + static_cast<uint32_t>(i + 1);
+    a0 += k_0;
+    b0 += k_0;
+    a1 += k_1;
+    b1 += k_1;
   }
-  return x0;
+  a = a0;
+  b = b0;
 }
 
 // lane l holds l
-const U16 kIota16 = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+const U8v kIota8 = {0, 1, 2, 3, 4, 5, 6, 7};
 
 // RandomBits over [B, C]: seed (uint64), c0, c1 (uint32), each [B, C] with any strides (broadcast views have
 // zero strides), -> uint32 [B, C] row contiguous.
@@ -1835,10 +1844,12 @@ struct NeedCache {
 SAMPLEC_VOCAB_LOOP void threefry_ids(uint32_t k0, uint32_t k1, const uint32_t* ids, int n, uint32_t c1,
                                      uint32_t* out) {
   for (int t0 = 0; t0 < n; t0 += 16) {
-    U16 v;
-    std::memcpy(&v, ids + t0, sizeof v);
-    const U16 bits = threefry16(k0, k1, v, c1);
-    std::memcpy(out + t0, &bits, sizeof bits);
+    U8v a, b;
+    std::memcpy(&a, ids + t0, sizeof a);
+    std::memcpy(&b, ids + t0 + 8, sizeof b);
+    threefry8x2(k0, k1, a, b, c1);
+    std::memcpy(out + t0, &a, sizeof a);
+    std::memcpy(out + t0 + 8, &b, sizeof b);
   }
 }
 
@@ -2716,9 +2727,11 @@ bool chain_run(ChainRow& row, float bound, int32_t* token, float* logprob) {
 SAMPLEC_VOCAB_LOOP void threefry_strided(uint32_t k0, uint32_t k1, uint32_t first, uint32_t stride, int n,
                                          uint32_t c1, uint32_t* out) {
   for (int t0 = 0; t0 < n; t0 += 16) {
-    const U16 ids = kIota16 * stride + (first + static_cast<uint32_t>(t0) * stride);
-    const U16 bits = threefry16(k0, k1, ids, c1);
-    std::memcpy(out + t0, &bits, sizeof bits);
+    U8v a = kIota8 * stride + (first + static_cast<uint32_t>(t0) * stride);
+    U8v b = a + 8 * stride;
+    threefry8x2(k0, k1, a, b, c1);
+    std::memcpy(out + t0, &a, sizeof a);
+    std::memcpy(out + t0 + 8, &b, sizeof b);
   }
 }
 
