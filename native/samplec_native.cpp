@@ -512,7 +512,6 @@ struct Lanes {
   }
 };
 
-// The largest of v[0..n), a NaN winning.
 // The first i in [from, n) with v[i] not -inf (NaN included), or n: sixty-four values tested at a time (a row
 // after a cut holds a few such values among -inf).
 SAMPLEC_VOCAB_LOOP int64_t first_above_neg_inf(const float* v, int64_t from, int64_t n) {
@@ -528,6 +527,7 @@ SAMPLEC_VOCAB_LOOP int64_t first_above_neg_inf(const float* v, int64_t from, int
   return n;
 }
 
+// The largest of v[0..n), a NaN winning.
 SAMPLEC_VOCAB_LOOP float max_nan(const float* v, int64_t n) {
   Lanes acc;
   int64_t i = 0;
@@ -1207,14 +1207,16 @@ struct PenaltyEdits {
         for (int64_t j = 0; j < h; ++j) {
           if (!(hist(r, j) >= 0 && (ln == -1 || j >= h - ln))) vals[r * h + j] = v0;
         }
+        overflow |= v0 == INFINITY || v0 != v0;       // (the dense check reads these entries too)
       }
       // the row left with nothing but -inf (a penalty overflowing on its last kept tokens) is flagged too, as the
       // dense check reads it (reduce_max == -inf): where every written value is -inf, one that is not among the
       // tokens this stage leaves as they were (the first of a row usually)
       bool left = false;
       for (int64_t j = 0; j < h && !left; ++j) left = vals[r * h + j] != -INFINITY;
-      auto written = [&seen](int32_t id) { return std::binary_search(seen.begin(), seen.end(), id); };
-      auto edited = [&put](int32_t id) {
+      // (seen and put are thread_local: named in the lambdas, not captured -- a capture must be automatic)
+      auto written = [&](int32_t id) { return std::binary_search(seen.begin(), seen.end(), id); };
+      auto edited = [&](int32_t id) {
         auto it = std::lower_bound(put.begin(), put.end(), id, [](const auto& e, int32_t v) { return e.first < v; });
         return it != put.end() && it->first == id;
       };
@@ -2330,7 +2332,7 @@ SAMPLEC_VOCAB_LOOP std::pair<float, float> typical_scores(float* __restrict scor
     std::memcpy(&a, e + i, sizeof a);
     std::memcpy(&x, v + i, sizeof x);
     const F8 d = md - (x - vmax);
-    const F8 ad = d < F8{} ? -d : d;
+    const F8 ad = (d < F8{} ? -d : d) + 0.0f;   // (+0.0f: -0 becomes +0, the keys stay non-negative floats)
     const F8 sc = a > F8{} ? ad : F8{} + INFINITY;
     std::memcpy(score + i, &sc, sizeof sc);
     mn = sc < mn ? sc : mn;
@@ -2832,13 +2834,8 @@ SAMPLEC_VOCAB_LOOP void positive_range(const float* e, int64_t n, float& lo, flo
   }
 }
 
-// The first level of radix_select's mass selection straight over e[0..n) (the row's probabilities, 0 where
-// removed: they weigh nothing), without compacting the row into keys first: the histogram of the bits below those
-// every positive value shares, then only the boundary bucket's tokens go on to radix_select. The same buckets as
-// radix_select over the positive values' keys; their sums in another order (four accumulators), so only a mass
-// within rounding of the target can land on the other side (the contract's "up to float rounding").
-// out[i] = (order_key(v[i]) >> sh) & mk for v[i] >= 0: the key's low bits are the float's own (the sign bit it
-// sets lies above the mask: lo and hi share it)
+// mass_select's buckets (below). out[i] = (order_key(v[i]) >> sh) & mk for v[i] >= 0: the key's low bits are the
+// float's own (the sign bit it sets lies above the mask: lo and hi share it)
 SAMPLEC_VOCAB_LOOP void bucket_ids(const float* v, int64_t n, int sh, uint32_t mk, uint32_t* out) {
   for (int64_t i = 0; i < n; ++i) {
     uint32_t u;
@@ -2860,7 +2857,7 @@ void mass_histogram(const float* e, const float* wt, int64_t n, uint32_t lo, uin
   // the last one's store)
   const size_t w = mask + 1;
   hist.assign(8 * w, 0.0);
-  const int64_t half = (n / 2 + 63) / 64 * 64;
+  const int64_t half = std::min<int64_t>(n, (n / 2 + 63) / 64 * 64);
   split(2, [&](int64_t part) {
     double* h = hist.data() + part * 4 * w;
     const float* v = e + (part ? half : 0);
@@ -2933,9 +2930,12 @@ SAMPLEC_VOCAB_LOOP bool collect_range(const float* e, const float* wt, bool flip
 }
 
 // A selection by mass over keys k[0..n) (non-negative floats; their weights w, 0 where removed, and a removed
-// token's key outside [flo, fhi], the range of the others): descending, the least key whose mass of the keys at or
-// above it reaches `need` (the largest where nothing reaches it); ascending, the largest key whose mass at or below
-// it does (the least where nothing does). The first level of radix_select straight over the row, without
+// token's key outside [flo, fhi], the range of the others) -- W(>= c): the weight of the keys >= c:
+//   descending: the largest c with W(>= c) >= need (top_p: the fewest tokens from the top); flo where nothing
+//               reaches need (every key), fhi where need <= 0
+//   ascending:  the least c with W(<= c) >= need (typical_p: the fewest scores from the least); fhi where nothing
+//               reaches need, flo where need <= 0
+// The first level of radix_select straight over the row, without
 // compacting it into keys first: the histogram of the bits below those every key in range shares, then only the
 // boundary bucket's tokens go on to radix_select. The same buckets as radix_select over the keys; their sums in
 // another order (four accumulators), so only a mass within rounding of the target can land on the other side (the
@@ -3005,8 +3005,8 @@ float mass_select(const float* k, const float* w, int64_t n, double need, float 
   return key_value(ascending ? ~key : key);
 }
 
-// The smallest probability e_min such that the mass of e >= e_min reaches `need` (a descending mass_select over the
-// positive e; the largest when nothing reaches it).
+// The largest probability e_min such that the mass of e >= e_min reaches `need` (a descending mass_select over the
+// positive e; the least positive e where nothing reaches it).
 float mass_cut(const float* e, int64_t n, double need, std::vector<uint32_t>& keys, std::vector<double>& wd) {
   float flo = INFINITY, fhi = 0.0f;
   for (const auto& [a, b] : per_span<std::pair<float, float>>(n, [e](int64_t lo, int64_t hi) {
@@ -3290,7 +3290,8 @@ void chain_dense(ChainRow& row, int64_t nb, int bs, int32_t* token, float* logpr
              })) {
           slo = std::min(slo, l), shi = std::max(shi, h);
         }
-        // the smallest score whose cumulative mass (ascending score) reaches m (the top is live: slo <= shi)
+        // the smallest score whose cumulative mass (ascending score) reaches m (no live score -- a row holding
+        // +inf, which the checks reject: a NaN cut, and only the top stays)
         const float cut = mass_select(score.data(), buf.data(), V, a * z, slo, shi, true, keys, wd);
         each_span(V, [&](int64_t lo, int64_t hi) {
           keep_typical(keep.data() + lo, score.data() + lo, fx + lo, hi - lo, cut, fmax);
