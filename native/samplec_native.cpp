@@ -3034,21 +3034,26 @@ SAMPLEC_VOCAB_LOOP int64_t count_kept(const uint8_t* keep, int64_t n) {
 
 // The ids (base + i) of the kept tokens, ascending, into out; their count. Eight flags at a time: an all-zero word is
 // skipped, the others' ids compacted without a branch per token (a row that keeps most of its tokens, or every
-// other one, would mispredict a loop over their bits) into eight slots, then copied (only the kept: spans write
-// side by side).
-int64_t kept_ids(const uint8_t* keep, int64_t n, int64_t base, int32_t* out) {
+// other one, would mispredict a loop over their bits) into eight slots, then stored: all eight while out has room
+// for them (`cap`: the span's kept count, its own part of out -- spans write side by side; the slots past the kept
+// ones are written over by the next group's), the kept ones alone in the last groups.
+int64_t kept_ids(const uint8_t* keep, int64_t n, int64_t base, int32_t* out, int64_t cap) {
   int64_t m = 0, i = 0;
+  int32_t slot[8] = {};
   for (; i + 8 <= n; i += 8) {
     uint64_t w;
     std::memcpy(&w, keep + i, sizeof w);
     if (w == 0) continue;
-    int32_t slot[8];
     int c = 0;
     for (int j = 0; j < 8; ++j) {
       slot[c] = static_cast<int32_t>(base + i + j);
       c += keep[i + j];
     }
-    std::memcpy(out + m, slot, sizeof(int32_t) * c);
+    if (m + 8 <= cap) {
+      std::memcpy(out + m, slot, sizeof slot);
+    } else {
+      std::memcpy(out + m, slot, sizeof(int32_t) * c);
+    }
     m += c;
   }
   for (; i < n; ++i) {
@@ -3378,7 +3383,7 @@ void chain_dense(ChainRow& row, int64_t nb, int bs, int32_t* token, float* logpr
       kept_vals.resize(V);
       each_span(V, [&](int64_t lo, int64_t hi) {
         const int64_t at0 = kept_s[lo / kSpan];
-        const int64_t n = kept_ids(keep.data() + lo, hi - lo, lo, order.data() + at0);
+        const int64_t n = kept_ids(keep.data() + lo, hi - lo, lo, order.data() + at0, span_kept[lo / kSpan]);
         gather_divided(kept_vals.data() + at0, fx, order.data() + at0, n, last_t);
       });
       const int64_t m = kept_s[s];
