@@ -512,19 +512,31 @@ struct Lanes {
   }
 };
 
-// The first i in [from, n) with v[i] not -inf (NaN included), or n: sixty-four values tested at a time (a row
-// after a cut holds a few such values among -inf).
-SAMPLEC_VOCAB_LOOP int64_t first_above_neg_inf(const float* v, int64_t from, int64_t n) {
+// A temperature's division as the stages apply it: -inf (a removed token) stays -inf whatever t is (inf / inf
+// would be NaN), and t = 1 leaves v as it is (without a division)
+__attribute__((always_inline)) inline float divided(float v, float t) {
+  return t == 1.0f || v == -INFINITY ? v : v / t;
+}
+
+// The first i in [from, n) where hit(i), or n: sixty-four tested at a time (a count, not a flag: the
+// compare-and-add vectorizes), then one by one in the chunk that holds it. Inlined into each vocabulary loop below,
+// so that it is compiled for that loop's target.
+template <class Hit>
+__attribute__((always_inline)) inline int64_t first_hit(int64_t from, int64_t n, Hit hit) {
   int64_t i = from;
   for (; i + 64 <= n; i += 64) {
-    int any = 0;
-    for (int k = 0; k < 64; ++k) any |= v[i + k] != -INFINITY;
-    if (any) break;
+    int hits = 0;
+    for (int j = 0; j < 64; ++j) hits += hit(i + j);
+    if (hits) break;
   }
-  for (; i < n; ++i) {
-    if (v[i] != -INFINITY) return i;
-  }
-  return n;
+  while (i < n && !hit(i)) ++i;
+  return i;
+}
+
+// The first i in [from, n) with v[i] not -inf (NaN included), or n (a row after a cut holds a few such values
+// among -inf).
+SAMPLEC_VOCAB_LOOP int64_t first_above_neg_inf(const float* v, int64_t from, int64_t n) {
+  return first_hit(from, n, [v](int64_t i) { return static_cast<int>(v[i] != -INFINITY); });
 }
 
 // The largest of v[0..n), a NaN winning.
@@ -872,18 +884,12 @@ void gather_rows(const mx::array& a, const int32_t* pos, int64_t w, mx::array& o
 // and in[1 + i] at it ([B, 1], or [B] when `flat`: the squeeze that follows a sampled token's gather).
 // The first i with v[i] == m (m a NaN: the first NaN), scanning 64 at a time; n when there is none.
 SAMPLEC_VOCAB_LOOP int64_t first_of(const float* v, int64_t n, float m) {
-  int64_t i = 0;
   if (m != m) {
+    int64_t i = 0;
     while (i < n && v[i] == v[i]) ++i;
     return i;
   }
-  for (; i + 64 <= n; i += 64) {
-    int hits = 0;                         // (a count, not a flag: the compare-and-add vectorizes)
-    for (int j = 0; j < 64; ++j) hits += v[i + j] == m;
-    if (hits) break;
-  }
-  while (i < n && v[i] != m) ++i;
-  return i;
+  return first_hit(0, n, [v, m](int64_t i) { return static_cast<int>(v[i] == m); });
 }
 
 struct ArgmaxTake {
@@ -1649,7 +1655,8 @@ SAMPLEC_VOCAB_LOOP void softmax_scale(float* o, int64_t n, float z) {
 // span), then one scaling pass, each in spans (split: a waiting caller takes some). Blocks of 64 that are all -inf
 // (a final distribution after cuts is mostly -inf) are zeros without an exp or a division.
 void softmax_inplace(float* o, int64_t n, float m) {
-  const float z = static_cast<float>(sum_spans(n, [&](int64_t lo, int64_t hi) { return softmax_exps(o + lo, hi - lo, m); }));
+  const float z =
+      static_cast<float>(sum_spans(n, [&](int64_t lo, int64_t hi) { return softmax_exps(o + lo, hi - lo, m); }));
   each_span(n, [&](int64_t lo, int64_t hi) { softmax_scale(o + lo, hi - lo, z); });
 }
 
@@ -1939,13 +1946,13 @@ struct ChainRow {
   float z_vmax = NAN;
   double z = 0.0;
   // typical_p's mean(d) over the whole row as chain_run computed it from full_z's exps in zbuf, for md_divs and
-  // md_vmax: chain_dense reads it where its probs() are those same exps (a row whose candidates fell short)
-  bool md_from_zbuf = false;
+  // md_vmax (NaN: none): chain_dense reads it where its probs() are those same exps (a row whose candidates fell
+  // short)
   float md = NAN, md_vmax = NAN;
   std::vector<float> md_divs;
 
   float f(float v) const {        // the temperatures applied so far, in order, as the stages apply them
-    for (float t : divs) v = v == -INFINITY ? v : v / t;
+    for (float t : divs) v = divided(v, t);
     return v;
   }
 };
@@ -1997,7 +2004,7 @@ SAMPLEC_VOCAB_LOOP void gather_block(const float* x, int64_t lo, int64_t end, fl
 
 // out[i] = v[i] / t, -inf staying -inf (t = inf would make it NaN)
 SAMPLEC_VOCAB_LOOP void divide_by(float* out, const float* v, int64_t n, float t) {   // (in place too)
-  for (int64_t i = 0; i < n; ++i) out[i] = v[i] == -INFINITY ? v[i] : v[i] / t;
+  for (int64_t i = 0; i < n; ++i) out[i] = divided(v[i], t);
 }
 
 double full_z(ChainRow& row, float vmax);
@@ -2157,7 +2164,7 @@ bool nucleus_beyond(ChainRow& row, float top, Mass mass) {
   const double p = leading_top_p(row, divs);
   if (p >= 1.0) return false;
   auto f = [&divs](float v) {
-    for (float t : divs) v = v == -INFINITY ? v : v / t;
+    for (float t : divs) v = divided(v, t);
     return v;
   };
   const float fmax = f(top);
@@ -2557,10 +2564,9 @@ bool chain_run(ChainRow& row, float bound, int32_t* token, float* logprob) {
           md = static_cast<float>(sum_spans(row.V, [&](int64_t lo, int64_t hi) {
             return typical_mean(ex + lo, fx + lo, hi - lo, static_cast<float>(z), vmax);
           }));
-          row.md_from_zbuf = row.z_in_buf;
           row.md = md;
           row.md_divs = row.divs;
-          row.md_vmax = vmax;
+          row.md_vmax = row.z_in_buf ? vmax : NAN;
           if (!(fb - vmax < md)) return false;
           limit = md - (fb - vmax);
         }
@@ -3062,43 +3068,28 @@ int64_t kept_ids(const uint8_t* keep, int64_t n, int64_t base, int32_t* out, int
   return m;
 }
 
-// out[i] = v[i] divided by t as `val` does where kept, -inf elsewhere
+// out[i] = v[i] divided by t where kept, -inf elsewhere
 SAMPLEC_VOCAB_LOOP void write_kept(float* __restrict out, const uint8_t* __restrict keep, const float* __restrict v,
                                    int64_t n, float t) {
   for (int64_t i = 0; i < n; ++i) {
-    const float a = t == 1.0f || v[i] == -INFINITY ? v[i] : v[i] / t;
-    out[i] = keep[i] ? a : -INFINITY;
+    out[i] = keep[i] ? divided(v[i], t) : -INFINITY;
   }
 }
 
-// The first kept i in [0, n) whose value (divided by t as `val` does) is top, or n: sixty-four at a time
+// The first kept i in [0, n) whose value divided by t is top, or n
 SAMPLEC_VOCAB_LOOP int64_t first_kept_at(const uint8_t* keep, const float* v, int64_t n, float t, float top) {
-  int64_t i = 0;
-  for (; i + 64 <= n; i += 64) {
-    int any = 0;
-    for (int j = 0; j < 64; ++j) {
-      const float a = t == 1.0f || v[i + j] == -INFINITY ? v[i + j] : v[i + j] / t;
-      any |= (keep[i + j] != 0) & (a == top);
-    }
-    if (any) break;
-  }
-  for (; i < n; ++i) {
-    const float a = t == 1.0f || v[i] == -INFINITY ? v[i] : v[i] / t;
-    if (keep[i] && a == top) return i;
-  }
-  return n;
+  return first_hit(0, n, [=](int64_t i) {
+    return static_cast<int>(keep[i] != 0) & static_cast<int>(divided(v[i], t) == top);
+  });
 }
 
-// out[i] = v[ids[i]] divided by t as `val` does (-inf stays; t == 1: as it is), branch-free (gathers)
+// out[i] = v[ids[i]] divided by t, branch-free (gathers)
 SAMPLEC_VOCAB_LOOP void gather_divided(float* __restrict out, const float* __restrict v, const int32_t* __restrict ids,
                                        int64_t n, float t) {
   if (t == 1.0f) {
     for (int64_t i = 0; i < n; ++i) out[i] = v[ids[i]];
   } else {
-    for (int64_t i = 0; i < n; ++i) {
-      const float a = v[ids[i]];
-      out[i] = a == -INFINITY ? a : a / t;
-    }
+    for (int64_t i = 0; i < n; ++i) out[i] = divided(v[ids[i]], t);
   }
 }
 
@@ -3192,7 +3183,7 @@ void chain_dense(ChainRow& row, int64_t nb, int bs, int32_t* token, float* logpr
   float last_t = 1.0f;                // a temperature that is the last stage: applied where values are read
   auto val = [&](int64_t i) {         // the current value of token i (divide_by's float)
     const float v = fx[i];
-    return last_t == 1.0f || v == -INFINITY ? v : v / last_t;
+    return divided(v, last_t);
   };
   const auto& stages = *row.stages;
   for (size_t s = 0; s < stages.size(); ++s) {
@@ -3282,7 +3273,7 @@ void chain_dense(ChainRow& row, int64_t nb, int bs, int32_t* token, float* logpr
         touch();
         const float zf = static_cast<float>(z);
         // (the same exps, values and z as chain_run's whole-row mean: its float again)
-        const bool known = buf_from_z && row.md_from_zbuf && row.md_divs == row.divs && row.md_vmax == fmax;
+        const bool known = buf_from_z && row.md_vmax == fmax && row.md_divs == row.divs;
         const float md = known ? row.md : static_cast<float>(sum_spans(V, [&](int64_t lo, int64_t hi) {
           return typical_mean(buf.data() + lo, fx + lo, hi - lo, zf, fmax);
         }));
