@@ -513,9 +513,11 @@ struct Lanes {
 };
 
 // A temperature's division as the stages apply it: -inf (a removed token) stays -inf whatever t is (inf / inf
-// would be NaN), and t = 1 leaves v as it is (without a division)
+// would be NaN), and t = 1 leaves v as it is. The division is made for every v and then selected, so that the
+// loops using this vectorize (with -fno-trapping-math, CMakeLists.txt)
 __attribute__((always_inline)) inline float divided(float v, float t) {
-  return t == 1.0f || v == -INFINITY ? v : v / t;
+  const float q = v / t;
+  return (t == 1.0f) | (v == -INFINITY) ? v : q;
 }
 
 // The first i in [from, n) where hit(i), or n: sixty-four tested at a time (a count, not a flag: the
@@ -3072,7 +3074,8 @@ int64_t kept_ids(const uint8_t* keep, int64_t n, int64_t base, int32_t* out, int
 SAMPLEC_VOCAB_LOOP void write_kept(float* __restrict out, const uint8_t* __restrict keep, const float* __restrict v,
                                    int64_t n, float t) {
   for (int64_t i = 0; i < n; ++i) {
-    out[i] = keep[i] ? divided(v[i], t) : -INFINITY;
+    const float d = divided(v[i], t);      // (read for every token: a load under the `?:` stays scalar)
+    out[i] = keep[i] ? d : -INFINITY;
   }
 }
 
