@@ -2263,6 +2263,13 @@ float chain_candidates(ChainRow& row, int64_t nb, int bs, int64_t m, std::vector
   return tail;
 }
 
+// how many of the n block maxima equal v
+inline int64_t blocks_at(const float* bm, int64_t n, float v) {
+  int64_t c = 0;
+  for (int64_t i = 0; i < n; ++i) c += bm[i] == v;
+  return c;
+}
+
 // sum over the whole row of exp(f(x) - vmax), in double; once per row for given temperatures and vmax
 double full_z(ChainRow& row, float vmax) {
   if (row.z_vmax == vmax && row.z_divs == row.divs) return row.z;
@@ -3841,6 +3848,13 @@ struct SampleChain {
               const float below = chain_candidates(row, nb, bs, m, scratch_bm, true, &beyond);
               done = !beyond && chain_run(row, below, token + r, logprob + r);
             }
+            break;
+          }
+          if (m == first && blocks_at(bm.data(), nb, bound) > 512 - m) {
+            // the bound tied across more blocks than the next attempt adds (a tied row under a few biased or
+            // penalized tokens): a larger m finds the same bound, so the tokens at it join the candidates now
+            const float below = chain_candidates(row, nb, bs, m, scratch_bm, true, &beyond);
+            done = !beyond && chain_run(row, below, token + r, logprob + r);
             break;
           }
           // a top_p nucleus the first candidates held a small part of (a flat row) will not end in 16 times as

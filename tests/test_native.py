@@ -542,6 +542,39 @@ def test_draw_over_compacted_kept_tokens_equals_the_reference(kind):
         np.testing.assert_allclose(np.array(out.logprob)[0], ref["logprob"], atol=2e-4, rtol=1e-4)
 
 
+@pytest.mark.parametrize("cut", ["top_k(k)", "min_p(0.3)", "top_p(0.9)", "top_k(k) top_p(0.95)"])
+def test_a_tied_top_under_a_few_biased_tokens_equals_the_reference(pure, cut):
+    """Integer logits (a top value ~19,000 tokens share, in every block) with a few tokens biased above it: the
+    candidates' bound is that value across more blocks than a second attempt adds, so the tokens at it join the
+    candidates. Tokens and logprobs are the spec's, and the probs -O0's."""
+    import reference as R
+    rng = np.random.default_rng(5)
+    V = 152064
+    x = rng.integers(-4, 4, (1, V)).astype(np.float32)
+    ids = rng.choice(V, 4, replace=False)
+    bias = np.zeros((1, V), np.float32)
+    bias[0, ids] = [5.0, 1.0, 1.0, -1.0]
+    src = ("sampler s(b: bias, k: int, t: float, seed: seed, pos: int) -> token, logprob, probs "
+           f"{{ temperature(t) logit_bias(b) {cut} sample(seed, position = pos) }}")
+    prog = samplec.compile(src, opt_level=2)
+    with pure:
+        dense = samplec.compile(src, opt_level=0)
+    stages = {"top_k(k)": [("top_k", {"k": None})], "min_p(0.3)": [("min_p", {"m": 0.3})],
+              "top_p(0.9)": [("top_p", {"p": 0.9})],
+              "top_k(k) top_p(0.95)": [("top_k", {"k": None}), ("top_p", {"p": 0.95})]}[cut]
+    for seed in range(12):
+        k, t = [1, 2, 10, 3000][seed % 4], [1.0, 0.7, 1.5][seed % 3]
+        out = prog(x, b=bias, k=k, t=t, seed=seed, pos=seed)
+        with pure:
+            want = dense(x, b=bias, k=k, t=t, seed=seed, pos=seed)
+        chain = [("temperature", {"t": t}), ("logit_bias", {"b": bias[0]})]
+        chain += [(n, {"k": k} if n == "top_k" else kw) for n, kw in stages]
+        ref = R.run_chain(x[0], chain, ("sample", {"seed": seed, "position": seed}))
+        assert int(np.array(out.token)[0]) == ref["token"] == int(np.array(want.token)[0]), (cut, seed)
+        np.testing.assert_allclose(np.array(out.logprob)[0], ref["logprob"], atol=2e-4, rtol=1e-4)
+        np.testing.assert_allclose(np.array(out.probs), np.array(want.probs), atol=1e-6, rtol=1e-5)
+
+
 def _dense_penalties(op, *ins):
     from samplec.backend_mlx.interpreter import _run_expansion
     return np.array(_run_expansion(type("N", (), {"op": op}), [mx.array(i) for i in ins]))
