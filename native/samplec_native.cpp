@@ -2313,7 +2313,7 @@ inline double run_sum_exp(const std::vector<std::pair<float, int32_t>>& c, int64
 }
 
 // typical_p's passes over the row (e: the kept tokens' exp(x - max), 0 where removed; d = x - max):
-// sum of (e / z) * d over the live tokens (e > 0), in double per lane
+// sum of (e / z) * d over the live tokens (e > 0): sum of e * d in double per lane, divided by z once
 SAMPLEC_VOCAB_LOOP double typical_mean(const float* e, const float* v, int64_t n, float z, float vmax) {
   D8 lo{}, hi{};
   auto group = [&](int64_t i, int64_t m) __attribute__((always_inline)) {     // (see kept_sums)
@@ -2324,8 +2324,8 @@ SAMPLEC_VOCAB_LOOP double typical_mean(const float* e, const float* v, int64_t n
       F8 a, x;
       std::memcpy(&a, ab + 8 * h, sizeof a);
       std::memcpy(&x, xb + 8 * h, sizeof x);
-      const F8 p = a / z, d = a > F8{} ? x - vmax : F8{};
-      (h == 0 ? lo : hi) += widen(p) * widen(d);
+      const F8 d = a > F8{} ? x - vmax : F8{};
+      (h == 0 ? lo : hi) += widen(a) * widen(d);
     }
   };
   int64_t i = 0;
@@ -2334,7 +2334,7 @@ SAMPLEC_VOCAB_LOOP double typical_mean(const float* e, const float* v, int64_t n
   double out = 0.0;
   for (int l = 0; l < 8; ++l) out += lo[l];
   for (int l = 0; l < 8; ++l) out += hi[l];
-  return out;
+  return out / double(z);
 }
 
 // score[i] = |md - (v[i] - vmax)| for the live tokens, +inf for the others; the live scores' least and largest
