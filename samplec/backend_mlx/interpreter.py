@@ -9,9 +9,10 @@ primitive each. On failure the error names the IR op and value being executed.
 """
 from __future__ import annotations
 
-import mlx.core as mx
-
+import threading
 from typing import NamedTuple
+
+import mlx.core as mx
 
 from samplec.backend_mlx import gpu, native
 from samplec.backend_mlx.kernels import KERNELS
@@ -344,7 +345,8 @@ class Executable:
         missing = sorted({n.op for n in self.order} - set(KERNELS) - set(EXPAND))
         if missing:
             raise SamplecError(f"no MLX kernel for op(s): {', '.join(missing)}")
-        self._fn = mx.compile(self.run_eager) if compile else self.run_eager
+        self.compile = compile
+        self._per_thread = threading.local()
 
     def run_eager(self, *args: mx.array) -> list[mx.array]:
         env = {id(p.node): args[i] for i, p in enumerate(self.graph.params)}
@@ -389,7 +391,20 @@ class Executable:
         ins = [env[id(i)] for i in node.inputs]
         return _run_expansion(node, ins) if node.op in EXPAND else KERNELS[node.op](ins, node.attr_dict)
 
+    def _fn(self):
+        """run_eager under `mx.compile`, one compiled function per thread. MLX keeps its compile cache per thread,
+        and a cache entry holds the Python function: a thread that ends while the interpreter shuts down would
+        release it from a C++ thread-exit destructor after Python is gone (an abort at exit, "terminate called
+        without an active exception"). A function of the thread's own is released with the thread's
+        `threading.local` data, on that thread while Python still runs, and takes its cache entry with it."""
+        if not self.compile:
+            return self.run_eager
+        fn = getattr(self._per_thread, "fn", None)
+        if fn is None:
+            fn = self._per_thread.fn = mx.compile(self.run_eager)
+        return fn
+
     def __call__(self, *args: mx.array) -> tuple[list[mx.array], list[mx.array]]:
-        res = self._fn(*args)
+        res = self._fn()(*args)
         n = len(self.graph.outputs)
         return res[:n], res[n:]
