@@ -341,23 +341,40 @@ def serve(argv: list[str], samplers: list[str], demo: bool, ready=None):
     except ImportError:
         raise SamplecError("samplec serve needs mlx-lm: pip install 'samplec[mlx-lm]'") from None
     args = server_args(argv)
+    if not 0 <= args.port <= 65535:
+        raise SamplecError(f"--port {args.port}: a port number lies in 0..65535")
     if not demo and not args.model:
         raise SamplecError("samplec serve needs --model PATH (or --demo for the built-in random model)")
     programs = load_programs(samplers)
     sampler = install(server, programs)
     provider = sampler.provider = demo_provider(server, args) if demo else server.ModelProvider(args)
-    prompt_cache = server.LRUPromptCache(args.prompt_cache_size)
-    generator = server.ResponseGenerator(provider, prompt_cache)
-    handler = handler_class(server)
-    httpd = server.ThreadingHTTPServer(
-        (args.host, args.port),
-        lambda *a, **kw: handler(generator, *a, system_fingerprint=server.get_system_fingerprint(), **kw))
-    if ready is not None:
-        ready(httpd, sampler)
+    # everything that can fail at start-up fails before the generation thread starts (a thread that outlived the
+    # error kept the process alive): the model loads here, not on the first request, and the port is bound
     try:
+        provider.load_default()
+    except Exception as e:  # noqa: BLE001 - mlx-lm and huggingface_hub raise many kinds
+        raise SamplecError(f"cannot load the model {args.model!r}: {_first_line(e)}") from None
+    handler = handler_class(server)
+    generator = None
+    try:
+        httpd = server.ThreadingHTTPServer(
+            (args.host, args.port),
+            lambda *a, **kw: handler(generator, *a, system_fingerprint=server.get_system_fingerprint(), **kw))
+    except OSError as e:
+        raise SamplecError(f"cannot listen on {args.host}:{args.port}: {e.strerror or e}") from None
+    try:
+        generator = server.ResponseGenerator(provider, server.LRUPromptCache(args.prompt_cache_size))
+        if ready is not None:
+            ready(httpd, sampler)
         httpd.serve_forever()
     except KeyboardInterrupt:
         pass
     finally:
         httpd.server_close()
-        generator.stop_and_join()
+        if generator is not None:
+            generator.stop_and_join()
+
+
+def _first_line(e: Exception) -> str:
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0]}" if text else type(e).__name__

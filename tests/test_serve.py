@@ -208,3 +208,21 @@ def test_a_window_past_int32_is_every_token_and_a_failing_row_ends_its_request()
     marker(mx.array(np.arange(10, dtype=np.int32)), mx.full((1, 64), float("nan")))
     assert np.array(sampler(mx.zeros((1, 64)))).tolist() == [7]
     assert marker.logprobs[-1] is None
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--port", "99999"], "--port 99999: a port number lies in 0..65535"),
+    (["--model", "/nonexistent/model"], "cannot load the model '/nonexistent/model'"),
+    (["taken"], "cannot listen on 127.0.0.1:"),
+])
+def test_start_up_errors_exit_at_once_with_one_line(server, argv, message):
+    """A port in use, a port out of range, a model that cannot load: one line, exit 1, before anything listens
+    (the generation thread started first and kept the process alive after the error)."""
+    import subprocess
+    import sys
+    if argv == ["taken"]:
+        argv = ["--demo", "--port", str(server["httpd"].server_address[1])]
+    run = subprocess.run([sys.executable, "-m", "samplec", "serve", "--host", "127.0.0.1", *argv],
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 1, (run.returncode, run.stderr[-2000:])
+    assert message in run.stderr and "Traceback" not in run.stderr and "listening" not in run.stderr, run.stderr
