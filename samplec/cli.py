@@ -19,12 +19,26 @@ import typer
 from samplec.diagnostics import SamplecError
 from samplec.files import read_file, read_source, write_atomic
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+# (rich_markup_mode=None: plain help -- typer's rich panels list every flag as taking a `<bool>`)
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False, rich_markup_mode=None,
                   help="samplec: compile LLM sampler chains (.smp) into optimized MLX programs (.smpb).")
 
 
+def _echo(message: str = "", nl: bool = True, err: bool = False):
+    """Write a line to standard output (or error). Not click's echo: its stream wrapper swallows a broken pipe, so
+    `samplec run ... | head -1` ended with exit 0 and its output cut; here the reader leaving raises
+    BrokenPipeError, which ends samplec with SIGPIPE's status (141)."""
+    stream = sys.stderr if err else sys.stdout
+    text = message + ("\n" if nl else "")
+    for at in range(0, len(text), 1 << 16):     # (in pieces: one large write that the pipe takes in part and then
+        stream.write(text[at:at + (1 << 16)])   # refuses ends without an error in CPython)
+        stream.flush()
+    if not text:
+        stream.flush()
+
+
 def _fail(message: str, code: int = 1):
-    typer.echo(message, err=True)
+    _echo(message, err=True)
     raise typer.Exit(code)
 
 
@@ -96,7 +110,7 @@ def _load_program(path: Path, sampler: str | None, opt: int | None, bindings: di
 @app.command("compile")
 @_guard
 def compile_cmd(
-    file: Path = typer.Argument(..., help="the .smp source"),
+    file: Path = typer.Argument(..., metavar="FILE", help="the .smp source"),
     more_sets: Optional[List[str]] = typer.Argument(None, metavar="[NAME=VALUE]...",
                                                      help="more --set bindings: --set a=1 b=2"),
     output: Optional[Path] = typer.Option(None, "-o", "--output", help="where to write the .smpb "
@@ -125,13 +139,13 @@ def compile_cmd(
     if emit == "ir-unopt":
         source = read_source(file)
         graph, _ = api.lower_source(source, sampler, bindings, filename=str(file))
-        typer.echo(print_graph(graph), nl=False)
+        _echo(print_graph(graph), nl=False)
         return
     prog = api.compile_file(file, sampler=sampler, opt_level=opt, bindings=bindings, after_pass=after)
     if after is not None:
         after.finish()
     if emit == "ir":
-        typer.echo(prog.ir(), nl=False)
+        _echo(prog.ir(), nl=False)
     elif emit in ("dot", "svg", "png"):
         _emit_picture(file, sampler, opt, bindings, emit, None)
     if emit is None or output is not None:
@@ -139,7 +153,7 @@ def compile_cmd(
         from samplec.serialize import save
         size = save(prog.graph, out, not_over=file)
         if emit is None:
-            typer.echo(f"wrote {out} ({size} bytes, {len(prog.graph.toposort())} nodes)", err=True)
+            _echo(f"wrote {out} ({size} bytes, {len(prog.graph.toposort())} nodes)", err=True)
 
 
 class _PassPrinter:
@@ -159,13 +173,13 @@ class _PassPrinter:
         if self.diff:
             body = "".join(difflib.unified_diff(self.text.splitlines(keepends=True), text.splitlines(keepends=True),
                                                 fromfile=f"before {name}", tofile=f"after {name}"))
-            typer.echo(body, nl=False, err=self.err)
+            _echo(body, nl=False, err=self.err)
         else:
-            typer.echo(f"// ---- after {name} ----\n{text}", nl=False, err=self.err)
+            _echo(f"// ---- after {name} ----\n{text}", nl=False, err=self.err)
         self.text = text
 
     def finish(self) -> None:
-        typer.echo(f"// ---- passes that changed nothing: {' '.join(self.unchanged) or '(none)'}", err=self.err)
+        _echo(f"// ---- passes that changed nothing: {' '.join(self.unchanged) or '(none)'}", err=self.err)
 
 
 def _emit_picture(file: Path, sampler, opt: int, bindings: dict, emit: str, output: Path | None) -> None:
@@ -177,7 +191,7 @@ def _emit_picture(file: Path, sampler, opt: int, bindings: dict, emit: str, outp
     data = dot.encode() if emit == "dot" else ex.render_image(dot, emit)
     if output is not None:
         write_atomic(output, data, not_over=file)
-        typer.echo(f"wrote {output}", err=True)
+        _echo(f"wrote {output}", err=True)
     elif emit == "png" and sys.stdout.isatty():
         raise SamplecError("--emit png writes binary data: redirect it to a file (> graph.png) or give -o FILE.png")
     elif emit == "png":
@@ -185,7 +199,7 @@ def _emit_picture(file: Path, sampler, opt: int, bindings: dict, emit: str, outp
         sys.stdout.buffer.write(data)
         sys.stdout.flush()
     else:
-        typer.echo(data.decode(), nl=False)
+        _echo(data.decode(), nl=False)
 
 
 def _read_source(file: Path) -> str:
@@ -197,7 +211,7 @@ def _read_source(file: Path) -> str:
 @app.command()
 @_guard
 def explain(
-    file: Path = typer.Argument(..., help="the .smp source"),
+    file: Path = typer.Argument(..., metavar="FILE", help="the .smp source"),
     sampler: Optional[str] = typer.Option(None, "--sampler", help="which sampler of the file (default: the first)"),
     opt: int = typer.Option(2, "-O", help="optimization level: -O0, -O1 or -O2", min=0, max=2),
     set_: Optional[List[str]] = typer.Option(None, "--set", help="bind a parameter at compile time: NAME=VALUE"),
@@ -222,12 +236,12 @@ def explain(
     if output is not None:
         write_atomic(output, text.encode(), not_over=file)
     else:
-        typer.echo(text, nl=False)
+        _echo(text, nl=False)
 
 
 @app.command()
 @_guard
-def inspect(file: Path = typer.Argument(..., help="a compiled .smpb program")):
+def inspect(file: Path = typer.Argument(..., metavar="FILE", help="a compiled .smpb program")):
     """Print the IR of a compiled program."""
     from samplec.program import Program
     from samplec.serialize import from_bytes
@@ -239,7 +253,7 @@ def inspect(file: Path = typer.Argument(..., help="a compiled .smpb program")):
         graph = from_bytes(data)
     except SamplecError as e:
         raise SamplecError(f"{file}: {e}") from None
-    typer.echo(Program(graph).ir(), nl=False)
+    _echo(Program(graph).ir(), nl=False)
 
 
 @app.command("import", context_settings={"ignore_unknown_options": True})
@@ -275,11 +289,11 @@ def import_cmd(
     else:
         text = import_source(kind, items[0])
     if output is None:
-        typer.echo(text, nl=False)
+        _echo(text, nl=False)
         return
     source = Path(items[0]) if len(items) == 1 and items[0] != "-" and Path(items[0]).exists() else None
     write_atomic(output, text.encode(), not_over=source)
-    typer.echo(f"wrote {output}", err=True)
+    _echo(f"wrote {output}", err=True)
 
 
 @app.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
@@ -296,7 +310,7 @@ def serve(
     batch, per-request values and seeds, seeded requests batched (docs/inference.md)."""
     from samplec.serve import serve as run_server
     run_server(list(mlx_lm_args or []), list(sampler or []), demo,
-               ready=lambda httpd, _: typer.echo(f"samplec serve: listening on http://{httpd.server_address[0]}:"
+               ready=lambda httpd, _: _echo(f"samplec serve: listening on http://{httpd.server_address[0]}:"
                                                  f"{httpd.server_address[1]}", err=True))
 
 
@@ -312,7 +326,7 @@ def _version_text() -> str:
 
 def _version_callback(value: bool):
     if value:
-        typer.echo(_version_text())
+        _echo(_version_text())
         raise typer.Exit()
 
 
@@ -326,7 +340,7 @@ def _main(version: bool = typer.Option(False, "--version", callback=_version_cal
 def doctor():
     """Report the installation: versions, MLX's default device, the native primitives and the settings."""
     for line in doctor_report():
-        typer.echo(line)
+        _echo(line)
 
 
 def doctor_report() -> list[str]:
@@ -407,15 +421,15 @@ def passes():
     """List the passes and the -O pipelines."""
     from samplec.passes import PASSES, PIPELINES
     for p in PASSES.values():
-        typer.echo(f"{p.name:16} {p.doc}")
+        _echo(f"{p.name:16} {p.doc}")
     for level, names in PIPELINES.items():
-        typer.echo(f"-O{level}: {' '.join(names) or '(none)'}")
+        _echo(f"-O{level}: {' '.join(names) or '(none)'}")
 
 
 @app.command()
 @_guard
 def run(
-    file: Path = typer.Argument(..., help="a .smp source or a compiled .smpb"),
+    file: Path = typer.Argument(..., metavar="FILE", help="a .smp source or a compiled .smpb"),
     more_params: Optional[List[str]] = typer.Argument(None, metavar="[NAME=VALUE]...",
                                                        help="more --param values: --param a=1 b=2"),
     logits: Path = typer.Option(..., "--logits", help=".npy, .npz or .safetensors; shape [V] or [B, V]"),
@@ -448,10 +462,10 @@ def run(
     _check_required(prog, values, seeds_given_by_draws=bool(draws))
     if draws:
         result = runner.draws(prog, x, values, draws)
-        typer.echo(json.dumps(result) if as_json else runner.format_draws(result), nl=not as_json or True)
+        _echo(json.dumps(result) if as_json else runner.format_draws(result))
         return
     out = prog(x, **values)
-    typer.echo(json.dumps(runner.to_json(out)) if as_json else runner.format_outputs(out))
+    _echo(json.dumps(runner.to_json(out)) if as_json else runner.format_outputs(out))
 
 
 _FLAG_OF_KIND = {"seed": "--seed N", "tokens": "--history FILE.npy", "mask": "--mask FILE.npy",

@@ -481,6 +481,23 @@ def test_an_unwritable_stdout_is_an_error_not_an_internal_one():
     assert r.returncode == 1 and "cannot write the output" in r.stderr and "internal error" not in r.stderr, r.stderr
 
 
+@pytest.mark.parametrize("json_flag", [[], ["--json"]])
+def test_a_reader_that_leaves_ends_samplec_with_sigpipes_status(tmp_path, json_flag):
+    """`samplec run ... | head -1` on an output far larger than a pipe holds: exit 141 and no message (click's echo
+    swallowed the broken pipe and exited 0, so `set -o pipefail` could not see the output cut)."""
+    import subprocess
+    import sys
+    x = np.random.default_rng(0).normal(size=(3000, 64)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    p = subprocess.Popen([sys.executable, "-m", "samplec", "run", str(EXAMPLES / "llama.smp"), "--sampler", "nucleus",
+                          "--logits", str(tmp_path / "x.npy"), *json_flag],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert p.stdout.read(10)
+    p.stdout.close()
+    err = p.stderr.read()
+    assert p.wait(120) == 141 and not err, (p.returncode, err[-1000:])
+
+
 def test_compile_to_dev_stdout_writes_the_program_to_the_pipe(tmp_path):
     """-o /dev/stdout (a link to /proc/self/fd/1, here a pipe) is written in place: the bytes go down the pipe."""
     import subprocess
