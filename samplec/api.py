@@ -2,8 +2,9 @@
 from __future__ import annotations
 
 import os
+import warnings as _warnings
 
-from samplec.diagnostics import SamplecError
+from samplec.diagnostics import SamplecError, SamplecWarning
 from samplec.files import read_source
 from samplec.frontend.check import F32_RANGE, as_float32, check
 from samplec.frontend.lower import _param_ranges, lower
@@ -13,7 +14,7 @@ from samplec.passes import run_pipeline
 from samplec.program import Program
 from samplec.stages import SCALAR_TYPES
 
-__all__ = ["compile", "compile_file", "load", "lower_source", "Program", "SamplecError"]
+__all__ = ["compile", "compile_file", "load", "lower_source", "Program", "SamplecError", "SamplecWarning"]
 
 
 def lower_source(source: str, sampler: str | None = None, bindings: dict | None = None,
@@ -25,7 +26,11 @@ def lower_source(source: str, sampler: str | None = None, bindings: dict | None 
 
 def _front(source, sampler, bindings, filename):
     checked, warnings = check(parse(source, filename), sampler)
-    return checked, warnings, _check_bindings(checked, dict(bindings or {}))
+    binds = _check_bindings(checked, dict(bindings or {}))
+    lines = source.split("\n")
+    for w in warnings:              # (after every error: a source that fails warns of nothing)
+        _warnings.warn(SamplecWarning(w.render(lines)), stacklevel=3)
+    return checked, warnings, binds
 
 
 def compile(source_text: str, sampler: str | None = None, opt_level: int = 2, bindings: dict | None = None,
@@ -50,28 +55,29 @@ def load(path: str | os.PathLike) -> Program:
 
 
 def _check_bindings(checked, bindings: dict) -> dict:
-    """--set NAME=VALUE: the parameter must exist, be a scalar, and its value lie in the range of its uses."""
+    """Compile-time bindings (`bindings=`, the CLI's --set NAME=VALUE): the parameter must exist, be a scalar, and
+    its value lie in the range of its uses. The messages say "binding", which reads right from either."""
     params = {p.name: p for p in checked.params}
     ranges = _param_ranges(checked)
     out = {}
     for name, value in bindings.items():
         if name not in params:
-            raise SamplecError(f"--set {name}: the sampler '{checked.name}' has no parameter '{name}' "
+            raise SamplecError(f"binding {name}: the sampler '{checked.name}' has no parameter '{name}' "
                                f"(it has: {', '.join(params) or 'none'})")
         kind = params[name].type
         if kind not in SCALAR_TYPES:
-            raise SamplecError(f"--set {name}: a {kind} parameter cannot be bound at compile time")
+            raise SamplecError(f"binding {name}: a {kind} parameter cannot be bound at compile time")
         try:
             num = float(value) if kind == "float" else int(str(value), 0) if isinstance(value, str) else int(value)
         except (TypeError, ValueError):
-            raise SamplecError(f"--set {name}: expected {'an' if kind == 'int' else 'a'} {kind}, got {value!r}") from None
+            raise SamplecError(f"binding {name}: expected {'an' if kind == 'int' else 'a'} {kind}, got {value!r}") from None
         if kind == "int" and not -2**31 <= num < 2**31 or kind == "seed" and not 0 <= num < 2**64:
-            raise SamplecError(f"--set {name}={value}: out of range for {'an' if kind == 'int' else 'a'} {kind}")
+            raise SamplecError(f"binding {name}={value}: out of range for {'an' if kind == 'int' else 'a'} {kind}")
         if kind == "float":         # the float32 the program holds, as a literal's (docs/language.md)
             num = as_float32(num)
             if num is None or num != num:
-                raise SamplecError(f"--set {name}={value}: " + ("NaN" if num is not None else F32_RANGE))
+                raise SamplecError(f"binding {name}={value}: " + ("NaN" if num is not None else F32_RANGE))
         if name in ranges and not ranges[name].contains(float(num)):
-            raise SamplecError(f"--set {name}={value}: out of range {ranges[name].describe()}")
+            raise SamplecError(f"binding {name}={value}: out of range {ranges[name].describe()}")
         out[name] = num
     return out

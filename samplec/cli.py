@@ -334,6 +334,18 @@ def _version_callback(value: bool):
 def _main(version: bool = typer.Option(False, "--version", callback=_version_callback, is_eager=True,
                                        help="print samplec's and MLX's versions and exit")):
     """samplec: compile LLM sampler chains (.smp) into optimized MLX programs (.smpb)."""
+    import warnings
+    from samplec.diagnostics import SamplecWarning
+    default = warnings.showwarning
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        if issubclass(category, SamplecWarning):        # (a source warning prints as it renders: file:line:col)
+            _echo(str(message), err=True)
+        else:
+            default(message, category, filename, lineno, file, line)
+    if getattr(warnings.showwarning, "samplec", False) is False:
+        show.samplec = True
+        warnings.showwarning = show
 
 
 @app.command()

@@ -175,7 +175,7 @@ def _make_cache(model):
         from mlx_lm.models.cache import make_prompt_cache
     except ImportError:  # pragma: no cover - mlx-lm is an optional dependency
         raise SamplecError("samplec.decode.generate needs mlx-lm for the model's KV cache "
-                           "(pip install 'samplec[mlx-lm]')") from None
+                           "(pip install mlx-lm, or pip install -e '.[mlx-lm]' in a checkout)") from None
     return make_prompt_cache(model)
 
 

@@ -75,6 +75,11 @@ class SamplecError(ValueError):
         return super().__str__()
 
 
+class SamplecWarning(UserWarning):
+    """A source warning (`file:line:col: warning: ...` with its caret), e.g. a parameter that is never used: the
+    program compiles. `samplec.compile` issues one per warning through Python's `warnings`; the CLI prints them."""
+
+
 @dataclass
 class DiagnosticSink:
     """Collects diagnostics during checking; `raise_if_errors` turns them into one SamplecError."""

@@ -283,8 +283,13 @@ def _logits(value) -> mx.array:
     if x.ndim != 2:
         raise SamplecError(f"logits: expected shape [V] or [B, V], got {list(x.shape)}")
     if x.dtype not in (mx.float32, mx.float16, mx.bfloat16, mx.float64):
-        raise SamplecError(f"logits: expected float32, float16 or bfloat16, got {x.dtype}")
+        raise SamplecError(f"logits: expected float32, float16, bfloat16 (or float64), got {dtype_name(x.dtype)}")
     return x if x.dtype == mx.float32 else x.astype(mx.float32)
+
+
+def dtype_name(dtype) -> str:
+    """An MLX or numpy dtype as users write it: int32, not mlx.core.int32."""
+    return str(dtype).removeprefix("mlx.core.")
 
 
 def _os_seeds(B: int) -> np.ndarray:
@@ -318,7 +323,7 @@ def _prepare_param(p: Param, value, B: int, V: int, late: list) -> mx.array:
         raise SamplecError(f"{p.name}: expected shape [B, ...] with B = {B}, got {list(arr.shape)}")
     if p.kind == "tokens":
         if not mx.issubdtype(arr.dtype, mx.integer):
-            raise SamplecError(f"{p.name}: token history must be integers, got {arr.dtype}")
+            raise SamplecError(f"{p.name}: token history must be integers, got {dtype_name(arr.dtype)}")
         message = f"{p.name}: token id >= V = {V} among its tokens"
         if host is not None and host.ndim == 2:      # (a host array: checked here, without MLX)
             over = (host >= V).any(axis=-1)
@@ -360,7 +365,8 @@ def _mask(name: str, arr: mx.array, B: int, V: int) -> mx.array:
             raise SamplecError(f"{name}: expected a bool mask of shape [{B}, {V}], got {list(arr.shape)}")
         return arr
     if not mx.issubdtype(arr.dtype, mx.integer):
-        raise SamplecError(f"{name}: expected bool [B, V] or a packed int32 bitmask [B, {words}], got {arr.dtype}")
+        raise SamplecError(f"{name}: expected bool [B, V] or a packed int32 bitmask [B, {words}], "
+                           f"got {dtype_name(arr.dtype)}")
     if arr.shape[1] == V and V != words:
         return arr != 0
     if arr.shape[1] != words:

@@ -27,7 +27,7 @@ def load_array(path: Path, flag: str) -> mx.array:
     try:
         data = mx.load(str(path))
     except Exception as e:  # noqa: BLE001 - any reader failure is a bad file
-        raise SamplecError(f"{flag}: cannot read {path}: {_reader_error(e)}") from None
+        raise SamplecError(f"{flag}: cannot read {path}: {_reader_error(e, path)}") from None
     if isinstance(data, dict):
         if not data:
             raise SamplecError(f"{flag}: {path} holds no array")
@@ -38,15 +38,31 @@ def load_array(path: Path, flag: str) -> mx.array:
     try:
         mx.eval(data)                       # (MLX reads a .npy lazily: a short file fails here, not in the program)
     except Exception as e:  # noqa: BLE001 - any reader failure is a bad file
-        raise SamplecError(f"{flag}: cannot read {path}: {_reader_error(e)}") from None
+        raise SamplecError(f"{flag}: cannot read {path}: {_reader_error(e, path)}") from None
     return data
 
 
-def _reader_error(e: Exception) -> str:
-    """MLX's reader message, or what it means where the message is a bare C++ exception name."""
+def _reader_error(e: Exception, path: Path) -> str:
+    """MLX's reader message, or what it means where the message is a bare C++ exception name or MLX's inside."""
     text = str(e)
     if text in ("stoi", "stol", "stoll", "stoul", "stoull") or not text:
         return "a malformed header"
+    kind = text.removeprefix("[from_str] Unsupported array protocol type-string: ")
+    if kind != text:
+        kind = kind.strip("'\"|<>=")
+        what = "Python objects (dtype object)" if kind == "O" else f"items of dtype {kind!r}"
+        return f"its array holds {what}; numbers are needed (float32, float16, bfloat16, integers, bool)"
+    magic = {".npy": b"\x93NUMPY", ".npz": b"PK", }.get(path.suffix)
+    if magic is not None:
+        try:
+            with open(path, "rb") as f:
+                head = f.read(len(magic))
+        except OSError:
+            head = magic
+        if head != magic:
+            return f"not a {path.suffix} file (it does not start as one)"
+    if text.startswith("Unable to read") or text.startswith("[read] Unable to read"):
+        return "the file ends before its data does (truncated?)"
     return text.removeprefix("[read] ").removeprefix("[load] ")
 
 
@@ -105,7 +121,7 @@ def format_outputs(out: Outputs) -> str:
                 lines.append(f"  {name:12} {pairs}")
             elif name == "probs":
                 p = np.array(v[r])
-                top = np.argsort(-p, kind="stable")[:8]
+                top = [i for i in np.argsort(-p, kind="stable")[:8] if p[i] > 0]   # (the 8 most probable kept)
                 lines.append(f"  {name:12} " + ", ".join(f"{i}:{p[i]:.6g}" for i in top)
                              + f"  ({int((p > 0).sum())} tokens > 0)")
             else:

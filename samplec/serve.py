@@ -339,7 +339,7 @@ def serve(argv: list[str], samplers: list[str], demo: bool, ready=None):
     try:
         from mlx_lm import server
     except ImportError:
-        raise SamplecError("samplec serve needs mlx-lm: pip install 'samplec[mlx-lm]'") from None
+        raise SamplecError("samplec serve needs mlx-lm: pip install mlx-lm (or pip install -e '.[mlx-lm]' in a checkout)") from None
     args = server_args(argv)
     if not 0 <= args.port <= 65535:
         raise SamplecError(f"--port {args.port}: a port number lies in 0..65535")

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
+import samplec
 from samplec.cli import app
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
@@ -417,6 +418,49 @@ def test_short_or_malformed_array_files_name_the_flag(files):
     (d / "bad.npy").write_bytes(data.replace(b"(3, 50)", b"(3, 5x)", 1))
     r = cli("run", src, "--logits", d / "bad.npy")
     assert r.exit_code == 1 and "--logits: cannot read" in r.output, r.output
+
+
+def test_array_files_that_hold_no_numbers_say_what_they_hold(files):
+    """A text file named .npy, an array of Python objects, a file cut short, integer logits, float history: each
+    error says what is wrong in the user's words (not MLX's internals: "[from_str] ...", "mlx.core.int32")."""
+    d, src, x = files
+    (d / "text.npy").write_text("not an array\n")
+    np.save(d / "obj.npy", np.array([["a", 1]], dtype=object), allow_pickle=True)
+    (d / "cut.npy").write_bytes((d / "x.npy").read_bytes()[:-40])
+    np.save(d / "ints.npy", np.zeros((3, 50), np.int32))
+    np.save(d / "fhist.npy", np.zeros((3, 4), np.float32))
+    for name, words in (("text.npy", "not a .npy file"), ("obj.npy", "Python objects (dtype object)"),
+                        ("cut.npy", "ends before its data does"), ("ints.npy", "got int32")):
+        r = cli("run", src, "--logits", d / name)
+        assert r.exit_code == 1 and words in r.output and "mlx.core" not in r.output, (name, r.output)
+    r = cli("run", EXAMPLES / "llama.smp", "--logits", d / "x.npy", "--history", d / "fhist.npy", "--seed", "1")
+    assert r.exit_code == 1 and "must be integers, got float32" in r.output, r.output
+
+
+def test_probs_as_text_list_only_kept_tokens(tmp_path, files):
+    d, _, _ = files
+    (d / "c.smp").write_text("sampler c() -> probs { top_k(3) }\n")
+    r = cli("run", d / "c.smp", "--logits", d / "x.npy")
+    assert r.exit_code == 0, r.output
+    for line in (ln for ln in r.output.splitlines() if ln.strip().startswith("probs")):
+        assert line.count(":") == 3 and ":0," not in line and line.endswith("(3 tokens > 0)"), line
+
+
+def test_source_warnings_are_shown_and_the_program_compiles(tmp_path):
+    """A parameter never used is a warning (file:line:col and its caret) from the CLI and, as a SamplecWarning,
+    from the API; the program compiles all the same."""
+    import warnings
+    src = tmp_path / "w.smp"
+    src.write_text("sampler c(seed: seed, t: float = 1.0) -> probs { top_k(3) }\n")
+    r = cli("compile", src, "-o", tmp_path / "w.smpb")
+    assert r.exit_code == 0 and (tmp_path / "w.smpb").exists(), r.output
+    assert f"{src}:1:11: warning: parameter 'seed' is never used" in r.stderr, r.stderr
+    assert "parameter 't' is never used" in r.stderr and "^~~~" in r.stderr, r.stderr
+    with warnings.catch_warnings(record=True) as got:
+        warnings.simplefilter("always")
+        samplec.compile(src.read_text())
+    assert [w.category for w in got] == [samplec.SamplecWarning] * 2, got
+    assert str(got[0].message).startswith("<string>:1:11: warning: parameter 'seed' is never used")
 
 
 def test_draws_refuses_a_constant_seed(tmp_path, files):
