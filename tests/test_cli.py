@@ -446,6 +446,7 @@ def test_probs_as_text_list_only_kept_tokens(tmp_path, files):
         assert line.count(":") == 3 and ":0," not in line and line.endswith("(3 tokens > 0)"), line
 
 
+@pytest.mark.filterwarnings("default::samplec.SamplecWarning")
 def test_source_warnings_are_shown_and_the_program_compiles(tmp_path):
     """A parameter never used is a warning (file:line:col and its caret) from the CLI and, as a SamplecWarning,
     from the API; the program compiles all the same."""
