@@ -2006,6 +2006,10 @@ SAMPLEC_VOCAB_LOOP void gather_block(const float* x, int64_t lo, int64_t end, fl
 
 // out[i] = v[i] / t, -inf staying -inf (t = inf would make it NaN)
 SAMPLEC_VOCAB_LOOP void divide_by(float* out, const float* v, int64_t n, float t) {   // (in place too)
+  if (t == 1.0f) {
+    if (out != v) std::memcpy(out, v, n * sizeof(float));
+    return;
+  }
   for (int64_t i = 0; i < n; ++i) out[i] = divided(v[i], t);
 }
 
@@ -3080,6 +3084,13 @@ int64_t kept_ids(const uint8_t* keep, int64_t n, int64_t base, int32_t* out, int
 // out[i] = v[i] divided by t where kept, -inf elsewhere
 SAMPLEC_VOCAB_LOOP void write_kept(float* __restrict out, const uint8_t* __restrict keep, const float* __restrict v,
                                    int64_t n, float t) {
+  if (t == 1.0f) {                       // (the vectorized division is made for every token: none at t = 1)
+    for (int64_t i = 0; i < n; ++i) {
+      const float x = v[i];
+      out[i] = keep[i] ? x : -INFINITY;
+    }
+    return;
+  }
   for (int64_t i = 0; i < n; ++i) {
     const float d = divided(v[i], t);      // (read for every token: a load under the `?:` stays scalar)
     out[i] = keep[i] ? d : -INFINITY;
@@ -3088,6 +3099,11 @@ SAMPLEC_VOCAB_LOOP void write_kept(float* __restrict out, const uint8_t* __restr
 
 // The first kept i in [0, n) whose value divided by t is top, or n
 SAMPLEC_VOCAB_LOOP int64_t first_kept_at(const uint8_t* keep, const float* v, int64_t n, float t, float top) {
+  if (t == 1.0f) {                       // (the vectorized division is made for every token: none at t = 1)
+    return first_hit(0, n, [=](int64_t i) {
+      return static_cast<int>(keep[i] != 0) & static_cast<int>(v[i] == top);
+    });
+  }
   return first_hit(0, n, [=](int64_t i) {
     return static_cast<int>(keep[i] != 0) & static_cast<int>(divided(v[i], t) == top);
   });
