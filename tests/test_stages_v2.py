@@ -386,6 +386,25 @@ def test_mirostat_matches_llama_cpp(stage, V, opt):
             assert float(np.array(out.logprob)[r]) == pytest.approx(math.log(p_tok), abs=1e-5)
 
 
+@pytest.mark.parametrize("opt", OPTS)
+def test_mirostat_s_hat_over_a_gap_past_float32s_exp(opt):
+    """A head of 50 tokens ~100 above the rest (a logit_bias of +100): the probabilities past the gap are below
+    float32's smallest normal, which MLX's exp gives as 0. s_hat comes from the logits' differences (ln(p_i /
+    p_{i+1}) = x_i - x_{i+1}), so k is the reference's (float64), not NaN -> 1 (the argmax alone)."""
+    rng = np.random.default_rng(0)
+    V = 50_000
+    x = rng.normal(0, 2, V).astype(F32)
+    head = rng.choice(V, 50, replace=False)
+    x[head] = (F32(100.0) - np.log(np.arange(1, 51))).astype(F32)
+    p = prog(MIRO["mirostat"], opt)
+    for seed in (1, 2, 3):
+        out = p(x[None], mu=np.array([6.0], F32), seed=seed, tau=5.0, eta=0.1, m=100)
+        ref_tok, ref_mu, _ = R.mirostat(x, 6.0, 5.0, 0.1, 100, seed=seed)
+        assert int(np.array(out.token)[0]) == ref_tok, seed
+        assert float(np.array(out.mu)[0]) == pytest.approx(ref_mu, abs=2e-5, rel=1e-5)
+        assert float(np.array(out.logprob)[0]) < -1e-3          # (more than the argmax kept)
+
+
 @pytest.mark.parametrize("stage", ["mirostat", "mirostat_v2"])
 def test_mirostat_frequencies_match_the_truncated_distribution(stage):
     """4000 draws (one per seed) from a fixed row: chi-square against llama.cpp's truncated distribution."""

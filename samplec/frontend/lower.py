@@ -348,12 +348,14 @@ class Lowering:
         tau_, mu_ = self.scalar(tau, F32), self.scalar(mu, F32)
         mu_ = where(make("isnan", mu_), make("mul", const(2.0), tau_), mu_, name="mu")
         n = make("reduce_sum", make("cast", make("isfinite", x), dtype=I32), name="n_kept")
-        ps = make("sort", softmax(x), descending=True)
-        i = make("iota", ps)
-        ps_next = make("take_along", ps, make("minimum", make("add", i, const(1, I32)), last_index(ps)))
+        # b_i = ln(p_i / p_{i+1}) = x_i - x_{i+1} over the logits sorted descending: exact, where float32
+        # probabilities a gap of more than ~88 apart underflow to 0 (ln(p / 0) = inf: s_hat NaN, k = 1)
+        xs = make("sort", x, descending=True)
+        i = make("iota", xs)
+        xs_next = make("take_along", xs, make("minimum", make("add", i, const(1, I32)), last_index(xs)))
         fi = make("cast", i, dtype=F32)
         t_i = make("log", make("div", make("add", fi, const(2.0)), make("add", fi, const(1.0))))
-        b_i = make("log", make("div", ps, ps_next))
+        b_i = make("sub", xs, xs_next)
         top = make("minimum", make("sub", self.scalar(m, I32), const(1, I32)), make("sub", n, const(1, I32)))
         used = make("lt", i, top)
         s_hat = make("div", make("reduce_sum", where(used, make("mul", t_i, b_i), const(0.0))),
