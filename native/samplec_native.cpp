@@ -2652,7 +2652,8 @@ bool chain_run(ChainRow& row, float bound, int32_t* token, float* logprob) {
         if (tail) {
           float top_tail;
           exp_kept(&top_tail, nullptr, &fb, 1, 1.0f, vmax);
-          if (!(top_tail / zf < cut) && fb > -INFINITY) return false;
+          // (a tail token at the maximum stays whatever its p: a temperature of inf makes every value 0)
+          if (fb > -INFINITY && (fb == vmax || !(top_tail / zf < cut))) return false;
         }
         int64_t n = 1;
         while (n < L && ee[n] / zf >= cut) ++n;

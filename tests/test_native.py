@@ -575,6 +575,28 @@ def test_a_tied_top_under_a_few_biased_tokens_equals_the_reference(pure, cut):
         np.testing.assert_allclose(np.array(out.probs), np.array(want.probs), atol=1e-6, rtol=1e-5)
 
 
+@pytest.mark.parametrize("chain", ["temperature(t) epsilon(0.0003) temperature(t) greedy()",
+                                   "temperature(t) eta(0.0003) temperature(t) greedy()",
+                                   "temperature(t) epsilon(0.0003) temperature(t) sample(seed)",
+                                   "temperature(t) epsilon(0.0003) greedy()"])
+def test_epsilon_keeps_a_tail_at_the_maximum(pure, chain):
+    """temperature(inf) makes every finite logit 0: every token is at the maximum, which epsilon and eta always
+    keep. The candidates' tail (everything at or below their bound) is at the maximum too, whatever its p: the row
+    is not decided by the candidates alone (-O2 kept 33 tokens here)."""
+    import reference as R
+    x = np.random.default_rng(0).normal(0, 1, (1, 40000)).astype(np.float32)
+    src = f"sampler s(t: float, seed: seed) -> token, logprob, probs {{ {chain} }}"
+    got = samplec.compile(src, opt_level=2)(x, t=np.inf, seed=3)
+    with pure:
+        want = samplec.compile(src, opt_level=0)(x, t=np.inf, seed=3)
+    stages = [("temperature", {"t": np.inf}), (chain.split()[1].split("(")[0], {"e": 0.0003})]
+    stages += [("temperature", {"t": np.inf})] * (chain.count("temperature") - 1)
+    ref = R.run_chain(x[0], stages, ("sample", {"seed": 3}) if "sample" in chain else ("greedy", {}))
+    assert int(np.array(got.token)[0]) == int(np.array(want.token)[0]) == ref["token"]
+    assert int((np.array(got.probs) > 0).sum()) == int((np.array(want.probs) > 0).sum()) == 40000
+    np.testing.assert_allclose(np.array(got.logprob), np.array(want.logprob), rtol=1e-6)
+
+
 def _dense_penalties(op, *ins):
     from samplec.backend_mlx.interpreter import _run_expansion
     return np.array(_run_expansion(type("N", (), {"op": op}), [mx.array(i) for i in ins]))
