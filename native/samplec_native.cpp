@@ -3867,9 +3867,10 @@ struct SampleChain {
             }
             break;
           }
-          if (m == first && blocks_at(bm.data(), nb, bound) > 512 - m) {
+          if (m == first && bound > -INFINITY && blocks_at(bm.data(), nb, bound) > 512 - m) {
             // the bound tied across more blocks than the next attempt adds (a tied row under a few biased or
             // penalized tokens): a larger m finds the same bound, so the tokens at it join the candidates now
+            // (not a bound of -inf: a masked row's removed tokens are no candidates)
             const float below = chain_candidates(row, nb, bs, m, scratch_bm, true, &beyond);
             done = !beyond && chain_run(row, below, token + r, logprob + r);
             break;

@@ -597,6 +597,29 @@ def test_epsilon_keeps_a_tail_at_the_maximum(pure, chain):
     np.testing.assert_allclose(np.array(got.logprob), np.array(want.logprob), rtol=1e-6)
 
 
+@pytest.mark.parametrize("t", [1.0, 0.7, np.inf])
+@pytest.mark.parametrize("chain", ["top_k(k)", "top_k(k) top_p(0.9)"])
+def test_a_masked_row_with_top_k_past_its_tokens_equals_the_dense_program(pure, t, chain):
+    """Ten allowed tokens of 152,064 (a grammar's mask) and a top_k of 40: the candidates' bound is -inf in
+    thousands of blocks, which are no candidates (gathered, they were 152,064 tokens of -inf: a temperature of inf
+    made them NaN, and a call hung or drew a removed token)."""
+    rng = np.random.default_rng(3)
+    V = 152064
+    x = np.full((2, V), -np.inf, np.float32)
+    for r in range(2):
+        ids = rng.choice(V, 10, replace=False)
+        x[r, ids] = rng.normal(0, 1, 10).astype(np.float32)
+    src = (f"sampler s(t: float, k: int, seed: seed) -> token, logprob, probs "
+           f"{{ temperature(t) {chain} sample(seed) }}")
+    got = samplec.compile(src, opt_level=2)(x, t=t, k=40, seed=[5, 6])
+    with pure:
+        want = samplec.compile(src, opt_level=0)(x, t=t, k=40, seed=[5, 6])
+    np.testing.assert_array_equal(np.array(got.token), np.array(want.token))
+    assert np.isfinite(x[[0, 1], np.array(got.token)]).all()
+    np.testing.assert_allclose(np.array(got.probs), np.array(want.probs), atol=1e-7)
+    np.testing.assert_allclose(np.array(got.logprob), np.array(want.logprob), rtol=1e-5, atol=1e-6)
+
+
 def _dense_penalties(op, *ins):
     from samplec.backend_mlx.interpreter import _run_expansion
     return np.array(_run_expansion(type("N", (), {"op": op}), [mx.array(i) for i in ins]))
