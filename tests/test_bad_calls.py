@@ -275,3 +275,19 @@ def test_programs_called_from_threads_exit_cleanly(tmp_path):
     for _ in range(3):
         run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
         assert run.returncode == 0, (run.returncode, run.stderr[-2000:])
+
+
+def test_a_program_pickles_and_copies_after_calls_from_threads():
+    """A program sent to a process pool or deep-copied: its per-thread compiled functions stay behind, the copy
+    traces its own and gives the same tokens."""
+    import copy
+    import pickle
+    import threading
+    prog = samplec.compile("sampler s(t: float, seed: seed) -> token { top_k(5) temperature(t) sample(seed) }")
+    x = np.random.default_rng(0).normal(size=(2, 300)).astype(np.float32)
+    want = np.array(prog(x, t=0.9, seed=1).token).tolist()
+    t = threading.Thread(target=lambda: prog(x, t=0.9, seed=1))
+    t.start()
+    t.join()
+    for other in (pickle.loads(pickle.dumps(prog)), copy.deepcopy(prog), copy.copy(prog)):
+        assert np.array(other(x, t=0.9, seed=1).token).tolist() == want

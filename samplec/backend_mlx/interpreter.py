@@ -391,6 +391,15 @@ class Executable:
         ins = [env[id(i)] for i in node.inputs]
         return _run_expansion(node, ins) if node.op in EXPAND else KERNELS[node.op](ins, node.attr_dict)
 
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        del state["_per_thread"]            # (compiled functions stay with the threads that traced them)
+        return state
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self._per_thread = threading.local()
+
     def _fn(self):
         """run_eager under `mx.compile`, one compiled function per thread. MLX keeps its compile cache per thread,
         and a cache entry holds the Python function: a thread that ends while the interpreter shuts down would
