@@ -21,16 +21,22 @@ def lower_source(source: str, sampler: str | None = None, bindings: dict | None 
                  filename: str = "<string>") -> tuple[Graph, list]:
     """Parse, check and lower; returns the unoptimized graph and the warnings."""
     checked, warnings, binds = _front(source, sampler, bindings, filename)
-    return lower(checked, binds), warnings
+    graph = lower(checked, binds)
+    _warn(warnings, source)
+    return graph, warnings
 
 
 def _front(source, sampler, bindings, filename):
     checked, warnings = check(parse(source, filename), sampler)
-    binds = _check_bindings(checked, dict(bindings or {}))
+    return checked, warnings, _check_bindings(checked, dict(bindings or {}))
+
+
+def _warn(warnings: list, source: str) -> None:
+    """Each source warning as a SamplecWarning -- once the source has lowered: a source that fails warns of
+    nothing."""
     lines = source.split("\n")
-    for w in warnings:              # (after every error: a source that fails warns of nothing)
+    for w in warnings:
         _warnings.warn(SamplecWarning(w.render(lines)), stacklevel=3)
-    return checked, warnings, binds
 
 
 def compile(source_text: str, sampler: str | None = None, opt_level: int = 2, bindings: dict | None = None,
@@ -40,8 +46,10 @@ def compile(source_text: str, sampler: str | None = None, opt_level: int = 2, bi
         raise SamplecError(f"opt_level must be 0, 1 or 2, got {opt_level!r}")
     if not isinstance(source_text, str):
         raise SamplecError(f"source_text must be a str, got {type(source_text).__name__}")
-    checked, _, binds = _front(source_text, sampler, bindings, filename)
-    return Program(run_pipeline(lower(checked, binds), opt_level, after=after_pass))
+    checked, warnings, binds = _front(source_text, sampler, bindings, filename)
+    graph = lower(checked, binds)
+    _warn(warnings, source_text)
+    return Program(run_pipeline(graph, opt_level, after=after_pass))
 
 
 def compile_file(path: str | os.PathLike, sampler: str | None = None, opt_level: int = 2,
@@ -70,7 +78,8 @@ def _check_bindings(checked, bindings: dict) -> dict:
         try:
             num = float(value) if kind == "float" else int(str(value), 0) if isinstance(value, str) else int(value)
         except (TypeError, ValueError):
-            raise SamplecError(f"binding {name}: expected {'an' if kind == 'int' else 'a'} {kind}, got {value!r}") from None
+            article = "an" if kind == "int" else "a"
+            raise SamplecError(f"binding {name}: expected {article} {kind}, got {value!r}") from None
         if kind == "int" and not -2**31 <= num < 2**31 or kind == "seed" and not 0 <= num < 2**64:
             raise SamplecError(f"binding {name}={value}: out of range for {'an' if kind == 'int' else 'a'} {kind}")
         if kind == "float":         # the float32 the program holds, as a literal's (docs/language.md)

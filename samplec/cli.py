@@ -16,7 +16,7 @@ from typing import List, Optional
 
 import typer
 
-from samplec.diagnostics import SamplecError
+from samplec.diagnostics import SamplecError, SamplecWarning
 from samplec.files import read_file, read_source, write_atomic
 
 # (rich_markup_mode=None: plain help -- typer's rich panels list every flag as taking a `<bool>`)
@@ -54,6 +54,8 @@ def _guard(fn):
             raise
         except SamplecError as e:
             _fail(e.render())
+        except SamplecWarning as w:         # (python -W error: the warning is the error)
+            _fail(str(w))
         except KeyboardInterrupt:
             _fail("interrupted", 130)
         except BrokenPipeError:             # (`samplec run ... | head -1`: the reader left; so does samplec, quietly)
@@ -335,12 +337,15 @@ def _main(version: bool = typer.Option(False, "--version", callback=_version_cal
                                        help="print samplec's and MLX's versions and exit")):
     """samplec: compile LLM sampler chains (.smp) into optimized MLX programs (.smpb)."""
     import warnings
-    from samplec.diagnostics import SamplecWarning
     default = warnings.showwarning
 
+    shown = set()
+
     def show(message, category, filename, lineno, file=None, line=None):
-        if issubclass(category, SamplecWarning):        # (a source warning prints as it renders: file:line:col)
-            _echo(str(message), err=True)
+        if issubclass(category, SamplecWarning):        # (a source warning prints as it renders: file:line:col,
+            if str(message) not in shown:               # once: --emit dot and --print-after-all compile twice)
+                shown.add(str(message))
+                _echo(str(message), err=True)
         else:
             default(message, category, filename, lineno, file, line)
     if getattr(warnings.showwarning, "samplec", False) is False:

@@ -339,7 +339,8 @@ def serve(argv: list[str], samplers: list[str], demo: bool, ready=None):
     try:
         from mlx_lm import server
     except ImportError:
-        raise SamplecError("samplec serve needs mlx-lm: pip install mlx-lm (or pip install -e '.[mlx-lm]' in a checkout)") from None
+        raise SamplecError("samplec serve needs mlx-lm: pip install mlx-lm "
+                           "(or pip install -e '.[mlx-lm]' in a checkout)") from None
     args = server_args(argv)
     if not 0 <= args.port <= 65535:
         raise SamplecError(f"--port {args.port}: a port number lies in 0..65535")
@@ -349,11 +350,8 @@ def serve(argv: list[str], samplers: list[str], demo: bool, ready=None):
     sampler = install(server, programs)
     provider = sampler.provider = demo_provider(server, args) if demo else server.ModelProvider(args)
     # everything that can fail at start-up fails before the generation thread starts (a thread that outlived the
-    # error kept the process alive): the model loads here, not on the first request, and the port is bound
-    try:
-        provider.load_default()
-    except Exception as e:  # noqa: BLE001 - mlx-lm and huggingface_hub raise many kinds
-        raise SamplecError(f"cannot load the model {args.model!r}: {_first_line(e)}") from None
+    # error kept the process alive): the port is bound (at once: before a long model load), then the model loads
+    # here, not on the first request
     handler = handler_class(server)
     generator = None
     try:
@@ -363,6 +361,10 @@ def serve(argv: list[str], samplers: list[str], demo: bool, ready=None):
     except OSError as e:
         raise SamplecError(f"cannot listen on {args.host}:{args.port}: {e.strerror or e}") from None
     try:
+        try:
+            provider.load_default()
+        except Exception as e:  # noqa: BLE001 - mlx-lm and huggingface_hub raise many kinds
+            raise SamplecError(f"cannot load the model {args.model!r}: {_first_line(e)}") from None
         generator = server.ResponseGenerator(provider, server.LRUPromptCache(args.prompt_cache_size))
         if ready is not None:
             ready(httpd, sampler)

@@ -457,6 +457,14 @@ def test_source_warnings_are_shown_and_the_program_compiles(tmp_path):
     assert r.exit_code == 0 and (tmp_path / "w.smpb").exists(), r.output
     assert f"{src}:1:11: warning: parameter 'seed' is never used" in r.stderr, r.stderr
     assert "parameter 't' is never used" in r.stderr and "^~~~" in r.stderr, r.stderr
+    import subprocess
+    import sys
+    r = subprocess.run([sys.executable, "-m", "samplec", "compile", str(src), "--emit", "dot"],   # (compiles twice)
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stderr.count("parameter 'seed' is never used") == 1, r.stderr
+    (tmp_path / "e.smp").write_text("sampler c(logits: float, t: float = 1.0) -> probs { top_k(3) }\n")
+    r = cli("compile", tmp_path / "e.smp")            # (an error: no warnings before it)
+    assert r.exit_code == 1 and "never used" not in r.stderr and "may not be called 'logits'" in r.output, r.output
     with warnings.catch_warnings(record=True) as got:
         warnings.simplefilter("always")
         samplec.compile(src.read_text())
