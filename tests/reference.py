@@ -231,8 +231,11 @@ def temperature(x: Any, t: float) -> np.ndarray:
     if t == 1:
         return x
     kept = _kept(x)
-    with np.errstate(invalid="ignore"):  # -inf / inf
+    with np.errstate(invalid="ignore", over="ignore"):  # -inf / inf; a tiny t
         y = x / F32(t)
+        top = np.max(np.where(kept, x, NEG_INF)) / F32(t)
+    if not np.isfinite(top):   # the row's largest over t leaves float32 (docs/language.md): the argmax alone
+        return temperature(x, 0.0)
     return np.where(kept, y, NEG_INF).astype(F32)  # keeps -inf removed even for t = inf
 
 
