@@ -73,15 +73,15 @@ def _check_bindings(checked, bindings: dict) -> dict:
             raise SamplecError(f"binding {name}: the sampler '{checked.name}' has no parameter '{name}' "
                                f"(it has: {', '.join(params) or 'none'})")
         kind = params[name].type
+        article = "an" if kind == "int" else "a"
         if kind not in SCALAR_TYPES:
             raise SamplecError(f"binding {name}: a {kind} parameter cannot be bound at compile time")
         try:
             num = float(value) if kind == "float" else int(str(value), 0) if isinstance(value, str) else int(value)
         except (TypeError, ValueError):
-            article = "an" if kind == "int" else "a"
             raise SamplecError(f"binding {name}: expected {article} {kind}, got {value!r}") from None
         if kind == "int" and not -2**31 <= num < 2**31 or kind == "seed" and not 0 <= num < 2**64:
-            raise SamplecError(f"binding {name}={value}: out of range for {'an' if kind == 'int' else 'a'} {kind}")
+            raise SamplecError(f"binding {name}={value}: out of range for {article} {kind}")
         if kind == "float":         # the float32 the program holds, as a literal's (docs/language.md)
             num = as_float32(num)
             if num is None or num != num:

@@ -11,6 +11,7 @@ import errno
 import json
 import os
 import sys
+import warnings
 from pathlib import Path
 from typing import List, Optional
 
@@ -30,11 +31,23 @@ def _echo(message: str = "", nl: bool = True, err: bool = False):
     BrokenPipeError, which ends samplec with SIGPIPE's status (141)."""
     stream = sys.stderr if err else sys.stdout
     text = message + ("\n" if nl else "")
-    for at in range(0, len(text), 1 << 16):     # (in pieces: one large write that the pipe takes in part and then
-        stream.write(text[at:at + (1 << 16)])   # refuses ends without an error in CPython)
+    for at in range(0, len(text) or 1, 1 << 16):  # (in pieces: one large write that the pipe takes in part and
+        stream.write(text[at:at + (1 << 16)])     # then refuses ends without an error in CPython)
         stream.flush()
-    if not text:
-        stream.flush()
+
+
+_python_showwarning = warnings.showwarning
+_shown_warnings: set[str] = set()
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None):
+    """warnings.showwarning for the CLI: a source warning prints as it renders (file:line:col and its caret), once
+    (--emit dot and --print-after-all compile twice); any other warning as Python prints it."""
+    if not issubclass(category, SamplecWarning):
+        return _python_showwarning(message, category, filename, lineno, file, line)
+    if str(message) not in _shown_warnings:
+        _shown_warnings.add(str(message))
+        _echo(str(message), err=True)
 
 
 def _fail(message: str, code: int = 1):
@@ -313,7 +326,7 @@ def serve(
     from samplec.serve import serve as run_server
     run_server(list(mlx_lm_args or []), list(sampler or []), demo,
                ready=lambda httpd, _: _echo(f"samplec serve: listening on http://{httpd.server_address[0]}:"
-                                                 f"{httpd.server_address[1]}", err=True))
+                                            f"{httpd.server_address[1]}", err=True))
 
 
 def _version_text() -> str:
@@ -336,21 +349,7 @@ def _version_callback(value: bool):
 def _main(version: bool = typer.Option(False, "--version", callback=_version_callback, is_eager=True,
                                        help="print samplec's and MLX's versions and exit")):
     """samplec: compile LLM sampler chains (.smp) into optimized MLX programs (.smpb)."""
-    import warnings
-    default = warnings.showwarning
-
-    shown = set()
-
-    def show(message, category, filename, lineno, file=None, line=None):
-        if issubclass(category, SamplecWarning):        # (a source warning prints as it renders: file:line:col,
-            if str(message) not in shown:               # once: --emit dot and --print-after-all compile twice)
-                shown.add(str(message))
-                _echo(str(message), err=True)
-        else:
-            default(message, category, filename, lineno, file, line)
-    if getattr(warnings.showwarning, "samplec", False) is False:
-        show.samplec = True
-        warnings.showwarning = show
+    warnings.showwarning = _show_warning
 
 
 @app.command()
