@@ -1132,13 +1132,18 @@ struct PenaltyEdits {
     const Rows<int32_t> hist(in[1]), last_n(in[2]);
     const size_t at_pre = in.size() - pre.size();
     const bool prior = at_pre == 8;
+    std::vector<Rows<uint8_t>> masks;       // (the prefix ops' operands, read as they apply: a mask or a bias)
+    std::vector<Rows<float>> biases;
+    for (size_t k = 0; k < pre.size(); ++k) {
+      if (pre[k] == kPrefixMask) masks.emplace_back(in[at_pre + k]); else biases.emplace_back(in[at_pre + k]);
+    }
     auto x = [&, raw = Rows<float>(in[0])](int64_t r, int64_t i) {
       float v = raw(r, i);
-      for (size_t k = 0; k < pre.size(); ++k) {
+      for (size_t k = 0, m = 0, b = 0; k < pre.size(); ++k) {
         if (pre[k] == kPrefixMask) {
-          v = Rows<uint8_t>(in[at_pre + k])(r, i) ? v : -INFINITY;
+          v = masks[m++](r, i) ? v : -INFINITY;
         } else {
-          v = v + Rows<float>(in[at_pre + k])(r, i);
+          v = v + biases[b++](r, i);
         }
       }
       return v;
@@ -1235,15 +1240,15 @@ struct PenaltyEdits {
         a = b;
       }
       // the others read the row (through the prefix ops): the scan skips to its values above -inf (after a cut, a
-      // few: the whole row in vectorized chunks)
-      const float* contiguous = pre.empty() && raw.s1 == 1 ? raw.p + r * raw.s0 : nullptr;
+      // few: the whole row in vectorized chunks). A -inf below the prefix ops stays -inf through them (a mask keeps
+      // it or writes -inf; a bias is finite, checked at binding), so the skip reads the row below them.
+      const float* contiguous = raw.s1 == 1 ? raw.p + r * raw.s0 : nullptr;
       for (int64_t i = 0; i < n && !left; ++i) {
         if (contiguous) {
           i = first_above_neg_inf(contiguous, i, n);
           if (i == n) break;
-        } else if (x(r, i) == -INFINITY) {
-          continue;
         }
+        if ((!contiguous || !pre.empty()) && x(r, i) == -INFINITY) continue;
         const int32_t id = static_cast<int32_t>(i);
         left = !written(id) && !edited(id);
       }
@@ -3730,9 +3735,13 @@ struct SampleChain {
             const int64_t n = hi - lo, b0 = lo / bs, nbs = (n + bs - 1) / bs;
             if (raw) block_max_row(row.x + lo, n, nbs, bs, raw_bm.data() + b0);
             const float* src = from + lo;
+            // (the span's maximum of the op the block maxima read -- the last, where none is fused -- is theirs)
+            auto wants_max = [&](size_t k) {
+              return k < k1 && prefix_max[k] && static_cast<int64_t>(k) != last_from_blocks;
+            };
             for (size_t k = k0; k < k1 + fuse; ++k, src = sx + lo) {
               prefix_pass(ops[k].from(lo), src, sx + lo, n);
-              if (k < k1 && prefix_max[k] && static_cast<int64_t>(k) != last_from_blocks) m[k] = max_nan(sx + lo, n);
+              if (wants_max(k) && (fuse || k + 1 < k1)) m[k] = max_nan(sx + lo, n);
             }
             if (src != sx + lo) {           // (no op: a copy, whose block maxima are its source's)
               std::memcpy(sx + lo, src, n * sizeof(float));
@@ -3742,6 +3751,7 @@ struct SampleChain {
               }
             }
             block_max_row(sx + lo, n, nbs, bs, bm.data() + b0);
+            if (!fuse && k1 > k0 && wants_max(k1 - 1)) m[k1 - 1] = max_nan(bm.data() + b0, nbs);
             return m;
           });
           for (size_t k = k0; k < k1; ++k) {

@@ -178,6 +178,29 @@ def test_a_row_the_penalties_leave_without_a_token_is_an_error(opt, native, monk
         assert ok == [1]
 
 
+@pytest.mark.parametrize("native", ["1", "0"])
+@pytest.mark.parametrize("opt", [0, 2])
+@pytest.mark.parametrize("edit", ["logit_bias(b)", "allow(m)"])
+def test_a_row_a_cut_an_edit_and_the_penalties_leave_without_a_token_is_an_error(edit, opt, native, monkeypatch):
+    """After a cut, a bias or mask under the penalties (the kernel reads the row through them, skipping the cut's
+    -inf): a row whose last kept token the edit removes and the penalties overflow is an error naming it; a row
+    the edit leaves a token draws it."""
+    monkeypatch.setenv("SAMPLEC_NATIVE", native)
+    V = 200
+    x = np.full((3, V), -np.inf, np.float32)
+    x[:, 0] = -10.0
+    x[1:, 150] = 1.0
+    b = np.zeros((3, V), np.float32)
+    b[1, 150] = -np.inf
+    m = np.isfinite(b)
+    h = np.zeros((3, 1), np.int32)
+    p = samplec.compile(f"sampler s(h: tokens, b: bias, m: mask) -> token, logprob {{ top_k(2) {edit} "
+                        "penalties(h, repeat = 1e38) sample(0) }", opt_level=opt)
+    with pytest.raises(samplec.SamplecError, match=r"penalties: .*no token is left \(rows 0, 1\)"):
+        p(x, h=h, b=b, m=m)
+    assert np.array(p(x[2:], h=h[2:], b=b[2:], m=m[2:]).token).tolist() == [150]
+
+
 def test_an_error_in_many_rows_names_the_first_and_counts_them():
     """A run-time error names the offending rows; past sixteen it names the first sixteen and says how many."""
     p = samplec.compile("sampler s(t: float) -> token { temperature(t) sample(1) }")
