@@ -96,6 +96,13 @@ def _os_error(e: OSError) -> str:
     return f"error: {e.strerror or e}" + (f": {e.filename}" if e.filename else "")
 
 
+def _out_file(value: str | None) -> Path | None:
+    """An -o value as a path: an empty one is an error of its own (a Path would read it as '.')."""
+    if value == "":
+        raise SamplecError("-o: an empty file name")
+    return None if value is None else Path(value)
+
+
 def _pairs(items: list[str] | None, flag: str) -> dict[str, str]:
     out = {}
     for item in items or []:
@@ -128,7 +135,7 @@ def compile_cmd(
     file: Path = typer.Argument(..., metavar="FILE", help="the .smp source"),
     more_sets: Optional[List[str]] = typer.Argument(None, metavar="[NAME=VALUE]...",
                                                      help="more --set bindings: --set a=1 b=2"),
-    output: Optional[Path] = typer.Option(None, "-o", "--output", help="where to write the .smpb "
+    output: Optional[str] = typer.Option(None, "-o", "--output", metavar="FILE", help="where to write the .smpb "
                                           "(default: FILE with the suffix .smpb; nothing is written with --emit)"),
     sampler: Optional[str] = typer.Option(None, "--sampler", help="which sampler of the file (default: the first)"),
     opt: int = typer.Option(2, "-O", help="optimization level: -O0, -O1 or -O2", min=0, max=2),
@@ -142,6 +149,7 @@ def compile_cmd(
 ):
     """Compile a .smp sampler into a .smpb program."""
     import samplec.api as api
+    output = _out_file(output)
     from samplec.ir.printer import print_graph
     if emit not in (None, "ir", "ir-unopt", "dot", "svg", "png"):
         raise SamplecError(f"--emit must be ir, ir-unopt, dot, svg or png, got {emit!r}")
@@ -233,10 +241,12 @@ def explain(
     native: str = typer.Option("auto", "--native", help="the kernels on the CPU: with the native primitives "
                                "(on), without (off), or as installed here (auto)"),
     emit: str = typer.Option("text", "--emit", help="text | dot | svg | png (svg/png need graphviz's dot)"),
-    output: Optional[Path] = typer.Option(None, "-o", "--output", help="write the text or picture to this file"),
+    output: Optional[str] = typer.Option(None, "-o", "--output", metavar="FILE",
+                                         help="write the text or picture to this file"),
 ):
     """Show what the optimizer did to each stage as written, and which kernels run it."""
     from samplec import explain as ex
+    output = _out_file(output)
     if emit not in ("text", "dot", "svg", "png"):
         raise SamplecError(f"--emit must be text, dot, svg or png, got {emit!r}")
     if native not in ("auto", "on", "off"):
@@ -278,7 +288,7 @@ def import_cmd(
                                                   help="the settings file, - for standard input, or (llama-cpp) "
                                                        "the flags themselves after --"),
     source: str = typer.Option(..., "--from", help="hf | llama-cpp | openai | mlx-lm | vllm"),
-    output: Optional[Path] = typer.Option(None, "-o", "--output",
+    output: Optional[str] = typer.Option(None, "-o", "--output", metavar="FILE",
                                           help="write the .smp to this file (atomically) instead of printing it"),
 ):
     """Print an equivalent .smp sampler for another system's sampling settings.
@@ -287,6 +297,7 @@ def import_cmd(
     samplec import --from llama-cpp -- --top-k 40 --temp 0.7
     """
     from samplec.importers import KINDS, _kind, from_llama_cpp, import_source
+    output = _out_file(output)
     kind = _kind(source)
     items = list(inputs or [])
     if not items:

@@ -65,8 +65,10 @@ def write_atomic(path: str | os.PathLike, data: bytes, *, not_over: str | os.Pat
     (`-o /dev/null`, `-o /dev/stdout`) is written in place -- never replaced by a file -- and a FIFO nobody reads
     is an error, not a wait. `not_over`: an input that must not be overwritten (`compile -o` naming its own
     source)."""
+    if not os.fspath(path):
+        raise SamplecError("cannot write to an empty file name")
     path = Path(path)
-    if not str(path) or path.name in ("", ".", ".."):
+    if path.name in ("", ".", ".."):
         raise SamplecError(f"cannot write {str(path)!r}: not a file name")
     if not_over is not None and path.exists() and os.path.samefile(path, not_over):
         raise SamplecError(f"cannot write {path}: it is the input file (choose another -o)")

@@ -376,8 +376,11 @@ def test_hostile_paths_and_exit_statuses(tmp_path):
     src.write_text(CHAIN)
     r = cli("compile", src, "-o", src)
     assert r.exit_code == 1 and "it is the input file" in r.output and src.read_text() == CHAIN
-    r = cli("compile", src, "-o", "")
-    assert r.exit_code == 1 and "not a file name" in r.output
+    for command in (("compile", src), ("explain", src), ("import", "--from", "hf", src)):
+        r = cli(*command, "-o", "")
+        assert r.exit_code == 1 and "error: -o: an empty file name" in r.output, (command, r.output)
+    r = cli("compile", src, "-o", tmp_path)
+    assert r.exit_code == 1 and "it is a directory" in r.output, r.output
     r = cli("compile", src, "--no-such-flag")
     assert r.exit_code == 2
     fifo, npy = tmp_path / "pipe.smp", tmp_path / "pipe.npy"
