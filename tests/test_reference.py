@@ -175,6 +175,27 @@ def test_top_p_matches_definition():
         assert kept_ids(R.top_p(x, p)) == want, (x, p)
 
 
+def test_top_p_mass_does_not_drift_on_long_nuclei():
+    """A head of 99% of the mass, then 152,063 tail tokens of ~6.6e-8 each: a sequential float32 running sum adds
+    each as one ulp of its ~0.99 (5.96e-8) and crosses 0.999 ~14,000 tokens late. The reference's S_i is the exact
+    mass above (a float64 sum of the float32 p), and samplec at -O0 and -O2 keeps the same tokens."""
+    import samplec
+    V = 152064
+    x = np.random.default_rng(3).uniform(-0.01, 0.01, V).astype(F32)
+    x[0] = F32(math.log(99 * (V - 1)))
+    probs = R.softmax32(x)
+    u, inverse, counts = np.unique(probs, return_inverse=True, return_counts=True)
+    mass = u.astype(np.float64) * counts
+    above = np.cumsum(mass[::-1])[::-1] - mass             # (the mass of strictly larger probabilities)
+    want = above[inverse] < float(F32(0.999))
+    assert 130_000 < want.sum() < 145_000
+    kept = np.isfinite(R.top_p(x, 0.999))
+    assert np.array_equal(kept, want)
+    for opt in (0, 2):
+        out = samplec.compile("sampler s() -> probs { top_p(0.999) }", opt_level=opt)(x[None])
+        assert np.array_equal(np.array(out.probs)[0] > 0, kept), opt
+
+
 def test_min_p():
     m = 0.5
     x = np.array([0, np.log(F32(m)), np.log(F32(0.1)), NI], dtype=F32)
