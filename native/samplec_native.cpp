@@ -1691,6 +1691,30 @@ SAMPLEC_VOCAB_LOOP int64_t count_equal(const float* v, int64_t n, float x) {
   return total;
 }
 
+// The largest v[i] below x (-inf where there is none; NaN is never below), eight lanes at a time in two vectors
+SAMPLEC_VOCAB_LOOP float max_below(const float* v, int64_t n, float x) {
+  F8 m0 = {}, m1 = {}, lim = {}, none = {};
+  m0 -= INFINITY;
+  m1 -= INFINITY;
+  none -= INFINITY;
+  lim += x;
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    F8 a, b;
+    std::memcpy(&a, v + i, sizeof a);
+    std::memcpy(&b, v + i + 8, sizeof b);
+    a = a < lim ? a : none;
+    b = b < lim ? b : none;
+    m0 = a > m0 ? a : m0;
+    m1 = b > m1 ? b : m1;
+  }
+  m0 = m1 > m0 ? m1 : m0;
+  float m = -INFINITY;
+  for (int l = 0; l < 8; ++l) m = m0[l] > m ? m0[l] : m;
+  for (; i < n; ++i) m = v[i] < x && v[i] > m ? v[i] : m;
+  return m;
+}
+
 // Log-probabilities at idx ([B, 1], clipped into the row) under a row and under the row with edits written in
 // (put_along(x, ids, vals), a later write of an id winning), from one exp pass over the row: four [B, 1] outputs,
 // (x'[idx] - max x') - log sum exp(x' - max x'), the same of x, then x's max and log sum exp (row_logsumexp's,
@@ -2200,6 +2224,42 @@ bool nucleus_exceeds(ChainRow& row, int64_t tokens, float top) {
   if (!std::isfinite(fmax)) return false;
   row.divs = divs;
   return double(tokens) < p * full_z(row, fmax);
+}
+
+bool stage_off(const ChainRow& row, size_t s);
+
+// Whether the tokens tied at a row's top (more blocks than the candidates' attempts gather) may hold the chain:
+// false where chain_run would give up on them -- a top_k past the tokens at the top, or a min_p that keeps the
+// largest value below the top (after the temperatures before it) followed by a cut that needs the whole row
+// (top_p, top_n_sigma, typical_p) or by the chain's end (a draw the tail may win, a logprob or the final logits
+// over the tail) -- so gathering the tied tokens would be for nothing. True where it cannot tell: the attempt
+// decides. Either answer gives the same tokens; this only picks the path.
+bool tie_may_hold(const ChainRow& row, float top) {
+  const auto& stages = *row.stages;
+  double t = 1.0;
+  bool open = false;                    // a min_p keeps tokens below the top: the tail lives on (chain_run's floored)
+  for (size_t s = 0; s < stages.size(); ++s) {
+    const double a = row.args[s].a;
+    const int kind = stages[s];
+    if (kind == kTemperature) {
+      if (a == 0.0) return true;
+      t *= a;
+    } else if (stage_off(row, s)) {
+      continue;
+    } else if (kind == kTopK) {
+      return static_cast<double>(count_equal(row.x, row.V, top)) >= a;
+    } else if (kind == kMinP && !open) {
+      const auto part = per_span<float>(row.V, [&](int64_t lo, int64_t hi) {
+        return max_below(row.x + lo, hi - lo, top);
+      });
+      const float below = max_of_spans(part);
+      if (!(below > -INFINITY && (double(below) - double(top)) / t > std::log(a) + 1e-6)) return true;
+      open = true;
+    } else if (kind != kMinP) {
+      return !(open && (kind == kTopP || kind == kTopNSigma || kind == kTypicalP));
+    }
+  }
+  return !open || (row.terminal == kGreedy && !row.want_logprob && row.x_out == nullptr);
 }
 
 // nucleus_beyond for the gathered candidates (row.cand, unsorted)
@@ -3870,7 +3930,7 @@ struct SampleChain {
             // help); the tokens at the bound join the candidates, the tail is what lies below it
             // (a leading top_p the tied top cannot fill -- its n tokens' mass is n -- goes to the whole row
             // without gathering them)
-            if (bound > -INFINITY &&
+            if (bound > -INFINITY && tie_may_hold(row, bound) &&
                 !nucleus_beyond(row, bound, [&](auto, float) { return double(count_equal(row.x, V, bound)); })) {
               const float below = chain_candidates(row, nb, bs, m, scratch_bm, true, &beyond);
               done = !beyond && chain_run(row, below, token + r, logprob + r);

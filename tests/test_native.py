@@ -575,6 +575,39 @@ def test_a_tied_top_under_a_few_biased_tokens_equals_the_reference(pure, cut):
         np.testing.assert_allclose(np.array(out.probs), np.array(want.probs), atol=1e-6, rtol=1e-5)
 
 
+@pytest.mark.parametrize("chain", ["temperature(t) min_p(m) -> probs", "temperature(t) min_p(m) -> token, probs",
+                                   "temperature(t) min_p(m) top_n_sigma(1) top_k(11) -> token, logprob",
+                                   "min_p(m) top_k(k) temperature(t) -> token, logprob, probs",
+                                   "min_p(m) temperature(t) top_p(0.8) -> token",
+                                   "min_p(m) greedy_terminal -> token", "min_p(m) greedy_terminal -> token, logprob"])
+def test_a_tied_top_a_min_p_reads_past_equals_the_dense_program(pure, chain):
+    """Integer logits: the top value is held by ~19,000 tokens in every block, so the candidates are the tokens at
+    it, and a min_p that keeps the next value down (m = 0.2 at t >= 0.7) leaves the chain reading the row below
+    them -- the kernel goes to the whole row without gathering the tie (and gathers it where a later stage may end
+    the tail: a top_k within the tie, a greedy token). A min_p of 0.5 keeps the tie alone. Each as -O0."""
+    rng = np.random.default_rng(8)
+    V = 152064
+    x = rng.integers(-4, 4, (2, V)).astype(np.float32)
+    body, outs = chain.split(" -> ")
+    terminal = "greedy()" if "greedy_terminal" in body else "sample(seed)" if "token" in outs else ""
+    body = body.replace("greedy_terminal", "")
+    src = f"sampler s(m: float, k: int, t: float, seed: seed) -> {outs} {{ {body} {terminal} }}"
+    prog = samplec.compile(src, opt_level=2)
+    with pure:
+        dense = samplec.compile(src, opt_level=0)
+    for m, k, t in [(0.2, 11, 1.0), (0.2, 30000, 0.7), (0.5, 30000, 1.0), (0.2, 11, 1.5)]:
+        kw = dict(m=m, k=k, t=t, seed=[int(k + 10 * m), int(3 * t + 1)])     # (some unused: a warning)
+        got = prog(x, **kw)
+        with pure:
+            want = dense(x, **kw)
+        for name in outs.replace(" ", "").split(","):
+            g, w = np.array(getattr(got, name)), np.array(getattr(want, name))
+            if name == "token":
+                np.testing.assert_array_equal(g, w, err_msg=f"{chain} {m} {k} {t}")
+            else:
+                np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-7, err_msg=f"{chain} {m} {k} {t} {name}")
+
+
 @pytest.mark.parametrize("chain", ["temperature(t) epsilon(0.0003) temperature(t) greedy()",
                                    "temperature(t) eta(0.0003) temperature(t) greedy()",
                                    "temperature(t) epsilon(0.0003) temperature(t) sample(seed)",
