@@ -3608,8 +3608,10 @@ int64_t count_rounded_onto(const float* x, int64_t V, float top, const std::vect
 // chain's end. Every cut keeps the whole group at the largest value, so the token is the lowest id at the top
 // unless a temperature rounds a lower value onto it (then a cut may have removed that one: the chain decides).
 // One pass over the row (two with temperatures after a cut), none of the cuts' work (a server batch's greedy
-// requests cost an argmax). False (nothing written) where the row needs the chain.
-bool greedy_row(ChainRow& row, int32_t* token) {
+// requests cost an argmax). False (nothing written) where the row needs the chain. `bm` (nb blocks of bs): the
+// row's block maxima where they are made already (a row written through edits or prefix ops): the top and its first
+// token come from them and one block, not two passes over the row.
+bool greedy_row(ChainRow& row, int32_t* token, const float* bm = nullptr, int64_t nb = 0, int bs = 64) {
   const auto& stages = *row.stages;
   size_t zero = stages.size();
   for (size_t s = 0; s < stages.size() && zero == stages.size(); ++s) {
@@ -3624,7 +3626,7 @@ bool greedy_row(ChainRow& row, int32_t* token) {
   if (zero == stages.size() && (row.terminal != kGreedy || row.want_logprob || row.x_out != nullptr)) return false;
   const float* x = row.x;
   const int64_t V = row.V;
-  const float top = max_spans(x, V);
+  const float top = bm != nullptr ? max_nan(bm, nb) : max_spans(x, V);
   if (!(top > -INFINITY)) return false;   // NaN or nothing finite: the program's checks report the row
   std::vector<float> before;              // the positive temperatures applied before the zero, in order
   float ftop = top;
@@ -3647,7 +3649,15 @@ bool greedy_row(ChainRow& row, int32_t* token) {
     for (float t : before) v = v / t;
     return v;
   };
-  int64_t at = first_of(x, V, top);
+  int64_t at;
+  if (bm != nullptr) {
+    int64_t c = 0;
+    while (bm[c] != top) ++c;
+    const int64_t lo = c * bs;
+    at = lo + first_of(x + lo, std::min<int64_t>(V - lo, bs), top);
+  } else {
+    at = first_of(x, V, top);
+  }
   // a division may round a lower value onto the top: then the first token whose f(x) is the top's (and where a cut
   // came before the division, it may have removed that one or not: the chain decides)
   if (!before.empty() && count_rounded_onto(x, V, top, before) > 0) {
@@ -3889,7 +3899,7 @@ struct SampleChain {
         row.k1 = static_cast<uint32_t>(seed & 0xFFFFFFFFu);
         row.pos = Rows<uint32_t>(in[at + 1])(r, 0);
       }
-      if (greedy_row(row, token + r)) {
+      if (greedy_row(row, token + r, blocks_ready ? bm.data() : nullptr, nb, bs)) {
         logprob[r] = 0.0f;
         if (want_top && !rewritten()) {
           *top_pos = static_cast<int32_t>(first_of(row.x, V, max_spans(row.x, V)));

@@ -357,6 +357,46 @@ def test_rows_at_temperature_zero_equal_the_dense_program_and_the_reference():
         assert int(np.array(o2.token)[b]) == ref["token"], b
 
 
+def test_rows_at_temperature_zero_after_edits_take_the_top_from_the_block_maxima(pure):
+    """A row written through edits (penalties, a bias) before a per-row zero temperature: the kernel finds its top
+    and the top's first token from the rewritten row's block maxima and one block. A tie at the top across blocks
+    whose first holder a penalty lowers, a bias lifting the last token to the top, the top at token 0, a -inf heavy
+    row and a row that samples: each as -O0 and the numpy reference."""
+    import reference as R
+    src = ("sampler s(h: tokens, b: bias, n: float, t: float, k: int, seed: seed) -> token, logprob, probs {"
+           " penalties(h, repeat = 1.5, presence = 0.5) logit_bias(b) top_n_sigma(n) temperature(t) top_k(k)"
+           " sample(seed) }")
+    p2 = samplec.compile(src)
+    with pure:
+        p0 = samplec.compile(src, opt_level=0)
+    r = np.random.default_rng(4)
+    B, V = 5, 10000
+    x = r.standard_normal((B, V)).astype(np.float32)
+    h = np.full((B, 4), -1, np.int32)
+    b = np.zeros((B, V), np.float32)
+    x[0, [70, 3000, 9000]] = 6.0                      # tied across blocks; the penalty lowers the first
+    h[0, 0] = 70
+    b[1, V - 1] = 20.0                                # the bias lifts the last token to the top
+    x[2, 0] = 9.0                                     # the top at token 0
+    x[3, r.random(V) < 0.95] = -np.inf                # -inf heavy
+    x[3, 5] = 7.0
+    kw = dict(h=h, b=b, n=[2.0, 0.0, 3.0, 1.0, 2.0], t=[0.0, 0.0, 0.0, 0.0, 0.9], k=[0, 5, 0, 3, 40],
+              seed=[1, 2, 3, 4, 5])
+    o2 = p2(x, **kw)
+    with pure:
+        o0 = p0(x, **kw)
+    np.testing.assert_array_equal(np.array(o2.token), np.array(o0.token))
+    for name in ("logprob", "probs"):           # (the sampling row's softmax: float rounding)
+        np.testing.assert_allclose(np.array(getattr(o2, name)), np.array(getattr(o0, name)), rtol=1e-6, atol=1e-7)
+    assert np.array(o2.token)[:4].tolist() == [3000, V - 1, 0, 5]
+    for row in range(B):
+        stages = [("penalties", {"history": h[row], "repeat": 1.5, "presence": 0.5}), ("logit_bias", {"b": b[row]}),
+                  ("top_n_sigma", {"n": kw["n"][row]}), ("temperature", {"t": kw["t"][row]}),
+                  ("top_k", {"k": kw["k"][row]})]
+        ref = R.run_chain(x[row], stages, ("sample", {"seed": kw["seed"][row]}))
+        assert int(np.array(o2.token)[row]) == ref["token"], row
+
+
 @pytest.mark.parametrize("V", [1, 63, 64, 200, 5000])
 def test_row_softmax_matches_mlx_softmax(V):
     """The `probs` pattern's primitive against exp(x - max) / sum in MLX ops: rows mostly -inf (whole 64-blocks
