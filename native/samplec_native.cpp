@@ -1241,7 +1241,8 @@ struct PenaltyEdits {
       }
       // the others read the row (through the prefix ops): the scan skips to its values above -inf (after a cut, a
       // few: the whole row in vectorized chunks). A -inf below the prefix ops stays -inf through them (a mask keeps
-      // it or writes -inf; a bias is finite, checked at binding), so the skip reads the row below them.
+      // it or writes -inf; a bias is finite or -inf, +inf and NaN being refused at binding), so the skip reads the
+      // row below them.
       const float* contiguous = raw.s1 == 1 ? raw.p + r * raw.s0 : nullptr;
       for (int64_t i = 0; i < n && !left; ++i) {
         if (contiguous) {
