@@ -2239,6 +2239,7 @@ bool tie_may_hold(const ChainRow& row, float top) {
   const auto& stages = *row.stages;
   double t = 1.0;
   bool open = false;                    // a min_p keeps tokens below the top: the tail lives on (chain_run's floored)
+  float below = NAN;                    // the largest value below the top, once a min_p needs it
   for (size_t s = 0; s < stages.size(); ++s) {
     const double a = row.args[s].a;
     const int kind = stages[s];
@@ -2249,14 +2250,16 @@ bool tie_may_hold(const ChainRow& row, float top) {
       continue;
     } else if (kind == kTopK) {
       return static_cast<double>(count_equal(row.x, row.V, top)) >= a;
-    } else if (kind == kMinP && !open) {
-      const auto part = per_span<float>(row.V, [&](int64_t lo, int64_t hi) {
-        return max_below(row.x + lo, hi - lo, top);
-      });
-      const float below = max_of_spans(part);
+    } else if (kind == kMinP) {           // (a later min_p may end the tail again)
+      if (!(below == below)) {
+        const auto part = per_span<float>(row.V, [&](int64_t lo, int64_t hi) {
+          return max_below(row.x + lo, hi - lo, top);
+        });
+        below = max_of_spans(part);
+      }
       if (!(below > -INFINITY && (double(below) - double(top)) / t > std::log(a) + 1e-6)) return true;
       open = true;
-    } else if (kind != kMinP) {
+    } else {
       return !(open && (kind == kTopP || kind == kTopNSigma || kind == kTypicalP));
     }
   }

@@ -619,7 +619,8 @@ def test_a_tied_top_under_a_few_biased_tokens_equals_the_reference(pure, cut):
                                    "temperature(t) min_p(m) top_n_sigma(1) top_k(11) -> token, logprob",
                                    "min_p(m) top_k(k) temperature(t) -> token, logprob, probs",
                                    "min_p(m) temperature(t) top_p(0.8) -> token",
-                                   "min_p(m) greedy_terminal -> token", "min_p(m) greedy_terminal -> token, logprob"])
+                                   "min_p(m) greedy_terminal -> token", "min_p(m) greedy_terminal -> token, logprob",
+                                   "min_p(m) min_p(0.5) -> token, logprob"])
 def test_a_tied_top_a_min_p_reads_past_equals_the_dense_program(pure, chain):
     """Integer logits: the top value is held by ~19,000 tokens in every block, so the candidates are the tokens at
     it, and a min_p that keeps the next value down (m = 0.2 at t >= 0.7) leaves the chain reading the row below
