@@ -894,6 +894,19 @@ SAMPLEC_VOCAB_LOOP int64_t first_of(const float* v, int64_t n, float m) {
   return first_hit(0, n, [v, m](int64_t i) { return static_cast<int>(v[i] == m); });
 }
 
+// first_of(v, V, top) for top = max_nan(bm, nb), from the row's block maxima (nb blocks of bs) and one block: the
+// first block holding the maximum holds its first position (a NaN: the first block holding one)
+int64_t first_of_blocks(const float* v, int64_t V, const float* bm, int64_t nb, int bs, float top) {
+  int64_t c = 0;
+  if (top == top) {
+    while (c + 1 < nb && bm[c] != top) ++c;
+  } else {
+    while (c + 1 < nb && bm[c] == bm[c]) ++c;
+  }
+  const int64_t lo = c * bs, n = std::min<int64_t>(V, lo + bs) - lo;
+  return lo + std::min<int64_t>(first_of(v + lo, n, top), n - 1);
+}
+
 struct ArgmaxTake {
   static constexpr const char* kName = "SamplecArgmaxTake";
   bool flat;
@@ -3653,15 +3666,7 @@ bool greedy_row(ChainRow& row, int32_t* token, const float* bm = nullptr, int64_
     for (float t : before) v = v / t;
     return v;
   };
-  int64_t at;
-  if (bm != nullptr) {
-    int64_t c = 0;
-    while (bm[c] != top) ++c;
-    const int64_t lo = c * bs;
-    at = lo + first_of(x + lo, std::min<int64_t>(V - lo, bs), top);
-  } else {
-    at = first_of(x, V, top);
-  }
+  int64_t at = bm != nullptr ? first_of_blocks(x, V, bm, nb, bs, top) : first_of(x, V, top);
   // a division may round a lower value onto the top: then the first token whose f(x) is the top's (and where a cut
   // came before the division, it may have removed that one or not: the chain decides)
   if (!before.empty() && count_rounded_onto(x, V, top, before) > 0) {
@@ -3769,16 +3774,8 @@ struct SampleChain {
       const size_t top_at = 2 + (want_x || want_probs);
       int32_t* top_pos = want_top ? out[top_at].data<int32_t>() + r : nullptr;
       float* top_val = want_top ? out[top_at + 1].data<float>() + r : nullptr;
-      auto top_from_blocks = [&](const float* v) {     // the first block holding the maximum holds its first position
-        const float top = max_nan(bm.data(), nb);
-        int64_t c = 0;
-        if (top == top) {
-          while (c + 1 < nb && bm[c] != top) ++c;
-        } else {
-          while (c + 1 < nb && bm[c] == bm[c]) ++c;
-        }
-        const int64_t lo = c * bs, n = std::min<int64_t>(V, lo + bs) - lo;
-        const int64_t at = lo + std::min<int64_t>(first_of(v + lo, n, top), n - 1);
+      auto top_from_blocks = [&](const float* v) {
+        const int64_t at = first_of_blocks(v, V, bm.data(), nb, bs, max_nan(bm.data(), nb));
         *top_pos = static_cast<int32_t>(at);
         *top_val = v[at];
       };

@@ -149,8 +149,8 @@ def compile_cmd(
 ):
     """Compile a .smp sampler into a .smpb program."""
     import samplec.api as api
-    output = _out_file(output)
     from samplec.ir.printer import print_graph
+    output = _out_file(output)
     if emit not in (None, "ir", "ir-unopt", "dot", "svg", "png"):
         raise SamplecError(f"--emit must be ir, ir-unopt, dot, svg or png, got {emit!r}")
     bindings = _pairs(list(set_ or []) + list(more_sets or []), "--set")
