@@ -55,7 +55,7 @@ if [ "${QUICK:-0}" = 1 ]; then
         > "$OUT/bench_gpu.log" 2>&1 || failed=1
     cat "$OUT/bench_gpu.log"
     timeout ${T_REAL:-150} python3 benchmarks/bench_real.py --quick --lean --trace --budget 0.25 --torch-device cuda \
-        --chains mlx_lm,hf,vllm,server,openai --out "$OUT/bench_real_cuda" > "$OUT/bench_real_cuda.log" 2>&1 \
+        --chains "${CHAINS:-mlx_lm,hf,vllm,server,openai}" --out "$OUT/bench_real_cuda" > "$OUT/bench_real_cuda.log" 2>&1 \
         || failed=1
     tail -30 "$OUT/bench_real_cuda.log"
     exit $failed
