@@ -3,6 +3,7 @@ dense definitions -- the numbers behind docs/performance.md's GPU section.
 
     python benchmarks/bench_gpu.py [--json OUT.json]
     SAMPLEC_NATIVE=0 python benchmarks/bench_gpu.py --count     # kernel launches per call, any device
+    python benchmarks/bench_gpu.py --calls     # whole calls: synchronous, queued, the host's share; any device
 
 Not a test (tests/test_gpu.py checks the kernels where a CUDA device is present). On MLX's default device, V = 152064,
 B in {1, 8, 64}, `chat`-like logits (bench_real's recipe), medians of many calls each evaluated and synchronized:
@@ -243,6 +244,46 @@ def chains(result: dict, dense: bool) -> None:
             print(line)
 
 
+def calls(result: dict, only: str | None = None) -> None:
+    """Where a whole program's call goes, per chain (run-time values; chat rows): one call evaluated and
+    synchronized; eight queued (`Program.queue`) and evaluated together, per call -- the GPU's rate or the host's,
+    whichever is slower; and the host's queueing alone (`queue`, nothing evaluated), per call. Where the queued
+    rate is near the host's alone, the host is the cost; where near the synchronous call, the GPU is."""
+    print("\nwhere a program's call goes (ms): synchronous / 8 queued, per call / the host's queueing alone, per call")
+    for B in (1,) if only else (1, 8):
+        x = mx.array(chat_logits(B, V, seed=B))
+        hist = mx.array(np.random.default_rng(B).integers(0, V, (B, 64)).astype(np.int32))
+        mx.eval(x, hist)
+        kw = chain_values(B, np.random.default_rng(B))
+        cases = {name: (f"sampler s(t: float, k: int, p: float, m: float = 0.0, seed: seed) -> {outs} {{ {body} }}",
+                        kw) for name, (body, outs) in CHAINS.items()}
+        cases["greedy + penalty"] = ("sampler s(h: tokens) -> token { penalties(h, repeat = 1.1) greedy() }",
+                                     {"h": hist})
+        cases["sample"] = ("sampler s(seed: seed) -> token { sample(seed) }", {"seed": kw["seed"]})
+        for name, (src, args) in cases.items():
+            if only and name != only:
+                continue
+            prog = samplec.compile(src)
+
+            def queue(n):
+                outs = []
+                for _ in range(n):
+                    o, checks = prog.queue(x, **args)
+                    outs += o + [f for _, f in checks]
+                return outs
+            sync = median_ms(lambda: queue(1), reps=60, budget_s=0.5)
+            q8 = median_ms(lambda: queue(8), reps=20, budget_s=0.5) / 8
+            host = []
+            for _ in range(20):
+                t0 = time.perf_counter()
+                outs = queue(8)
+                host.append((time.perf_counter() - t0) / 8)
+                mx.eval(outs)
+            host_ms = statistics.median(host) * 1e3
+            result["rows"].append({"B": B, "case": f"call {name}", "ms": sync, "queued_ms": q8, "host_ms": host_ms})
+            print(f"  B = {B:2d} {name:18s} {sync:7.3f} / {q8:7.3f} / {host_ms:7.3f}")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--json", default=None)
@@ -250,9 +291,18 @@ def main():
     ap.add_argument("--dense", action="store_true", help="time each chain on the dense definitions too")
     ap.add_argument("--chains-only", action="store_true", help="only the kernel's check and the chains")
     ap.add_argument("--floor", action="store_true", help="only the kernel's check and a call's fixed costs")
+    ap.add_argument("--calls", action="store_true",
+                    help="only where whole programs' calls go: synchronous, queued, the host's share (any device)")
+    ap.add_argument("--only", default=None, help="with --calls: one chain, B = 1 (for a profiler's per-kernel summary)")
     args = ap.parse_args()
     if args.count:
         count_launches()
+        return
+    if args.calls:
+        result = {"device": str(mx.default_device()), "kernels": gpu.available(), "rows": []}
+        calls(result, args.only)
+        if args.json:
+            Path(args.json).write_text(json.dumps(result, indent=1))
         return
     print(f"MLX {mx.__version__} on {mx.default_device()}; CUDA kernels: {'on' if gpu.available() else 'off'}")
     rng = np.random.default_rng(0)

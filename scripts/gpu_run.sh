@@ -47,6 +47,7 @@ python3 -c "import mlx.core as mx; print('MLX', mx.__version__, mx.default_devic
 [ "${INSTALL_ONLY:-0}" = 1 ] && exit 0      # (then run any step by hand: PYTHONPATH=$SITE:$PWD python3 ...)
 failed=0
 # QUICK=1 (a short lease): the chain kernel's tests, the chains, the peers on the chains the kernel runs, token only
+# (CHAINS=a,b,...: bench_real's chains), then where whole calls go (bench_gpu --calls, and ncu's per-kernel times)
 if [ "${QUICK:-0}" = 1 ]; then
     timeout ${T_TEST:-100} python3 -m pytest -q -p no:cacheprovider tests/test_gpu.py -k "chain or kth" \
         > "$OUT/test_gpu.log" 2>&1 || failed=1
@@ -58,6 +59,14 @@ if [ "${QUICK:-0}" = 1 ]; then
         --chains "${CHAINS:-mlx_lm,hf,vllm,server,openai}" --out "$OUT/bench_real_cuda" > "$OUT/bench_real_cuda.log" 2>&1 \
         || failed=1
     tail -30 "$OUT/bench_real_cuda.log"
+    timeout ${T_CALLS:-60} python3 benchmarks/bench_gpu.py --calls > "$OUT/calls.log" 2>&1 || failed=1
+    grep -v warning "$OUT/calls.log" | grep -E "^ +B =|ms\)"
+    # each GPU kernel's own time in one B = 1 call of HF's chain (Nsight Compute, where the image has it)
+    if command -v ncu > /dev/null; then
+        timeout ${T_NCU:-60} ncu --print-summary per-kernel --metrics gpu__time_duration.sum -c 120 \
+            python3 benchmarks/bench_gpu.py --calls --only hf > "$OUT/ncu_hf.log" 2>&1 || failed=1
+        grep -E "^  [a-zA-Z_]|gpu__time_duration" "$OUT/ncu_hf.log" | cut -c1-120
+    fi
     exit $failed
 fi
 # the chain kernel's tests first (one kernel: one NVRTC compile), the benchmarks, then the other GPU tests (the
