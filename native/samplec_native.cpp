@@ -1851,11 +1851,12 @@ std::vector<mx::array> row_softmax(const mx::array& x) {
 // The draw is Gumbel-max over the kept tokens with RandomBits at (token id, position) (spec section 4). Every
 // decision is made here, per row: a call never returns to the host to re-run a row.
 enum ChainStage {
-  kTemperature = 0, kTopK = 1, kTopP = 2, kMinP = 3, kTopNSigma = 4, kTypicalP = 5, kXtc = 6, kEpsilon = 7, kEta = 8
+  kTemperature = 0, kTopK = 1, kTopP = 2, kMinP = 3, kTopNSigma = 4, kTypicalP = 5, kXtc = 6, kEpsilon = 7, kEta = 8,
+  kDynTemp = 9
 };
 enum ChainTerminal { kGreedy = 0, kSample = 1 };
 
-inline int stage_arity(int kind) { return kind == kXtc ? 4 : 1; }
+inline int stage_arity(int kind) { return kind == kXtc ? 4 : kind == kDynTemp ? 3 : 1; }
 
 // -log(-log(u)) for the largest u the generator gives, ((2^23 - 1) + 0.5) * 2^-23, and a margin for rounding
 constexpr float kGumbelMax = 16.6355323f + 1e-3f;
@@ -1963,7 +1964,8 @@ void gumbel_max16(int64_t begin, int64_t n, Id id, Value value, bool sorted, uin
 }
 
 struct StageArgs {
-  double a = 0, b = 0;            // the stage's value (xtc: threshold, probability)
+  double a = 0, b = 0, c = 0;     // the stage's value (xtc: threshold, probability; dynamic_temperature: t, range,
+                                  // exponent)
   uint32_t k0 = 0, k1 = 0, pos = 0;   // xtc's coin
 };
 
@@ -2197,6 +2199,8 @@ double leading_top_p(const ChainRow& row, std::vector<float>& divs) {
       case kEta:
         if (static_cast<float>(sa.a) == 0.0f) break;
         return 1.0;
+      case kDynTemp:                      // (its temperature comes from the kept set: no shortcut)
+        return 1.0;
     }
   }
   return 1.0;
@@ -2259,6 +2263,8 @@ bool tie_may_hold(const ChainRow& row, float top) {
     if (kind == kTemperature) {
       if (a == 0.0) return true;
       t *= a;
+    } else if (kind == kDynTemp) {
+      return true;                        // (its temperature comes from the kept set)
     } else if (stage_off(row, s)) {
       continue;
     } else if (kind == kTopK) {
@@ -2463,6 +2469,35 @@ inline float eta_cut(float e, double z, double pd) {
   return std::min(e, std::sqrt(e) * std::exp(-h));
 }
 
+// dynamic_temperature's T (llama.cpp temp_ext) from the kept set's count n (> 1), normalizer z and sum p d (d = x -
+// max): H = log z - sum p d in double, then float32 as the dense definition computes T = max(0, t - range) +
+// (t + range - max(0, t - range)) * (H / ln n)^exponent (0^0 = 1); a T that is not > 0 (NaN too) is 0
+inline float dyn_temperature(const StageArgs& sa, double n, double z, double pd) {
+  const float t = static_cast<float>(sa.a), r = static_cast<float>(sa.b), ex = static_cast<float>(sa.c);
+  const float h = static_cast<float>(std::log(z) - pd);
+  const float norm = h / std::log(static_cast<float>(n));
+  const float powed = ex == 0.0f ? 1.0f : std::exp(ex * std::log(norm));
+  const float lo = std::max(0.0f, t - r);
+  const float dyn = lo + ((t + r) - lo) * powed;
+  return dyn > 0.0f ? dyn : 0.0f;
+}
+
+// the number of finite values of v[0..n) (keep: of those kept), as the dense definition's count of kept tokens
+SAMPLEC_VOCAB_LOOP int64_t count_finite(const uint8_t* keep, const float* v, int64_t n) {
+  int64_t total = 0;
+  for (int64_t i0 = 0; i0 < n; i0 += 65536) {     // (uint32 lanes: vectorizes)
+    uint32_t part = 0;
+    const int64_t end = std::min<int64_t>(n, i0 + 65536);
+    if (keep == nullptr) {
+      for (int64_t i = i0; i < end; ++i) part += v[i] > -INFINITY;
+    } else {
+      for (int64_t i = i0; i < end; ++i) part += keep[i] & (v[i] > -INFINITY);
+    }
+    total += part;
+  }
+  return total;
+}
+
 // keep[i] &= e[i] / z >= cut or v[i] is the top (epsilon's and eta's cut: p as the kept tokens' exp over their sum)
 SAMPLEC_VOCAB_LOOP void keep_prob_at_least(uint8_t* __restrict keep, const float* __restrict e,
                                            const float* __restrict v, int64_t n, float z, float cut, float vmax) {
@@ -2485,8 +2520,42 @@ bool chain_run(ChainRow& row, float bound, int32_t* token, float* logprob) {
     const StageArgs& sa = row.args[s];
     const double a = sa.a;
     switch (stages[s]) {
-      case kTemperature: {
-        const float t = static_cast<float>(a);
+      case kTemperature:
+      case kDynTemp: {
+        float t = static_cast<float>(a);
+        if (stages[s] == kDynTemp && static_cast<float>(sa.b) != 0.0f) {
+          // llama.cpp temp_ext: temperature(T), T from the kept set's entropy -- the candidates', or the whole
+          // row's while the tail lives (its finite tokens: no cut has ended yet); n <= 1 kept: nothing changes
+          if (tail && floored) return false;
+          const float vmax = c[0].first;
+          double n = 0.0, z = 0.0, pd = 0.0;
+          if (!tail) {
+            thread_local std::vector<float> dv_tls, de_tls;
+            auto &dv = dv_tls, &de = de_tls;
+            dv.resize(L);
+            de.resize(L);
+            for (int64_t i = 0; i < L; ++i) dv[i] = c[i].first, n += c[i].first > -INFINITY;
+            if (n <= 1.0) break;
+            z = exp_kept(de.data(), nullptr, dv.data(), L, 1.0f, vmax);
+            pd = typical_mean(de.data(), dv.data(), L, static_cast<float>(z), vmax);
+          } else {
+            thread_local std::vector<float> fe_tls;
+            auto& feb = fe_tls;               // (bound here: a helper thread naming fe_tls would get its own)
+            const float* fx = current_values(row);
+            n = sum_spans(row.V, [&](int64_t lo, int64_t hi) {
+              return static_cast<double>(count_finite(nullptr, fx + lo, hi - lo));
+            });
+            if (n <= 1.0) break;
+            feb.resize(row.V);
+            z = sum_spans(row.V, [&](int64_t lo, int64_t hi) {
+              return exp_kept(feb.data() + lo, nullptr, fx + lo, hi - lo, 1.0f, vmax);
+            });
+            pd = sum_spans(row.V, [&](int64_t lo, int64_t hi) {
+              return typical_mean(feb.data() + lo, fx + lo, hi - lo, static_cast<float>(z), vmax);
+            });
+          }
+          t = dyn_temperature(sa, n, z, pd);
+        }
         if (t == 1.0f) break;
         // t = 0, or the top divided by t leaves the float32 range: the argmax alone (lowest id among equals)
         if (t == 0.0f || !std::isfinite(c[0].first / t)) {
@@ -3299,8 +3368,22 @@ void chain_dense(ChainRow& row, int64_t nb, int bs, int32_t* token, float* logpr
     const StageArgs& sa = row.args[s];
     const double a = sa.a;
     switch (stages[s]) {
-      case kTemperature: {
-        const float t = static_cast<float>(a);
+      case kTemperature:
+      case kDynTemp: {
+        float t = static_cast<float>(a);
+        if (stages[s] == kDynTemp && static_cast<float>(sa.b) != 0.0f) {
+          // temperature(T), T from the kept tokens' count and entropy (their exps: probs())
+          const float* v = fx;
+          const double n = sum_spans(V, [&](int64_t lo, int64_t hi) {
+            return static_cast<double>(count_finite(lazy ? nullptr : keep.data() + lo, v + lo, hi - lo));
+          });
+          if (n <= 1.0) break;
+          const double z = probs();
+          const float zf = static_cast<float>(z);
+          t = dyn_temperature(sa, n, z, sum_spans(V, [&](int64_t lo, int64_t hi) {
+                                return typical_mean(buf.data() + lo, fx + lo, hi - lo, zf, fmax);
+                              }));
+        }
         if (t == 1.0f) break;
         if (t == 0.0f || !std::isfinite(fmax / t)) {     // (the limit: see chain_run)
           pristine = false;
@@ -3594,6 +3677,7 @@ bool stage_off(const ChainRow& row, size_t s) {
     case kXtc: return row.args[s].b == 0.0;
     case kEpsilon:
     case kEta: return static_cast<float>(a) == 0.0f;
+    case kDynTemp: return true;         // (a temperature: T from the kept set)
   }
   return false;
 }
@@ -3631,6 +3715,9 @@ int64_t count_rounded_onto(const float* x, int64_t V, float top, const std::vect
 bool greedy_row(ChainRow& row, int32_t* token, const float* bm = nullptr, int64_t nb = 0, int bs = 64) {
   const auto& stages = *row.stages;
   size_t zero = stages.size();
+  for (int kind : stages) {
+    if (kind == kDynTemp) return false;   // (its temperature, from the kept set, decides which values tie)
+  }
   for (size_t s = 0; s < stages.size() && zero == stages.size(); ++s) {
     const StageArgs& sa = row.args[s];
     if (stages[s] == kTemperature && sa.a == 0.0) {
@@ -3882,6 +3969,10 @@ struct SampleChain {
         StageArgs sa;
         const auto& a = in[at];
         sa.a = a.dtype() == mx::int32 ? double(Rows<int32_t>(a)(r, 0)) : double(Rows<float>(a)(r, 0));
+        if (kind == kDynTemp) {
+          sa.b = double(Rows<float>(in[at + 1])(r, 0));
+          sa.c = double(Rows<float>(in[at + 2])(r, 0));
+        }
         if (kind == kXtc) {
           sa.b = double(Rows<float>(in[at + 1])(r, 0));
           const uint64_t seed = Rows<uint64_t>(in[at + 2])(r, 0);
@@ -4001,7 +4092,7 @@ std::vector<mx::array> sample_chain(const mx::array& x, const std::vector<mx::ar
   need_rows(x, mx::float32, "sample_chain");
   size_t arity = terminal == kSample ? 2 : 0;
   for (int s : stages) {
-    if (s < kTemperature || s > kEta) throw std::invalid_argument("sample_chain: unknown stage code");
+    if (s < kTemperature || s > kDynTemp) throw std::invalid_argument("sample_chain: unknown stage code");
     arity += stage_arity(s);
   }
   if (params.size() != arity || (terminal != kGreedy && terminal != kSample)) {
@@ -4063,7 +4154,7 @@ std::vector<mx::array> sample_chain(const mx::array& x, const std::vector<mx::ar
 
 NB_MODULE(_ext, m) {
   m.doc() = "MLX CPU kernels for samplec";
-  m.attr("chain_stages") = static_cast<int>(kEta) + 1;   // the stage codes sample_chain knows: 0 .. chain_stages - 1
+  m.attr("chain_stages") = static_cast<int>(kDynTemp) + 1;   // the stage codes sample_chain knows: 0 .. chain_stages - 1
   m.def("threefry_bits", &threefry_bits, nb::arg("seed"), nb::arg("c0"), nb::arg("c1"),
         "First word of Threefry-2x32-20(key(seed), (c0, c1)): seed uint64, counters uint32 or int32 (their "
         "uint32 bits), each [B, C] or [B] (read as [B, 1]), broadcasting: one MLX primitive on the CPU.");

@@ -487,7 +487,7 @@ def entropy64(x: Any) -> float:
 def dynamic_temperature(x: Any, t: float, range: float, exponent: float = 1.0) -> np.ndarray:  # noqa: A002
     """llama.cpp temp_ext. range == 0: temperature(t). With N kept tokens (N <= 1: unchanged),
     T = max(0, t - range) + (2 range or t + range - max(0, t - range)) * (H / ln N) ** exponent, then temperature(T)
-    (T <= 0 keeps only the argmax)."""
+    (T <= 0 or NaN keeps only the argmax)."""
     x = _row(x)
     if range == 0:
         return temperature(x, t)
@@ -496,7 +496,7 @@ def dynamic_temperature(x: Any, t: float, range: float, exponent: float = 1.0) -
         return x
     lo, hi = max(0.0, t - range), t + range
     T = lo + (hi - lo) * (entropy64(x) / np.log(n)) ** exponent
-    return temperature(x, max(T, 0.0))
+    return temperature(x, T if T > 0 else 0.0)      # (NaN -- t = inf -- too: the argmax alone)
 
 
 def epsilon(x: Any, e: float) -> np.ndarray:

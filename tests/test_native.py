@@ -1345,3 +1345,96 @@ def test_typical_p_on_the_whole_row_is_O0s(family):
             a, b = (p(x, m=m, seed=[3, 4, 5]) for p in progs)
             np.testing.assert_array_equal(np.array(a.probs) > 0, np.array(b.probs) > 0, err_msg=f"{chain} {m}")
             assert np.array(a.token).tolist() == np.array(b.token).tolist(), (chain, m)
+
+
+# (t, range, exponent) per row: llama.cpp's defaults, range 0 (plain temperature), a T driven toward 0 (t = range,
+# a steep exponent: the argmax alone where the largest logit over T leaves float32), exponent 0 (T = t + range), t 0
+# with a range, a wide range, t = inf (T NaN: the argmax alone), a tiny t and range
+_DYN_ROWS = [(0.8, 0.5, 1.0), (0.8, 0.0, 1.0), (0.5, 0.5, 40.0), (1.0, 1.0, 0.0), (0.0, 0.3, 1.0), (2.0, 1.5, 0.5),
+             (np.inf, 0.5, 1.0), (1e-30, 1e-30, 1.0)]
+
+
+def _dyn_rows(kind: str, V: int) -> np.ndarray:
+    r = np.random.default_rng({"realistic": 1, "flat": 2, "ties": 3, "neg_inf": 4}[kind])
+    x = r.normal(0, 1, (len(_DYN_ROWS), V)).astype(np.float32)
+    if kind == "realistic":
+        for b in range(len(x)):
+            x[b, r.choice(V, 30, replace=False)] += r.uniform(4, 12)
+    elif kind == "flat":
+        x *= 0.05
+    elif kind == "ties":
+        x = np.round(x * 2) / 2
+    else:
+        x[r.random(x.shape) < 0.9] = -np.inf
+        x[0, :] = -np.inf           # (a row of one token: N = 1, nothing changes)
+        x[0, 7] = 1.5
+    return x
+
+
+@pytest.mark.parametrize("chain", ["dynamic_temperature(t, r, e) sample(seed)",
+                                   "top_k(k) top_p(0.95) min_p(0.05) dynamic_temperature(t, r, e) sample(seed)",
+                                   "dynamic_temperature(t, r, e) top_k(k) top_p(0.9) sample(seed)",
+                                   "top_k(k) dynamic_temperature(t, r, e) temperature(0.7) min_p(0.1) greedy()",
+                                   "typical_p(0.9) dynamic_temperature(t, r, e) sample(seed)",
+                                   "min_p(0.02) dynamic_temperature(t, r, e) top_p(0.8) sample(seed)"])
+@pytest.mark.parametrize("kind", ["realistic", "flat", "ties", "neg_inf"])
+def test_dynamic_temperature_in_the_chain_kernel_equals_the_dense_program_and_the_reference(pure, chain, kind):
+    """dynamic_temperature is a stage op the chain kernel runs (its T from the kept set's count and entropy: the
+    candidates', or the whole row's while nothing is cut), per row, in any place of a chain: the tokens, logprobs
+    and final distributions of -O2 equal the dense definition's (MLX ops), -O0's and the numpy reference's."""
+    import reference as R
+    V = 5000
+    x = _dyn_rows(kind, V)
+    t, r, e = (list(map(float, c)) for c in zip(*_DYN_ROWS))
+    kw = dict(t=t, r=r, e=e, k=[40] * len(x), seed=list(range(11, 11 + len(x))))
+    src = f"sampler s(t: float, r: float, e: float, k: int, seed: seed) -> token, logprob, probs {{ {chain} }}"
+    prog = samplec.compile(src)
+    assert "dynamic_temperature" in prog.ir()
+    got = prog(x, **kw)
+    with pure:
+        want = samplec.compile(src)(x, **kw)
+    o0 = samplec.compile(src, opt_level=0)(x, **kw)
+    tokens = np.array(got.token).tolist()
+    assert tokens == np.array(want.token).tolist() == np.array(o0.token).tolist()
+    np.testing.assert_allclose(np.array(got.logprob), np.array(o0.logprob), rtol=1e-4, atol=1e-5)
+    np.testing.assert_array_equal(np.array(got.probs) > 0, np.array(o0.probs) > 0)
+    names = {"t": "t", "r": "range", "e": "exponent", "k": "k"}
+    for b in range(len(x)):
+        stages = []
+        for st in chain.split(")")[:-1]:
+            name, _, args = st.strip().partition("(")
+            if name in ("sample", "greedy"):
+                continue
+            vals = {"t": t[b], "r": r[b], "e": e[b], "k": 40}
+            stages.append((name, {(names[a] if name == "dynamic_temperature" else R_ARG.get(name, a)):
+                                  vals[a] if a in vals else float(a) for a in (s.strip() for s in args.split(","))}))
+        term = ("sample", {"seed": 11 + b}) if "sample" in chain else ("greedy", {})
+        assert R.run_chain(x[b], stages, term)["token"] == tokens[b], (b, _DYN_ROWS[b])
+
+
+R_ARG = {"top_k": "k", "top_p": "p", "min_p": "m", "typical_p": "m", "temperature": "t"}
+
+
+def test_dynamic_temperature_of_range_zero_is_temperature_and_an_older_build_runs_its_definition(monkeypatch):
+    """A literal range of 0 is llama.cpp's plain temperature: the `stages` pass leaves a `temperature` op. A
+    native build that predates dynamic_temperature's code (9 stage codes) leaves its chain to the dense
+    definitions: -O0's tokens, and `samplec explain` claims no chain kernel."""
+    from samplec.explain import explain
+    plain = samplec.compile("sampler s(t: float, seed: seed) -> token { dynamic_temperature(t, 0.0) sample(seed) }")
+    assert "temperature %logits" in plain.ir() and "dynamic_temperature" not in plain.ir()
+    x = np.random.default_rng(5).normal(0, 2, (4, 3000)).astype(np.float32)
+    ref = samplec.compile("sampler s(t: float, seed: seed) -> token { temperature(t) sample(seed) }")
+    kw = dict(t=[0.0, 0.7, 1.0, 2.5], seed=[1, 2, 3, 4])
+    assert np.array(plain(x, **kw).token).tolist() == np.array(ref(x, **kw).token).tolist()
+    if not native.installed():
+        return
+    src = "sampler s(t: float, r: float, seed: seed) -> token, probs { top_k(50) dynamic_temperature(t, r) sample(seed) }"
+    monkeypatch.setenv("SAMPLEC_NATIVE", "1")
+    monkeypatch.setattr(native._native, "chain_stages", 9, raising=False)
+    kw = dict(t=[0.8, 0.8, 1.5, 0.3], r=[0.0, 0.5, 1.0, 0.3], seed=[1, 2, 3, 4])
+    a, b = (samplec.compile(src, opt_level=o)(x, **kw) for o in (0, 2))
+    assert np.array(a.token).tolist() == np.array(b.token).tolist()
+    np.testing.assert_array_equal(np.array(a.probs) > 0, np.array(b.probs) > 0)
+    assert explain(src).chains == []
+    monkeypatch.setattr(native._native, "chain_stages", 10, raising=False)
+    assert len(explain(src).chains) == 1

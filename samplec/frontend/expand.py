@@ -1,5 +1,6 @@
 """The dense definitions of the stage ops: each stage op (samplec/ir/ops.py: `temperature`, `top_k`, `top_p`,
-`min_p`, `top_n_sigma`, `typical_p`, `xtc`, `epsilon`, `eta`, `penalties` and its check, `greedy`, `sample`,
+`min_p`, `top_n_sigma`, `typical_p`, `xtc`, `dynamic_temperature`, `epsilon`, `eta`, `penalties` and its check,
+`greedy`, `sample`,
 `logprob_at`) written with the low-level ops, exactly as spec §2-§4 and §6 define the stage on the whole vocabulary.
 
 These are what -O0 runs (the `expand-stages` pass rewrites every stage op into its definition) and what a stage
@@ -94,6 +95,20 @@ def xtc(x: Node, thr: Node, prob: Node, seed: Node, position: Node) -> Node:
     return where(make("eq", prob, const(0.0)), x, cut, name="x_xtc")
 
 
+def dynamic_temperature(x: Node, t: Node, r: Node, ex: Node) -> Node:
+    """llama.cpp temp_ext. r == 0: temperature(x, t). Over the n kept tokens (n <= 1: x unchanged),
+    T = max(0, t - r) + (t + r - max(0, t - r)) * (H / ln n)^ex (0^0 = 1), then temperature(x, T) -- T <= 0 (or
+    NaN) keeps the argmax alone, and so does a T so small that the largest logit divided by it leaves float32."""
+    n = make("reduce_sum", make("cast", make("isfinite", x), dtype=F32), name="n_kept")
+    norm = make("div", entropy(x), make("log", n), name="norm_entropy")
+    powed = where(make("eq", ex, const(0.0)), const(1.0), make("exp", make("mul", ex, make("log", norm))))
+    lo = make("maximum", const(0.0), make("sub", t, r))
+    dyn = make("add", lo, make("mul", make("sub", make("add", t, r), lo), powed), name="dyn_temp")
+    dyn_x = temperature(x, where(make("gt", dyn, const(0.0)), dyn, const(0.0)))
+    return where(make("eq", r, const(0.0)), temperature(x, t), where(make("le", n, const(1.0)), x, dyn_x),
+                 name="x_dyntemp")
+
+
 def epsilon(x: Node, e: Node) -> Node:
     """HF EpsilonLogitsWarper: keep p >= e and every token at the maximum."""
     keep = make("logical_or", make("ge", softmax(x), e), make("eq", x, make("reduce_max", x)))
@@ -156,7 +171,7 @@ def penalties_overflow(x: Node, hist: Node, last_n: Node, rep: Node, freq: Node,
 
 EXPAND: dict[str, Callable[..., Node]] = {
     "temperature": temperature, "top_k": top_k, "top_p": top_p, "min_p": min_p, "top_n_sigma": top_n_sigma,
-    "typical_p": typical_p, "xtc": xtc, "epsilon": epsilon, "eta": eta, "greedy": greedy, "sample": sample, "logprob_at": logprob_at,
+    "typical_p": typical_p, "xtc": xtc, "dynamic_temperature": dynamic_temperature, "epsilon": epsilon, "eta": eta, "greedy": greedy, "sample": sample, "logprob_at": logprob_at,
     "penalties": penalties, "penalties_overflow": penalties_overflow,
 }
 

@@ -251,21 +251,9 @@ class Lowering:
 
     # -- v2 stages (spec §6): the exact rules are in docs/language.md, "Stages from llama.cpp and Hugging Face" --
     def stage_dynamic_temperature(self, x, t, range, exponent):
-        """llama.cpp temp_ext: T = min_t + (max_t - min_t) * (H / log N)^exponent over the N kept tokens."""
-        plain = self.stage_temperature(x, t)
-        t, r, ex = self.scalar(t, F32), self.scalar(range, F32), self.scalar(exponent, F32)
-        n = make("reduce_sum", make("cast", make("isfinite", x), dtype=F32), name="n_kept")
-        norm = make("div", entropy(x), make("log", n), name="norm_entropy")
-        # powf(norm, exponent) with powf(0, 0) = 1
-        powed = where(make("eq", ex, const(0.0)), const(1.0), make("exp", make("mul", ex, make("log", norm))))
-        lo = make("maximum", const(0.0), make("sub", t, r))
-        dyn = make("add", lo, make("mul", make("sub", make("add", t, r), lo), powed), name="dyn_temp")
-        greedy_x = make("filter", x, make("eq", make("iota", x), make("argmax", x)))
-        scaled = where(make("eq", x, const(NEG_INF)), x, make("div", x, where(make("gt", dyn, const(0.0)), dyn,
-                                                                                const(1.0))))
-        dyn_x = where(make("le", dyn, const(0.0)), greedy_x, scaled)
-        return where(make("eq", r, const(0.0)), plain, where(make("le", n, const(1.0)), x, dyn_x),
-                     name="x_dyntemp")
+        """llama.cpp temp_ext (its definition: samplec/frontend/expand.py)."""
+        return make("dynamic_temperature", x, self.scalar(t, F32), self.scalar(range, F32),
+                    self.scalar(exponent, F32), name="x_dyntemp")
 
     def stage_epsilon(self, x, e):
         """HF EpsilonLogitsWarper (its definition: samplec/frontend/expand.py)."""

@@ -192,6 +192,12 @@ def _stage(param_dtype):
     return infer
 
 
+def _dynamic_temperature(ts, a):
+    if any(t.dtype != F32 for t in ts):
+        raise TypeError_("dynamic_temperature: operands are (f32 logits, f32 t, f32 range, f32 exponent)")
+    return Type(F32, broadcast(*(t.shape for t in ts)))
+
+
 def _xtc(ts, a):
     x, thr, prob, seed, pos = ts
     if (x.dtype, thr.dtype, prob.dtype, seed.dtype, pos.dtype) != (F32, F32, F32, U64, I32):
@@ -335,9 +341,14 @@ OPS: dict[str, OpDef] = {d.name: d for d in [
     OpDef("eta", 2, (), _stage(F32),
           "stage, cut on the logit order by probability: keep p >= min(e, sqrt(e) * exp(-H)) and every token at "
           "the maximum"),
+    # (new ops go last: an op's place here is its number in the .smpb format's union)
+    OpDef("dynamic_temperature", 4, (), _dynamic_temperature,
+          "stage, monotone map (x, t, range, exponent): llama.cpp temp_ext, temperature(T) with T between "
+          "max(0, t - range) and t + range by the kept tokens' normalized entropy; range == 0 is temperature(t)"),
 ]}
 
-STAGE_OPS = ("temperature", "top_k", "top_p", "min_p", "top_n_sigma", "typical_p", "xtc", "epsilon", "eta")  # x -> x
+STAGE_OPS = ("temperature", "top_k", "top_p", "min_p", "top_n_sigma", "typical_p", "xtc", "epsilon", "eta",
+             "dynamic_temperature")  # x -> x
 DRAW_OPS = ("greedy", "sample")
 
 

@@ -6,6 +6,7 @@ import math
 import numpy as np
 
 from samplec.ir.graph import Node, make
+from samplec.ir.ops import STAGE_OPS
 from samplec.ir.types import BOOL, F32, I32, U32, U64
 
 NP = {F32: np.float32, I32: np.int32, U32: np.uint32, U64: np.uint64, BOOL: np.bool_}
@@ -141,6 +142,14 @@ def stage_off(n: Node):
     return None
 
 
+def dynamic_temperature_plain(n: Node):
+    """dynamic_temperature(x, t, 0, e) -> temperature(x, t): a range of 0 is llama.cpp's plain temperature."""
+    if n.op == "dynamic_temperature" and n.inputs[2].op == "const" and const_value(n.inputs[2]) == 0.0:
+        out = make("temperature", n.inputs[0], n.inputs[1], name=n.name)
+        return out if out.type == n.type else None
+    return None
+
+
 def empty_through_cuts(n: Node):
     """eq(reduce_max(cut(x)), -inf) -> eq(reduce_max(x), -inf): a cut keeps the row's maximum, so a row is empty
     after it only if it was before. (A "no token left" check reading a folded stage's result -- DRY at multiplier
@@ -190,7 +199,7 @@ def greedy_cuts(n: Node):
 
 def greedy_plain(n: Node):
     """greedy(x) -> argmax(x) where x is no stage: nothing to fuse, and the argmax is shared with the logits check."""
-    if n.op == "greedy" and n.inputs[0].op not in _OFF and n.inputs[0].op != "xtc":
+    if n.op == "greedy" and n.inputs[0].op not in STAGE_OPS:
         return make("argmax", n.inputs[0], name=n.name)
     return None
 

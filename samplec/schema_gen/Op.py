@@ -75,3 +75,4 @@ class Op(object):
     DryRepeatsNode = 69
     EpsilonNode = 70
     EtaNode = 71
+    DynamicTemperatureNode = 72
