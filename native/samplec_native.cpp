@@ -1852,7 +1852,7 @@ std::vector<mx::array> row_softmax(const mx::array& x) {
 // decision is made here, per row: a call never returns to the host to re-run a row.
 enum ChainStage {
   kTemperature = 0, kTopK = 1, kTopP = 2, kMinP = 3, kTopNSigma = 4, kTypicalP = 5, kXtc = 6, kEpsilon = 7, kEta = 8,
-  kDynTemp = 9
+  kDynTemp = 9, kTopKRank = 10
 };
 enum ChainTerminal { kGreedy = 0, kSample = 1 };
 
@@ -2201,6 +2201,9 @@ double leading_top_p(const ChainRow& row, std::vector<float>& divs) {
         return 1.0;
       case kDynTemp:                      // (its temperature comes from the kept set: no shortcut)
         return 1.0;
+      case kTopKRank:
+        if (sa.a <= 0 || sa.a >= static_cast<double>(row.V)) break;
+        return 1.0;
     }
   }
   return 1.0;
@@ -2267,7 +2270,7 @@ bool tie_may_hold(const ChainRow& row, float top) {
       return true;                        // (its temperature comes from the kept set)
     } else if (stage_off(row, s)) {
       continue;
-    } else if (kind == kTopK) {
+    } else if (kind == kTopK || kind == kTopKRank) {
       return static_cast<double>(count_equal(row.x, row.V, top)) >= a;
     } else if (kind == kMinP) {           // (a later min_p may end the tail again)
       if (!(below == below)) {
@@ -2588,6 +2591,27 @@ bool chain_run(ChainRow& row, float bound, int32_t* token, float* logprob) {
         int64_t n = k;
         while (n < L && c[n].first >= vk) ++n;
         L = n;
+        tail = false;
+        break;
+      }
+      case kTopKRank: {
+        // the k largest by rank: the candidates' first k, where the values equal to the k-th (a run: temperatures
+        // keep the order, and may round neighbours together) give their places to their lowest ids
+        if (a <= 0 || a >= static_cast<double>(row.V)) break;
+        const int64_t k = static_cast<int64_t>(a);
+        if (k > L) {
+          if (tail) return false;
+          break;
+        }
+        const float vk = c[k - 1].first;
+        if (reaches(vk)) return false;
+        int64_t i0 = k - 1, i1 = k;
+        while (i0 > 0 && c[i0 - 1].first == vk) --i0;
+        while (i1 < L && c[i1].first == vk) ++i1;
+        if (i1 - i0 > 1) {
+          std::sort(c.begin() + i0, c.begin() + i1, [](const auto& u, const auto& v) { return u.second < v.second; });
+        }
+        L = k;
         tail = false;
         break;
       }
@@ -3408,7 +3432,8 @@ void chain_dense(ChainRow& row, int64_t nb, int bs, int32_t* token, float* logpr
         fx = fxbuf.data();
         break;
       }
-      case kTopK: {
+      case kTopK:
+      case kTopKRank: {
         if (a <= 0 || a >= static_cast<double>(V)) break;
         const int64_t k = static_cast<int64_t>(a);
         materialize();
@@ -3424,6 +3449,20 @@ void chain_dense(ChainRow& row, int64_t nb, int bs, int32_t* token, float* logpr
         const float vk = key_value(radix_select(keys, unit, k));
         keep_from(fx, vk, -INFINITY);
         pristine = false;
+        if (stages[s] == kTopKRank) {         // the values at the k-th: as many as the k places leave, lowest ids first
+          touch();
+          int64_t left = k;
+          for (int64_t i = 0; i < V; ++i) left -= keep[i] & (fx[i] > vk);
+          for (int64_t i = 0; i < V; ++i) {
+            if (keep[i] && fx[i] == vk) {
+              if (left > 0) {
+                --left;
+              } else {
+                keep[i] = 0;
+              }
+            }
+          }
+        }
         break;
       }
       case kMinP: {
@@ -3678,6 +3717,7 @@ bool stage_off(const ChainRow& row, size_t s) {
     case kEpsilon:
     case kEta: return static_cast<float>(a) == 0.0f;
     case kDynTemp: return true;         // (a temperature: T from the kept set)
+    case kTopKRank: return a <= 0 || a >= static_cast<double>(row.V);
   }
   return false;
 }
@@ -3716,7 +3756,8 @@ bool greedy_row(ChainRow& row, int32_t* token, const float* bm = nullptr, int64_
   const auto& stages = *row.stages;
   size_t zero = stages.size();
   for (int kind : stages) {
-    if (kind == kDynTemp) return false;   // (its temperature, from the kept set, decides which values tie)
+    if (kind == kDynTemp || kind == kTopKRank) return false;   // (the chain decides: a temperature from the kept
+                                                               // set, places among equal values)
   }
   for (size_t s = 0; s < stages.size() && zero == stages.size(); ++s) {
     const StageArgs& sa = row.args[s];
@@ -4016,7 +4057,7 @@ struct SampleChain {
         int64_t first = 32;
         for (size_t s = 0; s < stages.size(); ++s) {
           const double k = row.args[s].a;
-          if (stages[s] == kTopK && k > 0 && k < static_cast<double>(V)) {
+          if ((stages[s] == kTopK || stages[s] == kTopKRank) && k > 0 && k < static_cast<double>(V)) {
             first = std::max<int64_t>(first, std::min<int64_t>(static_cast<int64_t>(k) + 8, 512));
           }
         }
@@ -4092,7 +4133,7 @@ std::vector<mx::array> sample_chain(const mx::array& x, const std::vector<mx::ar
   need_rows(x, mx::float32, "sample_chain");
   size_t arity = terminal == kSample ? 2 : 0;
   for (int s : stages) {
-    if (s < kTemperature || s > kDynTemp) throw std::invalid_argument("sample_chain: unknown stage code");
+    if (s < kTemperature || s > kTopKRank) throw std::invalid_argument("sample_chain: unknown stage code");
     arity += stage_arity(s);
   }
   if (params.size() != arity || (terminal != kGreedy && terminal != kSample)) {
@@ -4154,7 +4195,7 @@ std::vector<mx::array> sample_chain(const mx::array& x, const std::vector<mx::ar
 
 NB_MODULE(_ext, m) {
   m.doc() = "MLX CPU kernels for samplec";
-  m.attr("chain_stages") = static_cast<int>(kDynTemp) + 1;   // the stage codes sample_chain knows: 0 .. chain_stages - 1
+  m.attr("chain_stages") = static_cast<int>(kTopKRank) + 1;   // the stage codes sample_chain knows: 0 .. chain_stages - 1
   m.def("threefry_bits", &threefry_bits, nb::arg("seed"), nb::arg("c0"), nb::arg("c1"),
         "First word of Threefry-2x32-20(key(seed), (c0, c1)): seed uint64, counters uint32 or int32 (their "
         "uint32 bits), each [B, C] or [B] (read as [B, 1]), broadcasting: one MLX primitive on the CPU.");

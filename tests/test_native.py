@@ -1438,3 +1438,44 @@ def test_dynamic_temperature_of_range_zero_is_temperature_and_an_older_build_run
     assert explain(src).chains == []
     monkeypatch.setattr(native._native, "chain_stages", 10, raising=False)
     assert len(explain(src).chains) == 1
+
+
+@pytest.mark.parametrize("kind", ["ties", "rounded", "neg_inf", "realistic"])
+def test_mirostat_keeps_the_k_largest_by_rank_as_the_reference_does(pure, kind):
+    """mirostat's truncation is the stage op top_k_rank (the k largest, the lowest ids first among equal values),
+    which the chain kernel runs: on rows whose k-th value is shared by many tokens, on values a temperature rounds
+    together, and on -inf-heavy rows, the tokens and updated mu of -O2 equal the dense definition's (a selection and
+    a scan, no sort), -O0's and the numpy reference's (mu's update reads the token's log-probability under the
+    kept set; `probs` is the distribution before the terminal); s_hat comes from the m largest values, selected."""
+    import reference as R
+    V, mus = 3000, [1.0, 3.0, 6.0, 10.0, 15.0, 8.0]
+    r = np.random.default_rng(7)
+    x = r.normal(0, 1.5, (len(mus), V)).astype(np.float32)
+    t = 1.0
+    if kind == "ties":
+        x = np.round(x * 2) / 2
+    elif kind == "rounded":         # consecutive floats just below 2: divided by 0.99, neighbours round together
+        x = (np.float32(1.99) + np.float32(2.0 ** -23) * r.integers(0, 400, x.shape)).astype(np.float32)
+        t = 0.99
+    elif kind == "neg_inf":
+        x[r.random(x.shape) < 0.95] = -np.inf
+    else:
+        x[:, :40] += 8.0
+    src = ("sampler s(t: float, mu: state, seed: seed) -> token, mu, probs "
+           "{ temperature(t) mirostat(mu, 5.0, 0.1, 100, seed) }")
+    prog = samplec.compile(src)
+    assert "top_k_rank" in prog.ir() and "sort" not in prog.ir()
+    kw = dict(t=t, mu=np.array(mus, dtype=np.float32), seed=list(range(3, 3 + len(mus))))
+    got = prog(x, **kw)
+    with pure:
+        want = samplec.compile(src)(x, **kw)
+    o0 = samplec.compile(src, opt_level=0)(x, **kw)
+    for out in (want, o0):
+        assert np.array(got.token).tolist() == np.array(out.token).tolist()
+        np.testing.assert_array_equal(np.array(got.probs) > 0, np.array(out.probs) > 0)
+        np.testing.assert_allclose(np.array(got.mu), np.array(out.mu), rtol=1e-5)
+    xt_rows = (x / np.float32(t)).astype(np.float32) if t != 1.0 else x
+    for b, mu in enumerate(mus):        # (mu's update reads the token's log-probability under the kept set)
+        tok, new_mu, _ = R.mirostat(xt_rows[b], mu, 5.0, 0.1, 100, seed=3 + b)
+        assert tok == int(np.array(got.token)[b])
+        np.testing.assert_allclose(float(np.array(got.mu)[b]), new_mu, rtol=1e-4, atol=1e-4)

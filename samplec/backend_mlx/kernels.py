@@ -63,10 +63,17 @@ def _topk_ids(ins, a):
 
 
 def _topk(ins, a):
+    """The k largest values, descending, -inf past the row's length: the native selection (or MLX's partition),
+    then a sort of the k alone."""
     x, k = ins[0], a["k"]
-    if k > x.shape[-1]:
-        raise ValueError(f"k = {k} exceeds the vocabulary size V = {x.shape[-1]}")
-    return -mx.sort(-mx.topk(x, k, axis=-1), axis=-1)
+    n = x.shape[-1]
+    top = min(k, n)
+    fast = native.topk_select(x, top, (x,)) if top < n else None
+    vals = fast[-1] if fast is not None else x if top == n else mx.topk(x, top, axis=-1)
+    vals = -mx.sort(-vals, axis=-1)
+    if k > n:
+        vals = mx.concatenate([vals, mx.full(x.shape[:-1] + (k - n,), -np.inf, dtype=x.dtype)], axis=-1)
+    return vals
 
 
 # Selection without sorting (what top_k, top_p, typical_p and top_logprobs need on any device): a threshold is
@@ -340,6 +347,7 @@ KERNELS = {
     "reduce_max": _red(mx.max), "reduce_min": _red(mx.min), "reduce_sum": _reduce_sum, "reduce_any": _red(mx.any),
     "argmax": lambda i, a: mx.argmax(i[0], axis=-1, keepdims=True).astype(mx.int32),
     "sort": _sort, "argsort": _argsort, "topk": _topk, "topk_ids": _topk_ids,
+    "cumsum": lambda i, a: mx.cumsum(i[0], axis=-1),
     "kth_largest": _kth_largest, "kth_largest_static": _kth_largest_static, "mass_threshold": _mass_threshold,
     "filter": lambda i, a: mx.where(i[1], i[0], mx.array(-np.inf, dtype=mx.float32)),
     "zeros_like": lambda i, a: mx.zeros(i[0].shape, dtype=DT[a["dtype"]]),

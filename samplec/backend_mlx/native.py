@@ -207,15 +207,15 @@ def row_softmax(x: mx.array) -> mx.array | None:
 
 
 CHAIN_STAGES = {"temperature": 0, "top_k": 1, "top_p": 2, "min_p": 3, "top_n_sigma": 4, "typical_p": 5, "xtc": 6,
-                "epsilon": 7, "eta": 8, "dynamic_temperature": 9}
-_PARAM_DTYPES = {"top_k": [mx.int32], "xtc": [mx.float32, mx.float32, mx.uint64, mx.uint32],
+                "epsilon": 7, "eta": 8, "dynamic_temperature": 9, "top_k_rank": 10}
+_PARAM_DTYPES = {"top_k": [mx.int32], "top_k_rank": [mx.int32], "xtc": [mx.float32, mx.float32, mx.uint64, mx.uint32],
                  "dynamic_temperature": [mx.float32] * 3}
 CHAIN_TERMINALS = {"greedy": 0, "sample": 1}
 
 
 def knows_stages(stages) -> bool:
     """Whether the installed build's chain kernel has a code for each of these stage ops (epsilon and eta came
-    after the first builds' 7 codes, dynamic_temperature after those 9)."""
+    after the first builds' 7 codes, dynamic_temperature and top_k_rank after those 9)."""
     return all(CHAIN_STAGES[s] < getattr(_native, "chain_stages", 7) for s in stages)
 
 

@@ -1,5 +1,6 @@
 """The dense definitions of the stage ops: each stage op (samplec/ir/ops.py: `temperature`, `top_k`, `top_p`,
-`min_p`, `top_n_sigma`, `typical_p`, `xtc`, `dynamic_temperature`, `epsilon`, `eta`, `penalties` and its check,
+`min_p`, `top_n_sigma`, `typical_p`, `xtc`, `dynamic_temperature`, `epsilon`, `eta`, `top_k_rank`, `penalties` and its
+check,
 `greedy`, `sample`,
 `logprob_at`) written with the low-level ops, exactly as spec §2-§4 and §6 define the stage on the whole vocabulary.
 
@@ -35,6 +36,17 @@ def top_k(x: Node, k: Node) -> Node:
     vk = make("kth_largest", x, k, name="v_k")
     kept = make("filter", x, make("ge", x, vk))
     return where(make("le", k, const(0, I32)), x, kept, name="x_topk")
+
+
+def top_k_rank(x: Node, k: Node) -> Node:
+    """The k largest by rank: every value above the k-th largest, and of those equal to it the lowest ids, as many
+    as the k places leave (a scan in id order)."""
+    vk = make("kth_largest", x, k, name="v_k")
+    above, at = make("gt", x, vk), make("eq", x, vk)
+    need = make("sub", k, make("reduce_sum", make("cast", above, dtype=I32)))
+    first = make("le", make("cumsum", make("cast", at, dtype=I32)), need)
+    kept = make("filter", x, make("logical_or", above, make("logical_and", at, first)))
+    return where(make("le", k, const(0, I32)), x, kept, name="x_topk_rank")
 
 
 def top_p(x: Node, p: Node) -> Node:
@@ -170,7 +182,7 @@ def penalties_overflow(x: Node, hist: Node, last_n: Node, rep: Node, freq: Node,
 
 
 EXPAND: dict[str, Callable[..., Node]] = {
-    "temperature": temperature, "top_k": top_k, "top_p": top_p, "min_p": min_p, "top_n_sigma": top_n_sigma,
+    "temperature": temperature, "top_k": top_k, "top_k_rank": top_k_rank, "top_p": top_p, "min_p": min_p, "top_n_sigma": top_n_sigma,
     "typical_p": typical_p, "xtc": xtc, "dynamic_temperature": dynamic_temperature, "epsilon": epsilon, "eta": eta, "greedy": greedy, "sample": sample, "logprob_at": logprob_at,
     "penalties": penalties, "penalties_overflow": penalties_overflow,
 }

@@ -337,8 +337,12 @@ class Lowering:
         mu_ = where(make("isnan", mu_), make("mul", const(2.0), tau_), mu_, name="mu")
         n = make("reduce_sum", make("cast", make("isfinite", x), dtype=I32), name="n_kept")
         # b_i = ln(p_i / p_{i+1}) = x_i - x_{i+1} over the logits sorted descending: exact, where float32
-        # probabilities a gap of more than ~88 apart underflow to 0 (ln(p / 0) = inf: s_hat NaN, k = 1)
-        xs = make("sort", x, descending=True)
+        # probabilities a gap of more than ~88 apart underflow to 0 (ln(p / 0) = inf: s_hat NaN, k = 1). Only the
+        # m largest are read: with m a literal (llama.cpp's 100) they are selected, not sorted (-inf past V)
+        if isinstance(m, Literal) and 1 <= int(m.value) <= 4096:
+            xs = make("topk", x, k=int(m.value), name="x_top_m")
+        else:
+            xs = make("sort", x, descending=True)
         i = make("iota", xs)
         xs_next = make("take_along", xs, make("minimum", make("add", i, const(1, I32)), last_index(xs)))
         fi = make("cast", i, dtype=F32)
@@ -357,9 +361,7 @@ class Lowering:
         nf = make("cast", n, dtype=F32)
         k = make("maximum", where(make("isnan", k), const(1.0), make("minimum", k, nf)), const(1.0))
         k = make("cast", k, dtype=I32, name="k")
-        order = make("argsort", x, descending=True)
-        rank = make("put_along", make("zeros_like", x, dtype=I32), order, make("iota", x), name="rank")
-        kept = make("filter", x, make("lt", rank, k), name="x_mirostat")
+        kept = make("top_k_rank", x, k, name="x_mirostat")
         return self.mirostat_draw(kept, mu, mu_, tau_, eta, seed, position)
 
     def stage_mirostat_v2(self, x, mu, tau, eta, seed, position):
@@ -375,7 +377,7 @@ class Lowering:
     def mirostat_draw(self, kept, mu_expr, mu, tau, eta, seed, position) -> Node:
         """Draw from the truncated row (`sample`), and mu' = mu - eta * (-log2 p_token - tau), p renormalized."""
         pos = self.stage_sample(kept, seed, position)
-        surprise = make("div", make("take_along", log_softmax(kept), pos), const(-LN2))
+        surprise = make("div", make("logprob_at", kept, pos), const(-LN2))
         new_mu = make("sub", mu, make("mul", self.scalar(eta, F32), make("sub", surprise, tau)))
         if isinstance(mu_expr, Name):
             self.state_out[mu_expr.name] = make("squeeze", new_mu, name=mu_expr.name + "_next")

@@ -192,6 +192,10 @@ def _stage(param_dtype):
     return infer
 
 
+def _cumsum(ts, a):
+    return Type(_same_dtype(ts, (I32, F32)), ts[0].shape)
+
+
 def _dynamic_temperature(ts, a):
     if any(t.dtype != F32 for t in ts):
         raise TypeError_("dynamic_temperature: operands are (f32 logits, f32 t, f32 range, f32 exponent)")
@@ -282,7 +286,8 @@ OPS: dict[str, OpDef] = {d.name: d for d in [
     # ordering, scans and selection
     OpDef("sort", 1, (("descending", "bool"),), _same, "sort along the last axis"),
     OpDef("argsort", 1, (("descending", "bool"),), _argsort, "stable argsort; ties keep id order"),
-    OpDef("topk", 1, (("k", "int"),), _topk(None), "the k largest values, descending (partition, no sort)"),
+    OpDef("topk", 1, (("k", "int"),), _topk(None),
+          "the k largest values, descending (partition, no sort); -inf past the row's length"),
     OpDef("topk_ids", 1, (("k", "int"),), _topk(I32), "ids of the k largest, descending, lowest id first on ties"),
     OpDef("kth_largest", 2, (), _kth,
           "the min(max(k,1),V)-th largest value of x (k may differ per row); a selection by count, no sort"),
@@ -345,10 +350,14 @@ OPS: dict[str, OpDef] = {d.name: d for d in [
     OpDef("dynamic_temperature", 4, (), _dynamic_temperature,
           "stage, monotone map (x, t, range, exponent): llama.cpp temp_ext, temperature(T) with T between "
           "max(0, t - range) and t + range by the kept tokens' normalized entropy; range == 0 is temperature(t)"),
+    OpDef("cumsum", 1, (), _cumsum, "inclusive prefix sums along the last axis (i32 or f32)"),
+    OpDef("top_k_rank", 2, (), _stage(I32),
+          "stage, cut on the logit order by count: keep the k largest by rank, the lowest ids first among equal "
+          "values (mirostat's truncation); k <= 0 keeps all"),
 ]}
 
 STAGE_OPS = ("temperature", "top_k", "top_p", "min_p", "top_n_sigma", "typical_p", "xtc", "epsilon", "eta",
-             "dynamic_temperature")  # x -> x
+             "dynamic_temperature", "top_k_rank")  # x -> x
 DRAW_OPS = ("greedy", "sample")
 
 

@@ -119,11 +119,12 @@ def partition_top_k(n: Node):
 
 # ---- stage level: rules over the stage ops, where the chain's algebra is visible ---------------------------------
 
-CUTS = ("top_k", "top_p", "min_p", "top_n_sigma", "typical_p", "epsilon", "eta")   # they keep the argmax, value unchanged
+CUTS = ("top_k", "top_p", "min_p", "top_n_sigma", "typical_p", "epsilon", "eta", "top_k_rank")   # they keep the argmax
+                                                                                            # (lowest id), unchanged
 _OFF = {   # a stage at its off value is the identity
     "temperature": lambda v: v == 1.0, "top_k": lambda v: v <= 0, "top_p": lambda v: v >= 1.0,
     "min_p": lambda v: v == 0.0, "top_n_sigma": lambda v: v <= 0.0, "typical_p": lambda v: v >= 1.0,
-    "epsilon": lambda v: v == 0.0, "eta": lambda v: v == 0.0,
+    "epsilon": lambda v: v == 0.0, "eta": lambda v: v == 0.0, "top_k_rank": lambda v: v <= 0,
 }
 
 

@@ -76,3 +76,5 @@ class Op(object):
     EpsilonNode = 70
     EtaNode = 71
     DynamicTemperatureNode = 72
+    CumsumNode = 73
+    TopKRankNode = 74

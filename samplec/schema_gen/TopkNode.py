@@ -6,7 +6,7 @@ import flatbuffers
 from flatbuffers.compat import import_numpy
 np = import_numpy()
 
-# topk (1 operand): the k largest values, descending (partition, no sort)
+# topk (1 operand): the k largest values, descending (partition, no sort); -inf past the row's length
 class TopkNode(object):
     __slots__ = ['_tab']
 
