@@ -2078,8 +2078,9 @@ const float* current_values(const ChainRow& row) {
 
 // top_n_sigma's moments over the kept values of v[0..n) (keep == nullptr: the finite ones), branch-free sixteen
 // lanes at a time (a mask of kept tokens scattered over the row costs no mispredicted branches): kept_sums gives
-// their count and sum (in double per lane), kept_dev the sum of (v - mean)^2 with v - mean in float32 (as the dense
-// definition subtracts) squared and summed in double.
+// their count and sum (in double per lane), kept_dev the sum of (v - mean)^2 with v - mean and its square in
+// float32 (as the dense definition takes them: past ~1.8e19 the square is inf, below ~1e-19 it is 0), summed in
+// double.
 // (eight lanes a half, so that comparisons and selects stay at eight lanes -- GCC lowers sixteen-lane ones lane by
 // lane on AVX2 -- the halves feeding the same per-lane double sums as one sixteen-lane vector would)
 struct KeptHalves {
@@ -2123,8 +2124,8 @@ SAMPLEC_VOCAB_LOOP double kept_dev(const uint8_t* keep, const float* v, int64_t 
   auto group = [&](int64_t i, int64_t m) __attribute__((always_inline)) {
     const KeptHalves g(keep == nullptr ? nullptr : keep + i, v + i, m);
     for (int h = 0; h < 2; ++h) {
-      const D8 x = widen(g.k[h] ? g.a[h] - mean : F8{});
-      acc[h] += x * x;
+      const F8 d = g.k[h] ? g.a[h] - mean : F8{};
+      acc[h] += widen(d * d);               // (float32 squares, as the dense definition's: past ~1.8e19, inf)
     }
   };
   int64_t i = 0;
@@ -2136,12 +2137,19 @@ SAMPLEC_VOCAB_LOOP double kept_dev(const uint8_t* keep, const float* v, int64_t 
   return out;
 }
 
-// The standard deviation of a variance summed in double: the float32 variance's float32 root, as the dense
-// definition takes it, where the variance is a float32 number; past float32 (a spread of logits beyond ~1.8e19)
-// the double's root, so that the floor stays what exact arithmetic gives
-inline float sigma_of(double var) {
-  return var <= std::numeric_limits<float>::max() ? std::sqrt(static_cast<float>(var))
-                                                   : static_cast<float>(std::sqrt(var));
+// The standard deviation from the float32 squares' sum (in double) over count values: the float32 variance's
+// float32 root, as the dense definition takes it; a sum past float32 -- where the dense definition's float32 sum
+// overflows (a spread of logits beyond ~1.8e19) -- is inf, as there (and in llama.cpp's float loop): std inf, the
+// floor -inf, every token kept
+inline float sigma_of(double dev, double count) {
+  return dev > std::numeric_limits<float>::max() ? INFINITY : std::sqrt(static_cast<float>(dev / count));
+}
+
+// The mean of count values summing to `sum` (in double) as the dense definition's float32: +-inf where its float32
+// sum overflows
+inline float mean_of(double sum, double count) {
+  return std::fabs(sum) > std::numeric_limits<float>::max() ? static_cast<float>(sum)
+                                                            : static_cast<float>(sum / count);
 }
 
 // top_n_sigma's floor max - n * std over the kept values of v (keep == nullptr: the finite ones) in spans, their
@@ -2155,11 +2163,11 @@ float sigma_floor(const uint8_t* keep, const float* v, int64_t n, float vmax, fl
   });
   double count = 0.0, sum = 0.0;
   for (const auto& cs : parts) count += cs.first, sum += cs.second;
-  const float mean = static_cast<float>(sum / count);
+  const float mean = mean_of(sum, count);
   const double dev = sum_spans(n, [&](int64_t lo, int64_t hi) {
     return kept_dev(keep == nullptr ? nullptr : keep + lo, v + lo, hi - lo, mean);
   });
-  const float floor = vmax - nsig * sigma_of(dev / count);
+  const float floor = vmax - nsig * sigma_of(dev, count);
   return floor <= vmax ? floor : vmax;
 }
 
@@ -2699,10 +2707,13 @@ bool chain_run(ChainRow& row, float bound, int32_t* token, float* logprob) {
         }
         double sum = 0.0, dev = 0.0;
         for (int64_t i = 0; i < L; ++i) sum += c[i].first;
-        const float mean = static_cast<float>(sum / L);
-        for (int64_t i = 0; i < L; ++i) dev += double(c[i].first - mean) * double(c[i].first - mean);
+        const float mean = mean_of(sum, static_cast<double>(L));
+        for (int64_t i = 0; i < L; ++i) {
+          const float d = c[i].first - mean;
+          dev += double(d * d);
+        }
         const float top = c[0].first;
-        const float floor = top - nsig * sigma_of(dev / L);
+        const float floor = top - nsig * sigma_of(dev, static_cast<double>(L));
         int64_t n = 1;
         while (n < L && (c[n].first >= floor || c[n].first == top)) ++n;
         L = n;

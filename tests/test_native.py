@@ -1308,17 +1308,33 @@ def test_a_build_without_a_stage_code_leaves_that_chain_to_the_definitions(monke
 
 
 @pytest.mark.skipif(not native.installed(), reason="samplec-native is not installed")
-def test_top_n_sigma_past_the_float32_variance_keeps_the_exact_set(monkeypatch):
-    """Logits spread past ~1.8e19 have a variance past float32: the chain kernel takes the root of its double
-    variance, so it keeps what exact arithmetic keeps (docs/language.md; -O0's float32 sums keep everything)."""
+def test_top_n_sigma_past_the_float32_variance_keeps_what_O0_and_the_reference_keep(monkeypatch):
+    """Logits spread past ~1.8e19 overflow top_n_sigma's float32 sum of squares: the standard deviation is inf, the
+    floor -inf, and every token stays -- in -O0's float32 sums, the numpy reference's, the GPU kernel's and
+    llama.cpp's float loop, and so in the CPU chain kernel's (its squares are float32, its sums double, and a sum
+    past float32 is the overflow). A differential fuzz found the kernel keeping the exact-arithmetic set instead:
+    after top_p(0.9) temperature(1e-30), one row drew another token than -O0 and the reference."""
+    import reference as R
     monkeypatch.setenv("SAMPLEC_NATIVE", "1")
     rng = np.random.default_rng(0)
     x = (rng.uniform(-1, 1, (2, 32000)) * 1e20).astype(np.float32)
-    src = "sampler s(seed: seed) -> token, probs { top_n_sigma(0.5) temperature(1e20) sample(seed) }"
-    out = samplec.compile(src)(x, seed=[1, 2])                  # (the temperature: probabilities that show the set)
-    x64 = x.astype(np.float64)
-    exact = x64 >= x64.max(axis=1, keepdims=True) - 0.5 * x64.std(axis=1, keepdims=True)
-    np.testing.assert_array_equal(np.array(out.probs) > 0, exact)
+    for body in ("top_n_sigma(0.5) temperature(1e20) sample(seed)",
+                 "top_k(4000) temperature(1e20) top_n_sigma(0.5) temperature(1e20) sample(seed)"):
+        src = f"sampler s(seed: seed) -> token, probs {{ {body} }}"
+        out, o0 = (samplec.compile(src, opt_level=o)(x, seed=[1, 2]) for o in (2, 0))
+        np.testing.assert_array_equal(np.array(out.probs) > 0, np.array(o0.probs) > 0)
+        assert np.array(out.token).tolist() == np.array(o0.token).tolist()
+        stages = [(s.split("(")[0], {"k": 4000} if s.startswith("top_k") else {"n": 0.5}
+                   if s.startswith("top_n") else {"t": 1e20}) for s in body.split()[:-1]]
+        for b in range(2):
+            assert R.run_chain(x[b], stages, ("sample", {"seed": b + 1}))["token"] == int(np.array(out.token)[b])
+    # the fuzz's row: a spread of ~1e31 after temperature(1e-30), the deviation's squares past float32
+    y = np.random.default_rng(1).normal(0, 3, (1, 100)).astype(np.float32)
+    src = "sampler s(h: tokens) -> token { top_p(0.9) temperature(1e-30) top_n_sigma(0.5) penalties(h, last_n = 8, " \
+          "repeat = 1.3, frequency = 0.1, presence = 0.2) greedy() }"
+    h = np.array([[18, 64, 59, 2, 19, 83, 44, 46, 15, 72, 25, 49]], dtype=np.int32)
+    assert np.array(samplec.compile(src)(y, h=h).token).tolist() == \
+        np.array(samplec.compile(src, opt_level=0)(y, h=h).token).tolist()
 
 
 @pytest.mark.parametrize("family", ["ties", "flat", "tied_top", "normal"])
