@@ -136,10 +136,14 @@ class Chain:
 
 
 def _ends_stages(n: Node, users: dict) -> bool:
-    """Whether n is a stage op that no stage op or draw reads: the last of its stages, read by something else (an
-    allow, a logit_bias, the penalties or DRY after a cut, or the outputs of a chain with no terminal)."""
-    return n.op in STAGE_OPS and not any(u.op in STAGE_OPS or u.op in DRAW_OPS or u.op == "argmax"
-                                         for u in users.get(id(n), []))
+    """Whether n is a stage op no other chain takes: no draw reads it (a draw's chain takes it, and returns it where
+    something else reads it too), and it is not the one reader of a stage op above it (that one's chain takes it).
+    It is the last of its stages, read by something else: an allow, a logit_bias, the penalties or DRY after a cut,
+    the outputs of a chain with no terminal, or a stage op and other readers at once (mirostat's temperature, read
+    by its truncation and its estimate)."""
+    readers = users.get(id(n), [])
+    return n.op in STAGE_OPS and not any(u.op in DRAW_OPS and u.inputs[0] is n for u in readers) and \
+        not (len(readers) == 1 and readers[0].op in STAGE_OPS)
 
 
 def find_chains(graph: Graph) -> list[Chain]:
