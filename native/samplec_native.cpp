@@ -2848,10 +2848,37 @@ bool chain_run(ChainRow& row, float bound, int32_t* token, float* logprob) {
         tail = false;
         break;
       }
-      case kXtc:
+      case kXtc: {
         if (sa.b == 0.0) break;
         if (!(uniform_of(threefry_first_word(sa.k0, sa.k1, kXtcCounter, sa.pos)) < static_cast<float>(sa.b))) break;
-        return false;                     // the coin fires: the whole row
+        if (tail) return false;           // the coin fires while the tail lives: the whole row
+        // the coin fires after a cut that ended among the candidates (llama.cpp's order: top_k first): p over them
+        // with chain_dense's exps and normalizer; with two or more finite tokens at p >= threshold, all of those go
+        // but the least probable (the lowest id among equal p), and the others stay in their (value) order
+        thread_local std::vector<float> xv_tls, xe_tls;
+        auto &xv = xv_tls, &xe = xe_tls;
+        xv.resize(L);
+        xe.resize(L);
+        for (int64_t i = 0; i < L; ++i) xv[i] = c[i].first;
+        const float vmax = c[0].first;
+        const float zf = static_cast<float>(exp_kept(xe.data(), nullptr, xv.data(), L, 1.0f, vmax));
+        const float thr = static_cast<float>(a);
+        auto top = [&](int64_t i) { return xv[i] > -INFINITY && xe[i] / zf >= thr; };
+        int64_t n_top = 0, surv = -1;
+        for (int64_t i = 0; i < L; ++i) {
+          if (!top(i)) continue;
+          ++n_top;
+          const float p = xe[i] / zf;
+          if (surv < 0 || p < xe[surv] / zf || (p == xe[surv] / zf && c[i].second < c[surv].second)) surv = i;
+        }
+        if (n_top < 2) break;
+        int64_t n = 0;
+        for (int64_t i = 0; i < L; ++i) {
+          if (i == surv || !top(i)) c[n++] = c[i];
+        }
+        L = n;
+        break;
+      }
     }
   }
   // the terminal

@@ -1495,3 +1495,53 @@ def test_mirostat_keeps_the_k_largest_by_rank_as_the_reference_does(pure, kind):
         tok, new_mu, _ = R.mirostat(xt_rows[b], mu, 5.0, 0.1, 100, seed=3 + b)
         assert tok == int(np.array(got.token)[b])
         np.testing.assert_allclose(float(np.array(got.mu)[b]), new_mu, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("chain", ["top_k(k) xtc(thr, xp, seed) temperature(0.8) sample(seed)",
+                                   "top_k(k) top_p(0.95) min_p(0.02) xtc(thr, xp, seed) sample(seed)",
+                                   "min_p(0.01) xtc(thr, xp, seed) top_k(3) greedy()",
+                                   "top_k(k) xtc(thr, xp, seed) xtc(0.05, 1.0, seed) sample(seed)"])
+@pytest.mark.parametrize("kind", ["realistic", "ties", "flat"])
+def test_xtc_whose_coin_fires_after_a_cut_runs_on_the_candidates_as_O0_and_the_reference_do(pure, chain, kind):
+    """An xtc whose coin fires after a cut that ended among the chain kernel's candidates (llama.cpp's order: top_k
+    first) removes its top choices there, not over the whole row: thresholds that target none, one, several, tokens
+    of equal probability (ties) and every token (0, -1), per row; the tokens and kept sets equal the dense
+    program's, -O0's and the numpy reference's."""
+    import reference as R
+    thr = [0.05, 0.1, 0.0, -1.0, 0.3, 0.01, 0.02, 0.2]
+    B, V = len(thr), 4000
+    r = np.random.default_rng(11)
+    x = r.normal(0, 1, (B, V)).astype(np.float32)
+    if kind == "realistic":
+        x[:, :12] += np.linspace(6, 3, 12, dtype=np.float32)
+    elif kind == "ties":
+        x = np.round(x * 2) / 2
+        x[:, :6] = 4.0                          # (six tokens of one probability at the top)
+    else:
+        x *= 0.02
+    xp = [1.0] * (B - 2) + [0.5, 0.5]
+    kw = dict(thr=thr, xp=xp, k=[40, 50, 40, 40, 100, 40, 8, 40], seed=list(range(21, 21 + B)))
+    src = f"sampler s(thr: float, xp: float, k: int, seed: seed) -> token, probs {{ {chain} }}"
+    got = samplec.compile(src)(x, **kw)
+    with pure:
+        want = samplec.compile(src)(x, **kw)
+    o0 = samplec.compile(src, opt_level=0)(x, **kw)
+    for out in (want, o0):
+        assert np.array(got.token).tolist() == np.array(out.token).tolist()
+        np.testing.assert_array_equal(np.array(got.probs) > 0, np.array(out.probs) > 0)
+    for b in range(B):
+        stages = []
+        for st in chain.split(")")[:-1]:
+            name, _, args = st.strip().partition("(")
+            a = [s.strip() for s in args.split(",")]
+            if name == "top_k":
+                stages.append(("top_k", {"k": kw["k"][b] if a[0] == "k" else int(a[0])}))
+            elif name == "xtc":
+                stages.append(("xtc", {"threshold": thr[b] if a[0] == "thr" else float(a[0]),
+                                       "probability": xp[b] if a[1] == "xp" else float(a[1]), "seed": 21 + b}))
+            elif name in R_ARG:
+                stages.append((name, {R_ARG[name]: float(a[0])}))
+        term = ("sample", {"seed": 21 + b}) if "sample" in chain else ("greedy", {})
+        ref = R.run_chain(x[b], stages, term)
+        assert ref["token"] == int(np.array(got.token)[b]), (b, thr[b])
+        np.testing.assert_array_equal(np.array(got.probs)[b] > 0, ref["probs"] > 0)
