@@ -17,6 +17,8 @@
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <stdexcept>
 #include <vector>
 
@@ -2515,6 +2517,32 @@ SAMPLEC_VOCAB_LOOP void keep_prob_at_least(uint8_t* __restrict keep, const float
   for (int64_t i = 0; i < n; ++i) keep[i] &= static_cast<uint8_t>((e[i] / z >= cut) | (v[i] == vmax));
 }
 
+// The candidates' values c[0..L) into v and their exps exp(v - vmax) into e (chain_dense's vectorized exp: the same
+// floats), per thread; their sum
+double candidate_exps(const std::vector<std::pair<float, int32_t>>& c, int64_t L, float vmax, std::vector<float>& v,
+                      std::vector<float>& e) {
+  v.resize(L);
+  e.resize(L);
+  for (int64_t i = 0; i < L; ++i) v[i] = c[i].first;
+  return exp_kept(e.data(), nullptr, v.data(), L, 1.0f, vmax);
+}
+
+// The whole row's entropy parts while the tail lives (every finite token kept): the normalizer z and sum p d
+// (d = x - max) of its current values (the temperatures so far), as chain_dense's exps and sums make them
+std::pair<double, double> row_entropy_parts(const ChainRow& row, float vmax) {
+  thread_local std::vector<float> fe_tls;
+  auto& feb = fe_tls;                   // (bound here: a helper thread naming fe_tls would get its own)
+  const float* fx = current_values(row);
+  feb.resize(row.V);
+  const double z = sum_spans(row.V, [&](int64_t lo, int64_t hi) {
+    return exp_kept(feb.data() + lo, nullptr, fx + lo, hi - lo, 1.0f, vmax);
+  });
+  const double pd = sum_spans(row.V, [&](int64_t lo, int64_t hi) {
+    return typical_mean(feb.data() + lo, fx + lo, hi - lo, static_cast<float>(z), vmax);
+  });
+  return {z, pd};
+}
+
 // Run the chain on the sorted candidates above `bound`; false when a cut (or the draw) may reach below the bound,
 // or a stage needs the whole row.
 bool chain_run(ChainRow& row, float bound, int32_t* token, float* logprob) {
@@ -2543,27 +2571,17 @@ bool chain_run(ChainRow& row, float bound, int32_t* token, float* logprob) {
           if (!tail) {
             thread_local std::vector<float> dv_tls, de_tls;
             auto &dv = dv_tls, &de = de_tls;
-            dv.resize(L);
-            de.resize(L);
-            for (int64_t i = 0; i < L; ++i) dv[i] = c[i].first, n += c[i].first > -INFINITY;
+            for (int64_t i = 0; i < L; ++i) n += c[i].first > -INFINITY;
             if (n <= 1.0) break;
-            z = exp_kept(de.data(), nullptr, dv.data(), L, 1.0f, vmax);
+            z = candidate_exps(c, L, vmax, dv, de);
             pd = typical_mean(de.data(), dv.data(), L, static_cast<float>(z), vmax);
           } else {
-            thread_local std::vector<float> fe_tls;
-            auto& feb = fe_tls;               // (bound here: a helper thread naming fe_tls would get its own)
             const float* fx = current_values(row);
             n = sum_spans(row.V, [&](int64_t lo, int64_t hi) {
               return static_cast<double>(count_finite(nullptr, fx + lo, hi - lo));
             });
             if (n <= 1.0) break;
-            feb.resize(row.V);
-            z = sum_spans(row.V, [&](int64_t lo, int64_t hi) {
-              return exp_kept(feb.data() + lo, nullptr, fx + lo, hi - lo, 1.0f, vmax);
-            });
-            pd = sum_spans(row.V, [&](int64_t lo, int64_t hi) {
-              return typical_mean(feb.data() + lo, fx + lo, hi - lo, static_cast<float>(z), vmax);
-            });
+            std::tie(z, pd) = row_entropy_parts(row, vmax);
           }
           t = dyn_temperature(sa, n, z, pd);
         }
@@ -2732,12 +2750,9 @@ bool chain_run(ChainRow& row, float bound, int32_t* token, float* logprob) {
         thread_local std::vector<int32_t> to_tls;
         auto &tv = tv_tls, &te = te_tls, &ts = ts_tls, &feb = fe_tls;
         auto& order = to_tls;
-        tv.resize(L);
-        te.resize(L);
         ts.resize(L);
-        for (int64_t i = 0; i < L; ++i) tv[i] = c[i].first;
         const float vmax = c[0].first;
-        double z = exp_kept(te.data(), nullptr, tv.data(), L, 1.0f, vmax);
+        double z = candidate_exps(c, L, vmax, tv, te);
         float md, limit = INFINITY;       // (limit: the least score a tail token can have)
         if (!tail) {
           double mean_d = 0.0;
@@ -2809,29 +2824,13 @@ bool chain_run(ChainRow& row, float bound, int32_t* token, float* logprob) {
         const float vmax = c[0].first;
         thread_local std::vector<float> ev_tls, ee_tls;
         auto &ev = ev_tls, &ee = ee_tls;
-        ev.resize(L);
-        ee.resize(L);
-        for (int64_t i = 0; i < L; ++i) ev[i] = c[i].first;
-        double z = 0.0, pd = 0.0;
+        double z = candidate_exps(c, L, vmax, ev, ee), pd = 0.0;
         if (!tail) {
-          z = exp_kept(ee.data(), nullptr, ev.data(), L, 1.0f, vmax);
           if (stages[s] == kEta) pd = typical_mean(ee.data(), ev.data(), L, static_cast<float>(z), vmax);
         } else if (stages[s] == kEpsilon) {
           z = full_z(row, vmax);
-          exp_kept(ee.data(), nullptr, ev.data(), L, 1.0f, vmax);
         } else {
-          // the whole row's entropy: its current values (the temperatures so far), their exps and sum p d
-          thread_local std::vector<float> fe_tls;
-          auto& feb = fe_tls;               // (bound here: a helper thread naming fe_tls would get its own)
-          const float* fx = current_values(row);
-          feb.resize(row.V);
-          z = sum_spans(row.V, [&](int64_t lo, int64_t hi) {
-            return exp_kept(feb.data() + lo, nullptr, fx + lo, hi - lo, 1.0f, vmax);
-          });
-          pd = sum_spans(row.V, [&](int64_t lo, int64_t hi) {
-            return typical_mean(feb.data() + lo, fx + lo, hi - lo, static_cast<float>(z), vmax);
-          });
-          exp_kept(ee.data(), nullptr, ev.data(), L, 1.0f, vmax);
+          std::tie(z, pd) = row_entropy_parts(row, vmax);     // (the whole row's entropy)
         }
         const float zf = static_cast<float>(z);
         const float cut = stages[s] == kEta ? eta_cut(e, z, pd) : e;
@@ -2857,11 +2856,7 @@ bool chain_run(ChainRow& row, float bound, int32_t* token, float* logprob) {
         // but the least probable (the lowest id among equal p), and the others stay in their (value) order
         thread_local std::vector<float> xv_tls, xe_tls;
         auto &xv = xv_tls, &xe = xe_tls;
-        xv.resize(L);
-        xe.resize(L);
-        for (int64_t i = 0; i < L; ++i) xv[i] = c[i].first;
-        const float vmax = c[0].first;
-        const float zf = static_cast<float>(exp_kept(xe.data(), nullptr, xv.data(), L, 1.0f, vmax));
+        const float zf = static_cast<float>(candidate_exps(c, L, c[0].first, xv, xe));
         const float thr = static_cast<float>(a);
         auto top = [&](int64_t i) { return xv[i] > -INFINITY && xe[i] / zf >= thr; };
         int64_t n_top = 0, surv = -1;
