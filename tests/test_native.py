@@ -1363,6 +1363,19 @@ def test_typical_p_on_the_whole_row_is_O0s(family):
             assert np.array(a.token).tolist() == np.array(b.token).tolist(), (chain, m)
 
 
+def _o2_equals_dense_and_O0(pure, src, x, kw):
+    """-O2's outputs on x (the chain kernel's) and -O0's, after checking -O2's tokens and `probs` kept sets against
+    the MLX-ops program's (the dense definitions) and -O0's."""
+    got = samplec.compile(src)(x, **kw)
+    with pure:
+        want = samplec.compile(src)(x, **kw)
+    o0 = samplec.compile(src, opt_level=0)(x, **kw)
+    for out in (want, o0):
+        assert np.array(got.token).tolist() == np.array(out.token).tolist()
+        np.testing.assert_array_equal(np.array(got.probs) > 0, np.array(out.probs) > 0)
+    return got, o0
+
+
 # (t, range, exponent) per row: llama.cpp's defaults, range 0 (plain temperature), a T driven toward 0 (t = range,
 # a steep exponent: the argmax alone where the largest logit over T leaves float32), exponent 0 (T = t + range), t 0
 # with a range, a wide range, t = inf (T NaN: the argmax alone), a tiny t and range
@@ -1404,16 +1417,10 @@ def test_dynamic_temperature_in_the_chain_kernel_equals_the_dense_program_and_th
     t, r, e = (list(map(float, c)) for c in zip(*_DYN_ROWS))
     kw = dict(t=t, r=r, e=e, k=[40] * len(x), seed=list(range(11, 11 + len(x))))
     src = f"sampler s(t: float, r: float, e: float, k: int, seed: seed) -> token, logprob, probs {{ {chain} }}"
-    prog = samplec.compile(src)
-    assert "dynamic_temperature" in prog.ir()
-    got = prog(x, **kw)
-    with pure:
-        want = samplec.compile(src)(x, **kw)
-    o0 = samplec.compile(src, opt_level=0)(x, **kw)
+    assert "dynamic_temperature" in samplec.compile(src).ir()
+    got, o0 = _o2_equals_dense_and_O0(pure, src, x, kw)
     tokens = np.array(got.token).tolist()
-    assert tokens == np.array(want.token).tolist() == np.array(o0.token).tolist()
     np.testing.assert_allclose(np.array(got.logprob), np.array(o0.logprob), rtol=1e-4, atol=1e-5)
-    np.testing.assert_array_equal(np.array(got.probs) > 0, np.array(o0.probs) > 0)
     names = {"t": "t", "r": "range", "e": "exponent", "k": "k"}
     for b in range(len(x)):
         stages = []
@@ -1479,17 +1486,11 @@ def test_mirostat_keeps_the_k_largest_by_rank_as_the_reference_does(pure, kind):
         x[:, :40] += 8.0
     src = ("sampler s(t: float, mu: state, seed: seed) -> token, mu, probs "
            "{ temperature(t) mirostat(mu, 5.0, 0.1, 100, seed) }")
-    prog = samplec.compile(src)
-    assert "top_k_rank" in prog.ir() and "sort" not in prog.ir()
+    ir = samplec.compile(src).ir()
+    assert "top_k_rank" in ir and "sort" not in ir
     kw = dict(t=t, mu=np.array(mus, dtype=np.float32), seed=list(range(3, 3 + len(mus))))
-    got = prog(x, **kw)
-    with pure:
-        want = samplec.compile(src)(x, **kw)
-    o0 = samplec.compile(src, opt_level=0)(x, **kw)
-    for out in (want, o0):
-        assert np.array(got.token).tolist() == np.array(out.token).tolist()
-        np.testing.assert_array_equal(np.array(got.probs) > 0, np.array(out.probs) > 0)
-        np.testing.assert_allclose(np.array(got.mu), np.array(out.mu), rtol=1e-5)
+    got, o0 = _o2_equals_dense_and_O0(pure, src, x, kw)
+    np.testing.assert_allclose(np.array(got.mu), np.array(o0.mu), rtol=1e-5)
     xt_rows = (x / np.float32(t)).astype(np.float32) if t != 1.0 else x
     for b, mu in enumerate(mus):        # (mu's update reads the token's log-probability under the kept set)
         tok, new_mu, _ = R.mirostat(xt_rows[b], mu, 5.0, 0.1, 100, seed=3 + b)
@@ -1522,13 +1523,7 @@ def test_xtc_whose_coin_fires_after_a_cut_runs_on_the_candidates_as_O0_and_the_r
     xp = [1.0] * (B - 2) + [0.5, 0.5]
     kw = dict(thr=thr, xp=xp, k=[40, 50, 40, 40, 100, 40, 8, 40], seed=list(range(21, 21 + B)))
     src = f"sampler s(thr: float, xp: float, k: int, seed: seed) -> token, probs {{ {chain} }}"
-    got = samplec.compile(src)(x, **kw)
-    with pure:
-        want = samplec.compile(src)(x, **kw)
-    o0 = samplec.compile(src, opt_level=0)(x, **kw)
-    for out in (want, o0):
-        assert np.array(got.token).tolist() == np.array(out.token).tolist()
-        np.testing.assert_array_equal(np.array(got.probs) > 0, np.array(out.probs) > 0)
+    got, _ = _o2_equals_dense_and_O0(pure, src, x, kw)
     for b in range(B):
         stages = []
         for st in chain.split(")")[:-1]:
