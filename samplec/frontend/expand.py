@@ -1,8 +1,6 @@
 """The dense definitions of the stage ops: each stage op (samplec/ir/ops.py: `temperature`, `top_k`, `top_p`,
-`min_p`, `top_n_sigma`, `typical_p`, `xtc`, `dynamic_temperature`, `epsilon`, `eta`, `top_k_rank`, `penalties` and its
-check,
-`greedy`, `sample`,
-`logprob_at`) written with the low-level ops, exactly as spec §2-§4 and §6 define the stage on the whole vocabulary.
+`min_p`, `top_n_sigma`, `typical_p`, `xtc`, `dynamic_temperature`, `epsilon`, `eta`, `top_k_rank`, `penalties` and
+its check, `greedy`, `sample`, `logprob_at`) written with the low-level ops, exactly as spec §2-§4 and §6 define the stage on the whole vocabulary.
 
 These are what -O0 runs (the `expand-stages` pass rewrites every stage op into its definition) and what a stage
 op's kernel runs where no faster kernel covers it. Every stage is `where(off, x, stage(x))`: for a constant
@@ -182,8 +180,9 @@ def penalties_overflow(x: Node, hist: Node, last_n: Node, rep: Node, freq: Node,
 
 
 EXPAND: dict[str, Callable[..., Node]] = {
-    "temperature": temperature, "top_k": top_k, "top_k_rank": top_k_rank, "top_p": top_p, "min_p": min_p, "top_n_sigma": top_n_sigma,
-    "typical_p": typical_p, "xtc": xtc, "dynamic_temperature": dynamic_temperature, "epsilon": epsilon, "eta": eta, "greedy": greedy, "sample": sample, "logprob_at": logprob_at,
+    "temperature": temperature, "top_k": top_k, "top_k_rank": top_k_rank, "top_p": top_p, "min_p": min_p,
+    "top_n_sigma": top_n_sigma, "typical_p": typical_p, "xtc": xtc, "dynamic_temperature": dynamic_temperature,
+    "epsilon": epsilon, "eta": eta, "greedy": greedy, "sample": sample, "logprob_at": logprob_at,
     "penalties": penalties, "penalties_overflow": penalties_overflow,
 }
 

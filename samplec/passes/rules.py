@@ -119,8 +119,8 @@ def partition_top_k(n: Node):
 
 # ---- stage level: rules over the stage ops, where the chain's algebra is visible ---------------------------------
 
-CUTS = ("top_k", "top_p", "min_p", "top_n_sigma", "typical_p", "epsilon", "eta", "top_k_rank")   # they keep the argmax
-                                                                                            # (lowest id), unchanged
+# they keep the argmax (its lowest id), its value unchanged
+CUTS = ("top_k", "top_p", "min_p", "top_n_sigma", "typical_p", "epsilon", "eta", "top_k_rank")
 _OFF = {   # a stage at its off value is the identity
     "temperature": lambda v: v == 1.0, "top_k": lambda v: v <= 0, "top_p": lambda v: v >= 1.0,
     "min_p": lambda v: v == 0.0, "top_n_sigma": lambda v: v <= 0.0, "typical_p": lambda v: v >= 1.0,
