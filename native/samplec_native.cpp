@@ -2605,7 +2605,8 @@ bool chain_run(ChainRow& row, float bound, int32_t* token, float* logprob) {
         }
         break;
       }
-      case kTopK: {
+      case kTopK:
+      case kTopKRank: {
         if (a <= 0 || a >= static_cast<double>(row.V)) break;
         const int64_t k = static_cast<int64_t>(a);
         if (k > L) {
@@ -2614,30 +2615,19 @@ bool chain_run(ChainRow& row, float bound, int32_t* token, float* logprob) {
         }
         const float vk = c[k - 1].first;
         if (reaches(vk)) return false;
-        int64_t n = k;
-        while (n < L && c[n].first >= vk) ++n;
-        L = n;
-        tail = false;
-        break;
-      }
-      case kTopKRank: {
-        // the k largest by rank: the candidates' first k, where the values equal to the k-th (a run: temperatures
-        // keep the order, and may round neighbours together) give their places to their lowest ids
-        if (a <= 0 || a >= static_cast<double>(row.V)) break;
-        const int64_t k = static_cast<int64_t>(a);
-        if (k > L) {
-          if (tail) return false;
-          break;
+        int64_t i1 = k;                   // (past the values equal to the k-th)
+        while (i1 < L && c[i1].first >= vk) ++i1;
+        if (stages[s] == kTopKRank) {
+          // the k largest by rank: the first k, where the values equal to the k-th (a run: temperatures keep the
+          // order, and may round neighbours together) give their places to their lowest ids
+          int64_t i0 = k - 1;
+          while (i0 > 0 && c[i0 - 1].first == vk) --i0;
+          if (i1 - i0 > 1) {
+            std::sort(c.begin() + i0, c.begin() + i1, [](const auto& u, const auto& v) { return u.second < v.second; });
+          }
+          i1 = k;
         }
-        const float vk = c[k - 1].first;
-        if (reaches(vk)) return false;
-        int64_t i0 = k - 1, i1 = k;
-        while (i0 > 0 && c[i0 - 1].first == vk) --i0;
-        while (i1 < L && c[i1].first == vk) ++i1;
-        if (i1 - i0 > 1) {
-          std::sort(c.begin() + i0, c.begin() + i1, [](const auto& u, const auto& v) { return u.second < v.second; });
-        }
-        L = k;
+        L = i1;
         tail = false;
         break;
       }
@@ -3430,9 +3420,8 @@ void chain_dense(ChainRow& row, int64_t nb, int bs, int32_t* token, float* logpr
         float t = static_cast<float>(a);
         if (stages[s] == kDynTemp && static_cast<float>(sa.b) != 0.0f) {
           // temperature(T), T from the kept tokens' count and entropy (their exps: probs())
-          const float* v = fx;
           const double n = sum_spans(V, [&](int64_t lo, int64_t hi) {
-            return static_cast<double>(count_finite(lazy ? nullptr : keep.data() + lo, v + lo, hi - lo));
+            return static_cast<double>(count_finite(lazy ? nullptr : keep.data() + lo, fx + lo, hi - lo));
           });
           if (n <= 1.0) break;
           const double z = probs();
