@@ -1,0 +1,59 @@
+"""Run under `mlx.launch -n N`: every program of cases.py on every kind of row, the rank's slice through
+`samplec.distributed.shard` against the unsharded program on the whole row. Writes OUT/rank<r>.json:
+{"rank", "size", "cases", "mismatches"}."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import warnings
+
+import mlx.core as mx
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+import samplec  # noqa: E402
+from samplec.distributed import shard  # noqa: E402
+from cases import PROGRAMS, bounds, compare, params_for, rows  # noqa: E402
+
+
+def main(out_dir: str, only: str | None = None) -> None:
+    mx.disable_compile()        # (many distinct programs: MLX's compile of each would dominate the run)
+    warnings.simplefilter("ignore", samplec.SamplecWarning)
+    group = mx.distributed.init()
+    rank, n = group.rank(), group.size()
+    B, V = 4, 257
+    cut = bounds(n, V)
+    lo, hi = cut[rank], cut[rank + 1]
+    cases, bad = 0, []
+    for name, src in PROGRAMS.items():
+        if only and name != only:
+            continue
+        prog = samplec.compile(src)
+        sharded = shard(prog, group, timeout=60, whole_rows=name == "probs_whole")
+        for i, kind in enumerate(("normal", "ties", "sparse")):
+            rng = np.random.default_rng(1000 * i + len(name))
+            x = rows(kind, rng, B, V)
+            params = params_for(name, rng, B, V)
+            try:
+                want = prog(x, **params)
+            except samplec.SamplecError as e:
+                want = e
+            mine = {k: (v[:, lo:hi] if k in ("b", "mask") and rank % 2 else v) for k, v in params.items()}
+            try:
+                got = sharded(x[:, lo:hi], vocab_start=lo, vocab_size=V, **mine)
+            except samplec.SamplecError as e:
+                got = e
+            cases += 1
+            if isinstance(want, Exception) or isinstance(got, Exception):
+                if str(want) != str(got):
+                    bad.append(f"{name}/{kind}: {want!r} vs {got!r}")
+                continue
+            bad += [f"{kind}: {b}" for b in compare(name, want, got, None if sharded.whole_rows else (lo, hi))]
+    with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
+        json.dump({"rank": rank, "size": n, "cases": cases, "mismatches": bad}, f)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else None)
