@@ -270,15 +270,28 @@ def test_native_tasks_under_a_hold_linger_until_the_release(monkeypatch):
     np.testing.assert_array_equal(np.array(bm), want)
 
 
-def test_calls_with_array_parameters_do_not_wake():
-    """Preparing a history waits for MLX (its range check): such a program does not hold the worker."""
+def test_calls_with_array_parameters_do_not_wake(monkeypatch):
+    """Preparing a history waits for MLX (its range check): such a program does not hold the worker, nor does a
+    call given an MLX array for a scalar parameter; a call with plain scalars wakes it once. Results are the same
+    either way."""
+    import samplec.program as program_mod
+    woke = []
+    real = program_mod.wake
+    monkeypatch.setattr(program_mod, "wake", lambda: woke.append(1) or real())
     src = "sampler s(h: tokens, seed: seed = 0) { penalties(h, repeat = 1.3) top_k(5) sample(seed) }"
     prog = samplec.compile(src)
     assert not prog._scalars_only
     x = logits(2, 300, 14)
     with_native = prog(x, h=np.array([[1, 2], [3, 4]]), seed=1).token
+    assert woke == []
     exact = samplec.compile(src, opt_level=0)(x, h=np.array([[1, 2], [3, 4]]), seed=1).token
     np.testing.assert_array_equal(np.array(with_native), np.array(exact))
+    scalars = samplec.compile("sampler s(t: float = 1.0, seed: seed = 0) { top_k(5) temperature(t) sample(seed) }")
+    assert scalars._scalars_only
+    token = scalars(x, t=0.7, seed=1).token
+    assert woke == [1]
+    assert np.array(scalars(x, t=mx.array([0.7, 0.7]), seed=1).token).tolist() == np.array(token).tolist()
+    assert woke == [1]
 
 
 def test_a_call_that_fails_before_its_dispatch_ends_its_hold(monkeypatch):

@@ -1180,17 +1180,38 @@ def test_O2_plan_exact(chain, V):
         _check_plan(p, x, kw, chain, f"{chain} V={V} rep {rep}", tol)
 
 
-def test_O2_plan_is_exercised():
-    """Sanity of the test data: with the friendly rows the plan answers without falling back (if the program
-    exposes its fallback counter), so test_O2_plan_exact really tests the plan."""
-    p = prog(PLAN_CHAINS["top_k"][0], 2)
-    if getattr(p, "plan", None) is None or not hasattr(p, "fallbacks"):
-        pytest.skip("no -O2 plan in this program")
+@pytest.mark.parametrize("chain", list(PLAN_CHAINS))
+def test_O2_plan_is_exercised(chain, monkeypatch):
+    """test_O2_plan_exact tests the fast path, not a fallback: on the CPU with samplec-native, each of its -O2
+    programs runs its stages and draw as one call of the native chain kernel, which answers (returns outputs),
+    and no stage op runs by its dense definition. A chain the kernel silently declined would pass
+    test_O2_plan_exact through the dense definitions; it fails here."""
+    from samplec.backend_mlx import interpreter, native
+    from samplec.ir.ops import STAGE_OPS
+    if not (native.installed() and hasattr(native._native, "sample_chain")):
+        pytest.skip("samplec-native (with the chain kernel) is not installed")
+    ran, dense = [], []
+    real_chain, real_dense = native.sample_chain, interpreter._run_expansion
+
+    def chain_spy(x, params, stages, terminal, *a, **k):
+        out = real_chain(x, params, stages, terminal, *a, **k)
+        ran.append((list(stages), terminal, out is not None))
+        return out
+
+    monkeypatch.setattr(native, "sample_chain", chain_spy)
+    monkeypatch.setattr(interpreter, "_run_expansion", lambda node, ins: dense.append(node.op) or real_dense(node, ins))
+    monkeypatch.setenv("SAMPLEC_NATIVE", "1")
+    src = PLAN_CHAINS[chain][0]
+    p = samplec.compile(src, opt_level=2)        # (a program of its own: traced under the spies)
+    want = [n.op for n in p.graph.toposort() if n.op in STAGE_OPS]
+    assert want, p.ir()
     rng = np.random.default_rng(5)
-    before = p.fallbacks
-    x = mixed_logits(32000, 3, FRIENDLY)
-    p(x, **_plan_kwargs("top_k", 32000, x, rng))
-    assert p.fallbacks == before
+    with mx.stream(mx.cpu):
+        for kinds in (FRIENDLY, ADVERSARIAL):
+            x = mixed_logits(32000, 3, kinds)
+            p(x, **_plan_kwargs(chain, 32000, x, rng))
+    assert ran and all(r == (want, PLAN_TERMINAL.get(chain, "sample"), True) for r in ran), ran
+    assert not set(dense) & set(STAGE_OPS), dense
 
 
 @pytest.mark.parametrize("V", (1000, 32000))
