@@ -200,7 +200,8 @@ def _eos_set(eos_token_id) -> set[int]:
 
 
 def generate(model, program: Program, prompt, max_tokens: int, *, chunk: int = 1, seed: int = 0,
-             eos_token_id=None, prompt_in_history: bool = True, **params) -> list[int]:
+             eos_token_id=None, prompt_in_history: bool = True, draft_model=None, num_draft: int = 4,
+             stats: dict | None = None, **params) -> list[int]:
     """Generate up to `max_tokens` tokens after `prompt`, `chunk` decode steps per host synchronization.
 
     `model` is an mlx-lm model (`model(tokens[None], cache=cache)` returns logits [1, L, V]); `program` is a
@@ -209,16 +210,32 @@ def generate(model, program: Program, prompt, max_tokens: int, *, chunk: int = 1
     the prompt and the tokens generated so far; with `prompt_in_history=False` only the generated ones (OpenAI's
     presence/frequency penalties count those). The result is the generated tokens, ending with the first
     end-of-sequence token if one of `eos_token_id` (an id or a list) came.
+
+    With a `draft_model` (an mlx-lm model over the same vocabulary) the loop decodes speculatively, `num_draft`
+    proposals per target forward pass (see `_generate_speculative`); the tokens are the ones the program draws
+    from the target's logits at each position, so they do not depend on the draft. When `stats` is a dict it
+    receives `target_forwards`, `draft_forwards`, `draft_tokens` (proposed), `accepted_tokens` and `tokens`.
     """
     if not isinstance(chunk, (int, np.integer)) or chunk < 1:
         raise SamplecError(f"chunk must be an integer >= 1, got {chunk!r}")
     if not isinstance(max_tokens, (int, np.integer)) or max_tokens < 0:
         raise SamplecError(f"max_tokens must be an integer >= 0, got {max_tokens!r}")
+    if stats is not None and not isinstance(stats, dict):
+        raise SamplecError(f"stats must be a dict (filled with the loop's counts) or None, got {type(stats).__name__}")
+    if draft_model is not None and (not isinstance(num_draft, (int, np.integer)) or isinstance(num_draft, bool)
+                                    or num_draft < 1):
+        raise SamplecError(f"num_draft must be an integer >= 1, got {num_draft!r}")
     tokens = _as_prompt(prompt)
     feed = ProgramFeed(program, seed, params)
     eos = _eos_set(eos_token_id)
+    counts = {"target_forwards": 0, "draft_forwards": 0, "draft_tokens": 0, "accepted_tokens": 0, "tokens": 0}
+    if stats is not None:
+        stats.update(counts)
     if max_tokens == 0:
         return []
+    if draft_model is not None:
+        return _generate_speculative(model, draft_model, feed, tokens, max_tokens, int(num_draft), eos,
+                                     prompt_in_history, stats)
 
     cache = _make_cache(model)
     seq = mx.array(tokens, dtype=mx.int32)
@@ -275,7 +292,174 @@ def generate(model, program: Program, prompt, max_tokens: int, *, chunk: int = 1
             for t in np.array(done).tolist():
                 out.append(int(t))
                 if t in eos:
-                    return out
+                    return _counted(out, step, stats)
         if launched is None:
-            return out
+            return _counted(out, step, stats)
         pending = launched
+
+
+def _counted(out: list[int], forwards: int, stats: dict | None) -> list[int]:
+    """Plain decoding's counts: one target forward pass per token sampled (a chunk may sample past the end)."""
+    if stats is not None:
+        stats.update(target_forwards=forwards, tokens=len(out))
+    return out
+
+
+# ---- speculative decoding ----
+
+def _check_trimmable(cache, which: str) -> None:
+    bad = sorted({type(c).__name__ for c in cache if not (hasattr(c, "is_trimmable") and c.is_trimmable())})
+    if bad:
+        raise SamplecError(f"speculative decoding trims the {which} model's KV cache after each round, and its "
+                           f"cache ({', '.join(bad)}) cannot be trimmed (a rotating cache that is full, a "
+                           "quantized or recurrent one)")
+
+
+def _trim(cache, n: int, which: str) -> None:
+    if n > 0:
+        _check_trimmable(cache, which)
+        for c in cache:
+            c.trim(n)
+
+
+def _prefill_all_but_last(model, cache, seq: mx.array) -> None:
+    """Feed all but the last prompt token, PREFILL_STEP at a time (as the plain loop and mlx-lm do)."""
+    while seq.shape[0] > 1:
+        n = min(PREFILL_STEP, seq.shape[0] - 1)
+        model(seq[:n][None], cache=cache)
+        mx.eval([c.state for c in cache])
+        seq = seq[n:]
+
+
+def _row_histories(hist: mx.array, drafts: mx.array, rows: int) -> mx.array:
+    """Histories of the verification rows: row j is `hist` + the first j draft tokens, left-padded with -1 to
+    one width (int32 [rows, n + rows - 1])."""
+    full = mx.concatenate([hist[0], drafts]) if drafts.size else hist[0]
+    width = full.shape[0]
+    idx = mx.arange(width)[None, :] - (rows - 1 - mx.arange(rows))[:, None]
+    picked = full[mx.maximum(idx, 0)] if width else mx.zeros((rows, 0), dtype=mx.int32)
+    return mx.where(idx >= 0, picked, -1).astype(mx.int32) if width else picked
+
+
+def _rows_of_one(feed: ProgramFeed, rows: int, V: int) -> None:
+    """Give `feed` arguments for `rows` rows that repeat its one-row arguments: the values passed for the one
+    sequence (a [V] mask or bias, a length-1 vector) then hold on every verified position."""
+    if (rows, V) not in feed._base:
+        feed._base[(rows, V)] = [mx.broadcast_to(a, (rows, *a.shape[1:])) if isinstance(a, mx.array)
+                                 else np.repeat(np.asarray(a), rows, axis=0) for a in feed._base_args(1, V)]
+
+
+def _generate_speculative(model, draft_model, feed: ProgramFeed, tokens: list[int], max_tokens: int, k: int,
+                          eos: set[int], prompt_in_history: bool, stats: dict | None) -> list[int]:
+    """Speculative decoding whose tokens are plain decoding's (spec section 7).
+
+    Each round: the draft model proposes up to `k` tokens, drawing each with the program on *its* logits at the
+    position and with the history the target would have there (and the target's seed, so the two draws share
+    their noise); the target scores the pending token and the proposals in one forward pass; the program runs on
+    those k + 1 rows, row j at position `length + j` with the history extended by the first j proposals (one call
+    over the rows; a program with a state parameter runs row after row, each row's state from the row before, all
+    in the same lazy graph). Proposals are accepted while they equal the target's token at their position; the
+    target's token at the first disagreement (or after the last proposal) is emitted too. Every emitted token is
+    the program's draw from the target's logits with plain decoding's position, history and state, so the output
+    does not depend on the draft. Both KV caches are trimmed back to the accepted path.
+    """
+    cache, dcache = _make_cache(model), _make_cache(draft_model)
+    _check_trimmable(cache, "target")
+    _check_trimmable(dcache, "draft")
+    seq = mx.array(tokens, dtype=mx.int32)
+    _prefill_all_but_last(model, cache, seq)
+    _prefill_all_but_last(draft_model, dcache, seq)
+    _check_trimmable(cache, "target")
+    _check_trimmable(dcache, "draft")
+
+    counts = {"target_forwards": 0, "draft_forwards": 0, "draft_tokens": 0, "accepted_tokens": 0, "tokens": 0}
+    hist = seq[None] if prompt_in_history else mx.zeros((1, 0), dtype=mx.int32)    # the history before `length`
+    length = len(tokens)              # the position of the next token
+    pending = [tokens[-1]]            # the target's input next round (the last token, not yet in its cache)
+    dpending = [tokens[-1]]           # the draft's input next round (one or two tokens)
+    state = None                      # the program's state entering `length` (None: its start)
+    checked_vocab = False
+    out: list[int] = []
+    while len(out) < max_tokens:
+        kk = min(k, max_tokens - len(out) - 1)
+        # the draft's proposals: the program on the draft's logits, coupled with the target's draws
+        drafts, dstate, dhist, inp = [], state, hist, mx.array(dpending, dtype=mx.int32)
+        for j in range(kk):
+            dlogits = draft_model(inp[None], cache=dcache)[:, -1, :]
+            history = pad_history(dhist, dhist.shape[1]) if feed.needs_history else None
+            outs, _ = feed(dlogits, [length + j], history, state=dstate)     # (its checks: the draft's business)
+            dstate = feed.next_state(outs)
+            inp = outs[feed.token_index].astype(mx.int32)
+            drafts.append(inp)
+            if feed.needs_history:
+                dhist = mx.concatenate([dhist, inp[None]], axis=1)
+        proposed = mx.concatenate(drafts) if drafts else mx.zeros((0,), dtype=mx.int32)
+        # the target: one forward pass over the pending token and the proposals, the program on its k + 1 rows
+        logits = model(mx.concatenate([mx.array(pending, dtype=mx.int32), proposed])[None], cache=cache)[0]
+        if not checked_vocab:
+            V = logits.shape[-1]
+            if drafts and dlogits.shape[-1] != V:
+                raise SamplecError(f"draft_model: its vocabulary has {dlogits.shape[-1]} entries, the target's "
+                                   f"{V}; a draft must share the target's token ids")
+            feed.check_history(tokens, V)
+            checked_vocab = True
+        rows = kk + 1
+        _rows_of_one(feed, rows, logits.shape[-1])
+        histories = None
+        if feed.needs_history:
+            histories = pad_history(_row_histories(hist, proposed, rows), hist.shape[1] + kk)
+        if not feed.state_slots:
+            outs, flags = feed(logits, mx.arange(length, length + rows), histories)
+            picked = outs[feed.token_index].astype(mx.int32)
+            states = None
+        else:
+            picks, per_row, states, s = [], [], [], state
+            for j in range(rows):
+                o, f = feed(logits[j:j + 1], [length + j],
+                            histories[j:j + 1] if histories is not None else None, state=s)
+                s = feed.next_state(o)
+                states.append(s)
+                picks.append(o[feed.token_index].astype(mx.int32))
+                per_row.append(f)
+            picked = mx.concatenate(picks)
+            flags = [mx.concatenate([f[c].reshape(1, -1) for f in per_row]) for c in range(len(per_row[0]))]
+        mx.eval(picked, proposed, *flags)
+        counts["target_forwards"] += 1
+        counts["draft_forwards"] += kk
+        counts["draft_tokens"] += kk
+        target, guess = picked.tolist(), proposed.tolist()
+        m = 0
+        while m < kk and target[m] == guess[m]:
+            m += 1
+        counts["accepted_tokens"] += m
+        for check, f in zip(feed.program.graph.checks, flags):     # (rows past m are not on the emitted path)
+            fired = np.asarray(f).reshape(rows, -1)[:m + 1].any(axis=1)
+            if fired.any():
+                raise SamplecError(f"{check.message} (at position {length + int(np.nonzero(fired)[0][0])})")
+        emitted = target[:m + 1]
+        for t in emitted:
+            out.append(t)
+            if t in eos:
+                return _done_speculative(out, counts, stats)
+        # trim both caches back to the accepted path; the next round starts after the emitted tokens
+        _trim(cache, kk - m, "target")
+        if kk:
+            c = min(m, kk - 1)                          # accepted proposals the draft itself has fed forward
+            _trim(dcache, kk - 1 - c, "draft")
+            dpending = target[c:m + 1]
+        else:
+            dpending = dpending + emitted
+        pending = [target[m]]
+        if states is not None:
+            state = states[m]
+        length += m + 1
+        if feed.needs_history:
+            hist = mx.concatenate([hist, mx.array([emitted], dtype=mx.int32)], axis=1)
+    return _done_speculative(out, counts, stats)
+
+
+def _done_speculative(out: list[int], counts: dict, stats: dict | None) -> list[int]:
+    counts["tokens"] = len(out)
+    if stats is not None:
+        stats.update(counts)
+    return out

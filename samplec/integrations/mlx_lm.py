@@ -38,7 +38,7 @@ from samplec.decode import ProgramFeed, pad_history
 from samplec.diagnostics import SamplecError
 from samplec.program import Outputs, Program
 
-__all__ = ["Sampler", "Step", "random_llama", "local_tokenizer"]
+__all__ = ["Sampler", "Step", "random_llama", "local_tokenizer", "noisy_copy"]
 
 _CHECK_LAG = 2   # a step's check flags are read two sampler calls later, when mlx-lm has already synced on it
 
@@ -200,6 +200,32 @@ def random_llama(seed: int = 0, *, layers: int = 2, hidden: int = 64, vocab: int
     model = llama.Model(args)
     mx.eval(model.parameters())
     return model
+
+
+def noisy_copy(model, noise: float, seed: int = 0):
+    """A draft for `model`: the same architecture with every weight matrix w replaced by
+    `w + noise * std(w) * N(0, 1)` (noise drawn from `seed`; norms and other vectors are kept). `noise = 0` is an
+    exact copy; the larger `noise`, the less often the copy's draws agree with the original's. Used by the
+    speculative-decoding tests and benchmark as drafts that agree with a target to a chosen degree."""
+    import copy
+
+    from mlx.utils import tree_flatten, tree_unflatten
+
+    if not isinstance(noise, (int, float)) or not noise >= 0:
+        raise SamplecError(f"noisy_copy: noise must be a number >= 0, got {noise!r}")
+    draft = copy.deepcopy(model)
+    flat = tree_flatten(model.parameters())
+    keys = mx.random.split(mx.random.key(seed), len(flat))
+    params = []
+    for i, (name, w) in enumerate(flat):
+        if w.ndim >= 2 and noise > 0:
+            w32 = w.astype(mx.float32)
+            g = mx.random.normal(w.shape, dtype=mx.float32, key=keys[i])
+            w = (w32 + noise * mx.std(w32) * g).astype(w.dtype)
+        params.append((name, w))
+    draft.update(tree_unflatten(params))
+    mx.eval(draft.parameters())
+    return draft
 
 
 _CORPUS = """\
