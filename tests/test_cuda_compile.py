@@ -1,4 +1,4 @@
-"""The CUDA kernels' sources compiled by NVRTC (NVIDIA's runtime compiler, the `nvidia-cuda-nvrtc` wheel of the dev
+"""The CUDA kernels' sources compiled by NVRTC (NVIDIA's runtime compiler, the `nvidia-cuda-nvrtc` wheel of the cuda
 extra) for the GPUs MLX's CUDA backend targets -- no GPU needed: a syntax or type error in a path only a GPU runs
 fails here, in CI, not on a user's machine; and each kernel's register count must let its block size launch
 (65,536 registers per SM: a block of 512 threads may use 128 a thread, of 1024 64). MLX wraps a kernel's body in
@@ -25,7 +25,7 @@ def _nvrtc():
 
 
 NVRTC = _nvrtc()
-pytestmark = pytest.mark.skipif(NVRTC is None, reason="no NVRTC (the dev extra's nvidia-cuda-nvrtc, Linux x86-64)")
+pytestmark = pytest.mark.skipif(NVRTC is None, reason="no NVRTC (the cuda extra's nvidia-cuda-nvrtc, Linux x86-64)")
 
 
 def compile_cubin(source: str, arch: str) -> bytes:

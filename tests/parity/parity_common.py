@@ -8,10 +8,13 @@ and the surviving logits. The distribution comes back through `probs`.
 from __future__ import annotations
 
 import functools
+import importlib
+import os
 import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 import samplec
 
@@ -26,6 +29,15 @@ F32 = np.float32
 V = 32000
 EXAMPLE_LOGITS = np.load(ROOT / "examples" / "logits.npy")
 EXAMPLE_HISTORY = np.load(ROOT / "examples" / "history.npy")
+
+
+def peer(module: str):
+    """Import a peer library a parity suite compares with. Without it the suite's tests skip -- except under
+    SAMPLEC_REQUIRE_PARITY=1 (what `.ci/run` sets, having installed every peer), where a missing peer is an error,
+    so that CI cannot pass with a parity suite that never ran."""
+    if os.environ.get("SAMPLEC_REQUIRE_PARITY", "").strip() == "1":
+        return importlib.import_module(module)
+    return pytest.importorskip(module)
 
 
 def tie_free(row: np.ndarray) -> np.ndarray:

@@ -15,7 +15,8 @@ difference and nothing more:
   - Epsilon/Eta: the same kept set (p_i >= the cut, and the argmax) with min_tokens_to_keep = 1, HF's only
     behaviour samplec has; e = 0 is off in samplec and an error in HF.
 
-Needs `pip install -e ".[parity]"` (torch==2.13.0 CPU and a pinned transformers). Skipped without them.
+Needs `pip install -e ".[parity]"` (torch==2.13.0 CPU and a pinned transformers). Skipped without them, an
+error under SAMPLEC_REQUIRE_PARITY=1 (CI).
 """
 from __future__ import annotations
 
@@ -25,8 +26,10 @@ import re
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
+from parity_common import peer
+
+torch = peer("torch")
+transformers = peer("transformers")
 
 from transformers import (  # noqa: E402
     EpsilonLogitsWarper,

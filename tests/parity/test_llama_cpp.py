@@ -7,10 +7,12 @@ surviving logits must agree.
 
 Install and run (the wheel builds llama.cpp from source, about 5-10 minutes on 2 cores):
 
-    CMAKE_ARGS="-DGGML_NATIVE=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF" pip install -e ".[llama]"
+    CMAKE_ARGS="-DGGML_NATIVE=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF" \
+        pip install -e ".[llama]"
     python -m pytest tests/parity/test_llama_cpp.py
 
-Without llama_cpp installed, every test here is skipped. Results and the documented differences are in
+`.ci/run` installs it, so CI runs these. Without llama_cpp installed every test here is skipped (an error under
+SAMPLEC_REQUIRE_PARITY=1, as in CI). Results and the documented differences are in
 docs/parity.md.
 """
 from __future__ import annotations
@@ -25,7 +27,9 @@ import pytest
 
 import samplec
 
-llama_cpp = pytest.importorskip("llama_cpp")
+from parity_common import peer
+
+llama_cpp = peer("llama_cpp")
 
 from parity_common import (  # noqa: E402
     EXAMPLE_HISTORY,
