@@ -1,31 +1,32 @@
-"""`samplec serve`: mlx-lm's OpenAI-compatible server (mlx_lm.server, mlx-lm 0.32.2 pinned) sampling with samplec.
+"""`samplec serve`: an OpenAI-compatible server (`/v1/chat/completions`, `/v1/completions`, `/v1/models`) that
+samples with samplec (docs/serve.md).
 
-mlx-lm's BatchGenerator samples a batch with one call only when every request shares one sampler object; its
-server builds a sampler per request (so it samples row by row) and never batches a request that carries a seed
-(it seeds MLX's global generator). Here every request gets the same `BatchSampler` and its own `RowMarker`, a
-logits processor that the batch calls row by row, in row order, just before sampling. The marker applies the
-request's `logit_bias` and records the row (its raw logits, its token context and its parameters); the sampler,
-called once per step for the whole batch, runs one compiled program over those rows with one value per row --
-temperature, top_p, top_k, min_p, the penalties, the seed and the position (the count of tokens the request has
-generated). A row's token depends only on its own logits, values, seed and position (spec section 4), so a
-seeded request gives the same tokens alone or in any batch, and seeded requests are batched like the others.
-
-The chain is `SERVER_CHAIN` (mlx-lm's order: its three penalties, each over its own window, top_p, min_p, xtc,
-top_k, temperature, sample), or the chains named with `--sampler FILE.smp[:NAME]` (the first is the default; a
-request picks another with the field `"samplec_sampler": "NAME"`). A chain's parameters take the request's fields
-by name; a `tokens` parameter gets the request's recent tokens (as many as the largest of its three context sizes;
-0: all), a `seed` parameter the request's seed (or one drawn from the OS for the request), an `int` parameter named
-`pos` or `position` the position. Request values are checked when the request arrives (400 naming the field);
-mlx-lm's conventions hold (`top_p` 0 or 1 and `top_k` 0 are off, `temperature` 0 is greedy, a context size of 0 is
-every token).
+Layers, each owned here except the model:
+- HTTP: the standard library's ThreadingHTTPServer, one thread per connection; bodies are checked field by field
+  (`parse_request`): every OpenAI field is honoured or answered 400 naming it.
+- Generation: mlx-lm's public API -- `mlx_lm.load` (model and tokenizer) and `mlx_lm.generate.BatchGenerator`
+  (continuous batching, prefill, KV caches) -- driven by one engine thread (`Engine`).
+- Sampling: every row of the batch shares one `BatchSampler`, which runs one compiled program call per chain per
+  step over the rows its logits processors (`Row.process`) recorded: one value per row for temperature, top_p,
+  top_k, min_p, the penalties, the seed, the position (the count of tokens the row has generated) and the allowed
+  tokens (a packed bitmask: all ones, or the row's grammar's mask). A row's token depends only on its own logits,
+  values, seed, position and mask (spec section 4), so a request gives the same tokens alone or in any batch.
+- Text: token bytes (the grammar engine's tokenizer view), UTF-8 decoded incrementally; stop strings are found in
+  the text (also across tokens), the text ends just before the first one.
 """
 from __future__ import annotations
 
+import codecs
+import json
 import logging
 import math
 import os
+import queue
 import threading
+import time
+import uuid
 from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import mlx.core as mx
@@ -35,12 +36,13 @@ from samplec.diagnostics import SamplecError
 from samplec.program import Program
 
 SERVER_CHAIN = """
-sampler mlx_lm_server(h: tokens, seed: seed, pos: int, temperature: float = 0.0, top_p: float = 1.0,
-                      top_k: int = 0, min_p: float = 0.0, repetition_penalty: float = 1.0,
+sampler mlx_lm_server(h: tokens, seed: seed, pos: int, allowed: mask, temperature: float = 0.0,
+                      top_p: float = 1.0, top_k: int = 0, min_p: float = 0.0, repetition_penalty: float = 1.0,
                       repetition_context_size: int = 20, presence_penalty: float = 0.0,
                       presence_context_size: int = 20, frequency_penalty: float = 0.0,
                       frequency_context_size: int = 20, xtc_probability: float = 0.0,
-                      xtc_threshold: float = 0.1) -> token, logprob {
+                      xtc_threshold: float = 0.1) -> token, logprob, raw_logprob, top_logprobs(TOP) {
+    allow(allowed)
     penalties(h, last_n = repetition_context_size, repeat = repetition_penalty)
     penalties(h, last_n = presence_context_size, presence = presence_penalty)
     penalties(h, last_n = frequency_context_size, frequency = frequency_penalty)
@@ -52,9 +54,13 @@ sampler mlx_lm_server(h: tokens, seed: seed, pos: int, temperature: float = 0.0,
     sample(seed, position = pos)
 }
 """
+TOP = 20                    # the most top_logprobs a request may ask for (OpenAI's limit)
+MAX_N = 16                  # the most choices one request may ask for
+MAX_STOP = 16               # the most stop strings
+MAX_TOKENS = 1 << 20
+MAX_BODY = 16 << 20
 
-# request field -> how mlx-lm's value becomes the chain's (its off conventions; a context size of 0 is every token,
-# mlx-lm's `tokens[-0:]`)
+# request field -> how its value becomes the chain's (mlx-lm's off conventions; a context size of 0 is every token)
 _WINDOW = lambda v: -1 if int(v) == 0 or int(v) >= 2**31 else int(v)      # noqa: E731  (past int32: every token)
 FIELDS = {
     "temperature": lambda v: float(v),
@@ -70,26 +76,360 @@ FIELDS = {
     "xtc_probability": lambda v: float(v),
     "xtc_threshold": lambda v: float(v),
 }
+DEFAULTS = dict(temperature=1.0, top_p=1.0, top_k=0, min_p=0.0, repetition_penalty=0.0,
+                repetition_context_size=20, presence_penalty=0.0, presence_context_size=20, frequency_penalty=0.0,
+                frequency_context_size=20, xtc_probability=0.0, xtc_threshold=0.1)
 WINDOWS = ("repetition_context_size", "presence_context_size", "frequency_context_size")
 
 
-@dataclass
-class RowMarker:
-    """One request's logits processor: applies its logit_bias, records its row for the batch's one sampler call."""
-    sampler: "BatchSampler"
-    chain: str
-    values: dict
-    seed: int
-    context: int                # how many of the recent tokens the chain's `tokens` parameter gets (-1: all)
-    bias: dict = field(default_factory=dict)
-    eos: int = 0
-    step: int = 0
-    logprobs: list = field(default_factory=list)     # each token's log-probability under the chain's distribution
+class BadRequest(Exception):
+    """A request answered 400 (or `status`), naming the field (`param`)."""
 
-    def __call__(self, tokens: mx.array, logits: mx.array) -> mx.array:
+    def __init__(self, message: str, param: str | None = None, status: int = 400, code: str | None = None):
+        super().__init__(message)
+        self.param, self.status, self.code = param, status, code
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# requests
+
+@dataclass
+class Request:
+    kind: str                          # "chat" or "completion"
+    prompt: list[int]
+    n: int = 1
+    max_tokens: int = 16
+    values: dict = field(default_factory=dict)
+    seed: int | None = None
+    bias: dict = field(default_factory=dict)
+    stop: list[str] = field(default_factory=list)
+    stream: bool = False
+    include_usage: bool = False
+    logprobs: bool = False
+    top_logprobs: int = 0
+    chain: str | None = None
+    grammar: object = None             # a samplec.structured.Grammar
+    model: str = ""
+
+    def seeds(self) -> list[int]:
+        """Choice i samples with seed (seed + i) mod 2**64; without a seed, each choice draws one from the OS."""
+        if self.seed is None:
+            return [int.from_bytes(os.urandom(8), "little") for _ in range(self.n)]
+        return [(self.seed + i) % 2**64 for i in range(self.n)]
+
+
+# fields each endpoint accepts; the values are what is checked
+CHAT_ONLY = {"messages", "max_completion_tokens", "top_logprobs", "response_format", "tools", "tool_choice",
+             "parallel_tool_calls", "functions", "function_call", "audio", "modalities", "prediction",
+             "reasoning_effort", "verbosity", "web_search_options", "store", "chat_template_kwargs"}
+COMPLETION_ONLY = {"prompt", "best_of", "echo", "suffix"}
+COMMON = {"model", "max_tokens", "n", "seed", "stop", "stream", "stream_options", "logprobs", "logit_bias",
+          "temperature", "top_p", "presence_penalty", "frequency_penalty", "user", "metadata", "service_tier",
+          "safety_identifier", "prompt_cache_key", "samplec_sampler", "grammar", "response_format",
+          *FIELDS}
+INFORMATIONAL = {"user", "metadata", "safety_identifier", "prompt_cache_key"}   # accepted; they change no token
+
+
+def _number(body: dict, name: str, lo=None, hi=None, integer=False, default=None):
+    v = body.get(name)
+    if v is None:
+        return default
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or integer and not (
+            isinstance(v, int) or float(v).is_integer()):
+        raise BadRequest(f"{name} must be {'an integer' if integer else 'a number'}, got {json.dumps(v)}", name)
+    if not math.isfinite(v):
+        raise BadRequest(f"{name} must be a finite number", name)
+    if lo is not None and v < lo or hi is not None and v > hi:
+        rng = f"[{lo}, {hi}]" if lo is not None and hi is not None else (f">= {lo}" if lo is not None
+                                                                          else f"<= {hi}")
+        raise BadRequest(f"{name} must be {rng}, got {v}", name)
+    return int(v) if integer else v
+
+
+class Parser:
+    """Checks a request body and turns it into a `Request` (BadRequest names the field)."""
+
+    def __init__(self, tokenizer, vocab: int, programs: dict[str, Program], model_id: str, grammars=None):
+        self.tokenizer, self.vocab, self.programs, self.model_id = tokenizer, vocab, programs, model_id
+        self.grammars = grammars              # a samplec.structured.Tokenizer, or None (no engine / no tokenizer)
+
+    def __call__(self, kind: str, body) -> Request:
+        if not isinstance(body, dict):
+            raise BadRequest("the request body must be a JSON object")
+        allowed = COMMON | (CHAT_ONLY if kind == "chat" else COMPLETION_ONLY)
+        for name in body:
+            if name not in allowed:
+                other = "/v1/completions" if name in COMPLETION_ONLY else "/v1/chat/completions"
+                hint = f" (a field of {other})" if name in CHAT_ONLY | COMPLETION_ONLY else ""
+                raise BadRequest(f"unrecognized request argument supplied: {name}{hint}", name)
+        req = Request(kind=kind, prompt=[])
+        model = body.get("model")
+        if model is not None and model != self.model_id:
+            raise BadRequest(f"model: '{model}' is not served here (this server serves '{self.model_id}')",
+                             "model", 404, "model_not_found")
+        req.model = self.model_id
+        self._refusals(kind, body)
+        req.prompt = self._prompt(kind, body)
+        req.n = _number(body, "n", 1, MAX_N, integer=True, default=1)
+        mt, mct = body.get("max_tokens"), body.get("max_completion_tokens")
+        if mt is not None and mct is not None and mt != mct:
+            raise BadRequest("max_tokens and max_completion_tokens differ: give one", "max_completion_tokens")
+        name = "max_completion_tokens" if mct is not None else "max_tokens"
+        req.max_tokens = _number(body, name, 1, MAX_TOKENS, integer=True, default=16 if kind == "completion"
+                                 else 512)
+        req.seed = _number(body, "seed", 0, 2**64 - 1, integer=True)
+        req.stream = self._bool(body, "stream")
+        so = body.get("stream_options")
+        if so is not None:
+            if not isinstance(so, dict) or set(so) - {"include_usage", "include_obfuscation"}:
+                raise BadRequest("stream_options: only {\"include_usage\": bool} is supported", "stream_options")
+            if not req.stream:
+                raise BadRequest("stream_options is only allowed with stream: true", "stream_options")
+            req.include_usage = self._bool(so, "include_usage", "stream_options.include_usage")
+        req.stop = self._stop(body)
+        self._logprobs(kind, body, req)
+        self._values(body, req)
+        req.bias = self._bias(body)
+        chain = body.get("samplec_sampler")
+        if chain is not None and chain not in self.programs:
+            raise BadRequest(f"samplec_sampler: no chain named {chain!r} (this server has: "
+                             f"{', '.join(self.programs)})", "samplec_sampler")
+        req.chain = chain or next(iter(self.programs))
+        req.grammar = self._grammar(body, req.chain)
+        return req
+
+    @staticmethod
+    def _bool(body, name, label=None):
+        v = body.get(name)
+        if v is None:
+            return False
+        if not isinstance(v, bool):
+            raise BadRequest(f"{label or name} must be true or false, got {json.dumps(v)}", label or name)
+        return v
+
+    def _refusals(self, kind, body):
+        def off(name, ok=lambda v: v is None):
+            if name in body and not ok(body[name]):
+                raise BadRequest(f"{name}: not supported by samplec serve", name)
+        for name in ("tools", "functions"):
+            off(name, lambda v: v is None or v == [])
+        off("tool_choice", lambda v: v in (None, "none"))
+        off("function_call", lambda v: v in (None, "none"))
+        off("parallel_tool_calls", lambda v: v is None or isinstance(v, bool))
+        for name in ("audio", "prediction", "web_search_options", "suffix", "reasoning_effort", "verbosity"):
+            off(name)
+        off("modalities", lambda v: v is None or v == ["text"])
+        off("store", lambda v: v in (None, False))
+        off("echo", lambda v: v in (None, False))
+        off("best_of", lambda v: v is None or v == body.get("n", 1) or v == 1)
+        off("service_tier", lambda v: v in (None, "auto", "default"))
+        for name in INFORMATIONAL:
+            if name == "metadata":
+                off(name, lambda v: v is None or isinstance(v, dict))
+            else:
+                off(name, lambda v: v is None or isinstance(v, str))
+        off("chat_template_kwargs", lambda v: v is None or isinstance(v, dict))
+
+    def _prompt(self, kind, body) -> list[int]:
+        if kind == "completion":
+            if "prompt" not in body:
+                raise BadRequest("prompt is required", "prompt")
+            p = body["prompt"]
+            if isinstance(p, list) and len(p) == 1 and isinstance(p[0], (str, list)):
+                p = p[0]
+            if isinstance(p, str):
+                if not p:
+                    raise BadRequest("prompt must be a non-empty string", "prompt")
+                tokens = list(self.tokenizer.encode(p))
+            elif isinstance(p, list) and p and all(isinstance(t, int) and not isinstance(t, bool) for t in p):
+                if any(not 0 <= t < self.vocab for t in p):
+                    raise BadRequest(f"prompt: token ids must lie in [0, {self.vocab})", "prompt")
+                tokens = list(p)
+            elif isinstance(p, list) and len(p) > 1:
+                raise BadRequest("prompt: several prompts in one request are not supported (send one request "
+                                 "each, or use n)", "prompt")
+            else:
+                raise BadRequest("prompt must be a non-empty string or a list of token ids", "prompt")
+        else:
+            msgs = body.get("messages")
+            if not isinstance(msgs, list) or not msgs:
+                raise BadRequest("messages must be a non-empty list", "messages")
+            plain = []
+            for i, m in enumerate(msgs):
+                where = f"messages[{i}]"
+                if not isinstance(m, dict) or m.get("role") not in ("system", "developer", "user", "assistant"):
+                    raise BadRequest(f"{where}: a message is an object with a role of system, developer, user "
+                                     "or assistant", where)
+                extra = set(m) - {"role", "content", "name"}
+                if extra:
+                    raise BadRequest(f"{where}.{sorted(extra)[0]}: not supported by samplec serve",
+                                     f"{where}.{sorted(extra)[0]}")
+                c = m.get("content")
+                if isinstance(c, list):
+                    parts = []
+                    for part in c:
+                        if not isinstance(part, dict) or part.get("type") != "text" or \
+                                not isinstance(part.get("text"), str):
+                            raise BadRequest(f"{where}.content: only text parts are supported", f"{where}.content")
+                        parts.append(part["text"])
+                    c = "".join(parts)
+                if not isinstance(c, str):
+                    raise BadRequest(f"{where}.content must be a string or a list of text parts",
+                                     f"{where}.content")
+                plain.append({"role": "system" if m["role"] == "developer" else m["role"], "content": c})
+            kwargs = body.get("chat_template_kwargs") or {}
+            if getattr(self.tokenizer, "has_chat_template", False):
+                try:
+                    tokens = self.tokenizer.apply_chat_template(plain, add_generation_prompt=True, tokenize=True,
+                                                                **kwargs)
+                except Exception as e:  # noqa: BLE001 - a template's own errors (jinja)
+                    raise BadRequest(f"messages: the chat template failed: {e}"[:500], "messages") from None
+                if isinstance(tokens, dict) or hasattr(tokens, "input_ids"):
+                    tokens = tokens["input_ids"]
+                tokens = list(tokens)
+            else:
+                text = "".join(f"{m['role']}: {m['content']}\n" for m in plain) + "assistant:"
+                tokens = list(self.tokenizer.encode(text))
+        if not tokens:
+            raise BadRequest(f"{'prompt' if kind == 'completion' else 'messages'}: no tokens to start from",
+                             "prompt" if kind == "completion" else "messages")
+        return tokens
+
+    @staticmethod
+    def _stop(body) -> list[str]:
+        s = body.get("stop")
+        if s is None:
+            return []
+        items = [s] if isinstance(s, str) else s
+        if not isinstance(items, list) or not all(isinstance(x, str) and x for x in items) or \
+                len(items) > MAX_STOP:
+            raise BadRequest(f"stop must be a non-empty string or a list of at most {MAX_STOP} non-empty strings",
+                             "stop")
+        return list(dict.fromkeys(items))
+
+    def _logprobs(self, kind, body, req):
+        lp = body.get("logprobs")
+        if kind == "chat":
+            req.logprobs = self._bool(body, "logprobs")
+            top = body.get("top_logprobs")
+            if top is not None:
+                req.top_logprobs = _number(body, "top_logprobs", 0, TOP, integer=True)
+                if not req.logprobs:
+                    raise BadRequest("top_logprobs needs logprobs: true", "top_logprobs")
+        elif lp is not None:
+            if isinstance(lp, bool):
+                raise BadRequest("logprobs: on /v1/completions it is an integer in [0, 20] (the number of most "
+                                 "likely tokens to list)", "logprobs")
+            req.top_logprobs = _number(body, "logprobs", 0, TOP, integer=True)
+            req.logprobs = True
+
+    def _values(self, body, req):
+        ranges = dict(temperature=(0, None), top_p=(0, 1), min_p=(0, 1), repetition_penalty=(0, None),
+                      presence_penalty=(None, None), frequency_penalty=(None, None), xtc_probability=(0, 1),
+                      xtc_threshold=(0, 1))
+        raw = dict(DEFAULTS)
+        for name in FIELDS:
+            if name in WINDOWS or name == "top_k":
+                v = _number(body, name, 0 if name in WINDOWS else -2**31, None if name in WINDOWS else 2**31 - 1,
+                            integer=True)
+            else:
+                lo, hi = ranges[name]
+                v = _number(body, name, lo, hi)
+            if v is not None:
+                raw[name] = v
+        req.values = {name: FIELDS[name](raw[name]) for name in FIELDS}
+
+    def _bias(self, body) -> dict:
+        b = body.get("logit_bias")
+        if b is None:
+            return {}
+        if not isinstance(b, dict):
+            raise BadRequest("logit_bias must be an object of token id -> bias", "logit_bias")
+        out = {}
+        for k, v in b.items():
+            try:
+                t = int(k)
+            except (TypeError, ValueError):
+                raise BadRequest(f"logit_bias: {k!r} is not a token id", "logit_bias") from None
+            if not 0 <= t < self.vocab:
+                raise BadRequest(f"logit_bias: token {k}: ids must lie in [0, {self.vocab})", "logit_bias")
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not -100 <= v <= 100:
+                raise BadRequest(f"logit_bias: token {k}: a bias is a number in [-100, 100], got {json.dumps(v)}",
+                                 "logit_bias")
+            out[t] = float(v)
+        return out
+
+    def _grammar(self, body, chain: str):
+        rf, g = body.get("response_format"), body.get("grammar")
+        spec = None
+        if rf is not None:
+            if not isinstance(rf, dict) or rf.get("type") not in ("text", "json_object", "json_schema"):
+                raise BadRequest("response_format: type must be text, json_object or json_schema", "response_format")
+            if rf["type"] == "json_object":
+                spec = ("json_object", None, "response_format")
+            elif rf["type"] == "json_schema":
+                js = rf.get("json_schema")
+                if not isinstance(js, dict) or "schema" not in js and "name" not in js:
+                    raise BadRequest("response_format.json_schema must be an object with a schema",
+                                     "response_format.json_schema")
+                spec = ("json_schema", js.get("schema", {}), "response_format.json_schema")
+        if g is not None:
+            if spec is not None:
+                raise BadRequest("grammar and a JSON response_format cannot both be given", "grammar")
+            if not isinstance(g, dict) or g.get("type") not in ("regex", "lark", "gbnf", "json_schema") or \
+                    "value" not in g or set(g) - {"type", "value"}:
+                raise BadRequest("grammar must be {\"type\": \"regex\" | \"lark\" | \"gbnf\" | \"json_schema\", "
+                                 "\"value\": ...}", "grammar")
+            spec = (g["type"], g["value"], "grammar")
+        if spec is None:
+            return None
+        kind, value, name = spec
+        if self.grammars is None:
+            raise BadRequest(f"{name}: structured outputs are unavailable on this server ({GRAMMAR_UNAVAILABLE[0]})",
+                             name)
+        if not any(p.kind == "mask" for p in self.programs[chain].params):
+            raise BadRequest(f"{name}: the chain '{chain}' has no mask parameter (add `allowed: mask` and "
+                             "`allow(allowed)` to it)", name)
+        from samplec.structured import Grammar, GrammarError
+        try:
+            return Grammar.build(self.grammars, kind, value, name)
+        except GrammarError as e:
+            raise BadRequest(str(e), e.field) from None
+
+
+GRAMMAR_UNAVAILABLE = ["no grammar engine"]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# sampling
+
+class Row:
+    """One choice being generated: its values, its record of each sample, its text."""
+
+    def __init__(self, job: "Job", index: int, seed: int, eos: int):
+        self.job, self.index, self.seed, self.eos = job, index, seed, eos
+        req = job.req
+        self.chain, self.values, self.bias = req.chain, req.values, req.bias
+        windows = [self.values[w] for w in WINDOWS]
+        self.context = -1 if -1 in windows else max(windows)
+        self.matcher = req.grammar.matcher() if req.grammar is not None else None
+        self.sampler: BatchSampler | None = None
+        self.step = 0                        # samples drawn (the position of the next)
+        self.records: list = []              # per sample: (token, processed, raw, top ids, top values)
+        self.delivered = 0
+        self.decoder = codecs.getincrementaldecoder("utf-8")("replace")
+        self.text = ""
+        self.offsets: list[int] = []         # each delivered token's offset in text
+        self.emitted = 0                     # characters of text already streamed
+        self.entries_sent = 0
+        self.finish: str | None = None
+        self.uid: int | None = None
+        self.grammar_error: str | None = None
+
+    def process(self, tokens: mx.array, logits: mx.array) -> mx.array:
+        """The row's logits processor (called by the batch in row order): its logit_bias, then record the row."""
         if self.bias:
-            V = logits.shape[-1]
-            ids = [i for i in self.bias if 0 <= i < V]
+            ids = [i for i in self.bias if i < logits.shape[-1]]
             if ids:
                 logits = logits.at[..., mx.array(ids)].add(mx.array([self.bias[i] for i in ids], mx.float32))
         self.sampler.rows.append((self, logits, tokens))
@@ -97,284 +437,628 @@ class RowMarker:
 
 
 class BatchSampler:
-    """The batch's one sampler: runs each chain once per step over the rows its markers recorded."""
+    """The batch's one sampler: runs each chain once per step over the rows recorded by their processors."""
 
-    def __init__(self, programs: dict[str, Program]):
+    def __init__(self, programs: dict[str, Program], grammars=None):
         self.programs = programs
-        self.default = next(iter(programs))
+        self.grammars = grammars
         self.rows: list = []
         self.calls = 0              # program calls so far (one per chain per step)
         self.widest = 0             # the most rows one call sampled
-        self.provider = None        # mlx-lm's ModelProvider (its tokenizer's end-of-sequence id)
-
-    def marker(self, args) -> RowMarker:
-        s, lg = args.sampling, args.logits
-        values = {name: FIELDS[name](getattr(s if hasattr(s, name) else lg, name)) for name in FIELDS}
-        chain = getattr(args, "samplec_sampler", None) or self.default
-        seed = args.seed if args.seed is not None else int.from_bytes(os.urandom(8), "little")
-        eos = next(iter(getattr(getattr(self.provider, "tokenizer", None), "eos_token_ids", None) or [0]))
-        windows = [values[w] for w in WINDOWS]
-        return RowMarker(self, chain, values, seed, -1 if -1 in windows else max(windows),
-                         dict(lg.logit_bias or {}), eos)
+        self.grammar_seconds = 0.0  # time in the grammar engine (masks and advancing)
+        self.sample_seconds = 0.0   # time in the sampler calls (programs and grammar)
 
     def __call__(self, logprobs: mx.array) -> mx.array:
+        t0 = time.perf_counter()
         rows, self.rows = self.rows, []
         if len(rows) != logprobs.shape[0]:
             raise RuntimeError(f"samplec serve: {len(rows)} recorded rows for a batch of {logprobs.shape[0]}")
         tokens = [None] * len(rows)
-        for chain in dict.fromkeys(m.chain for m, _, _ in rows):
-            at = [i for i, (m, _, _) in enumerate(rows) if m.chain == chain]
+        for chain in dict.fromkeys(r.chain for r, _, _ in rows):
+            at = [i for i, (r, _, _) in enumerate(rows) if r.chain == chain]
             out = self._run(self.programs[chain], [rows[i] for i in at])
             for i, t in zip(at, out):
                 tokens[i] = t
+        self.sample_seconds += time.perf_counter() - t0
         return mx.array(tokens, dtype=mx.uint32)
+
+    def _masks(self, rows: list, V: int) -> np.ndarray:
+        t0 = time.perf_counter()
+        mask = np.full((len(rows), (V + 31) // 32), -1, dtype=np.int32)
+        if V % 32:
+            mask[:, -1] = (1 << (V % 32)) - 1
+        for i, (r, _, _) in enumerate(rows):
+            if r.matcher is not None:
+                r.matcher.fill(mask, i)
+        self.grammar_seconds += time.perf_counter() - t0
+        return mask
 
     def _run(self, prog: Program, rows: list) -> list[int]:
         x = mx.concatenate([lg.reshape(1, -1) for _, lg, _ in rows], axis=0)
+        V = x.shape[-1]
         kw: dict = {}
         for p in prog.params:
             if p.kind == "tokens":
-                hist = [np.array(t).reshape(-1)[-m.context if m.context > 0 else 0:] for m, _, t in rows]
+                hist = [np.array(t).reshape(-1)[-r.context if r.context > 0 else 0:] for r, _, t in rows]
                 width = max(1, max(len(h) for h in hist))
                 kw[p.name] = np.stack([np.pad(h.astype(np.int32), (width - len(h), 0), constant_values=-1)
                                        for h in hist])
             elif p.kind == "seed":
-                kw[p.name] = np.array([m.seed for m, _, _ in rows], dtype=np.uint64)
+                kw[p.name] = np.array([r.seed for r, _, _ in rows], dtype=np.uint64)
+            elif p.kind == "mask":
+                kw[p.name] = self._masks(rows, V)
             elif p.name in ("pos", "position") and p.kind == "int":
-                kw[p.name] = [m.step for m, _, _ in rows]
+                kw[p.name] = [r.step for r, _, _ in rows]
             elif p.name in FIELDS:
-                kw[p.name] = [m.values[p.name] for m, _, _ in rows]
+                kw[p.name] = [r.values[p.name] for r, _, _ in rows]
         self.calls += 1
         self.widest = max(self.widest, len(rows))
         try:
             out = prog(x, **kw)
+            names = out.names()
             tokens = np.array(out.token).reshape(-1).tolist()
-            lps = np.array(out.logprob).reshape(-1).tolist() if "logprob" in out.names() else [None] * len(rows)
+            processed = np.array(out.logprob).reshape(-1).tolist() if "logprob" in names else [None] * len(rows)
+            want = any(r.job.req.logprobs for r, _, _ in rows)
+            if want and "raw_logprob" in names and "top_logprobs" in names:
+                raw = np.array(out.raw_logprob).reshape(-1).tolist()
+                ids, vals = np.array(out.top_logprobs.ids), np.array(out.top_logprobs.values)
+            elif want:
+                raw, ids, vals = model_logprobs(x, tokens)
+            else:
+                raw, ids, vals = [None] * len(rows), None, None
         except SamplecError as e:
-            # (a value no request check could foresee -- a row that logit_bias empties: that row alone, each on
-            # its own, and a failing row ends its request with its end-of-sequence token rather than the server)
+            # (a value no request check could foresee: that row alone, each on its own, and a failing row ends
+            # its request with its end-of-sequence token rather than the server)
             if len(rows) == 1:
                 logging.error("samplec serve: %s", e)
-                tokens, lps = [rows[0][0].eos], [None]
-            else:
-                tokens = [self._run(prog, [r])[0] for r in rows]
-                return tokens
-        for (m, _, _), lp in zip(rows, lps):
-            m.step += 1
-            m.logprobs.append(lp)
+                r = rows[0][0]
+                r.records.append((r.eos, None, None, None, None))
+                r.step += 1
+                return [r.eos]
+            return [self._run(prog, [r])[0] for r in rows]
+        t0 = time.perf_counter()
+        for i, ((r, _, _), tok) in enumerate(zip(rows, tokens)):
+            r.records.append((tok, processed[i], raw[i], None if ids is None else ids[i],
+                              None if vals is None else vals[i]))
+            r.step += 1
+            if r.matcher is not None and r.grammar_error is None and tok not in r.job.eos_ids:
+                if not r.matcher.consume(tok):
+                    r.grammar_error = r.matcher.error or f"token {tok} not allowed"
+        self.grammar_seconds += time.perf_counter() - t0
         return tokens
 
 
-def validate(handler, programs: dict[str, Program]) -> None:
-    """samplec's checks on a request's sampling fields, where mlx-lm's own leave a value the chain refuses (a
-    ValueError: mlx-lm answers 400 with its message)."""
-    for name in ("temperature", "top_p", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty"):
-        v = getattr(handler, name, None)
-        if isinstance(v, (int, float)) and not math.isfinite(v):
-            raise ValueError(f"{name} must be a finite number")
-    if getattr(handler, "repetition_penalty", 1) is not None and handler.repetition_penalty < 0:
-        raise ValueError("repetition_penalty must be positive (0 turns it off)")
-    if not -2**31 <= handler.top_k < 2**31:
-        raise ValueError("top_k must fit in a 32-bit int")
-    if handler.seed is not None and not 0 <= handler.seed < 2**64:
-        raise ValueError("seed must be in [0, 2**64)")
-    if handler.max_tokens > 1 << 20:
-        raise ValueError("max_tokens must be at most 1048576")
-    for k, v in (handler.logit_bias or {}).items():
-        if k < 0 or not (math.isfinite(v) or v == -math.inf):
-            raise ValueError(f"logit_bias: token {k}: ids must be >= 0 and biases finite or -inf")
-    prompt, messages = handler.body.get("prompt"), handler.body.get("messages")
-    if "prompt" in handler.body and not (isinstance(prompt, str) and prompt or isinstance(prompt, list) and prompt):
-        raise ValueError("prompt must be a non-empty string")     # (mlx-lm's generation thread dies on one)
-    if "messages" in handler.body and not (isinstance(messages, list) and messages):
-        raise ValueError("messages must be a non-empty list")
-    chain = handler.body.get("samplec_sampler")
-    if chain is not None and chain not in programs:
-        raise ValueError(f"samplec_sampler: no chain named {chain!r} (this server has: {', '.join(programs)})")
+def model_logprobs(x: mx.array, tokens: list[int]):
+    """The model's log-probabilities (for chains without raw_logprob / top_logprobs outputs): the sampled
+    tokens' and the TOP largest, descending, lowest id first on ties."""
+    lp = np.array(x - mx.logsumexp(x, axis=-1, keepdims=True), dtype=np.float32)
+    raw = [float(lp[i, t]) for i, t in enumerate(tokens)]
+    k = min(TOP, lp.shape[1])
+    ids = np.stack([np.lexsort((np.arange(lp.shape[1]), -row))[:k] for row in lp]).astype(np.int32)
+    return raw, ids, np.take_along_axis(lp, ids, axis=1)
 
 
-def load_programs(specs: list[str]) -> dict[str, Program]:
+# ---------------------------------------------------------------------------------------------------------------
+# the engine: one thread drives mlx-lm's BatchGenerator
+
+class Job:
+    """One request in flight: its rows and the events the handler thread reads."""
+
+    def __init__(self, req: Request, eos_ids: set[int]):
+        self.req = req
+        self.eos_ids = eos_ids
+        self.events: queue.Queue = queue.Queue()
+        self.cancelled = False
+        self.rows: list[Row] = []
+        self.error: str | None = None
+
+
+class Engine:
+    def __init__(self, model, tokenizer, programs: dict[str, Program], token_bytes, grammars=None,
+                 max_batch: int = 32):
+        from mlx_lm.generate import BatchGenerator
+        self.model, self.tokenizer = model, tokenizer
+        self.eos_ids = set(int(t) for t in (getattr(tokenizer, "eos_token_ids", None) or []))
+        self.sampler = BatchSampler(programs, grammars)
+        self.token_bytes = token_bytes
+        self.max_batch = max_batch
+        self._make = lambda: BatchGenerator(model, stop_tokens=[[t] for t in sorted(self.eos_ids)],
+                                            sampler=self.sampler, completion_batch_size=max_batch,
+                                            prefill_batch_size=min(8, max_batch))
+        self.gen = self._make()
+        self.inbox: queue.Queue = queue.Queue()
+        self.rows: dict[int, Row] = {}
+        self.step_seconds = 0.0
+        self.steps = 0
+        self.stopped = False
+        self.thread = threading.Thread(target=self._loop, name="samplec-engine", daemon=True)
+        self.thread.start()
+
+    def submit(self, req: Request) -> Job:
+        job = Job(req, self.eos_ids)
+        eos = min(self.eos_ids) if self.eos_ids else 0
+        job.rows = [Row(job, i, s, eos) for i, s in enumerate(req.seeds())]
+        for r in job.rows:
+            r.sampler = self.sampler
+        self.inbox.put(job)
+        return job
+
+    def cancel(self, job: Job) -> None:
+        job.cancelled = True
+        self.inbox.put(None)
+
+    def stop(self) -> None:
+        self.stopped = True
+        self.inbox.put(None)
+        self.thread.join(30)
+
+    @property
+    def active(self) -> int:
+        return len(self.rows)
+
+    def _loop(self):
+        while not self.stopped:
+            try:
+                item = self.inbox.get(timeout=0.5) if not self.rows else self.inbox.get_nowait()
+            except queue.Empty:
+                item = None
+            items = [item]
+            while True:
+                try:
+                    items.append(self.inbox.get_nowait())
+                except queue.Empty:
+                    break
+            try:
+                for job in items:
+                    if job is not None and not job.cancelled:
+                        self._admit(job)
+                self._drop_cancelled()
+                if self.rows:
+                    t0 = time.perf_counter()
+                    _, responses = self.gen.next()
+                    self.step_seconds += time.perf_counter() - t0
+                    self.steps += 1
+                    for r in responses:
+                        self._deliver(r)
+            except Exception as e:  # noqa: BLE001 - the engine must outlive any one batch's failure
+                logging.exception("samplec serve: the batch failed")
+                for row in list(self.rows.values()):
+                    row.job.error = f"generation failed: {type(e).__name__}: {e}"
+                    row.job.events.put(("error", row.index, None))
+                self.rows.clear()
+                self.sampler.rows = []
+                self.gen = self._make()
+
+    def _admit(self, job: Job):
+        req = job.req
+        uids = self.gen.insert([list(req.prompt)] * req.n, max_tokens=[req.max_tokens] * req.n,
+                               samplers=[self.sampler] * req.n, logits_processors=[[r.process] for r in job.rows])
+        for r, uid in zip(job.rows, uids):
+            r.uid = uid
+            self.rows[uid] = r
+
+    def _drop_cancelled(self):
+        gone = [uid for uid, r in self.rows.items() if r.job.cancelled]
+        if gone:
+            self.gen.remove(gone)
+            for uid in gone:
+                del self.rows[uid]
+
+    def _finish(self, row: Row, reason: str, in_batch: bool):
+        row.finish = reason
+        if in_batch:
+            self.gen.remove([row.uid])
+        self.rows.pop(row.uid, None)
+        row.job.events.put(("done", row.index, None))
+
+    def _deliver(self, resp):
+        row = self.rows.get(resp.uid)
+        if row is None:
+            return
+        token = int(resp.token)
+        row.delivered += 1
+        if token in self.eos_ids:
+            self._finish(row, "stop", resp.finish_reason is None)
+            return
+        b = self.token_bytes(token)
+        pending = row.decoder.getstate()[0]
+        # (bytes left pending by the previous token that this one does not continue become its U+FFFD: they
+        # belong to the previous token, and this token's text starts after them)
+        early = len(pending.decode("utf-8", "replace")) if pending and b and b[0] & 0xC0 != 0x80 else 0
+        row.offsets.append(len(row.text) + early)
+        row.text += row.decoder.decode(b)
+        stop = row.job.req.stop
+        if stop:
+            start = max(0, row.offsets[-1] - max(len(s) for s in stop) + 1)
+            hits = [i for i in (row.text.find(s, start) for s in stop) if i >= 0]
+            if hits:
+                row.text = row.text[:min(hits)]
+                self._finish(row, "stop", resp.finish_reason is None)
+                return
+        if row.grammar_error is not None:
+            logging.error("samplec serve: grammar: %s", row.grammar_error)
+        if resp.finish_reason is not None:
+            row.text += row.decoder.decode(b"", final=True)
+            self._finish(row, "length" if resp.finish_reason == "length" else "stop", False)
+            return
+        row.job.events.put(("token", row.index, None))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# answers
+
+class Formatter:
+    """OpenAI's response shapes from finished (or streaming) rows."""
+
+    def __init__(self, token_bytes):
+        self.token_bytes = token_bytes
+
+    def token_text(self, t: int) -> tuple[str, list[int]]:
+        b = self.token_bytes(int(t))
+        try:
+            return b.decode("utf-8"), list(b)
+        except UnicodeDecodeError:
+            return "bytes:" + "".join(f"\\x{c:02x}" for c in b), list(b)
+
+    def kept(self, row: Row, upto: int | None) -> int:
+        """How many delivered tokens belong to the text (those starting before its end)."""
+        n = len(row.offsets)
+        if upto is None:
+            return n
+        return sum(1 for o in row.offsets if o < upto) if row.finish == "stop" and row.job.req.stop else n
+
+    def chat_entries(self, row: Row, lo: int, hi: int, top: int) -> list[dict]:
+        out = []
+        for tok, processed, raw, ids, vals in row.records[lo:hi]:
+            text, b = self.token_text(tok)
+            e = {"token": text, "logprob": raw, "bytes": b,
+                 "top_logprobs": [dict(zip(("token", "bytes"), self.token_text(i)), logprob=float(v))
+                                  for i, v in zip(ids[:top], vals[:top])] if ids is not None else [],
+                 "processed_logprob": processed}
+            e["top_logprobs"] = [{"token": d["token"], "logprob": d["logprob"], "bytes": d["bytes"]}
+                                 for d in e["top_logprobs"]]
+            out.append(e)
+        return out
+
+    def legacy(self, row: Row, lo: int, hi: int, top: int, base: int = 0) -> dict:
+        recs = row.records[lo:hi]
+        tops = []
+        for _, _, _, ids, vals in recs:
+            d = {}
+            if ids is not None:
+                for i, v in zip(ids[:top], vals[:top]):
+                    d.setdefault(self.token_text(i)[0], float(v))
+            tops.append(d)
+        return {"tokens": [self.token_text(r[0])[0] for r in recs],
+                "token_logprobs": [r[2] for r in recs],
+                "top_logprobs": tops,
+                "text_offset": [base + o for o in row.offsets[lo:hi]],
+                "processed_logprobs": [r[1] for r in recs]}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# HTTP
+
+class Server:
+    """The model, its tokenizer, the engine and the request parser: what each handler thread reads."""
+
+    def __init__(self, model, tokenizer, programs, model_id: str, max_batch: int = 32):
+        self.model_id = model_id
+        self.created = int(time.time())
+        self.tokenizer = tokenizer
+        vocab = _vocab_size(model, tokenizer)
+        self.vocab = vocab
+        self.grammars = None
+        try:
+            from samplec.structured import Tokenizer
+            self.grammars = Tokenizer.of(tokenizer, vocab)
+        except SamplecError as e:
+            GRAMMAR_UNAVAILABLE[0] = str(e)
+            logging.warning("samplec serve: structured outputs off: %s", e)
+        if self.grammars is not None:
+            token_bytes = self.grammars.token_bytes
+        else:
+            cache: dict[int, bytes] = {}
+
+            def token_bytes(t: int) -> bytes:
+                if t not in cache:
+                    cache[t] = tokenizer.decode([t]).encode("utf-8")
+                return cache[t]
+        self.token_bytes = token_bytes
+        self.programs = programs
+        self.parse = Parser(tokenizer, vocab, programs, model_id, self.grammars)
+        self.format = Formatter(token_bytes)
+        self.engine = Engine(model, tokenizer, programs, token_bytes, self.grammars, max_batch)
+
+    @property
+    def sampler(self) -> BatchSampler:
+        return self.engine.sampler
+
+    def models(self) -> dict:
+        return {"object": "list", "data": [self.model_card()]}
+
+    def model_card(self) -> dict:
+        return {"id": self.model_id, "object": "model", "created": self.created, "owned_by": "samplec"}
+
+
+def _vocab_size(model, tokenizer) -> int:
+    """The model's vocabulary (its logits' width): one forward pass of a single token."""
+    from mlx_lm.models.cache import make_prompt_cache
+    logits = model(mx.array([[0]], dtype=mx.int32), cache=make_prompt_cache(model))
+    return int(logits.shape[-1])
+
+
+class Handler(BaseHTTPRequestHandler):
+    server_version = "samplec"
+    protocol_version = "HTTP/1.1"
+    app: Server = None              # set on the subclass made for each server
+
+    def log_message(self, fmt, *args):   # (quiet: one line per request is noise for a benchmark)
+        logging.debug("%s - " + fmt, self.address_string(), *args)
+
+    # -- plumbing
+    def _send(self, status: int, body: dict):
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _error(self, e: BadRequest):
+        kind = "invalid_request_error" if e.status < 500 else "server_error"
+        self._send(e.status, {"error": {"message": str(e), "type": kind, "param": e.param, "code": e.code}})
+
+    def do_GET(self):
+        path = self.path.split("?")[0].rstrip("/")
+        if path in ("/v1/models", "/models"):
+            return self._send(200, self.app.models())
+        if path.startswith("/v1/models/"):
+            name = path[len("/v1/models/"):]
+            if name == self.app.model_id:
+                return self._send(200, self.app.model_card())
+            return self._error(BadRequest(f"model '{name}' is not served here", "model", 404, "model_not_found"))
+        if path in ("/health", "/v1/health"):
+            return self._send(200, {"status": "ok", "active_rows": self.app.engine.active})
+        return self._error(BadRequest(f"no such endpoint: GET {path}", None, 404))
+
+    def do_POST(self):
+        path = self.path.split("?")[0].rstrip("/")
+        kind = {"/v1/chat/completions": "chat", "/chat/completions": "chat", "/v1/completions": "completion",
+                "/completions": "completion"}.get(path)
+        try:
+            length = int(self.headers.get("Content-Length") or -1)
+        except ValueError:
+            length = -1
+        if length < 0:
+            self.close_connection = True
+            return self._error(BadRequest("the request needs a Content-Length"))
+        if length > MAX_BODY:
+            self.close_connection = True
+            return self._error(BadRequest(f"the request body holds {length} bytes; the limit is {MAX_BODY}"))
+        raw = self.rfile.read(length)
+        if kind is None:
+            return self._error(BadRequest(f"no such endpoint: POST {path}", None, 404))
+        try:
+            try:
+                body = json.loads(raw.decode("utf-8"))
+            except (UnicodeDecodeError, ValueError) as e:
+                raise BadRequest(f"the request body is not UTF-8 JSON ({type(e).__name__}: {e})"[:300]) from None
+            req = self.app.parse(kind, body)
+        except BadRequest as e:
+            return self._error(e)
+        job = self.app.engine.submit(req)
+        try:
+            if req.stream:
+                self._stream(job)
+            else:
+                self._complete(job)
+        except (BrokenPipeError, ConnectionResetError, TimeoutError, OSError):
+            self.close_connection = True
+        finally:
+            if any(r.finish is None for r in job.rows):
+                self.app.engine.cancel(job)
+
+    def _wait(self, job: Job):
+        """The next event of the job (raises if the engine is gone)."""
+        while True:
+            try:
+                return job.events.get(timeout=1.0)
+            except queue.Empty:
+                if not self.app.engine.thread.is_alive():
+                    raise BadRequest("the generation engine stopped", None, 500)
+
+    def _head(self, req: Request) -> dict:
+        prefix = "chatcmpl" if req.kind == "chat" else "cmpl"
+        return {"id": f"{prefix}-{uuid.uuid4().hex}", "object": "chat.completion" if req.kind == "chat"
+                else "text_completion", "created": int(time.time()), "model": req.model,
+                "system_fingerprint": _FINGERPRINT}
+
+    def _usage(self, job: Job) -> dict:
+        done = sum(r.delivered for r in job.rows)
+        return {"prompt_tokens": len(job.req.prompt), "completion_tokens": done,
+                "total_tokens": len(job.req.prompt) + done}
+
+    def _complete(self, job: Job):
+        req = job.req
+        left = req.n
+        while left:
+            ev, _, _ = self._wait(job)
+            if ev == "error":
+                return self._error(BadRequest(job.error or "generation failed", None, 500))
+            if ev == "done":
+                left -= 1
+        fmt, choices = self.app.format, []
+        for r in job.rows:
+            n = fmt.kept(r, len(r.text))
+            if req.kind == "chat":
+                c = {"index": r.index, "message": {"role": "assistant", "content": r.text},
+                     "logprobs": {"content": fmt.chat_entries(r, 0, n, req.top_logprobs)} if req.logprobs
+                     else None, "finish_reason": r.finish}
+            else:
+                c = {"index": r.index, "text": r.text,
+                     "logprobs": fmt.legacy(r, 0, n, req.top_logprobs) if req.logprobs else None,
+                     "finish_reason": r.finish}
+            choices.append(c)
+        self._send(200, {**self._head(req), "choices": choices, "usage": self._usage(job)})
+
+    def _stream(self, job: Job):
+        req = job.req
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Cache-Control", "no-cache")
+        self.send_header("Connection", "close")
+        self.end_headers()
+        self.close_connection = True
+        head = self._head(req)
+        head["object"] = "chat.completion.chunk" if req.kind == "chat" else "text_completion"
+        fmt = self.app.format
+
+        def send(choices, usage=None):
+            chunk = {**head, "choices": choices}
+            if req.include_usage:
+                chunk["usage"] = usage
+            self.wfile.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+            self.wfile.flush()
+        if req.kind == "chat":
+            send([{"index": r.index, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                   "finish_reason": None} for r in job.rows])
+        hold = max((len(s) for s in req.stop), default=1) - 1
+        left = req.n
+        while left:
+            ev, i, _ = self._wait(job)
+            if ev == "error":
+                self.wfile.write(b"data: " + json.dumps({"error": {"message": job.error, "type": "server_error"}})
+                                 .encode() + b"\n\n")
+                return
+            r = job.rows[i]
+            final = ev == "done"
+            upto = len(r.text) if final else max(r.emitted, len(r.text) - hold)
+            n = fmt.kept(r, upto) if final else sum(1 for o in r.offsets if o < upto)
+            n = max(n, r.entries_sent)
+            delta, lo = r.text[r.emitted:upto], r.entries_sent
+            r.emitted, r.entries_sent = upto, n
+            if delta or n > lo or final:
+                lp = None
+                if req.logprobs:
+                    lp = {"content": fmt.chat_entries(r, lo, n, req.top_logprobs)} if req.kind == "chat" \
+                        else fmt.legacy(r, lo, n, req.top_logprobs)
+                if req.kind == "chat":
+                    send([{"index": r.index, "delta": {"content": delta} if delta else {}, "logprobs": lp,
+                           "finish_reason": r.finish if final else None}])
+                else:
+                    send([{"index": r.index, "text": delta, "logprobs": lp,
+                           "finish_reason": r.finish if final else None}])
+            if final:
+                left -= 1
+        if req.include_usage:
+            chunk = {**head, "choices": [], "usage": self._usage(job)}
+            self.wfile.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+        self.wfile.write(b"data: [DONE]\n\n")
+        self.wfile.flush()
+
+
+def _fingerprint() -> str:
+    import samplec
+    return f"samplec-{getattr(samplec, '__version__', '0')}"
+
+
+_FINGERPRINT = _fingerprint()
+
+
+class HTTPServer(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+    request_queue_size = 128
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# start-up
+
+def load_programs(specs: list[str], top: int = TOP) -> dict[str, Program]:
     """`--sampler FILE.smp[:NAME]` values (none: SERVER_CHAIN) as name -> program."""
     import samplec
     if not specs:
-        return {"mlx_lm_server": samplec.compile(SERVER_CHAIN)}
+        return {"mlx_lm_server": samplec.compile(SERVER_CHAIN.replace("(TOP)", f"({top})"))}
     programs = {}
     for spec in specs:
         path, _, name = spec.partition(":")
         prog = samplec.compile_file(Path(path), sampler=name or None)
+        if "token" not in [k for k, _ in prog.graph.outputs]:
+            raise SamplecError(f"--sampler {spec}: the chain '{prog.name}' has no token output")
+        if sum(p.kind == "mask" for p in prog.params) > 1:
+            raise SamplecError(f"--sampler {spec}: a served chain has at most one mask parameter")
         programs[prog.name] = prog
     return programs
 
 
-def install(server, programs: dict[str, Program]) -> BatchSampler:
-    """Make mlx_lm.server (the module) sample with samplec: one BatchSampler for every request, a RowMarker each,
-    seeded requests batchable, samplec's checks when a request arrives."""
-    sampler = BatchSampler(programs)
-    local = threading.local()
-    server._make_sampler = lambda args, tokenizer: sampler
-    def processors(args):
-        marker = sampler.marker(args)
-        box = getattr(args, "samplec_box", None)
-        if box is not None:
-            box["marker"] = marker          # (the handler thread reads the processed log-probabilities there)
-        return [marker]
-    server._make_logits_processors = processors
-    server.ResponseGenerator._is_batchable = lambda self, args: (
-        self.model_provider.is_batchable and self.cli_args.kv_bits is None)
-    original_validate = server.APIHandler.validate_model_parameters
-
-    def validate_model_parameters(handler):
-        original_validate(handler)
-        validate(handler, programs)
-        local.chain = handler.body.get("samplec_sampler")
-        local.handler = handler
-    server.APIHandler.validate_model_parameters = validate_model_parameters
-    original_generate = server.ResponseGenerator.generate
-
-    def generate(self, request, args, *a, **kw):
-        args.samplec_sampler = getattr(local, "chain", None)     # (the handler thread's request)
-        args.samplec_box = getattr(local, "handler", None).__dict__.setdefault("samplec_box", {}) \
-            if getattr(local, "handler", None) is not None else {}
-        return original_generate(self, request, args, *a, **kw)
-    server.ResponseGenerator.generate = generate
-    original_response = server.APIHandler.generate_response
-
-    def generate_response(handler, *a, **kw):
-        """mlx-lm's answer; with logprobs, each token also carries `processed_logprob`: its log-probability
-        under the distribution the chain sampled from (mlx-lm's `logprob` is the model's, after logit_bias)."""
-        response = original_response(handler, *a, **kw)
-        marker = getattr(handler, "samplec_box", {}).get("marker")
-        content = (response.get("choices") or [{}])[0].get("logprobs", {}).get("content")
-        if marker is not None and content:
-            done = marker.logprobs[-len(content):] if handler.stream else marker.logprobs
-            for entry, lp in zip(content, done):
-                entry["processed_logprob"] = lp
-        return response
-    server.APIHandler.generate_response = generate_response
-    return sampler
-
-
-def handler_class(server):
-    """mlx-lm's APIHandler, but a body that is not UTF-8 JSON is answered 400 before mlx-lm reads it (its own
-    error path decodes the raw bytes for its log, and a non-UTF-8 body ended the connection without an answer)."""
-    import io
-    import json
-
-    class Handler(server.APIHandler):
-        def do_POST(self):
-            try:
-                length = int(self.headers.get("Content-Length") or -1)
-            except ValueError:
-                length = -1
-            if 0 <= length <= MAX_BODY:
-                body = self.rfile.read(length)
-                try:
-                    json.loads(body.decode("utf-8"))
-                except (UnicodeDecodeError, ValueError) as e:
-                    return self._refuse(f"the request body is not UTF-8 JSON ({type(e).__name__}: {e})"[:300])
-                self.rfile = io.BytesIO(body)
-            elif length > MAX_BODY:
-                return self._refuse(f"the request body holds {length} bytes; the limit is {MAX_BODY}")
-            return super().do_POST()
-
-        def _refuse(self, message: str):
-            self._set_completion_headers(400)
-            self.end_headers()
-            self.wfile.write(json.dumps({"error": message}).encode())
-
-    return Handler
-
-
-MAX_BODY = 16 << 20
-
-
-def demo_provider(server, cli_args):
-    """A ModelProvider serving samplec's small random llama and local tokenizer (no download)."""
+def demo_model():
+    """samplec's small random llama and local tokenizer (no download)."""
     from samplec.integrations.mlx_lm import local_tokenizer, random_llama
-
-    class DemoProvider(server.ModelProvider):
-        def _load(self, model_path, adapter_path=None, draft_model_path=None):
-            self.reset()
-            self.model_key = ("demo", None, None)
-            self.model = random_llama(0, vocab=512)
-            self.tokenizer = local_tokenizer(512)
-            self.processor = None
-            self.draft_model = None
-            self.is_batchable = True
-
-    cli_args.model = "demo"
-    return DemoProvider(cli_args)
+    return random_llama(0, vocab=512), local_tokenizer(512)
 
 
-def server_args(argv: list[str]):
-    """mlx-lm's own server flags, parsed by its parser (`--model`, `--host`, `--port`, ...)."""
+def parse_args(argv: list[str]):
     import argparse
-    import sys
-    from mlx_lm import server
-    parser_holder = {}
-    original = argparse.ArgumentParser.parse_args
 
-    def capture(self, args=None, namespace=None):
-        parser_holder["ns"] = original(self, argv, namespace)
-        raise _Parsed()
-    argparse.ArgumentParser.parse_args = capture
-    saved = sys.argv
-    try:
-        sys.argv = ["samplec serve", *argv]
-        server.main()
-    except _Parsed:
-        pass
-    finally:
-        argparse.ArgumentParser.parse_args = original
-        sys.argv = saved
-    return parser_holder["ns"]
-
-
-class _Parsed(Exception):
-    pass
+    class Parser(argparse.ArgumentParser):
+        def error(self, message):
+            raise SamplecError(f"samplec serve: {message}")
+    p = Parser(prog="samplec serve", add_help=False)
+    p.add_argument("--model", default=None)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8080)
+    p.add_argument("--max-batch", type=int, default=32, help="the most rows generated at once")
+    p.add_argument("--trust-remote-code", action="store_true")
+    p.add_argument("--log-level", default="WARNING")
+    return p.parse_args(argv)
 
 
 def serve(argv: list[str], samplers: list[str], demo: bool, ready=None):
-    """Run mlx-lm's server with samplec sampling until interrupted. `ready(httpd_address, sampler)`: for tests."""
+    """Serve until interrupted. `ready(httpd, server)`: called once listening (tests, the CLI's message)."""
+    args = parse_args(argv)
+    logging.basicConfig(level=getattr(logging, str(args.log_level).upper(), logging.WARNING))
+    if not 0 <= args.port <= 65535:
+        raise SamplecError(f"--port {args.port}: a port number lies in 0..65535")
+    if not 1 <= args.max_batch <= 1024:
+        raise SamplecError(f"--max-batch {args.max_batch}: must lie in 1..1024")
+    if not demo and not args.model:
+        raise SamplecError("samplec serve needs --model PATH (or --demo for the built-in random model)")
     try:
-        from mlx_lm import server
+        import mlx_lm  # noqa: F401
     except ImportError:
         raise SamplecError("samplec serve needs mlx-lm: pip install mlx-lm "
                            "(or pip install -e '.[mlx-lm]' in a checkout)") from None
-    args = server_args(argv)
-    if not 0 <= args.port <= 65535:
-        raise SamplecError(f"--port {args.port}: a port number lies in 0..65535")
-    if not demo and not args.model:
-        raise SamplecError("samplec serve needs --model PATH (or --demo for the built-in random model)")
     programs = load_programs(samplers)
-    sampler = install(server, programs)
-    provider = sampler.provider = demo_provider(server, args) if demo else server.ModelProvider(args)
-    # everything that can fail at start-up fails before the generation thread starts (a thread that outlived the
-    # error kept the process alive): the port is bound (at once: before a long model load), then the model loads
-    # here, not on the first request
-    handler = handler_class(server)
-    generator = None
+    # everything that can fail at start-up fails before anything is served: the port first (at once, before a long
+    # model load), then the model
     try:
-        httpd = server.ThreadingHTTPServer(
-            (args.host, args.port),
-            lambda *a, **kw: handler(generator, *a, system_fingerprint=server.get_system_fingerprint(), **kw))
+        httpd = HTTPServer((args.host, args.port), Handler)
     except OSError as e:
         raise SamplecError(f"cannot listen on {args.host}:{args.port}: {e.strerror or e}") from None
+    app = None
     try:
-        try:
-            provider.load_default()
-        except Exception as e:  # noqa: BLE001 - mlx-lm and huggingface_hub raise many kinds
-            raise SamplecError(f"cannot load the model {args.model!r}: {_first_line(e)}") from None
-        generator = server.ResponseGenerator(provider, server.LRUPromptCache(args.prompt_cache_size))
+        if demo:
+            model, tokenizer = demo_model()
+            model_id = "demo"
+        else:
+            try:
+                from mlx_lm import load
+                model, tokenizer = load(args.model, tokenizer_config={"trust_remote_code": args.trust_remote_code})
+            except Exception as e:  # noqa: BLE001 - mlx-lm and huggingface_hub raise many kinds
+                raise SamplecError(f"cannot load the model {args.model!r}: {_first_line(e)}") from None
+            model_id = args.model
+        app = Server(model, tokenizer, programs, model_id, args.max_batch)
+        httpd.RequestHandlerClass = type("BoundHandler", (Handler,), {"app": app})
         if ready is not None:
-            ready(httpd, sampler)
+            ready(httpd, app)
         httpd.serve_forever()
     except KeyboardInterrupt:
         pass
     finally:
         httpd.server_close()
-        if generator is not None:
-            generator.stop_and_join()
+        if app is not None:
+            app.engine.stop()
 
 
 def _first_line(e: Exception) -> str:
