@@ -201,7 +201,7 @@ def _eos_set(eos_token_id) -> set[int]:
 
 def generate(model, program: Program, prompt, max_tokens: int, *, chunk: int = 1, seed: int = 0,
              eos_token_id=None, prompt_in_history: bool = True, draft_model=None, num_draft: int = 4,
-             stats: dict | None = None, **params) -> list[int]:
+             stats: dict | None = None, grammar=None, **params) -> list[int]:
     """Generate up to `max_tokens` tokens after `prompt`, `chunk` decode steps per host synchronization.
 
     `model` is an mlx-lm model (`model(tokens[None], cache=cache)` returns logits [1, L, V]); `program` is a
@@ -215,6 +215,9 @@ def generate(model, program: Program, prompt, max_tokens: int, *, chunk: int = 1
     proposals per target forward pass (see `_generate_speculative`); the tokens are the ones the program draws
     from the target's logits at each position, so they do not depend on the draft. When `stats` is a dict it
     receives `target_forwards`, `draft_forwards`, `draft_tokens` (proposed), `accepted_tokens` and `tokens`.
+
+    With a `grammar` (a `samplec.structured.Grammar`: a JSON schema, regex or context-free grammar) each step's
+    allowed tokens go to the program's one `mask` parameter (`allow(mask)`), one token per step (docs/serve.md).
     """
     if not isinstance(chunk, (int, np.integer)) or chunk < 1:
         raise SamplecError(f"chunk must be an integer >= 1, got {chunk!r}")
@@ -226,6 +229,13 @@ def generate(model, program: Program, prompt, max_tokens: int, *, chunk: int = 1
                                     or num_draft < 1):
         raise SamplecError(f"num_draft must be an integer >= 1, got {num_draft!r}")
     tokens = _as_prompt(prompt)
+    if grammar is not None:
+        if chunk != 1 or draft_model is not None:
+            raise SamplecError("grammar= decodes one token per step (the next mask needs the token): "
+                               "use chunk=1 and no draft_model")
+        from samplec.structured import generate_constrained
+        return generate_constrained(model, program, tokens, max_tokens, seed=seed, eos=_eos_set(eos_token_id),
+                                    prompt_in_history=prompt_in_history, params=params, grammar=grammar)
     feed = ProgramFeed(program, seed, params)
     eos = _eos_set(eos_token_id)
     counts = {"target_forwards": 0, "draft_forwards": 0, "draft_tokens": 0, "accepted_tokens": 0, "tokens": 0}
