@@ -13,6 +13,8 @@ import os
 
 import mlx.core as mx
 
+from samplec import stage_table
+
 try:
     import samplec_native as _native
 except (ImportError, OSError):   # not built (or built against another MLX): the MLX-ops kernels serve
@@ -124,8 +126,8 @@ def dry_repeats(w: mx.array, x: mx.array) -> mx.array | None:
     return _native.dry_repeats(w.astype(mx.int32), x)
 
 
-PREFIX = {"mask": 0, "bias": 1}
-MAX_PREFIX = 8          # prefix ops a chain kernel applies (samplec_native.cpp's kMaxPrefix); more are MLX ops
+PREFIX = {"mask": stage_table.EDIT_CODES["allow"], "bias": stage_table.EDIT_CODES["logit_bias"]}   # the prefix ops' codes
+MAX_PREFIX = 8          # prefix ops a chain kernel applies (native/src/prefix.h's kMaxPrefix); more are MLX ops
 
 
 def _prefix_ok(kind: str, a: mx.array, x: mx.array) -> bool:
@@ -206,11 +208,12 @@ def row_softmax(x: mx.array) -> mx.array | None:
     return _native.row_softmax(x)[0]
 
 
-CHAIN_STAGES = {"temperature": 0, "top_k": 1, "top_p": 2, "min_p": 3, "top_n_sigma": 4, "typical_p": 5, "xtc": 6,
-                "epsilon": 7, "eta": 8, "dynamic_temperature": 9, "top_k_rank": 10}
-_PARAM_DTYPES = {"top_k": [mx.int32], "top_k_rank": [mx.int32], "xtc": [mx.float32, mx.float32, mx.uint64, mx.uint32],
-                 "dynamic_temperature": [mx.float32] * 3}
-CHAIN_TERMINALS = {"greedy": 0, "sample": 1}
+# The chain kernel's codes and operand dtypes: the stage table's (samplec/stage_table.py; the C++ reads the same
+# codes from the generated stage_table.h)
+CHAIN_STAGES = dict(stage_table.STAGE_CODES)
+_DTYPES = {"f32": mx.float32, "i32": mx.int32, "u32": mx.uint32, "u64": mx.uint64}
+_PARAM_DTYPES = {s.name: [_DTYPES[o.type] for o in s.operands] for s in stage_table.STAGES}
+CHAIN_TERMINALS = dict(stage_table.TERMINAL_CODES)
 
 
 def knows_stages(stages) -> bool:
@@ -250,9 +253,9 @@ def sample_chain(x: mx.array, params: list[mx.array], stages: list[str], termina
                 ids.dtype == mx.int32 and vals.dtype == mx.float32):
             return None
     B = x.shape[0]
-    dtypes = [dt for s in stages for dt in _PARAM_DTYPES.get(s, [mx.float32])]
+    dtypes = [dt for s in stages for dt in _PARAM_DTYPES[s]]
     if terminal == "sample":
-        dtypes += [mx.uint64, mx.uint32]
+        dtypes += [_DTYPES[o.type] for o in stage_table.stage("sample").operands]
     args = []
     for p, dt in zip(params, dtypes):      # (as they are: the kernel reads [B], [1] and scalars as columns)
         if not (p.ndim <= 2 and p.size in (1, B) and (p.ndim < 2 or p.shape[-1] == 1)):
