@@ -1,8 +1,8 @@
 """Chains whose stages end without a draw: a cut before an allow (a grammar mask applied after top_p), a
 logit_bias, the penalties or DRY, and a chain with no terminal (`-> probs`). Parameters at run time, one value
 per row; `chat` logits (bench_real's recipe), V = 152064, B = 1 and 8; medians of 15 calls after a warm-up, -O2
-beside -O0 in one process (-O0 is every stage's dense definition: what -O2 ran for these chains before session
-13). Not a timed test: read the ratio within one run.
+beside -O0 in one process (-O0 is every stage's dense definition: what -O2 would run for these chains without the
+chain kernel). Not a timed test: read the ratio within one run.
 
     python benchmarks/bench_after_cuts.py
 """

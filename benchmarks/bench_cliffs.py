@@ -1,5 +1,5 @@
-"""Cliffs fixed in session 14: chains that an outside sweep (benchmarks/bench_sweep.py) or review found running far
-slower than the same chain on easy logits or with literal values. One median of 21 calls per chain, V = 152064,
+"""Cliffs: chains that a sweep (benchmarks/bench_sweep.py) or a review once found running far slower than the same
+chain on easy logits or with literal values, kept as a guard against their return. One median of 21 calls per chain, V = 152064,
 B = 1 and 8, the logits family where the cliff was; tokens only. Run it with two builds (the A/B recipe in
 docs/performance.md) and compare the columns; it prints JSON {"B|chain|family": ms}.
 

@@ -1,4 +1,4 @@
-"""Helpers behind `samplec run`: reading arrays and --param values, repeated draws, and output formatting."""
+"""What `samplec run` is made of: reading arrays and --param values, repeated draws, and output formatting."""
 from __future__ import annotations
 
 from pathlib import Path

@@ -1,4 +1,4 @@
-"""Helpers for tests/test_semantics.py: cached compilation, logit generators and reference comparisons.
+"""What tests/test_semantics.py shares: cached compilation, logit generators and reference comparisons.
 
 Everything here compares samplec against the independent numpy oracle in tests/reference.py; nothing
 compares samplec with itself (except the explicit -O0 / -O2 and batch-invariance properties).

@@ -39,7 +39,7 @@ def test_diagnostics_golden(path: Path):
     assert_golden(path.with_suffix(".txt"), actual)
 
 
-# ---- the golden helper itself ---------------------------------------------------------------------------------
+# ---- the golden comparison itself -----------------------------------------------------------------------------
 
 def test_mismatch_shows_diff_and_how_to_rebless(tmp_path, monkeypatch):
     monkeypatch.delenv(UPDATE_ENV, raising=False)

@@ -386,7 +386,7 @@ def _check_outputs(outputs: tuple[Output, ...], s: Sampler, sink: DiagnosticSink
 MAX_OUTPUT_COUNT = 1 << 20      # top_logprobs(n), candidates(k): [B, n] arrays; V is at most a few hundred thousand
 
 
-# ---- helpers --------------------------------------------------------------------------------------------------
+# ---- shared pieces ---------------------------------------------------------------------------------------------
 
 def _did_you_mean(word: str, choices) -> str:
     close = _closest(word, choices)

@@ -26,7 +26,7 @@ LN2 = math.log(2.0)
 OS_SEED = "_os_seed"    # implicit parameter of `sample()` without a seed: fresh OS entropy per call
 
 
-# ---- small op helpers ------------------------------------------------------------------------------------------
+# ---- small op builders -----------------------------------------------------------------------------------------
 
 def const(value, dtype=F32) -> Node:
     value = float(value) if dtype == F32 else int(value)

@@ -87,7 +87,7 @@ def coin(seed, position):
     return uniform_from_bits(bits(seed, np.uint64(0xFFFFFFFF), np.uint64(int(position) & 0xFFFFFFFF)))
 
 
-# ---------------------------------------------------------------- helpers
+# ---------------------------------------------------------------- shared pieces
 def kept(x):
     return x > NEG
 

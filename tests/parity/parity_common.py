@@ -1,4 +1,4 @@
-"""Shared helpers of the parity suite (tests/parity/): test logits, running one samplec stage, boundary margins.
+"""What the parity suite shares (tests/parity/): test logits, running one samplec stage, boundary margins.
 
 Each parity test runs ONE samplec program per stage over a batch of rows. Every row has its own parameter value
 (sampler parameters take one value per row), so a whole parameter sweep is a single call. The final logits `x`
