@@ -13,6 +13,12 @@ tokens per second of wall time, per server, and the ratio samplec / mlx-lm in th
 after the other, in alternating order over `--rounds`). mlx-lm's server serves a seeded request alone (it seeds the
 global generator), and samples every row with its own sampler call; samplec serves them all in one batch with one
 program call per step.
+
+Second part (in-process, no HTTP): the grammar's share of a step. B requests at once (B = 1 and 8) under a JSON
+schema (an object holding a list of at least 30 {name, n} objects: no row can finish before `--grammar-tokens`
+tokens, so the batch stays B wide), on samplec serve's engine with the demo model. Reported: the time in the
+grammar engine (llguidance's masks and advancing the matchers) over the time of the engine's steps (model,
+sampler, grammar, bookkeeping), and tokens/s against the same requests without the schema.
 """
 from __future__ import annotations
 
@@ -91,13 +97,62 @@ def measure(port: int, reqs: list[dict], clients: int) -> float:
     return sum(a["usage"]["completion_tokens"] for a in answers) / wall
 
 
+GRAMMAR_SCHEMA = {"type": "object", "properties": {"items": {"type": "array", "minItems": 30, "items": {
+    "type": "object", "properties": {"name": {"type": "string"}, "n": {"type": "integer"}},
+    "required": ["name", "n"], "additionalProperties": False}}}, "required": ["items"], "additionalProperties": False}
+
+
+def grammar_share(widths: list[int], tokens: int, rounds: int) -> None:
+    from samplec import serve
+    model, tok = serve.demo_model()
+    app = serve.Server(model, tok, serve.load_programs([]), "demo")
+    try:
+        def run(B: int, constrained: bool) -> tuple[float, float, float]:
+            body = dict(prompt="A sampler chain", max_tokens=tokens, temperature=1.0)
+            if constrained:
+                body["grammar"] = {"type": "json_schema", "value": GRAMMAR_SCHEMA}
+            reqs = [app.parse("completion", dict(body, seed=i)) for i in range(B)]
+            eng, smp = app.engine, app.sampler
+            g0, s0, t0 = smp.grammar_seconds, eng.step_seconds, time.perf_counter()
+            jobs = [eng.submit(r) for r in reqs]
+            for j in jobs:
+                while j.rows[0].finish is None:
+                    j.events.get(timeout=300)
+            wall = time.perf_counter() - t0
+            assert not constrained or all(j.rows[0].finish == "length" for j in jobs)
+            return smp.grammar_seconds - g0, eng.step_seconds - s0, sum(j.rows[0].delivered for j in jobs) / wall
+        run(1, True)                                  # warm-up: compile the program's shapes
+        run(8, False)
+        # (unconstrained rows may end early at their end-of-sequence token: tokens/s counts what was generated)
+        for B in widths:
+            best = None
+            for _ in range(rounds):
+                g, step, rate = run(B, True)
+                _, _, plain = run(B, False)
+                share = g / step
+                if best is None or share < best[0]:
+                    best = (share, g, step, rate, plain)
+            share, g, step, rate, plain = best
+            print(f"B = {B}: grammar {1e3 * g / tokens:.2f} ms of {1e3 * step / tokens:.2f} ms per step "
+                  f"({100 * share:.1f}%); {rate:.0f} tokens/s constrained, {plain:.0f} unconstrained "
+                  f"({rate / plain:.2f}x)", flush=True)
+    finally:
+        app.engine.stop()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--clients", type=int, default=8)
     ap.add_argument("--requests", type=int, default=32)
     ap.add_argument("--max-tokens", type=int, default=24)
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--grammar-tokens", type=int, default=64)
+    ap.add_argument("--only", choices=["throughput", "grammar"], default=None)
     args = ap.parse_args()
+    if args.only != "throughput":
+        grammar_share([1, 8], args.grammar_tokens, args.rounds)
+        if args.only == "grammar":
+            return
     with tempfile.TemporaryDirectory() as tmp:
         model = Path(tmp) / "demo"
         model.mkdir()
