@@ -15,12 +15,13 @@ import pytest
 mlx_lm = pytest.importorskip("mlx_lm")
 
 import mlx.core as mx  # noqa: E402
+from mlx_lm.generate import speculative_generate_step  # noqa: E402
 from mlx_lm.models.cache import KVCache  # noqa: E402
 
 import samplec  # noqa: E402
 from samplec import SamplecError  # noqa: E402
 from samplec.decode import generate  # noqa: E402
-from samplec.integrations.mlx_lm import noisy_copy, random_llama  # noqa: E402
+from samplec.integrations.mlx_lm import Sampler, local_tokenizer, noisy_copy, random_llama  # noqa: E402
 
 V = 256
 PROMPT = [5, 17, 200, 42, 7, 9, 5, 17]
@@ -227,3 +228,78 @@ def test_plain_decoding_fills_stats(target, programs):
     out = generate(target, programs["greedy"], PROMPT, 6, stats=stats)
     assert stats == {"target_forwards": 6, "draft_forwards": 0, "draft_tokens": 0, "accepted_tokens": 0,
                      "tokens": len(out)}
+
+
+# ---- mlx-lm's own speculative loop with the adapter (Sampler.speculative) ----
+
+def mlx_lm_speculative(target, draft, prog, prompt, n, seed, k=3, **params):
+    s = Sampler(prog, seed=seed, **params)
+    out = [(int(t), bool(d)) for t, _, d in speculative_generate_step(
+        mx.array(prompt), target, draft, num_draft_tokens=k, max_tokens=n, **s.speculative(prompt))]
+    s.check()
+    return [t for t, _ in out], sum(d for _, d in out), s
+
+
+@pytest.mark.parametrize("chain", ["penalties", "mirostat", "mirostat_v2", "dry", "xtc", "mask", "temperature_0"])
+def test_mlx_lm_speculative_loop_with_the_adapter_gives_plain_tokens(chain, target, exact_target, drafts,
+                                                                      programs):
+    prog, params = programs[chain], CHAINS[chain][1]
+    plain = generate(target, prog, PROMPT, 16, seed=2, **params)
+    for draft in (drafts["close"], drafts["far"], exact_target):
+        toks, from_draft, s = mlx_lm_speculative(exact_target, draft, prog, PROMPT, 16, 2, **params)
+        assert toks == plain
+        assert [st.position[0] for st in s.steps[:16]] == list(range(len(PROMPT), len(PROMPT) + 16))
+        if draft is exact_target:
+            assert from_draft == 12           # rounds of 3 proposals + the target's token, all accepted
+    _, accepted_far, _ = mlx_lm_speculative(exact_target, drafts["far"], prog, PROMPT, 16, 2, **params)
+    _, accepted_close, _ = mlx_lm_speculative(exact_target, drafts["close"], prog, PROMPT, 16, 2, **params)
+    assert accepted_close >= accepted_far
+
+
+def test_adapter_outputs_follow_the_emitted_path(target, exact_target, drafts, programs):
+    prog = programs["mirostat"]
+    plain = Sampler(prog, seed=6)
+    from mlx_lm.generate import generate_step
+    ref = [t for t, _ in generate_step(mx.array(PROMPT), exact_target, max_tokens=12, sampler=plain,
+                                       logits_processors=plain.logits_processors)]
+    toks, _, s = mlx_lm_speculative(exact_target, drafts["far"], prog, PROMPT, 12, 6)
+    assert toks == ref
+    np.testing.assert_array_equal(np.array(s.output("mu")[:12]), np.array(plain.output("mu")[:12]))
+
+
+def test_stream_generate_with_a_draft_and_prompt_options(target, exact_target, drafts, programs):
+    big = random_llama(3, layers=1, hidden=32, vocab=512)
+    tokenizer = local_tokenizer(512)
+    prog = programs["penalties"]
+    for in_hist in (True, False):
+        plain = generate(big, prog, PROMPT, 10, seed=3, prompt_in_history=in_hist, eos_token_id=1)
+        plain = plain[:-1] if plain[-1] == 1 else plain
+        s = Sampler(prog, seed=3, prompt_in_history=in_hist)
+        got = [r.token for r in mlx_lm.stream_generate(OneTokenAtATime(big), tokenizer, PROMPT, max_tokens=10,
+                                                      draft_model=noisy_copy(big, 0.05), num_draft_tokens=2,
+                                                      **s.speculative(PROMPT))]
+        assert got == plain
+    # a position convention of the server's kind: the first generated token at position 0
+    s = Sampler(prog, seed=3)
+    toks = [int(t) for t, _, _ in speculative_generate_step(
+        mx.array(PROMPT), exact_target, drafts["close"], num_draft_tokens=2, max_tokens=6,
+        **s.speculative(PROMPT, first_position=0))]
+    assert [st.position[0] for st in s.steps[:6]] == list(range(6))
+    assert toks == [int(t) for t, _, _ in speculative_generate_step(
+        mx.array(PROMPT), exact_target, exact_target, num_draft_tokens=3, max_tokens=6,
+        **Sampler(prog, seed=3).speculative(PROMPT, first_position=0))]
+
+
+def test_adapter_speculative_misuse(target, drafts, programs):
+    s = Sampler(programs["penalties"], seed=1)
+    for bad in ([], [[1, 2]], "text", [-1, 3]):
+        with pytest.raises(SamplecError, match="token ids"):
+            s.speculative(bad)
+    with pytest.raises(SamplecError, match="first_position"):
+        s.speculative(PROMPT, first_position=-2)
+    kw = s.speculative(PROMPT + [3])              # armed for another prompt
+    with pytest.raises(SamplecError, match="speculative"):
+        list(speculative_generate_step(mx.array(PROMPT), target, drafts["close"], max_tokens=4, **kw))
+    with pytest.raises(SamplecError, match="logits_processors"):
+        list(speculative_generate_step(mx.array(PROMPT), target, drafts["close"], max_tokens=4,
+                                       sampler=s.speculative(PROMPT)["sampler"]))

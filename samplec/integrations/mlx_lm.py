@@ -76,8 +76,37 @@ class Sampler:
         self._state: list[mx.array] | None = None     # the state outputs of the last step (mirostat's mu)
         self._unchecked: list[tuple[list[mx.array], tuple[int, ...]]] = []
         self._last_position: int | None = None
+        self._draft: _DraftRun | None = None          # set by `speculative(prompt)`
         self.steps: list[Step] = []
         self.logits_processors = [self._capture]
+
+    def speculative(self, prompt, *, first_position: int | None = None) -> dict:
+        """Arm the sampler for one run of mlx-lm's speculative decoding; returns the keyword arguments to give it:
+
+            for r in stream_generate(model, tokenizer, prompt_ids, draft_model=draft, num_draft_tokens=3,
+                                     **sampler.speculative(prompt_ids)):
+
+        mlx-lm's `speculative_generate_step` samples the draft's proposals and then each of the target's k + 1
+        rows through this one sampler, so the draft's draws and the target's share the program's noise (same seed
+        and positions); the target's token at each position is then the one plain decoding draws from its
+        logits. Two things its loop does not give a sampler, and this method supplies: the prompt (the
+        sequence it hands the logits processors starts at the prompt's last token) and which call is which (a
+        call at a position already sampled re-samples it: the state -- mirostat's `mu` -- entering a position
+        is the one left by the latest call at the position before, `steps` and the pending check flags from that
+        position on are dropped). `prompt` is the token ids given to mlx-lm (with a prompt cache: the whole
+        sequence the cache and the new tokens hold); `first_position` is the position of the first generated
+        token (default: `len(prompt)`, the convention of samplec's decode loop). One sequence (batch size 1).
+        """
+        ids = np.asarray(np.array(prompt) if isinstance(prompt, mx.array) else prompt)
+        if ids.ndim != 1 or ids.size == 0 or not np.issubdtype(ids.dtype, np.integer) or (ids < 0).any():
+            raise SamplecError("speculative(prompt): expected a non-empty list of token ids (tokenize text first)")
+        first = len(ids) if first_position is None else first_position
+        if not isinstance(first, (int, np.integer)) or first < 0:
+            raise SamplecError(f"speculative: first_position must be an integer >= 0, got {first_position!r}")
+        self.reset()
+        self._draft = _DraftRun(mx.array(ids[:-1].astype(np.int32)), int(first), ids)
+        self._prompt_len = int(first)
+        return {"sampler": self, "logits_processors": self.logits_processors}
 
     # ---- the logits processor: record the raw logits and the sequence ----
     def _capture(self, tokens: mx.array, logits: mx.array) -> mx.array:
@@ -97,7 +126,9 @@ class Sampler:
                                    f"({', '.join(needs)}): pass logits_processors=sampler.logits_processors "
                                    "to mlx-lm together with sampler=sampler")
             logits, positions, history = logprobs, (-1,) * B, None     # positions unknown (and unused)
-        if captured and B == 1 and (self._last_position is None or positions[0] != self._last_position + 1):
+        if self._draft is not None:
+            self._rewind(captured, positions)
+        elif captured and B == 1 and (self._last_position is None or positions[0] != self._last_position + 1):
             self._new_generation(captured)
             self._prompt_len = positions[0]
         self._last_position = positions[0] if B == 1 else None
@@ -110,18 +141,52 @@ class Sampler:
             self._state = None          # (another batch: its rows start afresh)
         outs, flags = self._feed(logits, [max(p, 0) for p in positions], history, state=self._state)
         self._state = self._feed.next_state(outs)       # a state output (mirostat's mu) feeds the next step
+        if self._draft is not None and self._state is not None:
+            self._draft.states[positions[0]] = self._state
         # materialize every output with the token: a kept step then holds small arrays, not a graph over [B, V]
         mx.async_eval(*outs, *flags)
         self._unchecked.append((flags, positions))
         self.steps.append(Step(positions, self._feed.outputs(outs)))
-        while len(self._unchecked) > _CHECK_LAG:
+        while self._draft is None and len(self._unchecked) > _CHECK_LAG:
             self._check_one(self._unchecked.pop(0))
         return outs[self._feed.token_index]
+
+    def _rewind(self, captured, positions) -> None:
+        """Speculative decoding: place a call at its position (see `speculative`)."""
+        run = self._draft
+        if not captured:
+            raise SamplecError("speculative decoding with the adapter needs logits_processors="
+                               "sampler.logits_processors (pass **sampler.speculative(prompt) to mlx-lm)")
+        if len(positions) != 1:
+            raise SamplecError("speculative decoding with the adapter samples one sequence (batch size 1)")
+        p = positions[0]
+        if not run.first <= p <= run.first + len(self.steps):
+            raise SamplecError(f"the sampler was armed by speculative() for a prompt of {len(run.prompt)} tokens "
+                               f"(first position {run.first}) but was called at position {p}: call "
+                               "sampler.speculative(prompt) with this generation's prompt")
+        if p < run.first + len(self.steps):            # a position sampled before: its calls from p on are void
+            del self.steps[p - run.first:]
+            pending, self._unchecked = self._unchecked, []
+            for entry in pending:                        # (positions before p are on the emitted path now)
+                if entry[1][0] < p:
+                    self._check_one(entry)
+            run.states = {q: v for q, v in run.states.items() if p - 1 <= q < p}
+        elif p == run.first and not self.steps:      # the first call: mlx-lm's sequence is the prompt's last token
+            seen = np.array(captured[0][0]).reshape(-1)
+            if seen.size != 1 or int(seen[0]) != int(run.prompt[-1]):
+                raise SamplecError(f"the sampler was armed by speculative() for a prompt ending in token "
+                                   f"{int(run.prompt[-1])}, but mlx-lm's prompt ends in {seen[-1:].tolist()}: call "
+                                   "sampler.speculative(prompt) with this generation's prompt")
+            if self._feed.needs_history:
+                self._feed.check_history(run.prompt, captured[0][1].shape[-1])
+        self._state = run.states.get(p - 1)              # None before the first position: the stage's start
 
     def _from_captured(self, captured, B: int, V: int):
         rows_logits, rows_tokens = [], []
         for tokens, logits in captured:
             logits = logits if logits.ndim == 2 else logits[None]
+            if self._draft is not None:     # (mlx-lm's speculative loop hands the sequence from the prompt's end)
+                tokens = mx.concatenate([self._draft.prefix, tokens.reshape(-1).astype(mx.int32)])
             tokens = tokens if tokens.ndim == 2 else tokens[None]
             if tokens.shape[0] != logits.shape[0]:
                 tokens = mx.broadcast_to(tokens, (logits.shape[0], tokens.shape[1]))
@@ -132,7 +197,8 @@ class Sampler:
             raise SamplecError(f"the adapter's logits processor saw logits of shape {list(logits.shape)} but the "
                                f"sampler was called with [{B}, {V}]; was sampler.logits_processors passed to "
                                "this generation only?")
-        positions = tuple(int(t.shape[0]) for t in rows_tokens)
+        shift = 0 if self._draft is None else self._draft.first - len(self._draft.prompt)
+        positions = tuple(int(t.shape[0]) + shift for t in rows_tokens)
         history = None
         if self._feed.needs_history:
             width = max(positions)
@@ -182,6 +248,20 @@ class Sampler:
         """Forget the current generation (its steps and unread flags)."""
         self._captured, self._unchecked, self.steps, self._last_position = [], [], [], None
         self._state = None
+        self._draft = None
+
+
+@dataclass
+class _DraftRun:
+    """What `Sampler.speculative` knows of one speculative run: the prompt but its last token (mlx-lm's sequence
+    starts there), the first generated position, and the state left by the latest call at each position."""
+    prefix: mx.array
+    first: int
+    prompt: np.ndarray
+    states: dict = None
+
+    def __post_init__(self):
+        self.states = {}
 
 
 # ---- a small random llama and a local tokenizer (no downloads) ----
