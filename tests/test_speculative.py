@@ -303,3 +303,25 @@ def test_adapter_speculative_misuse(target, drafts, programs):
     with pytest.raises(SamplecError, match="logits_processors"):
         list(speculative_generate_step(mx.array(PROMPT), target, drafts["close"], max_tokens=4,
                                        sampler=s.speculative(PROMPT)["sampler"]))
+
+
+def test_speculative_request_follows_the_servers_conventions(target, exact_target, drafts, programs):
+    """position = tokens generated so far, history = the last `context` tokens, logit_bias before the program."""
+    from mlx_lm.models.cache import make_prompt_cache
+    prog, bias, context = programs["penalties"], {7: 3.0, 9: -2.0, V + 50: 1.0}, 5
+    cache, seq = make_prompt_cache(target), list(PROMPT)
+    target(mx.array(seq[:-1])[None], cache=cache)
+    logits = target(mx.array(seq[-1:])[None], cache=cache)[:, -1, :]
+    expected = []
+    for i in range(10):
+        biased = logits.at[..., mx.array([7, 9])].add(mx.array([3.0, -2.0]))
+        tok = int(prog(biased, seed=21, pos=i, h=np.array(seq[-context:], dtype=np.int32), t=0.9).token[0])
+        expected.append(tok)
+        seq.append(tok)
+        logits = target(mx.array([tok])[None], cache=cache)[:, -1, :]
+    from samplec.integrations.mlx_lm import speculative_request
+    kw = speculative_request(prog, PROMPT, 21, params={"t": 0.9}, logit_bias=bias, context=context)
+    got = [int(t) for t, _, _ in speculative_generate_step(mx.array(PROMPT), exact_target, drafts["close"],
+                                                           num_draft_tokens=3, max_tokens=10, **kw)]
+    assert got == expected
+    assert [s.position[0] for s in kw["sampler"].steps[:10]] == list(range(10))

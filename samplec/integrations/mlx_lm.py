@@ -38,7 +38,7 @@ from samplec.decode import ProgramFeed, pad_history
 from samplec.diagnostics import SamplecError
 from samplec.program import Outputs, Program
 
-__all__ = ["Sampler", "Step", "random_llama", "local_tokenizer", "noisy_copy"]
+__all__ = ["Sampler", "Step", "speculative_request", "random_llama", "local_tokenizer", "noisy_copy"]
 
 _CHECK_LAG = 2   # a step's check flags are read two sampler calls later, when mlx-lm has already synced on it
 
@@ -62,11 +62,17 @@ class Sampler:
     tokens it yielded); a new generation (a position that does not follow the last one) starts a new list.
     """
 
-    def __init__(self, program: Program, seed: int | None = 0, *, prompt_in_history: bool = True, **params):
+    def __init__(self, program: Program, seed: int | None = 0, *, prompt_in_history: bool = True, grammar=None,
+                 **params):
         self.program = program
         self.prompt_in_history = prompt_in_history
         self._prompt_len = 0
         self._feed = ProgramFeed(program, seed, params)
+        # a samplec.structured.Grammar: its mask is the program's `mask` parameter at each call (docs/serve.md)
+        self._grammar = None
+        if grammar is not None:
+            from samplec.structured import FeedGrammar
+            self._grammar = FeedGrammar(program, grammar, params)
         unknown = sorted(set(params) - {p.name for p in program.params})
         if unknown:      # (found here, when the adapter is built, not at mlx-lm's first step)
             names = ", ".join(p.name for p in program.params) or "none"
@@ -77,6 +83,7 @@ class Sampler:
         self._unchecked: list[tuple[list[mx.array], tuple[int, ...]]] = []
         self._last_position: int | None = None
         self._draft: _DraftRun | None = None          # set by `speculative(prompt)`
+        self._history_last: int | None = None         # the history's last entries only (`speculative_request`)
         self.steps: list[Step] = []
         self.logits_processors = [self._capture]
 
@@ -137,9 +144,15 @@ class Sampler:
                 raise SamplecError("prompt_in_history=False needs one sequence per Sampler (batch size 1)")
             kept = positions[0] - self._prompt_len
             history = pad_history(history[:, history.shape[1] - kept:], kept)
+        if history is not None and self._history_last is not None and history.shape[1] > self._history_last:
+            history = pad_history(history[:, history.shape[1] - self._history_last:], self._history_last)
         if self._state is not None and self._state[0].shape[0] != B:
             self._state = None          # (another batch: its rows start afresh)
+        if self._grammar is not None:
+            self._grammar.before(self._feed, B, V)
         outs, flags = self._feed(logits, [max(p, 0) for p in positions], history, state=self._state)
+        if self._grammar is not None:
+            self._grammar.after(outs[self._feed.token_index])
         self._state = self._feed.next_state(outs)       # a state output (mirostat's mu) feeds the next step
         if self._draft is not None and self._state is not None:
             self._draft.states[positions[0]] = self._state
@@ -211,6 +224,8 @@ class Sampler:
         self.check()
         self.steps = []
         self._state = None
+        if self._grammar is not None:
+            self._grammar.restart()
         if captured and self._feed.needs_history:   # the first call of a run: the sequence is the prompt
             for tokens, logits in captured:
                 self._feed.check_history(np.array(tokens), logits.shape[-1])
@@ -249,6 +264,8 @@ class Sampler:
         self._captured, self._unchecked, self.steps, self._last_position = [], [], [], None
         self._state = None
         self._draft = None
+        if self._grammar is not None:
+            self._grammar.restart()
 
 
 @dataclass
@@ -262,6 +279,36 @@ class _DraftRun:
 
     def __post_init__(self):
         self.states = {}
+
+
+def speculative_request(program: Program, prompt, seed: int, *, params: dict | None = None,
+                        logit_bias: dict | None = None, context: int = -1, first_position: int = 0) -> dict:
+    """One server request decoded speculatively by mlx-lm (`stream_generate(..., draft_model=...)`, the path
+    mlx_lm.server takes when it has a draft model): the keyword arguments `sampler` and `logits_processors` to
+    pass it, the request's draws coupled between draft and target (see `Sampler.speculative`).
+
+    `prompt` is the request's whole token sequence before the first generated token (the cached part and the
+    part mlx-lm still prefills), `seed` the request's seed, `params` the program's other parameters by name;
+    `logit_bias` ({id: bias}) is added to the raw logits before the program sees them (ids >= V are ignored);
+    `context` keeps only the last `context` tokens of the history (-1: all); `first_position` is the position of
+    the first generated token (0: a server's count of the tokens generated; `len(prompt)`: samplec's decode
+    loop). `result["sampler"].steps[i].outputs` holds the program's outputs for the i-th generated token (its
+    `logprob`, ...). The tokens are those the same program draws for the request without a draft model.
+    """
+    sampler = Sampler(program, seed=seed, **(params or {}))
+    if context is not None and context >= 0:
+        sampler._history_last = int(context)
+    kw = sampler.speculative(prompt, first_position=first_position)
+    if logit_bias:
+        bias = {int(i): float(b) for i, b in logit_bias.items()}
+
+        def add_bias(tokens: mx.array, logits: mx.array) -> mx.array:
+            ids = [i for i in bias if 0 <= i < logits.shape[-1]]
+            if not ids:
+                return logits
+            return logits.at[..., mx.array(ids)].add(mx.array([bias[i] for i in ids], mx.float32))
+        kw["logits_processors"] = [add_bias, *kw["logits_processors"]]
+    return kw
 
 
 # ---- a small random llama and a local tokenizer (no downloads) ----
