@@ -243,3 +243,38 @@ def generate_constrained(model, program, tokens: list[int], max_tokens: int, *, 
         history.append(t)
         logits = model(mx.array([[t]], dtype=mx.int32), cache=cache)[:, -1, :]
     return out
+
+
+class FeedGrammar:
+    """A grammar inside mlx-lm's loop (`samplec.integrations.mlx_lm.Sampler(..., grammar=g)`): before each sampler
+    call the program's `mask` parameter becomes the grammar's packed mask; after it the matcher takes the token
+    (read on the host: one sequence, one token per call)."""
+
+    def __init__(self, program, grammar: Grammar, params: dict):
+        if not isinstance(grammar, Grammar):
+            raise SamplecError(f"grammar: expected a samplec.structured.Grammar, got {type(grammar).__name__}")
+        masks = [p.name for p in program.params if p.kind == "mask"]
+        if len(masks) != 1:
+            raise SamplecError(f"grammar= needs a sampler with one `mask` parameter (for `allow(mask)`); "
+                               f"'{program.name}' has {len(masks)}")
+        if masks[0] in params:
+            raise SamplecError(f"parameter '{masks[0]}' is set by the grammar; do not pass it")
+        self.name, self.grammar, self.matcher = masks[0], grammar, None
+
+    def restart(self) -> None:
+        self.matcher = None
+
+    def before(self, feed, B: int, V: int) -> None:
+        if B != 1:
+            raise SamplecError("a grammar constrains one sequence per Sampler (batch size 1)")
+        if self.matcher is None:
+            self.matcher = self.grammar.matcher()
+        bits = np.zeros((1, (V + 31) // 32), dtype=np.int32)
+        self.matcher.fill(bits, 0)
+        feed.params[self.name] = bits
+        feed._base.pop((B, V), None)           # (the prepared arguments hold the mask: prepare them again)
+
+    def after(self, token) -> None:
+        t = int(np.array(token).reshape(-1)[0])
+        if t not in self.grammar.tokenizer.eos and not self.matcher.consume(t):
+            raise SamplecError(f"grammar: the sampled token {t} is not allowed ({self.matcher.error})")

@@ -12,6 +12,7 @@ pytest.importorskip("mlx_lm")
 pytest.importorskip("llguidance")
 jsonschema = pytest.importorskip("jsonschema")
 
+import mlx.core as mx  # noqa: E402
 import numpy as np  # noqa: E402
 
 import samplec  # noqa: E402
@@ -92,3 +93,26 @@ def test_errors_name_what_is_wrong(demo):
         generate(model, prog, [3, 4], 4, chunk=4, grammar=g)
     with pytest.raises(samplec.SamplecError, match="set by the grammar"):
         generate(model, prog, [3, 4], 4, grammar=g, allowed=np.full((1, 16), -1, np.int32))
+
+
+def test_the_mlx_lm_adapter_with_a_grammar_draws_what_decode_generate_draws(demo):
+    """`Sampler(program, grammar=g)` inside mlx-lm's own loop: the grammar's mask each step, the same tokens as
+    `decode.generate(..., grammar=g)` (same positions and history), a second run starting afresh."""
+    from mlx_lm.generate import generate_step
+
+    from samplec.integrations.mlx_lm import Sampler
+    model, tok, gt, prog = demo
+    g = Grammar.regex(gt, "[a-z]{2,5}@[0-9]{1,3}")
+    prompt = tok.encode("counting")
+    want = generate(model, prog, prompt, 30, seed=9, eos_token_id=tok.eos_token_ids, grammar=g)
+    sampler = Sampler(prog, seed=9, grammar=g)
+    for _ in range(2):
+        got = []
+        for t, _ in generate_step(mx.array(prompt), model, max_tokens=30, sampler=sampler,
+                                  logits_processors=sampler.logits_processors):
+            got.append(int(t))
+            if got[-1] in tok.eos_token_ids:
+                break
+        assert got == want and re.fullmatch("[a-z]{2,5}@[0-9]{1,3}", tok.decode(got[:-1]))
+    with pytest.raises(samplec.SamplecError, match="mask"):
+        Sampler(samplec.compile("sampler s(seed: seed) -> token { sample(seed) }"), grammar=g)
