@@ -40,8 +40,9 @@ def _warn(warnings: list, source: str) -> None:
 
 
 def compile(source_text: str, sampler: str | None = None, opt_level: int = 2, bindings: dict | None = None,
-            filename: str = "<string>", after_pass=None) -> Program:  # noqa: A001 - the spec names it compile
-    """Compile `.smp` source text (the sampler named `sampler`, else the first) into a Program."""
+            filename: str = "<string>", after_pass=None, target: str | None = None) -> Program:  # noqa: A001
+    """Compile `.smp` source text (the sampler named `sampler`, else the first) into a Program for `target`
+    ("auto" or None: the device MLX runs on, or SAMPLEC_TARGET; "cpu", "cuda", "metal", "portable")."""
     if opt_level not in (0, 1, 2):
         raise SamplecError(f"opt_level must be 0, 1 or 2, got {opt_level!r}")
     if not isinstance(source_text, str):
@@ -49,17 +50,29 @@ def compile(source_text: str, sampler: str | None = None, opt_level: int = 2, bi
     checked, warnings, binds = _front(source_text, sampler, bindings, filename)
     graph = lower(checked, binds)
     _warn(warnings, source_text)
-    return Program(run_pipeline(graph, opt_level, after=after_pass))
+    return Program(run_pipeline(graph, opt_level, after=after_pass), target=target, after_pass=after_pass)
 
 
 def compile_file(path: str | os.PathLike, sampler: str | None = None, opt_level: int = 2,
-                 bindings: dict | None = None, after_pass=None) -> Program:
-    return compile(read_source(path), sampler, opt_level, bindings, filename=str(path), after_pass=after_pass)
+                 bindings: dict | None = None, after_pass=None, target: str | None = None) -> Program:
+    return compile(read_source(path), sampler, opt_level, bindings, filename=str(path), after_pass=after_pass,
+                   target=target)
 
 
-def load(path: str | os.PathLike) -> Program:
-    from samplec.serialize import load as load_graph
-    return Program(load_graph(path))
+def load(path: str | os.PathLike, target: str | None = None) -> Program:
+    """A saved program. A `.smpb` holds the stage-level IR and the target it was compiled for: it is lowered for
+    `target` when given, else for the recorded one where that can run here, else (with a warning) for "auto"."""
+    from samplec.passes.target import resolve, unavailable
+    from samplec.serialize import load_program
+    graph, recorded = load_program(path)
+    if target is None and recorded != "auto":
+        why = unavailable(recorded)
+        if why is None:
+            target = recorded
+        else:
+            _warnings.warn(SamplecWarning(f"{path}: compiled for target {recorded!r}, which cannot run here ({why}): "
+                                          f"lowered for {resolve('auto')!r} instead"), stacklevel=2)
+    return Program(graph, target=target)
 
 
 def _check_bindings(checked, bindings: dict) -> dict:

@@ -115,8 +115,10 @@ def _pairs(items: list[str] | None, flag: str) -> dict[str, str]:
     return out
 
 
-def _load_program(path: Path, sampler: str | None, opt: int | None, bindings: dict | None = None):
-    """A .smp source compiled at `opt` (None: -O2), or a compiled .smpb (which takes no --sampler, --set or -O)."""
+def _load_program(path: Path, sampler: str | None, opt: int | None, bindings: dict | None = None,
+                  target: str | None = None):
+    """A .smp source compiled at `opt` (None: -O2), or a compiled .smpb (which takes no --sampler, --set or -O),
+    for `target`."""
     import samplec
     if not path.exists():
         raise SamplecError(f"{path}: no such file")
@@ -125,8 +127,9 @@ def _load_program(path: Path, sampler: str | None, opt: int | None, bindings: di
             given = "--sampler" if sampler else "--set" if bindings else "-O"
             raise SamplecError(f"{given} applies to a .smp source; {path} is a compiled program (.smpb): its "
                                "sampler, bindings and optimization level were chosen when it was compiled")
-        return samplec.load(path)
-    return samplec.compile_file(path, sampler=sampler, opt_level=2 if opt is None else opt, bindings=bindings)
+        return samplec.load(path, target=target)
+    return samplec.compile_file(path, sampler=sampler, opt_level=2 if opt is None else opt, bindings=bindings,
+                                target=target)
 
 
 @app.command("compile")
@@ -146,6 +149,8 @@ def compile_cmd(
                                          help="print the IR after each pass that changed it"),
     print_diff: bool = typer.Option(False, "--print-diff",
                                     help="like --print-after-all, as a unified diff against the IR before the pass"),
+    target: Optional[str] = typer.Option(None, "--target", help="auto | cpu | cuda | metal | portable: the device "
+                                         "whose kernels run the program (default: SAMPLEC_TARGET, else auto)"),
 ):
     """Compile a .smp sampler into a .smpb program."""
     import samplec.api as api
@@ -164,7 +169,7 @@ def compile_cmd(
         graph, _ = api.lower_source(source, sampler, bindings, filename=str(file))
         _echo(print_graph(graph), nl=False)
         return
-    prog = api.compile_file(file, sampler=sampler, opt_level=opt, bindings=bindings, after_pass=after)
+    prog = api.compile_file(file, sampler=sampler, opt_level=opt, bindings=bindings, after_pass=after, target=target)
     if after is not None:
         after.finish()
     if emit == "ir":
@@ -174,9 +179,10 @@ def compile_cmd(
     if emit is None or output is not None:
         out = output or file.with_suffix(".smpb")
         from samplec.serialize import save
-        size = save(prog.graph, out, not_over=file)
+        size = save(prog.stage_graph, out, not_over=file, target=prog.target)
         if emit is None:
-            _echo(f"wrote {out} ({size} bytes, {len(prog.graph.toposort())} nodes)", err=True)
+            _echo(f"wrote {out} ({size} bytes, {len(prog.stage_graph.toposort())} nodes, target {prog.target})",
+                  err=True)
 
 
 class _PassPrinter:
@@ -243,6 +249,8 @@ def explain(
     emit: str = typer.Option("text", "--emit", help="text | dot | svg | png (svg/png need graphviz's dot)"),
     output: Optional[str] = typer.Option(None, "-o", "--output", metavar="FILE",
                                          help="write the text or picture to this file"),
+    target: Optional[str] = typer.Option(None, "--target", help="auto | cpu | cuda | metal | portable: the device "
+                                         "whose kernels run the program (default: SAMPLEC_TARGET, else auto)"),
 ):
     """Show what the optimizer did to each stage as written, and which kernels run it."""
     from samplec import explain as ex
@@ -257,7 +265,7 @@ def explain(
         return
     source = _read_source(file)
     text = ex.render_text(ex.explain(source, sampler, opt, bindings, filename=str(file),
-                                     native=None if native == "auto" else native == "on"))
+                                     native=None if native == "auto" else native == "on", target=target))
     if output is not None:
         write_atomic(output, text.encode(), not_over=file)
     else:
@@ -266,19 +274,17 @@ def explain(
 
 @app.command()
 @_guard
-def inspect(file: Path = typer.Argument(..., metavar="FILE", help="a compiled .smpb program")):
-    """Print the IR of a compiled program."""
-    from samplec.program import Program
-    from samplec.serialize import from_bytes
+def inspect(file: Path = typer.Argument(..., metavar="FILE", help="a compiled .smpb program"),
+            target: Optional[str] = typer.Option(None, "--target", help="lower for this target (default: the "
+                                                 "recorded one where it runs here, else auto)")):
+    """Print the IR of a compiled program, as lowered for the target it runs on."""
+    import samplec
     data = read_file(file)
     if file.suffix == ".smp" or b"sampler " in data[:4096] and data[4:8] != b"SMPB":
         raise SamplecError(f"{file} is a .smp source; `inspect` reads compiled .smpb programs. To see its IR, "
                            f"run `samplec compile {file} --emit ir`")
-    try:
-        graph = from_bytes(data)
-    except SamplecError as e:
-        raise SamplecError(f"{file}: {e}") from None
-    _echo(Program(graph).ir(), nl=False)
+    prog = samplec.load(file, target=target)
+    _echo(f"// target {prog.target}\n" + prog.ir(), nl=False)
 
 
 @app.command("import", context_settings={"ignore_unknown_options": True})
@@ -469,10 +475,12 @@ def run(
     bias: Optional[Path] = typer.Option(None, "--bias", help=".npy float32 bias [B, V]"),
     draws: Optional[int] = typer.Option(None, "--draws", min=1, help="sample N times with seeds seed..seed+N-1"),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
+    target: Optional[str] = typer.Option(None, "--target", help="auto | cpu | cuda | metal | portable (default: "
+                                         "SAMPLEC_TARGET, else auto; a .smpb: its recorded target where it runs)"),
 ):
     """Run a sampler on a logits file."""
     from samplec import runner
-    prog = _load_program(file, sampler, opt)
+    prog = _load_program(file, sampler, opt, target=target)
     x = runner.load_array(logits, "--logits")
     pairs = _pairs(list(param or []) + list(more_params or []), "--param")
     arrays = {n: v for n, v in pairs.items() if n in _array_params(prog)}   # --param NAME=FILE.npy

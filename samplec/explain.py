@@ -69,6 +69,7 @@ class Explained:
     native_note: str
     changed: list[str]
     unchanged: list[str]
+    target: str = "cpu"
 
 
 # ---- tags ------------------------------------------------------------------------------------------------------
@@ -214,11 +215,41 @@ def native_state(native: bool | None) -> tuple[bool, str]:
     return True, "with the native primitives (samplec-native installed and on)"
 
 
+# the portable lowering's algorithm for each stage op (samplec/passes/portable.py), and why
+PORTABLE = {
+    "top_k": "the k-th place of the chain's one sorted row (a gather): no selection rounds",
+    "top_k_rank": "the first k kept places of the sorted row (equal values in id order)",
+    "top_p": "a running sum of the sorted probabilities (one cumsum) and one min: the first place whose mass "
+             "before it reaches p",
+    "typical_p": "its score on the sorted row, one sort of the scores and a running sum",
+    "min_p": "its dense definition on the sorted row (max + log m: place 0)",
+    "top_n_sigma": "its dense definition on the sorted row (three reductions)",
+    "epsilon": "its dense definition on the sorted row", "eta": "its dense definition on the sorted row",
+    "temperature": "a map of the sorted row (the argmax at place 0)",
+    "dynamic_temperature": "its dense definition on the sorted row",
+    "xtc": "on the sorted row: its targets, their least probable by id; the coin a RandomBits of its own",
+    "sample": "Gumbel-max over the sorted row with each token's own noise (RandomBits at the ids `order` holds): "
+              "the token is `order` at the winning place",
+    "penalties": "one scatter of the window's counts over the row, then the penalty where a count is positive",
+    "penalties_overflow": "from the penalties' counts: one reduction over the row, the maximum at place 0",
+}
+COST = {"cpu": "selection without a sort: a sort of 152k floats costs ~14 ms on MLX's CPU, the chain kernel's "
+               "block bound ~0.1 ms",
+        "portable": "one sort a chain: on a GPU a sort of the row is one cheap kernel, while each selection round "
+                    "is several launches",
+        "metal": "the portable lowering: no Metal chain kernel yet",
+        "cuda": "the CUDA chain kernel where it covers the chain, the portable lowering elsewhere"}
+
+
 def explain(source: str, sampler: str | None = None, level: int = 2, bindings: dict | None = None,
-            filename: str = "<string>", native: bool | None = None) -> Explained:
+            filename: str = "<string>", native: bool | None = None, target: str | None = None) -> Explained:
     from samplec.api import _front
-    from samplec.backend_mlx.interpreter import find_chains
+    from samplec.passes import run_target
+    from samplec.passes.target import resolve
     checked, _, binds = _front(source, sampler, bindings, filename)
+    if native is not None and target is None:
+        target = "cpu" if native else "portable"
+    target = resolve(target)
     lowered, trace = lower_traced(checked, binds)
     g = _tag_lowered(lowered, trace)
     lines = source.splitlines()
@@ -250,12 +281,13 @@ def explain(source: str, sampler: str | None = None, level: int = 2, bindings: d
     names = {id(p.node): namer(p.node) for p in stripped.params}
     names.update((tid, namer(node)) for tid, node in smap.items())
     use_native, note = native_state(native)
-    from samplec.backend_mlx import native as nat
-    # (the installed build runs a chain whose stage codes it knows; `native` given: as asked)
-    chains = [c for c in find_chains(g) if native is not None or nat.knows_stages([s.op for s in c.stages])]
-    chain_native = use_native and (native is not None or hasattr(nat._native, "sample_chain"))
+    if target != "cpu":
+        use_native, note = False, f"not used (target {target})"
+    # (the chains are the target pass's regions: what runs, not a re-derivation)
+    chains = [r.impl for r in run_target(g, target).regions] if target in ("cpu", "cuda") else []
+    chain_native = target == "cuda" or use_native
     ex = Explained(checked.name, level, groups, g, stripped, names, attrs[-1], chains, use_native, chain_native, note,
-                   changed, unchanged)
+                   changed, unchanged, target)
     for grp in groups:
         _became(grp, history, attrs, trace)
         _runs(grp, ex)
@@ -406,6 +438,8 @@ def _runs(grp: Group, ex: Explained) -> None:
                             "normalizers from one pass)")
         elif n.op == "logprob_at" and ex.native:
             grp.runs.append(f"{name} = logprob_at: the native row_logsumexp and a gather")
+        elif ex.target in ("portable", "metal") and n.op in PORTABLE and chain is None:
+            grp.runs.append(f"{name} = {n.op}: the portable lowering: {PORTABLE[n.op]}")
         elif n.op in DENSE_OPS:
             grp.runs.append(f"{name} = {n.op}: its dense definition in MLX ops ({_dense_ops(n)})")
         else:
@@ -425,14 +459,16 @@ def _runs(grp: Group, ex: Explained) -> None:
 # ---- text ------------------------------------------------------------------------------------------------------
 
 def render_text(ex: Explained) -> str:
-    out = [f"sampler {ex.name}: -O{ex.level}, kernels on the CPU {ex.native_note}",
+    out = [f"sampler {ex.name}: -O{ex.level}, target {ex.target} ({COST[ex.target]}); native CPU kernels "
+           f"{ex.native_note}",
            f"passes that changed something: {' '.join(ex.changed) or '(none)'}"
            + (f"; no change: {' '.join(ex.unchanged)}" if ex.unchanged else "")]
     if ex.chains:
         for i, c in enumerate(ex.chains):
             covered = sorted({ex.group_of[id(n)] for n in c.nodes()} - {LOGITS, OUTPUTS})
             titles = [g.title for g in ex.groups if g.key in covered]
-            how = CHAIN_KERNEL if ex.chain_native else "no native kernel: each stage op runs its dense definition"
+            how = "the CUDA chain kernel (region cuda.chain)" if ex.target == "cuda" else CHAIN_KERNEL \
+                if ex.chain_native else "no native kernel: each stage op runs its dense definition"
             out.append(f"chain #{i + 1}: {' -> '.join(titles) or (c.draw.op if c.draw is not None else 'stages')}"
                        f"{' (and the logprob)' if c.logprobs else ''}: {how}")
     for grp in ex.groups:

@@ -91,11 +91,21 @@ class Program:
     """A compiled sampler: its graph and the MLX executable that runs it. A call is queued as one graph and read
     once: every per-row decision (which algorithm a row's chain needs, a row's error flags) is made inside it."""
 
-    def __init__(self, graph: Graph, compile: bool = True):
+    def __init__(self, graph: Graph, compile: bool = True, target: str | None = None, after_pass=None):
+        """`graph`: the stage-level graph the pipelines give (what `.smpb` holds); the target pass lowers it for
+        `target` (samplec.passes.target: None or "auto" is the device MLX runs on)."""
         from samplec.backend_mlx.interpreter import Executable
-        self.graph = graph
-        self.exe = Executable(graph, compile=compile)
-        self._max_bias_id = max((max(n.attr("ids"), default=-1) for n in graph.toposort() if n.op == "sparse_add"),
+        from samplec.passes import run_target
+        from samplec.passes.target import resolve, unavailable
+        self.target = resolve(target)
+        why = unavailable(self.target)
+        if why is not None:
+            raise SamplecError(f"target {self.target!r} cannot run here: {why} (compile or load with "
+                               f"target='auto', or 'portable' for any device)")
+        self.stage_graph = graph
+        self.graph = run_target(graph, self.target, after_pass)
+        self.exe = Executable(self.graph, compile=compile, target=self.target)
+        self._max_bias_id = max((max(n.attr("ids"), default=-1) for n in self.graph.toposort() if n.op == "sparse_add"),
                                 default=-1)
         self._known = {p.name for p in self.params}
         self._names = [k for k, _ in graph.outputs]
@@ -118,15 +128,21 @@ class Program:
         return self.graph.params[1:]
 
     def ir(self) -> str:
+        """The IR that runs: the target pass's (regions of the chain kernels, or the portable lowering)."""
         return print_graph(self.graph)
+
+    def kernel_trace(self) -> list[tuple[str, str]]:
+        """How the last traced call ran: (region kernel, "kernel" | "definitions") for each region, and
+        ("definition", op) for each stage op run by its dense definition (interpreter.Executable)."""
+        return list(self.exe.trace)
 
     def to_bytes(self) -> bytes:
         from samplec.serialize import to_bytes
-        return to_bytes(self.graph)
+        return to_bytes(self.stage_graph, self.target)
 
     def save(self, path) -> None:
         from samplec.serialize import save
-        save(self.graph, path)
+        save(self.stage_graph, path, target=self.target)
 
     def __repr__(self) -> str:
         ps = ", ".join(p.name for p in self.params)

@@ -154,10 +154,11 @@ def _write_op(w: _Writer, n: Node) -> int:
     return m.End(b)
 
 
-def to_bytes(g: Graph) -> bytes:
-    """The .smpb bytes of `g`: params in order, then the reachable nodes in `g.toposort()` order, sealed."""
+def to_bytes(g: Graph, target: str = "auto") -> bytes:
+    """The .smpb bytes of `g` (a stage-level graph; `target`, the target it was compiled for, is recorded beside
+    it): params in order, then the reachable nodes in `g.toposort()` order, sealed."""
     w = _Writer()
-    w.b.Finish(_write_program(w, g), file_identifier=FILE_IDENTIFIER)
+    w.b.Finish(_write_program(w, g, target), file_identifier=FILE_IDENTIFIER)
     return seal(bytes(w.b.Output()))
 
 
@@ -178,7 +179,7 @@ def _unseal(data: bytes) -> bytes:
     return body
 
 
-def _write_program(w: "_Writer", g: Graph) -> int:
+def _write_program(w: "_Writer", g: Graph, target: str = "auto") -> int:
     try:
         verify(g)      # never write a file that from_bytes would reject
     except VerifyError as e:
@@ -251,6 +252,7 @@ def _write_program(w: "_Writer", g: Graph) -> int:
         checks.append(fb_check.End(b))
 
     name, params_v, nodes_v = w.string(g.name), w.offsets(params), w.offsets(fb_nodes)
+    target_s = w.string(target)
     outputs_v, checks_v = w.offsets(outputs), w.offsets(checks)
     m = fb_program
     m.Start(b)
@@ -260,12 +262,13 @@ def _write_program(w: "_Writer", g: Graph) -> int:
     m.AddNodes(b, nodes_v)
     m.AddOutputs(b, outputs_v)
     m.AddChecks(b, checks_v)
+    m.AddTarget(b, target_s)
     return m.End(b)
 
 
-def save(g: Graph, path, not_over=None) -> int:
+def save(g: Graph, path, not_over=None, target: str = "auto") -> int:
     """Write `g` to `path` atomically (samplec.files.write_atomic); the number of bytes written."""
-    data = to_bytes(g)
+    data = to_bytes(g, target)
     write_atomic(path, data, not_over=not_over)
     return len(data)
 
@@ -495,7 +498,22 @@ def _read(data: bytes) -> Graph:
     if version != FORMAT_VERSION:
         raise _Invalid(f"format version {version} is not supported (this samplec reads version {FORMAT_VERSION}): "
                        f"recompile the program from its .smp source")
-    return _read_program(r, prog)
+    return _read_program(r, prog), _read_target(r, prog)
+
+
+def _read_target(r: "_Reader", prog) -> str:
+    """The recorded target ("auto" in a file that records none)."""
+    from samplec.passes.target import TARGETS
+    raw = prog.Target()
+    if raw is None:
+        return "auto"
+    try:
+        target = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise _Invalid("the target is not UTF-8 text") from None
+    if target not in TARGETS:
+        raise _Invalid(f"target {target[:40]!r} is not one of {', '.join(TARGETS)}")
+    return target
 
 
 def _check_output_names(keys: list[str]) -> None:
@@ -601,9 +619,14 @@ def _read_program(r: "_Reader", prog) -> Graph:
 def from_bytes(data: bytes, sealed: bool = True) -> Graph:
     """The Graph in `data`, checked completely; any problem raises SamplecError("invalid .smpb: ...").
     (`sealed=False` reads a bare flatbuffer: for tests that build files the writer never would.)"""
+    return read_program(data, sealed)[0]
+
+
+def read_program(data: bytes, sealed: bool = True) -> tuple[Graph, str]:
+    """(the Graph in `data`, the target it was compiled for), checked as from_bytes checks."""
     try:
         body = _CheckedBytes(_unseal(data) if sealed else data)
-        g = _read(body)
+        g, target = _read(body)
     except _Invalid as e:
         raise SamplecError(f"invalid .smpb: {e}") from None
     except (struct.error, IndexError, TypeError) as e:   # flatbuffers raises TypeError for a negative offset
@@ -615,15 +638,19 @@ def from_bytes(data: bytes, sealed: bool = True) -> Graph:
         verify(g, infer=False)
     except VerifyError as e:
         raise SamplecError(f"invalid .smpb: {e}") from None
-    return g
+    return g, target
 
 
 def load(path) -> Graph:
+    return load_program(path)[0]
+
+
+def load_program(path) -> tuple[Graph, str]:
     data = read_file(path)
     try:
-        return from_bytes(data)
+        return read_program(data)
     except SamplecError as e:
         raise SamplecError(f"{path}: {e}") from None
 
 
-__all__ = ["FORMAT_VERSION", "to_bytes", "from_bytes", "seal", "save", "load"]
+__all__ = ["FORMAT_VERSION", "to_bytes", "from_bytes", "read_program", "seal", "save", "load", "load_program"]

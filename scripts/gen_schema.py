@@ -120,6 +120,7 @@ def schema_text() -> str:
         "  nodes:[Node];",
         "  outputs:[Output];",
         "  checks:[CheckEntry];",
+        "  target:string;         // the target it was compiled for (auto, cpu, cuda, metal, portable)",
         "}",
         "",
         "root_type Program;",

@@ -299,31 +299,6 @@ def _checks_of(top: tuple[Node, ...], users: dict) -> tuple[Node | None, Node | 
     return bad, ninf
 
 
-def run_order(graph: Graph, chains: list[Chain]) -> list[Node]:
-    """The graph's nodes in an order where each chain's nodes come together, after everything they read."""
-    unit = {id(n): ("c", i) for i, c in enumerate(chains) for n in c.nodes()}
-    base = [n for n in graph.toposort() if n.op != INPUT]
-    key = lambda n: unit.get(id(n), ("n", id(n)))
-    members: dict = {}
-    for n in base:
-        members.setdefault(key(n), []).append(n)
-    deps = {k: {key(i) for m in ms for i in m.inputs if i.op != INPUT} - {k} for k, ms in members.items()}
-    order, done = [], set()
-    pending = list(members)            # (first appearance order: deterministic)
-    while pending:
-        rest = []
-        for k in pending:
-            if deps[k] <= done:
-                order += members[k] if k[0] == "n" else chains[k[1]].nodes()
-                done.add(k)
-            else:
-                rest.append(k)
-        if len(rest) == len(pending):
-            raise SamplecError("internal error: a cycle through a chain")
-        pending = rest
-    return order
-
-
 def _run_expansion(node: Node, ins: list[mx.array]) -> mx.array:
     """A stage op's dense definition, built over its operands' concrete types and run op by op."""
     holes = [Node(INPUT, (), (), Type(_IR_DTYPE[a.dtype], tuple(a.shape)), f"in{i}") for i, a in enumerate(ins)]
@@ -339,52 +314,67 @@ _IR_DTYPE = {mx.float32: "f32", mx.int32: "i32", mx.uint32: "u32", mx.uint64: "u
 
 
 class Executable:
-    def __init__(self, graph: Graph, compile: bool = True):
+    """Runs a target-level graph: its regions by their kernels (the CPU's or the CUDA chain kernel), every other
+    node by its kernel in KERNELS (a stage op left outside a region: by its dense definition, or on the CPU by a
+    native single-op kernel of lowering.RULES). `trace` lists, for the last traced call, each region's kernel
+    and whether it ran ("kernel") or fell back to its nodes' definitions ("definitions"), each node a native
+    single-op kernel ran ("native", op), and each stage op run by its dense definition ("definition", op): a fast
+    path that silently stops shows there."""
+
+    def __init__(self, graph: Graph, compile: bool = True, target: str = "cpu"):
         self.graph = graph
+        self.target = target
         self.index = {id(p.node): i for i, p in enumerate(graph.params)}
         self.roots = graph.roots()
-        self.chains = find_chains(graph)
-        self.covered = {id(n): c for c in self.chains for n in c.nodes()}
-        self.order = run_order(graph, self.chains)
+        self.covered = {id(n): r for r in graph.regions for n in r.nodes}
+        self.order = graph.schedule()
         missing = sorted({n.op for n in self.order} - set(KERNELS) - set(EXPAND))
         if missing:
             raise SamplecError(f"no MLX kernel for op(s): {', '.join(missing)}")
         self.compile = compile
+        self.trace: list[tuple[str, str]] = []
         self._per_thread = threading.local()
 
     def run_eager(self, *args: mx.array) -> list[mx.array]:
         env = {id(p.node): args[i] for i, p in enumerate(self.graph.params)}
-        rules = RULES if native.enabled() else {}
+        rules = RULES if self.target == "cpu" and native.enabled() else {}
         users = self.graph.users() if rules else {}
-        on_gpu = not rules and gpu.available()
-        chained = self.covered if rules or on_gpu else {}
+        on_gpu = self.target == "cuda" and gpu.available()
+        trace = []
         for node in self.order:
-            if id(node) in env:         # covered by a native rule of an earlier node
+            if id(node) in env:         # covered by a native rule of an earlier node, or by its region's kernel
                 continue
             try:
-                chain = chained.get(id(node))
-                if chain is not None:
-                    # (the chain's first node: everything it reads is computed)
-                    bound = chain.run_gpu(env, self._evaluate) if on_gpu else chain.run(env)
+                region = self.covered.get(id(node))
+                if region is not None:
+                    # (the region's first node: everything it reads is computed)
+                    chain = region.impl
+                    bound = chain.run_gpu(env, self._evaluate) if on_gpu else chain.run(env) if rules else None
+                    trace.append((region.kernel, "kernel" if bound else "definitions"))
                     if bound:
                         env.update(bound)
                         for m in chain.nodes():         # (stages read by nothing outside the chain)
                             env.setdefault(id(m), None)
                         continue
-                    for s in chain.nodes():      # (the primitive declined: each by its definition, once)
+                    for s in chain.nodes():      # (the kernel declined: each by its definition, once)
                         if id(s) not in env:
+                            if s.op in EXPAND:
+                                trace.append(("definition", s.op))
                             env[id(s)] = self._evaluate(s, env)
                     continue
                 rule = rules.get(node.op)
                 bound = rule(node, users, env) if rule is not None else None
                 if bound:
+                    trace.append(("native", node.op))
                     env.update(bound)
                 elif node.op in EXPAND:
+                    trace.append(("definition", node.op))
                     env[id(node)] = _run_expansion(node, [env[id(i)] for i in node.inputs])
                 else:
                     env[id(node)] = KERNELS[node.op]([env[id(i)] for i in node.inputs], node.attr_dict)
             except Exception as e:
                 raise SamplecError(f"while executing %{Namer()(node)} = {node.op} ({node.type}): {e}") from e
+        self.trace = trace
         n = len(self.graph.outputs)
         return [env[id(r)] for r in self.roots[:n]] + \
             [env[id(f.inputs[0] if f.op == "squeeze" else f)] for f in self.roots[n:]]

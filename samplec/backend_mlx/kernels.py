@@ -44,6 +44,25 @@ def _take_along(ins, a):
     return mx.take_along_axis(x, idx, axis=-1)
 
 
+def _lead(x: mx.array, idx: mx.array) -> tuple[mx.array, mx.array]:
+    """x and idx broadcast over their leading axes (take_along_axis wants them equal)."""
+    if x.shape[:-1] != idx.shape[:-1]:
+        lead = np.broadcast_shapes(x.shape[:-1], idx.shape[:-1])
+        x, idx = mx.broadcast_to(x, lead + x.shape[-1:]), mx.broadcast_to(idx, lead + idx.shape[-1:])
+    return x, idx
+
+
+# `sum` (the portable lowering's sums): one reduction on a GPU, whose reductions are trees in hardware; on the CPU,
+# where MLX sums a row in a few long runs, the float32 tree of reduce_sum (GPU_SUMS: count launches as a GPU would)
+GPU_SUMS = False
+
+
+def _device_sum(x: mx.array) -> mx.array:
+    if x.dtype != mx.float32 or GPU_SUMS or mx.default_device() != mx.cpu:
+        return mx.sum(x, axis=-1, keepdims=True)
+    return _reduce_sum([x], {})
+
+
 def _topk_ids(ins, a):
     """The k largest without a sort of the vocabulary: their threshold by a selection by count, the tokens above
     it and the lowest ids of those at it (a scan), placed in id order, then ordered by a sort of the k alone."""
@@ -354,4 +373,8 @@ KERNELS = {
     "take_along": _take_along, "scatter_add": _scatter_add, "put_along": _put_along, "sparse_add": _sparse_add,
     "random_bits": lambda i, a: _random_bits(*i),
     "count_at": _count_at, "log_softmax": _log_softmax, "dry_repeats": _dry_repeats,
+    # target-level ops (samplec/ir/ops.py's TARGET_OPS)
+    "gather": lambda i, a: mx.take_along_axis(*_lead(i[0], i[1]), axis=-1),
+    "sum": lambda i, a: _device_sum(i[0]),
+    "last_index": lambda i, a: mx.array([max(i[0].shape[-1] - 1, 0)], dtype=mx.int32),
 }

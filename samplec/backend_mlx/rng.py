@@ -19,10 +19,10 @@ def _rotl(x: mx.array, r: int) -> mx.array:
 def threefry2x32(k0: mx.array, k1: mx.array, c0: mx.array, c1: mx.array) -> tuple[mx.array, mx.array]:
     """Both output words of Threefry-2x32-20 for key (k0, k1) and counter (c0, c1), all uint32, broadcasting.
 
-    Every `FUSE_ROUNDS` rounds the two words are packed into one uint64 array behind `mx.contiguous`: MLX's
-    `compile` fuses at most ~11 levels of elementwise ops into one kernel and splits a two-word state into many
-    small ones (37 kernels for the 20 rounds); one packed value per cut gives it clean boundaries (18 kernels,
-    ~3x faster on the CPU backend, where every kernel launch costs microseconds). The values are unchanged."""
+    Every `FUSE_ROUNDS` rounds the two words are packed into one uint64 array behind a view (int64 and back):
+    MLX's `compile` fuses at most ~11 levels of elementwise ops into one kernel and splits a two-word state into
+    many small ones (37 kernels for the 20 rounds); one packed value per cut gives it clean boundaries (10 fused
+    kernels; a view is no kernel of its own on any device). The values are unchanged."""
     u = lambda v: mx.array(v, dtype=mx.uint32)
     ks = (k0, k1, k0 ^ k1 ^ u(PARITY))
     x0, x1 = c0 + k0, c1 + k1
@@ -33,7 +33,7 @@ def threefry2x32(k0: mx.array, k1: mx.array, c0: mx.array, c1: mx.array) -> tupl
             x1 = _rotl(x1, r) ^ x0
             n += 1
             if n % FUSE_ROUNDS == 0:
-                packed = mx.contiguous((x0.astype(mx.uint64) << 32) | x1.astype(mx.uint64))
+                packed = ((x0.astype(mx.uint64) << 32) | x1.astype(mx.uint64)).view(mx.int64).view(mx.uint64)
                 x0, x1 = (packed >> 32).astype(mx.uint32), packed.astype(mx.uint32)
         x0 = x0 + ks[(i + 1) % 3]
         x1 = x1 + (ks[(i + 2) % 3] + u(i + 1))

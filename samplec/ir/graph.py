@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Iterable
 
-from samplec.ir.ops import OPS
+from samplec.ir.ops import ALL_OPS as OPS
 from samplec.ir.types import Type, TypeError_
 
 INPUT = "input"   # the pseudo-op of a graph parameter; every other op is in OPS
@@ -82,12 +82,26 @@ class Check:
     message: str
 
 
+@dataclass(frozen=True, eq=False)
+class Region:
+    """Nodes that one kernel runs together, chosen by the target pass (a chain kernel: samplec/passes/chains.py).
+    The nodes stay in the graph with their definitions (what runs if the kernel declines a call); the region
+    says which kernel computes them and which of them the rest of the graph reads (`results`). `impl` is the
+    backend's runner for it."""
+    kernel: str                             # e.g. "cpu.chain", "cuda.chain"
+    nodes: tuple[Node, ...]                 # in run order
+    results: tuple[Node, ...]
+    attrs: tuple[tuple[str, object], ...] = ()
+    impl: object = None
+
+
 @dataclass(frozen=True)
 class Graph:
     name: str
     params: tuple[Param, ...]
     outputs: tuple[tuple[str, Node], ...]
     checks: tuple[Check, ...] = ()
+    regions: tuple[Region, ...] = ()       # (target-level graphs only; a rewrite of the graph drops them)
 
     @property
     def logits(self) -> Node:
@@ -119,6 +133,31 @@ class Graph:
                     seen.add(id(node))
                     order.append(node)
         return tuple(order)
+
+    def schedule(self) -> list[Node]:
+        """The computation in run order: each region's nodes together, after everything they read."""
+        if not self.regions:
+            return [n for n in self.toposort() if n.op != INPUT]
+        unit = {id(n): ("r", i) for i, r in enumerate(self.regions) for n in r.nodes}
+        key = lambda n: unit.get(id(n), ("n", id(n)))
+        members: dict = {}
+        for n in self.toposort():
+            if n.op != INPUT:
+                members.setdefault(key(n), []).append(n)
+        deps = {k: {key(i) for m in ms for i in m.inputs if i.op != INPUT} - {k} for k, ms in members.items()}
+        order, done, pending = [], set(), list(members)     # (first appearance order: deterministic)
+        while pending:
+            rest = []
+            for k in pending:
+                if deps[k] <= done:
+                    order += members[k] if k[0] == "n" else list(self.regions[k[1]].nodes)
+                    done.add(k)
+                else:
+                    rest.append(k)
+            if len(rest) == len(pending):
+                raise VerifyError("a cycle through a region")
+            pending = rest
+        return order
 
     def nodes(self) -> list[Node]:
         """Parameters first (in declaration order), then the computation."""
@@ -224,6 +263,12 @@ def verify(g: Graph, infer: bool = True) -> None:
             raise VerifyError(f"{n.op}: {e}") from None
         if t != n.type:
             raise VerifyError(f"{n.op}: recorded type {n.type} but operands give {t}")
+    if g.regions:
+        present = {id(n) for n in g.toposort()}
+        for r in g.regions:
+            if not all(id(n) in present for n in r.nodes) or not {id(n) for n in r.results} <= present:
+                raise VerifyError(f"region {r.kernel}: a node is not in the graph")
+        g.schedule()
     for c in g.checks:
         if c.flag.type.dtype != "bool" or len(c.flag.type.shape) != 1:
             raise VerifyError(f"check {c.message!r}: flag must be bool[B]")
@@ -231,4 +276,4 @@ def verify(g: Graph, infer: bool = True) -> None:
         raise VerifyError("duplicate output names")
 
 
-__all__ = ["Node", "Param", "Check", "Graph", "make", "verify", "VerifyError", "INPUT", "infer_type"]
+__all__ = ["Node", "Param", "Check", "Region", "Graph", "make", "verify", "VerifyError", "INPUT", "infer_type"]

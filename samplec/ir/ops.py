@@ -356,6 +356,16 @@ OPS: dict[str, OpDef] = {d.name: d for d in [
           "values (mirostat's truncation); k <= 0 keeps all"),
 ]}
 
+# Target-level ops: made only by the target pass (samplec/passes/target.py), never stored in a .smpb (a file holds
+# the stage-level graph and is lowered again when loaded) and never read from one.
+TARGET_OPS: dict[str, OpDef] = {d.name: d for d in [
+    OpDef("gather", 2, (), _take_along,
+          "take_along at indices the target pass made (in range by construction: no clamp)"),
+    OpDef("sum", 1, (), _reduce((F32, I32)), "sum over the last axis in the device's order: one reduction"),
+    OpDef("last_index", 1, (), lambda ts, a: Type(I32, (1,)), "V - 1 for the operand's last axis, i32[1] (a constant once traced)"),
+]}
+ALL_OPS: dict[str, OpDef] = {**OPS, **TARGET_OPS}
+
 STAGE_OPS = ("temperature", "top_k", "top_p", "min_p", "top_n_sigma", "typical_p", "xtc", "epsilon", "eta",
              "dynamic_temperature", "top_k_rank")  # x -> x
 DRAW_OPS = ("greedy", "sample")

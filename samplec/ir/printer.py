@@ -4,9 +4,15 @@
       param %logits: f32[B,V] logits
       param %t: f32[B] float = 0.8 range [0.0, inf]
       %x = div %logits, %t.1 : f32[B,V]
+      region cpu.chain {stages = [top_k], terminal = sample} {
+        %x_topk = top_k %x, %k : f32[B,V]
+        %tok = sample %x_topk, %seed, %pos : i32[B,1]
+      } -> %tok
       check %bad "message"
       output token = %tok
     }
+
+A region (target-level graphs only) is the nodes one kernel runs together, and the results the rest reads.
 """
 from __future__ import annotations
 
@@ -75,15 +81,24 @@ def print_graph(g: Graph) -> str:
         if p.range:
             line += f" range {p.range}"
         lines.append(line)
-    params = {id(p.node) for p in g.params}
-    for n in g.toposort():
-        if id(n) in params:
-            continue
+    region = {id(n): r for r in g.regions for n in r.nodes}
+    open_ = None
+    for n in g.schedule():
+        r = region.get(id(n))
+        if r is not open_:
+            if open_ is not None:
+                lines.append("  } -> " + ", ".join("%" + name(m) for m in open_.results))
+            if r is not None:
+                attrs = " {" + ", ".join(f"{k} = {fmt_attr(v)}" for k, v in r.attrs) + "}" if r.attrs else ""
+                lines.append(f"  region {r.kernel}{attrs} {{")
+            open_ = r
         ops = ", ".join("%" + name(i) for i in n.inputs)
         attrs = ""
         if n.attrs:
             attrs = " {" + ", ".join(f"{k} = {fmt_attr(v)}" for k, v in n.attrs) + "}"
-        lines.append(f"  %{name(n)} = {n.op}{' ' + ops if ops else ''}{attrs} : {n.type}")
+        lines.append(f"{'    ' if r is not None else '  '}%{name(n)} = {n.op}{' ' + ops if ops else ''}{attrs} : {n.type}")
+    if open_ is not None:
+        lines.append("  } -> " + ", ".join("%" + name(m) for m in open_.results))
     for c in g.checks:
         lines.append(f"  check %{name(c.flag)} {json.dumps(c.message)}")
     for k, n in g.outputs:

@@ -50,11 +50,44 @@ PASSES: dict[str, Pass] = {p.name: p for p in [
     Pass("dce", dce, "dead-code elimination (dead nodes, constant-false checks)"),
 ]}
 
+def _target_pass(target: str) -> Callable[[Graph], Graph]:
+    def run(g: Graph) -> Graph:
+        from samplec.passes.target import lower
+        low = lower(g, target)
+        if target == "cpu":
+            return low
+        tidy = dce(PASSES["cse"].run(PASSES["simplify"].run(Graph(low.name, low.params, low.outputs, low.checks))))
+        if low.regions and not {id(n) for r in low.regions for n in r.nodes} <= {id(n) for n in tidy.toposort()}:
+            return low          # (the clean-up rewrote a region's node: keep the graph as lowered)
+        return Graph(tidy.name, tidy.params, tidy.outputs, tidy.checks, low.regions)
+    return run
+
+
+TARGET_PASSES: dict[str, Pass] = {p.name: p for p in [
+    Pass("target-cpu", _target_pass("cpu"),
+         "the CPU's chain kernel: each chain of stage ops ending in a draw becomes a region cpu.chain"),
+    Pass("target-cuda", _target_pass("cuda"),
+         "the CUDA chain kernel for the chains it covers (regions cuda.chain), the portable lowering elsewhere"),
+    Pass("target-metal", _target_pass("metal"), "the portable lowering (no Metal kernel yet)"),
+    Pass("target-portable", _target_pass("portable"),
+         "the portable lowering: one sort a chain, every cut a threshold on the sorted row, the draw in sorted order"),
+]}
+
 PIPELINES: dict[int, tuple[str, ...]] = {
     0: ("expand-stages",),
     1: ("stages", "expand-stages", "fold", "simplify", "partition-topk", "cse", "dce"),
     2: ("stages", "fold", "simplify", "partition-topk", "cse", "dce"),
 }
+
+
+def run_target(g: Graph, target: str, after: Callable[[str, Graph], None] | None = None) -> Graph:
+    """The target pass (after a pipeline): `target` is a concrete one (samplec.passes.target.resolve)."""
+    p = TARGET_PASSES[f"target-{target}"]
+    g = p.run(g)
+    verify(g)
+    if after:
+        after(p.name, g)
+    return g
 
 
 def run_pipeline(g: Graph, level: int = 2, after: Callable[[str, Graph], None] | None = None,
@@ -68,4 +101,4 @@ def run_pipeline(g: Graph, level: int = 2, after: Callable[[str, Graph], None] |
     return g
 
 
-__all__ = ["Pass", "PASSES", "PIPELINES", "run_pipeline", "Check"]
+__all__ = ["Pass", "PASSES", "TARGET_PASSES", "PIPELINES", "run_pipeline", "run_target", "Check"]

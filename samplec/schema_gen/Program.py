@@ -142,8 +142,15 @@ class Program(object):
         o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(14))
         return o == 0
 
+    # Program
+    def Target(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(16))
+        if o != 0:
+            return self._tab.String(o + self._tab.Pos)
+        return None
+
 def ProgramStart(builder):
-    builder.StartObject(6)
+    builder.StartObject(7)
 
 def Start(builder):
     ProgramStart(builder)
@@ -207,6 +214,12 @@ def ProgramStartChecksVector(builder, numElems):
 
 def StartChecksVector(builder, numElems):
     return ProgramStartChecksVector(builder, numElems)
+
+def ProgramAddTarget(builder, target):
+    builder.PrependUOffsetTRelativeSlot(6, flatbuffers.number_types.UOffsetTFlags.py_type(target), 0)
+
+def AddTarget(builder, target):
+    ProgramAddTarget(builder, target)
 
 def ProgramEnd(builder):
     return builder.EndObject()

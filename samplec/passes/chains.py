@@ -1,0 +1,47 @@
+"""The chain kernels' part of the target pass: which chains of stage ops a samplec kernel runs as one.
+
+A chain is a draw and the stage ops before it, with what the kernel computes from the same passes over the row
+(the penalties, logit_bias and allow nodes below it, the logits checks' maximum, the model's log-softmax and
+top_logprobs, a `probs` softmax): `interpreter.find_chains` gives them. On the `cpu` target every chain whose
+stages the installed native kernel knows becomes a region `cpu.chain`; on `cuda`, every chain the CUDA kernel
+covers becomes a region `cuda.chain`, and the other stage ops take the portable lowering. Stage ops outside a
+region keep their kernels (on the CPU: the native single-op kernels and the dense definitions, which select
+without sorting -- a sort of 152k floats costs ~14 ms there).
+"""
+from __future__ import annotations
+
+from samplec.ir.graph import Graph, Region
+
+
+def _region(chain, kernel: str, roots: set, users: dict) -> Region:
+    inside = {id(n) for n in chain.nodes()}
+    results = tuple(n for n in chain.nodes()
+                    if id(n) in roots or any(id(u) not in inside for u in users.get(id(n), [])))
+    attrs = (("stages", tuple(s.op for s in chain.stages)),
+             ("terminal", chain.draw.op if chain.draw is not None else "none"))
+    if chain.edits:
+        attrs += (("edits", tuple(e.op for e in chain.edits)),)
+    if chain.prefix:
+        attrs += (("prefix", tuple(p.kind for p in chain.prefix)),)
+    return Region(kernel, tuple(chain.nodes()), results, attrs, chain)
+
+
+def fuse_chains(g: Graph, target: str) -> Graph:
+    from samplec.backend_mlx import gpu, native
+    from samplec.backend_mlx.interpreter import find_chains
+    from samplec.passes.portable import lower_portable
+    users, roots = g.users(), {id(r) for r in g.roots()}
+    chains = find_chains(g)
+    if target == "cpu":
+        covered = [c for c in chains if native.installed() and native.knows_stages([s.op for s in c.stages])]
+        return Graph(g.name, g.params, g.outputs, g.checks,
+                     tuple(_region(c, "cpu.chain", roots, users) for c in covered))
+    covered = [c for c in chains if c.draw is not None and
+               gpu.chain_supports([s.op for s in c.stages], c.draw.op)]
+    keep = {id(n) for c in covered for n in c.nodes()}
+    low = lower_portable(g, keep)
+    if keep and not keep <= {id(n) for n in low.toposort()}:
+        return lower_portable(g)        # (a kept chain read something the lowering rewrote: all portable)
+    users, roots = low.users(), {id(r) for r in low.roots()}
+    return Graph(low.name, low.params, low.outputs, low.checks,
+                 tuple(_region(c, "cuda.chain", roots, users) for c in covered))

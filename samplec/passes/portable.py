@@ -1,0 +1,301 @@
+"""The portable lowering: what a device without a samplec kernel runs (`target = portable`, and `metal` until a
+Metal kernel exists) -- few, large MLX kernels, and the tokens of the dense definitions.
+
+A chain's cuts on the logit order (`top_k`, `top_k_rank`, `top_p`, `typical_p`) are found in sorted order: the
+row is sorted once (a stable descending argsort: equal values keep id order), and every later stage of the chain
+works on the sorted values `s` with the permutation `order` beside them. A removed token stays in place as -inf,
+so the kept values stay non-increasing along the row and a cut is a comparison with a threshold read off the
+sorted row -- a gather (`top_k`), a running mass (`top_p`), a count (`top_k_rank`) -- instead of the dense
+definitions' 32 selection rounds. Monotone maps (`temperature`, `dynamic_temperature`) and the cuts by value or
+probability (`min_p`, `top_n_sigma`, `epsilon`, `eta`) are their own dense definitions applied to `s`: they do not
+depend on the order of the row. The draw is a Gumbel-max over `s` with the noise of each token's own id (`order`),
+and the token is `order` at the winning position: no inverse permutation, no scatter. A value read outside the
+chain (a `probs` output, an edit after a cut, a check) is written back to id order by one `put_along`.
+
+Exactness: every threshold is the dense definition's, taken over the same values; sums are taken in another order
+(a running sum in sorted order where the definitions sum a masked row), so a boundary can move only where a mass
+lies within float32 rounding of `p`. Ties that exist when the row is sorted are in id order, so `top_k_rank`, the
+draw and xtc's survivor pick the lowest id among equal values as the definitions do (xtc compares ids directly).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from samplec.frontend.expand import EXPAND, history_window
+from samplec.frontend.lower import NEG_INF, XTC_COUNTER, any_rows, const, gumbel, penalize, uniform, where
+from samplec.ir.graph import INPUT, Graph, Node, make
+from samplec.ir.types import F32, I32, U32
+from samplec.passes.rewrite import rebuild
+
+# cuts that need the row's order (their dense definitions select by 32 rounds): they sort the row
+SORTING = {"top_k", "top_k_rank", "top_p", "typical_p"}
+# stages that do not depend on the order of the row: their dense definitions run on the sorted values as they are
+ORDER_FREE = {"dynamic_temperature", "min_p", "top_n_sigma", "epsilon", "eta"}
+BIG_ID = 2 ** 31 - 1
+
+
+@dataclass(frozen=True)
+class Sorted:
+    """A row in sorted order: `s` (f32[B,V], removed tokens -inf), `order` (i32[B,V], the id at each place), `base`
+    (a node in id order of the same shape, for writing `s` back). `prefix`: the kept tokens are the first places
+    (every cut so far kept a top set); `head`: place 0 holds the row's maximum."""
+    s: Node
+    order: Node
+    base: Node
+    last: Node          # V - 1, i32[B,1]
+    prefix: bool = True
+    head: bool = True
+
+    def top(self) -> Node:
+        """The row's largest value, [B,1] (place 0 where it holds it: a view, no kernel)."""
+        return make("slice", self.s, start=0, stop=1) if self.head else make("reduce_max", self.s)
+
+    def with_s(self, s: Node, prefix: bool | None = None, head: bool | None = None) -> "Sorted":
+        return Sorted(s, self.order, self.base, self.last, self.prefix if prefix is None else prefix,
+                      self.head if head is None else head)
+
+
+def sort_row(x: Node) -> Sorted:
+    order = make("argsort", x, descending=True, name="order")
+    return Sorted(make("gather", x, order, name="s"), order, x, make("last_index", x))
+
+
+def kept(s: Node) -> Node:
+    return make("ne", s, const(NEG_INF))
+
+
+def keep(s: Node, flag: Node) -> Node:
+    return make("filter", s, flag)
+
+
+def probs_of(r: Sorted) -> Node:
+    e = make("exp", make("sub", r.s, r.top()))
+    return make("div", e, make("sum", e), name="p")
+
+
+# ---- the cuts on the logit order, in sorted order -----------------------------------------------------------------
+
+def top_k(r: Sorted, k: Node) -> Sorted:
+    """keep x >= v_k, v_k the k-th largest (-inf past the kept tokens): with the kept tokens first it is s at place
+    k - 1; else the k-th kept value in place order."""
+    if r.prefix:
+        place = make("minimum", make("maximum", make("sub", k, const(1, I32)), const(0, I32)), r.last)
+        vk = make("gather", r.s, place, name="v_k")
+    else:
+        live = kept(r.s)
+        rank = make("cumsum", make("cast", live, dtype=I32))
+        vk = make("reduce_max", where(make("logical_and", live, make("eq", rank, k)), r.s, const(NEG_INF)),
+                  name="v_k")
+    out = where(make("le", k, const(0, I32)), r.s, keep(r.s, make("ge", r.s, vk)), name="x_topk")
+    return r.with_s(out)
+
+
+def top_k_rank(r: Sorted, k: Node) -> Sorted:
+    """the first k kept places (equal values are in id order: the lowest ids first)."""
+    place = make("iota", r.order) if r.prefix else \
+        make("sub", make("cumsum", make("cast", kept(r.s), dtype=I32)), const(1, I32))
+    out = where(make("le", k, const(0, I32)), r.s, keep(r.s, make("lt", place, k)), name="x_topk_rank")
+    return r.with_s(out)
+
+
+def top_p(r: Sorted, p: Node) -> Sorted:
+    """keep i iff S_i < p, S_i the mass of the more probable tokens: at the first place of a run of equal
+    probabilities S_i is the running mass before it, so the kept probabilities are those at least the smallest
+    probability whose place has a running mass before it below p (ties at the boundary kept; every token where the
+    rounded mass never reaches p)."""
+    q = probs_of(r)
+    before = make("sub", make("cumsum", q), q, name="mass_before")
+    open_ = make("logical_and", make("lt", before, p), make("gt", q, const(0.0)))     # (a removed place: q = 0)
+    floor = make("reduce_min", where(open_, q, const(float("inf"))), name="p_min")
+    return r.with_s(where(make("ge", p, const(1.0)), r.s, keep(r.s, make("ge", q, floor)), name="x_topp"))
+
+
+def typical_p(r: Sorted, m: Node) -> Sorted:
+    """the dense definition's score |mean(d) - d_i|; s* = the score where the mass in ascending score first reaches
+    m, found by one sort of the scores."""
+    q = probs_of(r)
+    live = make("gt", q, const(0.0))
+    top = r.top()
+    d = make("sub", r.s, top)
+    mean_d = make("sum", where(live, make("mul", q, d), const(0.0)), name="mean_d")
+    score = where(live, make("abs", make("sub", mean_d, d)), const(float("inf")), name="score")
+    by_score = make("argsort", score, descending=False)
+    mass = make("cumsum", make("gather", q, by_score))
+    t = make("sum", make("cast", make("lt", mass, m), dtype=I32))
+    reached = make("gather", make("gather", score, by_score), make("minimum", t, r.last))
+    top_finite = make("reduce_max", where(make("isfinite", score), score, const(NEG_INF)))
+    cutoff = make("minimum", where(make("le", t, r.last), reached, const(float("inf"))), top_finite,
+                  name="score_cutoff")
+    flag = make("logical_or", make("le", score, cutoff), make("eq", r.s, top))
+    return r.with_s(where(make("ge", m, const(1.0)), r.s, keep(r.s, flag), name="x_typical"), prefix=False)
+
+
+def xtc(r: Sorted, thr: Node, prob: Node, seed: Node, position: Node) -> Sorted:
+    """the dense definition, with the survivor (the least probable target, lowest id among equals) by id."""
+    coin = uniform(make("random_bits", seed, const(XTC_COUNTER, U32), make("cast", position, dtype=U32),
+                        name="xtc_bits"))
+    q = probs_of(r)
+    target = make("logical_and", make("ge", q, thr), kept(r.s), name="xtc_top")
+    n_top = make("sum", make("cast", target, dtype=I32))
+    p_least = make("reduce_min", where(target, q, const(float("inf"))))
+    survivor = make("reduce_min", where(make("logical_and", target, make("eq", q, p_least)), r.order,
+                                        const(BIG_ID, I32)), name="xtc_survivor")
+    remove = make("logical_and", target, make("ne", r.order, survivor))
+    fire = make("logical_and", make("lt", coin, prob), make("ge", n_top, const(2, I32)))
+    cut = where(make("logical_and", fire, remove), const(NEG_INF), r.s)
+    return r.with_s(where(make("eq", prob, const(0.0)), r.s, cut, name="x_xtc"), prefix=False, head=False)
+
+
+def temperature(r: Sorted, t: Node) -> Sorted:
+    """the dense definition, with the row's maximum and its lowest id read at place 0 where it holds them."""
+    if not r.head:
+        return r.with_s(EXPAND["temperature"](r.s, t))
+    top = r.top()
+    zero = make("logical_or", make("eq", t, const(0.0)),
+                make("logical_not", make("isfinite", make("div", top, where(make("eq", t, const(0.0)), const(1.0), t)))),
+                name="t_greedy")
+    greedy_x = keep(r.s, make("eq", make("iota", r.order), const(0, I32)))
+    scaled = where(make("eq", r.s, const(NEG_INF)), r.s, make("div", r.s, where(zero, const(1.0), t)))
+    return r.with_s(where(make("eq", t, const(1.0)), r.s, where(zero, greedy_x, scaled), name="x_temp"))
+
+
+SORTED_STAGES = {"top_k": top_k, "top_k_rank": top_k_rank, "top_p": top_p, "typical_p": typical_p, "xtc": xtc,
+                 "temperature": temperature}
+# stages that run in sorted order only where their row already is (alone, they need no sort)
+FOLLOWERS = {"xtc", "temperature"}
+
+
+def order_free(op: str, r: Sorted, operands: list[Node]) -> Sorted:
+    return r.with_s(EXPAND[op](r.s, *operands))
+
+
+# ---- the pass ----------------------------------------------------------------------------------------------------
+
+class _Lowering:
+    def __init__(self, keep: set = frozenset()):
+        self.keep = keep                        # ids of nodes kept as they are (a kernel's region)
+        self.dense: dict[int, Node] = {}        # id(old) -> the new node in id order
+        self.sorted: dict[int, Sorted] = {}     # id(old) -> the new row in sorted order
+        self.place: dict[int, tuple[Node, Sorted]] = {}     # id(old draw) -> (winning place [B,1], its row)
+        self.pen_node: dict[tuple, Node] = {}       # a penalties node by its operands (its check shares them)
+
+    def value(self, n: Node) -> Node:
+        """n in id order (a sorted row written back by one put_along, once)."""
+        got = self.dense.get(id(n))
+        if got is None:
+            r = self.sorted[id(n)]
+            got = self.dense[id(n)] = make("put_along", r.base, r.order, r.s, name=n.name)
+        return got
+
+    def row(self, n: Node) -> Sorted:
+        r = self.sorted.get(id(n))
+        if r is None:
+            r = self.sorted[id(n)] = sort_row(self.value(n))
+        return r
+
+    def visit(self, n: Node) -> None:
+        if n.op == INPUT:
+            self.dense[id(n)] = n
+            return
+        x = n.inputs[0] if n.inputs else None
+        in_sorted = x is not None and id(x) in self.sorted
+        if id(n) in self.keep:
+            self.dense[id(n)] = rebuild(n, tuple(self.value(i) for i in n.inputs))
+        elif n.op in SORTED_STAGES and (n.op not in FOLLOWERS or in_sorted):
+            self.sorted[id(n)] = SORTED_STAGES[n.op](self.row(x), *[self.value(i) for i in n.inputs[1:]])
+        elif n.op in ORDER_FREE and in_sorted:
+            self.sorted[id(n)] = order_free(n.op, self.sorted[id(x)], [self.value(i) for i in n.inputs[1:]])
+        elif n.op == "sample" and in_sorted:
+            r = self.sorted[id(x)]
+            seed, position = (self.value(i) for i in n.inputs[1:])
+            bits = make("random_bits", seed, make("cast", r.order, dtype=U32), make("cast", position, dtype=U32),
+                        name="bits")
+            at = make("argmax", make("add", r.s, gumbel(bits), name="noisy"), name="place")
+            self.place[id(n)] = (at, r)
+            self.dense[id(n)] = make("gather", r.order, at, name=n.name)
+        elif n.op == "argmax" and in_sorted:
+            # the lowest id at the maximum (equal values made by a map after the sort need not be in id order)
+            r = self.sorted[id(x)]
+            top = r.top()
+            self.dense[id(n)] = make("reduce_min", where(make("eq", r.s, top), r.order, const(BIG_ID, I32)),
+                                     name=n.name)
+            self.place[id(n)] = (None, r)
+        elif n.op == "logprob_at" and in_sorted and id(n.inputs[1]) in self.place and \
+                self.place[id(n.inputs[1])][1] is self.sorted[id(x)]:
+            at, r = self.place[id(n.inputs[1])]
+            top = r.top()
+            lse = make("log", make("sum", make("exp", make("sub", r.s, top))))
+            value = top if at is None else make("gather", r.s, at)
+            self.dense[id(n)] = make("sub", make("sub", value, top), lse, name=n.name)
+        elif n.op in ("penalties", "penalties_overflow"):
+            self.penalties(n)
+        elif n.op == "take_along" and n.inputs[1].op == "argmax" and n.inputs[1].inputs[0] is x and \
+                x.type.dtype == "f32":
+            # x at its argmax (the logits checks' maximum): the maximum itself (a NaN anywhere is the maximum)
+            self.dense[id(n)] = self.top_of(x)
+        elif n.op == "topk_ids":
+            # the n largest, lowest id first on ties: a stable sort of the row (MLX partitions by a sort on a GPU)
+            ids = make("argsort", self.value(x), descending=True)
+            self.dense[id(n)] = make("slice", ids, start=0, stop=n.attr("k"), name=n.name)
+        else:
+            new = tuple(self.value(i) for i in n.inputs)
+            self.dense[id(n)] = rebuild(n, new) if n.op not in EXPAND else _expanded(n, new)
+
+
+    def top_of(self, n: Node) -> Node:
+        """n's row maximum: place 0 of its sorted row where the lowering sorted it, else a reduction."""
+        r = self.sorted.get(id(n))
+        return r.top() if r is not None and r.head else make("reduce_max", self.value(n))
+
+    def penalties(self, n: Node) -> None:
+        """penalties and its check, over the row: each token's count in the window by one scatter (the dense
+        definition gathers the history's tokens, counts them pairwise and writes them back), then the penalty of
+        spec §2 where the count is positive; the check reads the maximum at place 0 where the chain sorted the row."""
+        x, hist, last_n, rep, freq, pres = (self.value(i) for i in n.inputs)
+        key = ("penalties", *(id(i) for i in n.inputs))
+        if key not in self.dense:
+            ids, valid = history_window(hist, last_n)
+            counts = make("scatter_add", make("zeros_like", x, dtype=F32), ids, make("cast", valid, dtype=F32),
+                          name="counts")
+            self.dense[key] = (counts, where(make("gt", counts, const(0.0)), penalize(x, counts, rep, freq, pres), x,
+                                             name="x_pen"))
+            self.pen_node[key] = n if n.op == "penalties" else None
+        counts, penalized = self.dense[key]
+        if n.op == "penalties":
+            self.pen_node[key] = n
+            self.dense[id(n)] = penalized
+            return
+        seen_bad = make("logical_and", make("gt", counts, const(0.0)),
+                        make("logical_or", make("isposinf", penalized), make("isnan", penalized)))
+        pen = self.pen_node.get(key)
+        top = self.top_of(pen) if pen is not None else make("reduce_max", penalized)
+        empty = make("squeeze", make("eq", top, const(NEG_INF)))
+        self.dense[id(n)] = make("logical_or", any_rows(seen_bad), empty, name=n.name)
+
+
+def _expanded(n: Node, inputs: tuple[Node, ...]) -> Node:
+    out = EXPAND[n.op](*inputs)
+    return out if out.name or not n.name else Node(out.op, out.inputs, out.attrs, out.type, n.name)
+
+
+def lower_portable(g: Graph, keep: set = frozenset()) -> Graph:
+    """Every stage op of g as the sorted-order lowering (module doc); other ops (and those in `keep`, ids) as they
+    are."""
+    low = _Lowering(keep)
+    for n in g.toposort():
+        low.visit(n)
+    out = g.replace({id(n): low.value(n) for n in g.roots()})
+    return _device_sums(out, {id(n) for n in g.toposort()})
+
+
+def _device_sums(g: Graph, old: set) -> Graph:
+    """The lowering's own float sums (the dense definitions it applied to sorted rows included) as `sum`: one
+    reduction in the device's order; sums that were in g before stay the definitions' reduce_sum."""
+    new: dict[int, Node] = {}
+    for n in g.toposort():
+        ins = tuple(new.get(id(i), i) for i in n.inputs)
+        m = rebuild(n, ins) if n.op != INPUT else n
+        if m.op == "reduce_sum" and id(n) not in old:
+            m = Node("sum", m.inputs, (), m.type, m.name)
+        new[id(n)] = m
+    return g.replace(new)

@@ -1,0 +1,71 @@
+"""Targets: which kernels run a program is decided at compilation, by the target pass after the stage passes.
+
+| target | what a chain of stage ops becomes |
+|---|---|
+| `cpu` | the native chain kernel (one `chain` op per chain: samplec_native's primitive picks an algorithm per row) |
+| `cuda` | the CUDA chain kernel where it covers the chain (`chain` ops), the portable lowering elsewhere |
+| `metal` | the portable lowering (no Metal kernel yet) |
+| `portable` | the portable lowering (samplec/passes/portable.py): one sort a chain, every cut a threshold on it |
+| `auto` | the device MLX runs on: `cpu` (the portable lowering where the native kernels are not installed or are
+|          switched off), `cuda` on a CUDA GPU, `metal` on an Apple GPU |
+
+`SAMPLEC_TARGET` overrides `auto`. -O0 is the spec's dense reading on every target: the target pass changes only
+the stage ops the -O1/-O2 pipelines keep.
+"""
+from __future__ import annotations
+
+import os
+
+import mlx.core as mx
+
+from samplec.diagnostics import SamplecError
+
+TARGETS = ("auto", "cpu", "cuda", "metal", "portable")
+
+
+def resolve(target: str | None = None) -> str:
+    """The concrete target `target` names (None and "auto": SAMPLEC_TARGET, else the device MLX runs on)."""
+    if target is None or target == "auto":
+        target = os.environ.get("SAMPLEC_TARGET", "").strip().lower() or "auto"
+        if target not in TARGETS:
+            raise SamplecError(f"SAMPLEC_TARGET={target!r}: expected one of {', '.join(TARGETS)}")
+    if target not in TARGETS:
+        raise SamplecError(f"target {target!r}: expected one of {', '.join(TARGETS)}")
+    if target != "auto":
+        return target
+    from samplec.backend_mlx import native
+    if mx.default_device() == mx.cpu:
+        return "cpu" if native.installed() and not native.switched_off("SAMPLEC_NATIVE") else "portable"
+    return "cuda" if _cuda() else "metal"
+
+
+def _cuda() -> bool:
+    try:
+        return bool(mx.cuda.is_available())
+    except AttributeError:
+        return False
+
+
+def unavailable(target: str) -> str | None:
+    """Why a program compiled for `target` cannot run here (None: it can)."""
+    from samplec.backend_mlx import native
+    gpu = mx.default_device() != mx.cpu
+    if target == "cpu":
+        if gpu:
+            return f"MLX's default device is {mx.default_device()}, and the cpu target's kernels run on the CPU"
+        if not native.installed():
+            return "samplec's native CPU kernels are not installed (pip install ./native)"
+    elif target == "cuda" and not (gpu and _cuda()):
+        return f"MLX's default device is {mx.default_device()}, not a CUDA GPU"
+    elif target == "metal" and not (gpu and mx.metal.is_available()):
+        return f"MLX's default device is {mx.default_device()}, not an Apple GPU"
+    return None
+
+
+def lower(g, target: str):
+    """The target pass: the stage ops of g rewritten into what `target` runs."""
+    from samplec.passes.chains import fuse_chains
+    from samplec.passes.portable import lower_portable
+    if target in ("portable", "metal"):
+        return lower_portable(g)
+    return fuse_chains(g, target)

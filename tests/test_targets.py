@@ -1,0 +1,239 @@
+"""Targets: the target pass's IR for every shipped example (golden files), the portable lowering against -O0 and
+the numpy reference on random chains, which kernel ran (a fallback is a failure, not a slow pass), the target
+recorded in a .smpb, and the target's choice from the API, the CLI and SAMPLEC_TARGET."""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+
+import reference as R
+import samplec
+from samplec.diagnostics import SamplecError
+from samplec.frontend.expand import EXPAND
+from samplec.ir.ops import STAGE_OPS
+from samplec.passes import run_pipeline, run_target
+from samplec.passes.target import resolve
+from samplec.api import lower_source
+from test_differential import EXAMPLES, allow_top, build, cases, family_row
+
+try:
+    from .goldens import assert_golden
+except ImportError:  # pragma: no cover
+    from goldens import assert_golden
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLE_SAMPLERS = [(p.name, name) for p in sorted((ROOT / "examples").glob("*.smp"))
+                    for name in re.findall(r"^sampler\s+(\w+)", p.read_text(), re.M)]
+GOLDEN = Path(__file__).parent / "golden" / "targets"
+SELECTIONS = ("kth_largest", "mass_threshold", "topk_ids", "topk", "kth_largest_static")
+
+
+def example_args(prog, B: int = 2, V: int = 1000, seed: int = 0) -> tuple[np.ndarray, dict]:
+    """Logits with a tail (a Zipf-like head, a few percent of the mass spread wide) and every parameter a
+    user passes: one value per row."""
+    rng = np.random.default_rng(seed)
+    ranks = np.stack([rng.permutation(V) + 1 for _ in range(B)])
+    x = (-1.1 * np.log(ranks) + rng.standard_normal((B, V)) * 0.3 + 8.0).astype(np.float32)
+    kw = {}
+    for p in prog.params:
+        if p.kind == "tokens":
+            kw[p.name] = rng.integers(-1, V, (B, 24)).astype(np.int32)
+        elif p.kind == "seed":
+            kw[p.name] = [int(s) for s in rng.integers(0, 2**63, B)]
+        elif p.kind == "mask":
+            m = rng.random((B, V)) < 0.8
+            m[np.arange(B), x.argmax(-1)] = True
+            kw[p.name] = m
+        elif p.kind == "bias":
+            kw[p.name] = (rng.standard_normal((B, V)) * 0.5).astype(np.float32)
+        elif p.kind == "int" and p.name in ("pos", "position"):
+            kw[p.name] = [int(v) for v in rng.integers(0, 4000, B)]
+    return x, kw
+
+
+@pytest.mark.parametrize("target", ["cpu", "cuda", "metal", "portable"])
+@pytest.mark.parametrize("example,sampler", EXAMPLE_SAMPLERS, ids=[f"{e}:{s}" for e, s in EXAMPLE_SAMPLERS])
+def test_golden_target_ir(example, sampler, target):
+    """The IR each target runs, pinned for every shipped example (re-bless: SAMPLEC_UPDATE_GOLDENS=1)."""
+    graph, _ = lower_source((ROOT / "examples" / example).read_text(), sampler, filename=example)
+    text = str(run_target(run_pipeline(graph, 2), target))
+    assert_golden(GOLDEN / f"{Path(example).stem}.{sampler}.{target}.ir", text)
+
+
+@pytest.mark.parametrize("example,sampler", EXAMPLE_SAMPLERS, ids=[f"{e}:{s}" for e, s in EXAMPLE_SAMPLERS])
+def test_portable_ir_has_no_selection_rounds_and_sorts_a_chain_once(example, sampler):
+    prog = samplec.compile_file(ROOT / "examples" / example, sampler=sampler, target="portable")
+    ops = [n.op for n in prog.graph.toposort()]
+    assert not set(ops) & set(SELECTIONS), prog.ir()
+    assert not set(ops) & {"top_k", "top_p", "min_p", "temperature", "sample", "typical_p"}, prog.ir()
+    chains = sum(1 for n in prog.stage_graph.toposort() if n.op in ("sample", "greedy", "argmax"))
+    assert ops.count("argsort") <= max(1, chains) + ops.count("slice")
+
+
+@pytest.mark.parametrize("example,sampler", EXAMPLE_SAMPLERS, ids=[f"{e}:{s}" for e, s in EXAMPLE_SAMPLERS])
+def test_every_example_runs_its_targets_kernels(example, sampler):
+    """On the cpu target every region runs the native chain kernel and no stage op its dense definition; on the
+    portable target no stage op is left; both give -O0's tokens."""
+    source = (ROOT / "examples" / example).read_text()
+    cpu = samplec.compile(source, sampler, target="cpu")
+    portable = samplec.compile(source, sampler, target="portable")
+    dense = samplec.compile(source, sampler, opt_level=0, target="portable")
+    x, kw = example_args(cpu)
+    got = {t: p(x, **kw) for t, p in (("cpu", cpu), ("portable", portable), ("O0", dense))}
+    stage_ops = [n.op for n in cpu.stage_graph.toposort() if n.op in EXPAND]
+    trace = cpu.kernel_trace()
+    assert not [t for t in trace if t[0] == "definition" or t[1] == "definitions"], trace
+    if any(op in STAGE_OPS or op == "sample" for op in stage_ops):
+        assert cpu.graph.regions and ("cpu.chain", "kernel") in trace, (cpu.ir(), trace)
+    assert not [t for t in portable.kernel_trace() if t[0] == "definition"], portable.kernel_trace()
+    for t in ("cpu", "portable"):
+        np.testing.assert_array_equal(np.array(got[t].token), np.array(got["O0"].token), err_msg=t)
+        if "logprob" in got["O0"].names():
+            np.testing.assert_allclose(np.array(got[t].logprob), np.array(got["O0"].logprob), atol=2e-4, rtol=1e-4)
+
+
+def test_a_declined_kernel_shows_in_the_trace(monkeypatch):
+    """The trace is what the fallback tests read: a chain kernel that declines is reported, not hidden."""
+    prog = samplec.compile_file(ROOT / "examples" / "llama.smp", sampler="llama", target="cpu")
+    x, kw = example_args(prog)
+    from samplec.backend_mlx import native
+    monkeypatch.setattr(native, "sample_chain", lambda *a, **k: None)
+    prog.exe._per_thread.fn = None          # (trace again)
+    out = prog(x, **kw)
+    assert ("cpu.chain", "definitions") in prog.kernel_trace()
+    assert ("definition", "top_p") in prog.kernel_trace()
+    ref = samplec.compile_file(ROOT / "examples" / "llama.smp", sampler="llama", opt_level=0)(x, **kw)
+    np.testing.assert_array_equal(np.array(out.token), np.array(ref.token))
+
+
+@pytest.mark.uncompiled
+@settings(max_examples=max(EXAMPLES // 2, 10), deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(cases())
+def test_portable_equals_O0_equals_reference(case):
+    """The portable lowering on random chains in random orders, literal and per-row values, every logits family
+    (ties at every boundary, -inf-heavy, flat, tiny V): -O0's tokens and the reference's."""
+    rng, V, B, stages, modes, terminal, penalties, kinds, probs, edits, split = case
+    src, kw, per_row = build(V, B, stages, modes, terminal, penalties, rng, probs, edits, split)
+    x = np.stack([family_row(k, V, rng) for k in kinds])
+    allow_top(kw, x)
+    outs = []
+    for opt, target in ((2, "portable"), (0, "cpu")):
+        try:
+            outs.append(samplec.compile(src, opt_level=opt, target=target)(x, **kw))
+        except SamplecError as e:
+            outs.append(str(e))
+    got, dense = outs
+    if isinstance(dense, str):
+        assert got == dense, src
+        return
+    assert not isinstance(got, str), (src, got)
+    np.testing.assert_array_equal(np.array(got.token), np.array(dense.token), err_msg=src)
+    for r in range(B):
+        term = ("sample", {"seed": kw["seed"][r], "position": kw["pos"][r]}) if terminal == "sample" else \
+            ("greedy", {})
+        ref = R.run_chain(x[r], per_row[r], term, row=r)
+        assert int(np.array(got.token)[r]) == ref["token"], (src, r, kinds[r])
+        np.testing.assert_allclose(np.array(got.logprob)[r], np.array(dense.logprob)[r], atol=2e-4, rtol=1e-4,
+                                   err_msg=f"{src} row {r}")
+        if probs:
+            np.testing.assert_allclose(np.array(got.probs)[r], np.array(dense.probs)[r], atol=1e-5)
+
+
+@pytest.mark.parametrize("chain", [
+    "top_k(k) top_p(p) min_p(m) temperature(t) sample(seed, position = pos)",         # llama.cpp's order
+    "temperature(t) top_k(k) top_p(p) sample(seed, position = pos)",                  # Hugging Face's
+    "top_p(p) min_p(m) top_k(k) temperature(t) sample(seed, position = pos)",         # mlx-lm's
+    "temperature(t) top_k(k) top_p(p) min_p(m) sample(seed, position = pos)",         # vLLM's
+    "top_k(k) typical_p(p) top_p(p) xtc(0.1, 0.5, seed, position = pos) temperature(t) sample(seed, position = pos)",
+])
+def test_portable_on_wide_rows_with_tails(chain):
+    """Rows shaped like a model's (V = 32000, a tail carrying a few percent of the mass), every value at run time
+    and one per row: the portable target draws -O0's tokens."""
+    src = f"sampler s(k: int, p: float, m: float, t: float, seed: seed, pos: int) -> token, logprob {{ {chain} }}"
+    B, V = 8, 32000
+    rng = np.random.default_rng(7)
+    ranks = np.stack([rng.permutation(V) + 1 for _ in range(B)])
+    x = (-1.2 * np.log(ranks) + rng.standard_normal((B, V)) * 0.5 + 10.0).astype(np.float32)
+    kw = dict(k=[0, 20, 40, 100, 1000, 0, 50, 32000], p=[0.9, 0.95, 1.0, 0.5, 0.99, 0.8, 0.95, 0.999],
+              m=[0.05, 0.0, 0.1, 0.01, 0.0, 0.2, 0.05, 0.0], t=[0.7, 1.0, 0.0, 1.3, 0.8, 1.0, 2.0, 0.5],
+              seed=[int(s) for s in rng.integers(0, 2**63, B)], pos=[int(p) for p in rng.integers(0, 4000, B)])
+    a = samplec.compile(src, target="portable")(x, **kw)
+    b = samplec.compile(src, opt_level=0, target="portable")(x, **kw)
+    np.testing.assert_array_equal(np.array(a.token), np.array(b.token))
+    np.testing.assert_allclose(np.array(a.logprob), np.array(b.logprob), atol=2e-4, rtol=1e-4)
+
+
+def test_smpb_records_the_target_and_loads_it_again(tmp_path):
+    prog = samplec.compile_file(ROOT / "examples" / "llama.smp", target="portable")
+    prog.save(tmp_path / "p.smpb")
+    again = samplec.load(tmp_path / "p.smpb")
+    assert again.target == "portable" and again.ir() == prog.ir()
+    assert samplec.load(tmp_path / "p.smpb", target="cpu").target == "cpu"
+    x, kw = example_args(prog)
+    np.testing.assert_array_equal(np.array(again(x, **kw).token), np.array(prog(x, **kw).token))
+
+
+def test_smpb_for_another_device_is_lowered_for_this_one(tmp_path):
+    from samplec.serialize import save
+    prog = samplec.compile_file(ROOT / "examples" / "llama.smp")
+    save(prog.stage_graph, tmp_path / "c.smpb", target="cuda")
+    with pytest.warns(samplec.SamplecWarning, match="compiled for target 'cuda'"):
+        again = samplec.load(tmp_path / "c.smpb")
+    assert again.target == resolve("auto")
+    with pytest.raises(SamplecError, match="target 'cuda' cannot run here"):
+        samplec.load(tmp_path / "c.smpb", target="cuda")
+
+
+def test_a_bad_target_in_a_smpb_is_rejected(tmp_path):
+    from samplec.serialize import from_bytes, seal, to_bytes, _unseal
+    prog = samplec.compile("sampler s() { greedy() }")
+    body = bytearray(_unseal(to_bytes(prog.stage_graph, "portable")))
+    at = bytes(body).index(b"portable")
+    body[at:at + 8] = b"tpu_v5e!"
+    with pytest.raises(SamplecError, match="invalid .smpb: target 'tpu_v5e!'"):
+        from_bytes(seal(bytes(body)))
+
+
+def test_bad_target_names_are_errors(monkeypatch):
+    with pytest.raises(SamplecError, match="target 'tpu'"):
+        samplec.compile("sampler s() { greedy() }", target="tpu")
+    monkeypatch.setenv("SAMPLEC_TARGET", "gpu")
+    with pytest.raises(SamplecError, match="SAMPLEC_TARGET='gpu'"):
+        samplec.compile("sampler s() { greedy() }")
+    monkeypatch.setenv("SAMPLEC_TARGET", "portable")
+    assert samplec.compile("sampler s() { greedy() }").target == "portable"
+
+
+def test_auto_is_the_device_mlx_runs_on(monkeypatch):
+    monkeypatch.delenv("SAMPLEC_TARGET", raising=False)
+    from samplec.backend_mlx import native
+    assert resolve("auto") == ("cpu" if native.installed() else "portable")
+    monkeypatch.setenv("SAMPLEC_NATIVE", "0")
+    assert resolve("auto") == "portable"
+
+
+def test_cli_target_and_emit_ir(tmp_path):
+    def cli(*args, env=None):
+        return subprocess.run([sys.executable, "-m", "samplec", *args], capture_output=True, text=True,
+                              cwd=ROOT, env={**os.environ, **(env or {})}, timeout=120)
+    r = cli("compile", "examples/llama.smp", "--target", "portable", "--emit", "ir")
+    assert r.returncode == 0, r.stderr
+    assert "argsort" in r.stdout and "region" not in r.stdout
+    r = cli("compile", "examples/llama.smp", "--target", "cpu", "--emit", "ir")
+    assert r.returncode == 0 and "region cpu.chain" in r.stdout, r.stderr
+    r = cli("compile", "examples/llama.smp", "-o", str(tmp_path / "l.smpb"), env={"SAMPLEC_TARGET": "portable"})
+    assert r.returncode == 0, r.stderr
+    assert samplec.load(tmp_path / "l.smpb").target == "portable"
+    r = cli("run", "examples/llama.smp", "--target", "portable", "--logits", "examples/logits.npy",
+            "--history", "examples/history.npy", "--seed", "7", "--json")
+    assert r.returncode == 0, r.stderr
+    r = cli("compile", "examples/llama.smp", "--target", "tpu")
+    assert r.returncode != 0 and "target 'tpu'" in r.stderr and "Traceback" not in r.stderr
