@@ -330,8 +330,7 @@ class Parser:
         raw = dict(DEFAULTS)
         for name in FIELDS:
             if name in WINDOWS or name == "top_k":
-                v = _number(body, name, 0 if name in WINDOWS else -2**31, None if name in WINDOWS else 2**31 - 1,
-                            integer=True)
+                v = _number(body, name, 0, None if name in WINDOWS else 2**31 - 1, integer=True)   # (top_k 0: off)
             else:
                 lo, hi = ranges[name]
                 v = _number(body, name, lo, hi)
@@ -658,6 +657,7 @@ class Engine:
         token = int(resp.token)
         row.delivered += 1
         if token in self.eos_ids:
+            row.text += row.decoder.decode(b"", final=True)      # (bytes of an unfinished character: U+FFFD)
             self._finish(row, "stop", resp.finish_reason is None)
             return
         b = self.token_bytes(token)

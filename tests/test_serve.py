@@ -263,6 +263,7 @@ def test_regex_and_cfg_grammars(server, grammar, check):
     ("completion", dict(best_of=3), "best_of"),
     ("completion", dict(logprobs=21), "logprobs"),
     ("completion", dict(extra_body={"top_k": 2.5}), "top_k"),
+    ("completion", dict(extra_body={"top_k": -4}), "top_k"),
 ])
 def test_refused_fields_are_400_naming_the_field_and_the_server_keeps_serving(server, kind, fields, param):
     c = server["client"]
@@ -404,15 +405,23 @@ def test_server_chain_is_mlx_lms_processors_and_sampler(fields):
 @pytest.mark.parametrize("argv, message", [
     (["--port", "99999"], "--port 99999: a port number lies in 0..65535"),
     (["--model", "/nonexistent/model"], "cannot load the model '/nonexistent/model'"),
-    (["taken"], "cannot listen on 127.0.0.1:"),
+    (["--demo", "--max-batch", "0"], "--max-batch 0"),
+    (["--demo", "--frobnicate"], "unrecognized arguments: --frobnicate"),
 ])
-def test_start_up_errors_exit_at_once_with_one_line(server, argv, message):
-    """A port in use, a port out of range, a model that cannot load: one line, exit 1, before anything listens."""
+def test_start_up_errors_are_one_samplec_error(argv, message):
+    from samplec.diagnostics import SamplecError
+    demo = "--demo" in argv
+    with pytest.raises(SamplecError) as err:
+        serve.serve(["--host", "127.0.0.1", *[a for a in argv if a != "--demo"]], [], demo)
+    assert message in str(err.value)
+
+
+def test_a_port_in_use_exits_at_once_with_one_line(server):
+    """The CLI: one line, exit 1, before anything listens (the port is bound before the model loads)."""
     import subprocess
     import sys
-    if argv == ["taken"]:
-        argv = ["--demo", "--port", str(server["httpd"].server_address[1])]
-    run = subprocess.run([sys.executable, "-m", "samplec", "serve", "--host", "127.0.0.1", *argv],
-                         capture_output=True, text=True, timeout=120)
+    run = subprocess.run([sys.executable, "-m", "samplec", "serve", "--host", "127.0.0.1", "--demo", "--port",
+                          str(server["httpd"].server_address[1])], capture_output=True, text=True, timeout=120)
     assert run.returncode == 1, (run.returncode, run.stderr[-2000:])
-    assert message in run.stderr and "Traceback" not in run.stderr and "listening" not in run.stderr, run.stderr
+    assert "cannot listen on 127.0.0.1:" in run.stderr and "Traceback" not in run.stderr and \
+        "listening" not in run.stderr, run.stderr
