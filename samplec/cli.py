@@ -331,15 +331,15 @@ def import_cmd(
 @app.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
 @_guard
 def serve(
-    mlx_lm_args: Optional[List[str]] = typer.Argument(None, metavar="[MLX-LM SERVER FLAGS]...",
-                                                       help="mlx-lm's server flags: --model, --host, --port, ..."),
+    mlx_lm_args: Optional[List[str]] = typer.Argument(None, metavar="[SERVER FLAGS]...",
+                                                       help="server flags: --model, --host, --port, --max-batch"),
     sampler: Optional[List[str]] = typer.Option(None, "--sampler", help="a chain FILE.smp[:NAME] (repeatable; the "
                                                 "first is the default, a request names another with "
                                                 "\"samplec_sampler\")"),
     demo: bool = typer.Option(False, "--demo", help="serve samplec's small random model (no download)"),
 ):
-    """Run mlx-lm's OpenAI-compatible server with samplec sampling: one program call per step for the whole
-    batch, per-request values and seeds, seeded requests batched (docs/inference.md)."""
+    """Run an OpenAI-compatible server sampling with samplec: one program call per step for the whole batch,
+    per-request values and seeds, seeded and structured requests batched (docs/serve.md)."""
     from samplec.serve import serve as run_server
     run_server(list(mlx_lm_args or []), list(sampler or []), demo,
                ready=lambda httpd, _: _echo(f"samplec serve: listening on http://{httpd.server_address[0]}:"
