@@ -444,6 +444,7 @@ class BatchSampler:
         self.rows: list = []
         self.calls = 0              # program calls so far (one per chain per step)
         self.widest = 0             # the most rows one call sampled
+        self.mixed = 0              # calls that sampled rows with a grammar and rows without together
         self.grammar_seconds = 0.0  # time in the grammar engine (masks and advancing)
         self.sample_seconds = 0.0   # time in the sampler calls (programs and grammar)
 
@@ -492,6 +493,8 @@ class BatchSampler:
                 kw[p.name] = [r.values[p.name] for r, _, _ in rows]
         self.calls += 1
         self.widest = max(self.widest, len(rows))
+        constrained = sum(r.matcher is not None for r, _, _ in rows)
+        self.mixed += 0 < constrained < len(rows)
         try:
             out = prog(x, **kw)
             names = out.names()

@@ -307,7 +307,7 @@ def test_concurrent_requests_constrained_or_not_give_what_each_gives_alone(serve
     alone = [post(url, r) for r in REQUESTS]
     assert all(s == 200 for s, _ in alone), alone
     sampler = server["app"].sampler
-    calls_before, sampler.widest = sampler.calls, 0
+    calls_before, mixed_before, sampler.widest = sampler.calls, sampler.mixed, 0
     with ThreadPoolExecutor(len(REQUESTS)) as pool:
         together = list(pool.map(lambda r: post(url, r), REQUESTS))
     assert [s for s, _ in together] == [200] * len(REQUESTS)
@@ -316,6 +316,21 @@ def test_concurrent_requests_constrained_or_not_give_what_each_gives_alone(serve
     steps = sampler.calls - calls_before
     generated = sum(b["usage"]["completion_tokens"] for _, b in together)
     assert sampler.widest >= 2 and steps < generated, (steps, generated)
+    assert sampler.mixed > mixed_before          # grammar rows and free rows shared program calls
+
+
+def test_streamed_choices_carry_their_index_text_and_logprobs(server):
+    c = server["client"]
+    kw = dict(model="demo", messages=MSG, max_tokens=8, temperature=1.0, seed=77, n=3, logprobs=True,
+              top_logprobs=1)
+    whole = c.chat.completions.create(**kw)
+    chunks = [ch for ch in c.chat.completions.create(**kw, stream=True) if ch.choices]
+    for i, want in enumerate(whole.choices):
+        mine = [ch.choices[0] for ch in chunks if ch.choices[0].index == i]
+        assert "".join(d.delta.content or "" for d in mine) == want.message.content
+        assert [e.token for d in mine if d.logprobs for e in d.logprobs.content] == \
+            [e.token for e in want.logprobs.content]
+        assert mine[-1].finish_reason == want.finish_reason
 
 
 def test_disconnects_and_bursts_leave_the_others_unchanged(server):
