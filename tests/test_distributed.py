@@ -58,8 +58,69 @@ def launch(n: int, script: str, out: Path, *args: str) -> list[dict]:
 
 @pytest.mark.parametrize("n", [2, 3])
 def test_sharded_equals_unsharded(tmp_path, n):
-    reports = launch(n, "worker_stages.py", tmp_path)
+    """n = 2: every program on every kind of row; n = 3 (three processes on as few as two cores): every program on
+    one kind of row each, the kinds in turn."""
+    reports = launch(n, "worker_stages.py", tmp_path, *(["all"] if n == 2 else []))
     for rep in reports:
         assert rep["size"] == n
-        assert rep["cases"] >= 60
+        assert rep["cases"] >= (60 if n == 2 else 20)
         assert rep["mismatches"] == [], "\n".join(rep["mismatches"][:20])
+
+
+MISMATCH_ERRORS = {
+    "gap": "the slices do not tile the vocabulary [0, 100): they end at 99",
+    "overlap": "the slices do not tile the vocabulary [0, 100): an overlap",
+    "batch": "the batch size B differs across ranks",
+    "param": "parameter 't' differs across ranks",
+    "vocab": "vocab_size differs across ranks",
+    "program": "the ranks run different programs",
+}
+
+
+def test_mismatched_calls_fail_on_every_rank(tmp_path):
+    reports = launch(2, "worker_faults.py", tmp_path, "mismatch")
+    for rep in reports:
+        events = {e[0]: e for e in rep["events"]}
+        for label, text in MISMATCH_ERRORS.items():
+            assert events[label][1] == "error" and text in events[label][2], (rep["rank"], events[label])
+        assert events["good"][1:3] == ["ok", True], events["good"]     # (the group still works afterwards)
+    # every rank raised the same errors
+    assert [e[2] for e in reports[0]["events"]] == [e[2] for e in reports[1]["events"]]
+
+
+def spawn(n: int, script: str, out: Path, *args: str) -> list[dict]:
+    """Run SCRIPT as n ring ranks started one by one (not by mlx.launch, which ends every rank once one exits);
+    each is killed past HARD_TIMEOUT. Every rank's report."""
+    base = _free_port(n)
+    hosts = out / "hosts.json"
+    hosts.write_text(json.dumps([[f"127.0.0.1:{base + r}"] for r in range(n)]))
+    procs = [subprocess.Popen([sys.executable, str(HERE / script), str(out), *args],
+                              env=dict(os.environ, MLX_HOSTFILE=str(hosts), MLX_RANK=str(r),
+                                       PYTHONPATH=str(HERE.parent.parent)),
+                              stdout=subprocess.DEVNULL, stderr=(out / f"stderr{r}.txt").open("w"))
+             for r in range(n)]
+    try:
+        for p in procs[:-1]:
+            p.wait(timeout=HARD_TIMEOUT)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(n)]
+
+
+STOPPED = ("did not arrive intact", "no answer from the other ranks within 3 s", "connection to a peer was lost",
+           "is not a samplec.distributed header", "the group is unusable", "outputs differ")
+
+
+@pytest.mark.parametrize("mode", ["die", "hang"])
+def test_a_rank_that_stops_gives_an_error_not_a_hang(tmp_path, mode):
+    """The last rank exits (or sleeps) after one good call: the others' next calls raise, each within its
+    3-second bound (the harness kills the run past HARD_TIMEOUT: a hang fails the test)."""
+    reports = spawn(3, "worker_faults.py", tmp_path, mode)
+    for rep in reports[:-1]:
+        events = {e[0]: e for e in rep["events"]}
+        assert events["good"][1:3] == ["ok", True]
+        for label in ("after", "again"):
+            assert events[label][1] == "error" and any(s in events[label][2] for s in STOPPED), events[label]

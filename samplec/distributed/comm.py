@@ -9,9 +9,8 @@ order however MLX schedules the rest of its graph, and the whole call is one laz
 from __future__ import annotations
 
 import hashlib
+import queue
 import threading
-from concurrent.futures import ThreadPoolExecutor
-from concurrent.futures import TimeoutError as _Timeout
 from dataclasses import dataclass
 
 import mlx.core as mx
@@ -129,11 +128,29 @@ def digest(*parts) -> int:
     return int.from_bytes(h.digest(), "little") & I32_MAX
 
 
-def header(B: int, width: int, start: int, vocab: int, program: int, params: list[tuple[str, int]],
+PARAM_WORDS = HEADER_WORDS - 10       # parameters named in a mismatch (the rest share the combined digest)
+
+
+def header(rank: int, B: int, width: int, start: int, vocab: int, program: int, params: list[tuple[str, int]],
            call: int) -> np.ndarray:
-    words = [_MAGIC, B, width, start, vocab, program, call, digest(*[h for _, h in params])]
-    words += [h for _, h in params][:HEADER_WORDS - len(words)]
-    return np.array(words + [0] * (HEADER_WORDS - len(words)), dtype=np.int32)
+    words = [_MAGIC, B, width, start, vocab, program, call, digest(*[h for _, h in params]), rank]
+    words += [h for _, h in params][:PARAM_WORDS]
+    return sealed(words + [0] * (HEADER_WORDS - 1 - len(words)))
+
+
+def sealed(words: list[int]) -> np.ndarray:
+    """int32 words and, last, their digest (a row that arrives damaged or from another call's buffer fails it)."""
+    arr = np.array(words, dtype=np.int32)
+    return np.append(arr, np.int32(digest(arr)))
+
+
+def intact(rows: np.ndarray, rank_col: int, what: str) -> None:
+    """Every rank's row arrived whole: its digest holds and it names its rank. A ring whose peer stopped may fill
+    a gather with stale or partial buffers instead of failing."""
+    for r, row in enumerate(rows):
+        if digest(row[:-1]) != int(row[-1]) or int(row[rank_col]) != r:
+            raise SamplecError(f"sharded call: rank {r}'s {what} did not arrive intact (a rank stopped, or the "
+                               f"connection failed)")
 
 
 def check_headers(rows: np.ndarray, names: list[str]) -> tuple[tuple[int, ...], tuple[int, ...], int]:
@@ -145,14 +162,17 @@ def check_headers(rows: np.ndarray, names: list[str]) -> tuple[tuple[int, ...], 
             raise SamplecError(f"sharded call: {what} differs across ranks ({per})")
 
     if (rows[:, 0] != _MAGIC).any():
-        raise SamplecError("sharded call: the ranks run different versions of samplec.distributed")
+        bad = [r for r in range(len(rows)) if rows[r, 0] != _MAGIC]
+        raise SamplecError(f"sharded call: rank {bad[0]}'s header is not a samplec.distributed header of this "
+                           f"version (another version, or a rank stopped)")
+    intact(rows, 8, "header")
     if (rows[:, 5] != rows[0, 5]).any():
         raise SamplecError("sharded call: the ranks run different programs (their IR differs)")
-    differ(6, "the call's number (a rank skipped or repeated a call)")
+    differ(6, "the call's number (a rank stopped, skipped or repeated a call)")
     differ(1, "the batch size B")
     differ(4, "vocab_size")
     if (rows[:, 7] != rows[0, 7]).any():
-        bad = [n for i, n in enumerate(names[:HEADER_WORDS - 8]) if (rows[:, 8 + i] != rows[0, 8 + i]).any()]
+        bad = [n for i, n in enumerate(names[:PARAM_WORDS]) if (rows[:, 9 + i] != rows[0, 9 + i]).any()]
         which = ", ".join(f"'{n}'" for n in bad) if bad else "some"
         raise SamplecError(f"sharded call: parameter {which} differs across ranks (every rank must pass the same "
                            f"values; only logits, mask and bias are given per slice)")
@@ -172,32 +192,55 @@ def check_headers(rows: np.ndarray, names: list[str]) -> tuple[tuple[int, ...], 
     return starts, sizes, vocab
 
 
+def check_trailers(rows: np.ndarray) -> None:
+    """Every rank computed the same outputs (trailer rows: rank, digest of the outputs, seal)."""
+    intact(rows, 0, "result")
+    if (rows[:, 1] != rows[0, 1]).any():
+        raise SamplecError("sharded call: the ranks' outputs differ (a rank stopped during the call, or a rank's "
+                           "collectives failed)")
+
+
 # ---- bounded waits ----
 
 class Watchdog:
-    """Runs a call's evaluation on a worker thread and waits for it at most `timeout` seconds: a peer that stops
-    answering gives an error instead of a hang. After a timeout the group is left in an unknown state (the worker
-    may still be blocked in a collective), so every later call fails at once."""
+    """Runs a call's exchange and evaluation on a worker thread and waits for it at most `timeout` seconds: a peer
+    that stops answering gives an error instead of a hang. After a timeout the group is left in an unknown state
+    (the worker may still be blocked in a collective), so every later call fails at once. The worker is a daemon
+    thread, so that a process whose worker is blocked can still exit."""
 
     def __init__(self, timeout: float | None):
         self.timeout = timeout
         self.broken: str | None = None
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="samplec-shard")
+        self._jobs: queue.Queue = queue.Queue()
         self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    def _serve(self) -> None:
+        while True:
+            fn, done = self._jobs.get()
+            try:
+                done["value"] = fn()
+            except BaseException as e:  # noqa: BLE001 - handed to the waiting caller
+                done["error"] = e
+            done["event"].set()
 
     def run(self, fn, what: str):
         if self.broken:
             raise SamplecError(f"sharded call: the group is unusable after an earlier failure ({self.broken})")
         with self._lock:
-            fut = self._pool.submit(fn)
-            try:
-                return fut.result(timeout=self.timeout)
-            except _Timeout:
-                self.broken = f"{what}: no answer from the other ranks within {self.timeout:g} s"
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._serve, name="samplec-shard", daemon=True)
+                self._thread.start()
+            done = {"event": threading.Event()}
+            self._jobs.put((fn, done))
+            if not done["event"].wait(self.timeout):
+                self.broken = f"no answer from the other ranks within {self.timeout:g} s during {what}"
                 raise SamplecError(f"sharded call: {self.broken} (a rank stopped, or the ranks make different "
-                                   f"calls)") from None
-            except RuntimeError as e:
-                if "[ring]" in str(e) or "distributed" in str(e).lower() or "peer" in str(e):
-                    self.broken = f"{what}: {e}"
-                    raise SamplecError(f"sharded call: {self.broken} (a rank stopped)") from None
-                raise
+                                   f"calls)")
+            e = done.get("error")
+            if e is None:
+                return done["value"]
+            if isinstance(e, RuntimeError) and ("[ring]" in str(e) or "peer" in str(e)):
+                self.broken = f"{e} during {what}"
+                raise SamplecError(f"sharded call: {self.broken} (a rank stopped)") from None
+            raise e

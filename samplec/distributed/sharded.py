@@ -16,7 +16,7 @@ import numpy as np
 import mlx.core as mx
 
 from samplec.diagnostics import SamplecError
-from samplec.distributed.comm import Comm, Slices, Watchdog, check_headers, digest, header
+from samplec.distributed.comm import Comm, Slices, Watchdog, check_headers, check_trailers, digest, header, sealed
 from samplec.distributed.kernels import DKERNELS, LOCAL
 from samplec.ir.graph import INPUT, Graph, Node
 from samplec.ir.ops import OPS
@@ -123,7 +123,7 @@ class ShardedProgram:
         """On the worker thread: the header, then the call's graph, evaluated."""
         B, width = x.shape
         digests = [(name, digest(np.array(a)) if use else 0) for (name, use), a in zip(hashed, args[1:])]
-        mine = mx.array(header(B, width, start, vocab, self._digest, digests, call))
+        mine = mx.array(header(self.rank, B, width, start, vocab, self._digest, digests, call))
         rows = np.array(mx.distributed.all_gather(mine[None], group=self.group))
         starts, sizes, vocab = check_headers(rows, [n for n, _ in hashed])
         comm = Comm(self.group, Slices(self.rank, starts, sizes, vocab))
@@ -136,6 +136,11 @@ class ShardedProgram:
                 for _, n in self.graph.outputs]
         flags = [(m, comm.any(f)) for m, f in late] + [(c.message, env[id(c.flag)]) for c in self.graph.checks]
         mx.eval(outs, [f for _, f in flags])
+        # (a trailer: every rank's digest of its outputs, which must agree -- a peer that stopped mid-call can
+        # leave a ring's gathers with stale buffers rather than an error)
+        same = [np.array(o) for o, (_, n) in zip(outs, self.graph.outputs) if self.whole_rows or not sharded(n)]
+        done = sealed([self.rank, digest(*same, *[np.array(f) for _, f in flags])])
+        check_trailers(np.array(mx.distributed.all_gather(mx.array(done)[None], group=self.group)))
         self.last_call = {"sent_bytes": comm.sent, "gathers": comm.rounds}
         return outs, flags
 
