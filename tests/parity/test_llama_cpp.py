@@ -7,8 +7,8 @@ surviving logits must agree.
 
 Install and run (the wheel builds llama.cpp from source, about 5-10 minutes on 2 cores):
 
-    CMAKE_ARGS="-DGGML_NATIVE=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF" \
-        pip install -e ".[llama]"
+    CMAKE_ARGS="-DGGML_NATIVE=OFF -DLLAVA_BUILD=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
+        -DLLAMA_BUILD_TOOLS=OFF" pip install -e ".[llama]"
     python -m pytest tests/parity/test_llama_cpp.py
 
 `.ci/run` installs it, so CI runs these. Without llama_cpp installed every test here is skipped (an error under
