@@ -10,8 +10,9 @@ that text (and those token log-probabilities), whatever else is in its batch. St
 with "stop" must parse and validate against their schema. Malformed requests must be answered 400 (404 for an
 unknown model); hang-ups (a tenth of the requests: a stream read a little and then closed) must not disturb the
 others. At the end no row may be left in the batch and the server's thread count must be back to its count after a
-warm-up (the templates, twice, concurrently); its resident memory is printed after the warm-up and at the end. The loops are bounded (requests and a deadline) and
-the script stops the server itself. Exit status 0 when every check held.
+warm-up (the templates, twice, concurrently); its resident memory is printed after the warm-up, every 5 s during
+the soak and at the end. The loops are bounded (requests and a deadline) and the script stops the server itself.
+Exit status 0 when every check held.
 """
 from __future__ import annotations
 
@@ -243,10 +244,20 @@ def main() -> int:
             with lock:
                 counts[key] += 1
 
+        rss_series: list[int] = []
+        soaking = threading.Event()
+
+        def watch():                                # resident memory every 5 s while the soak runs
+            while not soaking.wait(5.0):
+                rss_series.append(proc_status(server.pid)[1])
+        watcher = threading.Thread(target=watch, daemon=True)
+        watcher.start()
         t1 = time.time()
         with ThreadPoolExecutor(args.clients) as pool:
             list(pool.map(run, plan))
         wall = time.time() - t1
+        soaking.set()
+        watcher.join(10)
         for _ in range(200):                        # the rows of the hung-up streams leave the batch
             if client.get("/health")[1]["active_rows"] == 0:
                 break
@@ -259,6 +270,8 @@ def main() -> int:
             print(f"  {v:6d}  {k}")
         print(f"  rows left in the batch: {active}; server threads idle after warm-up {idle_threads}, after {threads}")
         print(f"  resident memory after warm-up {rss_warm / 1024:.0f} MiB, at the end {rss_end / 1024:.0f} MiB")
+        print("  resident memory every 5 s during the soak (MiB): "
+              + " ".join(f"{r / 1024:.0f}" for r in rss_series))
         for f in failures[:20]:
             print("  FAIL", f)
         ok = not failures and active == 0 and threads <= idle_threads

@@ -149,9 +149,11 @@ def _number(body: dict, name: str, lo=None, hi=None, integer=False, default=None
 class Parser:
     """Checks a request body and turns it into a `Request` (BadRequest names the field)."""
 
-    def __init__(self, tokenizer, vocab: int, programs: dict[str, Program], model_id: str, grammars=None):
+    def __init__(self, tokenizer, vocab: int, programs: dict[str, Program], model_id: str, grammars=None,
+                 grammars_off: str = "no grammar engine"):
         self.tokenizer, self.vocab, self.programs, self.model_id = tokenizer, vocab, programs, model_id
         self.grammars = grammars              # a samplec.structured.Tokenizer, or None (no engine / no tokenizer)
+        self.grammars_off = grammars_off      # why there is none
 
     def __call__(self, kind: str, body) -> Request:
         if not isinstance(body, dict):
@@ -384,7 +386,7 @@ class Parser:
             return None
         kind, value, name = spec
         if self.grammars is None:
-            raise BadRequest(f"{name}: structured outputs are unavailable on this server ({GRAMMAR_UNAVAILABLE[0]})",
+            raise BadRequest(f"{name}: structured outputs are unavailable on this server ({self.grammars_off})",
                              name)
         if not any(p.kind == "mask" for p in self.programs[chain].params):
             raise BadRequest(f"{name}: the chain '{chain}' has no mask parameter (add `allowed: mask` and "
@@ -394,9 +396,6 @@ class Parser:
             return Grammar.build(self.grammars, kind, value, name)
         except GrammarError as e:
             raise BadRequest(str(e), e.field) from None
-
-
-GRAMMAR_UNAVAILABLE = ["no grammar engine"]
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -480,7 +479,8 @@ class BatchSampler:
         for p in prog.params:
             if p.kind == "tokens":
                 hist = [np.array(t).reshape(-1)[-r.context if r.context > 0 else 0:] for r, _, t in rows]
-                width = max(1, max(len(h) for h in hist))
+                # (padded to a multiple of 32: fewer shapes for the program's compile cache to hold)
+                width = -(-max(1, max(len(h) for h in hist)) // 32) * 32
                 kw[p.name] = np.stack([np.pad(h.astype(np.int32), (width - len(h), 0), constant_values=-1)
                                        for h in hist])
             elif p.kind == "seed":
@@ -751,12 +751,12 @@ class Server:
         self.tokenizer = tokenizer
         vocab = _vocab_size(model, tokenizer)
         self.vocab = vocab
-        self.grammars = None
+        self.grammars, off = None, ""
         try:
             from samplec.structured import Tokenizer
             self.grammars = Tokenizer.of(tokenizer, vocab)
         except SamplecError as e:
-            GRAMMAR_UNAVAILABLE[0] = str(e)
+            off = str(e)
             logging.warning("samplec serve: structured outputs off: %s", e)
         if self.grammars is not None:
             token_bytes = self.grammars.token_bytes
@@ -769,7 +769,7 @@ class Server:
                 return cache[t]
         self.token_bytes = token_bytes
         self.programs = programs
-        self.parse = Parser(tokenizer, vocab, programs, model_id, self.grammars)
+        self.parse = Parser(tokenizer, vocab, programs, model_id, self.grammars, off)
         self.format = Formatter(token_bytes)
         self.engine = Engine(model, tokenizer, programs, token_bytes, self.grammars, max_batch)
 
