@@ -229,6 +229,12 @@ def generate(model, program: Program, prompt, max_tokens: int, *, chunk: int = 1
                                     or num_draft < 1):
         raise SamplecError(f"num_draft must be an integer >= 1, got {num_draft!r}")
     tokens = _as_prompt(prompt)
+    if getattr(model, "samplec_vocab", None) is not None:   # an LM head split over ranks (samplec.distributed)
+        if grammar is not None or draft_model is not None:
+            raise SamplecError("a model whose LM head is split over ranks decodes without grammar= or draft_model=")
+        from samplec.distributed.lm_head import generate_sharded
+        return generate_sharded(model, program, tokens, max_tokens, seed=seed, eos=_eos_set(eos_token_id),
+                                prompt_in_history=prompt_in_history, stats=stats, **params)
     if grammar is not None:
         if chunk != 1 or draft_model is not None:
             raise SamplecError("grammar= decodes one token per step (the next mask needs the token): "
