@@ -4,6 +4,7 @@
 // function-local static). Float arithmetic is the CPU's IEEE float32 (no fast-math: g++ -O1); expf and logf are
 // glibc's, which may differ from CUDA's in the last bit -- the tests compare tokens away from knife-edges.
 #pragma once
+#include <algorithm>
 #include <barrier>
 #include <cmath>
 #include <cstdint>
@@ -53,6 +54,14 @@ static inline float __fdiv_rn(float a, float b) { return a / b; }
 static inline float __fadd_rn(float a, float b) { return a + b; }
 static inline float __fsub_rn(float a, float b) { return a - b; }
 static inline float __fmul_rn(float a, float b) { return a * b; }
+static inline int __float_as_int(float f) { int u; std::memcpy(&u, &f, 4); return u; }
+using std::max;
+using std::min;
+
+// Atomics on shared or global memory (blocks run one after another: the fence has nothing to order here).
+template <class T>
+static T atomicAdd(T* at, T v) { return __atomic_fetch_add(at, v, __ATOMIC_SEQ_CST); }
+static inline void __threadfence() {}
 
 // Runs body(block) for each block on SC_T threads.
 template <class F>

@@ -34,21 +34,21 @@ FAMILIES = ("peaked", "flat", "ties", "neg_inf", "normal", "tail", "one_finite")
 _BUILT: dict = {}
 
 
-def emulated(threads: int = 64):
+def emulated(threads: int = 64, defines: str = ""):
     """The kernel (one for every chain), built for the CPU: f(x [B, V], inputs) with inputs gpu.chain_inputs' F0..F9,
     K0, K1, Q0, Q1, S -> (tok [B], lp [B]), and where S asks for it the final logits (1) or their softmax (2),
-    [B, V]."""
+    [B, V]. S's split (slices a row, candidates a slice) runs each row as that many blocks."""
     slots = ", ".join([f"const float* F{i}" for i in range(gpu.CHAIN_FLOAT_SLOTS)] +
                       [f"const unsigned long long* K{i}" for i in range(gpu.CHAIN_KEY_SLOTS)] +
                       [f"const int* Q{i}" for i in range(gpu.CHAIN_KEY_SLOTS)])
     names = ", ".join(gpu._SLOTS)
-    src = (f"#define SC_T {threads}\n#include \"cuda_emulation.h\"\n{gpu.chain_header()}\n"
+    src = (f"#define SC_T {threads}\n{defines}#include \"cuda_emulation.h\"\n{gpu.chain_header()}\n"
            f"static void sc_body(const float* x, const int* x_shape, {slots}, const int* S,\n"
-           f"                    int* tok, float* lp, float* xo) {{\n{gpu.CHAIN_BODY}}}\n"
+           f"                    int* tok, float* lp, float* xo, float* wf, int* wi, int* cnt) {{\n{gpu.CHAIN_BODY}}}\n"
            f"extern \"C\" void run(const float* x, int B, int V, {slots}, const int* S,\n"
-           "                      int* tok, float* lp, float* xo) {\n"
+           "                      int* tok, float* lp, float* xo, float* wf, int* wi, int* cnt) {\n"
            "  const int shape[2] = {B, V};\n"
-           f"  sc_launch(B, [&] {{ sc_body(x, shape, {names}, S, tok, lp, xo); }});\n}}\n")
+           f"  sc_launch(B * (S[6] > 0 ? S[6] : 1), [&] {{ sc_body(x, shape, {names}, S, tok, lp, xo, wf, wi, cnt); }});\n}}\n")
     digest = hashlib.sha256(src.encode() + (HERE / "cuda_emulation.h").read_bytes()).hexdigest()[:16]
     if digest not in _BUILT:
         out = Path(os.environ.get("PYTEST_TMP", "/tmp")) / f"samplec_gpu_chain_{digest}"
@@ -69,20 +69,25 @@ def emulated(threads: int = 64):
         x = np.ascontiguousarray(x.astype(np.float32))
         ins = [np.ascontiguousarray(np.array(a)) for a in inputs]
         B, V = x.shape
-        out_x = int(ins[-1][5])
+        S = ins[-1]
+        out_x, split = int(S[5]), (int(S[6]), int(S[7]))
         tok, lp = np.zeros(B, dtype=np.int32), np.zeros(B, dtype=np.float32)
         xo = np.full((B, V) if out_x else (B, 1), np.nan, dtype=np.float32)
+        wf, wi, cnt = (np.zeros(shape, dtype) for shape, dtype in
+                       zip(gpu.scratch_shapes(B, split), (np.float32, np.int32, np.int32)))
         ptr = lambda a: a.ctypes.data_as(ctypes.c_void_p)      # noqa: E731
-        fn(ptr(x), ctypes.c_int(B), ctypes.c_int(V), *(ptr(a) for a in ins), ptr(tok), ptr(lp), ptr(xo))
+        fn(ptr(x), ctypes.c_int(B), ctypes.c_int(V), *(ptr(a) for a in ins), ptr(tok), ptr(lp), ptr(xo), ptr(wf),
+           ptr(wi), ptr(cnt))
         return (tok, lp, xo) if out_x else (tok, lp)
     return run
 
 
-def kernel(x, operands, stages, terminal, want_logprob=True, out_x=0, threads=64):
-    """The emulated kernel on a chain's operands as gpu.sample_chain passes them."""
-    inputs = gpu.chain_inputs(operands, stages, terminal, want_logprob, out_x, x.shape[0])
+def kernel(x, operands, stages, terminal, want_logprob=True, out_x=0, threads=64, split=(0, 0), defines=""):
+    """The emulated kernel on a chain's operands as gpu.sample_chain passes them (split: slices a row and candidates
+    a slice, as gpu.split_of gives them; (0, 0): one block a row)."""
+    inputs = gpu.chain_inputs(operands, stages, terminal, want_logprob, out_x, x.shape[0], split)
     assert inputs is not None
-    return emulated(threads)(x, inputs)
+    return emulated(threads, defines)(x, inputs)
 
 
 def chain_case(seed: int, V: int, B: int, n_stages: int, terminal: str):
@@ -290,8 +295,13 @@ def test_chain_supports_and_body():
     assert not gpu.chain_supports(["temperature"] * 9, "greedy")
     assert not gpu.chain_supports(["xtc", "xtc"], "sample") and gpu.chain_supports(["xtc", "xtc"], "greedy")
     assert not gpu.chain_supports(["xtc"] * 5 + ["top_k"], "greedy")           # (11 float operands)
-    assert gpu.chain_codes(["top_k", "xtc", "temperature"], "sample", True) == [3, 1, 1, 4, 6, 0, 1, 4, 0] + [0] * 14
-    assert gpu.chain_codes([], "greedy", False, 2) == [0, 0, 0, 1, 1, 2] + [0] * 14
+    assert gpu.chain_codes(["top_k", "xtc", "temperature"], "sample", True) == [3, 1, 1, 4, 6, 0, 0, 0, 1, 4, 0] + \
+        [0] * 14
+    assert gpu.chain_codes([], "greedy", False, 2, split=(8, 512)) == [0, 0, 0, 1, 1, 2, 8, 512] + [0] * 14
+    # split mode: about two blocks a multiprocessor over the batch, at most MAX_SLICES a row, the slices'
+    # candidates fitting one block's shared memory together
+    assert gpu.split_of(1, 152064) == (128, 32) and gpu.split_of(8, 152064) == (33, 124)
+    assert gpu.split_of(256, 152064) == (2, 2048) and gpu.split_of(1, 1000) == (1, 2048)
 
 
 def test_chain_inputs_pass_operands_as_they_are():
@@ -305,7 +315,7 @@ def test_chain_inputs_pass_operands_as_they_are():
     assert ins[gpu.CHAIN_FLOAT_SLOTS + gpu.CHAIN_KEY_SLOTS] is pos
     assert ins[1].dtype == mx.float32 and np.array(ins[1]).tolist() == [5.0, 7.0, 9.0]
     S = np.array(ins[-1]).tolist()
-    assert S[9:] == [0, 1, 1] + [0] * 7 + [1, 0] + [0, 0]
+    assert S[11:] == [0, 1, 1] + [0] * 7 + [1, 0] + [0, 0]
     assert gpu.chain_inputs([mx.array([[1.0, 2.0]])], ["temperature"], "greedy", False, 0, 3) is None
 
 
@@ -336,6 +346,15 @@ def test_emulated_chain_kernel_final_logits_and_probs(seed, V, n):
     assert np.array_equal(-np.sort(-final, axis=-1), np.array(o0.candidates.values)), src
 
 
+def fake_cuda(monkeypatch):
+    """The cuda target on the CPU: a CUDA device faked where the interpreter and the target pass ask."""
+    import samplec.passes.target as target
+    monkeypatch.setenv("SAMPLEC_NATIVE", "0")
+    monkeypatch.setattr(gpu, "available", lambda: True)
+    monkeypatch.setattr(gpu, "kth_largest", lambda x, want: None)
+    monkeypatch.setattr(target, "unavailable", lambda t: None)
+
+
 @pytest.mark.parametrize("seed,V,n,terminal,outs", [
     (60, 300, 3, "sample", "token, logprob"), (61, 1000, 4, "sample", "token, logprob, probs"),
     (62, 300, 2, "greedy", "token, logprob"), (63, 500, 3, "greedy", "token, logprob, probs"),
@@ -354,11 +373,9 @@ def test_interpreter_hands_chains_to_the_kernel(seed, V, n, terminal, outs, monk
         calls.append((tuple(stages), terminal, out_x))
         return (mx.array(out[0])[:, None], mx.array(out[1])[:, None]) + ((mx.array(out[2]),) if out_x else ())
 
-    monkeypatch.setenv("SAMPLEC_NATIVE", "0")
-    monkeypatch.setattr(gpu, "available", lambda: True)
-    monkeypatch.setattr(gpu, "kth_largest", lambda x, want: None)
+    fake_cuda(monkeypatch)
     monkeypatch.setattr(gpu, "sample_chain", fake)
-    got = samplec.compile(src)(x, **kw).to_dict()
+    got = samplec.compile(src, target="cuda")(x, **kw).to_dict()
     assert calls, src
     assert got.keys() == want.keys()
     for k, v in want.items():
@@ -381,3 +398,71 @@ def test_emulated_chain_kernel_on_a_row_with_no_finite_logit(terminal):
         ops += [mx.array(np.array([3, 4], dtype=np.uint64)), mx.array([0, 0], dtype=mx.int32)]
     tok, lp = kernel(x, ops, stages, terminal)
     assert tok.tolist() == [0, 17]
+
+
+SPLIT = [(s, V, B, n, term, nb, cap) for s, (V, B, n, term, nb, cap) in enumerate(
+    [(300, 2, 3, "sample", 3, 16), (1000, 3, 2, "greedy", 5, 4), (3000, 1, 4, "sample", 8, 64),
+     (7, 2, 2, "sample", 1, 256), (1000, 2, 0, "sample", 4, 16), (3000, 2, 5, "greedy", 2, 256),
+     (300, 3, 1, "sample", 2, 4), (1000, 1, 3, "sample", 16, 16)] * 2, start=900)]
+
+
+@pytest.mark.parametrize("seed,V,B,n,terminal,nb,cap", SPLIT)
+def test_emulated_split_rows_equal_O0(seed, V, B, n, terminal, nb, cap):
+    """Split mode: each row over nb blocks, each keeping cap candidates of its slice, the last block of the row
+    running the chain over them (or the whole row where a stage needs the tokens outside): random chains of the
+    kernel's stages, per-row values, the differential test's families, against -O0."""
+    stages, src, kw, per_row, ops, x = chain_case(seed, V, B, n, terminal)
+    tok, lp = kernel(x, ops, stages, terminal, split=(nb, cap))
+    o0 = samplec.compile(src, opt_level=0)(x, **kw)
+    assert tok.tolist() == np.array(o0.token).tolist(), src
+    np.testing.assert_allclose(lp, np.array(o0.logprob), atol=2e-4, rtol=1e-4, err_msg=src)
+
+
+SERVER_CHAINS = {       # (bench_gpu's CHAINS: each system's order, its usual values)
+    "mlx_lm": (["top_p", "min_p", "top_k", "temperature"], [0.95, 0.05, 40, 0.8]),
+    "hf": (["temperature", "top_k", "top_p"], [0.8, 50, 0.9]),
+    "vllm": (["temperature", "top_k", "top_p", "min_p"], [0.7, 40, 0.95, 0.05]),
+    "llama_cpp": (["top_k", "top_p", "min_p", "temperature"], [40, 0.95, 0.05, 0.8]),
+    "min_p": (["min_p", "temperature"], [0.1, 1.2]),
+    "sigma": (["top_n_sigma", "temperature"], [1.0, 0.7]),
+    "eta": (["temperature", "eta"], [1.0, 0.0009]),
+    "plain": ([], []),
+    "temperature": (["temperature"], [0.7]),
+    "off": (["top_p", "min_p", "top_k", "temperature"], [1.0, 0.0, 0, 0.6]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SERVER_CHAINS))
+@pytest.mark.parametrize("terminal", ["sample", "greedy"])
+def test_emulated_split_settles_server_chains_on_the_candidates(name, terminal):
+    """The chains servers run, on chat-like rows (a Zipf head over a wide tail), split as a B = 1 call is on the GPU
+    (gpu.split_of at the emulation's block size): settled from the slices' candidates and aggregates alone -- the
+    build marks a row that needed the whole row with token -1 -- and equal to -O0."""
+    stages, vals = SERVER_CHAINS[name]
+    rng = np.random.default_rng(len(name))
+    V, B = 6000, 2
+    x = np.stack([family_row("tail", V, rng) for _ in range(B)]) * 2.0
+    ops = [mx.array(v, dtype=mx.int32 if s == "top_k" else mx.float32) for s, v in zip(stages, vals)]
+    seeds = [11, 12]
+    if terminal == "sample":
+        ops += [mx.array(np.array(seeds, dtype=np.uint64)), mx.array(5, dtype=mx.int32)]
+    split = gpu.split_of(1, V, 64)
+    assert split[0] > 1
+    tok, lp = kernel(x, ops, stages, terminal, split=split, defines="#define SC_SPLIT_ONLY\n")
+    body = " ".join(f"{s}({v})" for s, v in zip(stages, vals))
+    src = f"sampler s(seed: seed) -> token, logprob {{ {body} " + \
+        ("sample(seed, position = 5) }" if terminal == "sample" else "greedy() }")
+    o0 = samplec.compile(src, opt_level=0)(x, seed=seeds)
+    assert tok.tolist() == np.array(o0.token).tolist(), src
+    np.testing.assert_allclose(lp, np.array(o0.logprob), atol=2e-4, rtol=1e-4, err_msg=src)
+
+
+def test_emulated_split_at_the_gpus_block_size():
+    """gpu.CHAIN_THREADS threads a block and gpu.split_of's slices for B = 1 and B = 2, as on the GPU."""
+    stages, src, kw, per_row, ops, x = chain_case(98, 12000, 2, 3, "sample")
+    for B in (1, 2):
+        tok, lp = kernel(x[:B], ops if B == 2 else [o[:1] if o.size == 2 else o for o in ops], stages, "sample",
+                         threads=gpu.CHAIN_THREADS, split=gpu.split_of(B, 12000))
+        o0 = samplec.compile(src, opt_level=0)(x, **kw)
+        assert tok.tolist() == np.array(o0.token).tolist()[:B], src
+        np.testing.assert_allclose(lp, np.array(o0.logprob)[:B], atol=2e-4, rtol=1e-4)

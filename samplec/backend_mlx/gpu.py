@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import os
 from pathlib import Path
 
 import mlx.core as mx
@@ -184,16 +185,33 @@ _SLOTS = [f"F{i}" for i in range(CHAIN_FLOAT_SLOTS)] + [f"K{i}" for i in range(C
 
 
 def chain_codes(stages: list[str], terminal: str, want_logprob: bool, out_x: int = 0,
-                per_row: tuple = ()) -> list[int]:
+                per_row: tuple = (), split: tuple[int, int] = (0, 0)) -> list[int]:
     """The kernel's program for one chain: [#stages, sample?, want_logprob?, #float operands, #key words, out_x (0:
-    no [B, V] output, 1: the final logits, 2: their softmax), the stages' codes..., then each operand slot's stride
-    (F0..F9, K0, K1, Q0, Q1: 1 where it holds one value per row, 0 for one value; per_row's flags)] (one kernel
-    serves every chain: one NVRTC compile per process)."""
+    no [B, V] output, 1: the final logits, 2: their softmax), slices a row (0: one block a row), candidates a slice
+    keeps, the stages' codes..., then each operand slot's stride (F0..F9, K0, K1, Q0, Q1: 1 where it holds one value
+    per row, 0 for one value; per_row's flags)] (one kernel serves every chain: one NVRTC compile per process)."""
     nf = max(1, sum(CHAIN_STAGES[s] for s in stages))
     nu = max(1, 3 * (stages.count("xtc") + (terminal == "sample")))
     strides = [int(bool(f)) for f in per_row] + [0] * (len(_SLOTS) - len(per_row))
-    return [len(stages), int(terminal == "sample"), int(want_logprob), nf, nu, out_x] + \
+    return [len(stages), int(terminal == "sample"), int(want_logprob), nf, nu, out_x, *split] + \
         [STAGE_CODES[s] for s in stages] + strides
+
+
+SMS = 132                       # multiprocessors to fill (an H100's; SAMPLEC_GPU_SMS overrides)
+MAX_SLICES = 128                # gpu_chain.cu's SC_MAXNB
+SLICE_HEADER = 12               # SC_WH
+KEEP_A_THREAD = 4               # SC_R
+
+
+def split_of(B: int, V: int, threads: int = CHAIN_THREADS) -> tuple[int, int]:
+    """(slices a row, candidates a slice keeps): about two blocks for each multiprocessor over the batch, slices of
+    at least two tokens a thread, every slice's candidates fitting the last block's shared memory together."""
+    sms = int(os.environ.get("SAMPLEC_GPU_SMS", SMS))
+    nb = max(1, min(MAX_SLICES, -(-2 * sms // B), V // (2 * threads)))
+    return nb, min(SC_CAP // nb, KEEP_A_THREAD * threads)
+
+
+SC_CAP = 4096                   # gpu_chain.cu's SC_CAP
 
 
 # The body: inputs x [B, V] f32; F0..F9 f32 (the stages' float operands in order, top_k's k as a float), K0, K1
@@ -203,8 +221,9 @@ def chain_codes(stages: list[str], terminal: str, want_logprob: bool, out_x: int
 # gathers them first: at B = 1 a few small ops cost more than the kernel).
 CHAIN_BODY = """
     __shared__ ScShared sh;
-    const int V = x_shape[1], row = blockIdx.x, nf = S[3];
-    const int* st = S + 6 + S[0];
+    const int V = x_shape[1], nf = S[3], NB = S[6], cap = S[7];
+    const int row = NB > 0 ? blockIdx.x / NB : blockIdx.x, slice = NB > 0 ? blockIdx.x % NB : 0;
+    const int* st = S + 8 + S[0];
     const float* F[SC_FSLOTS] = {F0, F1, F2, F3, F4, F5, F6, F7, F8, F9};
     float pr[SC_FSLOTS];
     for (int j = 0; j < nf; ++j) pr[j] = F[j][st[j] ? row : 0];
@@ -213,7 +232,8 @@ CHAIN_BODY = """
         (unsigned)(k0 >> 32), (unsigned)(k0 & 0xFFFFFFFFull), (unsigned)Q0[st[SC_FSLOTS + 2] ? row : 0],
         (unsigned)(k1 >> 32), (unsigned)(k1 & 0xFFFFFFFFull), (unsigned)Q1[st[SC_FSLOTS + 3] ? row : 0]};
     sc_chain(x + (size_t)row * V, V, pr, ur, S, sh, tok + row, lp + row,
-             xo + (S[5] != 0 ? (size_t)row * V : (size_t)row));
+             xo + (S[5] != 0 ? (size_t)row * V : (size_t)row), slice, wf + (size_t)row * NB * (SC_WH + cap),
+             wi + (size_t)row * NB * cap, cnt + row);
 """
 
 _PLACEHOLDERS: dict = {}
@@ -234,7 +254,7 @@ def _slot(p: mx.array, B: int, dtype) -> tuple[mx.array, bool] | None:
 
 
 def chain_inputs(params: list[mx.array], stages: list[str], terminal: str, want_logprob: bool, out_x: int,
-                 B: int) -> list[mx.array] | None:
+                 B: int, split: tuple[int, int] = (0, 0)) -> list[mx.array] | None:
     """The kernel's inputs after x -- F0..F9, K0, K1, Q0, Q1, S -- from a chain's stage operands in order (then the
     sample's seed and position), or None where one is not a scalar or one value per row. Only an operand of another
     dtype costs an op; S is made once per chain and per-row pattern."""
@@ -250,9 +270,9 @@ def chain_inputs(params: list[mx.array], stages: list[str], terminal: str, want_
         return None
     slots = [o for got, n, dtype in groups for o in got + [(_placeholder(dtype), False)] * (n - len(got))]
     per_row = tuple(flag for _, flag in slots)
-    key = (tuple(stages), terminal, bool(want_logprob), out_x, per_row)
+    key = (tuple(stages), terminal, bool(want_logprob), out_x, per_row, split)
     if key not in _CODES:
-        _CODES[key] = mx.array(np.array(chain_codes(stages, terminal, want_logprob, out_x, per_row), np.int32))
+        _CODES[key] = mx.array(np.array(chain_codes(stages, terminal, want_logprob, out_x, per_row, split), np.int32))
     return [a for a, _ in slots] + [_CODES[key]]
 
 
@@ -264,12 +284,24 @@ def sample_chain(x: mx.array, params: list[mx.array], stages: list[str], termina
     if not (available() and not native.switched_off("SAMPLEC_GPU_CHAIN") and x.ndim == 2 and
             x.dtype == mx.float32 and x.shape[0] >= 1 and x.shape[1] >= 1 and chain_supports(stages, terminal)):
         return None
-    B = x.shape[0]
-    inputs = chain_inputs(params, stages, terminal, want_logprob, out_x, B)
+    B, V = x.shape
+    split = split_of(B, V) if not native.switched_off("SAMPLEC_GPU_SPLIT") else (0, 0)
+    inputs = chain_inputs(params, stages, terminal, want_logprob, out_x, B, split)
     if inputs is None:
         return None
-    tok, lp, xo = _kernel("samplec_chain", ["x", *_SLOTS, "S"], CHAIN_BODY, ("tok", "lp", "xo"), chain_header())(
-        inputs=[x, *inputs], output_shapes=[(B,), (B,), x.shape if out_x else (B, 1)],
-        output_dtypes=[mx.int32, mx.float32, mx.float32],
-        grid=(B * CHAIN_THREADS, 1, 1), threadgroup=(CHAIN_THREADS, 1, 1))
+    nb, cap = split
+    tok, lp, xo, *_ = _kernel("samplec_chain", ["x", *_SLOTS, "S"], CHAIN_BODY, CHAIN_OUTPUTS, chain_header())(
+        inputs=[x, *inputs], output_shapes=[(B,), (B,), x.shape if out_x else (B, 1), *scratch_shapes(B, split)],
+        output_dtypes=[mx.int32, mx.float32, mx.float32, mx.float32, mx.int32, mx.int32],
+        grid=(B * max(nb, 1) * CHAIN_THREADS, 1, 1), threadgroup=(CHAIN_THREADS, 1, 1),
+        init_value=0 if nb else None)      # (the rows' arrival counters start at zero)
     return (tok.reshape(B, 1), lp.reshape(B, 1)) + ((xo,) if out_x else ())
+
+
+CHAIN_OUTPUTS = ("tok", "lp", "xo", "wf", "wi", "cnt")
+
+
+def scratch_shapes(B: int, split: tuple[int, int]) -> list[tuple[int]]:
+    """wf, wi, cnt: the slices' headers and candidates' logits, their ids, the rows' arrival counters."""
+    nb, cap = split
+    return [(max(1, B * nb * (SLICE_HEADER + cap)),), (max(1, B * nb * cap),), (B,)]

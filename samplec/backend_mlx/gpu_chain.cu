@@ -27,6 +27,9 @@
 #define SC_FSLOTS 10       // float operand slots (gpu.CHAIN_FLOAT_SLOTS), key slots (gpu.CHAIN_KEY_SLOTS)
 #define SC_KSLOTS 2
 #define SC_INF __int_as_float(0x7f800000)   // (no headers under NVRTC)
+#define SC_R 4             // split mode: the largest logits each thread keeps of its tokens in a slice
+#define SC_MAXNB 128       // split mode: slices a row at most (gpu.MAX_SLICES)
+#define SC_WH 12           // split mode: a slice's header in the scratch (gpu.SLICE_HEADER)
 
 struct ScRow {
   float rho;               // kept: raw >= rho ...
@@ -44,9 +47,27 @@ struct ScRow {
 static_assert(SC_NMAX <= SC_CAP, "the sorted maxima live in cand_raw");
 static_assert(SC_NMAX >= 10 * SC_WARPS, "top_p's histogram counts live in tmax");
 
+// A row's aggregates over a set of tokens under the prologue's temperatures (c: a token's current logit): the
+// softmax's parts (cm = the largest c, z = sum exp(c - cm), e = sum exp(c - cm) (c - cm)), Welford's count, mean
+// and M2 of the finite c, the best Gumbel-perturbed c (gv at gid), and the largest raw logit (mx at mid, lowest id).
+struct ScAgg {
+  float cm, z, e, n, mean, m2, gv, mx;
+  int gid, mid;
+};
+
 struct ScShared {
   ScRow st;
   int ncand;               // -1: the passes read the row; else they read the candidates below
+  int tail;                // 1: tokens outside the candidates (raw <= beta) may still be kept (split mode)
+  int agg_ok;              // 1: `agg` describes the kept set as it is now (the prologue's temperatures, no cut)
+  int fallback;            // 1: a stage needed the tokens outside the candidates: rerun on the whole row
+  int last;                // the block that arrived last for its row (split mode)
+  float beta;              // the largest raw logit of the tokens outside the candidates (-inf: none)
+  ScAgg agg;
+  ScAgg aggw[SC_WARPS];
+  unsigned hist[256];
+  unsigned need;
+  int soff[SC_MAXNB + 1];  // each slice's first candidate (split mode)
   float bound;
   float tmax[SC_NMAX];
   int scan[SC_WARPS];
@@ -297,11 +318,29 @@ __device__ float sc_select(const float* xr, int V, float target, KW kw, ScShared
   return sc_unkey(prefix);
 }
 
+// A stage needs the tokens outside the candidates, which the aggregates do not describe: the chain reruns on the
+// whole row (the state the stage leaves is discarded).
+__device__ __forceinline__ void sc_need_row(ScShared& sh) {
+  if (threadIdx.x == 0) sh.fallback = 1;
+}
+
+// Whether a stage called sc_need_row, read by every thread before any may reset it.
+__device__ __forceinline__ bool sc_fell_back(ScShared& sh) {
+  __syncthreads();
+  const bool fell = sh.fallback != 0;
+  __syncthreads();
+  return fell;
+}
+
 // The row's current maximum (the largest kept raw logit through the temperatures).
 __device__ __forceinline__ float sc_max(const ScView& s) { return sc_cur(s, s.surv >= 0 ? s.surv : 0, s.mraw); }
 
 // softmax's normalizer over the current logits: sum of exp(x - max).
 __device__ __forceinline__ float sc_norm(const float* xr, int V, float m, ScShared& sh) {
+  if (sh.tail) {                  // (split mode before a cut: the row's normalizer from the slices' aggregates)
+    if (!sh.agg_ok) sc_need_row(sh);
+    return sh.agg.z;
+  }
   const ScView s = sc_view(sh);
   float z = 0.0f;
   sc_each(xr, V, sh, [&](int i, float r) { z += expf(__fsub_rn(sc_cur(s, i, r), m)); });
@@ -386,6 +425,7 @@ __device__ __forceinline__ void sc_sort_maxima(const ScMaxima& tm, ScShared& sh)
 template <class K>
 __device__ __forceinline__ void sc_cut(const float* xr, int V, K keep, ScShared& sh) {
   const ScView s = sc_view(sh);
+  const int tail = sh.tail;
   float lo = SC_INF;
   int mine = 0;
   sc_each(xr, V, sh, [&](int i, float r) {
@@ -395,6 +435,11 @@ __device__ __forceinline__ void sc_cut(const float* xr, int V, K keep, ScShared&
   lo = sc_min(lo, sh);
   sc_gather(xr, V, s, keep, mine, sh);
   if (threadIdx.x == 0 && lo != SC_INF) sh.st.rho = lo;
+  if (tail) {       // (split mode: the cut must remove every token outside the candidates, all at raw <= beta)
+    const float cb = sc_cur(s, -2, sh.beta);
+    if (cb != -SC_INF && keep(cb)) sc_need_row(sh);
+    else if (threadIdx.x == 0) sh.tail = 0;
+  }
   __syncthreads();
 }
 
@@ -536,19 +581,25 @@ __device__ void sc_top_n_sigma(const float* xr, int V, float n, ScShared& sh) {
   if (n <= 0.0f) return;
   const ScView s = sc_view(sh);
   const float m = sc_max(s);
-  float cnt = 0.0f, sum = 0.0f;
-  sc_each(xr, V, sh, [&](int i, float r) {
-    const float c = sc_cur(s, i, r);
-    if (sc_finite(c)) { cnt += 1.0f; sum += c; }
-  });
-  cnt = sc_sum(cnt, sh);
-  const float mean = __fdiv_rn(sc_sum(sum, sh), cnt);
-  float sq = 0.0f;
-  sc_each(xr, V, sh, [&](int i, float r) {
-    const float c = sc_cur(s, i, r);
-    if (sc_finite(c)) { const float d = __fsub_rn(c, mean); sq += d * d; }
-  });
-  const float sd = sqrtf(__fdiv_rn(sc_sum(sq, sh), cnt));
+  float sd;
+  if (sh.tail) {                  // (split mode before a cut: the slices' Welford parts)
+    if (!sh.agg_ok) sc_need_row(sh);
+    sd = sqrtf(__fdiv_rn(sh.agg.m2, sh.agg.n));
+  } else {
+    float cnt = 0.0f, sum = 0.0f;
+    sc_each(xr, V, sh, [&](int i, float r) {
+      const float c = sc_cur(s, i, r);
+      if (sc_finite(c)) { cnt += 1.0f; sum += c; }
+    });
+    cnt = sc_sum(cnt, sh);
+    const float mean = __fdiv_rn(sc_sum(sum, sh), cnt);
+    float sq = 0.0f;
+    sc_each(xr, V, sh, [&](int i, float r) {
+      const float c = sc_cur(s, i, r);
+      if (sc_finite(c)) { const float d = __fsub_rn(c, mean); sq += d * d; }
+    });
+    sd = sqrtf(__fdiv_rn(sc_sum(sq, sh), cnt));
+  }
   const float floor_x = __fsub_rn(m, __fmul_rn(n, sd));     // (NaN for n = inf, sd = 0: the maximum alone)
   sc_cut(xr, V, [&](float c) { return c >= floor_x || c == m; }, sh);
 }
@@ -564,14 +615,18 @@ __device__ void sc_epsilon_eta(const float* xr, int V, float e, bool eta, ScShar
   if (eta) {
     const float lz = logf(z);
     float h = 0.0f;
-    sc_each(xr, V, sh, [&](int i, float r) {
-      const float c = sc_cur(s, i, r);
-      if (c != -SC_INF) {
-        const float plogp = prob(c) * __fsub_rn(__fsub_rn(c, m), lz);
-        if (sc_finite(plogp)) h += plogp;
-      }
-    });
-    h = -sc_sum(h, sh);
+    if (sh.tail) {                // (split mode before a cut: H = log z - sum exp(d) d / z from the slices)
+      h = __fsub_rn(lz, __fdiv_rn(sh.agg.e, z));
+    } else {
+      sc_each(xr, V, sh, [&](int i, float r) {
+        const float c = sc_cur(s, i, r);
+        if (c != -SC_INF) {
+          const float plogp = prob(c) * __fsub_rn(__fsub_rn(c, m), lz);
+          if (sc_finite(plogp)) h += plogp;
+        }
+      });
+      h = -sc_sum(h, sh);
+    }
     cut = fminf(e, sqrtf(e) * expf(-h));
   }
   sc_cut(xr, V, [&](float c) { return prob(c) >= cut || c == m; }, sh);
@@ -586,6 +641,11 @@ __device__ void sc_epsilon_eta(const float* xr, int V, float e, bool eta, ScShar
 // not hold the first's, where temperatures since made tokens of the first band equal to the maximum).
 __device__ void sc_typical(const float* xr, int V, float mass, ScShared& sh) {
   if (mass >= 1.0f) return;
+  if (sh.tail) {                  // (its band may lie among the tokens outside the candidates)
+    sc_need_row(sh);
+    __syncthreads();
+    return;
+  }
   const ScView s = sc_view(sh);
   const ScProbs prob = sc_probs(xr, V, s, sh);
   const float m = prob.m;
@@ -649,6 +709,11 @@ __device__ void sc_xtc(const float* xr, int V, float thr, float prob_fire, unsig
                        ScShared& sh) {
   if (prob_fire == 0.0f) return;
   if (!(sc_uniform(sc_threefry(k0, k1, 0xFFFFFFFFu, pos)) < prob_fire)) return;
+  if (sh.tail) {                  // (fired before a cut: the aggregates would no longer describe the row)
+    sc_need_row(sh);
+    __syncthreads();
+    return;
+  }
   const ScView s = sc_view(sh);
   const ScProbs prob = sc_probs(xr, V, s, sh);
   float least = SC_INF, lo = SC_INF, n = 0.0f;
@@ -674,6 +739,10 @@ __device__ void sc_xtc(const float* xr, int V, float thr, float prob_fire, unsig
 }
 
 __device__ int sc_sample(const float* xr, int V, unsigned k0, unsigned k1, unsigned pos, ScShared& sh) {
+  if (sh.tail) {                  // (split mode, no cut: the slices' best perturbed logits, the row's draw)
+    if (!sh.agg_ok || sh.agg.gid == 0x7FFFFFFF) sc_need_row(sh);
+    return sh.agg.gid;
+  }
   const ScView s = sc_view(sh);
   float best = -SC_INF;
   int id = 0x7FFFFFFF;
@@ -691,7 +760,12 @@ __device__ int sc_sample(const float* xr, int V, unsigned k0, unsigned k1, unsig
 }
 
 __device__ void sc_begin(const float* xr, int V, ScShared& sh) {
-  if (threadIdx.x == 0) sh.ncand = -1;
+  if (threadIdx.x == 0) {
+    sh.ncand = -1;
+    sh.tail = 0;
+    sh.agg_ok = 0;
+    sh.fallback = 0;
+  }
   __syncthreads();
   float m = -SC_INF;
   sc_each(xr, V, sh, [&](int i, float r) { m = fmaxf(m, r); });
@@ -709,51 +783,343 @@ __device__ void sc_begin(const float* xr, int V, ScShared& sh) {
   __syncthreads();
 }
 
-// The terminal: the token, and with want_lp its log-probability under the final softmax (else 0).
-__device__ void sc_finish(const float* xr, int V, int token, bool want_lp, ScShared& sh, int* tok, float* lp) {
-  if (want_lp) {
-    float l = 0.0f;
-    if (sh.st.greedy < 0) {
-      const ScView s = sc_view(sh);
-      const float m = sc_max(s);
-      const float z = sc_norm(xr, V, m, sh);
-      l = __fsub_rn(__fsub_rn(sc_cur(s, token, xr[token]), m), logf(z));
-    }
-    if (threadIdx.x == 0) *lp = l;
-  } else if (threadIdx.x == 0) {
-    *lp = 0.0f;
-  }
-  if (threadIdx.x == 0) *tok = token;
+// -- split mode: a row over many blocks ------------------------------------------------------------------------
+//
+// At small B one block a row leaves most of the GPU idle. In split mode each of a row's NB blocks reads a slice of it
+// once: it keeps its largest logits (each thread its SC_R largest, then the block's `cap` largest of those: a radix
+// select over the keys in shared memory) and the slice's aggregates under the prologue's temperatures (ScAgg), and
+// writes them to a scratch buffer; the block that arrives last for the row (a counter per row) runs the chain over
+// the candidates the blocks gathered. Every token outside them has raw <= beta (the largest of the slices' left-out
+// logits), so the candidates are exact once a cut's threshold lies above beta; before that, a stage that needs the
+// tokens outside (a cut at or below beta, typical_p, an xtc that fires, a later temperature's normalizer) sends the
+// row back to the whole-row passes (sc_need_row), so the result never depends on the split.
+
+__device__ __forceinline__ ScAgg sc_agg_none() {
+  return ScAgg{-SC_INF, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, -SC_INF, -SC_INF, 0x7FFFFFFF, 0x7FFFFFFF};
 }
 
-// The chain's final logits (mode 1) or their softmax (mode 2) for every token of the row, into xo.
-__device__ void sc_write(const float* xr, int V, int mode, ScShared& sh, float* xo) {
+// Adds a token's current logit c (-inf: removed) to the softmax parts (online: rescaled when the maximum grows)
+// and Welford's parts.
+__device__ __forceinline__ void sc_agg_add(ScAgg& a, float c) {
+  if (!(c > -SC_INF)) return;
+  if (a.z == 0.0f) {
+    a.cm = c;
+    a.z = 1.0f;
+    a.e = 0.0f;
+  } else if (c > a.cm) {
+    const float d = __fsub_rn(a.cm, c), w = expf(d);
+    a.e = w * (a.e + d * a.z);
+    a.z = w * a.z + 1.0f;
+    a.cm = c;
+  } else {
+    const float d = __fsub_rn(c, a.cm), w = expf(d);
+    a.z += w;
+    a.e += w * d;
+  }
+  if (sc_finite(c)) {
+    a.n += 1.0f;
+    const float d = c - a.mean;
+    a.mean += d / a.n;
+    a.m2 += d * (c - a.mean);
+  }
+}
+
+// a <- a merged with b, a's tokens before b's (ties in the maxima: the lower id; both reductions' orders are fixed).
+__device__ __forceinline__ void sc_agg_merge(ScAgg& a, const ScAgg& b) {
+  if (b.z > 0.0f) {
+    if (a.z == 0.0f) {
+      a.cm = b.cm;
+      a.z = b.z;
+      a.e = b.e;
+    } else {
+      const float m = fmaxf(a.cm, b.cm), da = __fsub_rn(a.cm, m), db = __fsub_rn(b.cm, m);
+      const float wa = expf(da), wb = expf(db);
+      a.e = wa * (a.e + da * a.z) + wb * (b.e + db * b.z);
+      a.z = wa * a.z + wb * b.z;
+      a.cm = m;
+    }
+  }
+  if (b.n > 0.0f) {
+    const float n = a.n + b.n, d = b.mean - a.mean;
+    a.mean = a.n == 0.0f ? b.mean : a.mean + d * (b.n / n);
+    a.m2 = a.n == 0.0f ? b.m2 : a.m2 + b.m2 + d * d * (a.n * (b.n / n));
+    a.n = n;
+  }
+  if (sc_better(b.gv, b.gid, a.gv, a.gid, 1.0f)) { a.gv = b.gv; a.gid = b.gid; }
+  if (sc_better(b.mx, b.mid, a.mx, a.mid, 1.0f)) { a.mx = b.mx; a.mid = b.mid; }
+}
+
+__device__ __forceinline__ ScAgg sc_agg_shfl(const ScAgg& a, int o) {
+  return ScAgg{__shfl_xor_sync(0xFFFFFFFFu, a.cm, o), __shfl_xor_sync(0xFFFFFFFFu, a.z, o),
+               __shfl_xor_sync(0xFFFFFFFFu, a.e, o), __shfl_xor_sync(0xFFFFFFFFu, a.n, o),
+               __shfl_xor_sync(0xFFFFFFFFu, a.mean, o), __shfl_xor_sync(0xFFFFFFFFu, a.m2, o),
+               __shfl_xor_sync(0xFFFFFFFFu, a.gv, o), __shfl_xor_sync(0xFFFFFFFFu, a.mx, o),
+               __shfl_xor_sync(0xFFFFFFFFu, a.gid, o), __shfl_xor_sync(0xFFFFFFFFu, a.mid, o)};
+}
+
+// A butterfly over the warp: every lane merges (lower lanes' tokens, higher lanes') in the same order.
+__device__ __forceinline__ void sc_agg_warp(ScAgg& a) {
+  const int lane = threadIdx.x & 31;
+  for (int o = 16; o > 0; o >>= 1) {
+    const ScAgg b = sc_agg_shfl(a, o);
+    if (lane & o) {
+      ScAgg t = b;
+      sc_agg_merge(t, a);
+      a = t;
+    } else {
+      sc_agg_merge(a, b);
+    }
+  }
+}
+
+// The block's aggregates (threads in order) into sh.agg.
+__device__ __forceinline__ void sc_agg_block(ScAgg a, ScShared& sh) {
+  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+  sc_agg_warp(a);
+  __syncthreads();
+  if (lane == 0) sh.aggw[w] = a;
+  __syncthreads();
+  if (w == 0) {
+    a = lane < SC_WARPS ? sh.aggw[lane] : sc_agg_none();
+    sc_agg_warp(a);
+    if (lane == 0) sh.agg = a;
+  }
+  __syncthreads();
+}
+
+__device__ __forceinline__ int sc_nf(int op) { return op == 4 ? 2 : op == 9 ? 3 : 1; }   // float operands a stage
+
+// The prologue of a row's chain: the stages from the first, while each is off for this row or a temperature (t > 0):
+// the index of the first stage that is neither (n: every one), and the temperatures met on the way (t = 1 skipped,
+// as sc_temperature skips it). The slices' aggregates are taken under them.
+__device__ int sc_prologue(const int* S, const float* pr, const unsigned* ur, int V, float* temps, int* nt) {
+  const int n = S[0];
+  const int* ops = S + 8;
+  int f = 0, u = 0;
+  *nt = 0;
+  for (int j = 0; j < n; ++j) {
+    const int op = ops[j];
+    const float a = pr[f];
+    bool off = false, temp = false;
+    if (op == 0 || (op == 9 && pr[f + 1] == 0.0f)) temp = true;           // (dynamic_temperature, range 0)
+    else if (op == 1 || op == 10) off = a <= 0.0f || a >= (float)V;
+    else if (op == 2 || op == 8) off = a >= 1.0f;
+    else if (op == 3 || op == 6 || op == 7) off = a == 0.0f;
+    else if (op == 5) off = a <= 0.0f;
+    else if (op == 4) off = pr[f + 1] == 0.0f ||
+                            !(sc_uniform(sc_threefry(ur[u], ur[u + 1], 0xFFFFFFFFu, ur[u + 2])) < pr[f + 1]);
+    if (temp) {
+      if (!(a > 0.0f) || *nt == SC_MAX_TEMPS) return j;
+      if (a != 1.0f) temps[(*nt)++] = a;
+    } else if (!off) {
+      return j;
+    }
+    f += sc_nf(op);
+    u += op == 4 ? 3 : 0;
+  }
+  return n;
+}
+
+// One block's slice [lo, hi) of a row: its candidates and aggregates into the scratch (wf: the header, then the
+// candidates' raw logits; wi: their ids). With `gumbel` (a sample after the prologue alone) the slice's best
+// perturbed logit too.
+__device__ void sc_slice(const float* xr, int lo, int hi, const float* temps, int nt, bool gumbel, unsigned k0,
+                         unsigned k1, unsigned pos, int cap, ScShared& sh, float* wf, int* wi) {
+  float tv[SC_R];
+  int ti[SC_R];
+#pragma unroll
+  for (int k = 0; k < SC_R; ++k) { tv[k] = -SC_INF; ti[k] = 0x7FFFFFFF; }
+  float left = -SC_INF;           // the largest of this thread's tokens it did not keep
+  ScAgg a = sc_agg_none();
+#pragma unroll 1
+  for (int i = lo + (int)threadIdx.x; i < hi; i += SC_T) {
+    const float v = xr[i];
+    if (v > tv[SC_R - 1]) {       // (ids ascend: an equal value stays behind the one kept first)
+      left = fmaxf(left, tv[SC_R - 1]);
+      float cv = v;
+      int ci = i;
+#pragma unroll
+      for (int k = 0; k < SC_R; ++k) {
+        if (cv > tv[k]) {
+          const float tvk = tv[k];
+          const int tik = ti[k];
+          tv[k] = cv;
+          ti[k] = ci;
+          cv = tvk;
+          ci = tik;
+        }
+      }
+    } else {
+      left = fmaxf(left, v);
+    }
+    float c = v;
+    for (int j = 0; j < nt; ++j) c = c == -SC_INF ? c : __fdiv_rn(c, temps[j]);
+    sc_agg_add(a, c);
+    if (gumbel && c > -SC_INF && !(__fadd_rn(c, SC_GUMBEL_MAX) < a.gv)) {
+      const float g = __fadd_rn(c, -logf(-logf(sc_uniform(sc_threefry(k0, k1, (unsigned)i, pos)))));
+      if (sc_better(g, i, a.gv, a.gid, 1.0f)) { a.gv = g; a.gid = i; }
+    }
+  }
+  a.mx = tv[0];
+  a.mid = ti[0];
+  sc_agg_block(a, sh);
+  // the block's cap largest of the threads' kept logits: the cap-th largest key by four 8-bit radix rounds
+  const int me = (int)threadIdx.x * SC_R;
+  int fin = 0;
+#pragma unroll
+  for (int k = 0; k < SC_R; ++k) {
+    sh.cand_raw[me + k] = tv[k];
+    sh.cand_id[me + k] = ti[k];
+    fin += tv[k] > -SC_INF;
+  }
+  int total;
+  sc_scan(fin, sh, &total);
+  unsigned kth = 0u;              // 0: list every finite one
+  if (total > cap) {
+    unsigned prefix = 0u, need = (unsigned)cap;
+    const int lane = threadIdx.x & 31;
+    for (int shift = 24; shift >= 0; shift -= 8) {
+      for (int b = threadIdx.x; b < 256; b += SC_T) sh.hist[b] = 0u;
+      __syncthreads();
+      const unsigned himask = shift == 24 ? 0u : (0xFFFFFFFFu << (shift + 8));
+#pragma unroll
+      for (int k = 0; k < SC_R; ++k) {
+        const unsigned key = sc_key(tv[k]);
+        if (tv[k] > -SC_INF && (key & himask) == prefix) atomicAdd(&sh.hist[(key >> shift) & 255u], 1u);
+      }
+      __syncthreads();
+      if (threadIdx.x < 32) {       // (bins 255 - 8 lane - j: this lane's eight from the top; a suffix scan)
+        unsigned cnt[8], mine = 0u;
+        for (int j = 0; j < 8; ++j) { cnt[j] = sh.hist[255 - 8 * lane - j]; mine += cnt[j]; }
+        unsigned incl = mine;
+        for (int o = 1; o < 32; o <<= 1) {
+          const unsigned up = __shfl_up_sync(0xFFFFFFFFu, incl, o);
+          if (lane >= o) incl += up;
+        }
+        const unsigned excl = incl - mine;
+        if (incl >= need && excl < need) {
+          unsigned acc = excl;
+          int j = 0;
+          for (; j < 7; ++j) { if (acc + cnt[j] >= need) break; acc += cnt[j]; }
+          sh.prefix = prefix | ((unsigned)(255 - 8 * lane - j) << shift);
+          sh.need = need - acc;
+        }
+      }
+      __syncthreads();
+      prefix = sh.prefix;
+      need = sh.need;
+      __syncthreads();
+    }
+    kth = prefix;
+    int ge = 0;
+#pragma unroll
+    for (int k = 0; k < SC_R; ++k) ge += tv[k] > -SC_INF && sc_key(tv[k]) >= kth;
+    sc_scan(ge, sh, &total);
+    if (total > cap) kth += 1u;     // (the ties at the cap-th would overflow: list the ones above it)
+  }
+  int mine = 0;
+  float out = left;
+#pragma unroll
+  for (int k = 0; k < SC_R; ++k) {
+    const bool in = tv[k] > -SC_INF && sc_key(tv[k]) >= kth;
+    mine += in;
+    if (!in) out = fmaxf(out, tv[k]);
+  }
+  int at = sc_scan(mine, sh, &total);
+  const float beta = -sc_min(-out, sh);
+#pragma unroll
+  for (int k = 0; k < SC_R; ++k) {
+    if (tv[k] > -SC_INF && sc_key(tv[k]) >= kth) {
+      wf[SC_WH + at] = tv[k];
+      wi[at] = ti[k];
+      ++at;
+    }
+  }
+  if (threadIdx.x == 0) {
+    const ScAgg& g = sh.agg;
+    wf[0] = __int_as_float(total);
+    wf[1] = beta;
+    wf[2] = g.cm; wf[3] = g.z; wf[4] = g.e; wf[5] = g.n; wf[6] = g.mean; wf[7] = g.m2; wf[8] = g.gv; wf[9] = g.mx;
+    wf[10] = __int_as_float(g.gid);
+    wf[11] = __int_as_float(g.mid);
+  }
+}
+
+// The last block of a row: the slices' candidates into shared memory and their aggregates merged (slices in order).
+__device__ void sc_gathered(int NB, int cap, ScShared& sh, const volatile float* wf, const volatile int* wi) {
+  const int t = threadIdx.x;
+  ScAgg a = sc_agg_none();
+  int n = 0;
+  float beta = -SC_INF;
+  if (t < NB) {
+    const volatile float* h = wf + (size_t)t * (SC_WH + cap);
+    n = __float_as_int(h[0]);
+    beta = h[1];
+    a = ScAgg{h[2], h[3], h[4], h[5], h[6], h[7], h[8], h[9], __float_as_int(h[10]), __float_as_int(h[11])};
+  }
+  int total;
+  const int at = sc_scan(n, sh, &total);
+  if (t < NB) sh.soff[t] = at;
+  if (t == 0) sh.soff[NB] = total;
+  beta = -sc_min(-beta, sh);        // (its barriers publish soff)
+  sc_agg_block(a, sh);
+  for (int q = 0; q < NB; ++q) {
+    const int from = sh.soff[q], cnt = sh.soff[q + 1] - from;
+    const volatile float* cr = wf + (size_t)q * (SC_WH + cap) + SC_WH;
+    const volatile int* ci = wi + (size_t)q * cap;
+    for (int c = t; c < cnt; c += SC_T) {
+      sh.cand_raw[from + c] = cr[c];
+      sh.cand_id[from + c] = ci[c];
+    }
+  }
+  if (t == 0) {
+    sh.ncand = total;
+    sh.beta = beta;
+    sh.tail = beta > -SC_INF;
+    sh.agg_ok = 1;
+    sh.fallback = 0;
+    sh.st.rho = -SC_INF;
+    sh.st.sigma = SC_INF;
+    sh.st.glo = SC_INF;
+    sh.st.ghi = SC_INF;
+    sh.st.surv = -1;
+    sh.st.mraw = sh.agg.mx;
+    sh.st.greedy = -1;
+    sh.st.nt = 0;
+  }
+  __syncthreads();
+}
+
+// The token's log-probability under the final softmax (0 for a row a temperature 0 decided).
+__device__ float sc_token_lp(const float* xr, int V, int token, ScShared& sh) {
+  if (sh.st.greedy >= 0) return 0.0f;
+  const ScView s = sc_view(sh);
+  const float m = sc_max(s);
+  const float z = sc_norm(xr, V, m, sh);
+  return __fsub_rn(__fsub_rn(sc_cur(s, token, xr[token]), m), logf(z));
+}
+
+// The chain's final logits (mode 1) or their softmax (mode 2) for every token of the row, into xo (m, z: the
+// softmax's maximum and normalizer).
+__device__ void sc_write(const float* xr, int V, int mode, float m, float z, ScShared& sh, float* xo) {
   const ScView s = sc_view(sh);
   const int g = sh.st.greedy;
-  float m = 0.0f, z = 1.0f;
-  if (mode == 2 && g < 0) {
-    m = sc_max(s);
-    z = sc_norm(xr, V, m, sh);
-  }
   for (int i = threadIdx.x; i < V; i += SC_T) {
     const float c = g >= 0 && i != g ? -SC_INF : sc_cur(s, i, xr[i]);
     xo[i] = mode == 1 ? c : g >= 0 ? (i == g ? 1.0f : 0.0f) : __fdiv_rn(expf(__fsub_rn(c, m)), z);
   }
 }
 
-// One row's chain. S: gpu.chain_codes' [#stages, sample?, want_logprob?, #float operands, #key words, output mode
-// (0: none, 1: the final logits, 2: their softmax), stage codes..., then the operand slots' strides] with codes in
-// gpu.py's STAGE_CODES order: 0 temperature, 1 top_k, 2 top_p, 3 min_p, 4 xtc, 5 top_n_sigma, 6 epsilon, 7 eta,
-// 8 typical_p.
-// pr: the row's float operands in order; ur: each xtc's and the sample's key words and position, in order.
-__device__ void sc_chain(const float* xr, int V, const float* pr, const unsigned* ur, const int* S,
-                         ScShared& sh, int* tok, float* lp, float* xo) {
+// The stages in order; false where one needed the whole row (split mode).
+__device__ bool sc_stages(const float* xr, int V, const float* pr, const unsigned* ur, const int* S, int jpro,
+                          ScShared& sh) {
   const int n = S[0];
-  sc_begin(xr, V, sh);
   int f = 0, u = 0;
   for (int j = 0; j < n; ++j) {
-    const int op = S[6 + j];
-    if (op == 0) {
+    const int op = S[8 + j];
+    if (op == 0 || (op == 9 && pr[f + 1] == 0.0f)) {
+      // (after the prologue a temperature changes the softmax the aggregates were taken under)
+      if (threadIdx.x == 0 && j >= jpro && pr[f] != 1.0f) sh.agg_ok = 0;
       sc_temperature(xr, V, pr[f], sh);
     } else if (sh.st.greedy < 0) {
       if (op == 1) sc_top_k(xr, V, pr[f], sh);
@@ -764,11 +1130,65 @@ __device__ void sc_chain(const float* xr, int V, const float* pr, const unsigned
       else if (op == 8) sc_typical(xr, V, pr[f], sh);
       else sc_epsilon_eta(xr, V, pr[f], op == 7, sh);
     }
-    f += op == 4 ? 2 : 1;
+    f += sc_nf(op);
     u += op == 4 ? 3 : 0;
+    if (sc_fell_back(sh)) return false;
   }
-  const int token = sh.st.greedy >= 0 ? sh.st.greedy
-                    : S[1] ? sc_sample(xr, V, ur[u], ur[u + 1], ur[u + 2], sh) : sc_argmax(xr, V, sh);
-  sc_finish(xr, V, token, S[2] != 0, sh, tok, lp);
-  if (S[5] != 0) sc_write(xr, V, S[5], sh, xo);
+  return true;
+}
+
+// One row's chain. S: gpu.chain_codes' [#stages, sample?, want_logprob?, #float operands, #key words, output mode
+// (0: none, 1: the final logits, 2: their softmax), NB (slices a row; 0: one block a row), cap (candidates a slice
+// keeps), stage codes..., then the operand slots' strides] with codes in gpu.py's STAGE_CODES order: 0 temperature,
+// 1 top_k, 2 top_p, 3 min_p, 4 xtc, 5 top_n_sigma, 6 epsilon, 7 eta, 8 typical_p.
+// pr: the row's float operands in order; ur: each xtc's and the sample's key words and position, in order. In split
+// mode (NB > 0) the block is slice `slice` of the row; wf, wi: the row's scratch; cnt: the row's arrival counter
+// (zero before the launch).
+__device__ void sc_chain(const float* xr, int V, const float* pr, const unsigned* ur, const int* S,
+                         ScShared& sh, int* tok, float* lp, float* xo, int slice, float* wf, int* wi, int* cnt) {
+  const int n = S[0], NB = S[6], cap = S[7];
+  int f = 0, u = 0;
+  for (int j = 0; j < n; ++j) { f += sc_nf(S[8 + j]); u += S[8 + j] == 4 ? 3 : 0; }
+  int jpro = 0;
+  if (NB > 0) {
+    float temps[SC_MAX_TEMPS];
+    int nt;
+    jpro = sc_prologue(S, pr, ur, V, temps, &nt);
+    const int len = ((V + NB - 1) / NB + 3) & ~3;
+    const int lo = min(V, slice * len), hi = min(V, lo + len);
+    sc_slice(xr, lo, hi, temps, nt, S[1] != 0 && jpro == n, ur[u], ur[u + 1], ur[u + 2], cap, sh,
+             wf + (size_t)slice * (SC_WH + cap), wi + (size_t)slice * cap);
+    __threadfence();                // (this block's scratch visible before its arrival counts)
+    __syncthreads();
+    if (threadIdx.x == 0) sh.last = atomicAdd(cnt, 1) == NB - 1;
+    __syncthreads();
+    if (!sh.last) return;
+    __threadfence();
+    sc_gathered(NB, cap, sh, wf, wi);
+  }
+  for (int attempt = NB > 0 ? 0 : 1; attempt < 2; ++attempt) {
+#ifdef SC_SPLIT_ONLY                // (tests: a row the candidates did not settle reads token -1)
+    if (attempt == 1 && NB > 0) {
+      if (threadIdx.x == 0) *tok = -1;
+      return;
+    }
+#endif
+    if (attempt == 1) sc_begin(xr, V, sh);
+    if (!sc_stages(xr, V, pr, ur, S, jpro, sh)) continue;
+    const int token = sh.st.greedy >= 0 ? sh.st.greedy
+                      : S[1] ? sc_sample(xr, V, ur[u], ur[u + 1], ur[u + 2], sh) : sc_argmax(xr, V, sh);
+    const float l = S[2] ? sc_token_lp(xr, V, token, sh) : 0.0f;
+    float m = 0.0f, z = 1.0f;
+    if (S[5] == 2 && sh.st.greedy < 0) {
+      m = sc_max(sc_view(sh));
+      z = sc_norm(xr, V, m, sh);
+    }
+    if (sc_fell_back(sh)) continue;
+    if (threadIdx.x == 0) {
+      *tok = token;
+      *lp = l;
+    }
+    if (S[5] != 0) sc_write(xr, V, S[5], m, z, sh, xo);
+    return;
+  }
 }
