@@ -24,8 +24,16 @@ Without the processor, the sampler runs the program on mlx-lm's log-probabilitie
 distribution for shift-invariant programs (every stage but `penalties`), so it is allowed only for programs that
 take neither a token history nor a position parameter.
 
+Speculative decoding (mlx-lm's `stream_generate(..., draft_model=...)`): pass `**sampler.speculative(prompt_ids)`
+instead of `sampler=` and `logits_processors=`. mlx-lm samples the draft's proposals and the target's rows through
+this one sampler, so both draw with the program's noise at the same positions and the target's tokens are plain
+decoding's; `speculative` supplies the prompt (mlx-lm's speculative loop hands its processors the sequence from
+the prompt's last token on) and re-samples a position sampled before (state and steps follow the emitted path).
+`speculative_request` does the same for one server request with a server's conventions (docs/inference.md).
+
 `random_llama` and `local_tokenizer` build a small llama with random weights (fixed seed) and a byte-level BPE
-tokenizer without downloading anything; tests, `examples/decode_loop.py` and `benchmarks/bench_decode.py` use them.
+tokenizer without downloading anything; tests, `examples/decode_loop.py` and `benchmarks/bench_decode.py` use them;
+`noisy_copy` makes a draft that agrees with a model to a chosen degree (its weights plus noise).
 """
 from __future__ import annotations
 
