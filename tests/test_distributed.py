@@ -88,9 +88,9 @@ def test_mismatched_calls_fail_on_every_rank(tmp_path):
     assert [e[2] for e in reports[0]["events"]] == [e[2] for e in reports[1]["events"]]
 
 
-def spawn(n: int, script: str, out: Path, *args: str) -> list[dict]:
+def spawn(n: int, script: str, out: Path, *args: str) -> tuple[list[dict], list[int]]:
     """Run SCRIPT as n ring ranks started one by one (not by mlx.launch, which ends every rank once one exits);
-    each is killed past HARD_TIMEOUT. Every rank's report."""
+    each is killed past HARD_TIMEOUT (the last one once the others ended). Every rank's report and exit status."""
     base = _free_port(n)
     hosts = out / "hosts.json"
     hosts.write_text(json.dumps([[f"127.0.0.1:{base + r}"] for r in range(n)]))
@@ -107,7 +107,7 @@ def spawn(n: int, script: str, out: Path, *args: str) -> list[dict]:
             if p.poll() is None:
                 p.kill()
             p.wait()
-    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(n)]
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(n)], [p.returncode for p in procs]
 
 
 STOPPED = ("did not arrive intact", "no answer from the other ranks within 3 s", "connection to a peer was lost",
@@ -118,7 +118,7 @@ STOPPED = ("did not arrive intact", "no answer from the other ranks within 3 s",
 def test_a_rank_that_stops_gives_an_error_not_a_hang(tmp_path, mode):
     """The last rank exits (or sleeps) after one good call: the others' next calls raise, each within its
     3-second bound (the harness kills the run past HARD_TIMEOUT: a hang fails the test)."""
-    reports = spawn(3, "worker_faults.py", tmp_path, mode)
+    reports, _ = spawn(3, "worker_faults.py", tmp_path, mode)
     for rep in reports[:-1]:
         events = {e[0]: e for e in rep["events"]}
         assert events["good"][1:3] == ["ok", True]
@@ -138,3 +138,12 @@ def test_decode_with_a_vocabulary_parallel_lm_head(tmp_path):
     # the ranks agree (and the sampled runs are not all one token: the test can tell programs apart)
     assert [r["got"] for r in reports[0]["results"]] == [r["got"] for r in reports[1]["results"]]
     assert any(len(set(r["got"])) > 3 for r in reports[0]["results"])
+
+
+def test_a_rank_that_hangs_ends_the_others_with_on_timeout_exit(tmp_path):
+    """on_timeout="exit" (the default): past the timeout a rank prints the error and exits with status 70."""
+    reports, codes = spawn(2, "worker_faults.py", tmp_path, "hang_exit")
+    assert reports[0]["events"][0][1:3] == ["ok", True]
+    assert codes[0] == 70
+    err = (tmp_path / "stderr0.txt").read_text()
+    assert "samplec.distributed: no answer from the other ranks within 3 s" in err

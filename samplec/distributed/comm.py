@@ -9,7 +9,10 @@ order however MLX schedules the rest of its graph, and the whole call is one laz
 from __future__ import annotations
 
 import hashlib
+import os
 import queue
+import sys
+import time
 import threading
 from dataclasses import dataclass
 
@@ -203,17 +206,75 @@ def check_trailers(rows: np.ndarray) -> None:
 # ---- bounded waits ----
 
 class Watchdog:
-    """Runs a call's exchange and evaluation on a worker thread and waits for it at most `timeout` seconds: a peer
-    that stops answering gives an error instead of a hang. After a timeout the group is left in an unknown state
-    (the worker may still be blocked in a collective), so every later call fails at once. The worker is a daemon
-    thread, so that a process whose worker is blocked can still exit."""
+    """Bounds each wait for the other ranks to `timeout` seconds (None: unbounded). A collective blocked on a peer
+    that stopped answering cannot be interrupted, so past the deadline:
 
-    def __init__(self, timeout: float | None):
-        self.timeout = timeout
+    - `on_timeout="exit"` (the default): the call runs on the calling thread, and a monitor thread prints the
+      error to stderr and ends the process (exit status 70) -- the other ranks then see a rank that stopped;
+    - `on_timeout="raise"`: the call runs on a worker thread and the caller gets a `SamplecError`; the worker stays
+      blocked and the group is unusable (every later call fails at once). A thread hand-off per call costs more.
+
+    A ring error (a peer's connection lost) is a `SamplecError` either way."""
+
+    def __init__(self, timeout: float | None, on_timeout: str = "exit"):
+        if on_timeout not in ("exit", "raise"):
+            raise SamplecError(f"on_timeout must be 'exit' or 'raise', got {on_timeout!r}")
+        self.timeout, self.on_timeout = timeout, on_timeout
         self.broken: str | None = None
         self._jobs: queue.Queue = queue.Queue()
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
+        self._cond = threading.Condition()
+        self._deadline: tuple[float, str] | None = None
+
+    def run(self, fn, what: str):
+        if self.broken:
+            raise SamplecError(f"sharded call: the group is unusable after an earlier failure ({self.broken})")
+        with self._lock:
+            try:
+                if self.timeout is None:
+                    return fn()
+                return self._in_worker(fn, what) if self.on_timeout == "raise" else self._monitored(fn, what)
+            except RuntimeError as e:
+                if "[ring]" in str(e) or "peer" in str(e):
+                    self.broken = f"{e} during {what}"
+                    raise SamplecError(f"sharded call: {self.broken} (a rank stopped)") from None
+                raise
+
+    # on_timeout="exit": the calling thread runs the call; a monitor thread watches the deadline
+
+    def _monitored(self, fn, what: str):
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._monitor, name="samplec-shard-watchdog", daemon=True)
+            self._thread.start()
+        with self._cond:
+            self._deadline = (time.monotonic() + self.timeout, what)
+            self._cond.notify()
+        try:
+            return fn()
+        finally:
+            with self._cond:
+                self._deadline = None
+                self._cond.notify()
+
+    def _monitor(self) -> None:
+        with self._cond:
+            while True:
+                if self._deadline is None:
+                    self._cond.wait()
+                    continue
+                at, what = self._deadline
+                left = at - time.monotonic()
+                if left > 0:
+                    self._cond.wait(left)
+                    continue
+                sys.stderr.write(f"samplec.distributed: no answer from the other ranks within {self.timeout:g} s "
+                                 f"during {what} (a rank stopped, or the ranks make different calls): ending this "
+                                 f"process\n")
+                sys.stderr.flush()
+                os._exit(70)
+
+    # on_timeout="raise": a worker thread runs the call; the caller waits for it with a timeout
 
     def _serve(self) -> None:
         while True:
@@ -224,23 +285,15 @@ class Watchdog:
                 done["error"] = e
             done["event"].set()
 
-    def run(self, fn, what: str):
-        if self.broken:
-            raise SamplecError(f"sharded call: the group is unusable after an earlier failure ({self.broken})")
-        with self._lock:
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._serve, name="samplec-shard", daemon=True)
-                self._thread.start()
-            done = {"event": threading.Event()}
-            self._jobs.put((fn, done))
-            if not done["event"].wait(self.timeout):
-                self.broken = f"no answer from the other ranks within {self.timeout:g} s during {what}"
-                raise SamplecError(f"sharded call: {self.broken} (a rank stopped, or the ranks make different "
-                                   f"calls)")
-            e = done.get("error")
-            if e is None:
-                return done["value"]
-            if isinstance(e, RuntimeError) and ("[ring]" in str(e) or "peer" in str(e)):
-                self.broken = f"{e} during {what}"
-                raise SamplecError(f"sharded call: {self.broken} (a rank stopped)") from None
-            raise e
+    def _in_worker(self, fn, what: str):
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._serve, name="samplec-shard", daemon=True)
+            self._thread.start()
+        done = {"event": threading.Event()}
+        self._jobs.put((fn, done))
+        if not done["event"].wait(self.timeout):
+            self.broken = f"no answer from the other ranks within {self.timeout:g} s during {what}"
+            raise SamplecError(f"sharded call: {self.broken} (a rank stopped, or the ranks make different calls)")
+        if "error" in done:
+            raise done["error"]
+        return done["value"]

@@ -203,14 +203,21 @@ def _mass_threshold(c: Comm, ins, a):
     return _select(c, _ordered(key), lambda above: c.sum(_reduce_sum([mx.where(above, w, 0.0)], a)) >= target)
 
 
+def _random_bits(c: Comm, ins, a):
+    """RandomBits at the slice's global ids (2-D operands: the native primitive serves where it is built)."""
+    seed, c0, c1 = (v if v.ndim == 2 else v.reshape((1,) * (2 - v.ndim) + v.shape) if v.ndim < 2 else v
+                    for v in ins)
+    return KERNELS["random_bits"]([seed, c0, c1], a)
+
+
 DKERNELS = {
     "iota": _iota, "reduce_max": _max, "reduce_min": _min, "reduce_any": _any, "reduce_sum": _sum,
     "argmax": _argmax, "take_along": _take_along, "put_along": _writer("put_along"),
     "scatter_add": _writer("scatter_add"), "count_at": _count_at, "dry_repeats": _dry_repeats,
     "sparse_add": _sparse_add, "log_softmax": _log_softmax, "cumsum": _cumsum, "topk": _topk,
     "topk_ids": _topk_ids, "kth_largest": _kth_largest, "kth_largest_static": _kth_largest_static,
-    "mass_threshold": _mass_threshold,
+    "mass_threshold": _mass_threshold, "random_bits": _random_bits,
 }
 
 # ops whose result at a token reads only that token's operands (on slices: the op itself)
-LOCAL = {"where", "cast", "filter", "random_bits", "zeros_like"}
+LOCAL = {"where", "cast", "filter", "zeros_like"}

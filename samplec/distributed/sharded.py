@@ -42,7 +42,7 @@ class ShardedProgram:
     `vocab_start=`, `vocab_size=`. `last_call` holds the last call's traffic (bytes this rank sent, gathers)."""
 
     def __init__(self, program: Program, group=None, timeout: float | None = DEFAULT_TIMEOUT,
-                 whole_rows: bool = False):
+                 whole_rows: bool = False, on_timeout: str = "exit"):
         if not isinstance(program, Program):
             raise SamplecError(f"shard: expected a samplec Program, got {type(program).__name__}")
         self.program = program
@@ -54,7 +54,7 @@ class ShardedProgram:
         self._layout = _layout(self._names)
         self._digest = digest(np.frombuffer(program.ir().encode(), dtype=np.uint8))
         self._calls = 0
-        self.watchdog = Watchdog(timeout)
+        self.watchdog = Watchdog(timeout, on_timeout)
         self.last_call = {"sent_bytes": 0, "gathers": 0}
 
     @property
@@ -82,7 +82,7 @@ class ShardedProgram:
         mx.eval(x, args, [f for _, f in late])      # (the call's own inputs: the worker evaluates only its graph)
         self._calls += 1
         call = self._calls % (2 ** 31)
-        # (MLX keeps streams per thread: the worker builds the call's graph as well as evaluating it)
+        # (MLX keeps streams per thread: where a worker thread runs the call, it builds the graph too)
         return self.watchdog.run(lambda: self._evaluate(x, args, late, hashed, call, int(vocab_start),
                                                         int(vocab_size), params), "a sharded call")
 
@@ -195,12 +195,14 @@ def _kernel(node: Node, ins: list, attrs: dict) -> mx.array:
 
 
 def shard(program: Program, group=None, timeout: float | None = DEFAULT_TIMEOUT,
-          whole_rows: bool = False) -> ShardedProgram:
+          whole_rows: bool = False, on_timeout: str = "exit") -> ShardedProgram:
     """`program` over vocabulary slices held by the ranks of `group` (default: `mx.distributed.init()`).
 
     An output over the vocabulary (`probs`) is this rank's slice of it [B, V_r]; `whole_rows=True` gathers the
     whole rows [B, V] on every rank instead (O(V) bytes a call).
 
-    `timeout` bounds each wait for the other ranks in seconds (None: no bound); a rank that stops, or ranks that
-    make different calls, give a `SamplecError` on every rank that still runs."""
-    return ShardedProgram(program, group, timeout, whole_rows)
+    `timeout` bounds each wait for the other ranks in seconds (None: no bound): past it, `on_timeout="exit"` ends
+    the process with the error on stderr (the other ranks then see a rank that stopped), `"raise"` raises a
+    `SamplecError` and leaves the group unusable (see `Watchdog`). A rank that stops, ranks whose calls disagree,
+    or slices that do not tile the vocabulary give a `SamplecError` on every rank that still runs."""
+    return ShardedProgram(program, group, timeout, whole_rows, on_timeout)

@@ -3,8 +3,9 @@
 mode `mismatch` (under mlx.launch): slices with a gap, slices that overlap, different batch sizes, a parameter that
 differs, a different program -- every rank gets the same error -- and then a good call, which still works.
 mode `die`: the last rank exits before the second call; mode `hang`: the last rank sleeps instead of calling. The
-others must get an error within their timeout (3 s), not hang. (These two are started one process per rank, not by
-mlx.launch, which ends every rank once one exits.)
+others must get an error within their timeout (3 s), not hang; in mode `hang_exit` (on_timeout="exit") they end
+with the error on stderr and exit status 70. (These are started one process per rank, not by mlx.launch, which ends
+every rank once one exits.)
 """
 from __future__ import annotations
 
@@ -36,7 +37,7 @@ def main(out_dir: str, mode: str) -> None:
             json.dump({"rank": rank, "size": n, "events": events}, f)
 
     prog = samplec.compile(SRC)
-    sharded = shard(prog, group, timeout=60.0)
+    sharded = shard(prog, group, timeout=60.0, on_timeout="exit" if mode == "hang_exit" else "raise")
     V, B = 100, 2
     x = np.random.default_rng(0).standard_normal((B, V)).astype(np.float32)
     cut = [V * r // n for r in range(n + 1)]
