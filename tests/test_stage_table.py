@@ -181,3 +181,9 @@ def test_table_is_consistent():
     T.check()
     assert all(s.op in OPS for s in T.TABLE if s.op is not None)
     assert {s.name for s in T.STAGES} <= set(OPS)
+
+
+def test_rng_constants_are_the_tables():
+    """The MLX-ops Threefry (samplec/backend_mlx/rng.py) uses the table's constants, as the generated header does."""
+    from samplec.backend_mlx import rng
+    assert tuple(rng.ROTATIONS) == T.THREEFRY_ROTATIONS and rng.PARITY == T.THREEFRY_PARITY
