@@ -28,7 +28,7 @@ It prints acceptance (accepted proposals / proposals), target forward passes per
 whether samplec's speculative tokens equal its plain ones. Timings are the sum over prompts of one run each
 (after a warm-up run), all on this machine in the same process.
 
-`--rounding` measures what can still differ between speculative and plain decoding: the target's logits at a
+`--rounding [--dtype bfloat16]` measures what can still differ between speculative and plain decoding: the target's logits at a
 position computed by the (k+1)-position forward pass against the one-token pass, on the small model the tests
 and `samplec serve --demo` use (`random_llama(0)`: 2 layers, hidden 64, vocab 512) and on the benchmark's target:
 the fraction of positions whose logits differ in any bit, the largest difference, and how often the program's
@@ -208,7 +208,7 @@ def rounding(model, program, k: int, positions: int, seeds: int = 64, temp: floa
         block = full[at:min(at + k + 1, len(full) - 1)]
         rows_many.extend(model(mx.array(block)[None], cache=many)[0])
         at += len(block)
-    a, b = mx.stack(rows_one), mx.stack(rows_many)
+    a, b = mx.stack(rows_one).astype(mx.float32), mx.stack(rows_many).astype(mx.float32)
     differ = np.array((a != b).any(axis=-1))
     largest = float(mx.abs(a - b).max())
     moved = {"sampled": 0, "greedy": 0}
@@ -235,6 +235,8 @@ def main() -> None:
     ap.add_argument("--draft-layers", type=int, default=0)
     ap.add_argument("--rounding", action="store_true")
     ap.add_argument("--positions", type=int, default=96)
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
+                    help="--rounding: the models' weights in this type (real models run in bfloat16/float16)")
     ap.add_argument("--json")
     a = ap.parse_args()
     if a.rounding:
@@ -242,6 +244,8 @@ def main() -> None:
         results = {}
         for name, model in (("random_llama(0): 2 layers, hidden 64, vocab 512", random_llama(0)),
                             ("the benchmark's target", sharpened_llama(a.sharpness))):
+            model.set_dtype(getattr(mx, a.dtype))
+            name = f"{name}, {a.dtype}, {mx.default_device()}"
             r = rounding(model, program, a.num_draft, a.positions)
             results[name] = r
             print(f"{name}: k = {a.num_draft}; {r['differ']} of {r['positions']} positions' logits differ in some "

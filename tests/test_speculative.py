@@ -325,3 +325,22 @@ def test_speculative_request_follows_the_servers_conventions(target, exact_targe
                                                            num_draft_tokens=3, max_tokens=10, **kw)]
     assert got == expected
     assert [s.position[0] for s in kw["sampler"].steps[:10]] == list(range(10))
+
+
+def test_one_program_call_per_target_pass(exact_target):
+    """The k + 1 verified rows are one program call (a stateful program: one call per row, chained)."""
+    for chain, rows_per_call in (("penalties", 4), ("mirostat", 1)):
+        prog = samplec.compile(CHAINS[chain][0])
+        widths, exe = [], prog.exe
+
+        def counting(*args, exe=exe, widths=widths):
+            widths.append(args[0].shape[0])
+            return exe(*args)
+        prog.exe = counting
+        stats = {}
+        generate(exact_target, prog, PROMPT, 12, seed=1, draft_model=exact_target, num_draft=3, stats=stats)
+        assert stats["target_forwards"] == 3 and stats["draft_forwards"] == 9
+        if rows_per_call == 4:
+            assert sorted(widths) == [1] * 9 + [4] * 3
+        else:
+            assert widths == [1] * (9 + 12)
