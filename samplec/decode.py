@@ -10,6 +10,11 @@ tokens generated before it) is sampled with `position = i`, and the token histor
 sequence before it (prompt + generated). A run is therefore reproducible from (prompt, seed) alone, and every
 `chunk` gives exactly the tokens of `chunk=1` and of `samplec.integrations.mlx_lm.Sampler`.
 
+With `draft_model=` the loop decodes speculatively (`_generate_speculative`): the draft proposes tokens with the
+program on its own logits at the target's seed, positions and history, the target scores them in one forward pass
+and the program runs once over those positions; the emitted tokens are the ones plain decoding emits, whatever the
+draft (spec section 7; docs/inference.md, Speculative decoding).
+
 `ProgramFeed` is the small piece both share: it finds which program parameters a decode loop drives (the seed,
 the position, the token history), checks the other parameters once, and afterwards calls the executable directly,
 with no host synchronization.
