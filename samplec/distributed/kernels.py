@@ -7,7 +7,8 @@ row: reductions gather one per row, the argmax a (value, id) pair per row, the g
 each rank holds, the k largest (`topk`, `topk_ids`, a constant `kth_largest_static`) each rank's k largest, and
 the selections by count or by mass (`kth_largest`, `mass_threshold`: top_k with a per-row k, top_p, typical_p)
 run the 32-bit search of samplec/backend_mlx/kernels.py with each round's counts or masses summed over the
-ranks: ROUND_BITS key bits a round, 2**ROUND_BITS - 1 values per row exchanged per round. An op with no kernel
+ranks: b key bits a round (4, or up to 8 while a round's comparison stays within ROUND_ELEMENTS: 5 at B = 1 and
+V_r = 76k, 8 on short slices), 2**b - 1 values per row exchanged per round, ceil(32 / b) rounds. An op with no kernel
 here gathers its operands' whole rows (`Comm.full`, exact, O(V) bytes) -- none of the stage definitions needs
 it today.
 """
@@ -19,7 +20,8 @@ import numpy as np
 from samplec.backend_mlx.kernels import KERNELS, _NEG_INF_KEY, _ordered, _reduce_sum
 from samplec.distributed.comm import I32_MAX, Comm
 
-ROUND_BITS = 4              # 8 rounds of 15 candidates per row for a selection
+ROUND_ELEMENTS = 1 << 22    # a selection round compares at most this many (candidate, token) pairs per rank
+EXACT_IDS = 1 << 24         # ids below this are exact in float32: a (value, id) pair travels as one gather
 TOPK_GATHER_MAX = 256       # a constant k up to this gathers each rank's k largest; above it, selection rounds
 
 
@@ -51,9 +53,17 @@ def _argmax(c: Comm, ins, a):
         val = val.astype(mx.int32)
     elif val.dtype == mx.float32:
         val = mx.where(mx.isnan(val), np.inf, val)
-    vals, ids = c.gather(val), c.gather(at + c.slices.start)
+    vals, ids = _pairs(c, val, at + c.slices.start)
     best = mx.max(vals, axis=0)
     return mx.min(mx.where(vals == best, ids, I32_MAX), axis=0)
+
+
+def _pairs(c: Comm, vals: mx.array, ids: mx.array) -> tuple[mx.array, mx.array]:
+    """Every rank's (values, ids), [N, ...] each: one gather where float32 holds both exactly."""
+    if vals.dtype == mx.float32 and c.slices.vocab < EXACT_IDS:
+        g = c.gather(mx.stack([vals, ids.astype(mx.float32)]))
+        return g[:, 0], mx.where(g[:, 1] >= EXACT_IDS, I32_MAX, g[:, 1].astype(mx.int32))
+    return c.gather(vals), c.gather(ids)
 
 
 def _local_ids(c: Comm, idx: mx.array):
@@ -147,8 +157,9 @@ def _topk_ids(c: Comm, ins, a):
     if mine < k:
         pad = x.shape[:-1] + (k - mine,)
         vals = mx.concatenate([vals, mx.full(pad, -np.inf, dtype=x.dtype)], axis=-1)
-        ids = mx.concatenate([ids, mx.full(pad, I32_MAX, dtype=mx.int32)], axis=-1)
-    gv, gi = c.gather(vals), c.gather(ids)
+        past = EXACT_IDS if s.vocab < EXACT_IDS else I32_MAX       # (an id past every real one)
+        ids = mx.concatenate([ids, mx.full(pad, past, dtype=mx.int32)], axis=-1)
+    gv, gi = _pairs(c, vals, ids)
     vals = mx.concatenate([gv[r] for r in range(c.n)], axis=-1)
     ids = mx.concatenate([gi[r] for r in range(c.n)], axis=-1)
     by_id = mx.argsort(ids, axis=-1)
@@ -166,9 +177,10 @@ def _select(c: Comm, keys: mx.array, reaches) -> mx.array:
     ranks: the largest t (at most the row's largest) whose upper set reaches the target, -inf if none."""
     lo = mx.zeros(keys.shape[:-1] + (1,), dtype=mx.uint32)
     rows = keys[..., None, :]
+    bits = max(4, min(8, int(np.log2(ROUND_ELEMENTS / max(1, keys.size) + 1))))
     shift = 32
     while shift > 0:
-        b = min(ROUND_BITS, shift)
+        b = min(bits, shift)
         shift -= b
         ok = reaches(rows >= (lo[..., None, :] | _steps(b, shift)))                # [..., c, 1]
         lo = lo | (mx.sum(ok.astype(mx.uint32), axis=-2) << shift)
