@@ -362,6 +362,26 @@ def test_disconnects_and_bursts_leave_the_others_unchanged(server):
     assert server["app"].engine.active == 0
 
 
+def test_messages_go_through_the_tokenizers_chat_template(server):
+    """With a chat template (here one set on the demo tokenizer), messages -- developer as system, text parts
+    joined -- are the template's text; without one, `role: content` lines."""
+    from mlx_lm.tokenizer_utils import TokenizerWrapper
+    hf = server["app"].tokenizer._tokenizer
+    plain = serve.Parser(server["app"].tokenizer, 512, {"c": None}, "demo")._prompt("chat", {"messages": MSG})
+    assert server["app"].tokenizer.decode(plain) == "user: Count the tokens\nassistant:"
+    saved = hf.chat_template
+    try:
+        hf.chat_template = ("{% for m in messages %}<{{ m['role'] }}> {{ m['content'] }}\n{% endfor %}"
+                            "{% if add_generation_prompt %}<assistant>{% endif %}")
+        tok = TokenizerWrapper(hf)
+        ids = serve.Parser(tok, 512, {"c": None}, "demo")._prompt("chat", {"messages": [
+            {"role": "developer", "content": "be brief"},
+            {"role": "user", "content": [{"type": "text", "text": "hi "}, {"type": "text", "text": "there"}]}]})
+        assert tok.decode(ids) == "<system> be brief\n<user> hi there\n<assistant>"
+    finally:
+        hf.chat_template = saved
+
+
 # ---- the chain
 
 @pytest.mark.parametrize("fields", [
