@@ -711,19 +711,20 @@ class Formatter:
         return sum(1 for o in row.offsets if o < upto) if row.finish == "stop" and row.job.req.stop else n
 
     def chat_entries(self, row: Row, lo: int, hi: int, top: int) -> list[dict]:
+        """Chat's `logprobs.content` entries for the row's tokens lo..hi-1."""
         out = []
         for tok, processed, raw, ids, vals in row.records[lo:hi]:
+            alternatives = []
+            for i, v in zip(ids[:top], vals[:top]) if ids is not None else ():
+                t, b = self.token_text(i)
+                alternatives.append({"token": t, "logprob": float(v), "bytes": b})
             text, b = self.token_text(tok)
-            e = {"token": text, "logprob": raw, "bytes": b,
-                 "top_logprobs": [dict(zip(("token", "bytes"), self.token_text(i)), logprob=float(v))
-                                  for i, v in zip(ids[:top], vals[:top])] if ids is not None else [],
-                 "processed_logprob": processed}
-            e["top_logprobs"] = [{"token": d["token"], "logprob": d["logprob"], "bytes": d["bytes"]}
-                                 for d in e["top_logprobs"]]
-            out.append(e)
+            out.append({"token": text, "logprob": raw, "bytes": b, "top_logprobs": alternatives,
+                        "processed_logprob": processed})
         return out
 
-    def legacy(self, row: Row, lo: int, hi: int, top: int, base: int = 0) -> dict:
+    def legacy(self, row: Row, lo: int, hi: int, top: int) -> dict:
+        """The completions endpoint's logprobs (tokens, token_logprobs, top_logprobs as dicts, text_offset)."""
         recs = row.records[lo:hi]
         tops = []
         for _, _, _, ids, vals in recs:
@@ -735,7 +736,7 @@ class Formatter:
         return {"tokens": [self.token_text(r[0])[0] for r in recs],
                 "token_logprobs": [r[2] for r in recs],
                 "top_logprobs": tops,
-                "text_offset": [base + o for o in row.offsets[lo:hi]],
+                "text_offset": row.offsets[lo:hi],
                 "processed_logprobs": [r[1] for r in recs]}
 
 
