@@ -466,9 +466,8 @@ class BatchSampler:
         mask = np.full((len(rows), (V + 31) // 32), -1, dtype=np.int32)
         if V % 32:
             mask[:, -1] = (1 << (V % 32)) - 1
-        for i, (r, _, _) in enumerate(rows):
-            if r.matcher is not None:
-                r.matcher.fill(mask, i)
+        from samplec.structured import fill_batch
+        fill_batch([(r.matcher, i) for i, (r, _, _) in enumerate(rows) if r.matcher is not None], mask)
         self.grammar_seconds += time.perf_counter() - t0
         return mask
 

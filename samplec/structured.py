@@ -177,10 +177,25 @@ class Matcher:
         return bool(self.m.is_stopped())
 
 
+_EXECUTOR = []
+
+
 def fill_batch(matchers: list[tuple[Matcher, int]], bitmask: np.ndarray) -> None:
-    """Fill several rows' masks (one call each; llguidance's masks take tens of microseconds)."""
-    for m, row in matchers:
-        m.fill(bitmask, row)
+    """Fill several rows' masks: on llguidance's thread pool when the rows are as wide as the tokenizer's masks
+    (its parallel call writes whole masks), else one call each."""
+    if len(matchers) < 2:
+        for m, row in matchers:
+            m.fill(bitmask, row)
+        return
+    words = (matchers[0][0].grammar.tokenizer.ll.vocab_size + 31) // 32
+    if bitmask.shape[1] != words or not bitmask.flags["C_CONTIGUOUS"] or bitmask.dtype != np.int32:
+        for m, row in matchers:
+            m.fill(bitmask, row)
+        return
+    llg = _llguidance()
+    if not _EXECUTOR:
+        _EXECUTOR.append(llg.LLExecutor())
+    llg.numpy.fill_next_token_bitmask_par(_EXECUTOR[0], [(m.m, row) for m, row in matchers], bitmask)
 
 
 def generate_constrained(model, program, tokens: list[int], max_tokens: int, *, seed, eos: set[int],

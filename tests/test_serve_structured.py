@@ -116,3 +116,20 @@ def test_the_mlx_lm_adapter_with_a_grammar_draws_what_decode_generate_draws(demo
         assert got == want and re.fullmatch("[a-z]{2,5}@[0-9]{1,3}", tok.decode(got[:-1]))
     with pytest.raises(samplec.SamplecError, match="mask"):
         Sampler(samplec.compile("sampler s(seed: seed) -> token { sample(seed) }"), grammar=g)
+
+
+def test_a_batch_of_masks_on_the_thread_pool_equals_one_at_a_time(demo):
+    from samplec.structured import fill_batch
+    model, tok, gt, prog = demo
+    g = Grammar.json_schema(gt, {"type": "object", "properties": {"a": {"type": "string"}}})
+    matchers = [g.matcher() for _ in range(3)]
+    for m, text in zip(matchers, ["", '{"a":', '{"a":"xy']):
+        for t in tok.encode(text) if text else []:
+            assert m.consume(t)
+    one = np.full((4, 16), -1, dtype=np.int32)
+    for i, m in enumerate(matchers):
+        m.fill(one, i + 1)
+    pool = np.full((4, 16), -1, dtype=np.int32)
+    fill_batch([(m, i + 1) for i, m in enumerate(matchers)], pool)
+    np.testing.assert_array_equal(pool, one)
+    assert len({one[i].tobytes() for i in (1, 2, 3)}) == 3 and (one[0] == -1).all()
