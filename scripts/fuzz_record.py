@@ -3,7 +3,7 @@
 record docs/reliability.md's tables are generated from (scripts/gen_docs.py).
 
     python scripts/fuzz_record.py --seconds 60 --seed 1          # every target, 60 s each
-    python scripts/fuzz_record.py --seconds 120 --target differential --seed 7
+    python scripts/fuzz_record.py --seconds 120 --target differential --seed 7   # rerun one row of the record
     python scripts/gen_docs.py                                    # then refresh the docs' tables
 
 Each target's row gives the `python -m fuzz.run` command that repeats it. A target that cannot run here (its
@@ -61,6 +61,10 @@ def main(argv=None) -> int:
                      "cases": counts.cases, "ok": counts.ok, "rejected": counts.rejected,
                      "tracebacks": counts.tracebacks, "hangs": counts.hangs, "silent": counts.silent,
                      "examples": [{"kind": k, "case": c, "what": w} for k, c, w in counts.examples]})
+    if args.target and args.out.is_file():       # (one target rerun: the record's other rows stay)
+        done = {r["target"] for r in runs}
+        kept = [r for r in json.loads(args.out.read_text())["runs"] if r["target"] not in done]
+        runs = sorted(kept + runs, key=lambda r: TARGETS.index(r["target"]))
     args.out.write_text(json.dumps({"machine": machine(), "runs": runs}, indent=1) + "\n")
     print(f"wrote {args.out}")
     return 1 if bad else 0

@@ -160,7 +160,8 @@ def fuzz_runs(name: str) -> str:
 def fuzz_silent(name: str) -> str:
     """The cases a fuzz run counted as silent, as the target described them (none: a line saying so)."""
     rec = _load(name)
-    lines = [f"- `{r['target']}`: {e['case']} -> {e['what']}" for r in rec["runs"] for e in r["examples"]
+    code = lambda text: "`" + text.replace("`", "'") + "`"
+    lines = [f"- `{r['target']}`: {code(e['case'])} -> {e['what']}" for r in rec["runs"] for e in r["examples"]
              if e["kind"] == "silent"]
     return "\n".join(lines) + "\n" if lines else "No case ended silent.\n"
 
