@@ -41,12 +41,17 @@ def _port_free(port: int) -> bool:
             return False
 
 
+def _pythonpath() -> str:
+    """The checkout first, then whatever PYTHONPATH the tests run with."""
+    return os.pathsep.join(p for p in (str(HERE.parent.parent), os.environ.get("PYTHONPATH")) if p)
+
+
 def launch(n: int, script: str, out: Path, *args: str) -> list[dict]:
     """Run tests/distributed/SCRIPT on n ranks; every rank's OUT/rank<r>.json (mlx.launch exits 0 whatever its
     ranks do: each rank's report is the result)."""
     cmd = [LAUNCH, "-n", str(n), "--backend", "ring", "-p", str(_free_port(n)), "--",
            sys.executable, str(HERE / script), str(out), *args]
-    env = dict(os.environ, PYTHONPATH=str(HERE.parent.parent))
+    env = dict(os.environ, PYTHONPATH=_pythonpath())
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=HARD_TIMEOUT, env=env)
     reports = []
     for r in range(n):
@@ -96,7 +101,7 @@ def spawn(n: int, script: str, out: Path, *args: str) -> tuple[list[dict], list[
     hosts.write_text(json.dumps([[f"127.0.0.1:{base + r}"] for r in range(n)]))
     procs = [subprocess.Popen([sys.executable, str(HERE / script), str(out), *args],
                               env=dict(os.environ, MLX_HOSTFILE=str(hosts), MLX_RANK=str(r),
-                                       PYTHONPATH=str(HERE.parent.parent)),
+                                       PYTHONPATH=_pythonpath()),
                               stdout=subprocess.DEVNULL, stderr=(out / f"stderr{r}.txt").open("w"))
              for r in range(n)]
     try:

@@ -7,8 +7,9 @@ row: reductions gather one per row, the argmax a (value, id) pair per row, the g
 each rank holds, the k largest (`topk`, `topk_ids`, a constant `kth_largest_static`) each rank's k largest, and
 the selections by count or by mass (`kth_largest`, `mass_threshold`: top_k with a per-row k, top_p, typical_p)
 run the 32-bit search of samplec/backend_mlx/kernels.py with each round's counts or masses summed over the
-ranks: b key bits a round (4, or up to 8 while a round's comparison stays within ROUND_ELEMENTS: 5 at B = 1 and
-V_r = 76k, 8 on short slices), 2**b - 1 values per row exchanged per round, ceil(32 / b) rounds. An op with no kernel
+ranks: b key bits a round (4, or up to 8 while a round's comparison stays within ROUND_ELEMENTS: 8 on slices of a
+few hundred ids; long slices, where the comparison's work outweighs a gather, keep 4), 2**b - 1 values per row
+exchanged per round, ceil(32 / b) rounds. An op with no kernel
 here gathers its operands' whole rows (`Comm.full`, exact, O(V) bytes) -- none of the stage definitions needs
 it today.
 """
@@ -20,7 +21,7 @@ import numpy as np
 from samplec.backend_mlx.kernels import KERNELS, _NEG_INF_KEY, _ordered, _reduce_sum
 from samplec.distributed.comm import I32_MAX, Comm
 
-ROUND_ELEMENTS = 1 << 22    # a selection round compares at most this many (candidate, token) pairs per rank
+ROUND_ELEMENTS = 1 << 18    # a selection round compares at most this many (candidate, token) pairs per rank
 EXACT_IDS = 1 << 24         # ids below this are exact in float32: a (value, id) pair travels as one gather
 TOPK_GATHER_MAX = 256       # a constant k up to this gathers each rank's k largest; above it, selection rounds
 

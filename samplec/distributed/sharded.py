@@ -20,7 +20,7 @@ from samplec.distributed.comm import Comm, Slices, Watchdog, check_headers, chec
 from samplec.distributed.kernels import DKERNELS, LOCAL
 from samplec.ir.graph import INPUT, Graph, Node
 from samplec.ir.ops import OPS
-from samplec.ir.printer import Namer
+from samplec.ir.printer import Namer, print_graph
 from samplec.passes.manager import PASSES
 from samplec.program import Outputs, Program, _flagged, _layout, _logits, _mask, _prepare_param, _rows
 
@@ -48,11 +48,12 @@ class ShardedProgram:
         self.program = program
         self.whole_rows = whole_rows
         self.group = group if group is not None else mx.distributed.init()
-        self.graph = dense_graph(program.graph)
+        stages = getattr(program, "stage_graph", program.graph)     # (the graph before any target's lowering)
+        self.graph = dense_graph(stages)
         self.order = self.graph.toposort()
         self._names = [k for k, _ in self.graph.outputs]
         self._layout = _layout(self._names)
-        self._digest = digest(np.frombuffer(program.ir().encode(), dtype=np.uint8))
+        self._digest = digest(np.frombuffer(print_graph(stages).encode(), dtype=np.uint8))
         self._calls = 0
         self.watchdog = Watchdog(timeout, on_timeout)
         self.last_call = {"sent_bytes": 0, "gathers": 0}
@@ -174,7 +175,8 @@ class ShardedProgram:
                 return _kernel(node, ins, attrs)
             if node.op in DKERNELS and not (node.op == "take_along" and sharded(node)):
                 return DKERNELS[node.op](comm, ins, attrs)
-            if sharded(node) and (OPS[node.op].doc == "elementwise" or node.op in LOCAL):
+            known = OPS.get(node.op)
+            if sharded(node) and (known is not None and known.doc == "elementwise" or node.op in LOCAL):
                 return _kernel(node, ins, attrs)
             # no sharded kernel: the whole rows (exact, O(V) bytes), this rank's part of a [.., V] result
             whole = [comm.full(a) if sharded(i) else a for i, a in zip(node.inputs, ins)]
