@@ -423,6 +423,7 @@ class Row:
         self.finish: str | None = None
         self.uid: int | None = None
         self.grammar_error: str | None = None
+        self.grammar_logged = False
 
     def process(self, tokens: mx.array, logits: mx.array) -> mx.array:
         """The row's logits processor (called by the batch in row order): its logit_bias, then record the row."""
@@ -677,8 +678,9 @@ class Engine:
                 row.text = row.text[:min(hits)]
                 self._finish(row, "stop", resp.finish_reason is None)
                 return
-        if row.grammar_error is not None:
+        if row.grammar_error is not None and not row.grammar_logged:
             logging.error("samplec serve: grammar: %s", row.grammar_error)
+            row.grammar_logged = True
         if resp.finish_reason is not None:
             row.text += row.decoder.decode(b"", final=True)
             self._finish(row, "length" if resp.finish_reason == "length" else "stop", False)
