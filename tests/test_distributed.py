@@ -89,7 +89,8 @@ def test_mismatched_calls_fail_on_every_rank(tmp_path):
         for label, text in MISMATCH_ERRORS.items():
             assert events[label][1] == "error" and text in events[label][2], (rep["rank"], events[label])
         assert events["good"][1:3] == ["ok", True], events["good"]     # (the group still works afterwards)
-    # every rank raised the same errors
+        assert events["os_seed"][1] == "ok", events["os_seed"]
+    # every rank raised the same errors, and drew the same tokens from the lowest rank's OS seed
     assert [e[2] for e in reports[0]["events"]] == [e[2] for e in reports[1]["events"]]
 
 

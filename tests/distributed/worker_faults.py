@@ -1,7 +1,8 @@
 """Faults on a sharded call, each rank reporting what it saw in OUT/rank<r>.json ({"rank", "size", "events"}).
 
 mode `mismatch` (under mlx.launch): slices with a gap, slices that overlap, different batch sizes, a parameter that
-differs, a different program -- every rank gets the same error -- and then a good call, which still works.
+differs, a different program -- every rank gets the same error -- and then a good call, which still works, and
+calls of a `sample()` without a seed (every rank must draw the same token).
 mode `die`: the last rank exits before the second call; mode `hang`: the last rank sleeps instead of calling. The
 others must get an error within their timeout (3 s), not hang; in mode `hang_exit` (on_timeout="exit") they end
 with the error on stderr and exit status 70. (These are started one process per rank, not by mlx.launch, which ends
@@ -66,6 +67,15 @@ def main(out_dir: str, mode: str) -> None:
         except samplec.SamplecError as e:
             events.append(["program", "error", str(e), 0])
         call("good", x[:, lo:hi], lo)
+        # a sample() without a seed: each rank draws an OS seed, and the lowest rank's is used (the trailer would
+        # report ranks whose tokens differ)
+        fresh = shard(samplec.compile("sampler s() -> token, logprob { top_k(50) sample() }"), group, timeout=30.0,
+                      on_timeout="raise")
+        try:
+            toks = [np.array(fresh(x[:, lo:hi], vocab_start=lo, vocab_size=V).token).tolist() for _ in range(3)]
+            events.append(["os_seed", "ok", toks, 0])
+        except samplec.SamplecError as e:
+            events.append(["os_seed", "error", str(e), 0])
     else:
         call("good", x[:, lo:hi], lo)
         sharded.watchdog.timeout = 3.0          # (the first call may be slow on a loaded machine; the rest wait 3 s)
