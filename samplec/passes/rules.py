@@ -5,6 +5,7 @@ import math
 
 import numpy as np
 
+from samplec import stage_table
 from samplec.ir.graph import Node, make
 from samplec.ir.ops import STAGE_OPS
 from samplec.ir.types import BOOL, F32, I32, U32, U64
@@ -121,16 +122,16 @@ def partition_top_k(n: Node):
 
 # they keep the argmax (its lowest id), its value unchanged
 CUTS = ("top_k", "top_p", "min_p", "top_n_sigma", "typical_p", "epsilon", "eta", "top_k_rank")
-_OFF = {   # a stage at its off value is the identity
-    "temperature": lambda v: v == 1.0, "top_k": lambda v: v <= 0, "top_p": lambda v: v >= 1.0,
-    "min_p": lambda v: v == 0.0, "top_n_sigma": lambda v: v <= 0.0, "typical_p": lambda v: v >= 1.0,
-    "epsilon": lambda v: v == 0.0, "eta": lambda v: v == 0.0, "top_k_rank": lambda v: v <= 0,
-}
+# a stage at its off value is the identity: the stage table's off rule, for the stages whose rule reads their first
+# value (V is not known here: top_k's k >= V is left to the kernels)
+_OFF = {s.name: (lambda v, s=s: stage_table.off(s.name, V=math.inf, **{s.operands[0].name: v}))
+        for s in stage_table.STAGES if [n for n in stage_table.off_names(s) if n != "V"] == [s.operands[0].name]}
 
 
 def xtc_off(n: Node):
     """xtc(x, thr, 0, ...) -> x: a coin that never fires."""
-    if n.op == "xtc" and n.inputs[2].op == "const" and const_value(n.inputs[2]) == 0.0 and n.inputs[0].type == n.type:
+    if n.op == "xtc" and n.inputs[2].op == "const" and stage_table.off("xtc", probability=const_value(n.inputs[2])) \
+            and n.inputs[0].type == n.type:
         return n.inputs[0]
     return None
 
