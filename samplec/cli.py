@@ -284,7 +284,7 @@ def inspect(file: Path = typer.Argument(..., metavar="FILE", help="a compiled .s
         raise SamplecError(f"{file} is a .smp source; `inspect` reads compiled .smpb programs. To see its IR, "
                            f"run `samplec compile {file} --emit ir`")
     prog = samplec.load(file, target=target)
-    _echo(f"// target {prog.target}\n" + prog.ir(), nl=False)
+    _echo(prog.ir(), nl=False)
 
 
 @app.command("import", context_settings={"ignore_unknown_options": True})
@@ -391,6 +391,13 @@ def doctor_report() -> list[str]:
         import mlx.core as mx
         lines.append(f"mlx             {getattr(mx, '__version__', 'unknown')}")
         lines.append(f"default device  {mx.default_device()}")
+        try:
+            from samplec.passes.target import resolve
+            env_target = os.environ.get("SAMPLEC_TARGET")
+            lines.append(f"target          {resolve('auto')} (auto{': SAMPLEC_TARGET=' + env_target if env_target else ''}"
+                         "; compile --target or samplec.compile(..., target=) to choose)")
+        except Exception as e:  # noqa: BLE001
+            lines.append(f"target          {e}")
     except Exception as e:  # noqa: BLE001
         lines.append(f"mlx             not available ({type(e).__name__}: {e}); samplec needs it to run programs")
     env_native, env_spin = os.environ.get("SAMPLEC_NATIVE"), os.environ.get("SAMPLEC_SPIN")
@@ -427,16 +434,7 @@ def doctor_report() -> list[str]:
             lines.append(f"native          cannot check: {type(e).__name__}: {e}")
         try:
             from samplec.backend_mlx import gpu
-            if gpu.available():
-                chain = "off (SAMPLEC_GPU_CHAIN=0)" if native.switched_off("SAMPLEC_GPU_CHAIN") else \
-                    f"{', '.join(gpu.CHAIN_STAGES)} -> sample/greedy"
-                gpu_state = ("active: kth_largest (top_k, top_logprobs, candidates) by one radix-select block per row; "
-                             f"the chain kernel (one block per row): {chain}")
-            elif gpu.switched_off():
-                gpu_state = f"off (SAMPLEC_GPU_KERNELS={os.environ.get('SAMPLEC_GPU_KERNELS')})"
-            else:
-                gpu_state = f"off (the default device is {mx.default_device()}, not a CUDA GPU)"
-            lines.append(f"cuda kernels    {gpu_state}")
+            lines.append(f"cuda kernels    {gpu.path_report()}")
         except Exception as e:  # noqa: BLE001
             lines.append(f"cuda kernels    cannot check: {type(e).__name__}: {e}")
     lines.append(f"SAMPLEC_NATIVE  {env_native if env_native is not None else '(unset: on)'}")

@@ -247,9 +247,6 @@ def explain(source: str, sampler: str | None = None, level: int = 2, bindings: d
     from samplec.passes import run_target
     from samplec.passes.target import resolve
     checked, _, binds = _front(source, sampler, bindings, filename)
-    if native is not None and target is None:
-        target = "cpu" if native else "portable"
-    target = resolve(target)
     lowered, trace = lower_traced(checked, binds)
     g = _tag_lowered(lowered, trace)
     lines = source.splitlines()
@@ -272,17 +269,24 @@ def explain(source: str, sampler: str | None = None, level: int = 2, bindings: d
         from samplec.ir.printer import print_graph
         (changed if print_graph(strip(g)[0]) != print_graph(before) else unchanged).append(name)
     attrs = [attribute(h, _check_groups(lowered, trace, h)) for _, h in history]
-    stripped, smap = strip(g)
+    if native is not None and target is None:
+        target = "cpu" if native else "portable"
+    target = resolve(target)
+    stage_level, smap = strip(g)
+    stripped = run_target(stage_level, target)       # (what `compile` prints: the target's IR)
+    # names as the printed IR gives them (in run order); where the target rewrote the stage ops (the portable
+    # lowering), the stage-level graph's names
+    named = stripped if stripped.regions or target == "cpu" else stage_level
     namer = Namer()
-    for p in stripped.params:
+    for p in named.params:
         namer(p.node)
-    for n in stripped.toposort():
+    for n in named.schedule():
         namer(n)
     names = {id(p.node): namer(p.node) for p in stripped.params}
     names.update((tid, namer(node)) for tid, node in smap.items())
     use_native, note = native_state(native)
     if target != "cpu":
-        use_native, note = False, f"not used (target {target})"
+        use_native, note = False, f"not used by the target: {note}"
     # (the chains are the target pass's regions: what runs, not a re-derivation)
     chains = [r.impl for r in run_target(g, target).regions] if target in ("cpu", "cuda") else []
     chain_native = target == "cuda" or use_native
@@ -330,7 +334,7 @@ def _became(grp: Group, history, attrs, trace) -> None:
             grp.became.append(f"result: low-level ops ({_summary(prev)})")
 
 
-_PASS_WHAT = {"stages": " (constants folded)", "fold": " (constants folded)", "simplify": " (identities)",
+_PASS_WHAT = {"stages": " (constants folded)", "simplify": " (constants folded, identities)",
               "cse": " (equal nodes shared)", "partition-topk": " (top_k's threshold by partial selection)"}
 
 
@@ -372,7 +376,7 @@ def _why_removed(grp: Group, prev: list[Node], pname: str) -> str:
         return "removed: temperature 0 made the draw greedy (one token left, which greedy picks)"
     if op is not None and pname == "stages":
         return "removed: greedy takes the argmax, which this cut always keeps"
-    if pname in ("fold", "simplify"):
+    if pname == "simplify":
         return "folded away at its off value (its guard became a constant)"
     return f"removed by the {pname} pass"
 

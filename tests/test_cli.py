@@ -68,7 +68,7 @@ def test_emit_variants_and_levels(files):
     assert not (d / "s.smpb").exists()
     after = cli("compile", src, "--emit", "ir", "--print-after-all")
     # (only the passes that changed something print the IR: here none did; tests/test_explain.py has the rest)
-    assert "// ---- passes that changed nothing: stages fold simplify" in after.stdout
+    assert "// ---- passes that changed nothing: stages simplify cse dce" in after.stdout
 
 
 def test_set_temperature_zero_leaves_no_randomness(files):

@@ -96,9 +96,9 @@ def test_each_kept_stage_owns_exactly_its_stage_op():
             assert grp.became[-1] == f"result: kept as the stage op `{grp.stage}`"
     chain = ex.chains[0]
     assert [s.op for s in chain.stages] == ["top_k", "typical_p", "top_n_sigma", "temperature"]
-    # without the native primitives the same chain runs each stage op by its dense definition
+    # without the native primitives (the portable target) each stage op takes the portable lowering
     text = render_text(explain(source, level=2, native=False))
-    assert "native chain kernel" not in text and text.count("its dense definition in MLX ops") == 5
+    assert "native chain kernel" not in text and text.count("the portable lowering:") == 5
 
 
 def test_removed_stages_leave_no_node_of_their_own():
@@ -175,8 +175,10 @@ def _expected_changes(source: str, level: int) -> tuple[list[str], dict[str, str
     g = lower(checked, binds)
     text, changed = print_graph(g), {}
     unchanged = []
-    for name in PIPELINES[level]:
-        g = PASSES[name].run(g)
+    from samplec.passes import TARGET_PASSES
+    from samplec.passes.target import resolve
+    for name in PIPELINES[level] + (f"target-{resolve()}",):
+        g = (PASSES.get(name) or TARGET_PASSES[name]).run(g)
         new = print_graph(g)
         if new == text:
             unchanged.append(name)
@@ -255,7 +257,7 @@ def _spy_run(monkeypatch, source: str, **kw):
         prev = mx.default_device()
         mx.set_default_device(mx.cpu)
         try:
-            prog = samplec.Program(samplec.compile(source).graph, compile=False)
+            prog = samplec.Program(samplec.compile(source).stage_graph, compile=False)
             prog(np.random.default_rng(0).normal(size=(2, 300)).astype(np.float32), **kw)
         finally:
             mx.set_default_device(prev)
@@ -304,7 +306,13 @@ def test_folded_stage_check_leaves_the_cut_to_the_chain(monkeypatch):
 
 
 @needs_chain
-def test_dense_definition_claim_matches_the_interpreter(monkeypatch):
+def test_portable_claim_matches_the_interpreter(monkeypatch):
+    """Without the native primitives (the portable target) explain names the portable lowering for each stage, and
+    the program runs no stage op by its dense definition."""
+    import numpy as np
     source = "sampler s() -> probs { top_k(5); top_p(0.9) }"
     text = render_text(explain(source, native=False))
-    assert text.count("its dense definition in MLX ops") == 2
+    assert text.count("the portable lowering:") == 2 and "its dense definition" not in text
+    prog = samplec.compile(source, target="portable")
+    prog(np.random.default_rng(0).normal(size=(2, 300)).astype(np.float32))
+    assert [t for t in prog.kernel_trace() if t[0] == "definition"] == []

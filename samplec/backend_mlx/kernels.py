@@ -25,7 +25,8 @@ def _sort(ins, a):
 def _argsort(ins, a):
     # MLX's sort is stable, so ties keep id order in both directions
     x = ins[0]
-    return mx.argsort(-x if a["descending"] else x, axis=-1).astype(mx.int32)
+    # (MLX gives uint32 positions; a view, not a conversion kernel, makes them i32: V < 2**31)
+    return mx.argsort(-x if a["descending"] else x, axis=-1).view(mx.int32)
 
 
 def _in_range(idx: mx.array, n: int) -> mx.array:
@@ -364,7 +365,7 @@ KERNELS = {
     "iota": lambda i, a: mx.arange(i[0].shape[-1], dtype=mx.int32),
     "slice": lambda i, a: i[0][..., a["start"]:a["stop"]],
     "reduce_max": _red(mx.max), "reduce_min": _red(mx.min), "reduce_sum": _reduce_sum, "reduce_any": _red(mx.any),
-    "argmax": lambda i, a: mx.argmax(i[0], axis=-1, keepdims=True).astype(mx.int32),
+    "argmax": lambda i, a: mx.argmax(i[0], axis=-1, keepdims=True).view(mx.int32),
     "sort": _sort, "argsort": _argsort, "topk": _topk, "topk_ids": _topk_ids,
     "cumsum": lambda i, a: mx.cumsum(i[0], axis=-1),
     "kth_largest": _kth_largest, "kth_largest_static": _kth_largest_static, "mass_threshold": _mass_threshold,
@@ -377,4 +378,7 @@ KERNELS = {
     "gather": lambda i, a: mx.take_along_axis(*_lead(i[0], i[1]), axis=-1),
     "sum": lambda i, a: _device_sum(i[0]),
     "last_index": lambda i, a: mx.array([max(i[0].shape[-1] - 1, 0)], dtype=mx.int32),
+    "concat": lambda i, a: mx.concatenate([mx.broadcast_to(i[0], i[1].shape[:-1] + (1,)), i[1]], axis=-1),
+    "tail": lambda i, a: i[0][..., a["start"]:],
+    "place": lambda i, a: i[0][..., min(a["index"], i[0].shape[-1] - 1):][..., :1],
 }

@@ -41,10 +41,10 @@ PASSES: dict[str, Pass] = {p.name: p for p in [
          "0 makes the rest of the chain greedy, cuts before greedy dropped, a 'no token left' check reads past the "
          "cuts"),
     Pass("expand-stages", _rules(R.expand_stage), "every stage op into its dense definition (what -O0 runs)"),
-    Pass("fold", _rules(R.fold_constants), "constant folding and partial evaluation of bound parameters"),
     Pass("simplify", _rules(R.fold_constants, R.where_const, R.where_same, R.logical_const, R.arith_identity,
                               R.empty_through_cuts),
-         "algebraic identities (an off stage's folded guard, a 'no token left' check past the cuts)"),
+         "constant folding (partial evaluation of bound parameters) and algebraic identities (an off stage's folded "
+         "guard, a 'no token left' check past the cuts)"),
     Pass("partition-topk", _rules(R.partition_top_k), "top_k with a constant k by partial selection"),
     Pass("cse", _rules(cse=True), "common-subexpression elimination"),
     Pass("dce", dce, "dead-code elimination (dead nodes, constant-false checks)"),
@@ -75,8 +75,8 @@ TARGET_PASSES: dict[str, Pass] = {p.name: p for p in [
 
 PIPELINES: dict[int, tuple[str, ...]] = {
     0: ("expand-stages",),
-    1: ("stages", "expand-stages", "fold", "simplify", "partition-topk", "cse", "dce"),
-    2: ("stages", "fold", "simplify", "partition-topk", "cse", "dce"),
+    1: ("stages", "expand-stages", "simplify", "partition-topk", "cse", "dce"),
+    2: ("stages", "simplify", "cse", "dce"),      # (then the target pass: run_target)
 }
 
 

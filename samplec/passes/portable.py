@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from samplec.frontend.expand import EXPAND, history_window
 from samplec.frontend.lower import NEG_INF, XTC_COUNTER, any_rows, const, gumbel, penalize, uniform, where
 from samplec.ir.graph import INPUT, Graph, Node, make
+from samplec.ir.ops import STAGE_OPS
 from samplec.ir.types import F32, I32, U32
 from samplec.passes.rewrite import rebuild
 
@@ -42,17 +43,23 @@ class Sorted:
     s: Node
     order: Node
     base: Node
-    last: Node          # V - 1, i32[B,1]
+    last: Node          # V - 1, i32[1]
     prefix: bool = True
     head: bool = True
+    top_: Node | None = None    # the row's maximum where known (a cut keeps it: place 0 of the row before the cut)
 
     def top(self) -> Node:
-        """The row's largest value, [B,1] (place 0 where it holds it: a view, no kernel)."""
-        return make("slice", self.s, start=0, stop=1) if self.head else make("reduce_max", self.s)
+        """The row's largest value, [B,1]: place 0 where it holds it (a view, no kernel; before the cuts that kept
+        it, so that what reads it fuses with the cut), else a reduction."""
+        if self.top_ is not None:
+            return self.top_
+        return make("place", self.s, index=0) if self.head else make("reduce_max", self.s)
 
-    def with_s(self, s: Node, prefix: bool | None = None, head: bool | None = None) -> "Sorted":
-        return Sorted(s, self.order, self.base, self.last, self.prefix if prefix is None else prefix,
-                      self.head if head is None else head)
+    def with_s(self, s: Node, prefix: bool | None = None, head: bool | None = None, cut: bool = True) -> "Sorted":
+        """The row after a stage: a cut (keeps the maximum where it was), or a map (`cut=False`)."""
+        head = self.head if head is None else head
+        top = self.top() if cut and head else None
+        return Sorted(s, self.order, self.base, self.last, self.prefix if prefix is None else prefix, head, top)
 
 
 def sort_row(x: Node) -> Sorted:
@@ -78,7 +85,11 @@ def probs_of(r: Sorted) -> Node:
 def top_k(r: Sorted, k: Node) -> Sorted:
     """keep x >= v_k, v_k the k-th largest (-inf past the kept tokens): with the kept tokens first it is s at place
     k - 1; else the k-th kept value in place order."""
-    if r.prefix:
+    if r.prefix and k.op == "const":
+        if k.attr("value") <= 0:
+            return r
+        vk = make("place", r.s, index=k.attr("value") - 1, name="v_k")
+    elif r.prefix:
         place = make("minimum", make("maximum", make("sub", k, const(1, I32)), const(0, I32)), r.last)
         vk = make("gather", r.s, place, name="v_k")
     else:
@@ -130,10 +141,24 @@ def typical_p(r: Sorted, m: Node) -> Sorted:
     return r.with_s(where(make("ge", m, const(1.0)), r.s, keep(r.s, flag), name="x_typical"), prefix=False)
 
 
-def xtc(r: Sorted, thr: Node, prob: Node, seed: Node, position: Node) -> Sorted:
+def noise_bits(r: Sorted, seed: Node, position: Node, with_coin: bool = False) -> tuple[Node, Node | None]:
+    """RandomBits at (id, position) for the id at each place of the row -- the draw's noise -- and, with
+    `with_coin`, at (0xFFFFFFFF, position) too -- xtc's coin -- from one RandomBits over both counters (20 Threefry
+    rounds are ~10 kernels: one set for the two)."""
+    ids = make("cast", r.order, dtype=U32)
+    pos = make("cast", position, dtype=U32)
+    if not with_coin:
+        return make("random_bits", seed, ids, pos, name="bits"), None
+    both = make("random_bits", seed, make("concat", const(XTC_COUNTER, U32), ids), pos, name="bits")
+    return make("tail", both, start=1), make("place", both, index=0, name="xtc_bits")
+
+
+def xtc(r: Sorted, thr: Node, prob: Node, seed: Node, position: Node, coin_bits: Node | None = None) -> Sorted:
     """the dense definition, with the survivor (the least probable target, lowest id among equals) by id."""
-    coin = uniform(make("random_bits", seed, const(XTC_COUNTER, U32), make("cast", position, dtype=U32),
-                        name="xtc_bits"))
+    if coin_bits is None:
+        coin_bits = make("random_bits", seed, const(XTC_COUNTER, U32), make("cast", position, dtype=U32),
+                         name="xtc_bits")
+    coin = uniform(coin_bits)
     q = probs_of(r)
     target = make("logical_and", make("ge", q, thr), kept(r.s), name="xtc_top")
     n_top = make("sum", make("cast", target, dtype=I32))
@@ -149,14 +174,14 @@ def xtc(r: Sorted, thr: Node, prob: Node, seed: Node, position: Node) -> Sorted:
 def temperature(r: Sorted, t: Node) -> Sorted:
     """the dense definition, with the row's maximum and its lowest id read at place 0 where it holds them."""
     if not r.head:
-        return r.with_s(EXPAND["temperature"](r.s, t))
+        return r.with_s(EXPAND["temperature"](r.s, t), cut=False)
     top = r.top()
     zero = make("logical_or", make("eq", t, const(0.0)),
                 make("logical_not", make("isfinite", make("div", top, where(make("eq", t, const(0.0)), const(1.0), t)))),
                 name="t_greedy")
     greedy_x = keep(r.s, make("eq", make("iota", r.order), const(0, I32)))
     scaled = where(make("eq", r.s, const(NEG_INF)), r.s, make("div", r.s, where(zero, const(1.0), t)))
-    return r.with_s(where(make("eq", t, const(1.0)), r.s, where(zero, greedy_x, scaled), name="x_temp"))
+    return r.with_s(where(make("eq", t, const(1.0)), r.s, where(zero, greedy_x, scaled), name="x_temp"), cut=False)
 
 
 SORTED_STAGES = {"top_k": top_k, "top_k_rank": top_k_rank, "top_p": top_p, "typical_p": typical_p, "xtc": xtc,
@@ -165,19 +190,25 @@ SORTED_STAGES = {"top_k": top_k, "top_k_rank": top_k_rank, "top_p": top_p, "typi
 FOLLOWERS = {"xtc", "temperature"}
 
 
+MAPS = {"temperature", "dynamic_temperature"}     # (monotone maps: every other stage is a cut that keeps the top)
+
+
 def order_free(op: str, r: Sorted, operands: list[Node]) -> Sorted:
-    return r.with_s(EXPAND[op](r.s, *operands))
+    return r.with_s(EXPAND[op](r.s, *operands), cut=op not in MAPS)
 
 
 # ---- the pass ----------------------------------------------------------------------------------------------------
 
 class _Lowering:
-    def __init__(self, keep: set = frozenset()):
+    def __init__(self, g: Graph, keep: set = frozenset()):
         self.keep = keep                        # ids of nodes kept as they are (a kernel's region)
+        self.users = g.users()
         self.dense: dict[int, Node] = {}        # id(old) -> the new node in id order
         self.sorted: dict[int, Sorted] = {}     # id(old) -> the new row in sorted order
         self.place: dict[int, tuple[Node, Sorted]] = {}     # id(old draw) -> (winning place [B,1], its row)
         self.pen_node: dict[tuple, Node] = {}       # a penalties node by its operands (its check shares them)
+        self.noise: dict[int, tuple[Node, Node]] = {}     # id(old sample) -> (its row's order, its noise bits)
+        self.in_range: set[int] = set()     # ids of new index nodes in [0, V) by construction (draws, argmax)
 
     def value(self, n: Node) -> Node:
         """n in id order (a sorted row written back by one put_along, once)."""
@@ -186,6 +217,46 @@ class _Lowering:
             r = self.sorted[id(n)]
             got = self.dense[id(n)] = make("put_along", r.base, r.order, r.s, name=n.name)
         return got
+
+    def normalizer(self, n: Node) -> tuple[Node, Node]:
+        """(maximum, log-sum-exp) of n's row, [B,1] each; from its sorted row where the lowering has one."""
+        r = self.sorted.get(id(n))
+        top = self.top_of(n)
+        e = make("exp", make("sub", r.s if r is not None else self.value(n), top))
+        return top, make("log", make("sum", e))
+
+    def softmax_of(self, n: Node) -> Node | None:
+        """x where n is div(exp(sub(x, reduce_max(x))), reduce_sum(that exp)) of a row the lowering sorted."""
+        e, total = n.inputs
+        if e.op != "exp" or total.op != "reduce_sum" or total.inputs[0] is not e or e.inputs[0].op != "sub":
+            return None
+        x, top = e.inputs[0].inputs
+        return x if top.op == "reduce_max" and top.inputs[0] is x and id(x) in self.sorted else None
+
+    def draw_sharing_noise(self, n: Node) -> Node | None:
+        """The `sample` that ends n's chain (stage ops each read by the next alone) where it draws with n's seed and
+        position (xtc's operands 3 and 4)."""
+        m = n
+        while True:
+            readers = [u for u in self.users.get(id(m), []) if u.op != "logprob_at"]
+            if len(readers) != 1 or readers[0].inputs[0] is not m:
+                return None
+            m = readers[0]
+            if m.op == "sample":
+                return m if m.inputs[1] is n.inputs[3] and m.inputs[2] is n.inputs[4] else None
+            if m.op not in STAGE_OPS:
+                return None
+
+    def sorts_later(self, n: Node) -> bool:
+        """Whether a stage after n, in a chain of stage ops each read by the next alone, sorts the row: the stages
+        from n on then run in sorted order (a map or a cut before the sort commutes with it)."""
+        while True:
+            readers = self.users.get(id(n), [])
+            if len(readers) != 1 or readers[0].op not in STAGE_OPS or readers[0].inputs[0] is not n:
+                return False
+            n = readers[0]
+            if n.op in SORTING:
+                return True
 
     def row(self, n: Node) -> Sorted:
         r = self.sorted.get(id(n))
@@ -197,19 +268,32 @@ class _Lowering:
         if n.op == INPUT:
             self.dense[id(n)] = n
             return
+        self.lower(n)
+        if n.op in ("sample", "argmax", "topk_ids") and id(n) in self.dense:
+            self.in_range.add(id(self.dense[id(n)]))
+
+    def lower(self, n: Node) -> None:
         x = n.inputs[0] if n.inputs else None
         in_sorted = x is not None and id(x) in self.sorted
         if id(n) in self.keep:
             self.dense[id(n)] = rebuild(n, tuple(self.value(i) for i in n.inputs))
-        elif n.op in SORTED_STAGES and (n.op not in FOLLOWERS or in_sorted):
+        elif n.op == "xtc" and (in_sorted or self.sorts_later(n)) and self.draw_sharing_noise(n) is not None:
+            # the chain's draw takes its noise from the same seed and position: one RandomBits for both
+            r = self.row(x)
+            thr, prob, seed, position = (self.value(i) for i in n.inputs[1:])
+            noise, coin = noise_bits(r, seed, position, with_coin=True)
+            self.noise[id(self.draw_sharing_noise(n))] = (r.order, noise)
+            self.sorted[id(n)] = xtc(r, thr, prob, seed, position, coin)
+        elif n.op in SORTED_STAGES and (n.op not in FOLLOWERS or in_sorted or self.sorts_later(n)):
             self.sorted[id(n)] = SORTED_STAGES[n.op](self.row(x), *[self.value(i) for i in n.inputs[1:]])
-        elif n.op in ORDER_FREE and in_sorted:
+        elif n.op in ORDER_FREE and (in_sorted or self.sorts_later(n)):
+            self.row(x)
             self.sorted[id(n)] = order_free(n.op, self.sorted[id(x)], [self.value(i) for i in n.inputs[1:]])
         elif n.op == "sample" and in_sorted:
             r = self.sorted[id(x)]
             seed, position = (self.value(i) for i in n.inputs[1:])
-            bits = make("random_bits", seed, make("cast", r.order, dtype=U32), make("cast", position, dtype=U32),
-                        name="bits")
+            shared = self.noise.get(id(n))
+            bits = shared[1] if shared is not None and shared[0] is r.order else noise_bits(r, seed, position)[0]
             at = make("argmax", make("add", r.s, gumbel(bits), name="noisy"), name="place")
             self.place[id(n)] = (at, r)
             self.dense[id(n)] = make("gather", r.order, at, name=n.name)
@@ -223,10 +307,26 @@ class _Lowering:
         elif n.op == "logprob_at" and in_sorted and id(n.inputs[1]) in self.place and \
                 self.place[id(n.inputs[1])][1] is self.sorted[id(x)]:
             at, r = self.place[id(n.inputs[1])]
-            top = r.top()
-            lse = make("log", make("sum", make("exp", make("sub", r.s, top))))
+            top, lse = self.normalizer(x)
             value = top if at is None else make("gather", r.s, at)
             self.dense[id(n)] = make("sub", make("sub", value, top), lse, name=n.name)
+        elif n.op == "logprob_at" or n.op == "take_along" and n.inputs[0].op == "log_softmax":
+            # log_softmax(x) at some ids: x there less the maximum and the log-sum-exp, [B,1] parts (the full row's
+            # log-softmax is never written)
+            src = x if n.op == "logprob_at" else x.inputs[0]
+            top, lse = self.normalizer(src)
+            at = self.value(n.inputs[1])
+            picked = make("gather" if id(at) in self.in_range else "take_along", self.value(src), at)
+            self.dense[id(n)] = make("sub", make("sub", picked, top), lse, name=n.name)
+        elif n.op == "log_softmax":
+            top, lse = self.normalizer(x)
+            self.dense[id(n)] = make("sub", make("sub", self.value(x), top), lse, name=n.name)
+        elif n.op == "div" and self.softmax_of(n) is not None:
+            # softmax(x) of a sorted x (a `probs` output): in sorted order, sharing the draw's normalizer, then
+            # written back to id order by one put_along
+            r = self.sorted[id(self.softmax_of(n))]
+            e = make("exp", make("sub", r.s, r.top()))
+            self.dense[id(n)] = make("put_along", r.base, r.order, make("div", e, make("sum", e)), name=n.name)
         elif n.op in ("penalties", "penalties_overflow"):
             self.penalties(n)
         elif n.op == "take_along" and n.inputs[1].op == "argmax" and n.inputs[1].inputs[0] is x and \
@@ -281,7 +381,7 @@ def _expanded(n: Node, inputs: tuple[Node, ...]) -> Node:
 def lower_portable(g: Graph, keep: set = frozenset()) -> Graph:
     """Every stage op of g as the sorted-order lowering (module doc); other ops (and those in `keep`, ids) as they
     are."""
-    low = _Lowering(keep)
+    low = _Lowering(g, keep)
     for n in g.toposort():
         low.visit(n)
     out = g.replace({id(n): low.value(n) for n in g.roots()})

@@ -1,0 +1,168 @@
+"""Targets: what one call of each shipped example costs on each target -- kernel launches, the host's time to queue
+it, and the call's time -- and the portable target against mlx-lm's sampler on mlx-lm's own chain.
+
+    python benchmarks/bench_targets.py --quick                    # this machine (MLX's CPU): a minute or two
+    python benchmarks/bench_targets.py --out docs/bench_targets   # writes .md and .json
+
+Recipe: V = 152064 (Qwen's vocabulary); chat-shaped logits (a Zipf head carrying most of the mass, a tail carrying
+1-30% spread over the vocabulary, ids shuffled: benchmarks/bench_real.py's `chat_logits`); every parameter passed
+at run time as one value per row (a server's call), a 64-token history, per-row seeds and positions.
+- launches: the primitives of one call's lazy outputs that are not views (samplec.backend_mlx.launches), counted
+  with the portable lowering's sums as a GPU runs them; on a GPU each is a kernel launch;
+- queue: the host's time for `Program.queue` (argument checks and the lazy graph, nothing evaluated): median us;
+- call: a whole call (queue, evaluation, the token read back): median ms;
+- mlx-lm: `make_sampler(temp, top_p, min_p, top_k)` on log-probabilities, one call per row as mlx-lm's
+  BatchGenerator samples per-request samplers, against samplec's portable target on examples/mlx_lm_default.smp
+  with the same values (ratio = mlx-lm / samplec, in the same run, interleaved).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import mlx.core as mx
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import samplec  # noqa: E402
+from samplec.backend_mlx import kernels, native  # noqa: E402
+from samplec.backend_mlx.launches import call_primitives, launches  # noqa: E402
+from bench_real import chat_logits  # noqa: E402
+
+V = 152064
+VALUES = {"temperature": 0.7, "top_p": 0.9, "min_p": 0.05, "top_k": 50, "typical_p": 1.0, "repetition_penalty": 1.1,
+          "presence_penalty": 0.1, "frequency_penalty": 0.1, "t": 0.7, "p": 0.9, "k": 40, "m": 0.05}
+
+
+def examples():
+    for path in sorted((ROOT / "examples").glob("*.smp")):
+        for name in re.findall(r"^sampler\s+(\w+)", path.read_text(), re.M):
+            yield path, name
+
+
+def arguments(prog, B: int, rng) -> dict:
+    kw = {}
+    for p in prog.params:
+        if p.kind == "tokens":
+            kw[p.name] = mx.array(rng.integers(0, V, (B, 64)).astype(np.int32))
+        elif p.kind == "seed":
+            kw[p.name] = [int(s) for s in rng.integers(0, 2**63, B)]
+        elif p.kind == "mask":
+            kw[p.name] = mx.array(rng.random((B, V)) < 0.9)
+        elif p.kind == "bias":
+            kw[p.name] = mx.array((rng.standard_normal((B, V)) * 0.1).astype(np.float32))
+        elif p.kind in ("float", "int") and p.name in VALUES:
+            kw[p.name] = [VALUES[p.name]] * B
+        elif p.kind == "int" and p.name in ("pos", "position"):
+            kw[p.name] = [int(v) for v in rng.integers(0, 4000, B)]
+    mx.eval(*[v for v in kw.values() if isinstance(v, mx.array)])
+    return kw
+
+
+def median_us(fn, reps: int) -> float:
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times) * 1e6
+
+
+def measure(prog, x, kw, reps: int) -> dict:
+    kernels.GPU_SUMS = prog.target in ("portable", "metal")
+    try:
+        n = launches(call_primitives(prog, x, **kw))
+    finally:
+        kernels.GPU_SUMS = False
+    for _ in range(3):
+        prog(x, **kw)
+    pending = []
+
+    def queue():
+        pending.append(prog.queue(x, **kw))
+    q = median_us(queue, reps)
+    mx.eval(*[a for outs, checks in pending for a in outs])
+    call = median_us(lambda: np.array(prog(x, **kw).token), reps) / 1e3
+    return {"launches": n, "queue_us": q, "call_ms": call}
+
+
+def mlx_lm_ratio(B: int, reps: int, rng) -> dict | None:
+    try:
+        from mlx_lm.sample_utils import make_sampler
+    except ImportError:
+        return None
+    x = mx.array(chat_logits(B, V, seed=B))
+    lp = x - mx.logsumexp(x, axis=-1, keepdims=True)
+    mx.eval(x, lp)
+    sampler = make_sampler(temp=0.7, top_p=0.9, min_p=0.05)
+    prog = samplec.compile_file(ROOT / "examples" / "mlx_lm_default.smp", sampler="mlx_lm", target="portable")
+    kw = arguments(prog, B, rng)
+
+    def peer():
+        mx.eval([sampler(lp[i:i + 1]) for i in range(B)])
+
+    def mine():
+        np.array(prog(x, **kw).token)
+    for fn in (peer, mine):
+        fn()
+    a, b = [], []
+    for _ in range(reps):           # (interleaved: the machine's load hits both alike)
+        a.append(median_us(peer, 1))
+        b.append(median_us(mine, 1))
+    pm, sm = statistics.median(a) / 1e3, statistics.median(b) / 1e3
+    return {"B": B, "mlx_lm_ms": pm, "samplec_portable_ms": sm, "ratio": pm / sm}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--out", default=None, help="write OUT.md and OUT.json")
+    ap.add_argument("--targets", default=None, help="comma-separated (default: cpu where it runs, and portable)")
+    args = ap.parse_args()
+    reps = 15 if args.quick else 60
+    targets = args.targets.split(",") if args.targets else \
+        (["cpu"] if mx.default_device() == mx.cpu and native.installed() else []) + \
+        (["cuda"] if mx.default_device() != mx.cpu and mx.cuda.is_available() else []) + ["portable"]
+    rng = np.random.default_rng(0)
+    print(f"MLX {mx.__version__} on {mx.default_device()}; targets {', '.join(targets)}; V = {V}")
+    rows = []
+    for B in (1, 8):
+        x = mx.array(chat_logits(B, V, seed=B))
+        mx.eval(x)
+        for path, name in examples():
+            row = {"example": f"{path.name}:{name}", "B": B}
+            for target in targets:
+                prog = samplec.compile_file(path, sampler=name, target=target)
+                row[target] = measure(prog, x, arguments(prog, B, rng), reps)
+            rows.append(row)
+            print(f"B={B} {row['example']:40s} " + "  ".join(
+                f"{t}: {row[t]['launches']:4d} launches, queue {row[t]['queue_us']:7.1f} us, "
+                f"call {row[t]['call_ms']:7.3f} ms" for t in targets), flush=True)
+    peers = [r for r in (mlx_lm_ratio(B, reps, rng) for B in (1, 8)) if r is not None]
+    for r in peers:
+        print(f"mlx-lm's sampler on its chain, B = {r['B']}: mlx-lm {r['mlx_lm_ms']:.3f} ms, samplec portable "
+              f"{r['samplec_portable_ms']:.3f} ms: {r['ratio']:.2f}x")
+    if args.out:
+        out = Path(args.out)
+        out.with_suffix(".json").write_text(json.dumps({"device": str(mx.default_device()), "mlx": mx.__version__,
+                                                        "rows": rows, "mlx_lm": peers}, indent=1))
+        head = "| example | B | " + " | ".join(f"{t}: launches | {t}: queue us | {t}: call ms" for t in targets) + " |"
+        lines = [head, "|" + "---|" * (2 + 3 * len(targets))]
+        for r in rows:
+            lines.append(f"| {r['example']} | {r['B']} | " + " | ".join(
+                f"{r[t]['launches']} | {r[t]['queue_us']:.0f} | {r[t]['call_ms']:.3f}" for t in targets) + " |")
+        lines += ["", "| B | mlx-lm's sampler ms | samplec portable ms | mlx-lm / samplec |", "|---|---|---|---|"]
+        lines += [f"| {r['B']} | {r['mlx_lm_ms']:.3f} | {r['samplec_portable_ms']:.3f} | {r['ratio']:.2f}x |"
+                  for r in peers]
+        out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()
