@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 
+from samplec import stage_table
 from samplec.diagnostics import SamplecError
 from samplec.frontend.ast import BoundStage, CheckedSampler, DictLit, ListLit, Literal, Name
 from samplec.ir.graph import INPUT, Check, Graph, Node, Param, make
@@ -65,8 +66,9 @@ def penalize(x: Node, counts: Node, rep: Node, freq: Node, pres: Node) -> Node:
 
 
 def penalties_neutral_values(rep: Node, freq: Node, pres: Node) -> bool:
-    """Whether constant penalty values leave every logit as it was."""
-    return rep.attr("value") == 1.0 and freq.attr("value") == 0.0 and pres.attr("value") == 0.0
+    """Whether constant penalty values leave every logit as it was (the stage table's off rule)."""
+    return stage_table.off("penalties", repeat=rep.attr("value"), frequency=freq.attr("value"),
+                           presence=pres.attr("value"))
 
 
 def last_index(x: Node) -> Node:
