@@ -125,6 +125,8 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--out", default=None, help="write OUT.md and OUT.json")
     ap.add_argument("--targets", default=None, help="comma-separated (default: cpu where it runs, and portable)")
+    ap.add_argument("--examples", default=None, help="comma-separated sampler names (default: every example's)")
+    ap.add_argument("--batches", default="1,8", help="comma-separated batch sizes")
     args = ap.parse_args()
     reps = 15 if args.quick else 60
     targets = args.targets.split(",") if args.targets else \
@@ -133,10 +135,12 @@ def main() -> None:
     rng = np.random.default_rng(0)
     print(f"MLX {mx.__version__} on {mx.default_device()}; targets {', '.join(targets)}; V = {V}")
     rows = []
-    for B in (1, 8):
+    for B in [int(b) for b in args.batches.split(",")]:
         x = mx.array(chat_logits(B, V, seed=B))
         mx.eval(x)
         for path, name in examples():
+            if args.examples and name not in args.examples.split(","):
+                continue
             row = {"example": f"{path.name}:{name}", "B": B}
             for target in targets:
                 prog = samplec.compile_file(path, sampler=name, target=target)
@@ -145,7 +149,7 @@ def main() -> None:
             print(f"B={B} {row['example']:40s} " + "  ".join(
                 f"{t}: {row[t]['launches']:4d} launches, queue {row[t]['queue_us']:7.1f} us, "
                 f"call {row[t]['call_ms']:7.3f} ms" for t in targets), flush=True)
-    peers = [r for r in (mlx_lm_ratio(B, reps, rng) for B in (1, 8)) if r is not None]
+    peers = [r for r in (mlx_lm_ratio(int(B), reps, rng) for B in args.batches.split(",")) if r is not None]
     for r in peers:
         print(f"mlx-lm's sampler on its chain, B = {r['B']}: mlx-lm {r['mlx_lm_ms']:.3f} ms, samplec portable "
               f"{r['samplec_portable_ms']:.3f} ms: {r['ratio']:.2f}x")
