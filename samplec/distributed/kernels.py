@@ -6,7 +6,9 @@ noise of token i is the noise of its global id). The ops here read across the ax
 row: reductions gather one per row, the argmax a (value, id) pair per row, the gathers at token ids the entries
 each rank holds, the k largest (`topk`, `topk_ids`, a constant `kth_largest_static`) each rank's k largest, and
 the selections by count or by mass (`kth_largest`, `mass_threshold`: top_k with a per-row k, top_p, typical_p)
-run the 32-bit search of samplec/backend_mlx/kernels.py with each round's counts or masses summed over the
+first gather each rank's CANDIDATES largest keys with their weights: a row whose answer lies above every key a
+rank left out is decided from them (a peaked row's nucleus, a small k). Only where some row is not do they run
+the 32-bit search of samplec/backend_mlx/kernels.py with each round's counts or masses summed over the
 ranks: b key bits a round (4, or up to 8 while a round's comparison stays within ROUND_ELEMENTS: 8 on slices of a
 few hundred ids; long slices, where the comparison's work outweighs a gather, keep 4), 2**b - 1 values per row
 exchanged per round, ceil(32 / b) rounds. An op with no kernel
@@ -24,6 +26,7 @@ from samplec.distributed.comm import I32_MAX, Comm
 ROUND_ELEMENTS = 1 << 18    # a selection round compares at most this many (candidate, token) pairs per rank
 EXACT_IDS = 1 << 24         # ids below this are exact in float32: a (value, id) pair travels as one gather
 TOPK_GATHER_MAX = 256       # a constant k up to this gathers each rank's k largest; above it, selection rounds
+CANDIDATES = 128            # a selection first gathers each rank's this many largest (key, weight) pairs per row
 
 
 def _iota(c: Comm, ins, a):
@@ -178,7 +181,9 @@ def _select(c: Comm, keys: mx.array, reaches) -> mx.array:
     ranks: the largest t (at most the row's largest) whose upper set reaches the target, -inf if none."""
     lo = mx.zeros(keys.shape[:-1] + (1,), dtype=mx.uint32)
     rows = keys[..., None, :]
-    bits = max(4, min(8, int(np.log2(ROUND_ELEMENTS / max(1, keys.size) + 1))))
+    # (the same on every rank: from the widest slice, not this rank's -- every rank must run as many rounds)
+    work = int(np.prod(keys.shape[:-1])) * max(c.slices.sizes)
+    bits = max(4, min(8, int(np.log2(ROUND_ELEMENTS / max(1, work) + 1))))
     shift = 32
     while shift > 0:
         b = min(bits, shift)
@@ -194,11 +199,55 @@ def _lift(a: mx.array) -> mx.array:
     return a if a.ndim == 0 else mx.expand_dims(a, -2)
 
 
+def _by_candidates(c: Comm, key: mx.array, w: mx.array, target: mx.array, rounds) -> mx.array:
+    """The largest key value t whose upper set {key >= t} holds weight >= target (-inf if none) from each rank's
+    CANDIDATES largest keys and their weights: exact for the rows where the answer lies above every key a rank
+    did not send (or no rank left one out); the other rows take `rounds()`, the selection rounds. Whether any row
+    needs them is read on the host (every rank reads the same gathered values, so every rank takes the same
+    branch)."""
+    s = c.slices
+    n, lead = min(CANDIDATES, s.size), key.shape[:-1]
+    w = mx.broadcast_to(w, key.shape)
+    if n < s.size:
+        pos = mx.argpartition(-key, kth=n - 1, axis=-1)[..., :n]
+        ck, cw = mx.take_along_axis(key, pos, axis=-1), mx.take_along_axis(w, pos, axis=-1)
+        low = mx.min(ck, axis=-1, keepdims=True)                # (every key left out is <= this)
+        unsent = mx.ones(lead + (1,), dtype=mx.float32)
+    else:
+        ck, cw = key, w
+        low = mx.full(lead + (1,), -np.inf, dtype=mx.float32)
+        unsent = mx.zeros(lead + (1,), dtype=mx.float32)
+    if n < CANDIDATES:
+        pad = lead + (CANDIDATES - n,)
+        ck = mx.concatenate([ck, mx.full(pad, -np.inf, dtype=mx.float32)], axis=-1)
+        cw = mx.concatenate([cw, mx.zeros(pad, dtype=mx.float32)], axis=-1)
+    g = c.gather(mx.concatenate([ck, cw, low, unsent], axis=-1))
+    keys = mx.concatenate([g[r][..., :CANDIDATES] for r in range(c.n)], axis=-1)
+    ws = mx.concatenate([g[r][..., CANDIDATES:2 * CANDIDATES] for r in range(c.n)], axis=-1)
+    bound = mx.max(g[..., 2 * CANDIDATES:2 * CANDIDATES + 1], axis=0)            # [..., 1]
+    partial = mx.max(g[..., 2 * CANDIDATES + 1:], axis=0) > 0                    # some rank left keys out
+    order = mx.argsort(-keys, axis=-1)
+    keys, ws = mx.take_along_axis(keys, order, axis=-1), mx.take_along_axis(ws, order, axis=-1)
+    mass = mx.cumsum(ws, axis=-1)
+    # the weight of {key >= keys[j]}: the running sum at the end of keys[j]'s run of equal keys
+    last = mx.concatenate([keys[..., 1:] != keys[..., :-1], mx.ones(lead + (1,), dtype=mx.bool_)], axis=-1)
+    upper = mx.cummin(mx.where(last, mass, np.inf), axis=-1, reverse=True)
+    ok = (upper >= target) & ((keys > bound) | ~partial)
+    found = mx.any(ok, axis=-1, keepdims=True)
+    value = mx.where(found, mx.take_along_axis(keys, mx.argmax(ok, axis=-1, keepdims=True), axis=-1), -np.inf)
+    resolved = found | ~partial
+    mx.eval(resolved)
+    if bool(mx.all(resolved)):
+        return value
+    return mx.where(resolved, value, rounds())
+
+
 def _kth_largest(c: Comm, ins, a):
     x, k = ins
-    want = _lift(mx.clip(k.astype(mx.int32), 1, c.slices.vocab))
-    return _select(c, _ordered(x), lambda above: c.sum(mx.sum(above, axis=-1, keepdims=True).astype(mx.int32))
-                   >= want)
+    want = mx.clip(k.astype(mx.int32), 1, c.slices.vocab)
+    rounds = lambda: _select(c, _ordered(x), lambda above: c.sum(mx.sum(above, axis=-1, keepdims=True)
+                                                                 .astype(mx.int32)) >= _lift(want))
+    return _by_candidates(c, x, mx.ones((1,), dtype=mx.float32), want.astype(mx.float32), rounds)
 
 
 def _kth_largest_static(c: Comm, ins, a):
@@ -212,8 +261,10 @@ def _kth_largest_static(c: Comm, ins, a):
 
 def _mass_threshold(c: Comm, ins, a):
     key, w, target = ins
-    w, target = _lift(mx.broadcast_to(w, key.shape)), _lift(target)
-    return _select(c, _ordered(key), lambda above: c.sum(_reduce_sum([mx.where(above, w, 0.0)], a)) >= target)
+    lifted_w, lifted_t = _lift(mx.broadcast_to(w, key.shape)), _lift(target)
+    rounds = lambda: _select(c, _ordered(key), lambda above: c.sum(_reduce_sum([mx.where(above, lifted_w, 0.0)],
+                                                                               a)) >= lifted_t)
+    return _by_candidates(c, key, w, target, rounds)
 
 
 def _random_bits(c: Comm, ins, a):

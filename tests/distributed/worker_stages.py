@@ -52,6 +52,20 @@ def main(out_dir: str, every_kind: bool) -> None:
                     bad.append(f"{name}/{kind}: {want!r} vs {got!r}")
                 continue
             bad += [f"{kind}: {b}" for b in compare(name, want, got, None if sharded.whole_rows else (lo, hi))]
+    # a longer vocabulary, cut unevenly: slices of different lengths must still run the same collectives (a
+    # selection's rounds, its candidates) on every rank; flat rows leave the candidates short of the answer
+    V = 3001
+    cuts = {1: [0, V], 2: [0, 900, V], 3: [0, 700, 2000, V]}.get(n) or [V * r // n for r in range(n + 1)]
+    lo, hi = cuts[rank], cuts[rank + 1]
+    for name in ("top_p", "top_k", "typical_p", "mirostat"):
+        prog = samplec.compile(PROGRAMS[name])
+        rng = np.random.default_rng(7)
+        x = (rng.standard_normal((B, V)) * np.array([[0.2], [1.0], [4.0], [0.5]])).astype(np.float32)
+        params = params_for(name, rng, B, V)
+        want = prog(x, **params)
+        got = shard(prog, group, timeout=60)(x[:, lo:hi], vocab_start=lo, vocab_size=V, **params)
+        cases += 1
+        bad += [f"V={V}: {b}" for b in compare(name, want, got)]
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
         json.dump({"rank": rank, "size": n, "cases": cases, "mismatches": bad}, f)
 
