@@ -193,6 +193,8 @@ def token_only(source: str, sampler: str) -> str:
 
 
 class Samplec:
+    target = None       # (--target: the compile target; None: auto)
+
     def __init__(self, level, per_row, token_only=False):
         self.level, self.per_row, self.token_only = level, per_row, token_only
         self.name = f"samplec -O{level}" + (" rows" if per_row else "") + (" token" if token_only else "")
@@ -202,7 +204,9 @@ class Samplec:
         source = (ROOT / "examples" / file).read_text()
         if self.token_only:
             source = token_only(source, sampler)
-        prog = samplec.compile(source, sampler=sampler, opt_level=self.level)
+        prog = samplec.compile(source, sampler=sampler, opt_level=self.level,
+                               target=self.target if self.level else None)
+        self.prog = prog
         kw = {}
         for k, v in params.items():
             if isinstance(v, list):
@@ -211,6 +215,7 @@ class Samplec:
                 kw[k] = mx.array(v)
         xm = mx.array(x)
         mx.eval(xm, *[v for v in kw.values() if isinstance(v, mx.array)])
+        self.xm, self.kw = xm, kw
         self.last = None
         takes_seed = any(p.name == "seed" for p in prog.params)
 
@@ -413,7 +418,10 @@ def main():
                     help="token history length (default 64; a prompt of thousands for HF's and vLLM's "
                          "repetition penalty over the whole sequence)")
     ap.add_argument("--trace", action="store_true", help="print each step's start time (where a cold GPU waits)")
+    ap.add_argument("--target", default=None, help="compile samplec's programs for this target (auto, cpu, cuda, "
+                    "metal, portable); with a target, each chain's launches and host queue time are printed too")
     args = ap.parse_args()
+    Samplec.target = args.target
     globals()["HIST"] = args.history
     t_start = time.perf_counter()
 
@@ -476,6 +484,20 @@ def main():
                        "ratio": {k: v / ms[mine.name] for k, v in ms.items() if k not in (mine.name, lean.name)},
                        "ratio_token": {k: v / ms[lean.name] for k, v in ms.items()
                                        if k not in (mine.name, lean.name)}}
+                if args.target:
+                    from samplec.backend_mlx import kernels
+                    from samplec.backend_mlx.launches import call_primitives, launches
+                    kernels.GPU_SUMS = args.target in ("portable", "metal")
+                    prog, kw = mine.prog, mine.kw
+                    row["launches"] = launches(call_primitives(prog, mine.xm, seed=0, pos=7, **kw)
+                                               if any(p.name == "seed" for p in prog.params) else
+                                               call_primitives(prog, mine.xm, **kw))
+                    kernels.GPU_SUMS = False
+                    t0 = time.perf_counter()
+                    for _ in range(20):
+                        prog.queue(mine.xm, **kw)
+                    row["queue_us"] = (time.perf_counter() - t0) / 20 * 1e6
+                    print(f"  {name:10} target {prog.target}: {row['launches']} launches, queue {row['queue_us']:.0f} us")
                 results.append(row)
                 print(f"  {name:10} samplec {ms[mine.name]:7.3f} ms (token only {ms[lean.name]:7.3f})  " +
                       "   ".join(f"{k} {v:8.3f} ms ({row['ratio'][k]:.1f}x; {row['ratio_token'][k]:.1f}x)"
