@@ -170,11 +170,11 @@ def draws(prog: Program, logits: mx.array, values: dict, n: int) -> dict:
     output (mirostat's mu) draws step after step, each draw's state feeding the next; its exact probability is
     then the mean over the steps of each step's distribution (what the frequencies converge to)."""
     from samplec.program import _scalar_param
-    dist_prog = Program(_token_distribution(prog.graph))
+    dist_prog = Program(_token_distribution(prog.stage_graph), target=prog.target)
     x = logits if logits.ndim == 2 else logits[None, :]
     B, V = x.shape
     seeds = [p for p in prog.params if p.kind == "seed"]
-    if any(n.op == "const" and n.type.dtype == U64 for n in prog.graph.nodes()):
+    if any(n.op == "const" and n.type.dtype == U64 for n in prog.stage_graph.nodes()):
         raise SamplecError("--draws advances the sampler's seed parameters, and a seed of this program is a constant "
                            "(a literal seed, or one bound with --set): its draws would repeat one another, not "
                            "sample the distribution; make every seed a `seed` parameter passed at run time")
