@@ -237,3 +237,19 @@ def test_cli_target_and_emit_ir(tmp_path):
     assert r.returncode == 0, r.stderr
     r = cli("compile", "examples/llama.smp", "--target", "tpu")
     assert r.returncode != 0 and "target 'tpu'" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_draws_give_the_same_distribution_on_every_target():
+    """`samplec run --draws` shows each token's exact probability from the stage-level program lowered for the
+    program's own target: the same on the cpu and portable targets."""
+    import mlx.core as mx
+    from samplec import runner
+    x = mx.array(np.load(ROOT / "examples" / "logits.npy"))
+    got = {}
+    for target in ("cpu", "portable"):
+        prog = samplec.compile_file(ROOT / "examples" / "llama.smp", sampler="nucleus", target=target)
+        got[target] = runner.draws(prog, x, {"seed": 3}, 50)
+    a, b = got["cpu"]["rows"], got["portable"]["rows"]
+    assert [(r["tokens"], r["counts"]) for r in a] == [(r["tokens"], r["counts"]) for r in b]
+    for ra, rb in zip(a, b):        # (the exact probabilities: up to the float rounding of their sums)
+        np.testing.assert_allclose(ra["probability"], rb["probability"], rtol=1e-5, atol=1e-7)
