@@ -24,7 +24,10 @@ For each draft and temperature it decodes `--tokens` tokens after each of `--pro
 - samplec: `samplec.decode.generate(target, program, prompt, n, draft_model=draft, num_draft=k)` (the draft draws
   with the program on its logits at the target's seed and positions) and plain `generate` (no draft), and
   mlx-lm's own speculative loop with the adapter (`Sampler.speculative`).
-It prints acceptance (accepted proposals / proposals), target forward passes per generated token, tokens/s, and
+It prints acceptance (accepted proposals / proposals); beside it, averaged over the positions of samplec's text,
+what theory expects from the chain's final distributions under the target (p) and the draft (q): the Gumbel-max
+coupling's guarantee (1 - TV) / (1 + TV), the best coupling's 1 - TV and independent draws' sum p q (what mlx-lm's
+loop gets); target forward passes per generated token, tokens/s, and
 whether samplec's speculative tokens equal its plain ones. Timings are the sum over prompts of one run each
 (after a warm-up run), all on this machine in the same process.
 
@@ -88,16 +91,23 @@ def prompts(count: int, vocab: int) -> list[list[int]]:
 
 
 def mlx_lm_speculative(target, draft, prompt, n, k, sampler):
-    """mlx-lm's loop; returns (tokens, proposals, accepted, target passes)."""
-    toks, proposed, accepted, passes, at_round_start = [], 0, 0, 0, True
+    """mlx-lm's loop; returns (tokens, proposals, accepted, target passes), counted as samplec counts them: a round
+    with `left` tokens to go proposes min(k, left) tokens in mlx-lm and min(k, left - 1) in samplec (the last
+    token is the target's anyway), so a proposal at the last position is left out of both counts."""
+    toks, proposed, accepted, passes = [], 0, 0, 0
+    rounds: list[list] = []                      # [tokens left at the round's start, proposals, accepted]
     for t, _, from_draft in speculative_generate_step(mx.array(prompt), target, draft, num_draft_tokens=k,
                                                       max_tokens=n, sampler=sampler):
-        if at_round_start:              # a round proposes min(k, tokens left) and makes one target pass
-            proposed += min(k, n - len(toks))
-            passes += 1
+        if not rounds or rounds[-1][3]:
+            left = n - len(toks)
+            rounds.append([left, min(k, left), 0, False])
         toks.append(int(t))
-        accepted += bool(from_draft)
-        at_round_start = not from_draft
+        rounds[-1][2] += bool(from_draft)
+        rounds[-1][3] = not from_draft             # the target's own token ends a round
+    for left, made, took, _ in rounds:
+        if made == left:                            # the last proposal is at the last position
+            made, took = made - 1, min(took, made - 1)
+        proposed, accepted, passes = proposed + made, accepted + took, passes + 1
     return toks, proposed, accepted, passes
 
 
@@ -109,18 +119,31 @@ def mean_entropy(target, program, prompt, n: int, temp: float) -> float:
     return float(-(mx.exp(logp) * logp).sum(axis=-1).mean())
 
 
+def coupling(target, draft, probs_program, prompt, seq, temp, top_p) -> tuple[float, float, float]:
+    """Along a sampled continuation: the chain's final distributions under the target (p) and the draft (q) at each
+    position; returns the sums over positions of the Gumbel-max coupling's guarantee (1 - TV) / (1 + TV), the best
+    coupling's 1 - TV, and independent draws' agreement sum p q."""
+    full = mx.array(prompt + seq)[None]
+    pos = mx.arange(len(prompt), len(prompt) + len(seq))
+    kw = dict(seed=0, pos=pos, temperature=temp, top_p=top_p)
+    p = probs_program(target(full)[0, len(prompt) - 1:-1], **kw).probs
+    q = probs_program(draft(full)[0, len(prompt) - 1:-1], **kw).probs
+    tv = 0.5 * mx.abs(p - q).sum(axis=-1)
+    return float(((1 - tv) / (1 + tv)).sum()), float((1 - tv).sum()), float((p * q).sum())
+
+
 def timed(fn):
     start = time.perf_counter()
     result = fn()
     return result, time.perf_counter() - start
 
 
-def run_config(target, draft, program, prompt_list, n, k, temp, top_p) -> dict:
+def run_config(target, draft, program, prompt_list, n, k, temp, top_p, probs_program=None) -> dict:
     sampler = make_sampler(temp=temp, top_p=top_p)
     params = dict(temperature=temp, top_p=top_p)
     row = {"mlx_prop": 0, "mlx_acc": 0, "mlx_passes": 0, "s_prop": 0, "s_acc": 0, "s_passes": 0, "tokens": 0,
            "t_mlx_plain": 0.0, "t_mlx_spec": 0.0, "t_s_plain": 0.0, "t_s_spec": 0.0, "t_s_adapter": 0.0,
-           "same": True, "adapter_same": True}
+           "same": True, "adapter_same": True, "gumbel_bound": 0.0, "best": 0.0, "sum_pq": 0.0, "positions": 0}
     for i, prompt in enumerate(prompt_list):
         mx.random.seed(100 + i)
         _, dt = timed(lambda: [t for t, _ in generate_step(mx.array(prompt), target, max_tokens=n,
@@ -143,6 +166,12 @@ def run_config(target, draft, program, prompt_list, n, k, temp, top_p) -> dict:
         row["s_passes"] += stats["target_forwards"]
         row["tokens"] += len(spec)
         row["same"] &= spec == plain
+        if probs_program is not None:
+            g, b, pq = coupling(target, draft, probs_program, prompt, plain, temp, top_p)
+            row["gumbel_bound"] += g
+            row["best"] += b
+            row["sum_pq"] += pq
+            row["positions"] += len(plain)
         s = Sampler(program, seed=i, **params)
         adapted, dt = timed(lambda: [int(t) for t, _, _ in speculative_generate_step(
             mx.array(prompt), target, draft, num_draft_tokens=k, max_tokens=n, **s.speculative(prompt))])
@@ -154,6 +183,7 @@ def run_config(target, draft, program, prompt_list, n, k, temp, top_p) -> dict:
 def bench(a) -> list[dict]:
     target = sharpened_llama(a.sharpness)
     program = samplec.compile(CHAIN)
+    probs_program = samplec.compile(CHAIN.replace("-> token {", "-> token, probs {"))
     prompt_list = prompts(a.prompts, 4096)
     rows = []
     noises = [float(x) for x in a.noise.split(",")]
@@ -164,7 +194,8 @@ def bench(a) -> list[dict]:
     for noise in noises:
         draft = make_draft(target, noise, a.draft_layers)
         for temp in temps:
-            r = run_config(target, draft, program, prompt_list, a.tokens, a.num_draft, temp, a.top_p)
+            r = run_config(target, draft, program, prompt_list, a.tokens, a.num_draft, temp, a.top_p,
+                           probs_program)
             r.update(noise=noise, temperature=temp, top_p=a.top_p)
             rows.append(r)
             print(f"  noise {noise:g} T {temp:g}: acceptance samplec {r['s_acc'] / r['s_prop']:.2f}, "
@@ -178,14 +209,17 @@ def table(rows: list[dict], a) -> str:
            + f"; k = {a.num_draft}; {a.prompts} prompts x {a.tokens} tokens; top_p {a.top_p}; the target's mean "
            f"entropy along its text at T = 1: {a.entropy:.2f} nats; "
            f"MLX {mx.__version__} on {platform.machine()} ({mx.default_device()})", "",
-           "| draft noise | T | acceptance samplec | acceptance mlx-lm | ratio | target passes/token samplec "
-           "| mlx-lm | tokens/s samplec plain / spec / adapter spec | mlx-lm plain / spec | samplec spec = plain |",
-           "|---:|---:|---:|---:|---:|---:|---:|---|---|---|"]
+           "| draft noise | T | acceptance samplec | acceptance mlx-lm | ratio | (1-TV)/(1+TV) / 1-TV / sum pq "
+           "| target passes/token samplec | mlx-lm | tokens/s samplec plain / spec / adapter spec "
+           "| mlx-lm plain / spec | samplec spec = plain |",
+           "|---:|---:|---:|---:|---:|---|---:|---:|---|---|---|"]
     for r in rows:
         sa, ma = r["s_acc"] / r["s_prop"], r["mlx_acc"] / max(r["mlx_prop"], 1)
         n = r["tokens"]
         out.append(f"| {r['noise']:g} | {r['temperature']:g} | {sa:.2f} | {ma:.2f} | "
-                   f"{sa / ma if ma else float('inf'):.2f} | {r['s_passes'] / n:.2f} | {r['mlx_passes'] / n:.2f} | "
+                   f"{sa / ma if ma else float('inf'):.2f} | {r['gumbel_bound'] / r['positions']:.2f} / "
+                   f"{r['best'] / r['positions']:.2f} / {r['sum_pq'] / r['positions']:.2f} | "
+                   f"{r['s_passes'] / n:.2f} | {r['mlx_passes'] / n:.2f} | "
                    f"{n / r['t_s_plain']:.0f} / {n / r['t_s_spec']:.0f} / {n / r['t_s_adapter']:.0f} | "
                    f"{n / r['t_mlx_plain']:.0f} / {n / r['t_mlx_spec']:.0f} | "
                    f"{'yes' if r['same'] and r['adapter_same'] else 'NO'} |")
