@@ -54,6 +54,8 @@ def main() -> None:
     ap.add_argument("--vocab", type=int, nargs="+", default=[32000, 152064])
     ap.add_argument("--batch", type=int, nargs="+", default=[1, 8])
     ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--scale", type=float, default=3.0,
+                    help="logits ~ N(0, scale^2): 3 gives a wide nucleus (thousands of tokens), 8 a peaked row")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     warnings.simplefilter("ignore", samplec.SamplecWarning)
@@ -61,7 +63,8 @@ def main() -> None:
     rank, n = group.rank(), group.size()
     rows = []
     if rank == 0:
-        print(f"ranks N = {n}; per call: bytes each rank sends, gathers, median time of {args.reps} calls")
+        print(f"ranks N = {n}; logits N(0, {args.scale:g}^2); per call: bytes each rank sends, gathers, median time "
+              f"of {args.reps} calls")
         print(f"{'program':<10} {'V':>7} {'B':>2} | {'shard bytes':>11} {'gathers':>7} {'ms':>7} | "
               f"{'all-gather bytes':>16} {'ms':>7} | bytes ratio  time ratio")
     for V in args.vocab:
@@ -70,7 +73,7 @@ def main() -> None:
         lo, hi = cuts[rank], cuts[rank + 1]
         for B in args.batch:
             rng = np.random.default_rng(B)
-            x = (rng.standard_normal((B, V)) * 3).astype(np.float32)
+            x = (rng.standard_normal((B, V)) * args.scale).astype(np.float32)
             hist = rng.integers(0, V, (B, 64)).astype(np.int32)
             x_local = mx.array(x[:, lo:hi])
             for name, src in PROGRAMS.items():
@@ -83,7 +86,7 @@ def main() -> None:
                                                   args.reps)
                 if np.array(mine.token).tolist() != np.array(theirs.token).tolist():
                     raise SystemExit(f"{name} V={V} B={B}: the sharded tokens differ from the gathered ones")
-                row = {"program": name, "V": V, "B": B, "N": n, "shard_bytes": sent,
+                row = {"program": name, "V": V, "B": B, "N": n, "scale": args.scale, "shard_bytes": sent,
                        "gathers": sp.last_call["gathers"], "shard_ms": t_shard * 1e3,
                        "allgather_bytes": sent_all, "allgather_ms": t_all * 1e3}
                 rows.append(row)

@@ -4,7 +4,8 @@ Every collective is an `all_gather` whose result every rank combines the same wa
 starts: a float sum of per-rank partial sums is added rank by rank in that order, so that every rank holds the
 same bits whatever the group's size or its ranks' numbering (an `all_sum` may leave ranks with different
 roundings). The collectives of a call are chained with `mx.depends`, so that every rank runs them in the same
-order however MLX schedules the rest of its graph, and the whole call is one lazy graph evaluated once.
+order however MLX schedules the rest of its graph, and the whole call is one lazy graph evaluated once (a
+selection reads its candidates' verdict on the host: every rank reads the same gathered values).
 """
 from __future__ import annotations
 

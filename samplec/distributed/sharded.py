@@ -8,7 +8,8 @@ sharded kernel (samplec/distributed/kernels.py), which exchanges a few values pe
 
 A call first gathers one small header from every rank (batch size, slice, vocabulary size, a digest of the
 program and of each parameter, the call's number) and raises the same error on every rank where they disagree;
-then it is one lazy graph, its collectives chained in one order, evaluated once under a watchdog.
+then it is one lazy graph, its collectives chained in one order, evaluated under a watchdog, and a trailer of
+output digests checks that every rank computed the same outputs.
 """
 from __future__ import annotations
 
