@@ -27,15 +27,15 @@ For each draft and temperature it decodes `--tokens` tokens after each of `--pro
 It prints acceptance (accepted proposals / proposals); beside it, averaged over the positions of samplec's text,
 what theory expects from the chain's final distributions under the target (p) and the draft (q): the Gumbel-max
 coupling's guarantee (1 - TV) / (1 + TV), the best coupling's 1 - TV and independent draws' sum p q (what mlx-lm's
-loop gets); target forward passes per generated token, tokens/s, and
-whether samplec's speculative tokens equal its plain ones. Timings are the sum over prompts of one run each
-(after a warm-up run), all on this machine in the same process.
+loop gets); target forward passes per generated token, tokens/s, and whether samplec's speculative tokens equal its
+plain ones. Timings are the sum over prompts of one run each (after a warm-up run), all on this machine in the
+same process.
 
-`--rounding [--dtype bfloat16]` measures what can still differ between speculative and plain decoding: the target's logits at a
-position computed by the (k+1)-position forward pass against the one-token pass, on the small model the tests
-and `samplec serve --demo` use (`random_llama(0)`: 2 layers, hidden 64, vocab 512) and on the benchmark's target:
-the fraction of positions whose logits differ in any bit, the largest difference, and how often the program's
-token moves (64 seeds per position, so 64 draws per position).
+`--rounding [--dtype bfloat16]` measures what can still differ between speculative and plain decoding: the target's
+logits at a position computed by the (k+1)-position forward pass against the one-token pass, on the small model the
+tests and `samplec serve --demo` use (`random_llama(0)`: 2 layers, hidden 64, vocab 512) and on the benchmark's
+target: the fraction of positions whose logits differ in any bit, the largest difference, and how often the
+program's token moves (64 seeds per position, so 64 draws per position).
 """
 from __future__ import annotations
 
