@@ -16,6 +16,7 @@ from __future__ import annotations
 import numpy as np
 import mlx.core as mx
 
+from samplec.backend_mlx.kernels import KERNELS
 from samplec.diagnostics import SamplecError
 from samplec.distributed.comm import Comm, Slices, Watchdog, check_headers, check_trailers, digest, header, sealed
 from samplec.distributed.kernels import DKERNELS, LOCAL
@@ -191,7 +192,6 @@ class ShardedProgram:
 
 
 def _kernel(node: Node, ins: list, attrs: dict) -> mx.array:
-    from samplec.backend_mlx.kernels import KERNELS
     if node.op == INPUT:
         raise SamplecError(f"internal error: parameter %{node.name} has no value")
     return KERNELS[node.op](ins, attrs)

@@ -10,7 +10,6 @@ import sys
 import warnings
 
 import mlx.core as mx
-import numpy as np
 from mlx_lm.models import llama
 
 import samplec
