@@ -4,6 +4,12 @@ dense definitions -- the numbers behind docs/performance.md's GPU section.
     python benchmarks/bench_gpu.py [--json OUT.json]
     SAMPLEC_NATIVE=0 python benchmarks/bench_gpu.py --count     # kernel launches per call, any device
     python benchmarks/bench_gpu.py --calls     # whole calls: synchronous, queued, the host's share; any device
+    python benchmarks/bench_gpu.py --issue [--quick] [--torch-device cuda]    # issue 33's figures (below)
+
+--issue: every real chain of bench_real.py (its values, one per row at B > 1; token only), both logits families,
+B in {1, 8, 64, 256}, each timed interleaved with `mx.max` over the same logits (one read of B x V floats: the
+floor), and at B <= 8 with the peers that run the chain (Hugging Face's processors on --torch-device, mlx-lm's
+sampler on MLX, one `mx.argmax` for greedy); then the targets met and missed. --quick: the chat family alone.
 
 Not a test (tests/test_gpu.py checks the kernels where a CUDA device is present). On MLX's default device, V = 152064,
 B in {1, 8, 64}, `chat`-like logits (bench_real's recipe), medians of many calls each evaluated and synchronized:
@@ -20,6 +26,7 @@ from __future__ import annotations
 import argparse
 import collections
 import json
+import os
 import re
 import statistics
 import sys
@@ -37,7 +44,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import samplec  # noqa: E402
 from samplec.backend_mlx import gpu, kernels  # noqa: E402
 from samplec.backend_mlx.rng import random_bits  # noqa: E402
-from bench_real import chat_logits  # noqa: E402
+from bench_real import chat_logits, chain_specs, confident_logits, interleaved  # noqa: E402
 
 V = 152064
 
@@ -181,15 +188,18 @@ def floor(result: dict) -> None:
     xs = x[:, :1024]
     mx.eval(xs)
     seed, pos = mx.array(np.arange(1, dtype=np.uint64)), mx.array(np.full(1, 7, np.int32))
-    inputs = gpu.chain_inputs([], [], "greedy", False, 0, 1)
     gpu.sample_chain(x, [], [], "greedy", False)
     kern = gpu._kernels["samplec_chain"]
     prog = samplec.compile("sampler s(seed: seed) -> token { sample(seed) }")
 
-    def call(v):
-        return kern(inputs=[v, *inputs], output_shapes=[(1,), (1,), (1, 1)],
-                    output_dtypes=[mx.int32, mx.float32, mx.float32],
-                    grid=(gpu.CHAIN_THREADS, 1, 1), threadgroup=(gpu.CHAIN_THREADS, 1, 1))[0]
+    def call(v, split=(0, 0)):
+        """The kernel's greedy draw alone, its operands built once: one block a row, or split as sample_chain
+        splits a B = 1 row of v's length."""
+        ins = gpu.chain_inputs([], [], "greedy", False, 0, 1, split)
+        return kern(inputs=[v, *ins], output_shapes=[(1,), (1,), (1, 1), (gpu.scratch_size(1, split),)],
+                    output_dtypes=[mx.int32, mx.float32, mx.float32, mx.int32],
+                    grid=(max(split[0], 1) * gpu.CHAIN_THREADS, 1, 1), threadgroup=(gpu.CHAIN_THREADS, 1, 1),
+                    init_value=0 if split[0] else None)[0]
 
     def queued(k):
         def run():
@@ -201,6 +211,7 @@ def floor(result: dict) -> None:
     cases = {"mx.max": lambda: mx.max(x, axis=-1), "mx.argmax": lambda: mx.argmax(x, axis=-1),
              "mx.max, V = 1024": lambda: mx.max(xs, axis=-1),
              "kernel greedy, operands built": lambda: call(x),
+             "kernel greedy, split": lambda: call(x, gpu.split_of(1, V)),
              "kernel greedy, V = 1024": lambda: call(xs),
              "kernel greedy x8 queued (/8)": queued(8),
              "a program: sample(seed), token only": lambda: prog(x, seed=[3]).token,
@@ -284,6 +295,60 @@ def calls(result: dict, only: str | None = None) -> None:
             print(f"  B = {B:2d} {name:18s} {sync:7.3f} / {q8:7.3f} / {host_ms:7.3f}")
 
 
+TARGETS = "B = 1 <= 0.3 ms, >= 2x hf and mlx-lm; B = 8 >= 5x mlx-lm; B >= 64 <= 3x mx.max; greedy <= 2x mx.argmax"
+
+
+def issue(result: dict, quick: bool, torch_device: str, batches=(1, 8, 64, 256), chains_only=None,
+          json_out=None) -> None:
+    """Issue 33's benchmarks (module docstring, --issue): one compact line a case, then the targets' verdicts."""
+    import bench_real
+    peers = {}
+    for cls in (bench_real.HF, bench_real.MlxLm, bench_real.MxArgmax):
+        try:
+            peers[cls.name] = cls(torch_device) if cls is bench_real.HF else cls()
+        except ImportError as e:
+            print(f"[skip] {cls.name}: {e}")
+    split = "off (SAMPLEC_GPU_SPLIT=0)" if os.environ.get("SAMPLEC_GPU_SPLIT", "1") in ("0", "off") else "on"
+    print(f"\nissue 33: real chains, V = {V}, token only, ms (peer / samplec); split mode {split}; {TARGETS}")
+    verdicts = []
+    for family, make in (("chat", chat_logits),) + (() if quick else (("confident", confident_logits),)):
+        for B in batches:
+            x = make(B, V, seed=B)
+            xm = mx.array(x)
+            mx.eval(xm)
+            specs, hist = chain_specs(B, np.random.default_rng(B))
+            for name, spec in specs.items():
+                if (name == "server" and B == 1) or (chains_only and name not in chains_only):
+                    continue
+                mine = bench_real.Samplec(2, per_row=B > 1, token_only=True)
+                steps = {"samplec": mine.setup(spec, x, hist),
+                         "mx.max": lambda i: np.array(mx.max(xm, axis=-1))}
+                for pname in spec[4]:
+                    if pname in peers and B <= 8:
+                        steps[pname] = peers[pname].setup(spec, x, hist)
+                ms = interleaved(steps, 0.12 if quick else 0.2, max_reps=200)
+                me = ms["samplec"]
+                ratio = {k: v / me for k, v in ms.items() if k != "samplec"}
+                result["rows"].append({"issue": True, "family": family, "B": B, "chain": name, "ms": ms})
+                print(f"  {family:9s} B = {B:3d} {name:11s} samplec {me:7.3f}  = {me / ms['mx.max']:4.1f}x mx.max  " +
+                      "  ".join(f"{k} {v:.2f}x" for k, v in ratio.items() if k != "mx.max"), flush=True)
+                if B == 1:
+                    verdicts.append((f"{family} B=1 {name} <= 0.3 ms", me <= 0.3))
+                for peer, want in (("hf", 2.0), ("mlx-lm", 5.0 if B == 8 else 2.0)):
+                    if peer in ratio:
+                        verdicts.append((f"{family} B={B} {name} >= {want:g}x {peer}", ratio[peer] >= want))
+                if B >= 64:
+                    verdicts.append((f"{family} B={B} {name} <= 3x mx.max", me <= 3 * ms["mx.max"]))
+                if "mx.argmax" in ratio:
+                    verdicts.append((f"{family} B={B} {name} <= 2x mx.argmax", ratio["mx.argmax"] >= 0.5))
+                if json_out:         # (after each case: a run its time limit ends keeps what it measured)
+                    Path(json_out).write_text(json.dumps(result, indent=1))
+    met = [v for v, ok in verdicts if ok]
+    missed = [v for v, ok in verdicts if not ok]
+    result["targets"] = {"met": met, "missed": missed}
+    print(f"targets met {len(met)} of {len(verdicts)}; missed: " + ("; ".join(missed) if missed else "none"))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--json", default=None)
@@ -294,7 +359,19 @@ def main():
     ap.add_argument("--calls", action="store_true",
                     help="only where whole programs' calls go: synchronous, queued, the host's share (any device)")
     ap.add_argument("--only", default=None, help="with --calls: one chain, B = 1 (for a profiler's per-kernel summary)")
+    ap.add_argument("--issue", action="store_true", help="issue 33's figures: real chains at B = 1, 8, 64, 256")
+    ap.add_argument("--quick", action="store_true", help="with --issue: the chat family alone, shorter timings")
+    ap.add_argument("--torch-device", default="cuda", help="with --issue: where Hugging Face's processors run")
+    ap.add_argument("--chains", default=None, help="with --issue: a comma-separated subset of bench_real's chains")
+    ap.add_argument("--batches", default="1,8,64,256", help="with --issue: batch sizes")
     args = ap.parse_args()
+    if args.issue:
+        result = {"device": str(mx.default_device()), "kernels": gpu.available(), "rows": []}
+        issue(result, args.quick, args.torch_device, tuple(int(b) for b in args.batches.split(",")),
+              args.chains.split(",") if args.chains else None, args.json)
+        if args.json:
+            Path(args.json).write_text(json.dumps(result, indent=1))
+        return
     if args.count:
         count_launches()
         return

@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
-# samplec on MLX's CUDA backend, on a GPU machine without a network: the checks and benchmarks of
-# docs/performance.md's GPU section in one go.
+# samplec on MLX's CUDA backend, on a GPU machine without a network: all of tests/test_gpu.py and the benchmarks of
+# docs/performance.md's GPU section (issue 33's figures) in one go, from pre-fetched wheels alone.
 #
 # Here (with a network), once: the wheels for the GPU machine's Python (3.12 below), MLX's CUDA backend as an
 # xz'd tar (its wheel is ~90 MB; split it where a transfer limit needs that, and cat the parts back in WHEELS):
 #   scripts/gpu_run.sh --fetch WHEELS [PYVER]
 # There, from the repository root (pytest, hypothesis, torch, transformers, numpy, networkx, typer, flatbuffers and
 # the CUDA 13 libraries as pip packages -- nvidia-cublas, nvidia-cuda-nvrtc, ... -- already installed, as on a CUDA
-# image); it exits non-zero when a step failed or ran out of time:
-#   scripts/gpu_run.sh WHEELS OUT
+# image; nothing is fetched); it exits non-zero when a step failed or ran out of time:
+#   scripts/gpu_run.sh WHEELS OUT            # at most ~7 minutes on an H100, the install included
+#   QUICK=1 scripts/gpu_run.sh WHEELS OUT    # at most ~4.5: the chat family alone, no one-block comparison
+# (WHEELS travels with the working tree: a folder .git/info/exclude ignores, named in the device run's carry.)
 # Order matters: MLX compiles each fused kernel with NVRTC the first time a process meets it (seconds per program
 # with a cold cache), so the small checks run first and warm the cache for the benchmarks. Each step has its own
 # time limit and writes its log to OUT, so a slow step costs only itself.
@@ -32,8 +34,9 @@ export PYTHONUNBUFFERED=1
 SITE=${SITE:-/tmp/samplec-gpu-site}
 if [ ! -e "$SITE/mlx/lib/libmlx.so" ]; then
     mkdir -p "$SITE"
+    # (mlx, lark and mlx-lm; an mlx_cpu wheel fetched beside them is not for this machine)
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" \
-        "$W"/*.whl || exit 3
+        $(ls "$W"/*.whl | grep -v mlx_cpu) || exit 3
     xz -dc -T0 "$W/mlx-cuda-13.tar.xz" | tar xf - -C "$SITE" || exit 4
     # libmlx.so finds the CUDA libraries at $ORIGIN/../../nvidia: point that at the installed nvidia packages
     NV=$(python3 -c 'import nvidia; print(list(nvidia.__path__)[0])') || {
@@ -46,41 +49,44 @@ python3 -c "import mlx.core as mx; print('MLX', mx.__version__, mx.default_devic
     || exit 5
 [ "${INSTALL_ONLY:-0}" = 1 ] && exit 0      # (then run any step by hand: PYTHONPATH=$SITE:$PWD python3 ...)
 failed=0
-# QUICK=1 (a short lease): the chain kernel's tests, the chains, the peers on the chains the kernel runs, token only
-# (CHAINS=a,b,...: bench_real's chains), then where whole calls go (bench_gpu --calls, and ncu's per-kernel times)
-if [ "${QUICK:-0}" = 1 ]; then
-    timeout ${T_TEST:-100} python3 -m pytest -q -p no:cacheprovider tests/test_gpu.py -k "chain or kth" \
-        > "$OUT/test_gpu.log" 2>&1 || failed=1
-    grep -E "passed|failed|Error|assert" "$OUT/test_gpu.log" | tail -12
-    timeout ${T_BENCH:-60} python3 benchmarks/bench_gpu.py --chains-only --json "$OUT/bench_gpu.json" \
-        > "$OUT/bench_gpu.log" 2>&1 || failed=1
-    cat "$OUT/bench_gpu.log"
-    timeout ${T_REAL:-150} python3 benchmarks/bench_real.py --quick --lean --trace --budget 0.25 --torch-device cuda \
-        --chains "${CHAINS:-mlx_lm,hf,vllm,server,openai}" --out "$OUT/bench_real_cuda" > "$OUT/bench_real_cuda.log" 2>&1 \
-        || failed=1
-    tail -30 "$OUT/bench_real_cuda.log"
-    timeout ${T_CALLS:-60} python3 benchmarks/bench_gpu.py --calls > "$OUT/calls.log" 2>&1 || failed=1
-    grep -v warning "$OUT/calls.log" | grep -E "^ +B =|ms\)"
-    # each GPU kernel's own time in one B = 1 call of HF's chain (Nsight Compute, where the image has it)
-    if command -v ncu > /dev/null; then
-        timeout ${T_NCU:-60} ncu --print-summary per-kernel --metrics gpu__time_duration.sum -c 120 \
-            python3 benchmarks/bench_gpu.py --calls --only hf > "$OUT/ncu_hf.log" 2>&1 || failed=1
-        grep -E "^  [a-zA-Z_]|gpu__time_duration" "$OUT/ncu_hf.log" | cut -c1-120
-    fi
-    exit $failed
+# Every step has its own time limit (T_* seconds) and log in OUT; the limits keep the whole run within 7 minutes on an
+# H100 with the install (QUICK=1: 4.5); NCU=1 adds Nsight Compute's per-kernel times of one B = 1 call (45 s more). What each step prints is compact: pytest's summary, one line a benchmark
+# case, the targets met and missed.
+step() {        # step NAME LIMIT COMMAND...: run with a time limit, log to OUT/NAME.log, note a failure
+    local name=$1 limit=$2; shift 2
+    echo "== $name (limit ${limit} s)"
+    local t0=$SECONDS
+    timeout "$limit" "$@" > "$OUT/$name.log" 2>&1
+    local rc=$?
+    [ $rc -ne 0 ] && { failed=1; echo "   $name: exit $rc$([ $rc -eq 124 ] && echo ' (time limit)')"; }
+    echo "   ($((SECONDS - t0)) s)"
+}
+# 1. all of tests/test_gpu.py: the chain kernel's (one NVRTC compile, then split and one-block rows against the CPU's
+# -O0) first, then the examples' programs (the dense definitions' kernels are the slow compiles)
+Q=${QUICK:-0}
+step test_gpu ${T_TEST:-$([ $Q = 1 ] && echo 130 || echo 150)} python3 -m pytest -q -p no:cacheprovider tests/test_gpu.py
+grep -E "passed|failed|error|Error|assert" "$OUT/test_gpu.log" | tail -8
+# 2. issue 33's figures: every real chain at B = 1, 8, 64, 256, against mx.max (the floor) and the peers at B <= 8
+if [ $Q = 1 ]; then
+    step issue ${T_ISSUE:-90} python3 benchmarks/bench_gpu.py --issue --quick --torch-device cuda --json "$OUT/issue.json"
+else
+    step issue ${T_ISSUE:-170} python3 benchmarks/bench_gpu.py --issue --torch-device cuda --json "$OUT/issue.json"
 fi
-# the chain kernel's tests first (one kernel: one NVRTC compile), the benchmarks, then the other GPU tests (the
-# examples' programs: the dense definitions' kernels are the slow compiles)
-timeout ${T_TEST:-150} python3 -m pytest -q -p no:cacheprovider tests/test_gpu.py -k "chain or kth" \
-    > "$OUT/test_gpu.log" 2>&1 || failed=1
-grep -E "passed|failed|Error|assert" "$OUT/test_gpu.log" | tail -12
-timeout ${T_BENCH:-120} python3 benchmarks/bench_gpu.py --json "$OUT/bench_gpu.json" > "$OUT/bench_gpu.log" 2>&1 \
-    || failed=1
-cat "$OUT/bench_gpu.log"
-timeout ${T_REAL:-170} python3 benchmarks/bench_real.py --quick --trace --budget 0.25 --torch-device cuda --check-device cpu \
-    --out "$OUT/bench_real_cuda" > "$OUT/bench_real_cuda.log" 2>&1 || failed=1
-tail -40 "$OUT/bench_real_cuda.log"
-timeout ${T_TEST2:-60} python3 -m pytest -q -p no:cacheprovider tests/test_gpu.py -k "not chain and not kth" \
-    > "$OUT/test_gpu2.log" 2>&1 || failed=1
-grep -E "passed|failed|Error|assert" "$OUT/test_gpu2.log" | tail -12
+grep -E "^  (chat|confident)|^targets|^\[skip|Error" "$OUT/issue.log" | cut -c1-150
+# 3. the host's share of a call (Program.queue alone) beside the synchronous and queued calls
+step calls ${T_CALLS:-$([ $Q = 1 ] && echo 30 || echo 40)} python3 benchmarks/bench_gpu.py --calls
+grep -v -i warning "$OUT/calls.log" | grep -E "^ +B =|ms\)" | cut -c1-150
+# 4. some chains with one block a row (split mode off): what the split buys, in the same run
+if [ $Q != 1 ]; then
+    step one_block ${T_AB:-40} env SAMPLEC_GPU_SPLIT=0 python3 benchmarks/bench_gpu.py --issue --quick --batches 1,8 \
+        --chains hf,mlx_lm,greedy,llama_cpp --torch-device cuda
+    grep -E "^  chat" "$OUT/one_block.log" | cut -c1-150
+fi
+if [ "${NCU:-0}" = 1 ] && command -v ncu > /dev/null; then
+    # each GPU kernel's own time in one B = 1 call of HF's chain (Nsight Compute, where the image has it)
+    step ncu_hf ${T_NCU:-45} ncu --print-summary per-kernel --metrics gpu__time_duration.sum -c 120 \
+        python3 benchmarks/bench_gpu.py --calls --only hf
+    grep -E "^  [a-zA-Z_]|gpu__time_duration" "$OUT/ncu_hf.log" | cut -c1-120 | head -30
+fi
+echo "== done in $SECONDS s, $([ $failed = 0 ] && echo 'every step passed' || echo 'A STEP FAILED: see its log')"
 exit $failed

@@ -138,3 +138,47 @@ def test_gpu_chain_kernel_equals_cpu_O0(seed, monkeypatch):
         mx.set_default_device(prev)
     assert np.array(on_gpu.token).tolist() == np.array(on_cpu.token).tolist(), src
     np.testing.assert_allclose(np.array(on_gpu.logprob), np.array(on_cpu.logprob), rtol=1e-4, atol=2e-4, err_msg=src)
+
+
+@cuda
+@pytest.mark.uncompiled
+@pytest.mark.parametrize("B", [1, 3, 8])
+def test_gpu_split_rows_equal_one_block_rows_and_cpu_O0(B, monkeypatch):
+    """Split mode (a row over many blocks, the last block of the row running the chain over their candidates)
+    against one block a row (SAMPLEC_GPU_SPLIT=0) on the GPU, and the token against -O0 on the CPU: the server
+    chains, dynamic_temperature, typical_p twice and top_k_rank, chat-like rows at V = 152064."""
+    from test_gpu_chain import SERVER_CHAINS, top_k_rank_rows
+    rng = np.random.default_rng(B)
+    V = 152064
+    x = rng.normal(0, 1, (B, V)).astype(np.float32)
+    for b in range(B):
+        x[b, rng.choice(V, 300, replace=False)] += 6 + 10 / np.arange(1, 301) ** 0.6
+    chains = dict(SERVER_CHAINS)
+    chains.update({"dyntemp": (["dynamic_temperature", "top_k", "top_p"], [0.8, 0.5, 1.0, 50, 0.9]),
+                   "typical2": (["typical_p", "temperature", "typical_p"], [0.9, 0.7, 0.95]),
+                   "rank": (["top_k_rank", "temperature"], [30, 0.8])})
+    seeds = list(range(B))
+    for name, (stages, vals) in chains.items():
+        ops = [mx.array(v, dtype=mx.float32) for v in vals] + \
+            [mx.array(np.array(seeds, dtype=np.uint64)), mx.array(3, dtype=mx.int32)]
+        split = gpu.sample_chain(mx.array(x), ops, stages, "sample", True)
+        monkeypatch.setenv("SAMPLEC_GPU_SPLIT", "0")
+        one = gpu.sample_chain(mx.array(x), ops, stages, "sample", True)
+        monkeypatch.delenv("SAMPLEC_GPU_SPLIT")
+        assert np.array(split[0]).tolist() == np.array(one[0]).tolist(), name
+        np.testing.assert_allclose(np.array(split[1]), np.array(one[1]), rtol=1e-4, atol=2e-4, err_msg=name)
+        ranked = stages[:1] == ["top_k_rank"]
+        rest, it, args, names = [], iter(vals[1:] if ranked else vals), {}, []
+        for s in stages[1:] if ranked else stages:
+            n = {"dynamic_temperature": 3, "xtc": 2}.get(s, 1)
+            got = [next(it) for _ in range(n)]
+            rest.append(f"{s}({', '.join(repr(int(v) if s == 'top_k' else v) for v in got)})")
+        src = f"sampler s(seed: seed) -> token {{ {' '.join(rest)} sample(seed, position = 3) }}"
+        prev = mx.default_device()
+        mx.set_default_device(mx.cpu)
+        try:
+            o0 = samplec.compile(src, opt_level=0, target="portable")(
+                top_k_rank_rows(x, [int(vals[0])] * B) if ranked else x, seed=seeds)
+        finally:
+            mx.set_default_device(prev)
+        assert np.array(split[0]).ravel().tolist() == np.array(o0.token).tolist(), (name, src)

@@ -29,7 +29,8 @@ CXX = shutil.which(os.environ.get("CXX", "g++")) or shutil.which("c++")
 pytestmark = [pytest.mark.skipif(CXX is None, reason="no C++ compiler to build the emulation"),
               pytest.mark.uncompiled]          # (many distinct -O0 programs: conftest.py)
 
-STAGES = tuple(gpu.CHAIN_STAGES)
+STAGES = tuple(s for s in gpu.CHAIN_STAGES if s not in ("dynamic_temperature", "top_k_rank"))   # (the
+# differential builder's stages; those two have tests of their own below)
 FAMILIES = ("peaked", "flat", "ties", "neg_inf", "normal", "tail", "one_finite")
 _BUILT: dict = {}
 
@@ -44,11 +45,11 @@ def emulated(threads: int = 64, defines: str = ""):
     names = ", ".join(gpu._SLOTS)
     src = (f"#define SC_T {threads}\n{defines}#include \"cuda_emulation.h\"\n{gpu.chain_header()}\n"
            f"static void sc_body(const float* x, const int* x_shape, {slots}, const int* S,\n"
-           f"                    int* tok, float* lp, float* xo, float* wf, int* wi, int* cnt) {{\n{gpu.CHAIN_BODY}}}\n"
+           f"                    int* tok, float* lp, float* xo, int* ws) {{\n{gpu.CHAIN_BODY}}}\n"
            f"extern \"C\" void run(const float* x, int B, int V, {slots}, const int* S,\n"
-           "                      int* tok, float* lp, float* xo, float* wf, int* wi, int* cnt) {\n"
+           "                      int* tok, float* lp, float* xo, int* ws) {\n"
            "  const int shape[2] = {B, V};\n"
-           f"  sc_launch(B * (S[6] > 0 ? S[6] : 1), [&] {{ sc_body(x, shape, {names}, S, tok, lp, xo, wf, wi, cnt); }});\n}}\n")
+           f"  sc_launch(B * (S[6] > 0 ? S[6] : 1), [&] {{ sc_body(x, shape, {names}, S, tok, lp, xo, ws); }});\n}}\n")
     digest = hashlib.sha256(src.encode() + (HERE / "cuda_emulation.h").read_bytes()).hexdigest()[:16]
     if digest not in _BUILT:
         out = Path(os.environ.get("PYTEST_TMP", "/tmp")) / f"samplec_gpu_chain_{digest}"
@@ -73,11 +74,9 @@ def emulated(threads: int = 64, defines: str = ""):
         out_x, split = int(S[5]), (int(S[6]), int(S[7]))
         tok, lp = np.zeros(B, dtype=np.int32), np.zeros(B, dtype=np.float32)
         xo = np.full((B, V) if out_x else (B, 1), np.nan, dtype=np.float32)
-        wf, wi, cnt = (np.zeros(shape, dtype) for shape, dtype in
-                       zip(gpu.scratch_shapes(B, split), (np.float32, np.int32, np.int32)))
+        ws = np.zeros(gpu.scratch_size(B, split), np.int32)     # (zeros: as init_value=0 leaves it on the GPU)
         ptr = lambda a: a.ctypes.data_as(ctypes.c_void_p)      # noqa: E731
-        fn(ptr(x), ctypes.c_int(B), ctypes.c_int(V), *(ptr(a) for a in ins), ptr(tok), ptr(lp), ptr(xo), ptr(wf),
-           ptr(wi), ptr(cnt))
+        fn(ptr(x), ctypes.c_int(B), ctypes.c_int(V), *(ptr(a) for a in ins), ptr(tok), ptr(lp), ptr(xo), ptr(ws))
         return (tok, lp, xo) if out_x else (tok, lp)
     return run
 
@@ -146,17 +145,20 @@ TYPICAL = [(s, V, B, n, term) for s, (V, B, n, term) in enumerate(
 @pytest.mark.parametrize("seed,V,B,n,terminal", TYPICAL)
 def test_emulated_typical_p_in_any_place_equals_reference_and_O0(seed, V, B, n, terminal):
     """typical_p's band (the tokens between it and the maximum removed) in random places of random chains, with
-    xtc in many: the kernel against -O0 and the numpy reference."""
+    xtc in many, and two or three typical_p in some: the kernel, one block a row and split, against -O0 and the
+    numpy reference."""
     rng = np.random.default_rng(seed)
     stages, _, _, _, _, x = chain_case(seed, V, B, n, terminal)
     stages2 = [s for s in stages if s != "typical_p"]
-    stages2.insert(int(rng.integers(0, len(stages2) + 1)), "typical_p")
+    for _ in range(1 + (seed % 3 == 0) + (seed % 5 == 0)):        # (one, two or three typical_p: a band each)
+        stages2.insert(int(rng.integers(0, len(stages2) + 1)), "typical_p")
     if rng.random() < 0.3:
         stages2.insert(int(rng.integers(0, len(stages2) + 1)), "xtc")
     while not gpu.chain_supports(stages2, terminal):     # (the key slots: one xtc before a sample)
         stages2.remove("xtc")
     src, kw, per_row = build(V, B, stages2, ["rows"] * len(stages2), terminal, False, rng)
-    tok, lp = kernel(x, operands_of(stages2, kw, terminal), stages2, terminal)
+    tok, lp = kernel(x, operands_of(stages2, kw, terminal), stages2, terminal,
+                     split=(0, 0) if seed % 2 else (int(rng.integers(1, 6)), int(rng.choice([4, 32, 256]))))
     o0 = samplec.compile(src, opt_level=0)(x, **kw)
     assert tok.tolist() == np.array(o0.token).tolist(), src
     for r in range(B):
@@ -291,11 +293,15 @@ def test_chain_supports_and_body():
                               "sample")
     assert gpu.chain_supports(["typical_p", "top_k"], "sample") and not gpu.chain_supports(["penalties"], "sample")
     assert gpu.chain_supports(["xtc", "typical_p", "xtc"], "greedy")
-    assert not gpu.chain_supports(["typical_p", "temperature", "typical_p"], "greedy")      # (one removed range)
+    assert gpu.chain_supports(["typical_p", "temperature", "typical_p"], "greedy")          # (a band each)
+    assert not gpu.chain_supports(["typical_p"] * 5, "greedy")
+    assert gpu.chain_supports(["dynamic_temperature", "top_k_rank"], "sample")
+    assert not gpu.chain_supports(["top_k_rank", "top_k_rank"], "sample")                 # (one tie rule)
+    assert not gpu.chain_supports(["temperature"] * 4 + ["dynamic_temperature"] * 5, "greedy")
     assert not gpu.chain_supports(["temperature"] * 9, "greedy")
     assert not gpu.chain_supports(["xtc", "xtc"], "sample") and gpu.chain_supports(["xtc", "xtc"], "greedy")
     assert not gpu.chain_supports(["xtc"] * 5 + ["top_k"], "greedy")           # (11 float operands)
-    assert gpu.chain_codes(["top_k", "xtc", "temperature"], "sample", True) == [3, 1, 1, 4, 6, 0, 0, 0, 1, 4, 0] + \
+    assert gpu.chain_codes(["top_k", "xtc", "temperature"], "sample", True) == [3, 1, 1, 4, 6, 0, 0, 0, 1, 6, 0] + \
         [0] * 14
     assert gpu.chain_codes([], "greedy", False, 2, split=(8, 512)) == [0, 0, 0, 1, 1, 2, 8, 512] + [0] * 14
     # split mode: about two blocks a multiprocessor over the batch, at most MAX_SLICES a row, the slices'
@@ -466,3 +472,61 @@ def test_emulated_split_at_the_gpus_block_size():
         o0 = samplec.compile(src, opt_level=0)(x, **kw)
         assert tok.tolist() == np.array(o0.token).tolist()[:B], src
         np.testing.assert_allclose(lp, np.array(o0.logprob)[:B], atol=2e-4, rtol=1e-4)
+
+
+MAPS_AND_RANKS = [
+    "dynamic_temperature(t, r, ex) top_k(k)", "top_k(k) dynamic_temperature(t, r, ex) top_p(p)",
+    "dynamic_temperature(t, r, ex)", "top_k_rank(k) temperature(t)", "top_k_rank(k) top_p(p) temperature(t)",
+    "top_k_rank(k) dynamic_temperature(t, r, ex) min_p(0.05)", "typical_p(p) dynamic_temperature(t, r) typical_p(p)",
+]
+
+
+def top_k_rank_rows(x: np.ndarray, ks: list[int]) -> np.ndarray:
+    """top_k_rank's definition per row in numpy: every value above the k-th largest, and of the values equal to it
+    the lowest ids, as many as the k places leave (k <= 0 or k >= V: the row as it is)."""
+    out = x.copy()
+    for r, k in enumerate(ks):
+        if 0 < k < x.shape[1]:
+            vk = np.sort(x[r])[::-1][k - 1]
+            ties = np.flatnonzero(x[r] == vk)
+            keep = (x[r] > vk)
+            keep[ties[:k - int(keep.sum())]] = True
+            out[r, ~keep] = -np.inf
+    return out
+
+
+@pytest.mark.parametrize("body", MAPS_AND_RANKS)
+@pytest.mark.parametrize("terminal", ["sample", "greedy"])
+def test_emulated_dynamic_temperature_and_top_k_rank_equal_O0(body, terminal):
+    """dynamic_temperature (its entropy and count over the kept tokens; range 0: temperature(t)) and top_k_rank (the
+    lowest ids among the ties at the k-th) in the kernel, per-row values at their edges, on rows with ties and
+    flat rows, one block a row and split, against -O0."""
+    rng = np.random.default_rng(len(body) + len(terminal))
+    B, V = 6, 400
+    x = np.stack([family_row(f, V, rng) for f in ("ties", "tail", "flat", "normal", "peaked", "ties")])
+    kw = {"t": [0.0, 0.7, 1.0, 1.5, 0.3, 2.0], "r": [0.5, 0.0, 1.5, 0.3, 0.1, 1.0], "ex": [1.0, 0.0, 2.0, 1.0, 0.5, 1.0],
+          "k": [3, 40, 1, 399, 0, 17], "p": [0.9, 0.5, 1.0, 0.95, 0.3, 0.8], "seed": list(range(B))}
+    # (top_k_rank is no source stage -- mirostat's lowering writes it -- so -O0 runs the rest of the chain on its
+    # definition's result)
+    ranked = body.startswith("top_k_rank(k) ")
+    rest = body.removeprefix("top_k_rank(k) ")
+    names = [n for n in ("t", "r", "ex", "k", "p") if f"{n})" in rest or f"{n}," in rest]
+    params = "".join(f"{n}: {'int' if n == 'k' else 'float'}, " for n in names)
+    src = f"sampler s({params}seed: seed) -> token, logprob {{ {rest} " + \
+        ("sample(seed, position = 2) }" if terminal == "sample" else "greedy() }")
+    o0 = samplec.compile(src, opt_level=0)(top_k_rank_rows(x, kw["k"]) if ranked else x,
+                                           **{n: kw[n] for n in names + ["seed"]})
+    stages, ops = [], []
+    for st in body.split(") "):
+        name, args = st.rstrip(")").split("(")
+        stages.append(name)
+        for a in [a.strip() for a in args.split(",")]:
+            ops.append(mx.array(kw[a], dtype=mx.float32) if a in kw else mx.array(float(a), dtype=mx.float32))
+        if name == "dynamic_temperature" and len(args.split(",")) == 2:
+            ops.append(mx.array(1.0, dtype=mx.float32))            # (exponent's default)
+    if terminal == "sample":
+        ops += [mx.array(np.array(kw["seed"], dtype=np.uint64)), mx.array(2, dtype=mx.int32)]
+    for split in ((0, 0), (3, 16)):
+        tok, lp = kernel(x, ops, stages, terminal, split=split)
+        assert tok.tolist() == np.array(o0.token).tolist(), (src, split)
+        np.testing.assert_allclose(lp, np.array(o0.logprob), atol=2e-4, rtol=1e-4, err_msg=f"{src} {split}")

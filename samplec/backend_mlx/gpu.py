@@ -16,17 +16,30 @@ they do not depend on the order threads add in -- was exact but no faster than t
 dense definition.
 
 The chain kernel (`sample_chain`, gpu_chain.cu) runs a chain of temperature, top_k, top_p, min_p, xtc,
-top_n_sigma, epsilon, eta and typical_p (once) stages in any order, with per-row run-time
-values, and its draw (sample or greedy) and the token's log-probability (and the final logits or their softmax
-where a program reads them), as one block per row: the kept tokens stay an upper set of the raw logits (a
-threshold rho per row; xtc's survivor and typical_p's band remove one range below the maximum), each stage one or a few
-passes over the row (or over the at most 4,096 tokens a cut left, gathered in shared memory), thresholds by radix
-selects over the float32 keys: on an H200, HF's and vLLM's orders in ~0.5 ms at B = 1 against 4-5 ms on the dense
-definitions (docs/performance.md, GPU). The interpreter gives it a chain's stage ops where MLX's default device is
-a CUDA GPU (the CPU has the native chain kernel); the masks, biases and penalties below the stages and the outputs
-beside them (raw_logprob, top_logprobs) run as MLX ops. The stage operands go in as the program holds them (ten
-f32 slots, two seed and position slots, each one value or one per row): at B = 1 a few small ops to pack them
-cost more than the kernel's work.
+top_n_sigma, epsilon, eta, typical_p (up to four), dynamic_temperature and top_k_rank stages in any order, with
+per-row run-time values, and its draw (sample or greedy) and the token's log-probability (and the final logits or
+their softmax where a program reads them). The kept tokens stay an upper set of the raw logits (a threshold rho per
+row; xtc's survivor, typical_p's bands and top_k_rank's ties remove ranges below the maximum); each stage is one or a
+few passes over the row, or over the at most 4,096 candidates a cut left in shared memory; thresholds come from radix
+selects over the float32 keys. The stage codes, off rules and Threefry constants are the stage table's
+(samplec/stage_table.py, generated into stage_table.h, which chain_header() puts before the source).
+
+At small B one block a row leaves most of the GPU idle, so the kernel runs in split mode (`split_of`): each row over
+up to 128 blocks, about two a multiprocessor over the batch. Each block reads its slice once -- its largest logits
+(each thread its four, then the block's `cap` by a radix select in shared memory) and the slice's softmax, entropy,
+Welford and Gumbel aggregates under the chain's prologue (its leading temperatures and the stages off for the row)
+-- into a scratch buffer; the block that arrives last for its row (a counter per row; MLX zeroes the outputs first:
+init_value) runs the chain over the gathered candidates. Every token outside them lies at or below beta, the largest
+logit a slice left out, so once a cut's threshold is above beta the candidates are exact; before that, a stage that
+needs the tokens outside (a cut at or below beta, typical_p, an xtc that fires, a normalizer under a later
+temperature) reruns the row on the whole-row passes, so tokens never depend on the split. `SAMPLEC_GPU_SPLIT=0` runs
+one block a row; `SAMPLEC_GPU_SMS` sets the multiprocessors to fill (default 132, an H100's).
+
+The interpreter gives the kernel a chain's stage ops on the `cuda` target (the CPU has the native chain kernel); the
+masks, biases and penalties below the stages and the outputs beside them (raw_logprob, top_logprobs) still run as
+MLX ops. The stage operands go in as the program holds them (ten f32 slots, two seed and position slots, each one
+value or one per row): at B = 1 a few small ops to pack them cost more than the kernel's work. There is no Metal
+build: Apple GPUs run the portable target's MLX ops (`samplec doctor` says which path is active and why).
 
 `SAMPLEC_GPU_KERNELS=0` (or off, false, no) turns the kernels off; `SAMPLEC_GPU_CHAIN=0` the chain kernel alone
 (the stages then run their dense definitions, with the radix select for top_k).
@@ -41,6 +54,7 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 
+from samplec import stage_table
 from samplec.backend_mlx import native
 
 THREADS = 1024
@@ -160,24 +174,31 @@ def kth_largest(x: mx.array, want: mx.array) -> mx.array | None:
 CHAIN_SOURCE = Path(__file__).with_name("gpu_chain.cu")
 CHAIN_THREADS = 512             # gpu_chain.cu's SC_T
 CHAIN_STAGES = {"temperature": 1, "top_k": 1, "top_p": 1, "min_p": 1, "xtc": 2,       # float operands each
-                "top_n_sigma": 1, "epsilon": 1, "eta": 1, "typical_p": 1}
-MAX_TEMPERATURES = 8            # gpu_chain.cu's SC_MAX_TEMPS
+                "top_n_sigma": 1, "epsilon": 1, "eta": 1, "typical_p": 1, "dynamic_temperature": 3,
+                "top_k_rank": 1}
+MAX_TEMPERATURES = 8            # gpu_chain.cu's SC_MAX_TEMPS (temperature and dynamic_temperature stages)
+MAX_TYPICAL = 4                 # SC_MAX_BANDS
+
+
+STAGE_TABLE = Path(__file__).with_name("stage_table.h")      # generated by scripts/gen_stage_table.py
 
 
 @functools.cache
 def chain_header() -> str:
-    return CHAIN_SOURCE.read_text()
+    """The kernel's header: the generated stage table (codes, off rules, Threefry's constants), then gpu_chain.cu
+    (NVRTC gets one text: no include path)."""
+    return STAGE_TABLE.read_text() + "\n" + CHAIN_SOURCE.read_text()
 
 
 def chain_supports(stages: list[str], terminal: str) -> bool:
     return all(s in CHAIN_STAGES for s in stages) and terminal in ("sample", "greedy", "argmax") and \
-        stages.count("temperature") <= MAX_TEMPERATURES and \
+        stages.count("temperature") + stages.count("dynamic_temperature") <= MAX_TEMPERATURES and \
         sum(CHAIN_STAGES[s] for s in stages) <= CHAIN_FLOAT_SLOTS and \
         stages.count("xtc") + (terminal == "sample") <= CHAIN_KEY_SLOTS and \
-        stages.count("typical_p") <= 1         # (its removed range is one a row: gpu_chain.cu's sc_typical)
+        stages.count("typical_p") <= MAX_TYPICAL and stages.count("top_k_rank") <= 1    # (one tie rule a row)
 
 
-STAGE_CODES = {name: i for i, name in enumerate(CHAIN_STAGES)}      # gpu_chain.cu's sc_chain switch
+STAGE_CODES = {name: stage_table.STAGE_CODES[name] for name in CHAIN_STAGES}    # the stage table's (sc_stages)
 CHAIN_FLOAT_SLOTS = 10          # gpu_chain.cu's SC_FSLOTS: the float operands' inputs F0..F9
 CHAIN_KEY_SLOTS = 2             # SC_KSLOTS: the (seed, position) inputs K0, Q0 and K1, Q1 (xtc's, the sample's)
 _SLOTS = [f"F{i}" for i in range(CHAIN_FLOAT_SLOTS)] + [f"K{i}" for i in range(CHAIN_KEY_SLOTS)] + \
@@ -231,9 +252,14 @@ CHAIN_BODY = """
     const unsigned ur[3 * SC_KSLOTS] = {
         (unsigned)(k0 >> 32), (unsigned)(k0 & 0xFFFFFFFFull), (unsigned)Q0[st[SC_FSLOTS + 2] ? row : 0],
         (unsigned)(k1 >> 32), (unsigned)(k1 & 0xFFFFFFFFull), (unsigned)Q1[st[SC_FSLOTS + 3] ? row : 0]};
+    // ws: the rows' arrival counters [B], then the slices' headers and candidates' logits (float bits), then their
+    // ids (gpu.scratch_size)
+    const int B = x_shape[0];
+    float* wf = reinterpret_cast<float*>(ws + B);
+    int* wi = ws + B + (size_t)B * NB * (SC_WH + cap);
     sc_chain(x + (size_t)row * V, V, pr, ur, S, sh, tok + row, lp + row,
              xo + (S[5] != 0 ? (size_t)row * V : (size_t)row), slice, wf + (size_t)row * NB * (SC_WH + cap),
-             wi + (size_t)row * NB * cap, cnt + row);
+             wi + (size_t)row * NB * cap, ws + row);
 """
 
 _PLACEHOLDERS: dict = {}
@@ -289,19 +315,46 @@ def sample_chain(x: mx.array, params: list[mx.array], stages: list[str], termina
     inputs = chain_inputs(params, stages, terminal, want_logprob, out_x, B, split)
     if inputs is None:
         return None
-    nb, cap = split
-    tok, lp, xo, *_ = _kernel("samplec_chain", ["x", *_SLOTS, "S"], CHAIN_BODY, CHAIN_OUTPUTS, chain_header())(
-        inputs=[x, *inputs], output_shapes=[(B,), (B,), x.shape if out_x else (B, 1), *scratch_shapes(B, split)],
-        output_dtypes=[mx.int32, mx.float32, mx.float32, mx.float32, mx.int32, mx.int32],
+    nb = split[0]
+    tok, lp, xo, _ = _kernel("samplec_chain", ["x", *_SLOTS, "S"], CHAIN_BODY, CHAIN_OUTPUTS, chain_header())(
+        inputs=[x, *inputs], output_shapes=[(B,), (B,), x.shape if out_x else (B, 1), (scratch_size(B, split),)],
+        output_dtypes=[mx.int32, mx.float32, mx.float32, mx.int32],
         grid=(B * max(nb, 1) * CHAIN_THREADS, 1, 1), threadgroup=(CHAIN_THREADS, 1, 1),
         init_value=0 if nb else None)      # (the rows' arrival counters start at zero)
     return (tok.reshape(B, 1), lp.reshape(B, 1)) + ((xo,) if out_x else ())
 
 
-CHAIN_OUTPUTS = ("tok", "lp", "xo", "wf", "wi", "cnt")
+CHAIN_OUTPUTS = ("tok", "lp", "xo", "ws")
 
 
-def scratch_shapes(B: int, split: tuple[int, int]) -> list[tuple[int]]:
-    """wf, wi, cnt: the slices' headers and candidates' logits, their ids, the rows' arrival counters."""
+def scratch_size(B: int, split: tuple[int, int]) -> int:
+    """ws's int32 words: the rows' arrival counters, the slices' headers and candidates' logits, their ids."""
     nb, cap = split
-    return [(max(1, B * nb * (SLICE_HEADER + cap)),), (max(1, B * nb * cap),), (B,)]
+    return B + B * nb * (SLICE_HEADER + 2 * cap)
+
+
+def path_report() -> str:
+    """Which GPU path runs a chain here, and why (`samplec doctor`)."""
+    if switched_off():
+        return f"off (SAMPLEC_GPU_KERNELS={os.environ.get('SAMPLEC_GPU_KERNELS')})"
+    if not available():
+        metal = False
+        try:
+            metal = mx.default_device() == mx.gpu and bool(mx.metal.is_available())
+        except AttributeError:
+            pass
+        if metal:
+            asked = " (SAMPLEC_METAL_KERNEL=1 asks for one that does not exist yet)" \
+                if os.environ.get("SAMPLEC_METAL_KERNEL", "0").strip().lower() in ("1", "on", "true", "yes") else ""
+            return (f"off on Metal: no Metal build of the chain kernel{asked} (gpu_chain.cu is CUDA); Apple GPUs "
+                    "run the portable target's MLX ops")
+        return f"off (the default device is {mx.default_device()}, not a CUDA GPU)"
+    if native.switched_off("SAMPLEC_GPU_CHAIN"):
+        chain = "off (SAMPLEC_GPU_CHAIN=0): the stages' dense definitions"
+    else:
+        mode = ("one block a row (SAMPLEC_GPU_SPLIT=0)" if native.switched_off("SAMPLEC_GPU_SPLIT") else
+                f"split mode: a row over up to {MAX_SLICES} blocks at small B ({split_of(1, 152064)[0]} at B = 1, "
+                f"V = 152064; SAMPLEC_GPU_SMS={os.environ.get('SAMPLEC_GPU_SMS', SMS)} multiprocessors)")
+        chain = f"{', '.join(CHAIN_STAGES)} -> sample/greedy, {mode}; penalties, masks and biases before it run " \
+            "as MLX ops"
+    return f"active (CUDA): kth_largest by one radix-select block a row; the chain kernel: {chain}"

@@ -1,10 +1,13 @@
-// samplec's sampler chain as one CUDA block per row (`mx.fast.cuda_kernel`'s header; gpu.py writes the body).
+// samplec's sampler chain as one CUDA block per row, or in split mode several (`mx.fast.cuda_kernel`'s header after
+// the generated stage table, stage_table.h: its stage codes, off rules and Threefry constants; gpu.py writes the
+// body).
 //
 // A row's state after any prefix of the chain's stages is kept small: every cut these stages make keeps an upper
 // set of the current logits, and the current logits are the raw ones through non-decreasing maps (divisions by
 // positive temperatures), so the kept tokens are those with raw >= rho -- minus, after an xtc that fired, the
 // tokens at raw >= sigma other than its survivor, after a typical_p, the tokens between its band and the row's
-// maximum (raw in [glo, ghi)) -- and a kept token's current logit is its raw one divided by the
+// maximum (raw in [glo, ghi), one such band a typical_p), after a top_k_rank, its ties at the k-th beyond the
+// lowest ids -- and a kept token's current logit is its raw one divided by the
 // temperatures seen so far, in order. Each stage turns a threshold on the current logits (or probabilities) into
 // a new rho with one pass over the row; thresholds come from selections without sorting: a 4-bit radix select over
 // the float32 values' order-preserving keys, by count (top_k) or by probability mass (top_p), its per-bin sums kept
@@ -31,10 +34,15 @@
 #define SC_MAXNB 128       // split mode: slices a row at most (gpu.MAX_SLICES)
 #define SC_WH 12           // split mode: a slice's header in the scratch (gpu.SLICE_HEADER)
 
+#define SC_MAX_BANDS 4      // typical_p stages a chain (gpu.MAX_TYPICAL): each removes one range of raw logits
+
 struct ScRow {
   float rho;               // kept: raw >= rho ...
   float sigma;             // ... and (raw < sigma or id == surv)
-  float glo, ghi;          // ... and not glo <= raw < ghi
+  float glo[SC_MAX_BANDS], ghi[SC_MAX_BANDS];   // ... and not glo[b] <= raw < ghi[b] for any of the nband bands
+  int nband;
+  float tlo, thi;          // ... and not (tlo <= raw <= thi and id > tid): top_k_rank's ties at its k-th
+  int tid;
   int surv;
   float mraw;              // the largest kept raw logit (its current value is the row's maximum)
   int greedy;              // >= 0: the one token left (temperature 0)
@@ -94,18 +102,24 @@ __device__ __forceinline__ float sc_unkey(unsigned lo) {
 
 // A thread's copy of the row state a pass reads (the temperatures stay in shared memory).
 struct ScView {
-  float rho, sigma, glo, ghi, mraw;
-  int surv, nt;
+  float rho, sigma, mraw, tlo, thi;
+  int surv, nt, nband, tid;
   const float* temps;
+  const float* glo;
+  const float* ghi;
 };
 
 __device__ __forceinline__ ScView sc_view(const ScShared& sh) {
-  return ScView{sh.st.rho, sh.st.sigma, sh.st.glo, sh.st.ghi, sh.st.mraw, sh.st.surv, sh.st.nt, sh.st.temps};
+  return ScView{sh.st.rho, sh.st.sigma, sh.st.mraw, sh.st.tlo, sh.st.thi, sh.st.surv, sh.st.nt, sh.st.nband,
+                sh.st.tid, sh.st.temps, sh.st.glo, sh.st.ghi};
 }
 
 // The current logit of token i with raw logit r.
 __device__ __forceinline__ float sc_cur(const ScView& s, int i, float r) {
-  if (!(r >= s.rho) || (r >= s.sigma && i != s.surv) || (r >= s.glo && r < s.ghi) || r == -SC_INF) return -SC_INF;
+  if (!(r >= s.rho) || (r >= s.sigma && i != s.surv) || r == -SC_INF) return -SC_INF;
+  if (r >= s.tlo && r <= s.thi && i > s.tid) return -SC_INF;
+  for (int b = 0; b < s.nband; ++b)
+    if (r >= s.glo[b] && r < s.ghi[b]) return -SC_INF;
   for (int j = 0; j < s.nt; ++j) r = r == -SC_INF ? r : __fdiv_rn(r, s.temps[j]);   // (-inf stays: not -inf / inf)
   return r;
 }
@@ -114,8 +128,8 @@ __device__ __forceinline__ float sc_cur(const ScView& s, int i, float r) {
 __device__ __forceinline__ unsigned sc_rotl(unsigned x, int r) { return (x << r) | (x >> (32 - r)); }
 
 __device__ __forceinline__ unsigned sc_threefry(unsigned k0, unsigned k1, unsigned c0, unsigned c1) {
-  const unsigned ks[3] = {k0, k1, k0 ^ k1 ^ 0x1BD11BDAu};
-  const int rot[8] = {13, 15, 26, 6, 17, 29, 16, 24};
+  const unsigned ks[3] = {k0, k1, k0 ^ k1 ^ SAMPLEC_THREEFRY_PARITY};
+  const int rot[8] = {SAMPLEC_THREEFRY_ROTATIONS};
   unsigned x0 = c0 + k0, x1 = c1 + k1;
 #pragma unroll
   for (int i = 0; i < 5; ++i) {
@@ -458,7 +472,7 @@ __device__ __forceinline__ int sc_argmax(const float* xr, int V, ScShared& sh) {
 // (After a temperature 0 the row holds one token; later temperatures still divide its logit, for the final
 // logits a chain may output.)
 __device__ void sc_temperature(const float* xr, int V, float t, ScShared& sh) {
-  if (t == 1.0f) return;
+  if (SAMPLEC_OFF_TEMPERATURE(t)) return;
   const ScView s = sc_view(sh);
   const int g = sh.st.greedy;
   const float top = __fdiv_rn(g >= 0 ? sc_cur(s, g, xr[g]) : sc_max(s), t == 0.0f ? 1.0f : t);
@@ -475,7 +489,7 @@ __device__ void sc_temperature(const float* xr, int V, float t, ScShared& sh) {
 }
 
 __device__ void sc_top_k(const float* xr, int V, float k, ScShared& sh) {
-  if (k <= 0.0f || k >= (float)V) return;           // off, or every token (the V-th largest is the row's least)
+  if (SAMPLEC_OFF_TOP_K(k, (float)V)) return;      // (k >= V: every token -- the V-th largest is the row's least)
   const ScView s = sc_view(sh);
   const int kk = (int)floorf(k);
   if (sh.ncand < 0 && kk <= SC_NMAX) {
@@ -501,7 +515,7 @@ __device__ __forceinline__ float sc_hist_delta(int k) {
 }
 
 __device__ void sc_top_p(const float* xr, int V, float p, ScShared& sh) {
-  if (p >= 1.0f) return;
+  if (SAMPLEC_OFF_TOP_P(p)) return;
   const ScView s = sc_view(sh);
   const ScProbs prob = sc_probs(xr, V, s, sh);
   const float z = prob.z;
@@ -578,7 +592,7 @@ __device__ void sc_top_p(const float* xr, int V, float p, ScShared& sh) {
 }
 
 __device__ void sc_top_n_sigma(const float* xr, int V, float n, ScShared& sh) {
-  if (n <= 0.0f) return;
+  if (SAMPLEC_OFF_TOP_N_SIGMA(n)) return;
   const ScView s = sc_view(sh);
   const float m = sc_max(s);
   float sd;
@@ -607,7 +621,7 @@ __device__ void sc_top_n_sigma(const float* xr, int V, float n, ScShared& sh) {
 // epsilon (HF EpsilonLogitsWarper) and eta (EtaLogitsWarper): keep p >= cut, and every token at the maximum; eta's
 // cut is min(e, sqrt(e) exp(-H)) with H the entropy of the current softmax.
 __device__ void sc_epsilon_eta(const float* xr, int V, float e, bool eta, ScShared& sh) {
-  if (e == 0.0f) return;
+  if (eta ? SAMPLEC_OFF_ETA(e) : SAMPLEC_OFF_EPSILON(e)) return;
   const ScView s = sc_view(sh);
   const ScProbs prob = sc_probs(xr, V, s, sh);
   const float m = prob.m, z = prob.z;
@@ -637,10 +651,10 @@ __device__ void sc_epsilon_eta(const float* xr, int V, float e, bool eta, ScShar
 // whose score is at most the score where the mass in ascending score first reaches m (or, never reached, the
 // largest finite score), and every token at the maximum. The score falls and then rises along the logit order, so
 // the band kept is an interval: its lowest raw logit is the new rho, and the tokens between its top and the
-// tokens at the maximum are removed ([glo, ghi); one typical_p a chain: chain_supports -- a second one's range need
-// not hold the first's, where temperatures since made tokens of the first band equal to the maximum).
+// tokens at the maximum are removed ([glo, ghi): each typical_p adds its band to the ones before, so a band that
+// later temperatures made reach the maximum stays removed).
 __device__ void sc_typical(const float* xr, int V, float mass, ScShared& sh) {
-  if (mass >= 1.0f) return;
+  if (SAMPLEC_OFF_TYPICAL_P(mass)) return;
   if (sh.tail) {                  // (its band may lie among the tokens outside the candidates)
     sc_need_row(sh);
     __syncthreads();
@@ -691,15 +705,84 @@ __device__ void sc_typical(const float* xr, int V, float mass, ScShared& sh) {
   if (threadIdx.x == 0 && lo != SC_INF) {
     sh.st.rho = lo;
     if (band_hi != -SC_INF) {                       // (else rho alone leaves the tokens at the maximum)
-      sh.st.glo = nextafterf(band_hi, SC_INF);
-      sh.st.ghi = at_max;
+      sh.st.glo[sh.st.nband] = nextafterf(band_hi, SC_INF);
+      sh.st.ghi[sh.st.nband] = at_max;
+      ++sh.st.nband;
     }
   }
   __syncthreads();
 }
 
+// dynamic_temperature (llama.cpp's temp_ext; range != 0: the dispatcher runs range 0 as temperature(t)): over the n
+// kept tokens (n <= 1: unchanged), T = max(0, t - r) + (t + r - max(0, t - r)) (H / ln n)^ex (0^0 = 1), then
+// temperature(T) -- T <= 0 or NaN keeps the argmax alone.
+__device__ void sc_dynamic_temperature(const float* xr, int V, float t, float r, float ex, ScShared& sh) {
+  float n, h;
+  if (sh.tail) {                  // (split mode before a cut: the slices' count and entropy parts)
+    if (!sh.agg_ok) sc_need_row(sh);
+    n = sh.agg.n;
+    h = __fsub_rn(logf(sh.agg.z), __fdiv_rn(sh.agg.e, sh.agg.z));
+  } else {
+    const ScView s = sc_view(sh);
+    const ScProbs prob = sc_probs(xr, V, s, sh);
+    const float m = prob.m, lz = logf(prob.z);
+    float cnt = 0.0f;
+    h = 0.0f;
+    sc_each(xr, V, sh, [&](int i, float raw) {
+      const float c = sc_cur(s, i, raw);
+      if (sc_finite(c)) cnt += 1.0f;
+      if (c != -SC_INF) {
+        const float plogp = prob(c) * __fsub_rn(__fsub_rn(c, m), lz);
+        if (sc_finite(plogp)) h += plogp;
+      }
+    });
+    n = sc_sum(cnt, sh);
+    h = -sc_sum(h, sh);
+  }
+  if (threadIdx.x == 0) sh.agg_ok = 0;     // (the softmax changes under T)
+  __syncthreads();
+  if (n <= 1.0f) return;
+  const float norm = __fdiv_rn(h, logf(n));
+  const float powed = ex == 0.0f ? 1.0f : expf(ex * logf(norm));
+  const float lo = fmaxf(0.0f, __fsub_rn(t, r));
+  const float dyn = __fadd_rn(lo, __fsub_rn(__fadd_rn(t, r), lo) * powed);
+  sc_temperature(xr, V, dyn > 0.0f ? dyn : 0.0f, sh);
+}
+
+// top_k_rank: the k largest by rank -- every token above the k-th largest value vk, and of those at vk the lowest
+// ids, as many as the k places leave: the need-th lowest id among them by a selection on -id.
+__device__ void sc_top_k_rank(const float* xr, int V, float k, ScShared& sh) {
+  if (SAMPLEC_OFF_TOP_K_RANK(k, (float)V)) return;
+  sc_top_k(xr, V, k, sh);           // (keeps c >= vk: the ties at vk are still all there)
+  if (sh.fallback) return;
+  const ScView s = sc_view(sh);
+  const float vk = sc_select(xr, V, floorf(k), [&](int i, float r, unsigned* key, float* w) {
+    *key = sc_key(sc_cur(s, i, r));
+    *w = 1.0f;
+  }, sh);
+  float above = 0.0f, tlo = SC_INF, thi = -SC_INF;
+  sc_each(xr, V, sh, [&](int i, float r) {
+    const float c = sc_cur(s, i, r);
+    above += c > vk ? 1.0f : 0.0f;
+    if (c == vk) { tlo = fminf(tlo, r); thi = fmaxf(thi, r); }
+  });
+  above = sc_sum(above, sh);
+  tlo = sc_min(tlo, sh);
+  thi = -sc_min(-thi, sh);
+  const float idl = sc_select(xr, V, floorf(k) - above, [&](int i, float r, unsigned* key, float* w) {
+    *w = sc_cur(s, i, r) == vk ? 1.0f : 0.0f;
+    *key = sc_key(-(float)i);
+  }, sh);
+  if (threadIdx.x == 0 && vk != -SC_INF) {   // (ids are exact in float32 below 2^24)
+    sh.st.tlo = tlo;
+    sh.st.thi = thi;
+    sh.st.tid = (int)(-idl);
+  }
+  __syncthreads();
+}
+
 __device__ void sc_min_p(const float* xr, int V, float mp, ScShared& sh) {
-  if (mp == 0.0f) return;
+  if (SAMPLEC_OFF_MIN_P(mp)) return;
   const ScView s = sc_view(sh);
   const float floor_x = __fadd_rn(sc_max(s), logf(mp));
   sc_cut(xr, V, [&](float c) { return c >= floor_x; }, sh);
@@ -707,8 +790,8 @@ __device__ void sc_min_p(const float* xr, int V, float mp, ScShared& sh) {
 
 __device__ void sc_xtc(const float* xr, int V, float thr, float prob_fire, unsigned k0, unsigned k1, unsigned pos,
                        ScShared& sh) {
-  if (prob_fire == 0.0f) return;
-  if (!(sc_uniform(sc_threefry(k0, k1, 0xFFFFFFFFu, pos)) < prob_fire)) return;
+  if (SAMPLEC_OFF_XTC(prob_fire)) return;
+  if (!(sc_uniform(sc_threefry(k0, k1, SAMPLEC_XTC_COUNTER, pos)) < prob_fire)) return;
   if (sh.tail) {                  // (fired before a cut: the aggregates would no longer describe the row)
     sc_need_row(sh);
     __syncthreads();
@@ -740,7 +823,10 @@ __device__ void sc_xtc(const float* xr, int V, float thr, float prob_fire, unsig
 
 __device__ int sc_sample(const float* xr, int V, unsigned k0, unsigned k1, unsigned pos, ScShared& sh) {
   if (sh.tail) {                  // (split mode, no cut: the slices' best perturbed logits, the row's draw)
-    if (!sh.agg_ok || sh.agg.gid == 0x7FFFFFFF) sc_need_row(sh);
+    if (!sh.agg_ok || sh.agg.gid == 0x7FFFFFFF) {
+      sc_need_row(sh);
+      return 0;                   // (unread: the chain reruns on the whole row)
+    }
     return sh.agg.gid;
   }
   const ScView s = sc_view(sh);
@@ -773,8 +859,10 @@ __device__ void sc_begin(const float* xr, int V, ScShared& sh) {
   if (threadIdx.x == 0) {
     sh.st.rho = -SC_INF;
     sh.st.sigma = SC_INF;
-    sh.st.glo = SC_INF;
-    sh.st.ghi = SC_INF;
+    sh.st.nband = 0;
+    sh.st.tlo = SC_INF;
+    sh.st.thi = -SC_INF;
+    sh.st.tid = 0x7FFFFFFF;
     sh.st.surv = -1;
     sh.st.mraw = m;
     sh.st.greedy = -1;
@@ -887,7 +975,15 @@ __device__ __forceinline__ void sc_agg_block(ScAgg a, ScShared& sh) {
   __syncthreads();
 }
 
-__device__ __forceinline__ int sc_nf(int op) { return op == 4 ? 2 : op == 9 ? 3 : 1; }   // float operands a stage
+// A stage's float operands (its numeric ones: top_k's k goes in as a float) and key words (a key: its seed's two
+// words and the position).
+__device__ __forceinline__ int sc_nf(int op) { return SAMPLEC_STAGE_NUMBERS(op); }
+__device__ __forceinline__ int sc_nu(int op) { return 3 * SAMPLEC_STAGE_KEYS(op); }
+__device__ __forceinline__ float sc_at(const float* pr, int f) { return f < SC_FSLOTS ? pr[f] : 0.0f; }
+// A map that is a plain temperature: temperature, or dynamic_temperature with range 0 (its definition's).
+__device__ __forceinline__ bool sc_plain_temperature(int op, const float* pr, int f) {
+  return op == SAMPLEC_STAGE_TEMPERATURE || (op == SAMPLEC_STAGE_DYNAMIC_TEMPERATURE && sc_at(pr, f + 1) == 0.0f);
+}
 
 // The prologue of a row's chain: the stages from the first, while each is off for this row or a temperature (t > 0):
 // the index of the first stage that is neither (n: every one), and the temperatures met on the way (t = 1 skipped,
@@ -900,14 +996,11 @@ __device__ int sc_prologue(const int* S, const float* pr, const unsigned* ur, in
   for (int j = 0; j < n; ++j) {
     const int op = ops[j];
     const float a = pr[f];
-    bool off = false, temp = false;
-    if (op == 0 || (op == 9 && pr[f + 1] == 0.0f)) temp = true;           // (dynamic_temperature, range 0)
-    else if (op == 1 || op == 10) off = a <= 0.0f || a >= (float)V;
-    else if (op == 2 || op == 8) off = a >= 1.0f;
-    else if (op == 3 || op == 6 || op == 7) off = a == 0.0f;
-    else if (op == 5) off = a <= 0.0f;
-    else if (op == 4) off = pr[f + 1] == 0.0f ||
-                            !(sc_uniform(sc_threefry(ur[u], ur[u + 1], 0xFFFFFFFFu, ur[u + 2])) < pr[f + 1]);
+    const bool temp = sc_plain_temperature(op, pr, f);
+    // (an xtc whose coin does not fire for this row changes nothing in it either)
+    const bool off = SAMPLEC_STAGE_OFF(op, a, sc_at(pr, f + 1), sc_at(pr, f + 2), (float)V) ||
+                     (op == SAMPLEC_STAGE_XTC &&
+                      !(sc_uniform(sc_threefry(ur[u], ur[u + 1], SAMPLEC_XTC_COUNTER, ur[u + 2])) < sc_at(pr, f + 1)));
     if (temp) {
       if (!(a > 0.0f) || *nt == SC_MAX_TEMPS) return j;
       if (a != 1.0f) temps[(*nt)++] = a;
@@ -915,7 +1008,7 @@ __device__ int sc_prologue(const int* S, const float* pr, const unsigned* ur, in
       return j;
     }
     f += sc_nf(op);
-    u += op == 4 ? 3 : 0;
+    u += sc_nu(op);
   }
   return n;
 }
@@ -1080,8 +1173,10 @@ __device__ void sc_gathered(int NB, int cap, ScShared& sh, const volatile float*
     sh.fallback = 0;
     sh.st.rho = -SC_INF;
     sh.st.sigma = SC_INF;
-    sh.st.glo = SC_INF;
-    sh.st.ghi = SC_INF;
+    sh.st.nband = 0;
+    sh.st.tlo = SC_INF;
+    sh.st.thi = -SC_INF;
+    sh.st.tid = 0x7FFFFFFF;
     sh.st.surv = -1;
     sh.st.mraw = sh.agg.mx;
     sh.st.greedy = -1;
@@ -1117,21 +1212,27 @@ __device__ bool sc_stages(const float* xr, int V, const float* pr, const unsigne
   int f = 0, u = 0;
   for (int j = 0; j < n; ++j) {
     const int op = S[8 + j];
-    if (op == 0 || (op == 9 && pr[f + 1] == 0.0f)) {
+    if (sc_plain_temperature(op, pr, f)) {
       // (after the prologue a temperature changes the softmax the aggregates were taken under)
-      if (threadIdx.x == 0 && j >= jpro && pr[f] != 1.0f) sh.agg_ok = 0;
+      if (threadIdx.x == 0 && j >= jpro && !SAMPLEC_OFF_TEMPERATURE(pr[f])) sh.agg_ok = 0;
       sc_temperature(xr, V, pr[f], sh);
     } else if (sh.st.greedy < 0) {
-      if (op == 1) sc_top_k(xr, V, pr[f], sh);
-      else if (op == 2) sc_top_p(xr, V, pr[f], sh);
-      else if (op == 3) sc_min_p(xr, V, pr[f], sh);
-      else if (op == 4) sc_xtc(xr, V, pr[f], pr[f + 1], ur[u], ur[u + 1], ur[u + 2], sh);
-      else if (op == 5) sc_top_n_sigma(xr, V, pr[f], sh);
-      else if (op == 8) sc_typical(xr, V, pr[f], sh);
-      else sc_epsilon_eta(xr, V, pr[f], op == 7, sh);
+      switch (op) {
+        case SAMPLEC_STAGE_TOP_K: sc_top_k(xr, V, pr[f], sh); break;
+        case SAMPLEC_STAGE_TOP_P: sc_top_p(xr, V, pr[f], sh); break;
+        case SAMPLEC_STAGE_MIN_P: sc_min_p(xr, V, pr[f], sh); break;
+        case SAMPLEC_STAGE_XTC: sc_xtc(xr, V, pr[f], pr[f + 1], ur[u], ur[u + 1], ur[u + 2], sh); break;
+        case SAMPLEC_STAGE_TOP_N_SIGMA: sc_top_n_sigma(xr, V, pr[f], sh); break;
+        case SAMPLEC_STAGE_TYPICAL_P: sc_typical(xr, V, pr[f], sh); break;
+        case SAMPLEC_STAGE_EPSILON: sc_epsilon_eta(xr, V, pr[f], false, sh); break;
+        case SAMPLEC_STAGE_ETA: sc_epsilon_eta(xr, V, pr[f], true, sh); break;
+        case SAMPLEC_STAGE_DYNAMIC_TEMPERATURE: sc_dynamic_temperature(xr, V, pr[f], pr[f + 1], pr[f + 2], sh); break;
+        case SAMPLEC_STAGE_TOP_K_RANK: sc_top_k_rank(xr, V, pr[f], sh); break;
+        default: break;
+      }
     }
     f += sc_nf(op);
-    u += op == 4 ? 3 : 0;
+    u += sc_nu(op);
     if (sc_fell_back(sh)) return false;
   }
   return true;
@@ -1139,8 +1240,8 @@ __device__ bool sc_stages(const float* xr, int V, const float* pr, const unsigne
 
 // One row's chain. S: gpu.chain_codes' [#stages, sample?, want_logprob?, #float operands, #key words, output mode
 // (0: none, 1: the final logits, 2: their softmax), NB (slices a row; 0: one block a row), cap (candidates a slice
-// keeps), stage codes..., then the operand slots' strides] with codes in gpu.py's STAGE_CODES order: 0 temperature,
-// 1 top_k, 2 top_p, 3 min_p, 4 xtc, 5 top_n_sigma, 6 epsilon, 7 eta, 8 typical_p.
+// keeps), stage codes..., then the operand slots' strides] with the stage table's codes (stage_table.h, generated
+// from samplec/stage_table.py; gpu.chain_header puts it first).
 // pr: the row's float operands in order; ur: each xtc's and the sample's key words and position, in order. In split
 // mode (NB > 0) the block is slice `slice` of the row; wf, wi: the row's scratch; cnt: the row's arrival counter
 // (zero before the launch).
@@ -1148,7 +1249,7 @@ __device__ void sc_chain(const float* xr, int V, const float* pr, const unsigned
                          ScShared& sh, int* tok, float* lp, float* xo, int slice, float* wf, int* wi, int* cnt) {
   const int n = S[0], NB = S[6], cap = S[7];
   int f = 0, u = 0;
-  for (int j = 0; j < n; ++j) { f += sc_nf(S[8 + j]); u += S[8 + j] == 4 ? 3 : 0; }
+  for (int j = 0; j < n; ++j) { f += sc_nf(S[8 + j]); u += sc_nu(S[8 + j]); }
   int jpro = 0;
   if (NB > 0) {
     float temps[SC_MAX_TEMPS];
@@ -1177,6 +1278,7 @@ __device__ void sc_chain(const float* xr, int V, const float* pr, const unsigned
     if (!sc_stages(xr, V, pr, ur, S, jpro, sh)) continue;
     const int token = sh.st.greedy >= 0 ? sh.st.greedy
                       : S[1] ? sc_sample(xr, V, ur[u], ur[u + 1], ur[u + 2], sh) : sc_argmax(xr, V, sh);
+    if (sc_fell_back(sh)) continue;
     const float l = S[2] ? sc_token_lp(xr, V, token, sh) : 0.0f;
     float m = 0.0f, z = 1.0f;
     if (S[5] == 2 && sh.st.greedy < 0) {
