@@ -64,8 +64,8 @@ step() {        # step NAME LIMIT COMMAND...: run with a time limit, log to OUT/
 # 1. all of tests/test_gpu.py: the chain kernel's (one NVRTC compile, then split and one-block rows against the CPU's
 # -O0) first, then the examples' programs (the dense definitions' kernels are the slow compiles)
 Q=${QUICK:-0}
-step test_gpu ${T_TEST:-$([ $Q = 1 ] && echo 130 || echo 150)} python3 -m pytest -q -p no:cacheprovider tests/test_gpu.py
-grep -E "passed|failed|error|Error|assert" "$OUT/test_gpu.log" | tail -8
+step test_gpu ${T_TEST:-$([ $Q = 1 ] && echo 130 || echo 150)} python3 -m pytest -q -rfE -p no:cacheprovider tests/test_gpu.py
+grep -E "passed|failed|FAILED|ERROR|skipped" "$OUT/test_gpu.log" | cut -c1-160 | tail -12
 # 2. issue 33's figures: every real chain at B = 1, 8, 64, 256, against mx.max (the floor) and the peers at B <= 8
 if [ $Q = 1 ]; then
     step issue ${T_ISSUE:-90} python3 benchmarks/bench_gpu.py --issue --quick --torch-device cuda --json "$OUT/issue.json"
