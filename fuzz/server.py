@@ -44,7 +44,7 @@ def post(url, body, timeout=LIMIT_S):
         return e.code, e.read()
 
 
-BAD = [("temperature", -1), ("temperature", "hot"), ("top_p", 3), ("top_p", None), ("top_k", -4), ("top_k", 1.5),
+BAD = [("temperature", -1), ("temperature", "hot"), ("top_p", 3), ("top_p", "high"), ("top_k", -4), ("top_k", 1.5),
        ("min_p", 2), ("seed", -1), ("seed", 2**70), ("seed", "7"), ("max_tokens", 0), ("max_tokens", 10**12),
        ("top_logprobs", 99), ("logprobs", "yes"), ("logit_bias", {"-1": 1}), ("logit_bias", {"3": "x"}),
        ("logit_bias", []), ("repetition_penalty", -2), ("presence_penalty", "a"), ("samplec_sampler", "nope"),
