@@ -4,6 +4,7 @@ can go stale."""
 from __future__ import annotations
 
 import importlib.util
+import json
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -31,7 +32,7 @@ def test_a_changed_record_changes_the_table(tmp_path, monkeypatch):
     """The check compares against the record's current content (not a copy made when the docs were written)."""
     rec = gen_docs._load("bench_real.cliff.json")
     rec[0]["ms"]["chat"] *= 3
-    (tmp_path / "bench_real.cliff.json").write_text(__import__("json").dumps(rec))
+    (tmp_path / "bench_real.cliff.json").write_text(json.dumps(rec))
     before = gen_docs.render("bench_real_cliff")
     monkeypatch.setattr(gen_docs, "DOCS", tmp_path)
     assert gen_docs.render("bench_real_cliff") != before
