@@ -64,6 +64,15 @@ def _device_sum(x: mx.array) -> mx.array:
     return _reduce_sum([x], {})
 
 
+def _cumsum(x: mx.array) -> mx.array:
+    """Running sums along the row. A float32 running mass on the CPU, where MLX sums in sequence, drifts ~1e-5 over
+    thousands of tail tokens -- enough to move a top_p or typical_p boundary by a token -- so it runs in float64
+    there; a GPU's scan adds by a tree, a few ulps from the exact sum."""
+    if x.dtype == mx.float32 and mx.default_device() == mx.cpu:
+        return mx.cumsum(x.astype(mx.float64), axis=-1).astype(mx.float32)
+    return mx.cumsum(x, axis=-1)
+
+
 def _topk_ids(ins, a):
     """The k largest without a sort of the vocabulary: their threshold by a selection by count, the tokens above
     it and the lowest ids of those at it (a scan), placed in id order, then ordered by a sort of the k alone."""
@@ -204,7 +213,7 @@ def _kth_largest_static(ins, a):
     return mx.take_along_axis(x, _partition_positions(x, n - k, n - k, n - k + 1), axis=-1)
 
 
-PACKED_MAX = 1 << 16      # rows up to this long are partitioned by the helpers below
+PACKED_MAX = 1 << 16      # rows up to this long are partitioned by the functions below
 
 
 def _partition_positions(x: mx.array, kth: int, lo: int, hi: int) -> mx.array:
@@ -367,7 +376,7 @@ KERNELS = {
     "reduce_max": _red(mx.max), "reduce_min": _red(mx.min), "reduce_sum": _reduce_sum, "reduce_any": _red(mx.any),
     "argmax": lambda i, a: mx.argmax(i[0], axis=-1, keepdims=True).view(mx.int32),
     "sort": _sort, "argsort": _argsort, "topk": _topk, "topk_ids": _topk_ids,
-    "cumsum": lambda i, a: mx.cumsum(i[0], axis=-1),
+    "cumsum": lambda i, a: _cumsum(i[0]),
     "kth_largest": _kth_largest, "kth_largest_static": _kth_largest_static, "mass_threshold": _mass_threshold,
     "filter": lambda i, a: mx.where(i[1], i[0], mx.array(-np.inf, dtype=mx.float32)),
     "zeros_like": lambda i, a: mx.zeros(i[0].shape, dtype=DT[a["dtype"]]),
