@@ -3,8 +3,12 @@
 # docs/performance.md's GPU section (issue 33's figures) in one go, from pre-fetched wheels alone.
 #
 # Here (with a network), once: the wheels for the GPU machine's Python (3.12 below), MLX's CUDA backend as an
-# xz'd tar (its wheel is ~90 MB; split it where a transfer limit needs that, and cat the parts back in WHEELS):
+# xz'd tar (~72 MB) in 48 MiB parts, in two folders that each fit a 64 MiB transfer: WHEELS/a (the first part) and
+# WHEELS/b (the rest and the wheels); the install below reads the parts (or a whole mlx-cuda-13.tar.xz) from one folder:
 #   scripts/gpu_run.sh --fetch WHEELS [PYVER]
+# Where one transfer cannot hold both, bring a, then b, to the same folder there (e.g. two device runs back to back
+# on the same machine: `mkdir -p /tmp/w && cp WHEELS/a/* /tmp/w/`, then `cp WHEELS/b/* /tmp/w/ && scripts/gpu_run.sh
+# /tmp/w OUT`).
 # There, from the repository root (pytest, hypothesis, torch, transformers, numpy, networkx, typer, flatbuffers and
 # the CUDA 13 libraries as pip packages -- nvidia-cublas, nvidia-cuda-nvrtc, ... -- already installed, as on a CUDA
 # image; nothing is fetched); it exits non-zero when a step failed or ran out of time:
@@ -24,7 +28,10 @@ if [ "${1:-}" = "--fetch" ]; then
     (cd "$T" && unzip -q mlx_cuda_13-*.whl -x '*.dist-info/*' && rm mlx_cuda_13-*.whl &&
         tar cf - . | xz -9 -T0 > "$W/mlx-cuda-13.tar.xz") || exit 1
     rm -rf "$T"
-    ls -la "$W"
+    mkdir -p "$W/a" "$W/b" && split -b 48M -a 2 "$W/mlx-cuda-13.tar.xz" "$W/a/mlx-cuda-13.tar.xz.part-" || exit 1
+    for f in "$W"/a/mlx-cuda-13.tar.xz.part-*; do [ "$f" = "$W/a/mlx-cuda-13.tar.xz.part-aa" ] || mv "$f" "$W/b/"; done
+    mv "$W"/*.whl "$W/b/" && rm "$W/mlx-cuda-13.tar.xz" || exit 1
+    ls -laR "$W"
     exit 0
 fi
 W=${1:?usage: scripts/gpu_run.sh WHEELS OUT | --fetch WHEELS [PYVER]}
@@ -37,7 +44,8 @@ if [ ! -e "$SITE/mlx/lib/libmlx.so" ]; then
     # (mlx, lark and mlx-lm; an mlx_cpu wheel fetched beside them is not for this machine)
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" \
         $(ls "$W"/*.whl | grep -v mlx_cpu) || exit 3
-    xz -dc -T0 "$W/mlx-cuda-13.tar.xz" | tar xf - -C "$SITE" || exit 4
+    if [ -f "$W/mlx-cuda-13.tar.xz" ]; then cat "$W/mlx-cuda-13.tar.xz"; else cat "$W"/mlx-cuda-13.tar.xz.part-*; fi |
+        xz -dc -T0 | tar xf - -C "$SITE" || { rm -rf "$SITE/mlx/lib"; exit 4; }
     # libmlx.so finds the CUDA libraries at $ORIGIN/../../nvidia: point that at the installed nvidia packages
     NV=$(python3 -c 'import nvidia; print(list(nvidia.__path__)[0])') || {
         echo "no nvidia packages (CUDA libraries) found"; rm -rf "$SITE/mlx/lib"; exit 6; }
