@@ -338,17 +338,19 @@ def test_emulated_chain_kernel_scalar_and_per_row_operands_agree():
     assert one[0].tolist() == each[0].tolist() and np.array_equal(one[1], each[1])
 
 
-@pytest.mark.parametrize("seed,V,n", [(40, 300, 3), (41, 300, 4), (42, 7, 2), (43, 1000, 5), (44, 300, 1)])
-def test_emulated_chain_kernel_final_logits_and_probs(seed, V, n):
+@pytest.mark.parametrize("split", [(0, 0), (3, 16)])
+@pytest.mark.parametrize("seed,V,n", [(40, 300, 3), (41, 300, 4), (42, 7, 2), (43, 1000, 5), (44, 300, 1), (45, 300, 0)])
+def test_emulated_chain_kernel_final_logits_and_probs(seed, V, n, split):
     """The [B, V] output: the chain's final logits (a chain whose last stage something else reads) and their
-    softmax (a `probs` output), against -O0's `candidates(V)` and `probs`."""
+    softmax (a `probs` output), against -O0's `candidates(V)` and `probs`; one block a row and split (the last
+    block of a row writes it, its softmax's normalizer from the slices where no cut settled the row)."""
     stages, src, kw, per_row, ops, x = chain_case(seed, V, 3, n, "sample")
     src = src.replace("-> token, logprob", f"-> token, logprob, probs, candidates({V})")
     o0 = samplec.compile(src, opt_level=0)(x, **kw)
-    tok, lp, probs = kernel(x, ops, stages, "sample", out_x=2)
+    tok, lp, probs = kernel(x, ops, stages, "sample", out_x=2, split=split)
     assert tok.tolist() == np.array(o0.token).tolist(), src
     np.testing.assert_allclose(probs, np.array(o0.probs), atol=1e-6, rtol=1e-5, err_msg=src)
-    _, _, final = kernel(x, ops, stages, "sample", out_x=1)
+    _, _, final = kernel(x, ops, stages, "sample", out_x=1, split=split)
     assert np.array_equal(-np.sort(-final, axis=-1), np.array(o0.candidates.values)), src
 
 
