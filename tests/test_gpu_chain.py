@@ -304,10 +304,11 @@ def test_chain_supports_and_body():
     assert gpu.chain_codes(["top_k", "xtc", "temperature"], "sample", True) == [3, 1, 1, 4, 6, 0, 0, 0, 1, 6, 0] + \
         [0] * 14
     assert gpu.chain_codes([], "greedy", False, 2, split=(8, 512)) == [0, 0, 0, 1, 1, 2, 8, 512] + [0] * 14
-    # split mode: about two blocks a multiprocessor over the batch, at most MAX_SLICES a row, the slices'
+    # split mode: about one block a multiprocessor over the batch, at most MAX_SLICES a row, the slices'
     # candidates fitting one block's shared memory together
-    assert gpu.split_of(1, 152064) == (128, 32) and gpu.split_of(8, 152064) == (33, 124)
-    assert gpu.split_of(256, 152064) == (2, 2048) and gpu.split_of(1, 1000) == (1, 2048)
+    assert gpu.split_of(1, 152064) == (128, 32) and gpu.split_of(8, 152064) == (17, 240)
+    assert gpu.split_of(64, 152064) == (3, 1365) and gpu.split_of(256, 152064) == (1, 2048)
+    assert gpu.split_of(1, 1000) == (1, 2048)
 
 
 def test_chain_inputs_pass_operands_as_they_are():

@@ -25,7 +25,7 @@ selects over the float32 keys. The stage codes, off rules and Threefry constants
 (samplec/stage_table.py, generated into stage_table.h, which chain_header() puts before the source).
 
 At small B one block a row leaves most of the GPU idle, so the kernel runs in split mode (`split_of`): each row over
-up to 128 blocks, about two a multiprocessor over the batch. Each block reads its slice once -- its largest logits
+up to 128 blocks, about one a multiprocessor over the batch. Each block reads its slice once -- its largest logits
 (each thread its four, then the block's `cap` by a radix select in shared memory) and the slice's softmax, entropy,
 Welford and Gumbel aggregates under the chain's prologue (its leading temperatures and the stages off for the row)
 -- into a scratch buffer; the block that arrives last for its row (a counter per row; MLX zeroes the outputs first:
@@ -225,10 +225,12 @@ KEEP_A_THREAD = 4               # SC_R
 
 
 def split_of(B: int, V: int, threads: int = CHAIN_THREADS) -> tuple[int, int]:
-    """(slices a row, candidates a slice keeps): about two blocks for each multiprocessor over the batch, slices of
-    at least two tokens a thread, every slice's candidates fitting the last block's shared memory together."""
+    """(slices a row, candidates a slice keeps): about one block for each multiprocessor over the batch (the
+    kernel's ~120 registers a thread let one block of 512 threads run on a multiprocessor at a time: sm_90's build),
+    slices of at least two tokens a thread, every slice's candidates fitting the last block's shared memory
+    together."""
     sms = int(os.environ.get("SAMPLEC_GPU_SMS", SMS))
-    nb = max(1, min(MAX_SLICES, -(-2 * sms // B), V // (2 * threads)))
+    nb = max(1, min(MAX_SLICES, -(-sms // B), V // (2 * threads)))
     return nb, min(SC_CAP // nb, KEEP_A_THREAD * threads)
 
 
