@@ -7,8 +7,9 @@ it, and the call's time -- and the portable target against mlx-lm's sampler on m
 Recipe: V = 152064 (Qwen's vocabulary); chat-shaped logits (a Zipf head carrying most of the mass, a tail carrying
 1-30% spread over the vocabulary, ids shuffled: benchmarks/bench_real.py's `chat_logits`); every parameter passed
 at run time as one value per row (a server's call), a 64-token history, per-row seeds and positions.
-- launches: the primitives of one call's lazy outputs that are not views (samplec.backend_mlx.launches), counted
-  with the portable lowering's sums as a GPU runs them; on a GPU each is a kernel launch;
+- launches: the primitives of one call's lazy outputs that are not views (samplec.backend_mlx.launches); the portable
+  target is traced as a GPU runs it (its sums one reduction each, RandomBits in MLX ops rather than the native CPU
+  primitive), so its counts are a GPU's and its CPU times include the MLX-ops RandomBits; on a GPU each is a launch;
 - queue: the host's time for `Program.queue` (argument checks and the lazy graph, nothing evaluated): median us;
 - call: a whole call (queue, evaluation, the token read back): median ms;
 - mlx-lm: `make_sampler(temp, top_p, min_p, top_k)` on log-probabilities, one call per row as mlx-lm's
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import statistics
 import sys
@@ -76,13 +78,23 @@ def median_us(fn, reps: int) -> float:
 
 
 def measure(prog, x, kw, reps: int) -> dict:
-    kernels.GPU_SUMS = prog.target in ("portable", "metal")
+    """Launches, queue time and call time of `prog`. The portable target is traced as a GPU runs it: its sums one
+    reduction each, RandomBits in MLX ops (not the native CPU primitive) -- so its CPU times include that too."""
+    gpu_like = prog.target in ("portable", "metal")
+    kernels.GPU_SUMS = gpu_like
+    before = os.environ.get("SAMPLEC_NATIVE")
+    if gpu_like:
+        os.environ["SAMPLEC_NATIVE"] = "0"
     try:
         n = launches(call_primitives(prog, x, **kw))
+        for _ in range(3):          # (the traced call is cached: every later call runs the same graph)
+            prog(x, **kw)
     finally:
         kernels.GPU_SUMS = False
-    for _ in range(3):
-        prog(x, **kw)
+        if before is None:
+            os.environ.pop("SAMPLEC_NATIVE", None)
+        else:
+            os.environ["SAMPLEC_NATIVE"] = before
     pending = []
 
     def queue():

@@ -166,6 +166,22 @@ def fuzz_silent(name: str) -> str:
     return "\n".join(lines) + "\n" if lines else "No case ended silent.\n"
 
 
+def targets(name: str) -> str:
+    """benchmarks/bench_targets.py's record: per example and batch size, each target's launches (primitives that are
+    not views), the host's queue time and the call's time; then the portable target against mlx-lm's sampler."""
+    rec = _load(name)
+    names = [k for k in rec["rows"][0] if k not in ("example", "B")] if rec["rows"] else []
+    header = ["example", "B"] + [f"{t}: {what}" for t in names for what in ("launches", "queue µs", "call ms")]
+    rows = [[r["example"], str(r["B"])] + [v for t in names for v in (str(r[t]["launches"]), f"{r[t]['queue_us']:.0f}",
+                                                                        _ms(r[t]["call_ms"]))] for r in rec["rows"]]
+    out = f"{rec['device']}, MLX {rec['mlx']}\n\n" + _table(header, rows)
+    if rec.get("mlx_lm"):
+        out += "\n\n" + _table(["B", "mlx-lm's sampler ms", "samplec portable ms", "mlx-lm ÷ samplec"],
+                                [[str(r["B"]), _ms(r["mlx_lm_ms"]), _ms(r["samplec_portable_ms"]), _x(r["ratio"])]
+                                 for r in rec["mlx_lm"]])
+    return out
+
+
 def machine(name: str) -> str:
     rec = _load(name)
     return f"Machine: {rec['machine']}.\n"
@@ -173,6 +189,7 @@ def machine(name: str) -> str:
 
 TABLES = {
     "bench_real": (real_chains, "bench_real.json"),
+    "bench_targets": (targets, "bench_targets.json"),
     "bench_real_summary": (real_summary, "bench_real.json"),
     "bench_real_cuda": (real_chains, "bench_real_cuda.json"),
     "bench_real_cuda_summary": (real_summary, "bench_real_cuda.json"),
