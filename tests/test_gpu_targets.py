@@ -12,32 +12,12 @@ import pytest
 
 import samplec
 from samplec.backend_mlx import gpu
+from test_targets import example_args
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = [(p.name, n) for p in sorted((ROOT / "examples").glob("*.smp"))
             for n in re.findall(r"^sampler\s+(\w+)", p.read_text(), re.M)]
 cuda = pytest.mark.skipif(not gpu.available(), reason="needs MLX's CUDA backend as the default device")
-
-
-def _args(prog, B=4, V=32000, seed=0):
-    rng = np.random.default_rng(seed)
-    ranks = np.stack([rng.permutation(V) + 1 for _ in range(B)])
-    x = (-1.1 * np.log(ranks) + rng.standard_normal((B, V)) * 0.3 + 8.0).astype(np.float32)
-    kw = {}
-    for p in prog.params:
-        if p.kind == "tokens":
-            kw[p.name] = rng.integers(-1, V, (B, 24)).astype(np.int32)
-        elif p.kind == "seed":
-            kw[p.name] = [int(s) for s in rng.integers(0, 2**63, B)]
-        elif p.kind == "mask":
-            m = rng.random((B, V)) < 0.8
-            m[np.arange(B), x.argmax(-1)] = True
-            kw[p.name] = m
-        elif p.kind == "bias":
-            kw[p.name] = (rng.standard_normal((B, V)) * 0.5).astype(np.float32)
-        elif p.kind == "int" and p.name in ("pos", "position"):
-            kw[p.name] = [int(v) for v in rng.integers(0, 4000, B)]
-    return x, kw
 
 
 @cuda
@@ -46,7 +26,7 @@ def _args(prog, B=4, V=32000, seed=0):
 def test_target_on_the_gpu_equals_O0_on_the_cpu(example, sampler, target):
     source = (ROOT / "examples" / example).read_text()
     prog = samplec.compile(source, sampler, target=target)
-    x, kw = _args(prog)
+    x, kw = example_args(prog, B=4, V=32000)
     got = prog(x, **kw)
     with mx.stream(mx.cpu):
         prev = mx.default_device()

@@ -146,10 +146,11 @@ def logprob_at(x: Node, at: Node) -> Node:
     return make("take_along", log_softmax(x), at)
 
 
-def history_window(hist: Node, last_n: Node) -> tuple[Node, Node]:
-    """The history's ids (0 where not counted) and which entries count: not padding, in the last last_n."""
+def history_window(hist: Node, last_n: Node, last: Node | None = None) -> tuple[Node, Node]:
+    """The history's ids (0 where not counted) and which entries count: not padding, in the last last_n. `last`:
+    H - 1 (default: the largest column index; a target may give it as a constant of the traced shape)."""
     col = make("iota", hist)
-    h = make("add", make("reduce_max", col), const(1, I32))
+    h = make("add", make("reduce_max", col) if last is None else last, const(1, I32))
     in_window = make("logical_or", make("eq", last_n, const(-1, I32)), make("ge", col, make("sub", h, last_n)))
     valid = make("logical_and", make("ge", hist, const(0, I32)), in_window, name="hist_valid")
     return where(valid, hist, const(0, I32)), valid

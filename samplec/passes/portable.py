@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from samplec.frontend.expand import EXPAND
+from samplec.frontend.expand import EXPAND, history_window
 from samplec.frontend.lower import NEG_INF, XTC_COUNTER, any_rows, const, gumbel, penalize, uniform, where
 from samplec.ir.graph import INPUT, Graph, Node, make
 from samplec.ir.ops import STAGE_OPS
@@ -354,7 +354,7 @@ class _Lowering:
         x, hist, last_n, rep, freq, pres = (self.value(i) for i in n.inputs)
         key = ("penalties", *(id(i) for i in n.inputs))
         if key not in self.dense:
-            ids, valid = window(hist, last_n)
+            ids, valid = history_window(hist, last_n, make("last_index", hist))
             counts = make("scatter_add", make("zeros_like", x, dtype=F32), ids, make("cast", valid, dtype=F32),
                           name="counts")
             self.dense[key] = (counts, where(make("gt", counts, const(0.0)), penalize(x, counts, rep, freq, pres), x,
@@ -371,15 +371,6 @@ class _Lowering:
         top = self.top_of(pen) if pen is not None else make("reduce_max", penalized)
         empty = make("squeeze", make("eq", top, const(NEG_INF)))
         self.dense[id(n)] = make("logical_or", any_rows(seen_bad), empty, name=n.name)
-
-
-def window(hist: Node, last_n: Node) -> tuple[Node, Node]:
-    """expand.history_window with the history's length a constant of the traced shape (no reduction)."""
-    col = make("iota", hist)
-    h = make("add", make("last_index", hist), const(1, I32))
-    in_window = make("logical_or", make("eq", last_n, const(-1, I32)), make("ge", col, make("sub", h, last_n)))
-    valid = make("logical_and", make("ge", hist, const(0, I32)), in_window, name="hist_valid")
-    return where(valid, hist, const(0, I32)), valid
 
 
 def _expanded(n: Node, inputs: tuple[Node, ...]) -> Node:
