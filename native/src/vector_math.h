@@ -14,7 +14,7 @@ inline bool greater_nan(float a, float b) {  // a > b, NaN above everything (it 
 // NaN. A NaN probe (also reached by +inf meeting -inf, or by overflow) sends the values through the exact scalar
 // loop, so the result is always MLX's: a NaN wins. Comparisons and selects (`?:`) stay at eight lanes in the hot
 // loops: GCC splits sixteen-lane arithmetic into two AVX2 registers but lowers a sixteen-lane comparison or `?:`
-// lane by lane through the stack (block_max_row was ten times slower so; session 17).
+// lane by lane through the stack (block_max_row was ten times slower so).
 typedef float F8 __attribute__((vector_size(8 * sizeof(float))));
 typedef int32_t I32x8 __attribute__((vector_size(8 * sizeof(int32_t))));
 
