@@ -98,10 +98,11 @@ class Program:
         from samplec.passes import run_target
         from samplec.passes.target import resolve, unavailable
         self.target = resolve(target)
+        # (a program for another device compiles, prints and saves here; calling it is the error)
         why = unavailable(self.target)
-        if why is not None:
-            raise SamplecError(f"target {self.target!r} cannot run here: {why} (compile or load with "
-                               f"target='auto', or 'portable' for any device)")
+        self._cannot_run = None if why is None else \
+            f"target {self.target!r} cannot run here: {why} (compile or load with target='auto', or 'portable' " \
+            "for any device)"
         self.stage_graph = graph
         self.graph = run_target(graph, self.target, after_pass)
         self.exe = Executable(self.graph, compile=compile, target=self.target)
@@ -167,6 +168,8 @@ class Program:
         each check a (message, flag [B]) pair -- the call's input checks, then the graph's. `mx.async_eval` on
         them returns before anything ran; `raise_flagged(checks)` after evaluation reports the rows that failed
         a check."""
+        if self._cannot_run is not None:
+            raise SamplecError(self._cannot_run)
         if self._scalars_only and not any(type(v) is mx.array for v in params.values()):
             wake()      # (preparing such a call never waits for MLX: the worker can wake meanwhile)
         late: list = []

@@ -188,8 +188,11 @@ def test_smpb_for_another_device_is_lowered_for_this_one(tmp_path):
     with pytest.warns(samplec.SamplecWarning, match="compiled for target 'cuda'"):
         again = samplec.load(tmp_path / "c.smpb")
     assert again.target == resolve("auto")
+    other = samplec.load(tmp_path / "c.smpb", target="cuda")        # (it lowers and prints; it cannot run here)
+    assert other.target == "cuda" and ("region cuda.chain" in other.ir() or "argsort" in other.ir())
+    x, kw = example_args(again)
     with pytest.raises(SamplecError, match="target 'cuda' cannot run here"):
-        samplec.load(tmp_path / "c.smpb", target="cuda")
+        other(x, **kw)
 
 
 def test_a_bad_target_in_a_smpb_is_rejected(tmp_path):
@@ -235,6 +238,11 @@ def test_cli_target_and_emit_ir(tmp_path):
     r = cli("run", "examples/llama.smp", "--target", "portable", "--logits", "examples/logits.npy",
             "--history", "examples/history.npy", "--seed", "7", "--json")
     assert r.returncode == 0, r.stderr
+    r = cli("compile", "examples/llama.smp", "--target", "metal", "--emit", "ir")       # (for another machine)
+    assert r.returncode == 0 and "argsort" in r.stdout, r.stderr
+    r = cli("run", "examples/llama.smp", "--target", "metal", "--logits", "examples/logits.npy",
+            "--history", "examples/history.npy", "--seed", "7")
+    assert r.returncode == 1 and "target 'metal' cannot run here" in r.stderr and "Traceback" not in r.stderr
     r = cli("compile", "examples/llama.smp", "--target", "tpu")
     assert r.returncode != 0 and "target 'tpu'" in r.stderr and "Traceback" not in r.stderr
 
