@@ -449,12 +449,14 @@ def doctor_report() -> list[str]:
 @app.command()
 @_guard
 def passes():
-    """List the passes and the -O pipelines."""
-    from samplec.passes import PASSES, PIPELINES
-    for p in PASSES.values():
+    """List the passes, the -O pipelines and the target passes that follow them."""
+    from samplec.passes import PASSES, PIPELINES, TARGET_PASSES
+    from samplec.passes.target import resolve
+    for p in [*PASSES.values(), *TARGET_PASSES.values()]:
         _echo(f"{p.name:16} {p.doc}")
     for level, names in PIPELINES.items():
-        _echo(f"-O{level}: {' '.join(names) or '(none)'}")
+        _echo(f"-O{level}: {' '.join(names) or '(none)'}, then target-{{cpu|cuda|metal|portable}}")
+    _echo(f"target here (auto): {resolve('auto')}")
 
 
 @app.command()

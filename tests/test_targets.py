@@ -261,3 +261,12 @@ def test_draws_give_the_same_distribution_on_every_target():
     assert [(r["tokens"], r["counts"]) for r in a] == [(r["tokens"], r["counts"]) for r in b]
     for ra, rb in zip(a, b):        # (the exact probabilities: up to the float rounding of their sums)
         np.testing.assert_allclose(ra["probability"], rb["probability"], rtol=1e-5, atol=1e-7)
+
+
+def test_passes_lists_the_target_passes():
+    r = subprocess.run([sys.executable, "-m", "samplec", "passes"], capture_output=True, text=True, cwd=ROOT,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr
+    for name in ("target-cpu", "target-cuda", "target-metal", "target-portable"):
+        assert f"\n{name} " in r.stdout
+    assert "-O2: stages simplify cse dce, then target-" in r.stdout and "fold " not in r.stdout
