@@ -258,17 +258,8 @@ def generate(model, program: Program, prompt, max_tokens: int, *, chunk: int = 1
         return _generate_speculative(model, draft_model, feed, tokens, max_tokens, int(num_draft), eos,
                                      prompt_in_history, stats)
 
-    cache = _make_cache(model)
     seq = mx.array(tokens, dtype=mx.int32)
-    # prefill exactly as mlx-lm's generate_step does (all but the last prompt token, in PREFILL_STEP pieces), so
-    # that the first logits -- and every later one -- are bit-identical to the adapter's
-    rest = seq
-    while rest.shape[0] > 1:
-        n = min(PREFILL_STEP, rest.shape[0] - 1)
-        model(rest[:n][None], cache=cache)
-        mx.eval([c.state for c in cache])
-        rest = rest[n:]
-    logits = model(rest[None], cache=cache)[:, -1, :]
+    cache, logits = prefill(model, seq)
     V = logits.shape[-1]
     feed.check_history(tokens, V)
 
@@ -341,6 +332,15 @@ def _trim(cache, n: int, which: str) -> None:
         _check_trimmable(cache, which)
         for c in cache:
             c.trim(n)
+
+
+def prefill(model, seq: mx.array):
+    """(a new KV cache, the last prompt token's logits [1, V]): prefilled exactly as mlx-lm's generate_step does
+    (all but the last prompt token, in PREFILL_STEP pieces), so that the first logits -- and every later one -- are
+    bit-identical to the mlx-lm adapter's."""
+    cache = _make_cache(model)
+    _prefill_all_but_last(model, cache, seq)
+    return cache, model(seq[-1:][None], cache=cache)[:, -1, :]
 
 
 def _prefill_all_but_last(model, cache, seq: mx.array) -> None:

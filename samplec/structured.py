@@ -198,23 +198,29 @@ def fill_batch(matchers: list[tuple[Matcher, int]], bitmask: np.ndarray) -> None
     llg.numpy.fill_next_token_bitmask_par(_EXECUTOR[0], [(m.m, row) for m, row in matchers], bitmask)
 
 
-def generate_constrained(model, program, tokens: list[int], max_tokens: int, *, seed, eos: set[int],
-                         prompt_in_history: bool, params: dict, grammar: Grammar) -> list[int]:
-    """`samplec.decode.generate(..., grammar=...)`: one token per step (the next mask needs the token), each step a
-    call of the program with the grammar's packed mask as its `mask` parameter; prefill as `decode.generate`'s."""
-    import mlx.core as mx
-
-    from samplec.decode import PREFILL_STEP, _make_cache, pad_history, position_params
+def mask_param(program, grammar, params: dict) -> str:
+    """The name of the program's one `mask` parameter, which the grammar sets each step (clear errors otherwise)."""
+    if not isinstance(grammar, Grammar):
+        raise SamplecError(f"grammar: expected a samplec.structured.Grammar, got {type(grammar).__name__}")
     masks = [p.name for p in program.params if p.kind == "mask"]
     if len(masks) != 1:
         raise SamplecError(f"grammar= needs a sampler with one `mask` parameter (for `allow(mask)`); "
                            f"'{program.name}' has {len(masks)}")
     if masks[0] in params:
         raise SamplecError(f"parameter '{masks[0]}' is set by the grammar; do not pass it")
+    return masks[0]
+
+
+def generate_constrained(model, program, tokens: list[int], max_tokens: int, *, seed, eos: set[int],
+                         prompt_in_history: bool, params: dict, grammar: Grammar) -> list[int]:
+    """`samplec.decode.generate(..., grammar=...)`: one token per step (the next mask needs the token), each step a
+    call of the program with the grammar's packed mask as its `mask` parameter; prefill as `decode.generate`'s."""
+    import mlx.core as mx
+
+    from samplec.decode import pad_history, position_params, prefill
+    masks = [mask_param(program, grammar, params)]
     if "token" not in [k for k, _ in program.graph.outputs]:
         raise SamplecError(f"the sampler '{program.name}' has no 'token' output; a decode loop needs one")
-    if not isinstance(grammar, Grammar):
-        raise SamplecError(f"grammar: expected a samplec.structured.Grammar, got {type(grammar).__name__}")
     kw = dict(params)
     for p in program.params:
         if p.kind == "seed" and p.name not in kw:
@@ -223,15 +229,7 @@ def generate_constrained(model, program, tokens: list[int], max_tokens: int, *, 
     hist = [p.name for p in program.params if p.kind == "tokens"]
     states = [p.name for p in program.params if p.kind == "state"]
     matcher = grammar.matcher()
-    cache = _make_cache(model)
-    seq = mx.array(tokens, dtype=mx.int32)
-    rest = seq
-    while rest.shape[0] > 1:
-        n = min(PREFILL_STEP, rest.shape[0] - 1)
-        model(rest[:n][None], cache=cache)
-        mx.eval([c.state for c in cache])
-        rest = rest[n:]
-    logits = model(rest[None], cache=cache)[:, -1, :]
+    cache, logits = prefill(model, mx.array(tokens, dtype=mx.int32))
     V = logits.shape[-1]
     if grammar.tokenizer.vocab_size > ((V + 31) // 32) * 32:
         raise SamplecError(f"grammar: the tokenizer has {grammar.tokenizer.vocab_size} tokens, the model {V}")
@@ -266,15 +264,7 @@ class FeedGrammar:
     (read on the host: one sequence, one token per call)."""
 
     def __init__(self, program, grammar: Grammar, params: dict):
-        if not isinstance(grammar, Grammar):
-            raise SamplecError(f"grammar: expected a samplec.structured.Grammar, got {type(grammar).__name__}")
-        masks = [p.name for p in program.params if p.kind == "mask"]
-        if len(masks) != 1:
-            raise SamplecError(f"grammar= needs a sampler with one `mask` parameter (for `allow(mask)`); "
-                               f"'{program.name}' has {len(masks)}")
-        if masks[0] in params:
-            raise SamplecError(f"parameter '{masks[0]}' is set by the grammar; do not pass it")
-        self.name, self.grammar, self.matcher = masks[0], grammar, None
+        self.name, self.grammar, self.matcher = mask_param(program, grammar, params), grammar, None
 
     def restart(self) -> None:
         self.matcher = None
