@@ -332,7 +332,8 @@ def import_cmd(
 @_guard
 def serve(
     mlx_lm_args: Optional[List[str]] = typer.Argument(None, metavar="[SERVER FLAGS]...",
-                                                       help="server flags: --model, --host, --port, --max-batch"),
+                                                       help="server flags: --model, --host, --port, --max-batch, "
+                                                            "--draft-model, --num-draft"),
     sampler: Optional[List[str]] = typer.Option(None, "--sampler", help="a chain FILE.smp[:NAME] (repeatable; the "
                                                 "first is the default, a request names another with "
                                                 "\"samplec_sampler\")"),

@@ -59,6 +59,7 @@ MAX_N = 16                  # the most choices one request may ask for
 MAX_STOP = 16               # the most stop strings
 MAX_TOKENS = 1 << 20
 MAX_BODY = 16 << 20
+MAX_DRAFT = 64              # the most tokens --num-draft may propose a round
 
 # request field -> how its value becomes the chain's (mlx-lm's off conventions; a context size of 0 is every token)
 _WINDOW = lambda v: -1 if int(v) == 0 or int(v) >= 2**31 else int(v)      # noqa: E731  (past int32: every token)
@@ -424,13 +425,32 @@ class Row:
         self.uid: int | None = None
         self.grammar_error: str | None = None
         self.grammar_logged = False
+        self.spec: Speculation | None = None    # its speculative state, when a draft model decodes it
 
-    def process(self, tokens: mx.array, logits: mx.array) -> mx.array:
-        """The row's logits processor (called by the batch in row order): its logit_bias, then record the row."""
+    def record(self, draw) -> int:
+        """Keep one sample (`BatchSampler.draw`'s entry; None: the call failed for this row, which then ends with
+        its end-of-sequence token) and move to the next position. The token."""
+        if draw is None:
+            draw = (self.eos, None, None, None, None)
+        self.records.append(draw)
+        self.step += 1
+        return draw[0]
+
+    def biased(self, logits: mx.array) -> mx.array:
+        """The row's logits [1, V] with its logit_bias added."""
         if self.bias:
             ids = [i for i in self.bias if i < logits.shape[-1]]
             if ids:
                 logits = logits.at[..., mx.array(ids)].add(mx.array([self.bias[i] for i in ids], mx.float32))
+        return logits
+
+    def history(self, tokens) -> np.ndarray:
+        """The part of the sequence before the sampled position (prompt + generated) the chain's windows read."""
+        return np.array(tokens).reshape(-1)[-self.context if self.context > 0 else 0:]
+
+    def process(self, tokens: mx.array, logits: mx.array) -> mx.array:
+        """The row's logits processor (called by the batch in row order): its logit_bias, then record the row."""
+        logits = self.biased(logits)
         self.sampler.rows.append((self, logits, tokens))
         return logits
 
@@ -468,39 +488,58 @@ class BatchSampler:
         if V % 32:
             mask[:, -1] = (1 << (V % 32)) - 1
         from samplec.structured import fill_batch
-        fill_batch([(r.matcher, i) for i, (r, _, _) in enumerate(rows) if r.matcher is not None], mask)
+        fill_batch([(r.matcher, i) for i, r in enumerate(rows) if r.matcher is not None], mask)
         self.grammar_seconds += time.perf_counter() - t0
         return mask
 
     def _run(self, prog: Program, rows: list) -> list[int]:
         x = mx.concatenate([lg.reshape(1, -1) for _, lg, _ in rows], axis=0)
+        rs = [r for r, _, _ in rows]
+        draws = self.draw(prog, x, rs, [r.history(t) for r, _, t in rows], [r.step for r in rs],
+                          any(r.job.req.logprobs for r in rs))
+        t0 = time.perf_counter()
+        tokens = []
+        for r, d in zip(rs, draws):
+            tok = r.record(d)
+            tokens.append(tok)
+            if d is not None and r.matcher is not None and r.grammar_error is None and tok not in r.job.eos_ids:
+                if not r.matcher.consume(tok):
+                    r.grammar_error = r.matcher.error or f"token {tok} not allowed"
+        self.grammar_seconds += time.perf_counter() - t0
+        return tokens
+
+    def draw(self, prog: Program, x: mx.array, rows: list, hist: list, positions: list[int],
+             want: bool) -> list:
+        """One program call over logits x [R, V] (already biased): row i samples with rows[i]'s seed, values and
+        mask, the history hist[i] and the position positions[i]. Per row (token, processed logprob, raw logprob,
+        top ids, top values) -- logprobs only when `want` -- or None where the call raised for that row (a value
+        no request check could foresee: the rows are then tried one by one, so that only the failing ones fail).
+        Pure: neither the rows nor their records change."""
         V = x.shape[-1]
         kw: dict = {}
         for p in prog.params:
             if p.kind == "tokens":
-                hist = [np.array(t).reshape(-1)[-r.context if r.context > 0 else 0:] for r, _, t in rows]
                 # (padded to a multiple of 32: fewer shapes for the program's compile cache to hold)
                 width = -(-max(1, max(len(h) for h in hist)) // 32) * 32
                 kw[p.name] = np.stack([np.pad(h.astype(np.int32), (width - len(h), 0), constant_values=-1)
                                        for h in hist])
             elif p.kind == "seed":
-                kw[p.name] = np.array([r.seed for r, _, _ in rows], dtype=np.uint64)
+                kw[p.name] = np.array([r.seed for r in rows], dtype=np.uint64)
             elif p.kind == "mask":
                 kw[p.name] = self._masks(rows, V)
             elif p.name in ("pos", "position") and p.kind == "int":
-                kw[p.name] = [r.step for r, _, _ in rows]
+                kw[p.name] = list(positions)
             elif p.name in FIELDS:
-                kw[p.name] = [r.values[p.name] for r, _, _ in rows]
+                kw[p.name] = [r.values[p.name] for r in rows]
         self.calls += 1
         self.widest = max(self.widest, len(rows))
-        constrained = sum(r.matcher is not None for r, _, _ in rows)
+        constrained = sum(r.matcher is not None for r in rows)
         self.mixed += 0 < constrained < len(rows)
         try:
             out = prog(x, **kw)
             names = out.names()
             tokens = np.array(out.token).reshape(-1).tolist()
             processed = np.array(out.logprob).reshape(-1).tolist() if "logprob" in names else [None] * len(rows)
-            want = any(r.job.req.logprobs for r, _, _ in rows)
             if want and "raw_logprob" in names and "top_logprobs" in names:
                 raw = np.array(out.raw_logprob).reshape(-1).tolist()
                 ids, vals = np.array(out.top_logprobs.ids), np.array(out.top_logprobs.values)
@@ -509,25 +548,13 @@ class BatchSampler:
             else:
                 raw, ids, vals = [None] * len(rows), None, None
         except SamplecError as e:
-            # (a value no request check could foresee: that row alone, each on its own, and a failing row ends
-            # its request with its end-of-sequence token rather than the server)
             if len(rows) == 1:
                 logging.error("samplec serve: %s", e)
-                r = rows[0][0]
-                r.records.append((r.eos, None, None, None, None))
-                r.step += 1
-                return [r.eos]
-            return [self._run(prog, [r])[0] for r in rows]
-        t0 = time.perf_counter()
-        for i, ((r, _, _), tok) in enumerate(zip(rows, tokens)):
-            r.records.append((tok, processed[i], raw[i], None if ids is None else ids[i],
-                              None if vals is None else vals[i]))
-            r.step += 1
-            if r.matcher is not None and r.grammar_error is None and tok not in r.job.eos_ids:
-                if not r.matcher.consume(tok):
-                    r.grammar_error = r.matcher.error or f"token {tok} not allowed"
-        self.grammar_seconds += time.perf_counter() - t0
-        return tokens
+                return [None]
+            return [self.draw(prog, x[i:i + 1], [r], [h], [p], want)[0]
+                    for i, (r, h, p) in enumerate(zip(rows, hist, positions))]
+        return [(tok, processed[i], raw[i], None if ids is None else ids[i], None if vals is None else vals[i])
+                for i, tok in enumerate(tokens)]
 
 
 def model_logprobs(x: mx.array, tokens: list[int]):
@@ -543,6 +570,46 @@ def model_logprobs(x: mx.array, tokens: list[int]):
 # ---------------------------------------------------------------------------------------------------------------
 # the engine: one thread drives mlx-lm's BatchGenerator
 
+class Speculation:
+    """A speculatively decoded row's target and draft KV caches (prefilled with all but the last prompt token, as
+    `samplec.decode.prefill` does), the sequence so far, what each model reads next, and the row's counts."""
+
+    def __init__(self, model, draft, prompt: list[int]):
+        from samplec.decode import _make_cache, _prefill_all_but_last
+        self.cache, self.dcache = _make_cache(model), _make_cache(draft)
+        seq = mx.array(prompt, dtype=mx.int32)
+        _prefill_all_but_last(model, self.cache, seq)
+        _prefill_all_but_last(draft, self.dcache, seq)
+        self.tokens = list(prompt)          # prompt + emitted: the history of the next position
+        self.pending = [prompt[-1]]         # the target's input next round (not yet in its cache)
+        self.dpending = [prompt[-1]]        # the draft's (one or two tokens)
+        self.target_forwards = self.draft_tokens = self.accepted_tokens = 0
+
+    def advance(self, target: list[int], kk: int, m: int) -> None:
+        """After a round that proposed kk tokens and kept m: trim both caches back to the emitted path."""
+        from samplec.decode import _trim
+        _trim(self.cache, kk - m, "target")
+        if kk:
+            c = min(m, kk - 1)                  # kept proposals the draft itself has fed forward
+            _trim(self.dcache, kk - 1 - c, "draft")
+            self.dpending = target[c:m + 1]
+        else:
+            self.dpending = self.dpending + target[:1]
+        self.pending = [target[m]]
+
+    def release(self) -> None:
+        self.cache = self.dcache = None
+
+    def usage(self) -> dict:
+        return {"draft_tokens": self.draft_tokens, "accepted_tokens": self.accepted_tokens,
+                "target_forwards": self.target_forwards}
+
+    def summary(self) -> str:
+        rate = self.accepted_tokens / self.draft_tokens if self.draft_tokens else 0.0
+        return (f"{self.accepted_tokens} of {self.draft_tokens} proposals accepted ({rate:.0%}), "
+                f"{self.target_forwards} target forward passes")
+
+
 class Job:
     """One request in flight: its rows and the events the handler thread reads."""
 
@@ -557,9 +624,12 @@ class Job:
 
 class Engine:
     def __init__(self, model, tokenizer, programs: dict[str, Program], token_bytes, grammars=None,
-                 max_batch: int = 32):
+                 max_batch: int = 32, draft=None, num_draft: int = 4):
         from mlx_lm.generate import BatchGenerator
         self.model, self.tokenizer = model, tokenizer
+        self.draft, self.num_draft = draft, num_draft
+        self.spec: list[Row] = []            # rows decoded speculatively (with the draft), in admission order
+        self.spec_waiting: list[Row] = []    # such rows past --max-batch, waiting for a place
         self.eos_ids = set(int(t) for t in (getattr(tokenizer, "eos_token_ids", None) or []))
         self.sampler = BatchSampler(programs, grammars)
         self.token_bytes = token_bytes
@@ -596,12 +666,12 @@ class Engine:
 
     @property
     def active(self) -> int:
-        return len(self.rows)
+        return len(self.rows) + len(self.spec)
 
     def _loop(self):
         while not self.stopped:
             try:
-                item = self.inbox.get(timeout=0.5) if not self.rows else self.inbox.get_nowait()
+                item = self.inbox.get(timeout=0.5) if not self.active else self.inbox.get_nowait()
             except queue.Empty:
                 item = None
             items = [item]
@@ -622,17 +692,25 @@ class Engine:
                     self.steps += 1
                     for r in responses:
                         self._deliver(r)
+                self._start_waiting()
+                for row in list(self.spec):       # (one round each, in turn with the batch's steps)
+                    self._speculate(row)
             except Exception as e:  # noqa: BLE001 - the engine must outlive any one batch's failure
                 logging.exception("samplec serve: the batch failed")
-                for row in list(self.rows.values()):
+                for row in [*self.rows.values(), *self.spec, *self.spec_waiting]:
                     row.job.error = f"generation failed: {type(e).__name__}: {e}"
                     row.job.events.put(("error", row.index, None))
                 self.rows.clear()
+                self.spec.clear()
+                self.spec_waiting.clear()
                 self.sampler.rows = []
                 self.gen = self._make()
 
     def _admit(self, job: Job):
         req = job.req
+        if self.draft is not None and req.grammar is None:
+            self.spec_waiting.extend(job.rows)
+            return
         uids = self.gen.insert([list(req.prompt)] * req.n, max_tokens=[req.max_tokens] * req.n,
                                samplers=[self.sampler] * req.n, logits_processors=[[r.process] for r in job.rows])
         for r, uid in zip(job.rows, uids):
@@ -645,10 +723,16 @@ class Engine:
             self.gen.remove(gone)
             for uid in gone:
                 del self.rows[uid]
+        self.spec = [r for r in self.spec if not r.job.cancelled]
+        self.spec_waiting = [r for r in self.spec_waiting if not r.job.cancelled]
 
     def _finish(self, row: Row, reason: str, in_batch: bool):
         row.finish = reason
-        if in_batch:
+        if row.spec is not None:
+            self.spec.remove(row)
+            row.spec.release()
+            logging.info("samplec serve: choice %d, speculative: %s", row.index, row.spec.summary())
+        elif in_batch:
             self.gen.remove([row.uid])
         self.rows.pop(row.uid, None)
         row.job.events.put(("done", row.index, None))
@@ -657,12 +741,16 @@ class Engine:
         row = self.rows.get(resp.uid)
         if row is None:
             return
-        token = int(resp.token)
+        self._emit(row, int(resp.token), resp.finish_reason)
+
+    def _emit(self, row: Row, token: int, ended: str | None) -> bool:
+        """Hand the row its next token; `ended`: the generator's finish reason with it ("length", "stop"; None: the
+        row goes on). Whether the row finished."""
         row.delivered += 1
         if token in self.eos_ids:
             row.text += row.decoder.decode(b"", final=True)      # (bytes of an unfinished character: U+FFFD)
-            self._finish(row, "stop", resp.finish_reason is None)
-            return
+            self._finish(row, "stop", ended is None)
+            return True
         b = self.token_bytes(token)
         pending = row.decoder.getstate()[0]
         # (bytes left pending by the previous token that this one does not continue become its U+FFFD: they
@@ -676,16 +764,65 @@ class Engine:
             hits = [i for i in (row.text.find(s, start) for s in stop) if i >= 0]
             if hits:
                 row.text = row.text[:min(hits)]
-                self._finish(row, "stop", resp.finish_reason is None)
-                return
+                self._finish(row, "stop", ended is None)
+                return True
         if row.grammar_error is not None and not row.grammar_logged:
             logging.error("samplec serve: grammar: %s", row.grammar_error)
             row.grammar_logged = True
-        if resp.finish_reason is not None:
+        if ended is not None:
             row.text += row.decoder.decode(b"", final=True)
-            self._finish(row, "length" if resp.finish_reason == "length" else "stop", False)
-            return
+            self._finish(row, "length" if ended == "length" else "stop", False)
+            return True
         row.job.events.put(("token", row.index, None))
+        return False
+
+    # -- speculative decoding (--draft-model): each such row has its own target and draft KV caches
+
+    def _start_waiting(self):
+        """Prefill the waiting speculative rows while there is room (--max-batch rows at once)."""
+        while self.spec_waiting and len(self.spec) < self.max_batch:
+            row = self.spec_waiting.pop(0)
+            row.spec = Speculation(self.model, self.draft, row.job.req.prompt)
+            self.spec.append(row)
+
+    def _speculate(self, row: Row):
+        """One round for one row: the draft proposes up to --num-draft tokens, drawn by the row's chain on the
+        draft's logits (biased as the target's) at the row's seed, next positions and history; the target scores
+        the pending token and the proposals in one forward pass; the chain runs once over those rows, row j at
+        position step + j with the history extended by the first j proposals; proposals are kept while they equal
+        the target's draw, and the target's draw at the first disagreement comes too. Each emitted token is the
+        chain's draw from the target's logits at plain decoding's position and history: the token the batch
+        would give the row (docs/serve.md, Speculative decoding)."""
+        sp, req = row.spec, row.job.req
+        prog = self.sampler.programs[row.chain]
+        kk = min(self.num_draft, req.max_tokens - row.delivered - 1)
+        drafts: list[int] = []
+        inp = sp.dpending
+        for j in range(kk):
+            dl = self.draft(mx.array(inp, dtype=mx.int32)[None], cache=sp.dcache)[:, -1, :]
+            d = self.sampler.draw(prog, row.biased(dl), [row], [row.history(sp.tokens + drafts)], [row.step + j],
+                                  False)[0]
+            drafts.append(row.eos if d is None else int(d[0]))
+            inp = drafts[-1:]
+        logits = self.model(mx.array(sp.pending + drafts, dtype=mx.int32)[None], cache=sp.cache)[0]
+        rows = kk + 1
+        x = mx.concatenate([row.biased(logits[j:j + 1]) for j in range(rows)], axis=0)
+        draws = self.sampler.draw(prog, x, [row] * rows, [row.history(sp.tokens + drafts[:j]) for j in range(rows)],
+                                  [row.step + j for j in range(rows)], req.logprobs)
+        target = [row.eos if d is None else int(d[0]) for d in draws]
+        m = 0
+        while m < kk and target[m] == drafts[m]:
+            m += 1
+        sp.target_forwards += 1
+        sp.draft_tokens += kk
+        sp.accepted_tokens += m
+        for j in range(m + 1):
+            tok = row.record(draws[j])
+            sp.tokens.append(tok)
+            ended = "length" if row.delivered + 1 >= req.max_tokens else None
+            if self._emit(row, tok, ended):
+                return
+        sp.advance(target, kk, m)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -747,12 +884,15 @@ class Formatter:
 class Server:
     """The model, its tokenizer, the engine and the request parser: what each handler thread reads."""
 
-    def __init__(self, model, tokenizer, programs, model_id: str, max_batch: int = 32):
+    def __init__(self, model, tokenizer, programs, model_id: str, max_batch: int = 32, draft=None,
+                 num_draft: int = 4):
         self.model_id = model_id
         self.created = int(time.time())
         self.tokenizer = tokenizer
         vocab = _vocab_size(model, tokenizer)
         self.vocab = vocab
+        if draft is not None:
+            check_draft(model, draft, vocab)
         self.grammars, off = None, ""
         try:
             from samplec.structured import Tokenizer
@@ -773,7 +913,7 @@ class Server:
         self.programs = programs
         self.parse = Parser(tokenizer, vocab, programs, model_id, self.grammars, off)
         self.format = Formatter(token_bytes)
-        self.engine = Engine(model, tokenizer, programs, token_bytes, self.grammars, max_batch)
+        self.engine = Engine(model, tokenizer, programs, token_bytes, self.grammars, max_batch, draft, num_draft)
 
     @property
     def sampler(self) -> BatchSampler:
@@ -784,6 +924,18 @@ class Server:
 
     def model_card(self) -> dict:
         return {"id": self.model_id, "object": "model", "created": self.created, "owned_by": "samplec"}
+
+
+def check_draft(model, draft, vocab: int) -> None:
+    """A draft model must give logits over the target's vocabulary, and both KV caches must be trimmable (each
+    round trims them back to the emitted path)."""
+    from samplec.decode import _check_trimmable, _make_cache
+    width = _vocab_size(draft, None)
+    if width != vocab:
+        raise SamplecError(f"--draft-model: its vocabulary has {width} entries, the target's {vocab}; a draft "
+                           "must share the target's token ids")
+    for which, m in (("target", model), ("draft", draft)):
+        _check_trimmable(_make_cache(m), which)
 
 
 def _vocab_size(model, tokenizer) -> int:
@@ -881,8 +1033,14 @@ class Handler(BaseHTTPRequestHandler):
 
     def _usage(self, job: Job) -> dict:
         done = sum(r.delivered for r in job.rows)
-        return {"prompt_tokens": len(job.req.prompt), "completion_tokens": done,
-                "total_tokens": len(job.req.prompt) + done}
+        usage = {"prompt_tokens": len(job.req.prompt), "completion_tokens": done,
+                 "total_tokens": len(job.req.prompt) + done}
+        spec = [r.spec for r in job.rows if r.spec is not None]
+        if spec:        # (decoded with the draft model: its proposals and how many the target kept)
+            total = {k: sum(s.usage()[k] for s in spec) for k in spec[0].usage()}
+            total["acceptance"] = total["accepted_tokens"] / total["draft_tokens"] if total["draft_tokens"] else None
+            usage["samplec_speculative"] = total
+        return usage
 
     def _complete(self, job: Job):
         req = job.req
@@ -1014,6 +1172,8 @@ def parse_args(argv: list[str]):
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8080)
     p.add_argument("--max-batch", type=int, default=32, help="the most rows generated at once")
+    p.add_argument("--draft-model", default=None, help="a smaller model over the same vocabulary")
+    p.add_argument("--num-draft", default=None, help="tokens the draft proposes per target forward pass")
     p.add_argument("--trust-remote-code", action="store_true")
     p.add_argument("--log-level", default="WARNING")
     return p.parse_args(argv)
@@ -1029,6 +1189,16 @@ def serve(argv: list[str], samplers: list[str], demo: bool, ready=None):
         raise SamplecError(f"--max-batch {args.max_batch}: must lie in 1..1024")
     if not demo and not args.model:
         raise SamplecError("samplec serve needs --model PATH (or --demo for the built-in random model)")
+    num_draft = 4
+    if args.num_draft is not None:
+        if args.draft_model is None:
+            raise SamplecError("--num-draft: only with --draft-model PATH")
+        try:
+            num_draft = int(args.num_draft)
+        except ValueError:
+            raise SamplecError(f"--num-draft {args.num_draft}: must be an integer in 1..{MAX_DRAFT}") from None
+        if not 1 <= num_draft <= MAX_DRAFT:
+            raise SamplecError(f"--num-draft {num_draft}: must be an integer in 1..{MAX_DRAFT}")
     try:
         import mlx_lm  # noqa: F401
     except ImportError:
@@ -1053,7 +1223,11 @@ def serve(argv: list[str], samplers: list[str], demo: bool, ready=None):
             except Exception as e:  # noqa: BLE001 - mlx-lm and huggingface_hub raise many kinds
                 raise SamplecError(f"cannot load the model {args.model!r}: {_first_line(e)}") from None
             model_id = args.model
-        app = Server(model, tokenizer, programs, model_id, args.max_batch)
+        draft = load_draft(args.draft_model, args.trust_remote_code) if args.draft_model else None
+        app = Server(model, tokenizer, programs, model_id, args.max_batch, draft, num_draft)
+        if draft is not None:
+            logging.info("samplec serve: speculative decoding with the draft %s, %d proposals a round",
+                         args.draft_model, num_draft)
         httpd.RequestHandlerClass = type("BoundHandler", (Handler,), {"app": app})
         if ready is not None:
             ready(httpd, app)
@@ -1064,6 +1238,17 @@ def serve(argv: list[str], samplers: list[str], demo: bool, ready=None):
         httpd.server_close()
         if app is not None:
             app.engine.stop()
+
+
+def load_draft(path: str, trust_remote_code: bool = False):
+    """The draft model at PATH (a local folder or a Hugging Face repository, as --model): its weights only (it
+    reads the target's tokens, so its tokenizer is not needed)."""
+    try:
+        from mlx_lm.utils import _download, load_model
+        model, _ = load_model(_download(path), trust_remote_code=trust_remote_code)
+    except Exception as e:  # noqa: BLE001 - mlx-lm and huggingface_hub raise many kinds
+        raise SamplecError(f"--draft-model: cannot load {path!r}: {_first_line(e)}") from None
+    return model
 
 
 def _first_line(e: Exception) -> str:
