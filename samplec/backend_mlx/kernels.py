@@ -11,6 +11,24 @@ DT = {"f32": mx.float32, "i32": mx.int32, "u32": mx.uint32, "u64": mx.uint64, "b
 NP_DT = {"f32": np.float32, "i32": np.int32, "u32": np.uint32, "u64": np.uint64, "bool": np.bool_}
 
 
+_CONSTANTS: dict[tuple, mx.array] = {}
+MAX_CONSTANTS = 64
+
+
+def constant(key: tuple, build) -> mx.array:
+    """An array that depends only on shapes (an index row, a zero row), built and evaluated once: under
+    `mx.compile` it is a constant of the call, not a kernel of its own each time (an `arange` or a fill is a launch
+    on a GPU)."""
+    got = _CONSTANTS.get(key)
+    if got is None:
+        if len(_CONSTANTS) >= MAX_CONSTANTS:
+            _CONSTANTS.pop(next(iter(_CONSTANTS)))
+        got = build()
+        mx.eval(got)
+        _CONSTANTS[key] = got
+    return got
+
+
 def _const(ins, a):
     # through numpy: MLX cannot build a uint64 scalar above 2**63 directly
     return mx.array(np.array(a["value"], dtype=NP_DT[a["dtype"]]))
@@ -27,6 +45,14 @@ def _argsort(ins, a):
     x = ins[0]
     # (MLX gives uint32 positions; a view, not a conversion kernel, makes them i32: V < 2**31)
     return mx.argsort(-x if a["descending"] else x, axis=-1).view(mx.int32)
+
+
+def _iota(n: int) -> mx.array:
+    return constant(("iota", n), lambda: mx.arange(n, dtype=mx.int32))
+
+
+def _zeros(shape: tuple, dtype) -> mx.array:
+    return constant(("zeros", tuple(shape), dtype), lambda: mx.zeros(shape, dtype=dtype))
 
 
 def _in_range(idx: mx.array, n: int) -> mx.array:
@@ -68,7 +94,7 @@ def _cumsum(x: mx.array) -> mx.array:
     """Running sums along the row. A float32 running mass on the CPU, where MLX sums in sequence, drifts ~1e-5 over
     thousands of tail tokens -- enough to move a top_p or typical_p boundary by a token -- so it runs in float64
     there; a GPU's scan adds by a tree, a few ulps from the exact sum."""
-    if x.dtype == mx.float32 and mx.default_device() == mx.cpu:
+    if x.dtype == mx.float32 and mx.default_device() == mx.cpu and not GPU_SUMS:
         return mx.cumsum(x.astype(mx.float64), axis=-1).astype(mx.float32)
     return mx.cumsum(x, axis=-1)
 
@@ -257,7 +283,7 @@ def _scatter_add(ins, a):
     lead = base.shape[:-1]
     idx = mx.broadcast_to(idx, lead + idx.shape[-1:])
     upd = mx.broadcast_to(upd, idx.shape)
-    rows = mx.broadcast_to(mx.arange(base.shape[0])[:, None], idx.shape) if lead else None
+    rows = mx.broadcast_to(_iota(base.shape[0])[:, None], idx.shape) if lead else None
     return base.at[rows, idx].add(upd) if lead else base.at[idx].add(upd)
 
 
@@ -304,7 +330,7 @@ def _count_at(ins, a):
     if ids.shape[-1] <= PAIRWISE_COUNTS:
         same = mx.expand_dims(ids, -1) == mx.expand_dims(ids, -2)
         return mx.sum(mx.where(same, mx.expand_dims(w, -2), 0.0), axis=-1)
-    counts = _scatter_add([mx.zeros(x.shape, dtype=mx.float32), ids, w], a)
+    counts = _scatter_add([_zeros(x.shape, mx.float32), ids, w], a)
     return _take_along([counts, ids], a)
 
 
@@ -371,7 +397,7 @@ KERNELS = {
     "const": _const,
     "expand": lambda i, a: mx.expand_dims(i[0], -1),
     "squeeze": lambda i, a: mx.squeeze(i[0], -1),
-    "iota": lambda i, a: mx.arange(i[0].shape[-1], dtype=mx.int32),
+    "iota": lambda i, a: _iota(i[0].shape[-1]),
     "slice": lambda i, a: i[0][..., a["start"]:a["stop"]],
     "reduce_max": _red(mx.max), "reduce_min": _red(mx.min), "reduce_sum": _reduce_sum, "reduce_any": _red(mx.any),
     "argmax": lambda i, a: mx.argmax(i[0], axis=-1, keepdims=True).view(mx.int32),
@@ -379,7 +405,7 @@ KERNELS = {
     "cumsum": lambda i, a: _cumsum(i[0]),
     "kth_largest": _kth_largest, "kth_largest_static": _kth_largest_static, "mass_threshold": _mass_threshold,
     "filter": lambda i, a: mx.where(i[1], i[0], mx.array(-np.inf, dtype=mx.float32)),
-    "zeros_like": lambda i, a: mx.zeros(i[0].shape, dtype=DT[a["dtype"]]),
+    "zeros_like": lambda i, a: _zeros(i[0].shape, DT[a["dtype"]]),
     "take_along": _take_along, "scatter_add": _scatter_add, "put_along": _put_along, "sparse_add": _sparse_add,
     "random_bits": lambda i, a: _random_bits(*i),
     "count_at": _count_at, "log_softmax": _log_softmax, "dry_repeats": _dry_repeats,

@@ -194,7 +194,21 @@ MAPS = {"temperature", "dynamic_temperature"}     # (monotone maps: every other 
 
 
 def order_free(op: str, r: Sorted, operands: list[Node]) -> Sorted:
-    return r.with_s(EXPAND[op](r.s, *operands), cut=op not in MAPS)
+    """The dense definition on the sorted values, its maximum of the row read at place 0 where that holds it."""
+    out = EXPAND[op](r.s, *operands)
+    if r.head:
+        out = _substitute(out, lambda n: r.top() if n.op == "reduce_max" and n.inputs[0] is r.s else None)
+    return r.with_s(out, cut=op not in MAPS)
+
+
+def _substitute(root: Node, swap) -> Node:
+    """root with every node for which swap(node) gives a node replaced by it."""
+    new: dict[int, Node] = {}
+    for n in Graph("expression", (), (("out", root),)).toposort():
+        got = swap(n)
+        new[id(n)] = got if got is not None else rebuild(n, tuple(new[id(i)] for i in n.inputs)) \
+            if n.op != INPUT else n
+    return new[id(root)]
 
 
 # ---- the pass ----------------------------------------------------------------------------------------------------
