@@ -99,6 +99,39 @@ def test_every_example_runs_its_targets_kernels(example, sampler):
             np.testing.assert_allclose(np.array(got[t].logprob), np.array(got["O0"].logprob), atol=2e-4, rtol=1e-4)
 
 
+# Kernel launches of one portable call as a GPU runs it (samplec.backend_mlx.launches: the primitives of the call's
+# lazy outputs that are not views, sums one reduction each, RandomBits in MLX ops), B = 2, with MLX 0.32.4 (pinned):
+# a ceiling per example that fails when a change adds kernels. benchmarks/bench_targets.py records them at V = 152064.
+PORTABLE_LAUNCHES = {
+    "hf_generate.smp:hf_generate": 72,
+    "hf_generate.smp:hf_greedy": 24,
+    "llama.smp:llama": 47,
+    "llama.smp:nucleus": 43,
+    "llama_cpp_default.smp:llama_cpp_default": 101,
+    "llama_cpp_default.smp:llama_cpp_default_short": 32,
+    "mlx_lm_default.smp:mlx_lm": 61,
+    "mlx_lm_default.smp:mlx_lm_chat": 54,
+    "openai.smp:openai": 64,
+    "openai.smp:openai_constant_bias": 60,
+    "vllm.smp:vllm": 73,
+    "vllm.smp:vllm_constrained": 84,
+}
+
+
+@pytest.mark.parametrize("example,sampler", EXAMPLE_SAMPLERS, ids=[f"{e}:{s}" for e, s in EXAMPLE_SAMPLERS])
+def test_portable_launches_stay_within_their_ceiling(example, sampler, monkeypatch):
+    import mlx.core as mx
+    from samplec.backend_mlx import kernels
+    from samplec.backend_mlx.launches import call_primitives, launches
+    monkeypatch.setenv("SAMPLEC_NATIVE", "0")
+    monkeypatch.setattr(kernels, "GPU_SUMS", True)
+    prog = samplec.compile((ROOT / "examples" / example).read_text(), sampler, target="portable")
+    x, kw = example_args(prog)
+    counts = call_primitives(prog, mx.array(x), **kw)
+    assert not {"Arange", "Full"} & set(counts), counts       # (index and zero rows are constants of the call)
+    assert launches(counts) <= PORTABLE_LAUNCHES[f"{example}:{sampler}"], counts
+
+
 def test_a_declined_kernel_shows_in_the_trace(monkeypatch):
     """The trace is what the fallback tests read: a chain kernel that declines is reported, not hidden."""
     prog = samplec.compile_file(ROOT / "examples" / "llama.smp", sampler="llama", target="cpu")

@@ -297,9 +297,19 @@ def _sparse_add(ins, a):
     x = ins[0]
     if max(a["ids"], default=-1) >= x.shape[-1]:       # (a call checks this first: a direct kernel call too)
         raise ValueError(f"logit_bias: token id {max(a['ids'])} is out of range for V = {x.shape[-1]}")
+    if len(set(a["ids"])) == len(a["ids"]):
+        # one row of the biases, built once: adding it (0 elsewhere) is a plain add that fuses with its neighbours
+        V, key = x.shape[-1], ("sparse_add", tuple(a["ids"]), tuple(a["values"]))
+        return x + constant(key + (V,), lambda: _bias_row(a["ids"], a["values"], V))
     ids = mx.array(np.array(a["ids"], dtype=np.int32))
     vals = mx.array(np.array(a["values"], dtype=np.float32))
     return x.at[..., ids].add(vals)
+
+
+def _bias_row(ids, values, V: int) -> mx.array:
+    row = np.zeros(V, dtype=np.float32)
+    row[np.array(ids, dtype=np.int64)] = np.array(values, dtype=np.float32)
+    return mx.array(row)
 
 
 GROUP = 32
