@@ -344,7 +344,8 @@ def serve(
     from samplec.serve import serve as run_server
     run_server(list(mlx_lm_args or []), list(sampler or []), demo,
                ready=lambda httpd, _: _echo(f"samplec serve: listening on http://{httpd.server_address[0]}:"
-                                            f"{httpd.server_address[1]}", err=True))
+                                            f"{httpd.server_address[1]}" if httpd is not None else
+                                            "samplec serve: following rank 0's steps", err=True))
 
 
 def _version_text() -> str:

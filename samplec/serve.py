@@ -111,6 +111,7 @@ class Request:
     chain: str | None = None
     grammar: object = None             # a samplec.structured.Grammar
     model: str = ""
+    body: dict | None = None           # the request as received (what rank 0 sends the other ranks)
 
     def seeds(self) -> list[int]:
         """Choice i samples with seed (seed + i) mod 2**64; without a seed, each choice draws one from the OS."""
@@ -155,6 +156,7 @@ class Parser:
         self.tokenizer, self.vocab, self.programs, self.model_id = tokenizer, vocab, programs, model_id
         self.grammars = grammars              # a samplec.structured.Tokenizer, or None (no engine / no tokenizer)
         self.grammars_off = grammars_off      # why there is none
+        self.sharded = False                  # the model's LM head is split over ranks (logits slices)
 
     def __call__(self, kind: str, body) -> Request:
         if not isinstance(body, dict):
@@ -199,6 +201,13 @@ class Parser:
                              f"{', '.join(self.programs)})", "samplec_sampler")
         req.chain = chain or next(iter(self.programs))
         req.grammar = self._grammar(body, req.chain)
+        if req.logprobs and self.sharded:
+            names = {k.split(".")[0] for k, _ in self.programs[req.chain].graph.outputs}
+            if "raw_logprob" not in names or "top_logprobs" not in names:
+                raise BadRequest(f"logprobs: the chain '{req.chain}' has no raw_logprob and top_logprobs outputs, "
+                                 "which a server with a vocabulary-sharded LM head needs for log-probabilities",
+                                 "logprobs")
+        req.body = body
         return req
 
     @staticmethod
@@ -426,6 +435,7 @@ class Row:
         self.grammar_error: str | None = None
         self.grammar_logged = False
         self.spec: Speculation | None = None    # its speculative state, when a draft model decodes it
+        self.vocab_start = 0                     # the first id of the logits it sees (a rank's slice: its start)
 
     def record(self, draw) -> int:
         """Keep one sample (`BatchSampler.draw`'s entry; None: the call failed for this row, which then ends with
@@ -437,11 +447,14 @@ class Row:
         return draw[0]
 
     def biased(self, logits: mx.array) -> mx.array:
-        """The row's logits [1, V] with its logit_bias added."""
+        """The row's logits [1, V] (or its rank's slice of them, ids from `vocab_start`) with its logit_bias
+        added."""
         if self.bias:
-            ids = [i for i in self.bias if i < logits.shape[-1]]
+            lo, width = self.vocab_start, logits.shape[-1]
+            ids = [i for i in self.bias if lo <= i < lo + width]
             if ids:
-                logits = logits.at[..., mx.array(ids)].add(mx.array([self.bias[i] for i in ids], mx.float32))
+                logits = logits.at[..., mx.array([i - lo for i in ids])].add(
+                    mx.array([self.bias[i] for i in ids], mx.float32))
         return logits
 
     def history(self, tokens) -> np.ndarray:
@@ -458,9 +471,13 @@ class Row:
 class BatchSampler:
     """The batch's one sampler: runs each chain once per step over the rows recorded by their processors."""
 
-    def __init__(self, programs: dict[str, Program], grammars=None):
+    def __init__(self, programs: dict[str, Program], grammars=None, vocab_shard=None):
         self.programs = programs
         self.grammars = grammars
+        # (a model whose LM head is split over ranks: each chain runs as samplec.distributed.shard on the rank's
+        # logits slice, and every rank gets the same tokens)
+        self.vocab_shard = vocab_shard
+        self.sharded: dict[str, object] = {}
         self.rows: list = []
         self.calls = 0              # program calls so far (one per chain per step)
         self.widest = 0             # the most rows one call sampled
@@ -481,6 +498,12 @@ class BatchSampler:
                 tokens[i] = t
         self.sample_seconds += time.perf_counter() - t0
         return mx.array(tokens, dtype=mx.uint32)
+
+    def _shard(self, prog: Program):
+        if prog.name not in self.sharded:
+            from samplec.distributed import shard
+            self.sharded[prog.name] = shard(prog, self.vocab_shard.group)
+        return self.sharded[prog.name]
 
     def _masks(self, rows: list, V: int) -> np.ndarray:
         t0 = time.perf_counter()
@@ -515,7 +538,7 @@ class BatchSampler:
         top ids, top values) -- logprobs only when `want` -- or None where the call raised for that row (a value
         no request check could foresee: the rows are then tried one by one, so that only the failing ones fail).
         Pure: neither the rows nor their records change."""
-        V = x.shape[-1]
+        V = x.shape[-1] if self.vocab_shard is None else self.vocab_shard.vocab
         kw: dict = {}
         for p in prog.params:
             if p.kind == "tokens":
@@ -536,14 +559,17 @@ class BatchSampler:
         constrained = sum(r.matcher is not None for r in rows)
         self.mixed += 0 < constrained < len(rows)
         try:
-            out = prog(x, **kw)
+            if self.vocab_shard is None:
+                out = prog(x, **kw)
+            else:
+                out = self._shard(prog)(x, vocab_start=self.vocab_shard.start, vocab_size=V, **kw)
             names = out.names()
             tokens = np.array(out.token).reshape(-1).tolist()
             processed = np.array(out.logprob).reshape(-1).tolist() if "logprob" in names else [None] * len(rows)
             if want and "raw_logprob" in names and "top_logprobs" in names:
                 raw = np.array(out.raw_logprob).reshape(-1).tolist()
                 ids, vals = np.array(out.top_logprobs.ids), np.array(out.top_logprobs.values)
-            elif want:
+            elif want and self.vocab_shard is None:
                 raw, ids, vals = model_logprobs(x, tokens)
             else:
                 raw, ids, vals = [None] * len(rows), None, None
@@ -620,18 +646,27 @@ class Job:
         self.cancelled = False
         self.rows: list[Row] = []
         self.error: str | None = None
+        self.number = 0                    # its number in admission order (the same on every rank)
 
 
 class Engine:
     def __init__(self, model, tokenizer, programs: dict[str, Program], token_bytes, grammars=None,
-                 max_batch: int = 32, draft=None, num_draft: int = 4):
+                 max_batch: int = 32, draft=None, num_draft: int = 4, parse=None):
         from mlx_lm.generate import BatchGenerator
         self.model, self.tokenizer = model, tokenizer
+        # a model whose LM head is split over the ranks of a group (samplec.distributed.shard_lm_head): rank 0
+        # takes the requests and broadcasts each step's plan, every rank runs the same steps (`_plan`)
+        self.vocab_shard = getattr(model, "samplec_vocab", None)
+        self.group = self.vocab_shard.group if self.vocab_shard is not None else None
+        self.leader = self.group is None or self.group.rank() == 0
+        self.parse = parse                   # (the other ranks build each admitted request from its body)
+        self.jobs = 0                        # requests admitted so far (their number on every rank)
+        self.live: dict[int, Job] = {}       # the admitted requests not yet finished, by number
         self.draft, self.num_draft = draft, num_draft
         self.spec: list[Row] = []            # rows decoded speculatively (with the draft), in admission order
         self.spec_waiting: list[Row] = []    # such rows past --max-batch, waiting for a place
         self.eos_ids = set(int(t) for t in (getattr(tokenizer, "eos_token_ids", None) or []))
-        self.sampler = BatchSampler(programs, grammars)
+        self.sampler = BatchSampler(programs, grammars, self.vocab_shard)
         self.token_bytes = token_bytes
         self.max_batch = max_batch
         self._make = lambda: BatchGenerator(model, stop_tokens=[[t] for t in sorted(self.eos_ids)],
@@ -647,12 +682,19 @@ class Engine:
         self.thread.start()
 
     def submit(self, req: Request) -> Job:
+        if not self.leader:
+            raise RuntimeError("samplec serve: only rank 0 takes requests")
+        job = self._job(req, req.seeds())
+        self.inbox.put(job)
+        return job
+
+    def _job(self, req: Request, seeds: list[int]) -> Job:
         job = Job(req, self.eos_ids)
         eos = min(self.eos_ids) if self.eos_ids else 0
-        job.rows = [Row(job, i, s, eos) for i, s in enumerate(req.seeds())]
+        job.rows = [Row(job, i, s, eos) for i, s in enumerate(seeds)]
         for r in job.rows:
             r.sampler = self.sampler
-        self.inbox.put(job)
+            r.vocab_start = self.vocab_shard.start if self.vocab_shard is not None else 0
         return job
 
     def cancel(self, job: Job) -> None:
@@ -660,31 +702,44 @@ class Engine:
         self.inbox.put(None)
 
     def stop(self) -> None:
+        """End the engine (rank 0 of a sharded model: every rank's, through the last plan)."""
         self.stopped = True
         self.inbox.put(None)
-        self.thread.join(30)
+        self.thread.join(30 if self.leader else None)
 
     @property
     def active(self) -> int:
         return len(self.rows) + len(self.spec)
 
     def _loop(self):
-        while not self.stopped:
-            try:
-                item = self.inbox.get(timeout=0.5) if not self.active else self.inbox.get_nowait()
-            except queue.Empty:
-                item = None
-            items = [item]
-            while True:
-                try:
-                    items.append(self.inbox.get_nowait())
-                except queue.Empty:
+        while True:
+            if self.leader:
+                if self.stopped:
                     break
+                try:
+                    item = self.inbox.get(timeout=0.5) if not self.active else self.inbox.get_nowait()
+                except queue.Empty:
+                    item = None
+                items = [item]
+                while True:
+                    try:
+                        items.append(self.inbox.get_nowait())
+                    except queue.Empty:
+                        break
+                admit = [job for job in items if job is not None and not job.cancelled]
+                gone = {i for i, job in self.live.items() if job.cancelled}
+            if self.group is not None:
+                plan = self._plan(admit if self.leader else None, gone if self.leader else None)
+                if plan is None:
+                    break
+                admit, gone = plan
             try:
-                for job in items:
-                    if job is not None and not job.cancelled:
-                        self._admit(job)
-                self._drop_cancelled()
+                for job in admit:
+                    self.jobs += 1
+                    job.number = self.jobs
+                    self.live[job.number] = job
+                    self._admit(job)
+                self._drop_cancelled(gone)
                 if self.rows:
                     t0 = time.perf_counter()
                     _, responses = self.gen.next()
@@ -695,6 +750,7 @@ class Engine:
                 self._start_waiting()
                 for row in list(self.spec):       # (one round each, in turn with the batch's steps)
                     self._speculate(row)
+                self.live = {i: job for i, job in self.live.items() if any(r.finish is None for r in job.rows)}
             except Exception as e:  # noqa: BLE001 - the engine must outlive any one batch's failure
                 logging.exception("samplec serve: the batch failed")
                 for row in [*self.rows.values(), *self.spec, *self.spec_waiting]:
@@ -704,7 +760,29 @@ class Engine:
                 self.spec.clear()
                 self.spec_waiting.clear()
                 self.sampler.rows = []
+                self.live.clear()
                 self.gen = self._make()
+        if self.group is not None and self.leader:
+            self._plan(None, None, end=True)
+
+    def _plan(self, admit: list | None, gone: set | None, end: bool = False):
+        """Rank 0: broadcast this step's plan -- the requests to admit (body and seeds), the numbers of those to
+        drop, or the end. The other ranks: receive it and build the same jobs. (admit, gone), or None at the
+        end."""
+        from samplec.distributed.follow import receive_plan, send_plan
+        if self.leader:
+            send_plan({"end": end, "gone": sorted(gone or ()),
+                       "admit": [{"kind": j.req.kind, "body": j.req.body, "seeds": [str(r.seed) for r in j.rows]}
+                                 for j in admit or ()]}, self.group)
+            return None if end else (admit, gone)
+        plan = receive_plan(self.group)
+        if plan["end"]:
+            return None
+        jobs = []
+        for a in plan["admit"]:
+            req = self.parse(a["kind"], a["body"])        # (checked by rank 0 already: the same request here)
+            jobs.append(self._job(req, [int(x) for x in a["seeds"]]))
+        return jobs, set(plan["gone"])
 
     def _admit(self, job: Job):
         req = job.req
@@ -717,14 +795,19 @@ class Engine:
             r.uid = uid
             self.rows[uid] = r
 
-    def _drop_cancelled(self):
-        gone = [uid for uid, r in self.rows.items() if r.job.cancelled]
+    def _drop_cancelled(self, numbers: set[int]):
+        """Drop the rows of the requests whose clients went away (by number: what rank 0 decided)."""
+        if not numbers:
+            return
+        gone = [uid for uid, r in self.rows.items() if r.job.number in numbers]
         if gone:
             self.gen.remove(gone)
             for uid in gone:
                 del self.rows[uid]
-        self.spec = [r for r in self.spec if not r.job.cancelled]
-        self.spec_waiting = [r for r in self.spec_waiting if not r.job.cancelled]
+        self.spec = [r for r in self.spec if r.job.number not in numbers]
+        self.spec_waiting = [r for r in self.spec_waiting if r.job.number not in numbers]
+        for n in numbers:
+            self.live.pop(n, None)
 
     def _finish(self, row: Row, reason: str, in_batch: bool):
         row.finish = reason
@@ -889,9 +972,13 @@ class Server:
         self.model_id = model_id
         self.created = int(time.time())
         self.tokenizer = tokenizer
-        vocab = _vocab_size(model, tokenizer)
+        shard = getattr(model, "samplec_vocab", None)       # an LM head split over ranks (shard_lm_head)
+        vocab = _vocab_size(model, tokenizer) if shard is None else shard.vocab
         self.vocab = vocab
         if draft is not None:
+            if shard is not None:
+                raise SamplecError("--draft-model: not with an LM head split over ranks (a vocabulary-sharded "
+                                   "server decodes without a draft)")
             check_draft(model, draft, vocab)
         self.grammars, off = None, ""
         try:
@@ -912,8 +999,10 @@ class Server:
         self.token_bytes = token_bytes
         self.programs = programs
         self.parse = Parser(tokenizer, vocab, programs, model_id, self.grammars, off)
+        self.parse.sharded = shard is not None
         self.format = Formatter(token_bytes)
-        self.engine = Engine(model, tokenizer, programs, token_bytes, self.grammars, max_batch, draft, num_draft)
+        self.engine = Engine(model, tokenizer, programs, token_bytes, self.grammars, max_batch, draft, num_draft,
+                             parse=self.parse)
 
     @property
     def sampler(self) -> BatchSampler:
@@ -1205,12 +1294,21 @@ def serve(argv: list[str], samplers: list[str], demo: bool, ready=None):
         raise SamplecError("samplec serve needs mlx-lm: pip install mlx-lm "
                            "(or pip install -e '.[mlx-lm]' in a checkout)") from None
     programs = load_programs(samplers)
+    # under mlx.launch (a group of several ranks): the LM head is split over the ranks, rank 0 serves HTTP and
+    # the others follow its steps (docs/distributed.md, samplec serve)
+    group = mx.distributed.init()
+    ranks = group.size() > 1
+    if ranks and args.draft_model:
+        raise SamplecError("--draft-model: not under mlx.launch (a server whose LM head is split over ranks "
+                           "decodes without a draft)")
     # everything that can fail at start-up fails before anything is served: the port first (at once, before a long
     # model load), then the model
-    try:
-        httpd = HTTPServer((args.host, args.port), Handler)
-    except OSError as e:
-        raise SamplecError(f"cannot listen on {args.host}:{args.port}: {e.strerror or e}") from None
+    httpd = None
+    if not ranks or group.rank() == 0:
+        try:
+            httpd = HTTPServer((args.host, args.port), Handler)
+        except OSError as e:
+            raise SamplecError(f"cannot listen on {args.host}:{args.port}: {e.strerror or e}") from None
     app = None
     try:
         if demo:
@@ -1224,10 +1322,21 @@ def serve(argv: list[str], samplers: list[str], demo: bool, ready=None):
                 raise SamplecError(f"cannot load the model {args.model!r}: {_first_line(e)}") from None
             model_id = args.model
         draft = load_draft(args.draft_model, args.trust_remote_code) if args.draft_model else None
+        if ranks:
+            from samplec.distributed import shard_lm_head
+            shard_lm_head(model, group)
+            s = model.samplec_vocab
+            logging.info("samplec serve: rank %d of %d holds token ids [%d, %d) of the LM head", group.rank(),
+                         group.size(), s.start, s.start + s.size)
         app = Server(model, tokenizer, programs, model_id, args.max_batch, draft, num_draft)
         if draft is not None:
             logging.info("samplec serve: speculative decoding with the draft %s, %d proposals a round",
                          args.draft_model, num_draft)
+        if httpd is None:                # (a rank after 0: it runs rank 0's steps until rank 0 ends)
+            if ready is not None:
+                ready(None, app)
+            app.engine.thread.join()
+            return
         httpd.RequestHandlerClass = type("BoundHandler", (Handler,), {"app": app})
         if ready is not None:
             ready(httpd, app)
@@ -1235,7 +1344,8 @@ def serve(argv: list[str], samplers: list[str], demo: bool, ready=None):
     except KeyboardInterrupt:
         pass
     finally:
-        httpd.server_close()
+        if httpd is not None:
+            httpd.server_close()
         if app is not None:
             app.engine.stop()
 

@@ -93,6 +93,7 @@ def shard_lm_head(model, group=None):
     else:
         inner.embed_tokens = VocabParallelEmbedding(_rows(embed, start, start + size, vocab), where)
     model.samplec_vocab = where
+    mx.eval(model.parameters())     # (the rows now: an array left lazy belongs to this thread's stream)
     return model
 
 
