@@ -13,6 +13,13 @@ Layers, each owned here except the model:
   values, seed, position and mask (spec section 4), so a request gives the same tokens alone or in any batch.
 - Text: token bytes (the grammar engine's tokenizer view), UTF-8 decoded incrementally; stop strings are found in
   the text (also across tokens), the text ends just before the first one.
+- With `--draft-model`, requests without a grammar are decoded speculatively, each with its own target and draft
+  KV caches (`Speculation`, `Engine._speculate`): the draft proposes with the row's chain at the row's seed,
+  positions and history, the chain runs once over the target's verified positions (`BatchSampler.draw`, the call
+  the batch makes), so the tokens are the ones the batch gives without a draft.
+- Under `mlx.launch` the LM head is split over the ranks (`samplec.distributed.shard_lm_head`): rank 0 serves HTTP
+  and broadcasts each step's plan (`Engine._plan`), every rank runs the same batch and samples its logits slice
+  through `samplec.distributed.shard`, and every rank gets the same tokens.
 """
 from __future__ import annotations
 
