@@ -35,7 +35,7 @@ def _const(ins, a):
 
 
 def _sort(ins, a):
-    # values only: equal values are interchangeable, so descending is the ascending sort reversed
+    # values only: equal values are interchangeable, so descending is the ascending sort reversed (a view)
     s = mx.sort(ins[0], axis=-1)
     return s[..., ::-1] if a["descending"] else s
 
@@ -423,7 +423,8 @@ KERNELS = {
     "gather": lambda i, a: mx.take_along_axis(*_lead(i[0], i[1]), axis=-1),
     "sum": lambda i, a: _device_sum(i[0]),
     "last_index": lambda i, a: mx.array([max(i[0].shape[-1] - 1, 0)], dtype=mx.int32),
-    "concat": lambda i, a: mx.concatenate([mx.broadcast_to(i[0], i[1].shape[:-1] + (1,)), i[1]], axis=-1),
+    "coin_ids": lambda i, a: constant(("coin_ids", i[0].shape[-1]), lambda: mx.concatenate(
+        [mx.array([0xFFFFFFFF], dtype=mx.uint32), mx.arange(i[0].shape[-1], dtype=mx.uint32)])),
     "tail": lambda i, a: i[0][..., a["start"]:],
     "place": lambda i, a: i[0][..., min(a["index"], i[0].shape[-1] - 1):][..., :1],
 }

@@ -356,11 +356,10 @@ OPS: dict[str, OpDef] = {d.name: d for d in [
           "values (mirostat's truncation); k <= 0 keeps all"),
 ]}
 
-def _concat(ts):
-    col, row = ts
-    if col.dtype != row.dtype or len(row.shape) < 1:
-        raise TypeError_("concat: a column and a row of one dtype")
-    return Type(row.dtype, row.shape[:-1] + ("V+1",))
+def _coin_ids(ts):
+    if len(ts[0].shape) < 1:
+        raise TypeError_("coin_ids: the operand is a row")
+    return Type(U32, ("V+1",))
 
 
 # Target-level ops: made only by the target pass (samplec/passes/target.py), never stored in a .smpb (a file holds
@@ -371,7 +370,8 @@ TARGET_OPS: dict[str, OpDef] = {d.name: d for d in [
     OpDef("sum", 1, (), _reduce((F32, I32)), "sum over the last axis in the device's order: one reduction"),
     OpDef("place", 1, (("index", "int"),), lambda ts, a: Type(ts[0].dtype, ts[0].shape[:-1] + (1,)),
           "x[..., min(index, V - 1)] as [..., 1]: a view (index >= 0)"),
-    OpDef("concat", 2, (), lambda ts, a: _concat(ts), "a [..., 1] (or scalar) column before a row: [..., 1 + V]"),
+    OpDef("coin_ids", 1, (), lambda ts, a: _coin_ids(ts),
+          "u32[V+1]: xtc's coin counter 0xFFFFFFFF, then every token id of the operand's row (spec §4; a constant)"),
     OpDef("tail", 1, (("start", "int"),), lambda ts, a: Type(ts[0].dtype, ts[0].shape[:-1] + ("V",)),
           "x[..., start:] (a view; the row the lowering widened by `start` columns)"),
     OpDef("last_index", 1, (), lambda ts, a: Type(I32, (1,)), "V - 1 for the operand's last axis, i32[1] (a constant once traced)"),

@@ -1,21 +1,23 @@
 """The portable lowering: what a device without a samplec kernel runs (`target = portable`, and `metal` until a
 Metal kernel exists) -- few, large MLX kernels, and the tokens of the dense definitions.
 
-A chain's cuts on the logit order (`top_k`, `top_k_rank`, `top_p`, `typical_p`) are found in sorted order: the
-row is sorted once (a stable descending argsort: equal values keep id order), and every later stage of the chain
-works on the sorted values `s` with the permutation `order` beside them. A removed token stays in place as -inf,
-so the kept values stay non-increasing along the row and a cut is a comparison with a threshold read off the
-sorted row -- a gather (`top_k`), a running mass (`top_p`), a count (`top_k_rank`) -- instead of the dense
-definitions' 32 selection rounds. Monotone maps (`temperature`, `dynamic_temperature`) and the cuts by value or
-probability (`min_p`, `top_n_sigma`, `epsilon`, `eta`) are their own dense definitions applied to `s`: they do not
-depend on the order of the row. The draw is a Gumbel-max over `s` with the noise of each token's own id (`order`),
-and the token is `order` at the winning position: no inverse permutation, no scatter. A value read outside the
-chain (a `probs` output, an edit after a cut, a check) is written back to id order by one `put_along`.
+A chain's row is held in two forms. `s` is the row's values sorted (descending; one value sort a chain, where the
+first stage that needs the row's order starts it), and every cut on the logit order (`top_k`, `top_k_rank`, `top_p`,
+`typical_p`) finds its threshold on it: a place (`top_k`), a running mass (`top_p`), a count (`top_k_rank`) --
+instead of the dense definitions' 32 selection rounds. `x` is the same row in id order. Every stage is one
+elementwise function of the row and a few per-row values read off `s` (a threshold, a maximum, a sum), applied to
+both forms: token by token the two hold the same bits, `s` for the next stage's thresholds and `x` for the draw and
+every reader outside the chain. A removed token is -inf in both, so the kept values of `s` stay non-increasing along
+the row and each cut is a comparison with a value. `reroot` derives the id-order form of a stage from its sorted
+form (module functions below); the few stages whose rule names a place (the first maximum, the k-th place, xtc's
+survivor) are given both forms. The draw is the dense definition on `x`: a Gumbel-max with the noise of each id (no
+permutation and no gather of the ids: MLX's sort of values is the only sort).
 
 Exactness: every threshold is the dense definition's, taken over the same values; sums are taken in another order
 (a running sum in sorted order where the definitions sum a masked row), so a boundary can move only where a mass
-lies within float32 rounding of `p`. Ties that exist when the row is sorted are in id order, so `top_k_rank`, the
-draw and xtc's survivor pick the lowest id among equal values as the definitions do (xtc compares ids directly).
+lies within float32 rounding of `p`. Ties keep id order where a rule picks among them: the draw and the greedy
+token take the lowest id (the id-order argmax), `top_k_rank` the lowest ids at its boundary (a scan in id order),
+xtc's survivor the lowest id among the least probable targets.
 """
 from __future__ import annotations
 
@@ -33,38 +35,100 @@ SORTING = {"top_k", "top_k_rank", "top_p", "typical_p"}
 # stages that do not depend on the order of the row: their dense definitions run on the sorted values as they are
 ORDER_FREE = {"dynamic_temperature", "min_p", "top_n_sigma", "epsilon", "eta"}
 BIG_ID = 2 ** 31 - 1
+# elementwise ops: a stage's rule on the row, the same token by token in either order
+ELEMENTWISE = frozenset({"add", "sub", "mul", "div", "maximum", "minimum", "neg", "abs", "lt", "le", "gt", "ge", "eq",
+                         "ne", "logical_and", "logical_or", "logical_not", "bit_and", "bit_or", "bit_xor", "shl", "shr",
+                         "exp", "log", "sqrt", "isnan", "isposinf", "isfinite", "cast", "where", "filter"})
 
 
 @dataclass(frozen=True)
-class Sorted:
-    """A row in sorted order: `s` (f32[B,V], removed tokens -inf), `order` (i32[B,V], the id at each place), `base`
-    (a node in id order of the same shape, for writing `s` back). `prefix`: the kept tokens are the first places
-    (every cut so far kept a top set); `head`: place 0 holds the row's maximum."""
+class Row:
+    """A chain's row: `s` sorted (f32[B,V], descending, removed tokens -inf) and `x` the same row in id order.
+    `prefix`: the kept tokens are the first places of `s` (every cut so far kept a top set); `head`: place 0 of `s`
+    holds the row's maximum."""
     s: Node
-    order: Node
-    base: Node
+    x: Node
     last: Node          # V - 1, i32[1]
     prefix: bool = True
     head: bool = True
     top_: Node | None = None    # the row's maximum where known (a cut keeps it: place 0 of the row before the cut)
+    # bool [B,1] where a row keeps only its first maximum (temperature 0) while `x` holds every value equal to it:
+    # the draw then takes no noise (the lowest id wins), and `exact()` keeps the first alone for other readers
+    greedy: Node | None = None
+
+    def exact(self) -> Node:
+        """The id-order row as the dense definitions hold it (where `greedy`: the first maximum alone)."""
+        return self.x if self.greedy is None else where(self.greedy, first_max(self.x), self.x)
 
     def top(self) -> Node:
         """The row's largest value, [B,1]: place 0 where it holds it (a view, no kernel; before the cuts that kept
         it, so that what reads it fuses with the cut), else a reduction."""
         if self.top_ is not None:
             return self.top_
-        return make("place", self.s, index=0) if self.head else make("reduce_max", self.s)
+        return make("place", self.s, index=0) if self.head else make("reduce_max", self.x)
 
-    def with_s(self, s: Node, prefix: bool | None = None, head: bool | None = None, cut: bool = True) -> "Sorted":
-        """The row after a stage: a cut (keeps the maximum where it was), or a map (`cut=False`)."""
+    def then(self, s: Node, x: Node | None = None, prefix: bool | None = None, head: bool | None = None,
+             cut: bool = True, top: Node | None = None, greedy: Node | None = None) -> "Row":
+        """The row after a stage whose sorted form is `s` and id-order form `x` (by default `s` rerooted at this
+        row's `x`): a cut (keeps the maximum where it was), or a monotone map (`cut=False`: the maximum is the map
+        of the maximum, `s` rerooted at it, unless given)."""
         head = self.head if head is None else head
-        top = self.top() if cut and head else None
-        return Sorted(s, self.order, self.base, self.last, self.prefix if prefix is None else prefix, head, top)
+        if head and top is None:
+            top = self.top() if cut else reroot(s, self.s, self.top())
+        if greedy is not None and self.greedy is not None:
+            greedy = make("logical_or", self.greedy, greedy)
+        return Row(s, reroot(s, self.s, self.x) if x is None else x, self.last,
+                   self.prefix if prefix is None else prefix, head, top, self.greedy if greedy is None else greedy)
 
 
-def sort_row(x: Node) -> Sorted:
-    order = make("argsort", x, descending=True, name="order")
-    return Sorted(make("gather", x, order, name="s"), order, x, make("last_index", x))
+class PlaceBound(Exception):
+    """A stage's sorted form reads a value tied to a place (an index row, a scan): it has no rerooted form."""
+
+
+def _first_max(n: Node, s: Node) -> bool:
+    """n is eq(iota(s), argmax(s)): the place of the row's first maximum (the dense temperature's greedy row)."""
+    return n.op == "eq" and n.inputs[0].op == "iota" and n.inputs[0].inputs[0] is s and \
+        n.inputs[1].op == "argmax" and n.inputs[1].inputs[0] is s
+
+
+def reroot(out: Node, s: Node, x: Node) -> Node:
+    """`out`, an expression of the sorted row `s`, as the same expression of the id-order row `x`: every elementwise
+    node that reads `s` through elementwise nodes is rebuilt on `x`; what it reads through a reduction or a view of
+    one place (a per-row value) is shared. The first maximum's place becomes the first maximum's id. Any other value
+    tied to a place (an index row, a scan, a gather of the row) raises PlaceBound."""
+    memo: dict[int, Node] = {id(s): x}
+    dep: dict[int, bool] = {id(s): True}
+
+    def depends(n: Node) -> bool:
+        got = dep.get(id(n))
+        if got is None:
+            got = dep[id(n)] = _first_max(n, s) or (n.op in ELEMENTWISE and any(depends(i) for i in n.inputs))
+        return got
+
+    def go(n: Node) -> Node:
+        got = memo.get(id(n))
+        if got is not None:
+            return got
+        if _first_max(n, s):
+            new = make("eq", make("iota", x), make("argmax", x))
+        elif depends(n):
+            ins = []
+            for i in n.inputs:
+                if not depends(i) and i.type.shape and i.type.shape[-1] != 1:
+                    raise PlaceBound(f"{n.op} reads {i.op} {i.type} by place")
+                ins.append(go(i) if depends(i) else i)
+            new = rebuild(n, tuple(ins))
+        else:
+            new = n
+        memo[id(n)] = new
+        return new
+    return go(out)
+
+
+def sort_row(x: Node) -> Row:
+    """The row's values sorted descending (a view of MLX's ascending sort, reversed: what reads it is elementwise,
+    a view of a place or a gather)."""
+    return Row(make("sort", x, descending=True, name="s"), x, make("last_index", x))
 
 
 def kept(s: Node) -> Node:
@@ -75,14 +139,19 @@ def keep(s: Node, flag: Node) -> Node:
     return make("filter", s, flag)
 
 
-def probs_of(r: Sorted) -> Node:
+def probs_of(r: Row) -> Node:
     e = make("exp", make("sub", r.s, r.top()))
     return make("div", e, make("sum", e), name="p")
 
 
+def first_max(x: Node) -> Node:
+    """The row with only its first maximum kept (the lowest id among equal maxima)."""
+    return keep(x, make("eq", make("iota", x), make("argmax", x)))
+
+
 # ---- the cuts on the logit order, in sorted order -----------------------------------------------------------------
 
-def top_k(r: Sorted, k: Node) -> Sorted:
+def top_k(r: Row, k: Node) -> Row:
     """keep x >= v_k, v_k the k-th largest (-inf past the kept tokens): with the kept tokens first it is s at place
     k - 1; else the k-th kept value in place order."""
     if r.prefix and k.op == "const":
@@ -97,19 +166,31 @@ def top_k(r: Sorted, k: Node) -> Sorted:
         rank = make("cumsum", make("cast", live, dtype=I32))
         vk = make("reduce_max", where(make("logical_and", live, make("eq", rank, k)), r.s, const(NEG_INF)),
                   name="v_k")
-    out = where(make("le", k, const(0, I32)), r.s, keep(r.s, make("ge", r.s, vk)), name="x_topk")
-    return r.with_s(out)
+    return r.then(where(make("le", k, const(0, I32)), r.s, keep(r.s, make("ge", r.s, vk)), name="x_topk"))
 
 
-def top_k_rank(r: Sorted, k: Node) -> Sorted:
-    """the first k kept places (equal values are in id order: the lowest ids first)."""
-    place = make("iota", r.order) if r.prefix else \
-        make("sub", make("cumsum", make("cast", kept(r.s), dtype=I32)), const(1, I32))
-    out = where(make("le", k, const(0, I32)), r.s, keep(r.s, make("lt", place, k)), name="x_topk_rank")
-    return r.with_s(out)
+def top_k_rank(r: Row, k: Node) -> Row:
+    """the first k kept places (equal values in id order: the lowest ids first). In id order: every value above the
+    k-th kept value v, and of those equal to v the lowest ids, as many as the k places leave (the dense rule with
+    v read off the sorted row)."""
+    live = kept(r.s)
+    rank = make("iota", r.s) if r.prefix else make("sub", make("cumsum", make("cast", live, dtype=I32)), const(1, I32))
+    off = make("le", k, const(0, I32))
+    s = where(off, r.s, keep(r.s, make("lt", rank, k)), name="x_topk_rank")
+    if r.prefix:
+        place = make("minimum", make("maximum", make("sub", k, const(1, I32)), const(0, I32)), r.last)
+        v = make("gather", r.s, place, name="v_k")
+    else:
+        v = make("reduce_max", where(make("logical_and", live, make("eq", rank, make("sub", k, const(1, I32)))),
+                                     r.s, const(NEG_INF)), name="v_k")
+    need = make("sub", k, make("sum", make("cast", make("gt", r.s, v), dtype=I32)))
+    above, at = make("gt", r.x, v), make("eq", r.x, v)
+    first = make("le", make("cumsum", make("cast", at, dtype=I32)), need)
+    x = where(off, r.x, keep(r.x, make("logical_or", above, make("logical_and", at, first))), name="x_topk_rank")
+    return r.then(s, x, prefix=False)
 
 
-def top_p(r: Sorted, p: Node) -> Sorted:
+def top_p(r: Row, p: Node) -> Row:
     """keep i iff S_i < p, S_i the mass of the more probable tokens: at the first place of a run of equal
     probabilities S_i is the running mass before it, so the kept probabilities are those at least the smallest
     probability whose place has a running mass before it below p (ties at the boundary kept; every token where the
@@ -118,10 +199,10 @@ def top_p(r: Sorted, p: Node) -> Sorted:
     before = make("sub", make("cumsum", q), q, name="mass_before")
     open_ = make("logical_and", make("lt", before, p), make("gt", q, const(0.0)))     # (a removed place: q = 0)
     floor = make("reduce_min", where(open_, q, const(float("inf"))), name="p_min")
-    return r.with_s(where(make("ge", p, const(1.0)), r.s, keep(r.s, make("ge", q, floor)), name="x_topp"))
+    return r.then(where(make("ge", p, const(1.0)), r.s, keep(r.s, make("ge", q, floor)), name="x_topp"))
 
 
-def typical_p(r: Sorted, m: Node) -> Sorted:
+def typical_p(r: Row, m: Node) -> Row:
     """the dense definition's score |mean(d) - d_i|; s* = the score where the mass in ascending score first reaches
     m, found by one sort of the scores."""
     q = probs_of(r)
@@ -138,23 +219,24 @@ def typical_p(r: Sorted, m: Node) -> Sorted:
     cutoff = make("minimum", where(make("le", t, r.last), reached, const(float("inf"))), top_finite,
                   name="score_cutoff")
     flag = make("logical_or", make("le", score, cutoff), make("eq", r.s, top))
-    return r.with_s(where(make("ge", m, const(1.0)), r.s, keep(r.s, flag), name="x_typical"), prefix=False)
+    return r.then(where(make("ge", m, const(1.0)), r.s, keep(r.s, flag), name="x_typical"), prefix=False)
 
 
-def noise_bits(r: Sorted, seed: Node, position: Node, with_coin: bool = False) -> tuple[Node, Node | None]:
-    """RandomBits at (id, position) for the id at each place of the row -- the draw's noise -- and, with
-    `with_coin`, at (0xFFFFFFFF, position) too -- xtc's coin -- from one RandomBits over both counters (20 Threefry
-    rounds are ~10 kernels: one set for the two)."""
-    ids = make("cast", r.order, dtype=U32)
+def noise_bits(x: Node, seed: Node, position: Node, with_coin: bool = False) -> tuple[Node, Node | None]:
+    """RandomBits at (id, position) for every id of the row -- the draw's noise -- and, with `with_coin`, at
+    (0xFFFFFFFF, position) too -- xtc's coin -- from one RandomBits over both counters (20 Threefry rounds are ~10
+    kernels: one set for the two)."""
     pos = make("cast", position, dtype=U32)
     if not with_coin:
-        return make("random_bits", seed, ids, pos, name="bits"), None
-    both = make("random_bits", seed, make("concat", const(XTC_COUNTER, U32), ids), pos, name="bits")
+        return make("random_bits", seed, make("cast", make("iota", x), dtype=U32), pos, name="bits"), None
+    both = make("random_bits", seed, make("coin_ids", x), pos, name="bits")
     return make("tail", both, start=1), make("place", both, index=0, name="xtc_bits")
 
 
-def xtc(r: Sorted, thr: Node, prob: Node, seed: Node, position: Node, coin_bits: Node | None = None) -> Sorted:
-    """the dense definition, with the survivor (the least probable target, lowest id among equals) by id."""
+def xtc(r: Row, thr: Node, prob: Node, seed: Node, position: Node, coin_bits: Node | None = None) -> Row:
+    """the dense definition. The targets (probability >= thr) are the first kept places of the sorted row, the
+    least probable last: the sorted form keeps the last target place, the id-order form the lowest id among the
+    least probable targets (the same value: the two forms hold the same values)."""
     if coin_bits is None:
         coin_bits = make("random_bits", seed, const(XTC_COUNTER, U32), make("cast", position, dtype=U32),
                          name="xtc_bits")
@@ -163,25 +245,35 @@ def xtc(r: Sorted, thr: Node, prob: Node, seed: Node, position: Node, coin_bits:
     target = make("logical_and", make("ge", q, thr), kept(r.s), name="xtc_top")
     n_top = make("sum", make("cast", target, dtype=I32))
     p_least = make("reduce_min", where(target, q, const(float("inf"))))
-    survivor = make("reduce_min", where(make("logical_and", target, make("eq", q, p_least)), r.order,
-                                        const(BIG_ID, I32)), name="xtc_survivor")
-    remove = make("logical_and", target, make("ne", r.order, survivor))
     fire = make("logical_and", make("lt", coin, prob), make("ge", n_top, const(2, I32)))
-    cut = where(make("logical_and", fire, remove), const(NEG_INF), r.s)
-    return r.with_s(where(make("eq", prob, const(0.0)), r.s, cut, name="x_xtc"), prefix=False, head=False)
+    last = make("sub", n_top, const(1, I32)) if r.prefix else \
+        make("reduce_max", where(target, make("iota", r.s), const(-1, I32)))
+    remove_s = make("logical_and", target, make("ne", make("iota", r.s), last))
+    target_x, q_x = reroot(target, r.s, r.x), reroot(q, r.s, r.x)
+    survivor = make("reduce_min", where(make("logical_and", target_x, make("eq", q_x, p_least)), make("iota", r.x),
+                                        const(BIG_ID, I32)), name="xtc_survivor")
+    remove_x = make("logical_and", target_x, make("ne", make("iota", r.x), survivor))
+    off = make("eq", prob, const(0.0))
+    s = where(off, r.s, where(make("logical_and", fire, remove_s), const(NEG_INF), r.s), name="x_xtc")
+    x = where(off, r.x, where(make("logical_and", fire, remove_x), const(NEG_INF), r.x), name="x_xtc")
+    return r.then(s, x, prefix=False, head=False)
 
 
-def temperature(r: Sorted, t: Node) -> Sorted:
-    """the dense definition, with the row's maximum and its lowest id read at place 0 where it holds them."""
-    if not r.head:
-        return r.with_s(EXPAND["temperature"](r.s, t), cut=False)
+def temperature(r: Row, t: Node) -> Row:
+    """the dense definition, with the row's maximum read at place 0 where it holds it: t = 0 keeps the first
+    maximum's place of the sorted row, and every value equal to the maximum in the id-order row with the row marked
+    `greedy` (the first of them is the token: the draw takes no noise there)."""
     top = r.top()
     zero = make("logical_or", make("eq", t, const(0.0)),
                 make("logical_not", make("isfinite", make("div", top, where(make("eq", t, const(0.0)), const(1.0), t)))),
                 name="t_greedy")
-    greedy_x = keep(r.s, make("eq", make("iota", r.order), const(0, I32)))
-    scaled = where(make("eq", r.s, const(NEG_INF)), r.s, make("div", r.s, where(zero, const(1.0), t)))
-    return r.with_s(where(make("eq", t, const(1.0)), r.s, where(zero, greedy_x, scaled), name="x_temp"), cut=False)
+
+    def form(row: Node, greedy_row: Node) -> Node:
+        scaled = where(make("eq", row, const(NEG_INF)), row, make("div", row, where(zero, const(1.0), t)))
+        return where(make("eq", t, const(1.0)), row, where(zero, greedy_row, scaled), name="x_temp")
+    first = const(0, I32) if r.head else make("argmax", r.s)     # (the first maximum's place)
+    s = form(r.s, keep(r.s, make("eq", make("iota", r.s), first)))
+    return r.then(s, form(r.x, keep(r.x, make("eq", r.x, top))), cut=False, top=form(top, top), greedy=zero)
 
 
 SORTED_STAGES = {"top_k": top_k, "top_k_rank": top_k_rank, "top_p": top_p, "typical_p": typical_p, "xtc": xtc,
@@ -193,12 +285,12 @@ FOLLOWERS = {"xtc", "temperature"}
 MAPS = {"temperature", "dynamic_temperature"}     # (monotone maps: every other stage is a cut that keeps the top)
 
 
-def order_free(op: str, r: Sorted, operands: list[Node]) -> Sorted:
+def order_free(op: str, r: Row, operands: list[Node]) -> Row:
     """The dense definition on the sorted values, its maximum of the row read at place 0 where that holds it."""
     out = EXPAND[op](r.s, *operands)
     if r.head:
         out = _substitute(out, lambda n: r.top() if n.op == "reduce_max" and n.inputs[0] is r.s else None)
-    return r.with_s(out, cut=op not in MAPS)
+    return r.then(out, cut=op not in MAPS)
 
 
 def _substitute(root: Node, swap) -> Node:
@@ -218,26 +310,38 @@ class _Lowering:
         self.keep = keep                        # ids of nodes kept as they are (a kernel's region)
         self.users = g.users()
         self.dense: dict[int, Node] = {}        # id(old) -> the new node in id order
-        self.sorted: dict[int, Sorted] = {}     # id(old) -> the new row in sorted order
-        self.place: dict[int, tuple[Node, Sorted]] = {}     # id(old draw) -> (winning place [B,1], its row)
+        self.sorted: dict[int, Row] = {}        # id(old) -> the new row in both orders
+        self.drawn: dict[int, tuple[Node | None, Row]] = {}     # id(old draw) -> (its token [B,1] or None: greedy, its row)
         self.pen_node: dict[tuple, Node] = {}       # a penalties node by its operands (its check shares them)
-        self.noise: dict[int, tuple[Node, Node]] = {}     # id(old sample) -> (its row's order, its noise bits)
+        self.noise: dict[int, Node] = {}        # id(old sample) -> its noise bits, where xtc's RandomBits made them
+        self.totals: dict[int, tuple[Node, Node]] = {}      # id(row) -> (its maximum, its exponentials' sum)
         self.in_range: set[int] = set()     # ids of new index nodes in [0, V) by construction (draws, argmax)
 
     def value(self, n: Node) -> Node:
-        """n in id order (a sorted row written back by one put_along, once)."""
+        """n in id order (of a chain's row: its id-order form as the dense definitions hold it)."""
         got = self.dense.get(id(n))
         if got is None:
-            r = self.sorted[id(n)]
-            got = self.dense[id(n)] = make("put_along", r.base, r.order, r.s, name=n.name)
+            got = self.dense[id(n)] = self.sorted[id(n)].exact()
         return got
 
     def normalizer(self, n: Node) -> tuple[Node, Node]:
         """(maximum, log-sum-exp) of n's row, [B,1] each; from its sorted row where the lowering has one."""
         r = self.sorted.get(id(n))
+        if r is not None:
+            top, total = self.total(r)
+            lse = make("log", total)        # (a greedy row holds one token: its log-sum-exp is 0)
+            return top, lse if r.greedy is None else where(r.greedy, const(0.0), lse)
         top = self.top_of(n)
-        e = make("exp", make("sub", r.s if r is not None else self.value(n), top))
-        return top, make("log", make("sum", e))
+        return top, make("log", make("sum", make("exp", make("sub", self.value(n), top))))
+
+    def total(self, r: Row) -> tuple[Node, Node]:
+        """(maximum, sum of exp(x - maximum)) of a chain's row, made once (in id order: the sorted form of the
+        stages after the last cut is then not made at all)."""
+        got = self.totals.get(id(r))
+        if got is None:
+            top = r.top()
+            got = self.totals[id(r)] = (top, make("sum", make("exp", make("sub", r.x, top))))
+        return got
 
     def softmax_of(self, n: Node) -> Node | None:
         """x where n is div(exp(sub(x, reduce_max(x))), reduce_sum(that exp)) of a row the lowering sorted."""
@@ -272,7 +376,7 @@ class _Lowering:
             if n.op in SORTING:
                 return True
 
-    def row(self, n: Node) -> Sorted:
+    def row(self, n: Node) -> Row:
         r = self.sorted.get(id(n))
         if r is None:
             r = self.sorted[id(n)] = sort_row(self.value(n))
@@ -295,8 +399,8 @@ class _Lowering:
             # the chain's draw takes its noise from the same seed and position: one RandomBits for both
             r = self.row(x)
             thr, prob, seed, position = (self.value(i) for i in n.inputs[1:])
-            noise, coin = noise_bits(r, seed, position, with_coin=True)
-            self.noise[id(self.draw_sharing_noise(n))] = (r.order, noise)
+            noise, coin = noise_bits(r.x, seed, position, with_coin=True)
+            self.noise[id(self.draw_sharing_noise(n))] = noise
             self.sorted[id(n)] = xtc(r, thr, prob, seed, position, coin)
         elif n.op in SORTED_STAGES and (n.op not in FOLLOWERS or in_sorted or self.sorts_later(n)):
             self.sorted[id(n)] = SORTED_STAGES[n.op](self.row(x), *[self.value(i) for i in n.inputs[1:]])
@@ -306,23 +410,21 @@ class _Lowering:
         elif n.op == "sample" and in_sorted:
             r = self.sorted[id(x)]
             seed, position = (self.value(i) for i in n.inputs[1:])
-            shared = self.noise.get(id(n))
-            bits = shared[1] if shared is not None and shared[0] is r.order else noise_bits(r, seed, position)[0]
-            at = make("argmax", make("add", r.s, gumbel(bits), name="noisy"), name="place")
-            self.place[id(n)] = (at, r)
-            self.dense[id(n)] = make("gather", r.order, at, name=n.name)
+            bits = self.noise.get(id(n)) or noise_bits(r.x, seed, position)[0]
+            # the dense definition on the id-order row: ties between noisy values go to the lowest id
+            g = gumbel(bits) if r.greedy is None else where(r.greedy, const(0.0), gumbel(bits))
+            token = make("argmax", make("add", r.x, g, name="noisy"), name=n.name)
+            self.drawn[id(n)] = (token, r)
+            self.dense[id(n)] = token
         elif n.op == "argmax" and in_sorted:
-            # the lowest id at the maximum (equal values made by a map after the sort need not be in id order)
             r = self.sorted[id(x)]
-            top = r.top()
-            self.dense[id(n)] = make("reduce_min", where(make("eq", r.s, top), r.order, const(BIG_ID, I32)),
-                                     name=n.name)
-            self.place[id(n)] = (None, r)
-        elif n.op == "logprob_at" and in_sorted and id(n.inputs[1]) in self.place and \
-                self.place[id(n.inputs[1])][1] is self.sorted[id(x)]:
-            at, r = self.place[id(n.inputs[1])]
+            self.dense[id(n)] = make("argmax", r.x, name=n.name)       # (the lowest id at the maximum)
+            self.drawn[id(n)] = (None, r)
+        elif n.op == "logprob_at" and in_sorted and id(n.inputs[1]) in self.drawn and \
+                self.drawn[id(n.inputs[1])][1] is self.sorted[id(x)]:
+            token, r = self.drawn[id(n.inputs[1])]
             top, lse = self.normalizer(x)
-            value = top if at is None else make("gather", r.s, at)
+            value = top if token is None else make("gather", r.x, token)
             self.dense[id(n)] = make("sub", make("sub", value, top), lse, name=n.name)
         elif n.op == "logprob_at" or n.op == "take_along" and n.inputs[0].op == "log_softmax":
             # log_softmax(x) at some ids: x there less the maximum and the log-sum-exp, [B,1] parts (the full row's
@@ -336,11 +438,16 @@ class _Lowering:
             top, lse = self.normalizer(x)
             self.dense[id(n)] = make("sub", make("sub", self.value(x), top), lse, name=n.name)
         elif n.op == "div" and self.softmax_of(n) is not None:
-            # softmax(x) of a sorted x (a `probs` output): in sorted order, sharing the draw's normalizer, then
-            # written back to id order by one put_along
+            # softmax(x) of a chain's row (a `probs` output): the id-order row over the sum of the sorted row's
+            # exponentials, which the draw's log-probability shares
             r = self.sorted[id(self.softmax_of(n))]
-            e = make("exp", make("sub", r.s, r.top()))
-            self.dense[id(n)] = make("put_along", r.base, r.order, make("div", e, make("sum", e)), name=n.name)
+            top, total = self.total(r)
+            if r.greedy is not None:        # (the first maximum alone: its own sum)
+                e = make("exp", make("sub", self.value(self.softmax_of(n)), top))
+                total = make("sum", e)
+            else:
+                e = make("exp", make("sub", r.x, top))
+            self.dense[id(n)] = make("div", e, total, name=n.name)
         elif n.op in ("penalties", "penalties_overflow"):
             self.penalties(n)
         elif n.op == "take_along" and n.inputs[1].op == "argmax" and n.inputs[1].inputs[0] is x and \
