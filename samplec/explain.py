@@ -217,26 +217,28 @@ def native_state(native: bool | None) -> tuple[bool, str]:
 
 # the portable lowering's algorithm for each stage op (samplec/passes/portable.py), and why
 PORTABLE = {
-    "top_k": "the k-th place of the chain's one sorted row (a gather): no selection rounds",
-    "top_k_rank": "the first k kept places of the sorted row (equal values in id order)",
+    "top_k": "the k-th place of the chain's one sorted row (a view, or a gather for a run-time k): no selection "
+             "rounds; the id-order row keeps what is at least that value",
+    "top_k_rank": "the first k kept places of the sorted row; in id order the values above the k-th and the lowest "
+                  "ids at it (one scan)",
     "top_p": "a running sum of the sorted probabilities (one cumsum) and one min: the first place whose mass "
              "before it reaches p",
     "typical_p": "its score on the sorted row, one sort of the scores and a running sum",
     "min_p": "its dense definition on the sorted row (max + log m: place 0)",
     "top_n_sigma": "its dense definition on the sorted row (three reductions)",
     "epsilon": "its dense definition on the sorted row", "eta": "its dense definition on the sorted row",
-    "temperature": "a map of the sorted row (the argmax at place 0)",
+    "temperature": "a map of both forms of the row (the maximum at place 0; t = 0 marks the row greedy)",
     "dynamic_temperature": "its dense definition on the sorted row",
-    "xtc": "on the sorted row: its targets, their least probable by id; the coin a RandomBits of its own",
-    "sample": "Gumbel-max over the sorted row with each token's own noise (RandomBits at the ids `order` holds): "
-              "the token is `order` at the winning place",
+    "xtc": "on the sorted row: its targets and their least probable; in id order the survivor the lowest id among "
+           "them; the coin and the draw's noise from one RandomBits",
+    "sample": "the dense definition on the id-order row: Gumbel-max with each id's noise (no permutation)",
     "penalties": "one scatter of the window's counts over the row, then the penalty where a count is positive",
     "penalties_overflow": "from the penalties' counts: one reduction over the row, the maximum at place 0",
 }
 COST = {"cpu": "selection without a sort: a sort of 152k floats costs ~14 ms on MLX's CPU, the chain kernel's "
                "block bound ~0.1 ms",
-        "portable": "one sort a chain: on a GPU a sort of the row is one cheap kernel, while each selection round "
-                    "is several launches",
+        "portable": "one sort of values a chain: on a GPU a sort of the row is one cheap kernel, while each "
+                    "selection round is several launches",
         "metal": "the portable lowering: no Metal chain kernel yet",
         "cuda": "the CUDA chain kernel where it covers the chain, the portable lowering elsewhere"}
 
