@@ -135,8 +135,8 @@ def kept(s: Node) -> Node:
     return make("ne", s, const(NEG_INF))
 
 
-def keep(s: Node, flag: Node) -> Node:
-    return make("filter", s, flag)
+def keep(s: Node, flag: Node, name: str | None = None) -> Node:
+    return make("filter", s, flag, name=name)
 
 
 def probs_of(r: Row) -> Node:
@@ -195,11 +195,15 @@ def top_p(r: Row, p: Node) -> Row:
     probabilities S_i is the running mass before it, so the kept probabilities are those at least the smallest
     probability whose place has a running mass before it below p (ties at the boundary kept; every token where the
     rounded mass never reaches p)."""
+    if p.op == "const" and p.attr("value") >= 1.0:
+        return r
     q = probs_of(r)
     before = make("sub", make("cumsum", q), q, name="mass_before")
     open_ = make("logical_and", make("lt", before, p), make("gt", q, const(0.0)))     # (a removed place: q = 0)
+    if p.op != "const":     # (p >= 1 is off: every place counts, the floor is the row's least probability)
+        open_ = make("logical_or", open_, make("ge", p, const(1.0)))
     floor = make("reduce_min", where(open_, q, const(float("inf"))), name="p_min")
-    return r.then(where(make("ge", p, const(1.0)), r.s, keep(r.s, make("ge", q, floor)), name="x_topp"))
+    return r.then(keep(r.s, make("ge", q, floor), name="x_topp"))
 
 
 def typical_p(r: Row, m: Node) -> Row:
@@ -253,9 +257,9 @@ def xtc(r: Row, thr: Node, prob: Node, seed: Node, position: Node, coin_bits: No
     survivor = make("reduce_min", where(make("logical_and", target_x, make("eq", q_x, p_least)), make("iota", r.x),
                                         const(BIG_ID, I32)), name="xtc_survivor")
     remove_x = make("logical_and", target_x, make("ne", make("iota", r.x), survivor))
-    off = make("eq", prob, const(0.0))
-    s = where(off, r.s, where(make("logical_and", fire, remove_s), const(NEG_INF), r.s), name="x_xtc")
-    x = where(off, r.x, where(make("logical_and", fire, remove_x), const(NEG_INF), r.x), name="x_xtc")
+    # (prob = 0 is off: the coin, in (0, 1), is never below it)
+    s = where(make("logical_and", fire, remove_s), const(NEG_INF), r.s, name="x_xtc")
+    x = where(make("logical_and", fire, remove_x), const(NEG_INF), r.x, name="x_xtc")
     return r.then(s, x, prefix=False, head=False)
 
 
@@ -268,9 +272,12 @@ def temperature(r: Row, t: Node) -> Row:
                 make("logical_not", make("isfinite", make("div", top, where(make("eq", t, const(0.0)), const(1.0), t)))),
                 name="t_greedy")
 
+    divisor = where(zero, const(1.0), t)
+
     def form(row: Node, greedy_row: Node) -> Node:
-        scaled = where(make("eq", row, const(NEG_INF)), row, make("div", row, where(zero, const(1.0), t)))
-        return where(make("eq", t, const(1.0)), row, where(zero, greedy_row, scaled), name="x_temp")
+        # (t = 1 needs no case of its own: x / 1 is x)
+        scaled = where(make("eq", row, const(NEG_INF)), row, make("div", row, divisor))
+        return where(zero, greedy_row, scaled, name="x_temp")
     first = const(0, I32) if r.head else make("argmax", r.s)     # (the first maximum's place)
     s = form(r.s, keep(r.s, make("eq", make("iota", r.s), first)))
     return r.then(s, form(r.x, keep(r.x, make("eq", r.x, top))), cut=False, top=form(top, top), greedy=zero)
@@ -285,8 +292,17 @@ FOLLOWERS = {"xtc", "temperature"}
 MAPS = {"temperature", "dynamic_temperature"}     # (monotone maps: every other stage is a cut that keeps the top)
 
 
+def min_p(r: Row, m: Node) -> Row:
+    """the dense definition (keep x >= max + log m) with the maximum at place 0 where it holds it; m = 0 needs no
+    case of its own: log 0 = -inf keeps every token (a row whose maximum is +inf is an error of its own)."""
+    floor = make("add", r.top(), make("log", m), name="minp_floor")
+    return r.then(keep(r.s, make("ge", r.s, floor), name="x_minp"))
+
+
 def order_free(op: str, r: Row, operands: list[Node]) -> Row:
     """The dense definition on the sorted values, its maximum of the row read at place 0 where that holds it."""
+    if op == "min_p":
+        return min_p(r, *operands)
     out = EXPAND[op](r.s, *operands)
     if r.head:
         out = _substitute(out, lambda n: r.top() if n.op == "reduce_max" and n.inputs[0] is r.s else None)
