@@ -1,8 +1,9 @@
-"""The CUDA kernels' sources compiled by NVRTC (NVIDIA's runtime compiler, the `nvidia-cuda-nvrtc` wheel of the cuda
-extra) for the GPUs MLX's CUDA backend targets -- no GPU needed: a syntax or type error in a path only a GPU runs
-fails here, in CI, not on a user's machine; and each kernel's register count must let its block size launch
-(65,536 registers per SM: a block of 512 threads may use 128 a thread, of 1024 64). MLX wraps a kernel's body in
-its own signature and headers; the wrapper below declares the same parameters."""
+"""The CUDA kernels' sources (the chain kernel: its one source in the CUDA dialect, simt_cuda.h) compiled by NVRTC
+(NVIDIA's runtime compiler, the `nvidia-cuda-nvrtc` wheel of the cuda extra) for the GPUs MLX's CUDA backend
+targets -- no GPU needed: a syntax or type error in a path only a GPU runs fails here, in CI, not on a user's
+machine; and each kernel's register count must let its block size launch (65,536 registers per SM: a block of 512
+threads may use 128 a thread, of 1024 64). MLX wraps a kernel's body in its own signature and headers; the wrapper
+below declares the same parameters."""
 from __future__ import annotations
 
 import ctypes

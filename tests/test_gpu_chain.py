@@ -1,11 +1,15 @@
-"""The CUDA chain kernel (samplec/backend_mlx/gpu_chain.cu) on the CPU: its own source, compiled with g++ over a
-thread-per-CUDA-thread emulation of the intrinsics it uses (tests/cuda_emulation.h), against the numpy reference
-(tests/reference.py) and the dense definitions (-O0), token for token, on random chains of its stages in random
-orders with one value per row, on the differential test's logit families.
+"""The chain kernel (samplec/backend_mlx/gpu_chain.cu) on the CPU, in both of its dialects: its own source, with the
+CUDA layer (simt_cuda.h) or the Metal one (simt_metal.h), compiled with g++ over a thread-per-GPU-thread emulation
+of each language's primitives (tests/simt_emulation.h, cuda_emulation.h, metal_emulation.h: the Metal kernel under
+the signature MLX's metal_kernel writes), against the numpy reference (tests/reference.py) and the dense
+definitions (-O0), token for token, on random chains of its stages in random orders with one value per row, on the
+differential test's logit families. Every test runs in both dialects (the `dialect` fixture).
 
-What this cannot show -- the kernel's speed, NVRTC's compile, CUDA's expf/logf -- tests/test_gpu.py shows on a
-CUDA GPU (docs/performance.md, GPU). Blocks here have 64 threads (two warps: the cross-warp reductions run) or
-512 (one case: the GPU's block size, gpu.CHAIN_THREADS)."""
+What this cannot show -- the kernel's speed, NVRTC's or Metal's compile, the GPUs' expf/logf -- tests/test_gpu.py
+shows on a CUDA GPU (docs/performance.md, GPU); tests/test_cuda_compile.py compiles the CUDA dialect and
+tests/test_gpu_dialects.py checks the Metal one's address spaces. No Apple GPU has run the Metal dialect. Blocks
+here have 64 threads (two warps: the cross-warp reductions run) or the GPU's block size (a few cases:
+gpu.CHAIN_THREADS, gpu.METAL_THREADS)."""
 from __future__ import annotations
 
 import ctypes
@@ -35,22 +39,75 @@ FAMILIES = ("peaked", "flat", "ties", "neg_inf", "normal", "tail", "one_finite")
 _BUILT: dict = {}
 
 
-def emulated(threads: int = 64, defines: str = ""):
-    """The kernel (one for every chain), built for the CPU: f(x [B, V], inputs) with inputs gpu.chain_inputs' F0..F9,
-    K0, K1, Q0, Q1, S -> (tok [B], lp [B]), and where S asks for it the final logits (1) or their softmax (2),
-    [B, V]. S's split (slices a row, candidates a slice) runs each row as that many blocks."""
+INPUTS = ["x", *gpu._SLOTS, "S"]
+
+
+def metal_attributes(body: str) -> list[str]:
+    """The kernel attributes MLX's metal_kernel declares for a body: those whose names the body contains, in its
+    order (mlx/backend/common/metal_kernel.cpp)."""
+    names = [("dispatch_quadgroups_per_threadgroup", "uint"), ("dispatch_simdgroups_per_threadgroup", "uint"),
+             ("dispatch_threads_per_threadgroup", "uint3"), ("grid_origin", "uint3"), ("grid_size", "uint3"),
+             ("quadgroup_index_in_threadgroup", "uint"), ("quadgroups_per_threadgroup", "uint"),
+             ("simdgroup_index_in_threadgroup", "uint"), ("simdgroups_per_threadgroup", "uint"),
+             ("thread_execution_width", "uint"), ("thread_index_in_quadgroup", "uint"),
+             ("thread_index_in_simdgroup", "uint"), ("thread_index_in_threadgroup", "uint"),
+             ("thread_position_in_grid", "uint3"), ("thread_position_in_threadgroup", "uint3"),
+             ("threadgroup_position_in_grid", "uint3"), ("threadgroups_per_grid", "uint3"),
+             ("threads_per_grid", "uint3"), ("threads_per_simdgroup", "uint"), ("threads_per_threadgroup", "uint3")]
+    return [f"{dtype} {name}" for name, dtype in names if name in body]
+
+
+def metal_signature(sizes: dict[str, int]) -> str:
+    """The parameters MLX's metal_kernel writes for the chain kernel (write_signature): an input of fewer than eight
+    elements in the constant address space, else device memory; x's shape; the outputs; the attributes."""
+    dtypes = {"x": "float", "S": "int", **{f"F{i}": "float" for i in range(gpu.CHAIN_FLOAT_SLOTS)},
+              **{f"K{i}": "uint64_t" for i in range(gpu.CHAIN_KEY_SLOTS)},
+              **{f"Q{i}": "int" for i in range(gpu.CHAIN_KEY_SLOTS)}}
+    params = []
+    for name in INPUTS:
+        params.append(f"const {'constant' if sizes[name] < 8 else 'device'} {dtypes[name]}* {name}")
+        if name == "x":
+            params.append("const constant int* x_shape")
+    params += ["device int* tok", "device float* lp", "device float* xo", "device int* ws"]
+    return ", ".join(params + metal_attributes(gpu.chain_entry("metal")))
+
+
+def source(dialect: str, threads: int, defines: str = "", sizes: dict | None = None) -> str:
+    """The kernel as a C++ translation unit over the emulation of `dialect`: the header and body MLX would compile,
+    as sc_body, and run(...) launching it on the CPU."""
     slots = ", ".join([f"const float* F{i}" for i in range(gpu.CHAIN_FLOAT_SLOTS)] +
-                      [f"const unsigned long long* K{i}" for i in range(gpu.CHAIN_KEY_SLOTS)] +
+                      [f"const uint64_t* K{i}" for i in range(gpu.CHAIN_KEY_SLOTS)] +
                       [f"const int* Q{i}" for i in range(gpu.CHAIN_KEY_SLOTS)])
     names = ", ".join(gpu._SLOTS)
-    src = (f"#define SC_T {threads}\n{defines}#include \"cuda_emulation.h\"\n{gpu.chain_header()}\n"
-           f"static void sc_body(const float* x, const int* x_shape, {slots}, const int* S,\n"
-           f"                    int* tok, float* lp, float* xo, int* ws) {{\n{gpu.CHAIN_BODY}}}\n"
-           f"extern \"C\" void run(const float* x, int B, int V, {slots}, const int* S,\n"
-           "                      int* tok, float* lp, float* xo, int* ws) {\n"
-           "  const int shape[2] = {B, V};\n"
-           f"  sc_launch(B * (S[6] > 0 ? S[6] : 1), [&] {{ sc_body(x, shape, {names}, S, tok, lp, xo, ws); }});\n}}\n")
-    digest = hashlib.sha256(src.encode() + (HERE / "cuda_emulation.h").read_bytes()).hexdigest()[:16]
+    if dialect == "cuda":
+        signature = (f"const float* x, const int* x_shape, {slots}, const int* S, int* tok, float* lp, float* xo, "
+                     "int* ws")
+        call = f"sc_body(x, shape, {names}, S, tok, lp, xo, ws)"
+    else:
+        signature = metal_signature(sizes or {name: 8 for name in INPUTS})
+        call = (f"sc_body(x, shape, {names}, S, tok, lp, xo, ws, uint3{{threadIdx.x, 0, 0}}, "
+                "uint3{blockIdx.x, 0, 0}, 32u)")
+    head = (f"#define SC_T {threads}\n{defines}#include \"{dialect}_emulation.h\"\n{gpu.chain_header(dialect)}\n"
+            f"static void sc_body({signature}) {{\n{gpu.chain_entry(dialect)}}}\n")
+    if "SC_CHECK_ADDRESS_SPACES" in defines:
+        return head                     # (a syntax check: nothing runs it)
+    return (head + f"extern \"C\" void run(const float* x, int B, int V, {slots}, const int* S,\n"
+            "                      int* tok, float* lp, float* xo, int* ws) {\n"
+            "  const int shape[2] = {B, V};\n"
+            f"  sc_launch(B * (S[6] > 0 ? S[6] : 1), [&] {{ {call}; }});\n}}\n")
+
+
+EMULATION_HEADERS = ("simt_emulation.h", "cuda_emulation.h", "metal_emulation.h")
+
+
+def emulated(threads: int = 64, defines: str = "", dialect: str = "cuda"):
+    """The kernel (one for every chain) in `dialect` (cuda, metal), built for the CPU: f(x [B, V], inputs) with
+    inputs gpu.chain_inputs' F0..F9, K0, K1, Q0, Q1, S -> (tok [B], lp [B]), and where S asks for it the final
+    logits (1) or their softmax (2), [B, V]. S's split (slices a row, candidates a slice) runs each row as that many
+    blocks."""
+    src = source(dialect, threads, defines)
+    headers = b"".join((HERE / h).read_bytes() for h in EMULATION_HEADERS)
+    digest = hashlib.sha256(src.encode() + headers).hexdigest()[:16]
     if digest not in _BUILT:
         out = Path(os.environ.get("PYTEST_TMP", "/tmp")) / f"samplec_gpu_chain_{digest}"
         out.mkdir(parents=True, exist_ok=True)
@@ -81,12 +138,35 @@ def emulated(threads: int = 64, defines: str = ""):
     return run
 
 
+DIALECTS = ("cuda", "metal")
+_DIALECT = ["cuda"]
+
+
+@pytest.fixture(params=DIALECTS, autouse=True)
+def dialect(request):
+    """Every test here runs the kernel source in both dialects: the CUDA one and the Metal one."""
+    _DIALECT[0] = request.param
+    yield request.param
+    _DIALECT[0] = "cuda"
+
+
+def block() -> int:
+    """The threads of a block on the GPU in the current dialect (gpu.CHAIN_THREADS, gpu.METAL_THREADS)."""
+    return gpu.DIALECT_THREADS[_DIALECT[0]]
+
+
+def gpu_split(B: int, V: int, threads: int | None = None) -> tuple[int, int]:
+    """gpu.split_of within the current dialect's shared candidates."""
+    return gpu.split_of(B, V, threads or block(), gpu.DIALECT_CAP[_DIALECT[0]])
+
+
 def kernel(x, operands, stages, terminal, want_logprob=True, out_x=0, threads=64, split=(0, 0), defines=""):
-    """The emulated kernel on a chain's operands as gpu.sample_chain passes them (split: slices a row and candidates
-    a slice, as gpu.split_of gives them; (0, 0): one block a row)."""
+    """The emulated kernel in the current dialect on a chain's operands as gpu.sample_chain passes them (split:
+    slices a row and candidates a slice, as gpu.split_of gives them; (0, 0): one block a row)."""
+    assert split[0] * split[1] <= gpu.DIALECT_CAP[_DIALECT[0]], split      # (the last block's shared candidates)
     inputs = gpu.chain_inputs(operands, stages, terminal, want_logprob, out_x, x.shape[0], split)
     assert inputs is not None
-    return emulated(threads, defines)(x, inputs)
+    return emulated(threads, defines, _DIALECT[0])(x, inputs)
 
 
 def chain_case(seed: int, V: int, B: int, n_stages: int, terminal: str):
@@ -206,7 +286,7 @@ def test_emulated_top_k_bound_between_the_block_and_four_maxima_a_thread(V, k):
     rng = np.random.default_rng(V + k)
     x = np.stack([family_row(f, V, rng) for f in ("normal", "tail")])
     ops = [mx.array(k, dtype=mx.int32), mx.array(np.array([1, 2], dtype=np.uint64)), mx.array(3, dtype=mx.int32)]
-    tok, lp = kernel(x, ops, ["top_k"], "sample", threads=gpu.CHAIN_THREADS)
+    tok, lp = kernel(x, ops, ["top_k"], "sample", threads=block())
     src = "sampler s(k: int, seed: seed) -> token, logprob { top_k(k) sample(seed, position = 3) }"
     o0 = samplec.compile(src, opt_level=0)(x, k=k, seed=[1, 2])
     assert tok.tolist() == np.array(o0.token).tolist()
@@ -275,7 +355,7 @@ def test_emulated_extreme_temperatures_between_cuts_equal_O0():
 def test_emulated_chain_kernel_at_the_gpus_block_size():
     """gpu.CHAIN_THREADS threads a block, as on the GPU (V above 16 * 512: the unrolled float4 loads run too)."""
     stages, src, kw, per_row, ops, x = chain_case(99, 9000, 2, 4, "sample")
-    tok, lp = kernel(x, ops, stages, "sample", threads=gpu.CHAIN_THREADS)
+    tok, lp = kernel(x, ops, stages, "sample", threads=block())
     o0 = samplec.compile(src, opt_level=0)(x, **kw)
     assert tok.tolist() == np.array(o0.token).tolist(), src
     np.testing.assert_allclose(lp, np.array(o0.logprob), atol=2e-4, rtol=1e-4)
@@ -455,7 +535,7 @@ def test_emulated_split_settles_server_chains_on_the_candidates(name, terminal):
     seeds = [11, 12]
     if terminal == "sample":
         ops += [mx.array(np.array(seeds, dtype=np.uint64)), mx.array(5, dtype=mx.int32)]
-    split = gpu.split_of(1, V, 64)
+    split = gpu_split(1, V, 64)
     assert split[0] > 1
     tok, lp = kernel(x, ops, stages, terminal, split=split, defines="#define SC_SPLIT_ONLY\n")
     body = " ".join(f"{s}({v})" for s, v in zip(stages, vals))
@@ -467,11 +547,12 @@ def test_emulated_split_settles_server_chains_on_the_candidates(name, terminal):
 
 
 def test_emulated_split_at_the_gpus_block_size():
-    """gpu.CHAIN_THREADS threads a block and gpu.split_of's slices for B = 1 and B = 2, as on the GPU."""
+    """The GPU's threads a block (gpu.CHAIN_THREADS, gpu.METAL_THREADS) and gpu.split_of's slices for B = 1 and
+    B = 2, as on the GPU."""
     stages, src, kw, per_row, ops, x = chain_case(98, 12000, 2, 3, "sample")
     for B in (1, 2):
         tok, lp = kernel(x[:B], ops if B == 2 else [o[:1] if o.size == 2 else o for o in ops], stages, "sample",
-                         threads=gpu.CHAIN_THREADS, split=gpu.split_of(B, 12000))
+                         threads=block(), split=gpu_split(B, 12000))
         o0 = samplec.compile(src, opt_level=0)(x, **kw)
         assert tok.tolist() == np.array(o0.token).tolist()[:B], src
         np.testing.assert_allclose(lp, np.array(o0.logprob)[:B], atol=2e-4, rtol=1e-4)

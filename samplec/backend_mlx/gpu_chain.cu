@@ -1,6 +1,17 @@
-// samplec's sampler chain as one CUDA block per row, or in split mode several (`mx.fast.cuda_kernel`'s header after
-// the generated stage table, stage_table.h: its stage codes, off rules and Threefry constants; gpu.py writes the
-// body).
+// samplec's sampler chain as one GPU block (a CUDA block, a Metal threadgroup) per row, or in split mode several:
+// one SIMT source for CUDA and Metal. It is written over a thin dialect layer -- simt_cuda.h or simt_metal.h,
+// which gpu.chain_header() puts before it, after the generated stage table (stage_table.h: the stage codes, off
+// rules and Threefry constants) -- and names nothing of either language directly:
+//   SC_FN, SC_INLINE             a device function, an inlined one
+//   SC_DEV, SC_TG, SC_THR        address spaces: device (global) memory, threadgroup (shared) memory, a thread's own
+//   sc_barrier, sc_device_fence  the block's barrier; the fence before a block's arrival counts (split mode)
+//   sc_shfl_xor, sc_shfl_up      a warp's (simdgroup's: 32 lanes) shuffles
+//   sc_atomic_add_shared/_global atomics on threadgroup and device memory
+//   sc_exp, sc_log, sc_div, ...  float math as the dense definitions round it; sc_f2u, sc_u2f, ... bit casts
+// The thread's index in its block (`tx`) is a parameter of every function that needs it (Metal has no global thread
+// index), and a pass over the tokens is the SC_EACH macro with its body inline (Metal has no lambdas).
+// gpu.chain_entry(dialect) writes each language's kernel body (its parameters, its indices, the block's shared
+// state) around sc_chain.
 //
 // A row's state after any prefix of the chain's stages is kept small: every cut these stages make keeps an upper
 // set of the current logits, and the current logits are the raw ones through non-decreasing maps (divisions by
@@ -19,17 +30,16 @@
 // reductions, so a threshold can move only where a row sits within float rounding of a boundary (spec section 4:
 // "up to float rounding at exact ties").
 //
-// tests/test_gpu_chain.py runs this file on the CPU through a thread-per-CUDA-thread emulation of the intrinsics
-// used below (tests/cuda_emulation.h) against the dense definitions; tests/test_gpu.py runs it on a CUDA GPU.
+// tests/test_gpu_chain.py runs this file on the CPU in both dialects, through a thread-per-GPU-thread emulation of
+// each dialect's primitives (tests/simt_emulation.h, cuda_emulation.h, metal_emulation.h), against the dense
+// definitions; tests/test_cuda_compile.py compiles the CUDA dialect with NVRTC; tests/test_gpu.py runs it on a CUDA
+// GPU. SC_T (threads a block, a multiple of 32) and SC_CAP (candidates in shared memory) are the dialect's.
 
-#ifndef SC_T
-#define SC_T 512           // threads per block (gpu.CHAIN_THREADS; a multiple of 32; the CPU emulation runs fewer):
-#endif                     // 512 leaves the kernel its ~70 registers a thread (1024 would allow 64)
 #define SC_WARPS (SC_T / 32)
 #define SC_MAX_TEMPS 8
 #define SC_FSLOTS 10       // float operand slots (gpu.CHAIN_FLOAT_SLOTS), key slots (gpu.CHAIN_KEY_SLOTS)
 #define SC_KSLOTS 2
-#define SC_INF __int_as_float(0x7f800000)   // (no headers under NVRTC)
+#define SC_INF sc_i2f(0x7f800000)   // (no headers under NVRTC or Metal)
 #define SC_R 4             // split mode: the largest logits each thread keeps of its tokens in a slice
 #define SC_MAXNB 128       // split mode: slices a row at most (gpu.MAX_SLICES)
 #define SC_WH 12           // split mode: a slice's header in the scratch (gpu.SLICE_HEADER)
@@ -50,10 +60,18 @@ struct ScRow {
   float temps[SC_MAX_TEMPS];
 };
 
-#define SC_CAP 4096         // candidates kept in shared memory once a cut leaves at most this many tokens
 #define SC_NMAX (4 * SC_T)  // maxima a bound pass keeps: four a thread (ScMaxima)
 static_assert(SC_NMAX <= SC_CAP, "the sorted maxima live in cand_raw");
 static_assert(SC_NMAX >= 10 * SC_WARPS, "top_p's histogram counts live in tmax");
+
+// An operand slot's value for a row (`stride` 1: one value a row; 0: one value). A template over the pointer: MLX
+// passes a Metal input of fewer than eight elements in the constant address space, a larger one in device memory.
+template <class P>
+SC_INLINE float sc_operand_f(P p, int stride, int row) { return p[stride ? row : 0]; }
+template <class P>
+SC_INLINE sc_u64 sc_operand_u64(P p, int stride, int row) { return p[stride ? row : 0]; }
+template <class P>
+SC_INLINE int sc_operand_i(P p, int stride, int row) { return p[stride ? row : 0]; }
 
 // A row's aggregates over a set of tokens under the prologue's temperatures (c: a token's current logit): the
 // softmax's parts (cm = the largest c, z = sum exp(c - cm), e = sum exp(c - cm) (c - cm)), Welford's count, mean
@@ -88,46 +106,54 @@ struct ScShared {
   float above;
 };
 
-__device__ __forceinline__ bool sc_finite(float v) { return fabsf(v) <= 3.402823466e38f; }
+SC_INLINE bool sc_finite(float v) { return sc_fabs(v) <= 3.402823466e38f; }
 
-__device__ __forceinline__ unsigned sc_key(float v) {
-  const unsigned b = __float_as_uint(v == 0.0f ? 0.0f : v);
+SC_INLINE unsigned sc_key(float v) {
+  const unsigned b = sc_f2u(v == 0.0f ? 0.0f : v);
   return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
 }
 
-__device__ __forceinline__ float sc_unkey(unsigned lo) {
+SC_INLINE float sc_unkey(unsigned lo) {
   if (lo < 0x007FFFFFu) return -SC_INF;             // below -inf's key: nothing reached
-  return __uint_as_float(lo >= 0x80000000u ? (lo & 0x7FFFFFFFu) : ~lo);
+  return sc_u2f(lo >= 0x80000000u ? (lo & 0x7FFFFFFFu) : ~lo);
+}
+
+// The next float above x (+inf and NaN stay): nextafterf(x, inf) from the bits (no math library on every dialect).
+SC_INLINE float sc_next_up(float x) {
+  if (!(x < SC_INF)) return x;
+  if (x == 0.0f) return sc_u2f(1u);
+  const unsigned b = sc_f2u(x);
+  return sc_u2f(x > 0.0f ? b + 1u : b - 1u);
 }
 
 // A thread's copy of the row state a pass reads (the temperatures stay in shared memory).
 struct ScView {
   float rho, sigma, mraw, tlo, thi;
   int surv, nt, nband, tid;
-  const float* temps;
-  const float* glo;
-  const float* ghi;
+  const SC_TG float* temps;
+  const SC_TG float* glo;
+  const SC_TG float* ghi;
 };
 
-__device__ __forceinline__ ScView sc_view(const ScShared& sh) {
+SC_INLINE ScView sc_view(const SC_TG ScShared& sh) {
   return ScView{sh.st.rho, sh.st.sigma, sh.st.mraw, sh.st.tlo, sh.st.thi, sh.st.surv, sh.st.nt, sh.st.nband,
                 sh.st.tid, sh.st.temps, sh.st.glo, sh.st.ghi};
 }
 
 // The current logit of token i with raw logit r.
-__device__ __forceinline__ float sc_cur(const ScView& s, int i, float r) {
+SC_INLINE float sc_cur(SC_THR const ScView& s, int i, float r) {
   if (!(r >= s.rho) || (r >= s.sigma && i != s.surv) || r == -SC_INF) return -SC_INF;
   if (r >= s.tlo && r <= s.thi && i > s.tid) return -SC_INF;
   for (int b = 0; b < s.nband; ++b)
     if (r >= s.glo[b] && r < s.ghi[b]) return -SC_INF;
-  for (int j = 0; j < s.nt; ++j) r = r == -SC_INF ? r : __fdiv_rn(r, s.temps[j]);   // (-inf stays: not -inf / inf)
+  for (int j = 0; j < s.nt; ++j) r = r == -SC_INF ? r : sc_div(r, s.temps[j]);   // (-inf stays: not -inf / inf)
   return r;
 }
 
 // Threefry-2x32-20's first output word (Random123; spec section 4).
-__device__ __forceinline__ unsigned sc_rotl(unsigned x, int r) { return (x << r) | (x >> (32 - r)); }
+SC_INLINE unsigned sc_rotl(unsigned x, int r) { return (x << r) | (x >> (32 - r)); }
 
-__device__ __forceinline__ unsigned sc_threefry(unsigned k0, unsigned k1, unsigned c0, unsigned c1) {
+SC_INLINE unsigned sc_threefry(unsigned k0, unsigned k1, unsigned c0, unsigned c1) {
   const unsigned ks[3] = {k0, k1, k0 ^ k1 ^ SAMPLEC_THREEFRY_PARITY};
   const int rot[8] = {SAMPLEC_THREEFRY_ROTATIONS};
   unsigned x0 = c0 + k0, x1 = c1 + k1;
@@ -147,128 +173,135 @@ __device__ __forceinline__ unsigned sc_threefry(unsigned k0, unsigned k1, unsign
 // -log(-log(u)) for the largest u sc_uniform gives, ((2^23 - 1) + 0.5) * 2^-23, with a margin for logf's rounding
 #define SC_GUMBEL_MAX (16.6355323f + 1e-3f)
 
-__device__ __forceinline__ float sc_uniform(unsigned bits) {
+SC_INLINE float sc_uniform(unsigned bits) {
   return ((float)(bits >> 9) + 0.5f) * 1.1920928955078125e-07f;     // ((bits >> 9) + 0.5) * 2**-23, exact
 }
 
-// f(i, raw) for every token that can still be kept, each thread its tokens in a fixed order: the candidates in
-// shared memory once a cut has gathered them (every other token is removed), else the row, a float4 at a time
-// where the row is 16-byte aligned. (Each call inlines f: few copies of it keep NVRTC's compile short.)
-template <class F>
-__device__ __forceinline__ void sc_each(const float* xr, int V, const ScShared& sh, F f) {
-  const int tid = threadIdx.x;
-  const int nc = sh.ncand;
-  if (nc >= 0) {
-#pragma unroll 1
-    for (int c = tid; c < nc; c += SC_T) f(sh.cand_id[c], sh.cand_raw[c]);
-    return;
-  }
-  if ((V & 3) == 0 && (reinterpret_cast<size_t>(xr) & 15) == 0) {
-    const float4* x4 = reinterpret_cast<const float4*>(xr);
-    const int n4 = V >> 2;
-    const float4 none = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    float4 a = tid < n4 ? x4[tid] : none, b = tid + SC_T < n4 ? x4[tid + SC_T] : none;
-#pragma unroll 1
-    for (int q = tid; q < n4; q += SC_T) {     // (the next two float4 loads in flight while one is read)
-      const float4 c = a;
-      a = b;
-      if (q + 2 * SC_T < n4) b = x4[q + 2 * SC_T];
-#pragma unroll 1
-      for (int u = 0; u < 4; ++u) f(4 * q + u, u == 0 ? c.x : u == 1 ? c.y : u == 2 ? c.z : c.w);
-    }
-    return;
-  }
-#pragma unroll 1
-  for (int i = tid; i < V; i += SC_T) f(i, xr[i]);
-}
+// For every token that can still be kept, each thread its tokens in a fixed order: the body with I its id and R its
+// raw logit (`continue` skips to the next token) -- the candidates in shared memory once a cut has gathered them
+// (every other token is removed), else the row, a float4 at a time where the row is 16-byte aligned (sc_aligned16:
+// always false in the Metal dialect). A macro with the body inline: Metal has no lambdas. (Each use inlines the body
+// three times: few uses keep NVRTC's compile short.)
+#define SC_EACH(xr, V, sh, tx, I, R, ...)                                                                         \
+  do {                                                                                                          \
+    const int sc_nc_ = (sh).ncand;                                                                              \
+    if (sc_nc_ >= 0) {                                                                                          \
+      SC_NO_UNROLL for (int sc_c_ = (tx); sc_c_ < sc_nc_; sc_c_ += SC_T) {                                      \
+        const int I = (sh).cand_id[sc_c_];                                                                      \
+        const float R = (sh).cand_raw[sc_c_];                                                                   \
+        __VA_ARGS__                                                                                             \
+      }                                                                                                         \
+    } else if (((V) & 3) == 0 && sc_aligned16(xr)) {                                                            \
+      const SC_DEV float4* sc_x4_ = reinterpret_cast<const SC_DEV float4*>(xr);                                  \
+      const int sc_n4_ = (V) >> 2;                                                                              \
+      float4 sc_a_ = sc_x4_[(tx) < sc_n4_ ? (tx) : 0]; /* (index 0 where none: read, never used) */              \
+      float4 sc_b_ = sc_x4_[(tx) + SC_T < sc_n4_ ? (tx) + SC_T : 0];                                            \
+      SC_NO_UNROLL for (int sc_q_ = (tx); sc_q_ < sc_n4_; sc_q_ += SC_T) { /* (two float4 loads in flight) */   \
+        const float4 sc_c4_ = sc_a_;                                                                            \
+        sc_a_ = sc_b_;                                                                                          \
+        if (sc_q_ + 2 * SC_T < sc_n4_) sc_b_ = sc_x4_[sc_q_ + 2 * SC_T];                                        \
+        SC_NO_UNROLL for (int sc_u_ = 0; sc_u_ < 4; ++sc_u_) {                                                  \
+          const int I = 4 * sc_q_ + sc_u_;                                                                      \
+          const float R = sc_u_ == 0 ? sc_c4_.x : sc_u_ == 1 ? sc_c4_.y : sc_u_ == 2 ? sc_c4_.z : sc_c4_.w;     \
+          __VA_ARGS__                                                                                           \
+        }                                                                                                       \
+      }                                                                                                         \
+    } else {                                                                                                    \
+      SC_NO_UNROLL for (int sc_i_ = (tx); sc_i_ < (V); sc_i_ += SC_T) {                                         \
+        const int I = sc_i_;                                                                                    \
+        const float R = (xr)[sc_i_];                                                                            \
+        __VA_ARGS__                                                                                             \
+      }                                                                                                         \
+    }                                                                                                           \
+  } while (0)
 
 // The exclusive prefix sum of v over the block's threads (in thread order), and the total in *total.
-__device__ __forceinline__ int sc_scan(int v, ScShared& sh, int* total) {
-  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+SC_INLINE int sc_scan(int v, SC_TG ScShared& sh, const int tx, SC_THR int* total) {
+  const int lane = tx & 31, w = tx >> 5;
   int incl = v;
   for (int o = 1; o < 32; o <<= 1) {
-    const int up = __shfl_up_sync(0xFFFFFFFFu, incl, o);
+    const int up = sc_shfl_up(incl, o);
     if (lane >= o) incl += up;
   }
-  __syncthreads();
+  sc_barrier();
   if (lane == 31) sh.scan[w] = incl;
-  __syncthreads();
+  sc_barrier();
   if (w == 0) {
     const int t = lane < SC_WARPS ? sh.scan[lane] : 0;
     int ti = t;
     for (int o = 1; o < 32; o <<= 1) {
-      const int up = __shfl_up_sync(0xFFFFFFFFu, ti, o);
+      const int up = sc_shfl_up(ti, o);
       if (lane >= o) ti += up;
     }
     if (lane < SC_WARPS) sh.scan[lane] = ti - t;
     if (lane == 31) sh.redi[0] = ti;
   }
-  __syncthreads();
+  sc_barrier();
   const int excl = sh.scan[w] + incl - v;
   *total = sh.redi[0];
-  __syncthreads();
+  sc_barrier();
   return excl;
 }
 
 // Block-wide reductions: the same tree every time (a butterfly in each warp, then warp 0 over the warps' results),
 // so every thread gets the same, reproducible value.
-__device__ __forceinline__ float sc_sum(float v, ScShared& sh) {
-  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xFFFFFFFFu, v, o);
-  __syncthreads();
+SC_INLINE float sc_sum(float v, SC_TG ScShared& sh, const int tx) {
+  const int lane = tx & 31, w = tx >> 5;
+  for (int o = 16; o > 0; o >>= 1) v += sc_shfl_xor(v, o);
+  sc_barrier();
   if (lane == 0) sh.redf[w] = v;
-  __syncthreads();
+  sc_barrier();
   if (w == 0) {
     v = lane < SC_WARPS ? sh.redf[lane] : 0.0f;
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xFFFFFFFFu, v, o);
+    for (int o = 16; o > 0; o >>= 1) v += sc_shfl_xor(v, o);
     if (lane == 0) sh.redf[0] = v;
   }
-  __syncthreads();
+  sc_barrier();
   return sh.redf[0];
 }
 
-__device__ __forceinline__ float sc_min(float v, ScShared& sh) {
-  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
-  for (int o = 16; o > 0; o >>= 1) v = fminf(v, __shfl_xor_sync(0xFFFFFFFFu, v, o));
-  __syncthreads();
+SC_INLINE float sc_min(float v, SC_TG ScShared& sh, const int tx) {
+  const int lane = tx & 31, w = tx >> 5;
+  for (int o = 16; o > 0; o >>= 1) v = sc_fmin(v, sc_shfl_xor(v, o));
+  sc_barrier();
   if (lane == 0) sh.redf[w] = v;
-  __syncthreads();
+  sc_barrier();
   if (w == 0) {
     v = lane < SC_WARPS ? sh.redf[lane] : SC_INF;
-    for (int o = 16; o > 0; o >>= 1) v = fminf(v, __shfl_xor_sync(0xFFFFFFFFu, v, o));
+    for (int o = 16; o > 0; o >>= 1) v = sc_fmin(v, sc_shfl_xor(v, o));
     if (lane == 0) sh.redf[0] = v;
   }
-  __syncthreads();
+  sc_barrier();
   return sh.redf[0];
 }
 
 // (value, id) pairs: the largest value, the lowest id among equals (sign = 1), or the smallest value, the lowest
 // id among equals (sign = -1). Ids of "none" are INT_MAX.
-__device__ __forceinline__ bool sc_better(float a, int ia, float b, int ib, float sign) {
+SC_INLINE bool sc_better(float a, int ia, float b, int ib, float sign) {
   return sign * a > sign * b || (a == b && ia < ib);
 }
 
-__device__ __forceinline__ int sc_arg(float v, int id, float sign, ScShared& sh, float* value) {
-  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+SC_INLINE int sc_arg(float v, int id, float sign, SC_TG ScShared& sh, const int tx, SC_THR float* value) {
+  const int lane = tx & 31, w = tx >> 5;
   for (int o = 16; o > 0; o >>= 1) {
-    const float v2 = __shfl_xor_sync(0xFFFFFFFFu, v, o);
-    const int i2 = __shfl_xor_sync(0xFFFFFFFFu, id, o);
+    const float v2 = sc_shfl_xor(v, o);
+    const int i2 = sc_shfl_xor(id, o);
     if (sc_better(v2, i2, v, id, sign)) { v = v2; id = i2; }
   }
-  __syncthreads();
+  sc_barrier();
   if (lane == 0) { sh.redf[w] = v; sh.redi[w] = id; }
-  __syncthreads();
+  sc_barrier();
   if (w == 0) {
     v = lane < SC_WARPS ? sh.redf[lane] : (sign > 0.0f ? -SC_INF : SC_INF);
     id = lane < SC_WARPS ? sh.redi[lane] : 0x7FFFFFFF;
     for (int o = 16; o > 0; o >>= 1) {
-      const float v2 = __shfl_xor_sync(0xFFFFFFFFu, v, o);
-      const int i2 = __shfl_xor_sync(0xFFFFFFFFu, id, o);
+      const float v2 = sc_shfl_xor(v, o);
+      const int i2 = sc_shfl_xor(id, o);
       if (sc_better(v2, i2, v, id, sign)) { v = v2; id = i2; }
     }
     if (lane == 0) { sh.redf[0] = v; sh.redi[0] = id; }
   }
-  __syncthreads();
+  sc_barrier();
   if (value) *value = sh.redf[0];
   return sh.redi[0];
 }
@@ -277,18 +310,18 @@ __device__ __forceinline__ int sc_arg(float v, int id, float sign, ScShared& sh,
 // top_p by mass), or -inf if none: eight rounds of 4 key bits, as kernels._select decides them. kw(i, raw, &key,
 // &w) gives a token's key and weight.
 template <class KW>
-__device__ float sc_select(const float* xr, int V, float target, KW kw, ScShared& sh) {
+SC_FN float sc_select(const SC_DEV float* xr, int V, float target, KW kw, SC_TG ScShared& sh, const int tx) {
   if (!(target > 0.0f)) {     // (an empty upper set reaches it: the row's largest key, as kernels._select clamps)
     float top = -SC_INF;
-    sc_each(xr, V, sh, [&](int i, float r) {
+    SC_EACH(xr, V, sh, tx, i, r, {
       unsigned key;
       float wt;
       kw(i, r, &key, &wt);
-      top = fmaxf(top, sc_unkey(key));
+      top = sc_fmax(top, sc_unkey(key));
     });
-    return -sc_min(-top, sh);
+    return -sc_min(-top, sh, tx);
   }
-  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+  const int lane = tx & 31, w = tx >> 5;
   unsigned prefix = 0u;
   float above = 0.0f;
   for (int shift = 28; shift >= 0; shift -= 4) {
@@ -296,23 +329,23 @@ __device__ float sc_select(const float* xr, int V, float target, KW kw, ScShared
 #pragma unroll
     for (int b = 0; b < 16; ++b) bins[b] = 0.0f;
     const unsigned himask = shift == 28 ? 0u : (0xFFFFFFFFu << (shift + 4));
-    sc_each(xr, V, sh, [&](int i, float r) {
+    SC_EACH(xr, V, sh, tx, i, r, {
       unsigned key;
       float wt;
       kw(i, r, &key, &wt);
       if ((key & himask) == prefix) {
         const unsigned d = (key >> shift) & 15u;
-#pragma unroll
+        SC_UNROLL
         for (int b = 0; b < 16; ++b) bins[b] += d == (unsigned)b ? wt : 0.0f;
       }
     });
 #pragma unroll
     for (int b = 0; b < 16; ++b)
-      for (int o = 16; o > 0; o >>= 1) bins[b] += __shfl_xor_sync(0xFFFFFFFFu, bins[b], o);
+      for (int o = 16; o > 0; o >>= 1) bins[b] += sc_shfl_xor(bins[b], o);
     if (lane == 0)
       for (int b = 0; b < 16; ++b) sh.bins[w][b] = bins[b];
-    __syncthreads();
-    if (threadIdx.x == 0) {
+    sc_barrier();
+    if (tx == 0) {
       float acc = above;
       int digit = 0;
       for (int d = 15; d >= 1; --d) {
@@ -324,52 +357,107 @@ __device__ float sc_select(const float* xr, int V, float target, KW kw, ScShared
       sh.prefix = prefix | ((unsigned)digit << shift);
       sh.above = acc;
     }
-    __syncthreads();
+    sc_barrier();
     prefix = sh.prefix;
     above = sh.above;
-    __syncthreads();
+    sc_barrier();
   }
   return sc_unkey(prefix);
 }
 
 // A stage needs the tokens outside the candidates, which the aggregates do not describe: the chain reruns on the
 // whole row (the state the stage leaves is discarded).
-__device__ __forceinline__ void sc_need_row(ScShared& sh) {
-  if (threadIdx.x == 0) sh.fallback = 1;
+SC_INLINE void sc_need_row(SC_TG ScShared& sh, const int tx) {
+  if (tx == 0) sh.fallback = 1;
 }
 
 // Whether a stage called sc_need_row, read by every thread before any may reset it.
-__device__ __forceinline__ bool sc_fell_back(ScShared& sh) {
-  __syncthreads();
+SC_INLINE bool sc_fell_back(SC_TG ScShared& sh, const int tx) {
+  sc_barrier();
   const bool fell = sh.fallback != 0;
-  __syncthreads();
+  sc_barrier();
   return fell;
 }
 
 // The row's current maximum (the largest kept raw logit through the temperatures).
-__device__ __forceinline__ float sc_max(const ScView& s) { return sc_cur(s, s.surv >= 0 ? s.surv : 0, s.mraw); }
+SC_INLINE float sc_max(SC_THR const ScView& s) { return sc_cur(s, s.surv >= 0 ? s.surv : 0, s.mraw); }
 
 // softmax's normalizer over the current logits: sum of exp(x - max).
-__device__ __forceinline__ float sc_norm(const float* xr, int V, float m, ScShared& sh) {
+SC_INLINE float sc_norm(const SC_DEV float* xr, int V, float m, SC_TG ScShared& sh, const int tx) {
   if (sh.tail) {                  // (split mode before a cut: the row's normalizer from the slices' aggregates)
-    if (!sh.agg_ok) sc_need_row(sh);
+    if (!sh.agg_ok) sc_need_row(sh, tx);
     return sh.agg.z;
   }
   const ScView s = sc_view(sh);
   float z = 0.0f;
-  sc_each(xr, V, sh, [&](int i, float r) { z += expf(__fsub_rn(sc_cur(s, i, r), m)); });
-  return sc_sum(z, sh);
+  SC_EACH(xr, V, sh, tx, i, r, { z += sc_exp(sc_sub(sc_cur(s, i, r), m)); });
+  return sc_sum(z, sh, tx);
 }
 
 // The current softmax: prob(c) = exp(c - m) / z for a current logit c, as the dense definitions round it.
 struct ScProbs {
   float m, z;
-  __device__ __forceinline__ float operator()(float c) const { return __fdiv_rn(expf(__fsub_rn(c, m)), z); }
+  SC_INLINE float operator()(float c) const { return sc_div(sc_exp(sc_sub(c, m)), z); }
 };
 
-__device__ __forceinline__ ScProbs sc_probs(const float* xr, int V, const ScView& s, ScShared& sh) {
+// A cut's rule on a token's current logit c (sc_cut, sc_gather): c >= thr, or by_prob: its probability under
+// `prob` >= thr; and with at_max every token at the row's maximum prob.m too.
+struct ScKeep {
+  ScProbs prob;
+  float thr;
+  int by_prob, at_max;
+  SC_INLINE bool operator()(float c) const { return (by_prob ? prob(c) : c) >= thr || (at_max && c == prob.m); }
+};
+
+SC_INLINE ScKeep sc_keep_logit(float thr) { return ScKeep{ScProbs{0.0f, 1.0f}, thr, 0, 0}; }
+SC_INLINE ScKeep sc_keep_prob(ScProbs prob, float thr) { return ScKeep{prob, thr, 1, 0}; }
+
+// A selection's key and weight for token i with raw logit r (sc_select): by its current logit, each weighing one
+// (top_k); by its probability, weighing it (top_p); by typical_p's score -|mean - d| (d = c - max), weighing its
+// probability; by -id among the tokens at vk (top_k_rank's ties).
+struct ScByLogit {
+  ScView s;
+  SC_INLINE void operator()(int i, float r, SC_THR unsigned* key, SC_THR float* w) const {
+    *key = sc_key(sc_cur(s, i, r));
+    *w = 1.0f;
+  }
+};
+
+struct ScByProb {
+  ScView s;
+  ScProbs prob;
+  SC_INLINE void operator()(int i, float r, SC_THR unsigned* key, SC_THR float* w) const {
+    *w = prob(sc_cur(s, i, r));
+    *key = sc_key(*w);
+  }
+};
+
+struct ScByScore {
+  ScView s;
+  ScProbs prob;
+  float mean;
+  SC_INLINE float score(float c) const {
+    return prob(c) > 0.0f ? sc_fabs(sc_sub(mean, sc_sub(c, prob.m))) : SC_INF;
+  }
+  SC_INLINE void operator()(int i, float r, SC_THR unsigned* key, SC_THR float* w) const {
+    const float c = sc_cur(s, i, r);
+    *w = prob(c);
+    *key = sc_key(-score(c));
+  }
+};
+
+struct ScByTieId {
+  ScView s;
+  float vk;
+  SC_INLINE void operator()(int i, float r, SC_THR unsigned* key, SC_THR float* w) const {
+    *w = sc_cur(s, i, r) == vk ? 1.0f : 0.0f;
+    *key = sc_key(-(float)i);
+  }
+};
+
+SC_INLINE ScProbs sc_probs(const SC_DEV float* xr, int V, SC_THR const ScView& s, SC_TG ScShared& sh, const int tx) {
   const float m = sc_max(s);
-  return ScProbs{m, sc_norm(xr, V, m, sh)};
+  return ScProbs{m, sc_norm(xr, V, m, sh, tx)};
 }
 
 // Where the passes still read the row and at most SC_CAP tokens pass keep(c) (c: the token's current logit, not
@@ -377,30 +465,31 @@ __device__ __forceinline__ ScProbs sc_probs(const float* xr, int V, const ScView
 // tokens in its own order at its offset in the block (`mine`: how many it has), a fixed order, so that sums over
 // the candidates do not depend on timing.
 template <class K>
-__device__ __forceinline__ void sc_gather(const float* xr, int V, const ScView& s, K keep, int mine,
-                                          ScShared& sh) {
+SC_INLINE void sc_gather(const SC_DEV float* xr, int V, SC_THR const ScView& s, K keep, int mine,
+                                          SC_TG ScShared& sh, const int tx) {
   if (sh.ncand >= 0) return;
   int total;
-  int at = sc_scan(mine, sh, &total);
+  int at = sc_scan(mine, sh, tx, &total);
   if (total > SC_CAP) return;
-  sc_each(xr, V, sh, [&](int i, float r) {
+  SC_EACH(xr, V, sh, tx, i, r, {
     const float c = sc_cur(s, i, r);
     if (c != -SC_INF && keep(c)) { sh.cand_raw[at] = r; sh.cand_id[at] = i; ++at; }
   });
-  __syncthreads();
-  if (threadIdx.x == 0) sh.ncand = total;
-  __syncthreads();
+  sc_barrier();
+  if (tx == 0) sh.ncand = total;
+  sc_barrier();
 }
 
 // sc_gather after a pass counting each thread's tokens that pass keep(c).
 template <class K>
-__device__ __forceinline__ void sc_gather_passing(const float* xr, int V, const ScView& s, K keep, ScShared& sh) {
+SC_INLINE void sc_gather_passing(const SC_DEV float* xr, int V, SC_THR const ScView& s, K keep, SC_TG ScShared& sh,
+                                 const int tx) {
   int mine = 0;
-  sc_each(xr, V, sh, [&](int i, float r) {
+  SC_EACH(xr, V, sh, tx, i, r, {
     const float c = sc_cur(s, i, r);
     mine += c != -SC_INF && keep(c);
   });
-  sc_gather(xr, V, s, keep, mine, sh);
+  sc_gather(xr, V, s, keep, mine, sh, tx);
 }
 
 // A bound pass's running maxima: each thread keeps four, one for each of four disjoint sets of its tokens (by
@@ -408,22 +497,22 @@ __device__ __forceinline__ void sc_gather_passing(const float* xr, int V, const 
 // SC_NMAX maxima are j distinct tokens (top_k's bound).
 struct ScMaxima {
   float m0 = -SC_INF, m1 = -SC_INF, m2 = -SC_INF, m3 = -SC_INF;
-  __device__ __forceinline__ void add(int i, float c) {
+  SC_INLINE void add(int i, float c) {
     const int u = (i ^ (i / SC_T)) & 3;
-    m0 = u == 0 ? fmaxf(m0, c) : m0;
-    m1 = u == 1 ? fmaxf(m1, c) : m1;
-    m2 = u == 2 ? fmaxf(m2, c) : m2;
-    m3 = u == 3 ? fmaxf(m3, c) : m3;
+    m0 = u == 0 ? sc_fmax(m0, c) : m0;
+    m1 = u == 1 ? sc_fmax(m1, c) : m1;
+    m2 = u == 2 ? sc_fmax(m2, c) : m2;
+    m3 = u == 3 ? sc_fmax(m3, c) : m3;
   }
 };
 
 // The maxima of every thread, sorted descending (equal ones by their place), into sh.cand_raw[0, SC_NMAX) -- free
 // while the passes read the row.
-__device__ __forceinline__ void sc_sort_maxima(const ScMaxima& tm, ScShared& sh) {
-  const int me = 4 * threadIdx.x;
+SC_INLINE void sc_sort_maxima(SC_THR const ScMaxima& tm, SC_TG ScShared& sh, const int tx) {
+  const int me = 4 * tx;
   const float v[4] = {tm.m0, tm.m1, tm.m2, tm.m3};
   for (int u = 0; u < 4; ++u) sh.tmax[me + u] = v[u];
-  __syncthreads();
+  sc_barrier();
   int rank[4] = {0, 0, 0, 0};
   for (int j = 0; j < SC_NMAX; ++j) {
     const float o = sh.tmax[j];
@@ -431,93 +520,90 @@ __device__ __forceinline__ void sc_sort_maxima(const ScMaxima& tm, ScShared& sh)
     for (int u = 0; u < 4; ++u) rank[u] += o > v[u] || (o == v[u] && j < me + u);
   }
   for (int u = 0; u < 4; ++u) sh.cand_raw[rank[u]] = v[u];
-  __syncthreads();
+  sc_barrier();
 }
 
 // Keep the tokens whose current logit c passes keep(c): the new rho is the smallest raw logit left. (A token at
 // -inf stays removed whatever the threshold: a cut at -inf keeps the row as it is.)
 template <class K>
-__device__ __forceinline__ void sc_cut(const float* xr, int V, K keep, ScShared& sh) {
+SC_INLINE void sc_cut(const SC_DEV float* xr, int V, K keep, SC_TG ScShared& sh, const int tx) {
   const ScView s = sc_view(sh);
   const int tail = sh.tail;
   float lo = SC_INF;
   int mine = 0;
-  sc_each(xr, V, sh, [&](int i, float r) {
+  SC_EACH(xr, V, sh, tx, i, r, {
     const float c = sc_cur(s, i, r);
-    if (c != -SC_INF && keep(c)) { lo = fminf(lo, r); ++mine; }
+    if (c != -SC_INF && keep(c)) { lo = sc_fmin(lo, r); ++mine; }
   });
-  lo = sc_min(lo, sh);
-  sc_gather(xr, V, s, keep, mine, sh);
-  if (threadIdx.x == 0 && lo != SC_INF) sh.st.rho = lo;
+  lo = sc_min(lo, sh, tx);
+  sc_gather(xr, V, s, keep, mine, sh, tx);
+  if (tx == 0 && lo != SC_INF) sh.st.rho = lo;
   if (tail) {       // (split mode: the cut must remove every token outside the candidates, all at raw <= beta)
     const float cb = sc_cur(s, -2, sh.beta);
-    if (cb != -SC_INF && keep(cb)) sc_need_row(sh);
-    else if (threadIdx.x == 0) sh.tail = 0;
+    if (cb != -SC_INF && keep(cb)) sc_need_row(sh, tx);
+    else if (tx == 0) sh.tail = 0;
   }
-  __syncthreads();
+  sc_barrier();
 }
 
-__device__ __forceinline__ int sc_argmax(const float* xr, int V, ScShared& sh) {
+SC_INLINE int sc_argmax(const SC_DEV float* xr, int V, SC_TG ScShared& sh, const int tx) {
   const ScView s = sc_view(sh);
   float best = -SC_INF;
   int id = 0x7FFFFFFF;
-  sc_each(xr, V, sh, [&](int i, float r) {
+  SC_EACH(xr, V, sh, tx, i, r, {
     const float v = sc_cur(s, i, r);
     if (sc_better(v, i, best, id, 1.0f)) { best = v; id = i; }
   });
-  const int won = sc_arg(best, id, 1.0f, sh, nullptr);
+  const int won = sc_arg(best, id, 1.0f, sh, tx, nullptr);
   return won == 0x7FFFFFFF ? 0 : won;     // (nothing left to read: a row the checks reject)
 }
 
 // (After a temperature 0 the row holds one token; later temperatures still divide its logit, for the final
 // logits a chain may output.)
-__device__ void sc_temperature(const float* xr, int V, float t, ScShared& sh) {
+SC_FN void sc_temperature(const SC_DEV float* xr, int V, float t, SC_TG ScShared& sh, const int tx) {
   if (SAMPLEC_OFF_TEMPERATURE(t)) return;
   const ScView s = sc_view(sh);
   const int g = sh.st.greedy;
-  const float top = __fdiv_rn(g >= 0 ? sc_cur(s, g, xr[g]) : sc_max(s), t == 0.0f ? 1.0f : t);
-  __syncthreads();                                  // (every thread has read the state thread 0 changes below)
+  const float top = sc_div(g >= 0 ? sc_cur(s, g, xr[g]) : sc_max(s), t == 0.0f ? 1.0f : t);
+  sc_barrier();                                  // (every thread has read the state thread 0 changes below)
   if (t == 0.0f || !sc_finite(top)) {
     if (g < 0) {
-      const int id = sc_argmax(xr, V, sh);
-      if (threadIdx.x == 0) sh.st.greedy = id;
+      const int id = sc_argmax(xr, V, sh, tx);
+      if (tx == 0) sh.st.greedy = id;
     }
-  } else if (threadIdx.x == 0) {
+  } else if (tx == 0) {
     sh.st.temps[sh.st.nt++] = t;
   }
-  __syncthreads();
+  sc_barrier();
 }
 
-__device__ void sc_top_k(const float* xr, int V, float k, ScShared& sh) {
+SC_FN void sc_top_k(const SC_DEV float* xr, int V, float k, SC_TG ScShared& sh, const int tx) {
   if (SAMPLEC_OFF_TOP_K(k, (float)V)) return;      // (k >= V: every token -- the V-th largest is the row's least)
   const ScView s = sc_view(sh);
-  const int kk = (int)floorf(k);
+  const int kk = (int)sc_floor(k);
   if (sh.ncand < 0 && kk <= SC_NMAX) {
     // The kk-th largest of the threads' maxima is at most the row's kk-th largest: the tokens at or above it hold
     // the cut (usually a few times kk of them) -- gathered, the selection reads them alone.
     ScMaxima tm;
-    sc_each(xr, V, sh, [&](int i, float r) { tm.add(i, sc_cur(s, i, r)); });
-    sc_sort_maxima(tm, sh);
+    SC_EACH(xr, V, sh, tx, i, r, { tm.add(i, sc_cur(s, i, r)); });
+    sc_sort_maxima(tm, sh, tx);
     const float t0 = sh.cand_raw[kk - 1];
-    if (t0 != -SC_INF) sc_gather_passing(xr, V, s, [&](float c) { return c >= t0; }, sh);
+    if (t0 != -SC_INF) sc_gather_passing(xr, V, s, sc_keep_logit(t0), sh, tx);
   }
-  const float vk = sc_select(xr, V, floorf(k), [&](int i, float r, unsigned* key, float* w) {
-    *key = sc_key(sc_cur(s, i, r));
-    *w = 1.0f;
-  }, sh);
-  sc_cut(xr, V, [&](float c) { return c >= vk; }, sh);
+  const float vk = sc_select(xr, V, sc_floor(k), ScByLogit{s}, sh, tx);
+  sc_cut(xr, V, sc_keep_logit(vk), sh, tx);
 }
 
 // The thresholds of top_p's bound: the probabilities of the logits this far below the maximum.
 #define SC_HIST 10
-__device__ __forceinline__ float sc_hist_delta(int k) {
+SC_INLINE float sc_hist_delta(int k) {
   return k == 0 ? 0.5f : k < 8 ? (float)k : k == 8 ? 8.5f : 10.0f;
 }
 
-__device__ void sc_top_p(const float* xr, int V, float p, ScShared& sh) {
+SC_FN void sc_top_p(const SC_DEV float* xr, int V, float p, SC_TG ScShared& sh, const int tx) {
   if (SAMPLEC_OFF_TOP_P(p)) return;
   const ScView s = sc_view(sh);
-  const ScProbs prob = sc_probs(xr, V, s, sh);
+  const ScProbs prob = sc_probs(xr, V, s, sh, tx);
   const float z = prob.z;
   if (sh.ncand < 0) {
     // A bound from a histogram of the probabilities (the selection's own weights): for each threshold P_k the mass
@@ -528,51 +614,51 @@ __device__ void sc_top_p(const float* xr, int V, float p, ScShared& sh) {
     float pk[SC_HIST], mass[SC_HIST], cnt[SC_HIST];
 #pragma unroll
     for (int k = 0; k < SC_HIST; ++k) {
-      pk[k] = __fdiv_rn(expf(-sc_hist_delta(k)), z);
+      pk[k] = sc_div(sc_exp(-sc_hist_delta(k)), z);
       mass[k] = 0.0f;
       cnt[k] = 0.0f;
     }
-    sc_each(xr, V, sh, [&](int i, float r) {
+    SC_EACH(xr, V, sh, tx, i, r, {
       const float w = prob(sc_cur(s, i, r));
-#pragma unroll
+      SC_UNROLL
       for (int k = 0; k < SC_HIST; ++k) {
         const bool in = w >= pk[k];
         mass[k] += in ? w : 0.0f;
         cnt[k] += in ? 1.0f : 0.0f;
       }
     });
-    const int lane = threadIdx.x & 31, wp = threadIdx.x >> 5;
-    __syncthreads();                                  // (sh.bins and sh.tmax are free)
+    const int lane = tx & 31, wp = tx >> 5;
+    sc_barrier();                                  // (sh.bins and sh.tmax are free)
 #pragma unroll
     for (int k = 0; k < SC_HIST; ++k) {
       float mk = mass[k], ck = cnt[k];
       for (int o = 16; o > 0; o >>= 1) {
-        mk += __shfl_xor_sync(0xFFFFFFFFu, mk, o);
-        ck += __shfl_xor_sync(0xFFFFFFFFu, ck, o);
+        mk += sc_shfl_xor(mk, o);
+        ck += sc_shfl_xor(ck, o);
       }
       if (lane == 0) {
         sh.bins[wp][k] = mk;
         sh.tmax[wp * SC_HIST + k] = ck;
       }
     }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      const double need = (double)p * 1.0001 + 1e-6;
+    sc_barrier();
+    if (tx == 0) {
+      const float need = p * 1.0001f + 1e-6f;     // (float sums: Metal has no double; within the margin)
       int chosen = -1;
 #pragma unroll 1
       for (int k = 0; k < SC_HIST && chosen < 0; ++k) {   // (not unrolled: sm_80's build took 218 registers)
-        double mk = 0.0, ck = 0.0;
+        float mk = 0.0f, ck = 0.0f;
 #pragma unroll 1
         for (int w = 0; w < SC_WARPS; ++w) {
-          mk += (double)sh.bins[w][k];
-          ck += (double)sh.tmax[w * SC_HIST + k];
+          mk += sh.bins[w][k];
+          ck += sh.tmax[w * SC_HIST + k];
         }
-        if (ck > (double)SC_CAP) break;               // (the counts only grow with k)
+        if (ck > (float)SC_CAP) break;                // (the counts only grow with k)
         if (mk >= need) chosen = k;
       }
       sh.bound = (float)chosen;
     }
-    __syncthreads();
+    sc_barrier();
     const int chosen = (int)sh.bound;
     if (chosen >= 0) {
       float p0 = 0.0f, have = 0.0f;
@@ -581,69 +667,66 @@ __device__ void sc_top_p(const float* xr, int V, float p, ScShared& sh) {
         p0 = k == chosen ? pk[k] : p0;
         have = k == chosen ? cnt[k] : have;
       }
-      sc_gather(xr, V, s, [&](float c) { return prob(c) >= p0; }, (int)have, sh);
+      sc_gather(xr, V, s, sc_keep_prob(prob, p0), (int)have, sh, tx);
     }
   }
-  const float floor_p = sc_select(xr, V, p, [&](int i, float r, unsigned* key, float* w) {
-    *w = prob(sc_cur(s, i, r));
-    *key = sc_key(*w);
-  }, sh);
-  sc_cut(xr, V, [&](float c) { return prob(c) >= floor_p; }, sh);
+  const float floor_p = sc_select(xr, V, p, ScByProb{s, prob}, sh, tx);
+  sc_cut(xr, V, sc_keep_prob(prob, floor_p), sh, tx);
 }
 
-__device__ void sc_top_n_sigma(const float* xr, int V, float n, ScShared& sh) {
+SC_FN void sc_top_n_sigma(const SC_DEV float* xr, int V, float n, SC_TG ScShared& sh, const int tx) {
   if (SAMPLEC_OFF_TOP_N_SIGMA(n)) return;
   const ScView s = sc_view(sh);
   const float m = sc_max(s);
   float sd;
   if (sh.tail) {                  // (split mode before a cut: the slices' Welford parts)
-    if (!sh.agg_ok) sc_need_row(sh);
-    sd = sqrtf(__fdiv_rn(sh.agg.m2, sh.agg.n));
+    if (!sh.agg_ok) sc_need_row(sh, tx);
+    sd = sc_sqrt(sc_div(sh.agg.m2, sh.agg.n));
   } else {
     float cnt = 0.0f, sum = 0.0f;
-    sc_each(xr, V, sh, [&](int i, float r) {
+    SC_EACH(xr, V, sh, tx, i, r, {
       const float c = sc_cur(s, i, r);
       if (sc_finite(c)) { cnt += 1.0f; sum += c; }
     });
-    cnt = sc_sum(cnt, sh);
-    const float mean = __fdiv_rn(sc_sum(sum, sh), cnt);
+    cnt = sc_sum(cnt, sh, tx);
+    const float mean = sc_div(sc_sum(sum, sh, tx), cnt);
     float sq = 0.0f;
-    sc_each(xr, V, sh, [&](int i, float r) {
+    SC_EACH(xr, V, sh, tx, i, r, {
       const float c = sc_cur(s, i, r);
-      if (sc_finite(c)) { const float d = __fsub_rn(c, mean); sq += d * d; }
+      if (sc_finite(c)) { const float d = sc_sub(c, mean); sq += d * d; }
     });
-    sd = sqrtf(__fdiv_rn(sc_sum(sq, sh), cnt));
+    sd = sc_sqrt(sc_div(sc_sum(sq, sh, tx), cnt));
   }
-  const float floor_x = __fsub_rn(m, __fmul_rn(n, sd));     // (NaN for n = inf, sd = 0: the maximum alone)
-  sc_cut(xr, V, [&](float c) { return c >= floor_x || c == m; }, sh);
+  const float floor_x = sc_sub(m, sc_mul(n, sd));     // (NaN for n = inf, sd = 0: the maximum alone)
+  sc_cut(xr, V, ScKeep{ScProbs{m, 1.0f}, floor_x, 0, 1}, sh, tx);
 }
 
 // epsilon (HF EpsilonLogitsWarper) and eta (EtaLogitsWarper): keep p >= cut, and every token at the maximum; eta's
-// cut is min(e, sqrt(e) exp(-H)) with H the entropy of the current softmax.
-__device__ void sc_epsilon_eta(const float* xr, int V, float e, bool eta, ScShared& sh) {
+// cut is sc_imin(e, sqrt(e) exp(-H)) with H the entropy of the current softmax.
+SC_FN void sc_epsilon_eta(const SC_DEV float* xr, int V, float e, bool eta, SC_TG ScShared& sh, const int tx) {
   if (eta ? SAMPLEC_OFF_ETA(e) : SAMPLEC_OFF_EPSILON(e)) return;
   const ScView s = sc_view(sh);
-  const ScProbs prob = sc_probs(xr, V, s, sh);
+  const ScProbs prob = sc_probs(xr, V, s, sh, tx);
   const float m = prob.m, z = prob.z;
   float cut = e;
   if (eta) {
-    const float lz = logf(z);
+    const float lz = sc_log(z);
     float h = 0.0f;
     if (sh.tail) {                // (split mode before a cut: H = log z - sum exp(d) d / z from the slices)
-      h = __fsub_rn(lz, __fdiv_rn(sh.agg.e, z));
+      h = sc_sub(lz, sc_div(sh.agg.e, z));
     } else {
-      sc_each(xr, V, sh, [&](int i, float r) {
+      SC_EACH(xr, V, sh, tx, i, r, {
         const float c = sc_cur(s, i, r);
         if (c != -SC_INF) {
-          const float plogp = prob(c) * __fsub_rn(__fsub_rn(c, m), lz);
+          const float plogp = prob(c) * sc_sub(sc_sub(c, m), lz);
           if (sc_finite(plogp)) h += plogp;
         }
       });
-      h = -sc_sum(h, sh);
+      h = -sc_sum(h, sh, tx);
     }
-    cut = fminf(e, sqrtf(e) * expf(-h));
+    cut = sc_fmin(e, sc_sqrt(e) * sc_exp(-h));
   }
-  sc_cut(xr, V, [&](float c) { return prob(c) >= cut || c == m; }, sh);
+  sc_cut(xr, V, ScKeep{prob, cut, 1, 1}, sh, tx);
 }
 
 // typical_p (spec section 2): with p the current softmax and d = x - max, the score of a token with p > 0 is
@@ -653,178 +736,168 @@ __device__ void sc_epsilon_eta(const float* xr, int V, float e, bool eta, ScShar
 // the band kept is an interval: its lowest raw logit is the new rho, and the tokens between its top and the
 // tokens at the maximum are removed ([glo, ghi): each typical_p adds its band to the ones before, so a band that
 // later temperatures made reach the maximum stays removed).
-__device__ void sc_typical(const float* xr, int V, float mass, ScShared& sh) {
+SC_FN void sc_typical(const SC_DEV float* xr, int V, float mass, SC_TG ScShared& sh, const int tx) {
   if (SAMPLEC_OFF_TYPICAL_P(mass)) return;
   if (sh.tail) {                  // (its band may lie among the tokens outside the candidates)
-    sc_need_row(sh);
-    __syncthreads();
+    sc_need_row(sh, tx);
+    sc_barrier();
     return;
   }
   const ScView s = sc_view(sh);
-  const ScProbs prob = sc_probs(xr, V, s, sh);
+  const ScProbs prob = sc_probs(xr, V, s, sh, tx);
   const float m = prob.m;
   float mean = 0.0f, dlo = SC_INF;
-  sc_each(xr, V, sh, [&](int i, float r) {
+  SC_EACH(xr, V, sh, tx, i, r, {
     const float c = sc_cur(s, i, r);
     const float p = prob(c);
     if (p > 0.0f) {
-      const float d = __fsub_rn(c, m);
-      mean += __fmul_rn(p, d);
-      dlo = fminf(dlo, d);
+      const float d = sc_sub(c, m);
+      mean += sc_mul(p, d);
+      dlo = sc_fmin(dlo, d);
     }
   });
-  mean = sc_sum(mean, sh);
-  dlo = sc_min(dlo, sh);
+  mean = sc_sum(mean, sh, tx);
+  dlo = sc_min(dlo, sh, tx);
   // (the score is monotone on each side of mean, so the largest finite one is at the least or the greatest d: 0)
-  const float top_finite = fmaxf(fabsf(__fsub_rn(mean, dlo)), fabsf(mean));
-  auto score = [&](float c) {
-    return prob(c) > 0.0f ? fabsf(__fsub_rn(mean, __fsub_rn(c, m))) : SC_INF;
-  };
-  const float t = sc_select(xr, V, mass, [&](int i, float r, unsigned* key, float* w) {
-    const float c = sc_cur(s, i, r);
-    *w = prob(c);
-    *key = sc_key(-score(c));
-  }, sh);
-  const float cutoff = fminf(-t, top_finite);
+  const float top_finite = sc_fmax(sc_fabs(sc_sub(mean, dlo)), sc_fabs(mean));
+  const ScByScore score{s, prob, mean};
+  const float t = sc_select(xr, V, mass, score, sh, tx);
+  const float cutoff = sc_fmin(-t, top_finite);
   // the band's lowest and highest raw logits (below the maximum), the least raw logit at the maximum
   float lo = SC_INF, band_hi = -SC_INF, at_max = SC_INF;
-  sc_each(xr, V, sh, [&](int i, float r) {
+  SC_EACH(xr, V, sh, tx, i, r, {
     const float c = sc_cur(s, i, r);
-    if (c == -SC_INF) return;
+    if (c == -SC_INF) continue;
     if (c == m) {
-      at_max = fminf(at_max, r);
-      lo = fminf(lo, r);
-    } else if (score(c) <= cutoff) {
-      band_hi = fmaxf(band_hi, r);
-      lo = fminf(lo, r);
+      at_max = sc_fmin(at_max, r);
+      lo = sc_fmin(lo, r);
+    } else if (score.score(c) <= cutoff) {
+      band_hi = sc_fmax(band_hi, r);
+      lo = sc_fmin(lo, r);
     }
   });
-  lo = sc_min(lo, sh);
-  band_hi = -sc_min(-band_hi, sh);
-  at_max = sc_min(at_max, sh);
-  if (threadIdx.x == 0 && lo != SC_INF) {
+  lo = sc_min(lo, sh, tx);
+  band_hi = -sc_min(-band_hi, sh, tx);
+  at_max = sc_min(at_max, sh, tx);
+  if (tx == 0 && lo != SC_INF) {
     sh.st.rho = lo;
     if (band_hi != -SC_INF) {                       // (else rho alone leaves the tokens at the maximum)
-      sh.st.glo[sh.st.nband] = nextafterf(band_hi, SC_INF);
+      sh.st.glo[sh.st.nband] = sc_next_up(band_hi);
       sh.st.ghi[sh.st.nband] = at_max;
       ++sh.st.nband;
     }
   }
-  __syncthreads();
+  sc_barrier();
 }
 
 // dynamic_temperature (llama.cpp's temp_ext; range != 0: the dispatcher runs range 0 as temperature(t)): over the n
 // kept tokens (n <= 1: unchanged), T = max(0, t - r) + (t + r - max(0, t - r)) (H / ln n)^ex (0^0 = 1), then
 // temperature(T) -- T <= 0 or NaN keeps the argmax alone.
-__device__ void sc_dynamic_temperature(const float* xr, int V, float t, float r, float ex, ScShared& sh) {
+SC_FN void sc_dynamic_temperature(const SC_DEV float* xr, int V, float t, float r, float ex, SC_TG ScShared& sh,
+                                  const int tx) {
   float n, h;
   if (sh.tail) {                  // (split mode before a cut: the slices' count and entropy parts)
-    if (!sh.agg_ok) sc_need_row(sh);
+    if (!sh.agg_ok) sc_need_row(sh, tx);
     n = sh.agg.n;
-    h = __fsub_rn(logf(sh.agg.z), __fdiv_rn(sh.agg.e, sh.agg.z));
+    h = sc_sub(sc_log(sh.agg.z), sc_div(sh.agg.e, sh.agg.z));
   } else {
     const ScView s = sc_view(sh);
-    const ScProbs prob = sc_probs(xr, V, s, sh);
-    const float m = prob.m, lz = logf(prob.z);
+    const ScProbs prob = sc_probs(xr, V, s, sh, tx);
+    const float m = prob.m, lz = sc_log(prob.z);
     float cnt = 0.0f;
     h = 0.0f;
-    sc_each(xr, V, sh, [&](int i, float raw) {
+    SC_EACH(xr, V, sh, tx, i, raw, {
       const float c = sc_cur(s, i, raw);
       if (sc_finite(c)) cnt += 1.0f;
       if (c != -SC_INF) {
-        const float plogp = prob(c) * __fsub_rn(__fsub_rn(c, m), lz);
+        const float plogp = prob(c) * sc_sub(sc_sub(c, m), lz);
         if (sc_finite(plogp)) h += plogp;
       }
     });
-    n = sc_sum(cnt, sh);
-    h = -sc_sum(h, sh);
+    n = sc_sum(cnt, sh, tx);
+    h = -sc_sum(h, sh, tx);
   }
-  if (threadIdx.x == 0) sh.agg_ok = 0;     // (the softmax changes under T)
-  __syncthreads();
+  if (tx == 0) sh.agg_ok = 0;     // (the softmax changes under T)
+  sc_barrier();
   if (n <= 1.0f) return;
-  const float norm = __fdiv_rn(h, logf(n));
-  const float powed = ex == 0.0f ? 1.0f : expf(ex * logf(norm));
-  const float lo = fmaxf(0.0f, __fsub_rn(t, r));
-  const float dyn = __fadd_rn(lo, __fsub_rn(__fadd_rn(t, r), lo) * powed);
-  sc_temperature(xr, V, dyn > 0.0f ? dyn : 0.0f, sh);
+  const float norm = sc_div(h, sc_log(n));
+  const float powed = ex == 0.0f ? 1.0f : sc_exp(ex * sc_log(norm));
+  const float lo = sc_fmax(0.0f, sc_sub(t, r));
+  const float dyn = sc_add(lo, sc_sub(sc_add(t, r), lo) * powed);
+  sc_temperature(xr, V, dyn > 0.0f ? dyn : 0.0f, sh, tx);
 }
 
 // top_k_rank: the k largest by rank -- every token above the k-th largest value vk, and of those at vk the lowest
 // ids, as many as the k places leave: the need-th lowest id among them by a selection on -id.
-__device__ void sc_top_k_rank(const float* xr, int V, float k, ScShared& sh) {
+SC_FN void sc_top_k_rank(const SC_DEV float* xr, int V, float k, SC_TG ScShared& sh, const int tx) {
   if (SAMPLEC_OFF_TOP_K_RANK(k, (float)V)) return;
-  sc_top_k(xr, V, k, sh);           // (keeps c >= vk: the ties at vk are still all there)
+  sc_top_k(xr, V, k, sh, tx);           // (keeps c >= vk: the ties at vk are still all there)
   if (sh.fallback) return;
   const ScView s = sc_view(sh);
-  const float vk = sc_select(xr, V, floorf(k), [&](int i, float r, unsigned* key, float* w) {
-    *key = sc_key(sc_cur(s, i, r));
-    *w = 1.0f;
-  }, sh);
+  const float vk = sc_select(xr, V, sc_floor(k), ScByLogit{s}, sh, tx);
   float above = 0.0f, tlo = SC_INF, thi = -SC_INF;
-  sc_each(xr, V, sh, [&](int i, float r) {
+  SC_EACH(xr, V, sh, tx, i, r, {
     const float c = sc_cur(s, i, r);
     above += c > vk ? 1.0f : 0.0f;
-    if (c == vk) { tlo = fminf(tlo, r); thi = fmaxf(thi, r); }
+    if (c == vk) { tlo = sc_fmin(tlo, r); thi = sc_fmax(thi, r); }
   });
-  above = sc_sum(above, sh);
-  tlo = sc_min(tlo, sh);
-  thi = -sc_min(-thi, sh);
-  const float idl = sc_select(xr, V, floorf(k) - above, [&](int i, float r, unsigned* key, float* w) {
-    *w = sc_cur(s, i, r) == vk ? 1.0f : 0.0f;
-    *key = sc_key(-(float)i);
-  }, sh);
-  if (threadIdx.x == 0 && vk != -SC_INF) {   // (ids are exact in float32 below 2^24)
+  above = sc_sum(above, sh, tx);
+  tlo = sc_min(tlo, sh, tx);
+  thi = -sc_min(-thi, sh, tx);
+  const float idl = sc_select(xr, V, sc_floor(k) - above, ScByTieId{s, vk}, sh, tx);
+  if (tx == 0 && vk != -SC_INF) {   // (ids are exact in float32 below 2^24)
     sh.st.tlo = tlo;
     sh.st.thi = thi;
     sh.st.tid = (int)(-idl);
   }
-  __syncthreads();
+  sc_barrier();
 }
 
-__device__ void sc_min_p(const float* xr, int V, float mp, ScShared& sh) {
+SC_FN void sc_min_p(const SC_DEV float* xr, int V, float mp, SC_TG ScShared& sh, const int tx) {
   if (SAMPLEC_OFF_MIN_P(mp)) return;
   const ScView s = sc_view(sh);
-  const float floor_x = __fadd_rn(sc_max(s), logf(mp));
-  sc_cut(xr, V, [&](float c) { return c >= floor_x; }, sh);
+  const float floor_x = sc_add(sc_max(s), sc_log(mp));
+  sc_cut(xr, V, sc_keep_logit(floor_x), sh, tx);
 }
 
-__device__ void sc_xtc(const float* xr, int V, float thr, float prob_fire, unsigned k0, unsigned k1, unsigned pos,
-                       ScShared& sh) {
+SC_FN void sc_xtc(const SC_DEV float* xr, int V, float thr, float prob_fire, unsigned k0, unsigned k1, unsigned pos,
+                       SC_TG ScShared& sh, const int tx) {
   if (SAMPLEC_OFF_XTC(prob_fire)) return;
   if (!(sc_uniform(sc_threefry(k0, k1, SAMPLEC_XTC_COUNTER, pos)) < prob_fire)) return;
   if (sh.tail) {                  // (fired before a cut: the aggregates would no longer describe the row)
-    sc_need_row(sh);
-    __syncthreads();
+    sc_need_row(sh, tx);
+    sc_barrier();
     return;
   }
   const ScView s = sc_view(sh);
-  const ScProbs prob = sc_probs(xr, V, s, sh);
+  const ScProbs prob = sc_probs(xr, V, s, sh, tx);
   float least = SC_INF, lo = SC_INF, n = 0.0f;
   int id = 0x7FFFFFFF;
-  sc_each(xr, V, sh, [&](int i, float r) {
+  SC_EACH(xr, V, sh, tx, i, r, {
     const float x = sc_cur(s, i, r);
     const float p = prob(x);
     if (p >= thr && sc_finite(x)) {
       n += 1.0f;
-      lo = fminf(lo, r);
+      lo = sc_fmin(lo, r);
       if (sc_better(p, i, least, id, -1.0f)) { least = p; id = i; }
     }
   });
-  n = sc_sum(n, sh);
-  lo = sc_min(lo, sh);
-  id = sc_arg(least, id, -1.0f, sh, nullptr);
-  if (n >= 2.0f && threadIdx.x == 0) {
+  n = sc_sum(n, sh, tx);
+  lo = sc_min(lo, sh, tx);
+  id = sc_arg(least, id, -1.0f, sh, tx, nullptr);
+  if (n >= 2.0f && tx == 0) {
     sh.st.sigma = lo;
     sh.st.surv = id;
     sh.st.mraw = xr[id];
   }
-  __syncthreads();
+  sc_barrier();
 }
 
-__device__ int sc_sample(const float* xr, int V, unsigned k0, unsigned k1, unsigned pos, ScShared& sh) {
+SC_FN int sc_sample(const SC_DEV float* xr, int V, unsigned k0, unsigned k1, unsigned pos, SC_TG ScShared& sh,
+                    const int tx) {
   if (sh.tail) {                  // (split mode, no cut: the slices' best perturbed logits, the row's draw)
     if (!sh.agg_ok || sh.agg.gid == 0x7FFFFFFF) {
-      sc_need_row(sh);
+      sc_need_row(sh, tx);
       return 0;                   // (unread: the chain reruns on the whole row)
     }
     return sh.agg.gid;
@@ -832,31 +905,31 @@ __device__ int sc_sample(const float* xr, int V, unsigned k0, unsigned k1, unsig
   const ScView s = sc_view(sh);
   float best = -SC_INF;
   int id = 0x7FFFFFFF;
-  sc_each(xr, V, sh, [&](int i, float r) {
+  SC_EACH(xr, V, sh, tx, i, r, {
     const float x = sc_cur(s, i, r);
     // (a token whose logit plus the largest noise the generator gives stays below this thread's best cannot win:
     // its Threefry is skipped -- most of a real row's tail, whose logits lie tens below its maximum)
-    if (x == -SC_INF || __fadd_rn(x, SC_GUMBEL_MAX) < best) return;
+    if (x == -SC_INF || sc_add(x, SC_GUMBEL_MAX) < best) continue;
     const float u = sc_uniform(sc_threefry(k0, k1, (unsigned)i, pos));
-    const float v = __fadd_rn(x, -logf(-logf(u)));
+    const float v = sc_add(x, -sc_log(-sc_log(u)));
     if (sc_better(v, i, best, id, 1.0f)) { best = v; id = i; }
   });
-  const int won = sc_arg(best, id, 1.0f, sh, nullptr);
+  const int won = sc_arg(best, id, 1.0f, sh, tx, nullptr);
   return won == 0x7FFFFFFF ? 0 : won;     // (a row with no finite logit -- an error the checks raise -- reads token 0)
 }
 
-__device__ void sc_begin(const float* xr, int V, ScShared& sh) {
-  if (threadIdx.x == 0) {
+SC_FN void sc_begin(const SC_DEV float* xr, int V, SC_TG ScShared& sh, const int tx) {
+  if (tx == 0) {
     sh.ncand = -1;
     sh.tail = 0;
     sh.agg_ok = 0;
     sh.fallback = 0;
   }
-  __syncthreads();
+  sc_barrier();
   float m = -SC_INF;
-  sc_each(xr, V, sh, [&](int i, float r) { m = fmaxf(m, r); });
-  m = -sc_min(-m, sh);
-  if (threadIdx.x == 0) {
+  SC_EACH(xr, V, sh, tx, i, r, { m = sc_fmax(m, r); });
+  m = -sc_min(-m, sh, tx);
+  if (tx == 0) {
     sh.st.rho = -SC_INF;
     sh.st.sigma = SC_INF;
     sh.st.nband = 0;
@@ -868,7 +941,7 @@ __device__ void sc_begin(const float* xr, int V, ScShared& sh) {
     sh.st.greedy = -1;
     sh.st.nt = 0;
   }
-  __syncthreads();
+  sc_barrier();
 }
 
 // -- split mode: a row over many blocks ------------------------------------------------------------------------
@@ -882,25 +955,25 @@ __device__ void sc_begin(const float* xr, int V, ScShared& sh) {
 // tokens outside (a cut at or below beta, typical_p, an xtc that fires, a later temperature's normalizer) sends the
 // row back to the whole-row passes (sc_need_row), so the result never depends on the split.
 
-__device__ __forceinline__ ScAgg sc_agg_none() {
+SC_INLINE ScAgg sc_agg_none() {
   return ScAgg{-SC_INF, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, -SC_INF, -SC_INF, 0x7FFFFFFF, 0x7FFFFFFF};
 }
 
 // Adds a token's current logit c (-inf: removed) to the softmax parts (online: rescaled when the maximum grows)
 // and Welford's parts.
-__device__ __forceinline__ void sc_agg_add(ScAgg& a, float c) {
+SC_INLINE void sc_agg_add(SC_THR ScAgg& a, float c) {
   if (!(c > -SC_INF)) return;
   if (a.z == 0.0f) {
     a.cm = c;
     a.z = 1.0f;
     a.e = 0.0f;
   } else if (c > a.cm) {
-    const float d = __fsub_rn(a.cm, c), w = expf(d);
+    const float d = sc_sub(a.cm, c), w = sc_exp(d);
     a.e = w * (a.e + d * a.z);
     a.z = w * a.z + 1.0f;
     a.cm = c;
   } else {
-    const float d = __fsub_rn(c, a.cm), w = expf(d);
+    const float d = sc_sub(c, a.cm), w = sc_exp(d);
     a.z += w;
     a.e += w * d;
   }
@@ -913,15 +986,15 @@ __device__ __forceinline__ void sc_agg_add(ScAgg& a, float c) {
 }
 
 // a <- a merged with b, a's tokens before b's (ties in the maxima: the lower id; both reductions' orders are fixed).
-__device__ __forceinline__ void sc_agg_merge(ScAgg& a, const ScAgg& b) {
+SC_INLINE void sc_agg_merge(SC_THR ScAgg& a, SC_THR const ScAgg& b) {
   if (b.z > 0.0f) {
     if (a.z == 0.0f) {
       a.cm = b.cm;
       a.z = b.z;
       a.e = b.e;
     } else {
-      const float m = fmaxf(a.cm, b.cm), da = __fsub_rn(a.cm, m), db = __fsub_rn(b.cm, m);
-      const float wa = expf(da), wb = expf(db);
+      const float m = sc_fmax(a.cm, b.cm), da = sc_sub(a.cm, m), db = sc_sub(b.cm, m);
+      const float wa = sc_exp(da), wb = sc_exp(db);
       a.e = wa * (a.e + da * a.z) + wb * (b.e + db * b.z);
       a.z = wa * a.z + wb * b.z;
       a.cm = m;
@@ -937,17 +1010,17 @@ __device__ __forceinline__ void sc_agg_merge(ScAgg& a, const ScAgg& b) {
   if (sc_better(b.mx, b.mid, a.mx, a.mid, 1.0f)) { a.mx = b.mx; a.mid = b.mid; }
 }
 
-__device__ __forceinline__ ScAgg sc_agg_shfl(const ScAgg& a, int o) {
-  return ScAgg{__shfl_xor_sync(0xFFFFFFFFu, a.cm, o), __shfl_xor_sync(0xFFFFFFFFu, a.z, o),
-               __shfl_xor_sync(0xFFFFFFFFu, a.e, o), __shfl_xor_sync(0xFFFFFFFFu, a.n, o),
-               __shfl_xor_sync(0xFFFFFFFFu, a.mean, o), __shfl_xor_sync(0xFFFFFFFFu, a.m2, o),
-               __shfl_xor_sync(0xFFFFFFFFu, a.gv, o), __shfl_xor_sync(0xFFFFFFFFu, a.mx, o),
-               __shfl_xor_sync(0xFFFFFFFFu, a.gid, o), __shfl_xor_sync(0xFFFFFFFFu, a.mid, o)};
+SC_INLINE ScAgg sc_agg_shfl(SC_THR const ScAgg& a, int o) {
+  return ScAgg{sc_shfl_xor(a.cm, o), sc_shfl_xor(a.z, o),
+               sc_shfl_xor(a.e, o), sc_shfl_xor(a.n, o),
+               sc_shfl_xor(a.mean, o), sc_shfl_xor(a.m2, o),
+               sc_shfl_xor(a.gv, o), sc_shfl_xor(a.mx, o),
+               sc_shfl_xor(a.gid, o), sc_shfl_xor(a.mid, o)};
 }
 
 // A butterfly over the warp: every lane merges (lower lanes' tokens, higher lanes') in the same order.
-__device__ __forceinline__ void sc_agg_warp(ScAgg& a) {
-  const int lane = threadIdx.x & 31;
+SC_INLINE void sc_agg_warp(SC_THR ScAgg& a, const int tx) {
+  const int lane = tx & 31;
   for (int o = 16; o > 0; o >>= 1) {
     const ScAgg b = sc_agg_shfl(a, o);
     if (lane & o) {
@@ -960,37 +1033,48 @@ __device__ __forceinline__ void sc_agg_warp(ScAgg& a) {
   }
 }
 
+// An aggregate into and out of threadgroup memory, field by field (a struct's implicit copy is a thread's).
+SC_INLINE void sc_agg_store(SC_TG ScAgg& to, SC_THR const ScAgg& a) {
+  to.cm = a.cm; to.z = a.z; to.e = a.e; to.n = a.n; to.mean = a.mean; to.m2 = a.m2; to.gv = a.gv; to.mx = a.mx;
+  to.gid = a.gid; to.mid = a.mid;
+}
+
+SC_INLINE ScAgg sc_agg_load(const SC_TG ScAgg& a) {
+  return ScAgg{a.cm, a.z, a.e, a.n, a.mean, a.m2, a.gv, a.mx, a.gid, a.mid};
+}
+
 // The block's aggregates (threads in order) into sh.agg.
-__device__ __forceinline__ void sc_agg_block(ScAgg a, ScShared& sh) {
-  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
-  sc_agg_warp(a);
-  __syncthreads();
-  if (lane == 0) sh.aggw[w] = a;
-  __syncthreads();
+SC_INLINE void sc_agg_block(ScAgg a, SC_TG ScShared& sh, const int tx) {
+  const int lane = tx & 31, w = tx >> 5;
+  sc_agg_warp(a, tx);
+  sc_barrier();
+  if (lane == 0) sc_agg_store(sh.aggw[w], a);
+  sc_barrier();
   if (w == 0) {
-    a = lane < SC_WARPS ? sh.aggw[lane] : sc_agg_none();
-    sc_agg_warp(a);
-    if (lane == 0) sh.agg = a;
+    a = lane < SC_WARPS ? sc_agg_load(sh.aggw[lane]) : sc_agg_none();
+    sc_agg_warp(a, tx);
+    if (lane == 0) sc_agg_store(sh.agg, a);
   }
-  __syncthreads();
+  sc_barrier();
 }
 
 // A stage's float operands (its numeric ones: top_k's k goes in as a float) and key words (a key: its seed's two
 // words and the position).
-__device__ __forceinline__ int sc_nf(int op) { return SAMPLEC_STAGE_NUMBERS(op); }
-__device__ __forceinline__ int sc_nu(int op) { return 3 * SAMPLEC_STAGE_KEYS(op); }
-__device__ __forceinline__ float sc_at(const float* pr, int f) { return f < SC_FSLOTS ? pr[f] : 0.0f; }
+SC_INLINE int sc_nf(int op) { return SAMPLEC_STAGE_NUMBERS(op); }
+SC_INLINE int sc_nu(int op) { return 3 * SAMPLEC_STAGE_KEYS(op); }
+SC_INLINE float sc_at(SC_THR const float* pr, int f) { return f < SC_FSLOTS ? pr[f] : 0.0f; }
 // A map that is a plain temperature: temperature, or dynamic_temperature with range 0 (its definition's).
-__device__ __forceinline__ bool sc_plain_temperature(int op, const float* pr, int f) {
+SC_INLINE bool sc_plain_temperature(int op, SC_THR const float* pr, int f) {
   return op == SAMPLEC_STAGE_TEMPERATURE || (op == SAMPLEC_STAGE_DYNAMIC_TEMPERATURE && sc_at(pr, f + 1) == 0.0f);
 }
 
 // The prologue of a row's chain: the stages from the first, while each is off for this row or a temperature (t > 0):
 // the index of the first stage that is neither (n: every one), and the temperatures met on the way (t = 1 skipped,
 // as sc_temperature skips it). The slices' aggregates are taken under them.
-__device__ int sc_prologue(const int* S, const float* pr, const unsigned* ur, int V, float* temps, int* nt) {
+SC_FN int sc_prologue(const SC_DEV int* S, SC_THR const float* pr, SC_THR const unsigned* ur, int V,
+                      SC_THR float* temps, SC_THR int* nt) {
   const int n = S[0];
-  const int* ops = S + 8;
+  const SC_DEV int* ops = S + 8;
   int f = 0, u = 0;
   *nt = 0;
   for (int j = 0; j < n; ++j) {
@@ -1016,8 +1100,9 @@ __device__ int sc_prologue(const int* S, const float* pr, const unsigned* ur, in
 // One block's slice [lo, hi) of a row: its candidates and aggregates into the scratch (wf: the header, then the
 // candidates' raw logits; wi: their ids). With `gumbel` (a sample after the prologue alone) the slice's best
 // perturbed logit too.
-__device__ void sc_slice(const float* xr, int lo, int hi, const float* temps, int nt, bool gumbel, unsigned k0,
-                         unsigned k1, unsigned pos, int cap, ScShared& sh, float* wf, int* wi) {
+SC_FN void sc_slice(const SC_DEV float* xr, int lo, int hi, SC_THR const float* temps, int nt, bool gumbel, unsigned k0,
+                         unsigned k1, unsigned pos, int cap, SC_TG ScShared& sh, const int tx, SC_DEV float* wf,
+                         SC_DEV int* wi) {
   float tv[SC_R];
   int ti[SC_R];
 #pragma unroll
@@ -1025,10 +1110,10 @@ __device__ void sc_slice(const float* xr, int lo, int hi, const float* temps, in
   float left = -SC_INF;           // the largest of this thread's tokens it did not keep
   ScAgg a = sc_agg_none();
 #pragma unroll 1
-  for (int i = lo + (int)threadIdx.x; i < hi; i += SC_T) {
+  for (int i = lo + (int)tx; i < hi; i += SC_T) {
     const float v = xr[i];
     if (v > tv[SC_R - 1]) {       // (ids ascend: an equal value stays behind the one kept first)
-      left = fmaxf(left, tv[SC_R - 1]);
+      left = sc_fmax(left, tv[SC_R - 1]);
       float cv = v;
       int ci = i;
 #pragma unroll
@@ -1043,21 +1128,21 @@ __device__ void sc_slice(const float* xr, int lo, int hi, const float* temps, in
         }
       }
     } else {
-      left = fmaxf(left, v);
+      left = sc_fmax(left, v);
     }
     float c = v;
-    for (int j = 0; j < nt; ++j) c = c == -SC_INF ? c : __fdiv_rn(c, temps[j]);
+    for (int j = 0; j < nt; ++j) c = c == -SC_INF ? c : sc_div(c, temps[j]);
     sc_agg_add(a, c);
-    if (gumbel && c > -SC_INF && !(__fadd_rn(c, SC_GUMBEL_MAX) < a.gv)) {
-      const float g = __fadd_rn(c, -logf(-logf(sc_uniform(sc_threefry(k0, k1, (unsigned)i, pos)))));
+    if (gumbel && c > -SC_INF && !(sc_add(c, SC_GUMBEL_MAX) < a.gv)) {
+      const float g = sc_add(c, -sc_log(-sc_log(sc_uniform(sc_threefry(k0, k1, (unsigned)i, pos)))));
       if (sc_better(g, i, a.gv, a.gid, 1.0f)) { a.gv = g; a.gid = i; }
     }
   }
   a.mx = tv[0];
   a.mid = ti[0];
-  sc_agg_block(a, sh);
+  sc_agg_block(a, sh, tx);
   // the block's cap largest of the threads' kept logits: the cap-th largest key by four 8-bit radix rounds
-  const int me = (int)threadIdx.x * SC_R;
+  const int me = (int)tx * SC_R;
   int fin = 0;
 #pragma unroll
   for (int k = 0; k < SC_R; ++k) {
@@ -1066,27 +1151,27 @@ __device__ void sc_slice(const float* xr, int lo, int hi, const float* temps, in
     fin += tv[k] > -SC_INF;
   }
   int total;
-  sc_scan(fin, sh, &total);
+  sc_scan(fin, sh, tx, &total);
   unsigned kth = 0u;              // 0: list every finite one
   if (total > cap) {
     unsigned prefix = 0u, need = (unsigned)cap;
-    const int lane = threadIdx.x & 31;
+    const int lane = tx & 31;
     for (int shift = 24; shift >= 0; shift -= 8) {
-      for (int b = threadIdx.x; b < 256; b += SC_T) sh.hist[b] = 0u;
-      __syncthreads();
+      for (int b = tx; b < 256; b += SC_T) sh.hist[b] = 0u;
+      sc_barrier();
       const unsigned himask = shift == 24 ? 0u : (0xFFFFFFFFu << (shift + 8));
 #pragma unroll
       for (int k = 0; k < SC_R; ++k) {
         const unsigned key = sc_key(tv[k]);
-        if (tv[k] > -SC_INF && (key & himask) == prefix) atomicAdd(&sh.hist[(key >> shift) & 255u], 1u);
+        if (tv[k] > -SC_INF && (key & himask) == prefix) sc_atomic_add_shared(&sh.hist[(key >> shift) & 255u], 1u);
       }
-      __syncthreads();
-      if (threadIdx.x < 32) {       // (bins 255 - 8 lane - j: this lane's eight from the top; a suffix scan)
+      sc_barrier();
+      if (tx < 32) {       // (bins 255 - 8 lane - j: this lane's eight from the top; a suffix scan)
         unsigned cnt[8], mine = 0u;
         for (int j = 0; j < 8; ++j) { cnt[j] = sh.hist[255 - 8 * lane - j]; mine += cnt[j]; }
         unsigned incl = mine;
         for (int o = 1; o < 32; o <<= 1) {
-          const unsigned up = __shfl_up_sync(0xFFFFFFFFu, incl, o);
+          const unsigned up = sc_shfl_up(incl, o);
           if (lane >= o) incl += up;
         }
         const unsigned excl = incl - mine;
@@ -1098,16 +1183,16 @@ __device__ void sc_slice(const float* xr, int lo, int hi, const float* temps, in
           sh.need = need - acc;
         }
       }
-      __syncthreads();
+      sc_barrier();
       prefix = sh.prefix;
       need = sh.need;
-      __syncthreads();
+      sc_barrier();
     }
     kth = prefix;
     int ge = 0;
 #pragma unroll
     for (int k = 0; k < SC_R; ++k) ge += tv[k] > -SC_INF && sc_key(tv[k]) >= kth;
-    sc_scan(ge, sh, &total);
+    sc_scan(ge, sh, tx, &total);
     if (total > cap) kth += 1u;     // (the ties at the cap-th would overflow: list the ones above it)
   }
   int mine = 0;
@@ -1116,10 +1201,10 @@ __device__ void sc_slice(const float* xr, int lo, int hi, const float* temps, in
   for (int k = 0; k < SC_R; ++k) {
     const bool in = tv[k] > -SC_INF && sc_key(tv[k]) >= kth;
     mine += in;
-    if (!in) out = fmaxf(out, tv[k]);
+    if (!in) out = sc_fmax(out, tv[k]);
   }
-  int at = sc_scan(mine, sh, &total);
-  const float beta = -sc_min(-out, sh);
+  int at = sc_scan(mine, sh, tx, &total);
+  const float beta = -sc_min(-out, sh, tx);
 #pragma unroll
   for (int k = 0; k < SC_R; ++k) {
     if (tv[k] > -SC_INF && sc_key(tv[k]) >= kth) {
@@ -1128,38 +1213,39 @@ __device__ void sc_slice(const float* xr, int lo, int hi, const float* temps, in
       ++at;
     }
   }
-  if (threadIdx.x == 0) {
-    const ScAgg& g = sh.agg;
-    wf[0] = __int_as_float(total);
+  if (tx == 0) {
+    const SC_TG ScAgg& g = sh.agg;
+    wf[0] = sc_i2f(total);
     wf[1] = beta;
     wf[2] = g.cm; wf[3] = g.z; wf[4] = g.e; wf[5] = g.n; wf[6] = g.mean; wf[7] = g.m2; wf[8] = g.gv; wf[9] = g.mx;
-    wf[10] = __int_as_float(g.gid);
-    wf[11] = __int_as_float(g.mid);
+    wf[10] = sc_i2f(g.gid);
+    wf[11] = sc_i2f(g.mid);
   }
 }
 
 // The last block of a row: the slices' candidates into shared memory and their aggregates merged (slices in order).
-__device__ void sc_gathered(int NB, int cap, ScShared& sh, const volatile float* wf, const volatile int* wi) {
-  const int t = threadIdx.x;
+SC_FN void sc_gathered(int NB, int cap, SC_TG ScShared& sh, const int tx, const volatile SC_DEV float* wf,
+                       const volatile SC_DEV int* wi) {
+  const int t = tx;
   ScAgg a = sc_agg_none();
   int n = 0;
   float beta = -SC_INF;
   if (t < NB) {
-    const volatile float* h = wf + (size_t)t * (SC_WH + cap);
-    n = __float_as_int(h[0]);
+    const volatile SC_DEV float* h = wf + (size_t)t * (SC_WH + cap);
+    n = sc_f2i(h[0]);
     beta = h[1];
-    a = ScAgg{h[2], h[3], h[4], h[5], h[6], h[7], h[8], h[9], __float_as_int(h[10]), __float_as_int(h[11])};
+    a = ScAgg{h[2], h[3], h[4], h[5], h[6], h[7], h[8], h[9], sc_f2i(h[10]), sc_f2i(h[11])};
   }
   int total;
-  const int at = sc_scan(n, sh, &total);
+  const int at = sc_scan(n, sh, tx, &total);
   if (t < NB) sh.soff[t] = at;
   if (t == 0) sh.soff[NB] = total;
-  beta = -sc_min(-beta, sh);        // (its barriers publish soff)
-  sc_agg_block(a, sh);
+  beta = -sc_min(-beta, sh, tx);        // (its barriers publish soff)
+  sc_agg_block(a, sh, tx);
   for (int q = 0; q < NB; ++q) {
     const int from = sh.soff[q], cnt = sh.soff[q + 1] - from;
-    const volatile float* cr = wf + (size_t)q * (SC_WH + cap) + SC_WH;
-    const volatile int* ci = wi + (size_t)q * cap;
+    const volatile SC_DEV float* cr = wf + (size_t)q * (SC_WH + cap) + SC_WH;
+    const volatile SC_DEV int* ci = wi + (size_t)q * cap;
     for (int c = t; c < cnt; c += SC_T) {
       sh.cand_raw[from + c] = cr[c];
       sh.cand_id[from + c] = ci[c];
@@ -1182,58 +1268,61 @@ __device__ void sc_gathered(int NB, int cap, ScShared& sh, const volatile float*
     sh.st.greedy = -1;
     sh.st.nt = 0;
   }
-  __syncthreads();
+  sc_barrier();
 }
 
 // The token's log-probability under the final softmax (0 for a row a temperature 0 decided).
-__device__ float sc_token_lp(const float* xr, int V, int token, ScShared& sh) {
+SC_FN float sc_token_lp(const SC_DEV float* xr, int V, int token, SC_TG ScShared& sh, const int tx) {
   if (sh.st.greedy >= 0) return 0.0f;
   const ScView s = sc_view(sh);
   const float m = sc_max(s);
-  const float z = sc_norm(xr, V, m, sh);
-  return __fsub_rn(__fsub_rn(sc_cur(s, token, xr[token]), m), logf(z));
+  const float z = sc_norm(xr, V, m, sh, tx);
+  return sc_sub(sc_sub(sc_cur(s, token, xr[token]), m), sc_log(z));
 }
 
 // The chain's final logits (mode 1) or their softmax (mode 2) for every token of the row, into xo (m, z: the
 // softmax's maximum and normalizer).
-__device__ void sc_write(const float* xr, int V, int mode, float m, float z, ScShared& sh, float* xo) {
+SC_FN void sc_write(const SC_DEV float* xr, int V, int mode, float m, float z, SC_TG ScShared& sh, const int tx,
+                    SC_DEV float* xo) {
   const ScView s = sc_view(sh);
   const int g = sh.st.greedy;
-  for (int i = threadIdx.x; i < V; i += SC_T) {
+  for (int i = tx; i < V; i += SC_T) {
     const float c = g >= 0 && i != g ? -SC_INF : sc_cur(s, i, xr[i]);
-    xo[i] = mode == 1 ? c : g >= 0 ? (i == g ? 1.0f : 0.0f) : __fdiv_rn(expf(__fsub_rn(c, m)), z);
+    xo[i] = mode == 1 ? c : g >= 0 ? (i == g ? 1.0f : 0.0f) : sc_div(sc_exp(sc_sub(c, m)), z);
   }
 }
 
 // The stages in order; false where one needed the whole row (split mode).
-__device__ bool sc_stages(const float* xr, int V, const float* pr, const unsigned* ur, const int* S, int jpro,
-                          ScShared& sh) {
+SC_FN bool sc_stages(const SC_DEV float* xr, int V, SC_THR const float* pr, SC_THR const unsigned* ur,
+                     const SC_DEV int* S, int jpro,
+                          SC_TG ScShared& sh, const int tx) {
   const int n = S[0];
   int f = 0, u = 0;
   for (int j = 0; j < n; ++j) {
     const int op = S[8 + j];
     if (sc_plain_temperature(op, pr, f)) {
       // (after the prologue a temperature changes the softmax the aggregates were taken under)
-      if (threadIdx.x == 0 && j >= jpro && !SAMPLEC_OFF_TEMPERATURE(pr[f])) sh.agg_ok = 0;
-      sc_temperature(xr, V, pr[f], sh);
+      if (tx == 0 && j >= jpro && !SAMPLEC_OFF_TEMPERATURE(pr[f])) sh.agg_ok = 0;
+      sc_temperature(xr, V, pr[f], sh, tx);
     } else if (sh.st.greedy < 0) {
       switch (op) {
-        case SAMPLEC_STAGE_TOP_K: sc_top_k(xr, V, pr[f], sh); break;
-        case SAMPLEC_STAGE_TOP_P: sc_top_p(xr, V, pr[f], sh); break;
-        case SAMPLEC_STAGE_MIN_P: sc_min_p(xr, V, pr[f], sh); break;
-        case SAMPLEC_STAGE_XTC: sc_xtc(xr, V, pr[f], pr[f + 1], ur[u], ur[u + 1], ur[u + 2], sh); break;
-        case SAMPLEC_STAGE_TOP_N_SIGMA: sc_top_n_sigma(xr, V, pr[f], sh); break;
-        case SAMPLEC_STAGE_TYPICAL_P: sc_typical(xr, V, pr[f], sh); break;
-        case SAMPLEC_STAGE_EPSILON: sc_epsilon_eta(xr, V, pr[f], false, sh); break;
-        case SAMPLEC_STAGE_ETA: sc_epsilon_eta(xr, V, pr[f], true, sh); break;
-        case SAMPLEC_STAGE_DYNAMIC_TEMPERATURE: sc_dynamic_temperature(xr, V, pr[f], pr[f + 1], pr[f + 2], sh); break;
-        case SAMPLEC_STAGE_TOP_K_RANK: sc_top_k_rank(xr, V, pr[f], sh); break;
+        case SAMPLEC_STAGE_TOP_K: sc_top_k(xr, V, pr[f], sh, tx); break;
+        case SAMPLEC_STAGE_TOP_P: sc_top_p(xr, V, pr[f], sh, tx); break;
+        case SAMPLEC_STAGE_MIN_P: sc_min_p(xr, V, pr[f], sh, tx); break;
+        case SAMPLEC_STAGE_XTC: sc_xtc(xr, V, pr[f], pr[f + 1], ur[u], ur[u + 1], ur[u + 2], sh, tx); break;
+        case SAMPLEC_STAGE_TOP_N_SIGMA: sc_top_n_sigma(xr, V, pr[f], sh, tx); break;
+        case SAMPLEC_STAGE_TYPICAL_P: sc_typical(xr, V, pr[f], sh, tx); break;
+        case SAMPLEC_STAGE_EPSILON: sc_epsilon_eta(xr, V, pr[f], false, sh, tx); break;
+        case SAMPLEC_STAGE_ETA: sc_epsilon_eta(xr, V, pr[f], true, sh, tx); break;
+        case SAMPLEC_STAGE_DYNAMIC_TEMPERATURE:
+          sc_dynamic_temperature(xr, V, pr[f], pr[f + 1], pr[f + 2], sh, tx); break;
+        case SAMPLEC_STAGE_TOP_K_RANK: sc_top_k_rank(xr, V, pr[f], sh, tx); break;
         default: break;
       }
     }
     f += sc_nf(op);
     u += sc_nu(op);
-    if (sc_fell_back(sh)) return false;
+    if (sc_fell_back(sh, tx)) return false;
   }
   return true;
 }
@@ -1245,8 +1334,11 @@ __device__ bool sc_stages(const float* xr, int V, const float* pr, const unsigne
 // pr: the row's float operands in order; ur: each xtc's and the sample's key words and position, in order. In split
 // mode (NB > 0) the block is slice `slice` of the row; wf, wi: the row's scratch; cnt: the row's arrival counter
 // (zero before the launch).
-__device__ void sc_chain(const float* xr, int V, const float* pr, const unsigned* ur, const int* S,
-                         ScShared& sh, int* tok, float* lp, float* xo, int slice, float* wf, int* wi, int* cnt) {
+SC_FN void sc_chain(const SC_DEV float* xr, int V, SC_THR const float* pr, SC_THR const unsigned* ur,
+                    const SC_DEV int* S,
+                         SC_TG ScShared& sh, const int tx, SC_DEV int* tok, SC_DEV float* lp, SC_DEV float* xo,
+                         int slice, SC_DEV float* wf, SC_DEV int* wi,
+                  SC_DEV int* cnt) {
   const int n = S[0], NB = S[6], cap = S[7];
   int f = 0, u = 0;
   for (int j = 0; j < n; ++j) { f += sc_nf(S[8 + j]); u += sc_nu(S[8 + j]); }
@@ -1256,41 +1348,41 @@ __device__ void sc_chain(const float* xr, int V, const float* pr, const unsigned
     int nt;
     jpro = sc_prologue(S, pr, ur, V, temps, &nt);
     const int len = ((V + NB - 1) / NB + 3) & ~3;
-    const int lo = min(V, slice * len), hi = min(V, lo + len);
-    sc_slice(xr, lo, hi, temps, nt, S[1] != 0 && jpro == n, ur[u], ur[u + 1], ur[u + 2], cap, sh,
+    const int lo = sc_imin(V, slice * len), hi = sc_imin(V, lo + len);
+    sc_slice(xr, lo, hi, temps, nt, S[1] != 0 && jpro == n, ur[u], ur[u + 1], ur[u + 2], cap, sh, tx,
              wf + (size_t)slice * (SC_WH + cap), wi + (size_t)slice * cap);
-    __threadfence();                // (this block's scratch visible before its arrival counts)
-    __syncthreads();
-    if (threadIdx.x == 0) sh.last = atomicAdd(cnt, 1) == NB - 1;
-    __syncthreads();
+    sc_device_fence();                // (this block's scratch visible before its arrival counts)
+    sc_barrier();
+    if (tx == 0) sh.last = sc_atomic_add_global(cnt, 1) == NB - 1;
+    sc_barrier();
     if (!sh.last) return;
-    __threadfence();
-    sc_gathered(NB, cap, sh, wf, wi);
+    sc_device_fence();
+    sc_gathered(NB, cap, sh, tx, wf, wi);
   }
   for (int attempt = NB > 0 ? 0 : 1; attempt < 2; ++attempt) {
 #ifdef SC_SPLIT_ONLY                // (tests: a row the candidates did not settle reads token -1)
     if (attempt == 1 && NB > 0) {
-      if (threadIdx.x == 0) *tok = -1;
+      if (tx == 0) *tok = -1;
       return;
     }
 #endif
-    if (attempt == 1) sc_begin(xr, V, sh);
-    if (!sc_stages(xr, V, pr, ur, S, jpro, sh)) continue;
+    if (attempt == 1) sc_begin(xr, V, sh, tx);
+    if (!sc_stages(xr, V, pr, ur, S, jpro, sh, tx)) continue;
     const int token = sh.st.greedy >= 0 ? sh.st.greedy
-                      : S[1] ? sc_sample(xr, V, ur[u], ur[u + 1], ur[u + 2], sh) : sc_argmax(xr, V, sh);
-    if (sc_fell_back(sh)) continue;
-    const float l = S[2] ? sc_token_lp(xr, V, token, sh) : 0.0f;
+                      : S[1] ? sc_sample(xr, V, ur[u], ur[u + 1], ur[u + 2], sh, tx) : sc_argmax(xr, V, sh, tx);
+    if (sc_fell_back(sh, tx)) continue;
+    const float l = S[2] ? sc_token_lp(xr, V, token, sh, tx) : 0.0f;
     float m = 0.0f, z = 1.0f;
     if (S[5] == 2 && sh.st.greedy < 0) {
       m = sc_max(sc_view(sh));
-      z = sc_norm(xr, V, m, sh);
+      z = sc_norm(xr, V, m, sh, tx);
     }
-    if (sc_fell_back(sh)) continue;
-    if (threadIdx.x == 0) {
+    if (sc_fell_back(sh, tx)) continue;
+    if (tx == 0) {
       *tok = token;
       *lp = l;
     }
-    if (S[5] != 0) sc_write(xr, V, S[5], m, z, sh, xo);
+    if (S[5] != 0) sc_write(xr, V, S[5], m, z, sh, tx, xo);
     return;
   }
 }
