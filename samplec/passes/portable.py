@@ -341,7 +341,7 @@ class _Lowering:
         return got
 
     def normalizer(self, n: Node) -> tuple[Node, Node]:
-        """(maximum, log-sum-exp) of n's row, [B,1] each; from its sorted row where the lowering has one."""
+        """(maximum, log-sum-exp) of n's row, [B,1] each; of a chain's row, its maximum and `total`."""
         r = self.sorted.get(id(n))
         if r is not None:
             top, total = self.total(r)
@@ -360,7 +360,7 @@ class _Lowering:
         return got
 
     def softmax_of(self, n: Node) -> Node | None:
-        """x where n is div(exp(sub(x, reduce_max(x))), reduce_sum(that exp)) of a row the lowering sorted."""
+        """x where n is div(exp(sub(x, reduce_max(x))), reduce_sum(that exp)) of a chain's row."""
         e, total = n.inputs
         if e.op != "exp" or total.op != "reduce_sum" or total.inputs[0] is not e or e.inputs[0].op != "sub":
             return None
@@ -454,8 +454,8 @@ class _Lowering:
             top, lse = self.normalizer(x)
             self.dense[id(n)] = make("sub", make("sub", self.value(x), top), lse, name=n.name)
         elif n.op == "div" and self.softmax_of(n) is not None:
-            # softmax(x) of a chain's row (a `probs` output): the id-order row over the sum of the sorted row's
-            # exponentials, which the draw's log-probability shares
+            # softmax(x) of a chain's row (a `probs` output): its exponentials over their sum, which the draw's
+            # log-probability shares
             r = self.sorted[id(self.softmax_of(n))]
             top, total = self.total(r)
             if r.greedy is not None:        # (the first maximum alone: its own sum)
