@@ -3,9 +3,18 @@
 Calling a program checks and normalizes the inputs (numpy or MLX; scalars or one value per row), runs the
 compiled graph once, evaluates outputs and check flags together (the one host synchronization of a call) and
 raises a `SamplecError` naming the parameter or stage and the rows when something is wrong.
+
+Queueing a call is host time that a B = 1 call pays in full, so a call whose inputs look like an earlier call's
+takes a short path (`Program._arguments`): the scalar parameters as a whole are keyed by their values' bytes and
+reuse the arrays of the call before (or rebuild the ones that changed), the MLX arrays of the other parameters
+are checked by their shape and dtype against those an earlier call of the same logits shape accepted, and their
+own preparation (a history's range check, a bias's NaN check, a packed mask's bits) is traced in front of the
+graph (`_PreStage`), so that it replays with it. Any other call -- the first of a shape, numpy inputs, a bad
+value -- takes the full path, which raises the errors.
 """
 from __future__ import annotations
 
+import marshal
 import os
 import sys
 from dataclasses import dataclass
@@ -118,6 +127,21 @@ class Program:
         self._counts = sorted({(key.split(".")[0], n.type.shape[-1]) for key, n in graph.outputs
                                if len(n.type.shape) == 2 and isinstance(n.type.shape[-1], int)},
                               key=lambda c: -c[1])
+        # the short path of `queue` (see the module's docstring): the executable's arguments in the order
+        # (logits, scalar parameters, other parameters); `_PreStage` puts them back in declaration order
+        scalars = [(i, p) for i, p in enumerate(self.params, 1) if p.kind in SCALAR_NP]
+        arrays = [(i, p) for i, p in enumerate(self.params, 1) if p.kind not in SCALAR_NP]
+        self._scalar_params = tuple(p for _, p in scalars)
+        self._scalar_names = tuple(p.name for _, p in scalars)
+        self._array_params = tuple(p for _, p in arrays)
+        self._array_names = tuple(p.name for _, p in arrays)
+        self._versions = (2,) * len(scalars)   # (marshal's format 2: a value's bytes without back-references)
+        self._os_drawn = tuple(k for k, p in enumerate(self._scalar_params) if p.default == "os")
+        self._pre = _PreStage(tuple(i for i, _ in scalars), tuple(arrays), len(self.params)) if arrays else None
+        self._check_messages = tuple(c.message for c in self.graph.checks)
+        self._shapes: dict = {}     # (B, V) -> _Shape: what the full path accepted for that logits shape
+        self._last = None           # (shape, keys, arrays): the last short call's scalar parameters
+        self.queue_stats = {"short": 0, "full": 0, "scalars_rebuilt": 0}
 
     # ---- introspection and persistence ----
     @property
@@ -149,6 +173,11 @@ class Program:
         ps = ", ".join(p.name for p in self.params)
         return f"<samplec.Program {self.name}({ps}) -> {', '.join(k for k, _ in self.graph.outputs)}>"
 
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        state.update(_shapes={}, _last=None, queue_stats=dict.fromkeys(self.queue_stats, 0))
+        return state
+
     # ---- running ----
     def __call__(self, logits, **params) -> Outputs:
         if not params and _called_by_mlx_lm():
@@ -172,14 +201,93 @@ class Program:
             raise SamplecError(self._cannot_run)
         if self._scalars_only and not any(type(v) is mx.array for v in params.values()):
             wake()      # (preparing such a call never waits for MLX: the worker can wake meanwhile)
-        late: list = []
         try:
-            args = self.prepare(logits, params, late)
+            short = self._arguments(logits, params)
+            if short is None:
+                late: list = []
+                args = self.prepare(logits, params, late)
+                self._accepted(args[0].shape, params)
         except BaseException:
             release()   # (the worker need not poll for a call that does not come)
             raise
-        outs, flags = self.exe(*args)
-        return outs, late + [(c.message, f) for c, f in zip(self.graph.checks, flags)]
+        if short is None:
+            self.queue_stats["full"] += 1
+            outs, flags = self.exe(*args)
+            return outs, late + list(zip(self._check_messages, flags))
+        self.queue_stats["short"] += 1
+        args, messages = short
+        outs, flags, pre = self.exe.queued(self._pre, args)
+        return outs, list(zip(messages, pre)) + list(zip(self._check_messages, flags))
+
+    def _arguments(self, logits, params: dict) -> tuple[list, tuple] | None:
+        """The short path's arguments (logits, scalar parameters, other parameters) and the messages of the
+        pre-stage's flags, or None where the call takes the full path: anything but float32 logits [B, V] of a
+        shape an earlier call had, plain numbers (or lists of them) for the scalar parameters, and MLX arrays of a
+        shape and dtype accepted before for the others -- or any value the full path must look at."""
+        x = logits
+        if type(x) is not mx.array or x.ndim != 2 or x.dtype != mx.float32:
+            return None
+        shape = x.shape
+        known = self._shapes.get(shape)
+        if known is None or not params.keys() <= self._known:
+            return None
+        values = list(map(params.get, self._scalar_names))
+        try:    # (a value's bytes say its type too: True is not 1, 1.0 is not 1; arrays do not marshal)
+            keys = list(map(marshal.dumps, values, self._versions))
+        except ValueError:
+            return None
+        for k in self._os_drawn:
+            if values[k] is None:
+                keys[k] = _DRAWN       # (a seed drawn from the OS: a new one each call)
+        last = self._last
+        if last is not None and last[1] == keys and last[0] == shape:
+            scalars = last[2]
+        else:
+            scalars = self._rebuild(shape[0], values, keys, last if last is not None and last[0] == shape else None)
+            if scalars is None:
+                return None
+            if _DRAWN not in keys:
+                self._last = (shape, keys, scalars)
+        args = [x, *scalars]
+        for v, ok in zip(map(params.get, self._array_names), known.accepted):
+            if type(v) is not mx.array or (v.shape, v.dtype) not in ok:
+                return None
+            args.append(v)
+        return args, known.messages
+
+    def _rebuild(self, B: int, values: list, keys: list, last) -> list | None:
+        """The scalar parameters' arrays: the last call's where a value's bytes are the same, else built (None
+        where a value needs the full path: missing, or not valid)."""
+        self.queue_stats["scalars_rebuilt"] += 1
+        arrays = []
+        for k, (p, value) in enumerate(zip(self._scalar_params, values)):
+            if last is not None and keys[k] == last[1][k]:
+                arrays.append(last[2][k])
+                continue
+            if value is None:
+                if p.default is None:
+                    return None
+                value = _os_seeds(B) if p.default == "os" else p.default
+            try:
+                arrays.append(self._scalar(p, value, B))
+            except Exception:  # noqa: BLE001 - the full path raises it, in the parameters' order
+                return None
+        return arrays
+
+    def _accepted(self, shape: tuple, params: dict) -> None:
+        """After the full path accepted a call: its logits shape and the shapes and dtypes of its MLX arrays are
+        good for the short path (a history only with at least one column: its range check is a flag)."""
+        known = self._shapes.get(shape)
+        if known is None:
+            if len(self._shapes) > 64:
+                self._shapes.clear()
+            known = self._shapes[shape] = _Shape(self._array_params, shape[1])
+        for p, ok in zip(self._array_params, known.accepted):
+            v = params.get(p.name)
+            if type(v) is mx.array and (p.kind != "tokens" or v.size):
+                if len(ok) > 64:
+                    ok.clear()
+                ok.add((v.shape, v.dtype))
 
     def raise_flagged(self, checks: list[tuple[str, mx.array]]) -> None:
         for message, flag in checks:
@@ -343,7 +451,7 @@ def _prepare_param(p: Param, value, B: int, V: int, late: list) -> mx.array:
     if p.kind == "tokens":
         if not mx.issubdtype(arr.dtype, mx.integer):
             raise SamplecError(f"{p.name}: token history must be integers, got {dtype_name(arr.dtype)}")
-        message = f"{p.name}: token id >= V = {V} among its tokens"
+        message = _history_message(p.name, V)
         if host is not None and host.ndim == 2:      # (a host array: checked here, without MLX)
             over = (host >= V).any(axis=-1)
             if over.any():
@@ -371,9 +479,53 @@ def _prepare_param(p: Param, value, B: int, V: int, late: list) -> mx.array:
         top = row_max(arr)          # (a NaN wins its row's maximum: one vectorized pass where native serves)
         bad = mx.any(mx.isnan(arr) | mx.isposinf(arr), axis=-1) if top is None else \
             (mx.isnan(top) | mx.isposinf(top))[:, 0]
-        late.append((f"{p.name}: NaN or +inf bias", bad))
+        late.append((_bias_message(p.name), bad))
         return arr
     raise SamplecError(f"{p.name}: unsupported parameter kind {p.kind}")
+
+
+def _history_message(name: str, V: int) -> str:
+    return f"{name}: token id >= V = {V} among its tokens"
+
+
+def _bias_message(name: str) -> str:
+    return f"{name}: NaN or +inf bias"
+
+
+_DRAWN = object()
+
+
+class _Shape:
+    """What the full path accepted for one logits shape [B, V]: per parameter that is not a scalar, the (shape,
+    dtype) of the MLX arrays it took, and the messages of the pre-stage's flags (each history's range check, then
+    each bias's NaN check, in the parameters' order: `_prepare_param`'s `late`)."""
+
+    def __init__(self, params: tuple, V: int):
+        self.accepted = tuple(set() for _ in params)
+        self.messages = tuple(_history_message(p.name, V) if p.kind == "tokens" else _bias_message(p.name)
+                              for p in params if p.kind in ("tokens", "bias"))
+
+
+class _PreStage:
+    """The short path's pre-stage, traced in front of the graph (`Executable.queued`): from (logits, the scalar
+    parameters, the other parameters) to the graph's arguments in declaration order and the flags of the other
+    parameters' checks -- `_prepare_param` on each, the full path's own code, run where it replays with the graph.
+    The short path passes only arrays whose shape and dtype `_prepare_param` accepted, so it raises nothing here."""
+
+    def __init__(self, scalar_at: tuple, arrays: tuple, n: int):
+        self.scalar_at, self.arrays, self.n = scalar_at, arrays, n
+
+    def __call__(self, args) -> tuple[list, list]:
+        x = args[0]
+        B, V = x.shape
+        m = len(self.scalar_at)
+        out = [x] + [None] * self.n
+        for i, a in zip(self.scalar_at, args[1:1 + m]):
+            out[i] = a
+        late: list = []
+        for (i, p), a in zip(self.arrays, args[1 + m:]):
+            out[i] = _prepare_param(p, a, B, V, late)
+        return out, [f for _, f in late]
 
 
 def _mask(name: str, arr: mx.array, B: int, V: int) -> mx.array:

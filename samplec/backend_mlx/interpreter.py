@@ -333,6 +333,7 @@ class Executable:
             raise SamplecError(f"no MLX kernel for op(s): {', '.join(missing)}")
         self.compile = compile
         self.trace: list[tuple[str, str]] = []
+        self._n_out, self._n_checks = len(graph.outputs), len(graph.checks)
         self._per_thread = threading.local()
 
     def run_eager(self, *args: mx.array) -> list[mx.array]:
@@ -394,20 +395,40 @@ class Executable:
         self.__dict__.update(state)
         self._per_thread = threading.local()
 
-    def _fn(self):
-        """run_eager under `mx.compile`, one compiled function per thread. MLX keeps its compile cache per thread,
-        and a cache entry holds the Python function: a thread that ends while the interpreter shuts down would
-        release it from a C++ thread-exit destructor after Python is gone (an abort at exit, "terminate called
-        without an active exception"). A function of the thread's own is released with the thread's
-        `threading.local` data, on that thread while Python still runs, and takes its cache entry with it."""
-        if not self.compile:
-            return self.run_eager
-        fn = getattr(self._per_thread, "fn", None)
+    def _fn(self, pre=None):
+        """run_eager under `mx.compile` (after `pre`, when given: see `queued`), one compiled function per thread
+        and `pre`. MLX keeps its compile cache per thread, and a cache entry holds the Python function: a thread
+        that ends while the interpreter shuts down would release it from a C++ thread-exit destructor after Python
+        is gone (an abort at exit, "terminate called without an active exception"). A function of the thread's
+        own is released with the thread's `threading.local` data, on that thread while Python still runs, and
+        takes its cache entry with it."""
+        fns = getattr(self._per_thread, "fn", None)
+        if fns is None:
+            fns = self._per_thread.fn = {}
+        fn = fns.get(pre)
         if fn is None:
-            fn = self._per_thread.fn = mx.compile(self.run_eager)
+            run = self.run_eager if pre is None else self._after(pre)
+            fn = fns[pre] = mx.compile(run) if self.compile else run
         return fn
+
+    def _after(self, pre):
+        def run(*args: mx.array) -> list[mx.array]:
+            args, flags = pre(args)
+            return self.run_eager(*args) + flags
+        return run
 
     def __call__(self, *args: mx.array) -> tuple[list[mx.array], list[mx.array]]:
         res = self._fn()(*args)
         n = len(self.graph.outputs)
         return res[:n], res[n:]
+
+    def queued(self, pre, args) -> tuple[list[mx.array], list[mx.array], list[mx.array]]:
+        """The call with `pre` traced in front of the graph: `pre(args)` gives (the graph's arguments, flags [B])
+        from what the caller passes, so that the arguments' own preparation (a history's range check, a bias's
+        NaN check, a packed mask's unpacking) replays with the graph instead of costing the host a few MLX ops
+        each. `pre` is a key of the compile cache: the same function object every call. (outputs, the graph's
+        check flags, pre's flags)."""
+        res = self._fn(pre)(*args)
+        n = self._n_out
+        m = n + self._n_checks
+        return res[:n], res[n:m], res[m:]

@@ -1,0 +1,165 @@
+"""The host's share of a call: how long `Program.queue` takes to hand back a call's lazy outputs, and where that
+time goes -- the argument checks (`Program._arguments`, the short path) and the compiled graph's replay
+(`Executable.queued`) -- for every shipped example on every target, with a server's arguments.
+
+    python benchmarks/bench_host.py --quick                  # this machine: a minute or two
+    python benchmarks/bench_host.py --out docs/bench_host    # writes .md and .json
+
+Recipe: bench_targets' (V = 152064, chat-shaped logits, every parameter passed at run time as one value per row,
+a 64-token history, per-row seeds, masks and biases as MLX arrays), B = 1 unless --batches says otherwise. Each
+timed call is a whole call: queue, then the evaluation and the token read back, so that no work piles up between
+the timed parts (a queued call holds MLX's CPU worker awake until it is evaluated). Columns, median us:
+- queue: `Program.queue` as a caller runs it;
+- args: the short path's argument checks alone; replay: the compiled graph's replay alone (pre-stage included);
+- moving pos: queue when the position changes every call (a decode loop's pattern: one scalar array rebuilt);
+- full: what a call whose arguments take the full path costs (`prepare` and the executable), the path every
+  call took before the short path existed;
+- short: whether the timed calls took the short path (`Program.queue_stats`).
+The portable target is traced as a GPU runs it (bench_targets.measure's settings). Not a test: figures depend on
+the machine and its load.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import mlx.core as mx
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import samplec  # noqa: E402
+from samplec.backend_mlx import kernels, native  # noqa: E402
+from bench_real import chat_logits  # noqa: E402
+from bench_targets import V, arguments, examples  # noqa: E402
+
+
+def _traced(prog, x, kw) -> None:
+    """Trace both paths of `prog` (the full one, then the short one) as bench_targets does."""
+    gpu_like = prog.target in ("portable", "metal")
+    kernels.GPU_SUMS = gpu_like
+    before = os.environ.get("SAMPLEC_NATIVE")
+    if gpu_like:
+        os.environ["SAMPLEC_NATIVE"] = "0"
+    try:
+        for _ in range(3):
+            prog(x, **kw)
+    finally:
+        kernels.GPU_SUMS = False
+        if before is None:
+            os.environ.pop("SAMPLEC_NATIVE", None)
+        else:
+            os.environ["SAMPLEC_NATIVE"] = before
+
+
+def _timed(step, reps: int) -> float:
+    """Median us of `step()`'s timed part: step returns (seconds, lazy arrays), evaluated after the clock stops."""
+    times = []
+    for _ in range(reps):
+        dt, arrays = step()
+        native.evaluate(arrays)
+        times.append(dt)
+    return statistics.median(times) * 1e6
+
+
+def measure(prog, x, kw, reps: int) -> dict:
+    _traced(prog, x, kw)
+    clock = time.perf_counter
+    stats = dict(prog.queue_stats)
+
+    def queue(args=kw):
+        t0 = clock()
+        outs, checks = prog.queue(x, **args)
+        return clock() - t0, outs + [f for _, f in checks]
+
+    q = _timed(queue, reps)
+    short = prog.queue_stats["short"] - stats["short"] == reps
+
+    def parts(which):
+        def step():
+            t0 = clock()
+            args, _ = prog._arguments(x, kw)
+            t1 = clock()
+            outs, flags, pre = prog.exe.queued(prog._pre, args)
+            t2 = clock()
+            return (t1 - t0 if which == "args" else t2 - t1), outs + flags + pre
+        return step
+    a = _timed(parts("args"), reps)
+    r = _timed(parts("replay"), reps)
+
+    pos = [p.name for p in prog.params if p.kind == "int" and p.name in ("pos", "position")]
+    moving = None
+    if pos:
+        B = x.shape[0]
+        step = iter(range(10**9))
+
+        def queue_moving():
+            return queue({**kw, pos[0]: [next(step)] * B})
+        moving = _timed(queue_moving, reps)
+
+    def full():
+        t0 = clock()
+        late = []
+        args = prog.prepare(x, kw, late)
+        outs, flags = prog.exe(*args)
+        return clock() - t0, outs + flags + [f for _, f in late]
+    _timed(full, 3)
+    f = _timed(full, reps)
+    return {"queue_us": q, "args_us": a, "replay_us": r, "moving_pos_us": moving, "full_us": f, "short": short,
+            "inputs": 1 + len(prog.params)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--out", default=None, help="write OUT.md and OUT.json")
+    ap.add_argument("--targets", default=None, help="comma-separated (default: cpu where it runs, and portable)")
+    ap.add_argument("--examples", default=None, help="comma-separated sampler names (default: every example's)")
+    ap.add_argument("--batches", default="1", help="comma-separated batch sizes")
+    args = ap.parse_args()
+    reps = 100 if args.quick else 400
+    targets = args.targets.split(",") if args.targets else \
+        (["cpu"] if mx.default_device() == mx.cpu and native.installed() else []) + \
+        (["cuda"] if mx.default_device() != mx.cpu and mx.cuda.is_available() else []) + ["portable"]
+    rng = np.random.default_rng(0)
+    print(f"MLX {mx.__version__} on {mx.default_device()}; targets {', '.join(targets)}; V = {V}; {reps} calls each")
+    rows = []
+    for B in [int(b) for b in args.batches.split(",")]:
+        x = mx.array(chat_logits(B, V, seed=B))
+        mx.eval(x)
+        for path, name in examples():
+            if args.examples and name not in args.examples.split(","):
+                continue
+            for target in targets:
+                prog = samplec.compile_file(path, sampler=name, target=target)
+                row = {"example": f"{path.name}:{name}", "B": B, "target": target,
+                       **measure(prog, x, arguments(prog, B, rng), reps)}
+                rows.append(row)
+                mp = "-" if row["moving_pos_us"] is None else f"{row['moving_pos_us']:.1f}"
+                print(f"B={B} {row['example']:40s} {target:9s} queue {row['queue_us']:6.1f} us (args "
+                      f"{row['args_us']:5.1f}, replay {row['replay_us']:5.1f}; moving pos {mp}); full "
+                      f"{row['full_us']:6.1f} us; short path {'yes' if row['short'] else 'NO'}", flush=True)
+    if args.out:
+        out = Path(args.out)
+        out.with_suffix(".json").write_text(json.dumps({"device": str(mx.default_device()), "mlx": mx.__version__,
+                                                        "V": V, "reps": reps, "rows": rows}, indent=1))
+        lines = [f"MLX {mx.__version__} on {mx.default_device()}, V = {V}, median of {reps} calls "
+                 f"(`python benchmarks/bench_host.py{' --quick' if args.quick else ''}`).", "",
+                 "| example | B | target | inputs | queue us | args us | replay us | queue us, moving pos | "
+                 "full path us | short path |", "|---|---|---|---|---|---|---|---|---|---|"]
+        for r in rows:
+            mp = "-" if r["moving_pos_us"] is None else f"{r['moving_pos_us']:.0f}"
+            lines.append(f"| {r['example']} | {r['B']} | {r['target']} | {r['inputs']} | {r['queue_us']:.0f} | "
+                         f"{r['args_us']:.0f} | {r['replay_us']:.0f} | {mp} | {r['full_us']:.0f} | "
+                         f"{'yes' if r['short'] else 'no'} |")
+        out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()

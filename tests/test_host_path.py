@@ -1,0 +1,217 @@
+"""The short path of `Program.queue` (samplec/program.py): a call whose inputs look like an earlier call's reuses
+its scalar arrays and traces its arrays' checks in front of the graph. It is taken where it should be (the
+counters in `Program.queue_stats`), gives the full path's results bit for bit, and never changes an error: a bad
+call after good ones says what it says on a fresh program."""
+from __future__ import annotations
+
+import copy
+import pickle
+import re
+from pathlib import Path
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+import samplec
+
+ROOT = Path(__file__).resolve().parent.parent
+V = 3000
+
+
+def _examples():
+    for path in sorted((ROOT / "examples").glob("*.smp")):
+        for name in re.findall(r"^sampler\s+(\w+)", path.read_text(), re.M):
+            yield path, name
+
+
+VALUES = {"temperature": 0.7, "top_p": 0.9, "min_p": 0.05, "top_k": 50, "repetition_penalty": 1.1,
+          "presence_penalty": 0.1, "frequency_penalty": 0.1, "temp": 0.7, "xtc_probability": 0.5, "typical_p": 0.95}
+
+
+def server_args(prog, B: int, rng) -> dict:
+    """A server's arguments (benchmarks/bench_targets.arguments at a small V): one value per row for every
+    parameter, a history of MLX ids, per-row seeds, masks and biases as MLX arrays."""
+    kw = {}
+    for p in prog.params:
+        if p.kind == "tokens":
+            kw[p.name] = mx.array(rng.integers(0, V, (B, 16)).astype(np.int32))
+        elif p.kind == "seed" and p.default != "os":
+            kw[p.name] = [int(s) for s in rng.integers(0, 2 ** 63, B)]
+        elif p.kind == "mask":
+            kw[p.name] = mx.array(rng.random((B, V)) < 0.9)
+        elif p.kind == "bias":
+            kw[p.name] = mx.array((rng.standard_normal((B, V)) * 0.5).astype(np.float32))
+        elif p.kind in ("float", "int") and p.name in VALUES:
+            kw[p.name] = [VALUES[p.name]] * B
+        elif p.kind == "int" and p.name in ("pos", "position"):
+            kw[p.name] = [int(v) for v in rng.integers(0, 4000, B)]
+    return kw
+
+
+def logits(B: int, seed: int = 0) -> mx.array:
+    return mx.array(np.random.default_rng(seed).standard_normal((B, V)).astype(np.float32) * 3)
+
+
+def values(out) -> dict:
+    return {k: np.array(v) for k, v in out.to_dict().items()}
+
+
+def assert_same(a: dict, b: dict) -> None:
+    assert a.keys() == b.keys()
+    for k in a:
+        np.testing.assert_array_equal(a[k], b[k], err_msg=k)
+
+
+@pytest.mark.parametrize("target", ["cpu", "portable"])
+@pytest.mark.parametrize("path,name", list(_examples()), ids=lambda v: getattr(v, "name", v))
+def test_every_example_takes_the_short_path_with_the_full_paths_results(path, name, target):
+    """Every shipped example, with a server's arguments at B = 1 and 3: the first call of a shape takes the full
+    path, the next ones the short path, and every output equals a fresh program's (the full path's) bit for bit,
+    also when the position moves each call (one scalar array rebuilt)."""
+    prog = samplec.compile_file(path, sampler=name, target=target)
+    rng = np.random.default_rng(1)
+    for B in (1, 3):
+        x = logits(B, B)
+        kw = server_args(prog, B, rng)
+        before = dict(prog.queue_stats)
+        runs = [values(prog(x, **kw)) for _ in range(3)]
+        assert prog.queue_stats["full"] - before["full"] == 1
+        assert prog.queue_stats["short"] - before["short"] == 2
+        fresh = samplec.compile_file(path, sampler=name, target=target)
+        want = values(fresh(x, **kw))
+        for got in runs:
+            assert_same(got, want)
+        pos = [p.name for p in prog.params if p.name in ("pos", "position")]
+        if pos:
+            rebuilt = prog.queue_stats["scalars_rebuilt"]
+            for step in (5, 6):
+                moved = {**kw, pos[0]: [step] * B}
+                assert_same(values(prog(x, **moved)), values(fresh(x, **moved)))
+            assert prog.queue_stats["scalars_rebuilt"] - rebuilt == 2
+
+
+SRC = ("sampler s(t: float, k: int, h: tokens, allowed: mask, b: bias, seed: seed, pos: int = 0) "
+       "-> token, logprob { allow(allowed) logit_bias(b) penalties(h, repeat = 1.5) top_k(k) temperature(t) "
+       "sample(seed, position = pos) }")
+X = logits(2, 7)
+GOOD = dict(t=[0.7, 0.9], k=[5, 8], h=mx.array(np.array([[1, 2, 3], [4, -1, 5]], np.int32)),
+            allowed=mx.array(np.random.default_rng(2).random((2, V)) < 0.8),
+            b=mx.array(np.zeros((2, V), np.float32)), seed=[1, 2], pos=[3, 4])
+WORDS = (V + 31) // 32
+BAD = {
+    "nan": dict(t=[0.7, float("nan")]),
+    "out of range": dict(t=[-1.0, 0.7]),
+    "flags for ints": dict(k=[True, True]),
+    "a float for an int": dict(k=[5, 2.5]),
+    "a string": dict(t="0.7"),
+    "too few rows": dict(t=[0.7]),
+    "a negative seed": dict(seed=[-1, 2]),
+    "a missing parameter": dict(t=None),
+    "an unknown parameter": dict(temperature=0.7),
+    "an id >= V": dict(h=mx.array(np.array([[1, 2, 3], [4, V, 5]], np.int32))),
+    "an id >= V from numpy": dict(h=np.array([[V + 1, 2, 3], [4, 1, 5]], np.int32)),
+    "float ids": dict(h=mx.array(np.ones((2, 3), np.float32))),
+    "a history of another batch": dict(h=mx.array(np.ones((3, 3), np.int32))),
+    "a NaN bias": dict(b=mx.array(np.where(np.arange(V) == 7, np.nan, 0).astype(np.float32)[None].repeat(2, 0))),
+    "a bias of another width": dict(b=mx.array(np.zeros((2, V + 1), np.float32))),
+    "a float mask": dict(allowed=mx.array(np.ones((2, V), np.float32))),
+    "a bitmask of the wrong width": dict(allowed=mx.array(np.ones((2, WORDS + 1), np.int32))),
+    "a mask that allows nothing": dict(allowed=mx.array(np.zeros((2, V), np.bool_))),
+    "logits of another shape": dict(x=logits(2, 1)[:, :100]),
+}
+
+
+def outcome(prog, **kw):
+    args = {**GOOD, **kw}
+    args = {k: v for k, v in args.items() if v is not None}
+    x = args.pop("x", X)
+    try:
+        return values(prog(x, **args))
+    except samplec.SamplecError as e:
+        return str(e)
+
+
+@pytest.mark.parametrize("case", list(BAD))
+def test_an_error_after_good_calls_is_the_fresh_programs_error(case):
+    """A bad value after good calls (the short path primed for this shape) gives exactly the error a fresh
+    program gives; and the good call after it still gives the good call's results."""
+    primed = samplec.compile(SRC)
+    good = outcome(primed)
+    assert isinstance(good, dict)
+    outcome(primed)
+    assert primed.queue_stats["short"] == 1
+    got, want = outcome(primed, **BAD[case]), outcome(samplec.compile(SRC), **BAD[case])
+    assert isinstance(want, str), want
+    assert got == want
+    assert_same(outcome(primed), good)
+
+
+def test_the_arrays_forms_each_take_the_short_path_once_accepted():
+    """An int64 history, a packed bitmask and a float16 bias: prepared in the traced pre-stage once the full path
+    has accepted their shape and dtype, with the full path's results."""
+    bits = np.packbits(np.array(GOOD["allowed"]), axis=-1, bitorder="little")
+    packed = np.zeros((2, WORDS * 4), np.uint8)
+    packed[:, :bits.shape[1]] = bits
+    forms = dict(h=mx.array(np.array(GOOD["h"]).astype(np.int64)), allowed=mx.array(packed.view(np.int32)),
+                 b=mx.array(np.full((2, V), 0.25, np.float16)))
+    prog = samplec.compile(SRC)
+    first = outcome(prog, **forms)
+    assert isinstance(first, dict) and prog.queue_stats == {"short": 0, "full": 1, "scalars_rebuilt": 0}
+    assert_same(outcome(prog, **forms), first)
+    assert prog.queue_stats["short"] == 1
+    assert_same(first, outcome(samplec.compile(SRC, opt_level=0), **forms))
+
+
+def test_a_list_changed_in_place_is_read_anew():
+    """The scalar values are keyed by their bytes at the call, not by the list objects."""
+    prog = samplec.compile(SRC)
+    k = [1, 1]
+    one = outcome(prog, k=k)
+    k[1] = 50
+    wide = outcome(prog, k=k)
+    assert_same(wide, outcome(samplec.compile(SRC), k=[1, 50]))
+    assert one["logprob"][0] == wide["logprob"][0] and one["logprob"][1] != wide["logprob"][1]
+    assert prog.queue_stats["short"] == 1
+
+
+def test_seeds_drawn_from_the_os_are_new_each_call():
+    """`sample()` without a seed draws one from the OS every call, on the short path too."""
+    prog = samplec.compile("sampler s(t: float) -> token { temperature(t) sample() }")
+    x = mx.zeros((1, V))
+    tokens = {int(np.array(prog(x, t=1.0).token)[0]) for _ in range(8)}
+    assert prog.queue_stats["short"] == 7
+    assert len(tokens) > 1
+
+
+def test_numpy_histories_stay_on_the_full_path():
+    """A numpy history is checked on the host at once (the error raised by the call that passes it): such calls
+    take the full path."""
+    prog = samplec.compile(SRC)
+    kw = dict(h=np.array(GOOD["h"]))
+    assert_same(outcome(prog, **kw), outcome(prog, **kw))
+    assert prog.queue_stats["short"] == 0
+
+
+def test_the_checks_queue_returns_name_every_flag():
+    """`queue` on the short path returns the full path's (message, flag) pairs, in its order."""
+    prog = samplec.compile(SRC)
+    args = {k: v for k, v in GOOD.items()}
+    full = prog.queue(X, **args)
+    short = prog.queue(X, **args)
+    assert prog.queue_stats == {"short": 1, "full": 1, "scalars_rebuilt": 1}
+    assert [m for m, _ in short[1]] == [m for m, _ in full[1]]
+    mx.eval(full[0], short[0], [f for _, f in full[1]], [f for _, f in short[1]])
+    for (_, a), (_, b) in zip(full[1], short[1]):
+        np.testing.assert_array_equal(np.array(a), np.array(b))
+
+
+def test_copies_start_with_empty_caches():
+    prog = samplec.compile(SRC)
+    good = outcome(prog)
+    outcome(prog)
+    for other in (pickle.loads(pickle.dumps(prog)), copy.deepcopy(prog)):
+        assert other.queue_stats["short"] == 0
+        assert_same(outcome(other), good)
+        assert_same(outcome(other), good)
+        assert other.queue_stats["short"] == 1
