@@ -333,7 +333,7 @@ def import_cmd(
 def serve(
     mlx_lm_args: Optional[List[str]] = typer.Argument(None, metavar="[SERVER FLAGS]...",
                                                        help="server flags: --model, --host, --port, --max-batch, "
-                                                            "--draft-model, --num-draft"),
+                                                            "--draft-model, --num-draft, --rank-timeout"),
     sampler: Optional[List[str]] = typer.Option(None, "--sampler", help="a chain FILE.smp[:NAME] (repeatable; the "
                                                 "first is the default, a request names another with "
                                                 "\"samplec_sampler\")"),

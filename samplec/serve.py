@@ -509,7 +509,9 @@ class BatchSampler:
     def _shard(self, prog: Program):
         if prog.name not in self.sharded:
             from samplec.distributed import shard
-            self.sharded[prog.name] = shard(prog, self.vocab_shard.group)
+            # (no bound of its own: the engine's step watch bounds the whole step, its forward pass included,
+            # and answers the requests in flight before the rank ends -- samplec.distributed.follow)
+            self.sharded[prog.name] = shard(prog, self.vocab_shard.group, timeout=None)
         return self.sharded[prog.name]
 
     def _masks(self, rows: list, V: int) -> np.ndarray:
@@ -653,19 +655,29 @@ class Job:
         self.cancelled = False
         self.rows: list[Row] = []
         self.error: str | None = None
+        self.status = 500                  # the HTTP status of an error (503: a rank of a sharded server stopped)
         self.number = 0                    # its number in admission order (the same on every rank)
 
 
 class Engine:
     def __init__(self, model, tokenizer, programs: dict[str, Program], token_bytes, grammars=None,
-                 max_batch: int = 32, draft=None, num_draft: int = 4, parse=None):
+                 max_batch: int = 32, draft=None, num_draft: int = 4, parse=None, rank_timeout: float | None = None):
         from mlx_lm.generate import BatchGenerator
+        from samplec.distributed.follow import RANK_TIMEOUT, Lifeline, StepWatch
         self.model, self.tokenizer = model, tokenizer
         # a model whose LM head is split over the ranks of a group (samplec.distributed.shard_lm_head): rank 0
         # takes the requests and broadcasts each step's plan, every rank runs the same steps (`_plan`)
         self.vocab_shard = getattr(model, "samplec_vocab", None)
         self.group = self.vocab_shard.group if self.vocab_shard is not None else None
         self.leader = self.group is None or self.group.rank() == 0
+        # a rank that stops ends every rank within the bound (`_fail`): each step is watched, rank 0 sends a plan
+        # at least every HEARTBEAT seconds, and a rank that dies breaks its lifeline (samplec.distributed.follow)
+        self.watch = StepWatch(rank_timeout or RANK_TIMEOUT, self._fail) if self.group is not None else None
+        self.lifeline = Lifeline(self.group, self._fail) if self.group is not None else None
+        self.failure: str | None = None
+        self._failing = threading.Lock()
+        self.plans = 0                       # plans sent (rank 0) or received so far
+        self.admitting: list = []            # (rank 0) the jobs of the plan under way
         self.parse = parse                   # (the other ranks build each admitted request from its body)
         self.jobs = 0                        # requests admitted so far (their number on every rank)
         self.live: dict[int, Job] = {}       # the admitted requests not yet finished, by number
@@ -719,12 +731,13 @@ class Engine:
         return len(self.rows) + len(self.spec)
 
     def _loop(self):
+        from samplec.distributed.follow import HEARTBEAT, rank_failure
         while True:
             if self.leader:
                 if self.stopped:
                     break
-                try:
-                    item = self.inbox.get(timeout=0.5) if not self.active else self.inbox.get_nowait()
+                try:        # (idle: a plan every HEARTBEAT seconds all the same, which the other ranks wait for)
+                    item = self.inbox.get(timeout=HEARTBEAT) if not self.active else self.inbox.get_nowait()
                 except queue.Empty:
                     item = None
                 items = [item]
@@ -740,6 +753,7 @@ class Engine:
                 if plan is None:
                     break
                 admit, gone = plan
+                self.watch.arm(f"step {self.plans}")     # (its forward pass and sampling: collectives too)
             try:
                 for job in admit:
                     self.jobs += 1
@@ -758,7 +772,13 @@ class Engine:
                 for row in list(self.spec):       # (one round each, in turn with the batch's steps)
                     self._speculate(row)
                 self.live = {i: job for i, job in self.live.items() if any(r.finish is None for r in job.rows)}
+                if self.watch is not None:
+                    self.watch.disarm()
             except Exception as e:  # noqa: BLE001 - the engine must outlive any one batch's failure
+                if self.group is not None and rank_failure(e):      # (the group is gone: so is every rank)
+                    self._fail(f"{rank_failure(e)}, during step {self.plans}")
+                if self.watch is not None:
+                    self.watch.disarm()
                 logging.exception("samplec serve: the batch failed")
                 for row in [*self.rows.values(), *self.spec, *self.spec_waiting]:
                     row.job.error = f"generation failed: {type(e).__name__}: {e}"
@@ -775,21 +795,84 @@ class Engine:
     def _plan(self, admit: list | None, gone: set | None, end: bool = False):
         """Rank 0: broadcast this step's plan -- the requests to admit (body and seeds), the numbers of those to
         drop, or the end. The other ranks: receive it and build the same jobs. (admit, gone), or None at the
-        end."""
-        from samplec.distributed.follow import receive_plan, send_plan
+        end. The exchange is watched (the first waits for every rank to load the model); a plan that fails ends
+        the rank."""
+        from samplec.distributed.follow import START_TIMEOUT, rank_failure, receive_plan, send_plan
+        self.plans += 1
+        what = f"plan {self.plans}" if self.leader else f"the wait for rank 0's plan {self.plans}"
+        self.watch.arm(what, START_TIMEOUT if self.plans == 1 else None)
+        try:
+            if self.leader:
+                self.admitting = list(admit or ())
+                plan = {"end": end, "gone": sorted(gone or ()),
+                        "admit": [{"kind": j.req.kind, "body": j.req.body, "seeds": [str(r.seed) for r in j.rows]}
+                                  for j in admit or ()]}
+                if self.plans == 1:
+                    plan["lifeline"] = self.lifeline.port
+                if end:
+                    self.lifeline.end()
+                send_plan(plan, self.group, self.plans)
+                self.admitting = []
+                self.watch.disarm()
+                return None if end else (admit, gone)
+            plan = receive_plan(self.group, self.plans)
+            self.watch.disarm()
+            if self.plans == 1:
+                self.lifeline.join(plan.get("lifeline"))
+            if plan["end"]:
+                return None
+            jobs = []
+            for a in plan["admit"]:
+                req = self.parse(a["kind"], a["body"])        # (checked by rank 0 already: the same request here)
+                jobs.append(self._job(req, [int(x) for x in a["seeds"]]))
+            return jobs, set(plan["gone"])
+        except Exception as e:  # noqa: BLE001 - every rank must take every plan: past one, the ranks part ways
+            self._fail(f"{rank_failure(e) or f'{type(e).__name__}: {e}'}, during {what}")
+
+    def _terminated(self) -> None:
+        """SIGTERM on a rank of a sharded server (mlx.launch sends it to the other ranks once one exits): end as
+        `_fail` does, after giving the engine two heartbeats to find the cause itself (a rank that died breaks
+        the next collective at once)."""
+        from samplec.distributed.follow import HEARTBEAT
+        end = time.monotonic() + 2 * HEARTBEAT
+        while self.failure is None and time.monotonic() < end:
+            time.sleep(0.05)
+        self._fail("ended by SIGTERM (mlx.launch sends it to every rank once one exits)")
+
+    def _fail(self, cause: str) -> None:
+        """A rank stopped, stopped answering, or fell out of step: end this rank (the others end the same way, on
+        their own connection errors or deadlines). Rank 0 first answers every request in flight with a 503 naming
+        the cause. One line on stderr, then exit status EXIT_STATUS; never returns. (The engine thread, the step
+        watch and SIGTERM may each get here: the first ends the process, the others wait for it.)"""
+        import sys
+        from samplec.distributed.follow import EXIT_STATUS
+        with self._failing:
+            first = self.failure is None
+            if first:
+                self.failure = cause
+        if not first:
+            threading.Event().wait()
+        where = f"rank {self.group.rank()} of {self.group.size()}"
+        sys.stderr.write(f"samplec serve: {where}: {cause}; exiting with status {EXIT_STATUS}\n")
+        sys.stderr.flush()
         if self.leader:
-            send_plan({"end": end, "gone": sorted(gone or ()),
-                       "admit": [{"kind": j.req.kind, "body": j.req.body, "seeds": [str(r.seed) for r in j.rows]}
-                                 for j in admit or ()]}, self.group)
-            return None if end else (admit, gone)
-        plan = receive_plan(self.group)
-        if plan["end"]:
-            return None
-        jobs = []
-        for a in plan["admit"]:
-            req = self.parse(a["kind"], a["body"])        # (checked by rank 0 already: the same request here)
-            jobs.append(self._job(req, [int(x) for x in a["seeds"]]))
-        return jobs, set(plan["gone"])
+            jobs = [*self.live.values(), *self.admitting]
+            while True:
+                try:
+                    jobs.append(self.inbox.get_nowait())
+                except queue.Empty:
+                    break
+            failed = [j for j in dict.fromkeys(jobs)
+                      if j is not None and not j.cancelled and any(r.finish is None for r in j.rows)]
+            for job in failed:
+                job.error = f"samplec serve: {where} ended: {cause}"
+                job.status = 503
+                job.events.put(("error", 0, None))
+            end = time.monotonic() + 2.0      # (each handler thread writes its 503; a bounded wait)
+            while time.monotonic() < end and any(not j.events.empty() for j in failed):
+                time.sleep(0.02)
+            time.sleep(0.2 if failed else 0)
+        os._exit(EXIT_STATUS)
 
     def _admit(self, job: Job):
         req = job.req
@@ -975,7 +1058,7 @@ class Server:
     """The model, its tokenizer, the engine and the request parser: what each handler thread reads."""
 
     def __init__(self, model, tokenizer, programs, model_id: str, max_batch: int = 32, draft=None,
-                 num_draft: int = 4):
+                 num_draft: int = 4, rank_timeout: float | None = None):
         self.model_id = model_id
         self.created = int(time.time())
         self.tokenizer = tokenizer
@@ -1009,7 +1092,7 @@ class Server:
         self.parse.sharded = shard is not None
         self.format = Formatter(token_bytes)
         self.engine = Engine(model, tokenizer, programs, token_bytes, self.grammars, max_batch, draft, num_draft,
-                             parse=self.parse)
+                             parse=self.parse, rank_timeout=rank_timeout)
 
     @property
     def sampler(self) -> BatchSampler:
@@ -1144,7 +1227,7 @@ class Handler(BaseHTTPRequestHandler):
         while left:
             ev, _, _ = self._wait(job)
             if ev == "error":
-                return self._error(BadRequest(job.error or "generation failed", None, 500))
+                return self._error(BadRequest(job.error or "generation failed", None, job.status))
             if ev == "done":
                 left -= 1
         fmt, choices = self.app.format, []
@@ -1271,6 +1354,8 @@ def parse_args(argv: list[str]):
     p.add_argument("--draft-model", default=None, help="a smaller model over the same vocabulary")
     p.add_argument("--num-draft", default=None, help="tokens the draft proposes per target forward pass")
     p.add_argument("--trust-remote-code", action="store_true")
+    p.add_argument("--rank-timeout", type=float, default=None,
+                   help="under mlx.launch: seconds a rank waits for the others in one plan or step")
     p.add_argument("--log-level", default="WARNING")
     return p.parse_args(argv)
 
@@ -1308,6 +1393,13 @@ def serve(argv: list[str], samplers: list[str], demo: bool, ready=None):
     if ranks and args.draft_model:
         raise SamplecError("--draft-model: not under mlx.launch (a server whose LM head is split over ranks "
                            "decodes without a draft)")
+    if args.rank_timeout is not None:
+        from samplec.distributed.follow import HEARTBEAT, MIN_TIMEOUT
+        if not ranks:
+            raise SamplecError("--rank-timeout: only under mlx.launch (a server whose LM head is split over ranks)")
+        if not MIN_TIMEOUT <= args.rank_timeout <= 86400:
+            raise SamplecError(f"--rank-timeout {args.rank_timeout:g}: must lie in {MIN_TIMEOUT:g}..86400 seconds "
+                               f"(rank 0 sends a plan every {HEARTBEAT:g} s while idle)")
     # everything that can fail at start-up fails before anything is served: the port first (at once, before a long
     # model load), then the model
     httpd = None
@@ -1335,7 +1427,11 @@ def serve(argv: list[str], samplers: list[str], demo: bool, ready=None):
             s = model.samplec_vocab
             logging.info("samplec serve: rank %d of %d holds token ids [%d, %d) of the LM head", group.rank(),
                          group.size(), s.start, s.start + s.size)
-        app = Server(model, tokenizer, programs, model_id, args.max_batch, draft, num_draft)
+        app = Server(model, tokenizer, programs, model_id, args.max_batch, draft, num_draft, args.rank_timeout)
+        if ranks and threading.current_thread() is threading.main_thread():
+            # (mlx.launch ends the other ranks with SIGTERM once one exits: rank 0 still answers its requests)
+            import signal
+            signal.signal(signal.SIGTERM, lambda *_: app.engine._terminated())
         if draft is not None:
             logging.info("samplec serve: speculative decoding with the draft %s, %d proposals a round",
                          args.draft_model, num_draft)
