@@ -140,7 +140,7 @@ class Program:
         self._pre = _PreStage(tuple(i for i, _ in scalars), tuple(arrays), len(self.params)) if arrays else None
         self._check_messages = tuple(c.message for c in self.graph.checks)
         self._shapes: dict = {}     # (B, V) -> _Shape: what the full path accepted for that logits shape
-        self._last = None           # (shape, keys, arrays): the last short call's scalar parameters
+        self._last = None   # (shape, bytes of the values, arrays, bytes of each value): the last short call's scalars
         self.queue_stats = {"short": 0, "full": 0, "scalars_rebuilt": 0}
 
     # ---- introspection and persistence ----
@@ -199,69 +199,73 @@ class Program:
         a check."""
         if self._cannot_run is not None:
             raise SamplecError(self._cannot_run)
+        short = self._arguments(logits, params)
+        if short is not None:
+            if self._scalars_only:
+                wake()  # (as below: every value of such a call is a plain number, or a list of them)
+            self.queue_stats["short"] += 1
+            args, messages = short
+            outs, flags, pre = self.exe.queued(self._pre, args)
+            return outs, list(zip(messages, pre)) + list(zip(self._check_messages, flags))
         if self._scalars_only and not any(type(v) is mx.array for v in params.values()):
             wake()      # (preparing such a call never waits for MLX: the worker can wake meanwhile)
+        late: list = []
         try:
-            short = self._arguments(logits, params)
-            if short is None:
-                late: list = []
-                args = self.prepare(logits, params, late)
-                self._accepted(args[0].shape, params)
+            args = self.prepare(logits, params, late)
+            self._accepted(args[0].shape, params)
         except BaseException:
             release()   # (the worker need not poll for a call that does not come)
             raise
-        if short is None:
-            self.queue_stats["full"] += 1
-            outs, flags = self.exe(*args)
-            return outs, late + list(zip(self._check_messages, flags))
-        self.queue_stats["short"] += 1
-        args, messages = short
-        outs, flags, pre = self.exe.queued(self._pre, args)
-        return outs, list(zip(messages, pre)) + list(zip(self._check_messages, flags))
+        self.queue_stats["full"] += 1
+        outs, flags = self.exe(*args)
+        return outs, late + list(zip(self._check_messages, flags))
 
     def _arguments(self, logits, params: dict) -> tuple[list, tuple] | None:
         """The short path's arguments (logits, scalar parameters, other parameters) and the messages of the
-        pre-stage's flags, or None where the call takes the full path: anything but float32 logits [B, V] of a
-        shape an earlier call had, plain numbers (or lists of them) for the scalar parameters, and MLX arrays of a
-        shape and dtype accepted before for the others -- or any value the full path must look at."""
+        pre-stage's flags (`_Shape.messages`), or None where the call takes the full path: anything but float32
+        logits [B, V] of a shape an earlier call had, plain numbers (or lists of them) for the scalar parameters,
+        and MLX arrays of a shape and dtype accepted before for the others -- or any value the full path must look
+        at. Raises nothing."""
         x = logits
-        if type(x) is not mx.array or x.ndim != 2 or x.dtype != mx.float32:
+        if type(x) is not mx.array:
             return None
         shape = x.shape
-        known = self._shapes.get(shape)
-        if known is None or not params.keys() <= self._known:
+        known = self._shapes.get(shape)     # (only shapes [B, V] the full path accepted)
+        if known is None or x.dtype != _F32 or not params.keys() <= self._known:
             return None
         values = list(map(params.get, self._scalar_names))
         try:    # (a value's bytes say its type too: True is not 1, 1.0 is not 1; arrays do not marshal)
-            keys = list(map(marshal.dumps, values, self._versions))
+            key = marshal.dumps(values, 2)      # (format 2: no back-references, the same bytes for equal values)
         except ValueError:
             return None
-        for k in self._os_drawn:
-            if values[k] is None:
-                keys[k] = _DRAWN       # (a seed drawn from the OS: a new one each call)
         last = self._last
-        if last is not None and last[1] == keys and last[0] == shape:
-            scalars = last[2]
+        if last is not None and last[1] == key and last[0] == shape and not self._os_drawn:
+            args = [x, *last[2]]
         else:
-            scalars = self._rebuild(shape[0], values, keys, last if last is not None and last[0] == shape else None)
+            scalars = self._rebuild(shape, values, key, last)
             if scalars is None:
                 return None
-            if _DRAWN not in keys:
-                self._last = (shape, keys, scalars)
-        args = [x, *scalars]
+            args = [x, *scalars]
         for v, ok in zip(map(params.get, self._array_names), known.accepted):
             if type(v) is not mx.array or (v.shape, v.dtype) not in ok:
                 return None
             args.append(v)
         return args, known.messages
 
-    def _rebuild(self, B: int, values: list, keys: list, last) -> list | None:
-        """The scalar parameters' arrays: the last call's where a value's bytes are the same, else built (None
-        where a value needs the full path: missing, or not valid)."""
+    def _rebuild(self, shape: tuple, values: list, key: bytes, last) -> list | None:
+        """The scalar parameters' arrays where the call's values are not the last call's: the last call's array
+        where a value's bytes are the same, else built (None where a value needs the full path: missing, or not
+        valid). A seed drawn from the OS is drawn anew."""
         self.queue_stats["scalars_rebuilt"] += 1
+        B = shape[0]
+        keys = list(map(marshal.dumps, values, self._versions))
+        for k in self._os_drawn:
+            if values[k] is None:
+                keys[k] = None
+        same = last[3] if last is not None and last[0] == shape else ()
         arrays = []
-        for k, (p, value) in enumerate(zip(self._scalar_params, values)):
-            if last is not None and keys[k] == last[1][k]:
+        for k, (p, value, b) in enumerate(zip(self._scalar_params, values, keys)):
+            if b is not None and k < len(same) and b == same[k]:
                 arrays.append(last[2][k])
                 continue
             if value is None:
@@ -272,6 +276,7 @@ class Program:
                 arrays.append(self._scalar(p, value, B))
             except Exception:  # noqa: BLE001 - the full path raises it, in the parameters' order
                 return None
+        self._last = (shape, key, arrays, keys)
         return arrays
 
     def _accepted(self, shape: tuple, params: dict) -> None:
@@ -492,9 +497,6 @@ def _bias_message(name: str) -> str:
     return f"{name}: NaN or +inf bias"
 
 
-_DRAWN = object()
-
-
 class _Shape:
     """What the full path accepted for one logits shape [B, V]: per parameter that is not a scalar, the (shape,
     dtype) of the MLX arrays it took, and the messages of the pre-stage's flags (each history's range check, then
@@ -548,6 +550,7 @@ def _mask(name: str, arr: mx.array, B: int, V: int) -> mx.array:
 
 
 _F32_MAX = float(np.finfo(np.float32).max)
+_F32 = mx.float32
 
 
 def _show(v: float, kind: str) -> str:
