@@ -18,6 +18,8 @@ import marshal
 import os
 import sys
 from dataclasses import dataclass
+from itertools import compress
+from operator import ne
 
 import mlx.core as mx
 import numpy as np
@@ -234,12 +236,12 @@ class Program:
         if known is None or x.dtype != _F32 or not params.keys() <= self._known:
             return None
         values = list(map(params.get, self._scalar_names))
-        try:    # (a value's bytes say its type too: True is not 1, 1.0 is not 1; arrays do not marshal)
-            key = marshal.dumps(values, 2)      # (format 2: no back-references, the same bytes for equal values)
-        except ValueError:
+        try:
+            key = marshal.dumps(values, 2)      # (see `_rebuild`)
+        except ValueError:                      # (MLX arrays, and objects of other types, do not marshal)
             return None
         last = self._last
-        if last is not None and last[1] == key and last[0] == shape and not self._os_drawn:
+        if last is not None and last[1] == key and last[0] == shape:
             args = [x, *last[2]]
         else:
             scalars = self._rebuild(shape, values, key, last)
@@ -255,28 +257,37 @@ class Program:
     def _rebuild(self, shape: tuple, values: list, key: bytes, last) -> list | None:
         """The scalar parameters' arrays where the call's values are not the last call's: the last call's array
         where a value's bytes are the same, else built (None where a value needs the full path: missing, or not
-        valid). A seed drawn from the OS is drawn anew."""
+        valid). A seed drawn from the OS is drawn anew.
+
+        The values are compared by their bytes in marshal's format 2 (no back-references: equal values, equal
+        bytes), which say each value's type too (True is not 1, 1.0 is not 1) -- for plain values: Python numbers,
+        lists of them and None. Marshal writes any object with a buffer (a numpy array or scalar, bytes) as bytes,
+        so such a value's bytes are never kept: the value is built again each call (`_scalar` keeps a numpy
+        seed array by its bytes). Bytes kept only from plain values cannot equal those of any other value."""
         self.queue_stats["scalars_rebuilt"] += 1
         B = shape[0]
         keys = list(map(marshal.dumps, values, self._versions))
-        for k in self._os_drawn:
-            if values[k] is None:
+        if last is not None and last[0] == shape:
+            arrays = list(last[2])
+            todo = [*compress(range(len(keys)), map(ne, keys, last[3])), *self._os_drawn]
+        else:
+            arrays = [None] * len(keys)
+            todo = range(len(keys))
+        for k in todo:
+            p, value = self._scalar_params[k], values[k]
+            if not _plain(value):
                 keys[k] = None
-        same = last[3] if last is not None and last[0] == shape else ()
-        arrays = []
-        for k, (p, value, b) in enumerate(zip(self._scalar_params, values, keys)):
-            if b is not None and k < len(same) and b == same[k]:
-                arrays.append(last[2][k])
-                continue
             if value is None:
                 if p.default is None:
                     return None
                 value = _os_seeds(B) if p.default == "os" else p.default
+                if p.default == "os":
+                    keys[k] = None
             try:
-                arrays.append(self._scalar(p, value, B))
+                arrays[k] = self._scalar(p, value, B)
             except Exception:  # noqa: BLE001 - the full path raises it, in the parameters' order
                 return None
-        self._last = (shape, key, arrays, keys)
+        self._last = (shape, key if None not in keys else None, arrays, keys)
         return arrays
 
     def _accepted(self, shape: tuple, params: dict) -> None:
@@ -487,6 +498,15 @@ def _prepare_param(p: Param, value, B: int, V: int, late: list) -> mx.array:
         late.append((_bias_message(p.name), bad))
         return arr
     raise SamplecError(f"{p.name}: unsupported parameter kind {p.kind}")
+
+
+_NUMBERS = frozenset({int, float})
+
+
+def _plain(v) -> bool:
+    """Whether marshal writes `v` with its type: a Python number, a list of them, or None (`Program._rebuild`)."""
+    t = type(v)
+    return t is float or t is int or v is None or (t is list and set(map(type, v)) <= _NUMBERS)
 
 
 def _history_message(name: str, V: int) -> str:

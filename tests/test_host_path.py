@@ -215,3 +215,26 @@ def test_copies_start_with_empty_caches():
         assert_same(outcome(other), good)
         assert_same(outcome(other), good)
         assert other.queue_stats["short"] == 1
+
+
+def test_values_marshal_writes_as_bytes_are_never_mistaken_for_bytes():
+    """A numpy seed array or a numpy scalar is written by marshal as its buffer's bytes: a bytes value with the
+    same content, passed after it, is still refused as the fresh program refuses it."""
+    src = "sampler s(t: float, seed: seed) -> token { temperature(t) sample(seed) }"
+    x = logits(2, 3)
+    seeds = np.array([1, 2], np.uint64)
+    t = np.float64(0.7)
+    f32 = np.float32(0.7)
+    for good, bad in ((dict(t=0.7, seed=seeds), dict(t=0.7, seed=seeds.tobytes())),
+                      (dict(t=t, seed=[1, 2]), dict(t=t.tobytes(), seed=[1, 2])),
+                      (dict(t=[f32] * 2, seed=[1, 2]), dict(t=[f32.tobytes()] * 2, seed=[1, 2]))):
+        prog = samplec.compile(src)
+        want = values(prog(x, **good))
+        assert_same(values(prog(x, **good)), want)
+        assert prog.queue_stats["short"] == 1
+        with pytest.raises(samplec.SamplecError) as fresh:
+            samplec.compile(src)(x, **bad)
+        with pytest.raises(samplec.SamplecError) as primed:
+            prog(x, **bad)
+        assert str(primed.value) == str(fresh.value)
+        assert_same(values(prog(x, **good)), want)
