@@ -12,9 +12,10 @@ at run time as one value per row (a server's call), a 64-token history, per-row 
   primitive), so its counts are a GPU's and its CPU times include the MLX-ops RandomBits; on a GPU each is a launch;
 - queue: the host's time for `Program.queue` (argument checks and the lazy graph, nothing evaluated): median us;
 - call: a whole call (queue, evaluation, the token read back): median ms;
-- mlx-lm: `make_sampler(temp, top_p, min_p, top_k)` on log-probabilities, one call per row as mlx-lm's
-  BatchGenerator samples per-request samplers, against samplec's portable target on examples/mlx_lm_default.smp
-  with the same values (ratio = mlx-lm / samplec, in the same run, interleaved).
+- mlx-lm: `make_sampler(temp=0.7, top_p=0.9, min_p=0.05)` on log-probabilities, one call per row as mlx-lm's
+  BatchGenerator samples per-request samplers, against samplec's portable target on the same chain (MLX_LM_CHAIN:
+  top_p, min_p, temperature, sample; the token alone) with the same values at run time, one per row (ratio =
+  mlx-lm / samplec, in the same run, interleaved).
 """
 from __future__ import annotations
 
@@ -105,6 +106,16 @@ def measure(prog, x, kw, reps: int) -> dict:
     return {"launches": n, "queue_us": q, "call_ms": call}
 
 
+# the chain mlx-lm's make_sampler(temp, top_p, min_p) builds (top_p, then min_p, then a categorical draw of
+# logprobs / temp), every value at run time, the token alone (what mlx-lm's sampler returns)
+MLX_LM_CHAIN = """sampler mlx_lm_sampler(temperature: float, top_p: float, min_p: float, seed: seed, pos: int) -> token {
+    top_p(top_p)
+    min_p(min_p)
+    temperature(temperature)
+    sample(seed, position = pos)
+}"""
+
+
 def mlx_lm_ratio(B: int, reps: int, rng) -> dict | None:
     try:
         from mlx_lm.sample_utils import make_sampler
@@ -114,7 +125,7 @@ def mlx_lm_ratio(B: int, reps: int, rng) -> dict | None:
     lp = x - mx.logsumexp(x, axis=-1, keepdims=True)
     mx.eval(x, lp)
     sampler = make_sampler(temp=0.7, top_p=0.9, min_p=0.05)
-    prog = samplec.compile_file(ROOT / "examples" / "mlx_lm_default.smp", sampler="mlx_lm", target="portable")
+    prog = samplec.compile(MLX_LM_CHAIN, target="portable")
     kw = arguments(prog, B, rng)
 
     def peer():
