@@ -238,3 +238,18 @@ def test_values_marshal_writes_as_bytes_are_never_mistaken_for_bytes():
             prog(x, **bad)
         assert str(primed.value) == str(fresh.value)
         assert_same(values(prog(x, **good)), want)
+
+
+def test_only_the_full_path_opens_a_hold(monkeypatch):
+    """A scalar-only call on the full path wakes MLX's CPU worker while it prepares (native.wake); a short call
+    does not: its preparation is shorter than the hold's own cost (benchmarks/bench_host.py)."""
+    import samplec.program as program_mod
+    woke = []
+    real = program_mod.wake
+    monkeypatch.setattr(program_mod, "wake", lambda: woke.append(1) or real())
+    prog = samplec.compile("sampler s(t: float, seed: seed) -> token { top_k(5) temperature(t) sample(seed) }")
+    x = logits(2, 4)
+    first = values(prog(x, t=0.7, seed=[1, 2]))
+    assert woke == [1]
+    assert_same(values(prog(x, t=0.7, seed=[1, 2])), first)
+    assert woke == [1] and prog.queue_stats["short"] == 1
