@@ -39,7 +39,7 @@ FAMILIES = ("peaked", "flat", "ties", "neg_inf", "normal", "tail", "one_finite")
 _BUILT: dict = {}
 
 
-INPUTS = ["x", *gpu._SLOTS, "S"]
+INPUTS = gpu.INPUT_NAMES
 
 
 def metal_attributes(body: str) -> list[str]:
@@ -62,7 +62,7 @@ def metal_signature(sizes: dict[str, int]) -> str:
     elements in the constant address space, else device memory; x's shape; the outputs; the attributes."""
     dtypes = {"x": "float", "S": "int", **{f"F{i}": "float" for i in range(gpu.CHAIN_FLOAT_SLOTS)},
               **{f"K{i}": "uint64_t" for i in range(gpu.CHAIN_KEY_SLOTS)},
-              **{f"Q{i}": "int" for i in range(gpu.CHAIN_KEY_SLOTS)}}
+              **{f"Q{i}": "int" for i in range(gpu.CHAIN_KEY_SLOTS)}, "EB": "float", "EM": "bool", "EW": "int"}
     params = []
     for name in INPUTS:
         params.append(f"const {'constant' if sizes[name] < 8 else 'device'} {dtypes[name]}* {name}")
@@ -77,8 +77,9 @@ def source(dialect: str, threads: int, defines: str = "", sizes: dict | None = N
     as sc_body, and run(...) launching it on the CPU."""
     slots = ", ".join([f"const float* F{i}" for i in range(gpu.CHAIN_FLOAT_SLOTS)] +
                       [f"const uint64_t* K{i}" for i in range(gpu.CHAIN_KEY_SLOTS)] +
-                      [f"const int* Q{i}" for i in range(gpu.CHAIN_KEY_SLOTS)])
-    names = ", ".join(gpu._SLOTS)
+                      [f"const int* Q{i}" for i in range(gpu.CHAIN_KEY_SLOTS)] +
+                      ["const float* EB", "const bool* EM", "const int* EW"])
+    names = ", ".join(gpu._SLOTS + gpu.EDIT_SLOTS)
     if dialect == "cuda":
         signature = (f"const float* x, const int* x_shape, {slots}, const int* S, int* tok, float* lp, float* xo, "
                      "int* ws")
@@ -131,7 +132,9 @@ def emulated(threads: int = 64, defines: str = "", dialect: str = "cuda"):
         out_x, split = int(S[5]), (int(S[6]), int(S[7]))
         tok, lp = np.zeros(B, dtype=np.int32), np.zeros(B, dtype=np.float32)
         xo = np.full((B, V) if out_x else (B, 1), np.nan, dtype=np.float32)
-        ws = np.zeros(gpu.scratch_size(B, split), np.int32)     # (zeros: as init_value=0 leaves it on the GPU)
+        edits = S[8 + int(S[0]) + len(gpu._SLOTS):]
+        # (zeros: as init_value=0 leaves it on the GPU)
+        ws = np.zeros(gpu.scratch_size(B, split, V if edits.any() else 0), np.int32)
         ptr = lambda a: a.ctypes.data_as(ctypes.c_void_p)      # noqa: E731
         fn(ptr(x), ctypes.c_int(B), ctypes.c_int(V), *(ptr(a) for a in ins), ptr(tok), ptr(lp), ptr(xo), ptr(ws))
         return (tok, lp, xo) if out_x else (tok, lp)
@@ -160,11 +163,13 @@ def gpu_split(B: int, V: int, threads: int | None = None) -> tuple[int, int]:
     return gpu.split_of(B, V, threads or block(), gpu.DIALECT_CAP[_DIALECT[0]])
 
 
-def kernel(x, operands, stages, terminal, want_logprob=True, out_x=0, threads=64, split=(0, 0), defines=""):
+def kernel(x, operands, stages, terminal, want_logprob=True, out_x=0, threads=64, split=(0, 0), defines="",
+           edits=()):
     """The emulated kernel in the current dialect on a chain's operands as gpu.sample_chain passes them (split:
-    slices a row and candidates a slice, as gpu.split_of gives them; (0, 0): one block a row)."""
+    slices a row and candidates a slice, as gpu.split_of gives them; (0, 0): one block a row; edits: logit_bias's
+    and allow's (kind, array) before the stages)."""
     assert split[0] * split[1] <= gpu.DIALECT_CAP[_DIALECT[0]], split      # (the last block's shared candidates)
-    inputs = gpu.chain_inputs(operands, stages, terminal, want_logprob, out_x, x.shape[0], split)
+    inputs = gpu.chain_inputs(operands, stages, terminal, want_logprob, out_x, x.shape[0], split, edits, x.shape[1])
     assert inputs is not None
     return emulated(threads, defines, _DIALECT[0])(x, inputs)
 
@@ -382,8 +387,9 @@ def test_chain_supports_and_body():
     assert not gpu.chain_supports(["xtc", "xtc"], "sample") and gpu.chain_supports(["xtc", "xtc"], "greedy")
     assert not gpu.chain_supports(["xtc"] * 5 + ["top_k"], "greedy")           # (11 float operands)
     assert gpu.chain_codes(["top_k", "xtc", "temperature"], "sample", True) == [3, 1, 1, 4, 6, 0, 0, 0, 1, 6, 0] + \
-        [0] * 14
-    assert gpu.chain_codes([], "greedy", False, 2, split=(8, 512)) == [0, 0, 0, 1, 1, 2, 8, 512] + [0] * 14
+        [0] * 14 + [0] * 4
+    assert gpu.chain_codes([], "greedy", False, 2, split=(8, 512)) == [0, 0, 0, 1, 1, 2, 8, 512] + [0] * 18
+    assert gpu.chain_codes([], "greedy", False, edits=(1, 0, 2, 1))[-4:] == [1, 0, 2, 1]
     # split mode: about one block a multiprocessor over the batch, at most MAX_SLICES a row, the slices'
     # candidates fitting one block's shared memory together
     assert gpu.split_of(1, 152064) == (128, 32) and gpu.split_of(8, 152064) == (17, 240)
@@ -402,7 +408,7 @@ def test_chain_inputs_pass_operands_as_they_are():
     assert ins[gpu.CHAIN_FLOAT_SLOTS + gpu.CHAIN_KEY_SLOTS] is pos
     assert ins[1].dtype == mx.float32 and np.array(ins[1]).tolist() == [5.0, 7.0, 9.0]
     S = np.array(ins[-1]).tolist()
-    assert S[11:] == [0, 1, 1] + [0] * 7 + [1, 0] + [0, 0]
+    assert S[11:] == [0, 1, 1] + [0] * 7 + [1, 0] + [0, 0] + [0] * 4
     assert gpu.chain_inputs([mx.array([[1.0, 2.0]])], ["temperature"], "greedy", False, 0, 3) is None
 
 
@@ -614,3 +620,76 @@ def test_emulated_dynamic_temperature_and_top_k_rank_equal_O0(body, terminal):
         tok, lp = kernel(x, ops, stages, terminal, split=split)
         assert tok.tolist() == np.array(o0.token).tolist(), (src, split)
         np.testing.assert_allclose(lp, np.array(o0.logprob), atol=2e-4, rtol=1e-4, err_msg=f"{src} {split}")
+
+
+EDITS = [(s, V, B, n, term, bias, allow, shared, split) for s, (V, B, n, term, bias, allow, shared, split) in enumerate(
+    [(300, 2, 3, "sample", True, None, False, (0, 0)), (300, 3, 2, "greedy", False, "bool", False, (0, 0)),
+     (1000, 2, 3, "sample", False, "bits", False, (0, 0)), (1000, 3, 4, "sample", True, "bool", True, (0, 0)),
+     (333, 2, 2, "sample", True, "bits", False, (0, 0)), (500, 2, 0, "greedy", True, "bits", True, (0, 0)),
+     (300, 2, 3, "sample", True, "bool", False, (3, 16)), (1000, 2, 2, "greedy", False, "bits", True, (4, 64)),
+     (7, 2, 2, "sample", True, "bits", False, (0, 0)), (3000, 1, 3, "sample", True, "bool", False, (5, 256))],
+    start=1100)]
+
+
+@pytest.mark.parametrize("seed,V,B,n,terminal,bias,allow,shared,split", EDITS)
+def test_emulated_logit_bias_and_allow_in_the_kernel_equal_O0(seed, V, B, n, terminal, bias, allow, shared, split):
+    """logit_bias (a dense bias, -inf in places) and allow (a bool mask, or a packed int32 bitmask: bit j of word w
+    for token 32 w + j) before random chains, applied in the kernel (each block edits its part of the row into the
+    scratch before the stages), one row for every row or one per row, one block a row and split: against -O0's
+    `logit_bias(b) allow(m)` in front of the same chain."""
+    stages, src, kw, per_row, ops, x = chain_case(seed, V, B, n, terminal)
+    rng = np.random.default_rng(seed)
+    R = 1 if shared else B
+    b = (rng.standard_normal((R, V)) * 2).astype(np.float32)
+    top = np.argmax(np.broadcast_to(x, (B, V)), axis=-1)
+    b[rng.random((R, V)) < 0.05] = -np.inf
+    for r in range(R):              # (b finite at each row's maximum: no row is left without a finite logit)
+        b[r, top if shared else top[r]] = 0.0
+    if not bias:
+        b[:] = 0.0
+    m = rng.random((R, V)) < 0.6
+    e = np.broadcast_to(x + b, (B, V))
+    for r in range(B):
+        m[0 if shared else r, int(np.argmax(e[r]))] = True
+    edits, names, body = [], [], []
+    if bias:
+        edits.append(("logit_bias", mx.array(b)))
+        names.append("eb: bias")
+        body.append("logit_bias(eb)")
+        kw["eb"] = np.broadcast_to(b, (B, V)).copy()
+    if allow:
+        mb = np.broadcast_to(m, (B, V))
+        if allow == "bits":
+            W = -(-V // 32)
+            padded = np.zeros((R, W * 32), bool)
+            padded[:, :V] = m
+            words = (padded.reshape(R, W, 32).astype(np.uint64) << np.arange(32, dtype=np.uint64)).sum(-1)
+            packed = words.astype(np.uint32).view(np.int32)
+            edits.append(("allow", mx.array(packed)))
+            kw["em"] = np.broadcast_to(packed, (B, W)).copy()
+        else:
+            edits.append(("allow", mx.array(m)))
+            kw["em"] = mb.copy()
+        names.append("em: mask")
+        body.append("allow(em)")
+    src = src.replace("sampler s(", f"sampler s({', '.join(names)}, ", 1).replace(
+        "{\n", "{\n" + "".join(f"    {s}\n" for s in body), 1)
+    o0 = samplec.compile(src, opt_level=0)(x, **kw)
+    tok, lp = kernel(x, ops, stages, terminal, split=split, edits=tuple(edits))
+    assert tok.tolist() == np.array(o0.token).tolist(), src
+    np.testing.assert_allclose(lp, np.array(o0.logprob), atol=2e-4, rtol=1e-4, err_msg=src)
+
+
+def test_edit_slots_take_the_shapes_the_program_holds():
+    """A bias [B, V] or [1, V], a bool mask, a packed bitmask [B, ceil(V / 32)]; two of a kind, or another width,
+    is not the kernel's (the chain keeps its MLX ops)."""
+    B, V = 3, 70
+    bias, mask = mx.zeros((B, V)), mx.ones((B, V), dtype=mx.bool_)
+    bits = mx.zeros((1, 3), dtype=mx.int32)
+    ins, codes = gpu._edit_slots([("logit_bias", bias), ("allow", bits)], B, V)
+    assert ins[0] is bias and ins[2] is bits and codes == (1, 1, 2, 0)
+    assert gpu._edit_slots([("allow", mask)], B, V)[1] == (0, 0, 1, 1)
+    assert gpu._edit_slots([("logit_bias", bias), ("logit_bias", bias)], B, V) is None
+    assert gpu._edit_slots([("allow", mx.zeros((B, 2), dtype=mx.int32))], B, V) is None
+    assert gpu._edit_slots([("allow", mx.zeros((B, V), dtype=mx.float32))], B, V) is None
+    assert gpu._edit_slots([("penalties", bias)], B, V) is None

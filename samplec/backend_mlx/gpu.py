@@ -38,8 +38,11 @@ one block a row; `SAMPLEC_GPU_SMS` sets the multiprocessors to fill (default 132
 
 The interpreter gives the kernel a chain's stage ops on the `cuda` target (the CPU has the native chain kernel); the
 masks, biases and penalties below the stages and the outputs beside them (raw_logprob, top_logprobs) still run as
-MLX ops. The stage operands go in as the program holds them (ten f32 slots, two seed and position slots, each one
-value or one per row): at B = 1 a few small ops to pack them cost more than the kernel's work.
+MLX ops. The kernel itself takes a logit_bias (a dense bias) and an allow (a bool mask or a packed int32 bitmask)
+before the stages (sample_chain's `edits`: each block writes its part of the edited row to the scratch before the
+stages read it), which the interpreter does not hand it yet. The stage operands go in as the program holds them
+(ten f32 slots, two seed and position slots, each one value or one per row): at B = 1 a few small ops to pack them
+cost more than the kernel's work.
 
 One kernel source serves CUDA and Metal: gpu_chain.cu is written over a thin dialect layer (simt_cuda.h,
 simt_metal.h: address spaces, barriers, shuffles, atomics, float math), and chain_entry(dialect) writes each
@@ -214,19 +217,23 @@ CHAIN_FLOAT_SLOTS = 10          # gpu_chain.cu's SC_FSLOTS: the float operands' 
 CHAIN_KEY_SLOTS = 2             # SC_KSLOTS: the (seed, position) inputs K0, Q0 and K1, Q1 (xtc's, the sample's)
 _SLOTS = [f"F{i}" for i in range(CHAIN_FLOAT_SLOTS)] + [f"K{i}" for i in range(CHAIN_KEY_SLOTS)] + \
     [f"Q{i}" for i in range(CHAIN_KEY_SLOTS)]
+EDIT_SLOTS = ["EB", "EM", "EW"]     # logit_bias's bias, allow's bool mask, allow's packed bits
+INPUT_NAMES = ["x", *_SLOTS, *EDIT_SLOTS, "S"]
 
 
 def chain_codes(stages: list[str], terminal: str, want_logprob: bool, out_x: int = 0,
-                per_row: tuple = (), split: tuple[int, int] = (0, 0)) -> list[int]:
+                per_row: tuple = (), split: tuple[int, int] = (0, 0), edits: tuple = (0, 0, 0, 0)) -> list[int]:
     """The kernel's program for one chain: [#stages, sample?, want_logprob?, #float operands, #key words, out_x (0:
     no [B, V] output, 1: the final logits, 2: their softmax), slices a row (0: one block a row), candidates a slice
     keeps, the stages' codes..., then each operand slot's stride (F0..F9, K0, K1, Q0, Q1: 1 where it holds one value
-    per row, 0 for one value; per_row's flags)] (one kernel serves every chain: one NVRTC compile per process)."""
+    per row, 0 for one value; per_row's flags), then the edits: logit_bias? (1: EB holds it), its stride (1: a row
+    each), allow's kind (0: none, 1: EM's bools, 2: EW's packed bits), its stride] (one kernel serves every chain: one
+    NVRTC compile per process)."""
     nf = max(1, sum(CHAIN_STAGES[s] for s in stages))
     nu = max(1, 3 * (stages.count("xtc") + (terminal == "sample")))
     strides = [int(bool(f)) for f in per_row] + [0] * (len(_SLOTS) - len(per_row))
     return [len(stages), int(terminal == "sample"), int(want_logprob), nf, nu, out_x, *split] + \
-        [STAGE_CODES[s] for s in stages] + strides
+        [STAGE_CODES[s] for s in stages] + strides + list(edits)
 
 
 SMS = 132                       # multiprocessors to fill (an H100's; SAMPLEC_GPU_SMS overrides)
@@ -255,11 +262,12 @@ DIALECT_CAP = {"cuda": SC_CAP, "metal": METAL_CAP}
 # The kernel body each language's signature wraps (MLX writes the signature from the inputs and outputs): inputs x
 # [B, V] f32; F0..F9 f32 (the stages' float operands in order, top_k's k as a float), K0, K1 u64 and Q0, Q1 i32 (each
 # xtc's and then the sample's seed and position), each one value or one per row, unused slots one placeholder value;
-# S (chain_codes). Outputs tok [B] i32, lp [B] f32, xo [B, V] f32 where S asks for the final logits or their softmax
-# (else [B, 1], unwritten), ws (scratch_size). The operands go in as the program holds them (no op gathers them
-# first: at B = 1 a few small ops cost more than the kernel). One text for both languages: a dialect differs only in
-# the fields below (its shared-state declaration, its thread and block indices, a check of its own), as tinygrad's
-# CUDA and Metal renderers differ in a few fields over one renderer.
+# EB f32, EM bool, EW i32 (the edits before the stages: logit_bias's bias, allow's mask as bools or packed bits, each
+# one row or one per row, or a placeholder); S (chain_codes). Outputs tok [B] i32, lp [B] f32, xo [B, V] f32 where S
+# asks for the final logits or their softmax (else [B, 1], unwritten), ws (scratch_size). The operands go in as the
+# program holds them (no op gathers them first: at B = 1 a few small ops cost more than the kernel). One text for both
+# languages: a dialect differs only in the fields below (its shared-state declaration, its thread and block indices, a
+# check of its own), as tinygrad's CUDA and Metal renderers differ in a few fields over one renderer.
 CHAIN_ENTRY = """
     {shared} ScShared sh;
     const int tx = (int){thread}, blk = (int){block};
@@ -275,13 +283,20 @@ CHAIN_ENTRY = """
     const unsigned ur[3 * SC_KSLOTS] = {{
         (unsigned)(k0 >> 32), (unsigned)(k0 & 0xFFFFFFFFull), (unsigned)sc_operand_i(Q0, st[SC_FSLOTS + 2], row),
         (unsigned)(k1 >> 32), (unsigned)(k1 & 0xFFFFFFFFull), (unsigned)sc_operand_i(Q1, st[SC_FSLOTS + 3], row)}};
+    // the edits (chain_codes' last four: logit_bias?, its stride, allow's kind -- 1: bool, 2: packed bits --, its
+    // stride)
+    const SC_DEV int* ed = st + SC_FSLOTS + 2 * SC_KSLOTS;
+    const SC_DEV float* eb = ed[0] ? EB + (size_t)(ed[1] ? row : 0) * V : nullptr;
+    const SC_DEV bool* em = ed[2] == 1 ? EM + (size_t)(ed[3] ? row : 0) * V : nullptr;
+    const SC_DEV int* ew = ed[2] == 2 ? EW + (size_t)(ed[3] ? row : 0) * ((V + 31) / 32) : nullptr;
     // ws: the rows' arrival counters [B], then the slices' headers and candidates' logits (float bits), then their
-    // ids (scratch_size)
+    // ids, then the edited rows (scratch_size)
     SC_DEV float* wf = reinterpret_cast<SC_DEV float*>(ws + B);
     SC_DEV int* wi = ws + B + (size_t)B * NB * (SC_WH + cap);
+    SC_DEV float* xe = reinterpret_cast<SC_DEV float*>(ws + B + (size_t)B * NB * (SC_WH + 2 * cap)) + (size_t)row * V;
     sc_chain(x + (size_t)row * V, V, pr, ur, S, sh, tx, tok + row, lp + row,
              xo + (S[5] != 0 ? (size_t)row * V : (size_t)row), slice, wf + (size_t)row * NB * (SC_WH + cap),
-             wi + (size_t)row * NB * cap, ws + row);
+             wi + (size_t)row * NB * cap, ws + row, eb, em, ew, xe);
 """
 
 # The dialects' fields. Metal's indices are the kernel's attributes (MLX declares those the body names); its check:
@@ -307,10 +322,11 @@ _PLACEHOLDERS: dict = {}
 _CODES: dict = {}
 
 
-def _placeholder(dtype) -> mx.array:
-    if dtype not in _PLACEHOLDERS:
-        _PLACEHOLDERS[dtype] = mx.array([0], dtype=dtype)
-    return _PLACEHOLDERS[dtype]
+def _placeholder(dtype, n: int = 1) -> mx.array:
+    """An unused slot's input: n zeros (the edits' eight: Metal passes fewer in the constant address space)."""
+    if (dtype, n) not in _PLACEHOLDERS:
+        _PLACEHOLDERS[dtype, n] = mx.zeros((n,), dtype=dtype)
+    return _PLACEHOLDERS[dtype, n]
 
 
 def _slot(p: mx.array, B: int, dtype) -> tuple[mx.array, bool] | None:
@@ -320,11 +336,37 @@ def _slot(p: mx.array, B: int, dtype) -> tuple[mx.array, bool] | None:
     return (p if p.dtype == dtype else p.astype(dtype)), p.size == B and B > 1
 
 
+def _edit_slots(edits, B: int, V: int) -> tuple[list[mx.array], tuple] | None:
+    """EB, EM, EW and S's four edit codes from the edits before the stages -- ("logit_bias", f32 [B or 1, V]),
+    ("allow", bool [B or 1, V] or a packed int32 bitmask [B or 1, ceil(V / 32)]), at most one of each --, or None
+    where one has another shape or kind."""
+    slots = {"EB": _placeholder(mx.float32, 8), "EM": _placeholder(mx.bool_, 8), "EW": _placeholder(mx.int32, 8)}
+    codes = [0, 0, 0, 0]
+    for kind, a in edits:
+        packed = kind == "allow" and a.dtype in (mx.int32, mx.uint32)
+        width = -(-V // 32) if packed else V
+        if a.ndim not in (1, 2) or a.shape[-1] != width or (a.ndim == 2 and a.shape[0] not in (1, B)):
+            return None
+        rows = a.ndim == 2 and a.shape[0] == B and B > 1
+        if kind == "logit_bias" and not codes[0]:
+            slots["EB"], codes[0:2] = a.astype(mx.float32) if a.dtype != mx.float32 else a, [1, int(rows)]
+        elif kind == "allow" and not codes[2] and (packed or a.dtype == mx.bool_):
+            name = "EW" if packed else "EM"
+            slots[name], codes[2:4] = a.astype(mx.int32) if a.dtype == mx.uint32 else a, [2 if packed else 1, int(rows)]
+        else:
+            return None
+    return [slots[n] for n in EDIT_SLOTS], tuple(codes)
+
+
 def chain_inputs(params: list[mx.array], stages: list[str], terminal: str, want_logprob: bool, out_x: int,
-                 B: int, split: tuple[int, int] = (0, 0)) -> list[mx.array] | None:
-    """The kernel's inputs after x -- F0..F9, K0, K1, Q0, Q1, S -- from a chain's stage operands in order (then the
-    sample's seed and position), or None where one is not a scalar or one value per row. Only an operand of another
-    dtype costs an op; S is made once per chain and per-row pattern."""
+                 B: int, split: tuple[int, int] = (0, 0), edits: tuple = (), V: int = 0) -> list[mx.array] | None:
+    """The kernel's inputs after x -- F0..F9, K0, K1, Q0, Q1, EB, EM, EW, S -- from a chain's stage operands in order
+    (then the sample's seed and position) and the edits before its stages (_edit_slots; V: the row's length), or
+    None where one is not a scalar or one value per row. Only an operand of another dtype costs an op; S is made once
+    per chain and per-row pattern."""
+    edit = _edit_slots(edits, B, V)
+    if edit is None:
+        return None
     floats, keys, poss, it = [], [], [], iter(params)
     for s in stages + (["sample"] if terminal == "sample" else []):
         floats += [_slot(next(it), B, mx.float32) for _ in range(CHAIN_STAGES.get(s, 0))]
@@ -337,32 +379,35 @@ def chain_inputs(params: list[mx.array], stages: list[str], terminal: str, want_
         return None
     slots = [o for got, n, dtype in groups for o in got + [(_placeholder(dtype), False)] * (n - len(got))]
     per_row = tuple(flag for _, flag in slots)
-    key = (tuple(stages), terminal, bool(want_logprob), out_x, per_row, split)
+    key = (tuple(stages), terminal, bool(want_logprob), out_x, per_row, split, edit[1])
     if key not in _CODES:
-        _CODES[key] = mx.array(np.array(chain_codes(stages, terminal, want_logprob, out_x, per_row, split), np.int32))
-    return [a for a, _ in slots] + [_CODES[key]]
+        _CODES[key] = mx.array(np.array(chain_codes(stages, terminal, want_logprob, out_x, per_row, split, edit[1]),
+                                        np.int32))
+    return [a for a, _ in slots] + edit[0] + [_CODES[key]]
 
 
 def sample_chain(x: mx.array, params: list[mx.array], stages: list[str], terminal: str,
-                 want_logprob: bool, out_x: int = 0) -> tuple[mx.array, ...] | None:
+                 want_logprob: bool, out_x: int = 0, edits: tuple = ()) -> tuple[mx.array, ...] | None:
     """The chain's token [B, 1] i32 and its log-probability under the final softmax [B, 1] f32 (0 without
     want_logprob), and with out_x the final logits (1) or their softmax (2) [B, V]; or None where the kernel does
     not apply (neither a CUDA device nor an Apple GPU with the Metal build active -- metal_status --, a stage it does
-    not run, operands of other shapes)."""
+    not run, operands of other shapes). edits: the logit_bias and allow before the stages, as (kind, array) pairs
+    (_edit_slots), applied in the kernel."""
     cuda = available()
     if not ((cuda or metal_status()[0]) and not native.switched_off("SAMPLEC_GPU_CHAIN") and x.ndim == 2 and
             x.dtype == mx.float32 and x.shape[0] >= 1 and x.shape[1] >= 1 and chain_supports(stages, terminal)):
         return None
     B, V = x.shape
     if not cuda:
-        return _metal_chain(x, params, stages, terminal, want_logprob, out_x)
+        return _metal_chain(x, params, stages, terminal, want_logprob, out_x, edits)
     split = split_of(B, V) if not native.switched_off("SAMPLEC_GPU_SPLIT") else (0, 0)
-    inputs = chain_inputs(params, stages, terminal, want_logprob, out_x, B, split)
+    inputs = chain_inputs(params, stages, terminal, want_logprob, out_x, B, split, edits, V)
     if inputs is None:
         return None
     nb = split[0]
-    tok, lp, xo, _ = _kernel("samplec_chain", ["x", *_SLOTS, "S"], CHAIN_BODY, CHAIN_OUTPUTS, chain_header())(
-        inputs=[x, *inputs], output_shapes=[(B,), (B,), x.shape if out_x else (B, 1), (scratch_size(B, split),)],
+    tok, lp, xo, _ = _kernel("samplec_chain", INPUT_NAMES, CHAIN_BODY, CHAIN_OUTPUTS, chain_header())(
+        inputs=[x, *inputs],
+        output_shapes=[(B,), (B,), x.shape if out_x else (B, 1), (scratch_size(B, split, V if edits else 0),)],
         output_dtypes=[mx.int32, mx.float32, mx.float32, mx.int32],
         grid=(B * max(nb, 1) * CHAIN_THREADS, 1, 1), threadgroup=(CHAIN_THREADS, 1, 1),
         init_value=0 if nb else None)      # (the rows' arrival counters start at zero)
@@ -384,7 +429,7 @@ def _metal_kernel():
     if "kernel" not in _METAL:
         source, header = chain_entry("metal"), chain_header("metal")
         digest = hashlib.sha256("\0".join([header, source]).encode()).hexdigest()[:12]
-        args = dict(name=f"samplec_chain_{digest}", input_names=["x", *_SLOTS, "S"],
+        args = dict(name=f"samplec_chain_{digest}", input_names=INPUT_NAMES,
                     output_names=list(CHAIN_OUTPUTS), source=source, header=header, ensure_row_contiguous=True)
         try:        # (MLX's "safe" math mode: no fast math, as the dense definitions round)
             _METAL["kernel"] = mx.fast.metal_kernel(**args, compile_options={"math_mode": "safe"})
@@ -394,16 +439,19 @@ def _metal_kernel():
 
 
 def _metal_chain(x: mx.array, params: list[mx.array], stages: list[str], terminal: str, want_logprob: bool,
-                 out_x: int) -> tuple[mx.array, ...] | None:
+                 out_x: int, edits: tuple = ()) -> tuple[mx.array, ...] | None:
     B, V = x.shape
-    if x.size < 8:                  # (MLX would pass x in the constant address space; the kernel reads device memory)
+    # (MLX would pass an input of fewer than eight elements in the constant address space; the kernel reads the
+    # logits and the edits from device memory)
+    if x.size < 8 or any(a.size < 8 for _, a in edits):
         return None
-    inputs = chain_inputs(params, stages, terminal, want_logprob, out_x, B, (0, 0))
+    inputs = chain_inputs(params, stages, terminal, want_logprob, out_x, B, (0, 0), edits, V)
     if inputs is None:
         return None
     inputs = [a.reshape(1) if a.ndim == 0 else a for a in inputs]     # (a 0-d input would be a reference)
     tok, lp, xo, _ = _metal_kernel()(
-        inputs=[x, *inputs], output_shapes=[(B,), (B,), x.shape if out_x else (B, 1), (scratch_size(B, (0, 0)),)],
+        inputs=[x, *inputs],
+        output_shapes=[(B,), (B,), x.shape if out_x else (B, 1), (scratch_size(B, (0, 0), V if edits else 0),)],
         output_dtypes=[mx.int32, mx.float32, mx.float32, mx.int32],
         grid=(B * METAL_THREADS, 1, 1), threadgroup=(METAL_THREADS, 1, 1))
     return (tok.reshape(B, 1), lp.reshape(B, 1)) + ((xo,) if out_x else ())
@@ -451,10 +499,11 @@ def metal_status() -> tuple[bool, str]:
 CHAIN_OUTPUTS = ("tok", "lp", "xo", "ws")
 
 
-def scratch_size(B: int, split: tuple[int, int]) -> int:
-    """ws's int32 words: the rows' arrival counters, the slices' headers and candidates' logits, their ids."""
+def scratch_size(B: int, split: tuple[int, int], edited: int = 0) -> int:
+    """ws's int32 words: the rows' arrival counters, the slices' headers and candidates' logits, their ids, and with
+    edits before the stages the edited rows (edited: V)."""
     nb, cap = split
-    return B + B * nb * (SLICE_HEADER + 2 * cap)
+    return B + B * nb * (SLICE_HEADER + 2 * cap) + B * edited
 
 
 def path_report() -> str:

@@ -4,7 +4,8 @@
 // rules and Threefry constants) -- and names nothing of either language directly:
 //   SC_FN, SC_INLINE             a device function, an inlined one
 //   SC_DEV, SC_TG, SC_THR        address spaces: device (global) memory, threadgroup (shared) memory, a thread's own
-//   sc_barrier, sc_device_fence  the block's barrier; the fence before a block's arrival counts (split mode)
+//   sc_barrier, sc_device_fence  the block's barrier (sc_barrier_device: its device writes too); the fence before
+//                                a block's arrival counts (split mode)
 //   sc_shfl_xor, sc_shfl_up      a warp's (simdgroup's: 32 lanes) shuffles
 //   sc_atomic_add_shared/_global atomics on threadgroup and device memory
 //   sc_exp, sc_log, sc_div, ...  float math as the dense definitions round it; sc_f2u, sc_u2f, ... bit casts
@@ -1327,28 +1328,46 @@ SC_FN bool sc_stages(const SC_DEV float* xr, int V, SC_THR const float* pr, SC_T
   return true;
 }
 
+// The row's edits before the stages, logit_bias (eb: x + b) and allow (em: a bool per token, or ew: packed bits,
+// bit j of word w for token 32 w + j; false: -inf), for tokens [lo, hi) into xe, which the chain reads from then on
+// (a null edit is absent). The two commute (a removed token stays at -inf; a NaN or +inf bias is an error the
+// program's checks raise).
+SC_FN void sc_edit(const SC_DEV float* xr, int lo, int hi, const SC_DEV float* eb, const SC_DEV bool* em,
+                   const SC_DEV int* ew, SC_DEV float* xe, const int tx) {
+  for (int i = lo + tx; i < hi; i += SC_T) {
+    float v = xr[i];
+    if (eb) v = sc_add(v, eb[i]);
+    if ((em && !em[i]) || (ew && ((ew[i >> 5] >> (i & 31)) & 1) == 0)) v = -SC_INF;
+    xe[i] = v;
+  }
+  sc_barrier_device();              // (the block's writes to xe visible to the block)
+}
+
 // One row's chain. S: gpu.chain_codes' [#stages, sample?, want_logprob?, #float operands, #key words, output mode
 // (0: none, 1: the final logits, 2: their softmax), NB (slices a row; 0: one block a row), cap (candidates a slice
-// keeps), stage codes..., then the operand slots' strides] with the stage table's codes (stage_table.h, generated
-// from samplec/stage_table.py; gpu.chain_header puts it first).
-// pr: the row's float operands in order; ur: each xtc's and the sample's key words and position, in order. In split
-// mode (NB > 0) the block is slice `slice` of the row; wf, wi: the row's scratch; cnt: the row's arrival counter
-// (zero before the launch).
+// keeps), stage codes..., then the operand slots' strides, then the edits'] with the stage table's codes
+// (stage_table.h, generated from samplec/stage_table.py; gpu.chain_header puts it first).
+// pr: the row's float operands in order; ur: each xtc's and the sample's key words and position, in order; eb, em,
+// ew: the row's edits (sc_edit; null where absent), xe: the edited row's scratch. In split mode (NB > 0) the block
+// is slice `slice` of the row; wf, wi: the row's scratch; cnt: the row's arrival counter (zero before the launch).
 SC_FN void sc_chain(const SC_DEV float* xr, int V, SC_THR const float* pr, SC_THR const unsigned* ur,
-                    const SC_DEV int* S,
-                         SC_TG ScShared& sh, const int tx, SC_DEV int* tok, SC_DEV float* lp, SC_DEV float* xo,
-                         int slice, SC_DEV float* wf, SC_DEV int* wi,
-                  SC_DEV int* cnt) {
+                    const SC_DEV int* S, SC_TG ScShared& sh, const int tx, SC_DEV int* tok, SC_DEV float* lp,
+                    SC_DEV float* xo, int slice, SC_DEV float* wf, SC_DEV int* wi, SC_DEV int* cnt,
+                    const SC_DEV float* eb, const SC_DEV bool* em, const SC_DEV int* ew, SC_DEV float* xe) {
   const int n = S[0], NB = S[6], cap = S[7];
   int f = 0, u = 0;
   for (int j = 0; j < n; ++j) { f += sc_nf(S[8 + j]); u += sc_nu(S[8 + j]); }
+  const int len = NB > 0 ? ((V + NB - 1) / NB + 3) & ~3 : V;
+  const int lo = NB > 0 ? sc_imin(V, slice * len) : 0, hi = sc_imin(V, lo + len);
+  if (eb || em || ew) {             // (split mode: each block its slice, all before the last block reads the row)
+    sc_edit(xr, lo, hi, eb, em, ew, xe, tx);
+    xr = xe;
+  }
   int jpro = 0;
   if (NB > 0) {
     float temps[SC_MAX_TEMPS];
     int nt;
     jpro = sc_prologue(S, pr, ur, V, temps, &nt);
-    const int len = ((V + NB - 1) / NB + 3) & ~3;
-    const int lo = sc_imin(V, slice * len), hi = sc_imin(V, lo + len);
     sc_slice(xr, lo, hi, temps, nt, S[1] != 0 && jpro == n, ur[u], ur[u + 1], ur[u + 2], cap, sh, tx,
              wf + (size_t)slice * (SC_WH + cap), wi + (size_t)slice * cap);
     sc_device_fence();                // (this block's scratch visible before its arrival counts)

@@ -21,6 +21,7 @@
 #define SC_NO_UNROLL _Pragma("unroll 1")
 
 #define sc_barrier() __syncthreads()
+#define sc_barrier_device() __syncthreads()     // (it orders the block's global memory writes too)
 #define sc_device_fence() __threadfence()
 #define sc_shfl_xor(v, o) __shfl_xor_sync(0xFFFFFFFFu, (v), (o))
 #define sc_shfl_up(v, d) __shfl_up_sync(0xFFFFFFFFu, (v), (d))

@@ -24,6 +24,7 @@
 #define SC_NO_UNROLL _Pragma("unroll 1")
 
 #define sc_barrier() metal::threadgroup_barrier(metal::mem_flags::mem_threadgroup)
+#define sc_barrier_device() metal::threadgroup_barrier(metal::mem_flags::mem_device)   // (the block's device writes)
 // (orders this threadgroup's device writes only: split mode, which needs them ordered before another threadgroup's
 // reads, stays off on Metal -- gpu.py runs one threadgroup a row)
 #define sc_device_fence() metal::threadgroup_barrier(metal::mem_flags::mem_device)
