@@ -19,7 +19,7 @@ def _rotl(x: mx.array, r: int) -> mx.array:
 def threefry2x32(k0: mx.array, k1: mx.array, c0: mx.array, c1: mx.array) -> tuple[mx.array, mx.array]:
     """Both output words of Threefry-2x32-20 for key (k0, k1) and counter (c0, c1), all uint32, broadcasting.
 
-    Every `FUSE_ROUNDS` rounds the two words are packed into one uint64 array behind a view (int64 and back):
+    Every `FUSE_ROUNDS` rounds the two words are packed into one uint64 array behind a view (as int64):
     MLX's `compile` fuses at most ~11 levels of elementwise ops into one kernel and splits a two-word state into
     many small ones (37 kernels for the 20 rounds); one packed value per cut gives it clean boundaries (10 fused
     kernels; a view is no kernel of its own on any device). The values are unchanged."""
@@ -33,7 +33,8 @@ def threefry2x32(k0: mx.array, k1: mx.array, c0: mx.array, c1: mx.array) -> tupl
             x1 = _rotl(x1, r) ^ x0
             n += 1
             if n % FUSE_ROUNDS == 0:
-                packed = ((x0.astype(mx.uint64) << 32) | x1.astype(mx.uint64)).view(mx.int64).view(mx.uint64)
+                # (int64 behind the view: an arithmetic shift sign-extends, and the conversion keeps the low word)
+                packed = ((x0.astype(mx.uint64) << 32) | x1.astype(mx.uint64)).view(mx.int64)
                 x0, x1 = (packed >> 32).astype(mx.uint32), packed.astype(mx.uint32)
         x0 = x0 + ks[(i + 1) % 3]
         x1 = x1 + (ks[(i + 2) % 3] + u(i + 1))
