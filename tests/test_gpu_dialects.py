@@ -28,6 +28,10 @@ def test_kernel_source_names_no_language_outside_the_dialect_layer():
                  "__threadfence", "__fdiv_rn", "__float_as", "__int_as", "threadgroup_barrier", "simd_shuffle",
                  "metal::", "[&]", "[=]", "double", "expf(", "logf(", "nextafterf", "make_float4"):
         assert name not in code, name
+    # Metal has no 64-bit `long long` (its 64-bit integers are long and ulong): neither the body nor the entries
+    # name it, nor an `ull` literal
+    for text in (code, gpu.CHAIN_ENTRY):
+        assert not re.search(r"long\s+long|\b0x[0-9a-fA-F]+ull\b|\b[0-9]+ull\b", text, re.I)
     # every pointer or reference parameter names its address space (Metal needs one)
     for m in re.finditer(r"\b(SC_FN|SC_INLINE)\b[^;{]*?\(([^)]*)\)\s*(const\s*)?\{", code):
         for param in m.group(2).split(","):

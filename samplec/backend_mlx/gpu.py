@@ -281,8 +281,8 @@ CHAIN_ENTRY = """
         sc_operand_f(F9, st[9], row)}};
     const sc_u64 k0 = sc_operand_u64(K0, st[SC_FSLOTS], row), k1 = sc_operand_u64(K1, st[SC_FSLOTS + 1], row);
     const unsigned ur[3 * SC_KSLOTS] = {{
-        (unsigned)(k0 >> 32), (unsigned)(k0 & 0xFFFFFFFFull), (unsigned)sc_operand_i(Q0, st[SC_FSLOTS + 2], row),
-        (unsigned)(k1 >> 32), (unsigned)(k1 & 0xFFFFFFFFull), (unsigned)sc_operand_i(Q1, st[SC_FSLOTS + 3], row)}};
+        (unsigned)(k0 >> 32), (unsigned)k0, (unsigned)sc_operand_i(Q0, st[SC_FSLOTS + 2], row),
+        (unsigned)(k1 >> 32), (unsigned)k1, (unsigned)sc_operand_i(Q1, st[SC_FSLOTS + 3], row)}};
     // the edits (chain_codes' last four: logit_bias?, its stride, allow's kind -- 1: bool, 2: packed bits --, its
     // stride)
     const SC_DEV int* ed = st + SC_FSLOTS + 2 * SC_KSLOTS;
