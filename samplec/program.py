@@ -198,7 +198,8 @@ class Program:
         """Check the inputs and build the call's graph without evaluating it: (outputs, checks), lazy MLX arrays,
         each check a (message, flag [B]) pair -- the call's input checks, then the graph's. `mx.async_eval` on
         them returns before anything ran; `raise_flagged(checks)` after evaluation reports the rows that failed
-        a check."""
+        a check. A call takes the short path (`_arguments`) or the full one (`prepare`); `queue_stats` counts
+        the calls of each, and the short calls whose scalar arrays were rebuilt."""
         if self._cannot_run is not None:
             raise SamplecError(self._cannot_run)
         short = self._arguments(logits, params)
