@@ -553,12 +553,13 @@ class BatchSampler:
             if p.kind == "tokens":
                 # (padded to a multiple of 32: fewer shapes for the program's compile cache to hold)
                 width = -(-max(1, max(len(h) for h in hist)) // 32) * 32
-                kw[p.name] = np.stack([np.pad(h.astype(np.int32), (width - len(h), 0), constant_values=-1)
-                                       for h in hist])
+                # (an MLX array: the program's short path checks it inside the compiled call)
+                kw[p.name] = mx.array(np.stack([np.pad(h.astype(np.int32), (width - len(h), 0), constant_values=-1)
+                                                for h in hist]))
             elif p.kind == "seed":
                 kw[p.name] = np.array([r.seed for r in rows], dtype=np.uint64)
             elif p.kind == "mask":
-                kw[p.name] = self._masks(rows, V)
+                kw[p.name] = mx.array(self._masks(rows, V))
             elif p.name in ("pos", "position") and p.kind == "int":
                 kw[p.name] = list(positions)
             elif p.name in FIELDS:
