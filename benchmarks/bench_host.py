@@ -25,7 +25,6 @@ evaluation on the CPU takes ~0.1 s). Not a test: figures depend on the machine a
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -42,7 +41,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import samplec  # noqa: E402
 from samplec.backend_mlx import kernels, native  # noqa: E402
 from bench_real import chat_logits  # noqa: E402
-from bench_targets import V, arguments, examples  # noqa: E402
+from bench_targets import V, arguments, command_line, examples  # noqa: E402
 
 
 def _traced(prog, x, kw) -> None:
@@ -133,17 +132,8 @@ def measure(prog, x, kw, reps: int) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--out", default=None, help="write OUT.md and OUT.json")
-    ap.add_argument("--targets", default=None, help="comma-separated (default: cpu where it runs, and portable)")
-    ap.add_argument("--examples", default=None, help="comma-separated sampler names (default: every example's)")
-    ap.add_argument("--batches", default="1", help="comma-separated batch sizes")
-    args = ap.parse_args()
+    args, targets = command_line(__doc__, "1")
     reps = 100 if args.quick else 300
-    targets = args.targets.split(",") if args.targets else \
-        (["cpu"] if mx.default_device() == mx.cpu and native.installed() else []) + \
-        (["cuda"] if mx.default_device() != mx.cpu and mx.cuda.is_available() else []) + ["portable"]
     rng = np.random.default_rng(0)
     print(f"MLX {mx.__version__} on {mx.default_device()}; targets {', '.join(targets)}; V = {V}; {reps} calls each")
     rows = []

@@ -143,18 +143,25 @@ def mlx_lm_ratio(B: int, reps: int, rng) -> dict | None:
     return {"B": B, "mlx_lm_ms": pm, "samplec_portable_ms": sm, "ratio": pm / sm}
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def command_line(doc: str, batches: str) -> tuple[argparse.Namespace, list[str]]:
+    """The options bench_targets and bench_host share, parsed, and the targets to measure (default: the cpu target
+    where samplec-native runs it, the cuda target on a CUDA device, and the portable target)."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--out", default=None, help="write OUT.md and OUT.json")
     ap.add_argument("--targets", default=None, help="comma-separated (default: cpu where it runs, and portable)")
     ap.add_argument("--examples", default=None, help="comma-separated sampler names (default: every example's)")
-    ap.add_argument("--batches", default="1,8", help="comma-separated batch sizes")
+    ap.add_argument("--batches", default=batches, help="comma-separated batch sizes")
     args = ap.parse_args()
-    reps = 15 if args.quick else 60
     targets = args.targets.split(",") if args.targets else \
         (["cpu"] if mx.default_device() == mx.cpu and native.installed() else []) + \
         (["cuda"] if mx.default_device() != mx.cpu and mx.cuda.is_available() else []) + ["portable"]
+    return args, targets
+
+
+def main() -> None:
+    args, targets = command_line(__doc__, "1,8")
+    reps = 15 if args.quick else 60
     rng = np.random.default_rng(0)
     print(f"MLX {mx.__version__} on {mx.default_device()}; targets {', '.join(targets)}; V = {V}")
     rows = []
