@@ -206,6 +206,46 @@ def check_trailers(rows: np.ndarray) -> None:
 
 # ---- bounded waits ----
 
+class Deadline:
+    """A monitor thread that calls `expired(timeout, what)` once an armed deadline passes; `disarm()` first, and
+    nothing happens. A collective blocked on a peer that stopped answering cannot be interrupted: `expired` must
+    end the process."""
+
+    def __init__(self, expired, name: str):
+        self.expired, self.name = expired, name
+        self._cond = threading.Condition()
+        self._deadline: tuple[float, float, str] | None = None
+        self._thread: threading.Thread | None = None
+
+    def arm(self, what: str, timeout: float) -> None:
+        with self._cond:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._monitor, name=self.name, daemon=True)
+                self._thread.start()
+            self._deadline = (time.monotonic() + timeout, timeout, what)
+            self._cond.notify()
+
+    def disarm(self) -> None:
+        with self._cond:
+            self._deadline = None
+            self._cond.notify()
+
+    def _monitor(self) -> None:
+        with self._cond:
+            while True:
+                if self._deadline is None:
+                    self._cond.wait()
+                    continue
+                at, timeout, what = self._deadline
+                left = at - time.monotonic()
+                if left > 0:
+                    self._cond.wait(left)
+                    continue
+                self._deadline = None
+                break
+        self.expired(timeout, what)
+
+
 class Watchdog:
     """Bounds each wait for the other ranks to `timeout` seconds (None: unbounded). A collective blocked on a peer
     that stopped answering cannot be interrupted, so past the deadline:
@@ -225,8 +265,7 @@ class Watchdog:
         self._jobs: queue.Queue = queue.Queue()
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
-        self._cond = threading.Condition()
-        self._deadline: tuple[float, str] | None = None
+        self._deadline = Deadline(self._end, "samplec-shard-watchdog")
 
     def run(self, fn, what: str):
         if self.broken:
@@ -245,35 +284,18 @@ class Watchdog:
     # on_timeout="exit": the calling thread runs the call; a monitor thread watches the deadline
 
     def _monitored(self, fn, what: str):
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._monitor, name="samplec-shard-watchdog", daemon=True)
-            self._thread.start()
-        with self._cond:
-            self._deadline = (time.monotonic() + self.timeout, what)
-            self._cond.notify()
+        self._deadline.arm(what, self.timeout)
         try:
             return fn()
         finally:
-            with self._cond:
-                self._deadline = None
-                self._cond.notify()
+            self._deadline.disarm()
 
-    def _monitor(self) -> None:
-        with self._cond:
-            while True:
-                if self._deadline is None:
-                    self._cond.wait()
-                    continue
-                at, what = self._deadline
-                left = at - time.monotonic()
-                if left > 0:
-                    self._cond.wait(left)
-                    continue
-                sys.stderr.write(f"samplec.distributed: no answer from the other ranks within {self.timeout:g} s "
-                                 f"during {what} (a rank stopped, or the ranks make different calls): ending this "
-                                 f"process\n")
-                sys.stderr.flush()
-                os._exit(70)
+    @staticmethod
+    def _end(timeout: float, what: str) -> None:
+        sys.stderr.write(f"samplec.distributed: no answer from the other ranks within {timeout:g} s during {what} "
+                         f"(a rank stopped, or the ranks make different calls): ending this process\n")
+        sys.stderr.flush()
+        os._exit(70)
 
     # on_timeout="raise": a worker thread runs the call; the caller waits for it with a timeout
 

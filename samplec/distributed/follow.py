@@ -28,7 +28,7 @@ import mlx.core as mx
 import numpy as np
 
 from samplec.diagnostics import SamplecError
-from samplec.distributed.comm import digest, sealed
+from samplec.distributed.comm import Deadline, digest, sealed
 
 HEARTBEAT = 1.0         # seconds: rank 0 sends a plan at least this often, so an idle server is never silent
 RANK_TIMEOUT = 30.0     # seconds: the default bound on one engine step (`samplec serve --rank-timeout`); it covers
@@ -100,46 +100,19 @@ def rank_failure(e: BaseException) -> str | None:
     return None
 
 
-class StepWatch:
+class StepWatch(Deadline):
     """Bounds each engine step's wait for the other ranks: `arm(what)` before the step's first collective,
-    `disarm()` after its last. Past the deadline a monitor thread calls `expired(cause)`, which must end the
-    process: a collective blocked on a silent peer cannot be interrupted. (`comm.Watchdog` bounds one call the
-    same way but can only print and exit; a server first answers its requests.)"""
+    `disarm()` after its last. Past the deadline the monitor thread calls `expired(cause)`, which must end the
+    process. (`comm.Watchdog` bounds one call the same way but can only print and exit; a server first answers its
+    requests.)"""
 
     def __init__(self, timeout: float, expired):
-        self.timeout, self.expired = timeout, expired
-        self._cond = threading.Condition()
-        self._deadline: tuple[float, float, str] | None = None
-        self._thread: threading.Thread | None = None
+        super().__init__(lambda t, what: expired(f"no answer from the other ranks within {t:g} s during {what} "
+                                                 f"(a rank stopped or hangs)"), "samplec-step-watch")
+        self.timeout = timeout
 
     def arm(self, what: str, timeout: float | None = None) -> None:
-        t = self.timeout if timeout is None else timeout
-        with self._cond:
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._monitor, name="samplec-step-watch", daemon=True)
-                self._thread.start()
-            self._deadline = (time.monotonic() + t, t, what)
-            self._cond.notify()
-
-    def disarm(self) -> None:
-        with self._cond:
-            self._deadline = None
-            self._cond.notify()
-
-    def _monitor(self) -> None:
-        with self._cond:
-            while True:
-                if self._deadline is None:
-                    self._cond.wait()
-                    continue
-                at, t, what = self._deadline
-                left = at - time.monotonic()
-                if left > 0:
-                    self._cond.wait(left)
-                    continue
-                self._deadline = None
-                break
-        self.expired(f"no answer from the other ranks within {t:g} s during {what} (a rank stopped or hangs)")
+        super().arm(what, self.timeout if timeout is None else timeout)
 
 
 class Lifeline:
