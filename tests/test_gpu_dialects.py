@@ -112,9 +112,9 @@ def test_metal_build_is_opt_in_and_falls_back(monkeypatch):
     activates it. Elsewhere the report names the device."""
     monkeypatch.setattr(gpu, "available", lambda: False)
     monkeypatch.delenv("SAMPLEC_GPU_KERNELS", raising=False)
-    monkeypatch.setattr(gpu, "_apple_gpu", lambda: False)
+    monkeypatch.setattr(gpu, "apple_gpu", lambda: False)
     assert "not a CUDA GPU or an Apple GPU" in gpu.path_report()
-    monkeypatch.setattr(gpu, "_apple_gpu", lambda: True)
+    monkeypatch.setattr(gpu, "apple_gpu", lambda: True)
     monkeypatch.delenv("SAMPLEC_METAL_KERNEL", raising=False)
     ok, why = gpu.metal_status()
     assert not ok and "SAMPLEC_METAL_KERNEL=1" in why and "portable" in gpu.path_report()

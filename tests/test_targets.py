@@ -306,3 +306,39 @@ def test_passes_lists_the_target_passes():
     for name in ("target-cpu", "target-cuda", "target-metal", "target-portable"):
         assert f"\n{name} " in r.stdout
     assert "-O2: stages simplify cse dce, then target-" in r.stdout and "fold " not in r.stdout
+
+
+def test_metal_target_hands_chains_to_the_metal_build_where_asked(monkeypatch):
+    """SAMPLEC_METAL_KERNEL=1: the metal target's chains the GPU kernel covers become regions `metal.chain` (else
+    the portable lowering), and the interpreter runs them through gpu.sample_chain when the Metal build is active
+    -- its answer is the call's; a declined call runs the chain's definitions. (An Apple GPU is faked: nothing here
+    has run Metal.)"""
+    import mlx.core as mx
+    from samplec.backend_mlx import gpu
+    from samplec.backend_mlx.interpreter import Executable
+    source = (ROOT / "examples" / "llama.smp").read_text()
+    monkeypatch.delenv("SAMPLEC_METAL_KERNEL", raising=False)
+    assert not samplec.compile(source, "nucleus", target="metal").graph.regions
+    monkeypatch.setenv("SAMPLEC_METAL_KERNEL", "1")
+    prog = samplec.compile(source, "nucleus", target="metal")
+    assert [r.kernel for r in prog.graph.regions] == ["metal.chain"] and "region metal.chain" in prog.ir()
+    x, kw = example_args(prog)
+    args = samplec.compile(source, "nucleus", target="portable").prepare(mx.array(x), kw)
+    monkeypatch.setattr(gpu, "metal_status", lambda: (True, "faked"))
+    calls = []
+
+    def kernel(x, params, stages, terminal, want_logprob, out_x=0, edits=()):
+        calls.append((tuple(stages), terminal))
+        B = x.shape[0]
+        return (mx.full((B, 1), 3, dtype=mx.int32), mx.full((B, 1), -1.0)) + ((x,) if out_x else ())
+    monkeypatch.setattr(gpu, "sample_chain", kernel)
+    exe = Executable(prog.graph, compile=False, target="metal")
+    outs, _ = exe(*args)
+    stages = dict(prog.graph.regions[0].attrs)["stages"]
+    assert calls == [(stages, "sample")] and "top_p" in stages and ("metal.chain", "kernel") in exe.trace
+    assert np.array(outs[0]).reshape(-1).tolist() == [3] * x.shape[0]
+    monkeypatch.setattr(gpu, "sample_chain", lambda *a, **k: None)
+    outs, _ = exe(*args)
+    assert ("metal.chain", "definitions") in exe.trace
+    dense = samplec.compile(source, "nucleus", opt_level=0)(x, **kw)
+    np.testing.assert_array_equal(np.array(outs[0]).reshape(-1), np.array(dense.token))

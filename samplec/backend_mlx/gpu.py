@@ -461,7 +461,12 @@ def _on(var: str) -> bool:
     return os.environ.get(var, "0").strip().lower() in ("1", "on", "true", "yes")
 
 
-def _apple_gpu() -> bool:
+def metal_requested() -> bool:
+    """The Metal build is asked for: SAMPLEC_METAL_KERNEL=1, and the GPU kernels are not switched off."""
+    return _on("SAMPLEC_METAL_KERNEL") and not switched_off()
+
+
+def apple_gpu() -> bool:
     try:
         return mx.default_device() == mx.gpu and bool(mx.metal.is_available())
     except AttributeError:
@@ -475,7 +480,7 @@ def metal_status() -> tuple[bool, str]:
     the portable MLX ops, with the reason."""
     if switched_off():
         return False, f"off (SAMPLEC_GPU_KERNELS={os.environ.get('SAMPLEC_GPU_KERNELS')})"
-    if not _apple_gpu():
+    if not apple_gpu():
         return False, f"the default device is {mx.default_device()}, not an Apple GPU"
     if not _on("SAMPLEC_METAL_KERNEL"):
         return False, ("opt-in until it has run on Apple hardware: SAMPLEC_METAL_KERNEL=1 builds the chain kernel's "
@@ -511,14 +516,14 @@ def path_report() -> str:
     if switched_off():
         return f"off (SAMPLEC_GPU_KERNELS={os.environ.get('SAMPLEC_GPU_KERNELS')})"
     if not available():
-        if _apple_gpu():
+        if apple_gpu():
             ok, why = metal_status()
             if not ok:
                 return (f"off on Metal: the chain kernel's Metal build is not used ({why}); Apple GPUs run the "
                         "portable target's MLX ops")
             return (f"Metal build of the chain kernel {why}: gpu.sample_chain runs chains of {', '.join(CHAIN_STAGES)} "
-                    f"-> sample/greedy as one threadgroup of {METAL_THREADS} a row; the metal target's pass still "
-                    "lowers programs to the portable MLX ops (it does not hand chains to the kernel yet)")
+                    f"-> sample/greedy as one threadgroup of {METAL_THREADS} a row: the metal target hands it the "
+                    "chains it covers (regions metal.chain), the portable MLX ops run the rest")
         return f"off (the default device is {mx.default_device()}, not a CUDA GPU or an Apple GPU)"
     if native.switched_off("SAMPLEC_GPU_CHAIN"):
         chain = "off (SAMPLEC_GPU_CHAIN=0): the stages' dense definitions"

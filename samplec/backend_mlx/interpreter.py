@@ -340,7 +340,7 @@ class Executable:
         env = {id(p.node): args[i] for i, p in enumerate(self.graph.params)}
         rules = RULES if self.target == "cpu" and native.enabled() else {}
         users = self.graph.users() if rules else {}
-        on_gpu = self.target == "cuda" and gpu.available()
+        on_gpu = self.target == "cuda" and gpu.available() or self.target == "metal" and gpu.metal_status()[0]
         trace = []
         for node in self.order:
             if id(node) in env:         # covered by a native rule of an earlier node, or by its region's kernel

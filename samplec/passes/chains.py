@@ -3,8 +3,9 @@
 A chain is a draw and the stage ops before it, with what the kernel computes from the same passes over the row
 (the penalties, logit_bias and allow nodes below it, the logits checks' maximum, the model's log-softmax and
 top_logprobs, a `probs` softmax): `interpreter.find_chains` gives them. On the `cpu` target every chain whose
-stages the installed native kernel knows becomes a region `cpu.chain`; on `cuda`, every chain the CUDA kernel
-covers becomes a region `cuda.chain`, and the other stage ops take the portable lowering. Stage ops outside a
+stages the installed native kernel knows becomes a region `cpu.chain`; on `cuda` (and on `metal` where the chain
+kernel's Metal build is asked for), every chain the GPU kernel covers becomes a region `cuda.chain` (`metal.chain`),
+and the other stage ops take the portable lowering. Stage ops outside a
 region keep their kernels (on the CPU: the native single-op kernels and the dense definitions, which select
 without sorting -- a sort of 152k floats costs ~14 ms there).
 """
@@ -44,4 +45,4 @@ def fuse_chains(g: Graph, target: str) -> Graph:
         return lower_portable(g)        # (a kept chain read something the lowering rewrote: all portable)
     users, roots = low.users(), {id(r) for r in low.roots()}
     return Graph(low.name, low.params, low.outputs, low.checks,
-                 tuple(_region(c, "cuda.chain", roots, users) for c in covered))
+                 tuple(_region(c, f"{target}.chain", roots, users) for c in covered))

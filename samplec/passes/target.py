@@ -4,7 +4,8 @@
 |---|---|
 | `cpu` | the native chain kernel (one `chain` op per chain: samplec_native's primitive picks an algorithm per row) |
 | `cuda` | the CUDA chain kernel where it covers the chain (`chain` ops), the portable lowering elsewhere |
-| `metal` | the portable lowering (no Metal kernel yet) |
+| `metal` | the chain kernel's Metal build where it is asked for (SAMPLEC_METAL_KERNEL=1: `chain` ops for the chains it |
+|          covers, as on `cuda`), else the portable lowering (`metal_kernel`) |
 | `portable` | the portable lowering (samplec/passes/portable.py): one sort a chain, every cut a threshold on it |
 | `auto` | the device MLX runs on: `cpu` (the portable lowering where the native kernels are not installed or are
 |          switched off), `cuda` on a CUDA GPU, `metal` on an Apple GPU |
@@ -66,6 +67,16 @@ def lower(g, target: str):
     """The target pass: the stage ops of g rewritten into what `target` runs."""
     from samplec.passes.chains import fuse_chains
     from samplec.passes.portable import lower_portable
-    if target in ("portable", "metal"):
+    if target == "portable" or target == "metal" and not metal_kernel():
         return lower_portable(g)
     return fuse_chains(g, target)
+
+
+def metal_kernel() -> bool:
+    """Whether the metal target hands chains to the chain kernel's Metal build: it is asked for
+    (SAMPLEC_METAL_KERNEL=1: it has not run on Apple hardware) and, on an Apple GPU, it builds and answers its check
+    (`gpu.metal_status`; elsewhere -- a program compiled here for a Mac -- the request alone decides)."""
+    from samplec.backend_mlx import gpu
+    if not gpu.metal_requested():
+        return False
+    return gpu.metal_status()[0] if gpu.apple_gpu() else True
