@@ -239,7 +239,8 @@ COST = {"cpu": "selection without a sort: a sort of 152k floats costs ~14 ms on 
                "block bound ~0.1 ms",
         "portable": "one sort of values a chain: on a GPU a sort of the row is one cheap kernel, while each "
                     "selection round is several launches",
-        "metal": "the portable lowering: no Metal chain kernel yet",
+        "metal": "the portable lowering; with SAMPLEC_METAL_KERNEL=1 the chain kernel's Metal build where it covers "
+                 "the chain",
         "cuda": "the CUDA chain kernel where it covers the chain, the portable lowering elsewhere"}
 
 

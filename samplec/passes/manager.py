@@ -68,9 +68,11 @@ TARGET_PASSES: dict[str, Pass] = {p.name: p for p in [
          "the CPU's chain kernel: each chain of stage ops ending in a draw becomes a region cpu.chain"),
     Pass("target-cuda", _target_pass("cuda"),
          "the CUDA chain kernel for the chains it covers (regions cuda.chain), the portable lowering elsewhere"),
-    Pass("target-metal", _target_pass("metal"), "the portable lowering (no Metal kernel yet)"),
+    Pass("target-metal", _target_pass("metal"), "the portable lowering (SAMPLEC_METAL_KERNEL=1: the chain kernel's Metal "
+         "build where it covers the chain)"),
     Pass("target-portable", _target_pass("portable"),
-         "the portable lowering: one sort a chain, every cut a threshold on the sorted row, the draw in sorted order"),
+         "the portable lowering: one sort of values a chain, every cut a threshold on the sorted row, the draw on "
+         "the row in id order"),
 ]}
 
 PIPELINES: dict[int, tuple[str, ...]] = {
