@@ -693,3 +693,44 @@ def test_edit_slots_take_the_shapes_the_program_holds():
     assert gpu._edit_slots([("allow", mx.zeros((B, 2), dtype=mx.int32))], B, V) is None
     assert gpu._edit_slots([("allow", mx.zeros((B, V), dtype=mx.float32))], B, V) is None
     assert gpu._edit_slots([("penalties", bias)], B, V) is None
+
+
+@pytest.mark.parametrize("seed,V,n,terminal,edit", [
+    (70, 300, 3, "sample", "allow(em)"), (71, 500, 2, "sample", "logit_bias(eb)"),
+    (72, 300, 3, "sample", "logit_bias(eb)\n    allow(em)"), (73, 1000, 1, "sample", "allow(em)\n    logit_bias(eb)")])
+def test_interpreter_hands_allow_and_logit_bias_to_the_kernel(seed, V, n, terminal, edit, monkeypatch):
+    """A program's allow and logit_bias right below its chain go to the kernel as its edits (the row below them as
+    its x): a CUDA device faked, its kernel the emulated one; the outputs against -O0's, and the edits' own checks
+    (a mask that leaves no token) still raised."""
+    stages, src, kw, per_row, ops, x = chain_case(seed, V, 2, n, terminal)
+    rng = np.random.default_rng(seed)
+    B = x.shape[0] if x.ndim == 2 else 1
+    b = (rng.standard_normal((B, V)) * 2).astype(np.float32)
+    m = rng.random((B, V)) < 0.6
+    m[np.arange(B), np.argmax(np.broadcast_to(x, (B, V)) + b, axis=-1)] = True
+    m[np.arange(B), np.argmax(np.broadcast_to(x, (B, V)), axis=-1)] = True
+    kw.update(eb=b, em=m)
+    src = src.replace("sampler s(", "sampler s(eb: bias, em: mask, ", 1).replace("{\n", "{\n    " + edit + "\n", 1)
+    want = samplec.compile(src, opt_level=0)(x, **kw).to_dict()
+    calls = []
+
+    def fake(x, params, stages, terminal, want_logprob, out_x=0, edits=()):
+        out = kernel(np.array(x), params, stages, terminal, want_logprob, out_x, edits=tuple(edits))
+        calls.append(tuple(kind for kind, _ in edits))
+        return (mx.array(out[0])[:, None], mx.array(out[1])[:, None]) + ((mx.array(out[2]),) if out_x else ())
+
+    fake_cuda(monkeypatch)
+    monkeypatch.setattr(gpu, "sample_chain", fake)
+    prog = samplec.compile(src, target="cuda")
+    got = prog(x, **kw).to_dict()
+    assert calls and sorted(calls[0]) == sorted(("allow" if "allow" in e else "logit_bias") for e in edit.split("\n"))
+    for k, v in want.items():
+        v, g = np.array(v), np.array(got[k])
+        if v.dtype.kind in "iu":
+            assert np.array_equal(g, v), (src, k)
+        else:
+            np.testing.assert_allclose(g, v, atol=2e-4, rtol=1e-4, err_msg=f"{src} {k}")
+    if "allow" in edit:
+        kw["em"] = np.zeros_like(m)
+        with pytest.raises(samplec.SamplecError, match="allow"):
+            prog(x, **kw)

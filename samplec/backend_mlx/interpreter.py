@@ -62,10 +62,11 @@ class Chain:
             ([self.raw] if self.raw is not None else []) + list(self.top_logprobs)
 
     def run_gpu(self, env: dict, evaluate) -> dict | None:
-        """On a CUDA GPU: the stages, the draw and its log-probabilities (and the final logits or their softmax
-        where something reads them) as gpu.sample_chain's one kernel; the chain's other nodes (masks, biases and
-        penalties below the stages, the logits checks' maxima, the model's log-softmax and top_logprobs) by
-        `evaluate`, each by its definition. None where the kernel does not apply."""
+        """On a GPU (CUDA, or Metal with its build active): the stages, the draw and its log-probabilities (and the
+        final logits or their softmax where something reads them) as gpu.sample_chain's one kernel, with the allow
+        and logit_bias nodes right below the stages applied in it (where no penalties lie between); the chain's
+        other nodes (penalties, the edits' own checks, the logits checks' maxima, the model's log-softmax and
+        top_logprobs) by `evaluate`, each by its definition. None where the kernel does not apply."""
         terminal = self.draw.op if self.draw is not None else "greedy"      # (no draw: its result unread)
         out_x = 2 if self.softmax else 1 if self.want_x else 0
         if not gpu.chain_supports([s.op for s in self.stages], terminal) or (self.draw is None and not out_x):
@@ -73,10 +74,16 @@ class Chain:
         core = {id(n) for n in (*self.stages, self.draw, *self.logprobs, *self.softmax)}
         for m in self.nodes():
             if id(m) not in core:
-                env[id(m)] = evaluate(m, env)
+                env[id(m)] = evaluate(m, env)       # (lazy: what nothing reads, the kernel's edits, never runs)
         x = self.stages[0].inputs[0] if self.stages else self.draw.inputs[0]
-        out = gpu.sample_chain(env[id(x)], self.params(env), [s.op for s in self.stages], terminal, bool(self.logprobs),
-                               out_x)
+        args = (self.params(env), [s.op for s in self.stages], terminal, bool(self.logprobs), out_x)
+        out = None
+        if self.prefix and not self.edits:
+            # the allow and logit_bias nodes right below the stages: the kernel applies them as it reads the row
+            edits = tuple(("allow" if p.kind == "mask" else "logit_bias", env[id(p.operand)]) for p in self.prefix)
+            out = gpu.sample_chain(env[id(self.base)], *args, edits=edits)
+        if out is None:
+            out = gpu.sample_chain(env[id(x)], *args)
         if out is None:
             return None
         bound = {id(n): out[1] for n in self.logprobs}
