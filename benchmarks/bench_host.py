@@ -40,8 +40,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import samplec  # noqa: E402
 from samplec.backend_mlx import kernels, native  # noqa: E402
-from bench_real import chat_logits  # noqa: E402
-from bench_targets import V, arguments, command_line, examples  # noqa: E402
+from bench_targets import V, arguments, command_line, rows_to_measure  # noqa: E402
 
 
 def _traced(prog, x, kw) -> None:
@@ -137,23 +136,18 @@ def main() -> None:
     rng = np.random.default_rng(0)
     print(f"MLX {mx.__version__} on {mx.default_device()}; targets {', '.join(targets)}; V = {V}; {reps} calls each")
     rows = []
-    for B in [int(b) for b in args.batches.split(",")]:
-        x = mx.array(chat_logits(B, V, seed=B))
-        mx.eval(x)
-        for path, name in examples():
-            if args.examples and name not in args.examples.split(","):
-                continue
-            for target in targets:
-                prog = samplec.compile_file(path, sampler=name, target=target)
-                n = reps if target not in ("portable", "metal") else max(15, reps // 8)
-                row = {"example": f"{path.name}:{name}", "B": B, "target": target,
-                       **measure(prog, x, arguments(prog, B, rng), n)}
-                rows.append(row)
-                mp = "-" if row["moving_pos_us"] is None else f"{row['moving_pos_us']:.1f}"
-                print(f"B={B} {row['example']:40s} {target:9s} back to back {row['back_to_back_us']:5.1f}, "
-                      f"queue {row['queue_us']:6.1f} us (args "
-                      f"{row['args_us']:5.1f}, replay {row['replay_us']:5.1f}; moving pos {mp}); full "
-                      f"{row['full_us']:6.1f} us; short path {'yes' if row['short'] else 'NO'}", flush=True)
+    for B, x, path, name in rows_to_measure(args):
+        for target in targets:
+            prog = samplec.compile_file(path, sampler=name, target=target)
+            n = reps if target not in ("portable", "metal") else max(15, reps // 8)
+            row = {"example": f"{path.name}:{name}", "B": B, "target": target,
+                   **measure(prog, x, arguments(prog, B, rng), n)}
+            rows.append(row)
+            mp = "-" if row["moving_pos_us"] is None else f"{row['moving_pos_us']:.1f}"
+            print(f"B={B} {row['example']:40s} {target:9s} back to back {row['back_to_back_us']:5.1f}, "
+                  f"queue {row['queue_us']:6.1f} us (args "
+                  f"{row['args_us']:5.1f}, replay {row['replay_us']:5.1f}; moving pos {mp}); full "
+                  f"{row['full_us']:6.1f} us; short path {'yes' if row['short'] else 'NO'}", flush=True)
     if args.out:
         out = Path(args.out)
         out.with_suffix(".json").write_text(json.dumps({"device": str(mx.default_device()), "mlx": mx.__version__,

@@ -159,26 +159,31 @@ def command_line(doc: str, batches: str) -> tuple[argparse.Namespace, list[str]]
     return args, targets
 
 
+def rows_to_measure(args):
+    """(B, logits [B, V], example path, sampler name) for each batch size and chosen example, in order."""
+    for B in [int(b) for b in args.batches.split(",")]:
+        x = mx.array(chat_logits(B, V, seed=B))
+        mx.eval(x)
+        for path, name in examples():
+            if not args.examples or name in args.examples.split(","):
+                yield B, x, path, name
+
+
 def main() -> None:
     args, targets = command_line(__doc__, "1,8")
     reps = 15 if args.quick else 60
     rng = np.random.default_rng(0)
     print(f"MLX {mx.__version__} on {mx.default_device()}; targets {', '.join(targets)}; V = {V}")
     rows = []
-    for B in [int(b) for b in args.batches.split(",")]:
-        x = mx.array(chat_logits(B, V, seed=B))
-        mx.eval(x)
-        for path, name in examples():
-            if args.examples and name not in args.examples.split(","):
-                continue
-            row = {"example": f"{path.name}:{name}", "B": B}
-            for target in targets:
-                prog = samplec.compile_file(path, sampler=name, target=target)
-                row[target] = measure(prog, x, arguments(prog, B, rng), reps)
-            rows.append(row)
-            print(f"B={B} {row['example']:40s} " + "  ".join(
-                f"{t}: {row[t]['launches']:4d} launches, queue {row[t]['queue_us']:7.1f} us, "
-                f"call {row[t]['call_ms']:7.3f} ms" for t in targets), flush=True)
+    for B, x, path, name in rows_to_measure(args):
+        row = {"example": f"{path.name}:{name}", "B": B}
+        for target in targets:
+            prog = samplec.compile_file(path, sampler=name, target=target)
+            row[target] = measure(prog, x, arguments(prog, B, rng), reps)
+        rows.append(row)
+        print(f"B={B} {row['example']:40s} " + "  ".join(
+            f"{t}: {row[t]['launches']:4d} launches, queue {row[t]['queue_us']:7.1f} us, "
+            f"call {row[t]['call_ms']:7.3f} ms" for t in targets), flush=True)
     peers = [r for r in (mlx_lm_ratio(int(B), reps, rng) for B in args.batches.split(",")) if r is not None]
     for r in peers:
         print(f"mlx-lm's sampler on its chain, B = {r['B']}: mlx-lm {r['mlx_lm_ms']:.3f} ms, samplec portable "
