@@ -441,6 +441,17 @@ def test_emulated_chain_kernel_final_logits_and_probs(seed, V, n, split):
     assert np.array_equal(-np.sort(-final, axis=-1), np.array(o0.candidates.values)), src
 
 
+def assert_outputs_equal(got: dict, want: dict, src: str) -> None:
+    """A program's outputs (to_dict) against -O0's: ids exactly, floats to float32 rounding."""
+    assert got.keys() == want.keys(), src
+    for k, v in want.items():
+        v, g = np.array(v), np.array(got[k])
+        if v.dtype.kind in "iu":
+            assert np.array_equal(g, v), (src, k)
+        else:
+            np.testing.assert_allclose(g, v, atol=2e-4, rtol=1e-4, err_msg=f"{src} {k}")
+
+
 def fake_cuda(monkeypatch):
     """The cuda target on the CPU: a CUDA device faked where the interpreter and the target pass ask."""
     import samplec.passes.target as target
@@ -472,13 +483,7 @@ def test_interpreter_hands_chains_to_the_kernel(seed, V, n, terminal, outs, monk
     monkeypatch.setattr(gpu, "sample_chain", fake)
     got = samplec.compile(src, target="cuda")(x, **kw).to_dict()
     assert calls, src
-    assert got.keys() == want.keys()
-    for k, v in want.items():
-        v, g = np.array(v), np.array(got[k])
-        if v.dtype.kind in "iu":
-            assert np.array_equal(g, v), (src, k)
-        else:
-            np.testing.assert_allclose(g, v, atol=2e-4, rtol=1e-4, err_msg=f"{src} {k}")
+    assert_outputs_equal(got, want, src)
 
 
 @pytest.mark.parametrize("terminal", ["sample", "greedy"])
@@ -724,12 +729,7 @@ def test_interpreter_hands_allow_and_logit_bias_to_the_kernel(seed, V, n, termin
     prog = samplec.compile(src, target="cuda")
     got = prog(x, **kw).to_dict()
     assert calls and sorted(calls[0]) == sorted(("allow" if "allow" in e else "logit_bias") for e in edit.split("\n"))
-    for k, v in want.items():
-        v, g = np.array(v), np.array(got[k])
-        if v.dtype.kind in "iu":
-            assert np.array_equal(g, v), (src, k)
-        else:
-            np.testing.assert_allclose(g, v, atol=2e-4, rtol=1e-4, err_msg=f"{src} {k}")
+    assert_outputs_equal(got, want, src)
     if "allow" in edit:
         kw["em"] = np.zeros_like(m)
         with pytest.raises(samplec.SamplecError, match="allow"):
