@@ -180,6 +180,16 @@ def rest_of(r) -> list[bytes]:
     return [line for line in r.fp.read().split(b"\n") if line.startswith(b"data: ")]
 
 
+def a_503(t, box) -> tuple[str, float]:
+    """The 503 a request running in `t` (in_background) gets: its error message and the seconds it took to come."""
+    t0 = time.monotonic()
+    t.join(30)
+    assert "value" in box, box
+    status, body = box["value"]
+    assert status == 503, body
+    return body["error"]["message"], time.monotonic() - t0
+
+
 @needs_launch
 def test_a_follower_that_dies_ends_rank_0_with_503s(served):
     s = served("--rank-timeout", "30")
@@ -187,13 +197,7 @@ def test_a_follower_that_dies_ends_rank_0_with_503s(served):
     t, box = in_background(lambda: s.post(LONG))
     s.wait_active(2)
     os.kill(s.pids[1], signal.SIGKILL)
-    t0 = time.monotonic()
-    t.join(30)
-    assert "value" in box, box
-    status, body = box["value"]
-    waited = time.monotonic() - t0
-    assert status == 503, body
-    msg = body["error"]["message"]
+    msg, waited = a_503(t, box)
     assert msg.startswith("samplec serve: rank 0 of 2 ended: ") and FOLLOWER_DIED.search(msg), msg
     assert waited < 10, waited      # (a dead peer breaks the next collective at once; the bound is 30 s)
     events = rest_of(stream)
@@ -235,13 +239,7 @@ def test_an_idle_server_outlives_the_bound_and_a_follower_that_hangs_ends_rank_0
     t, box = in_background(lambda: s.post(LONG))
     s.wait_active(1)
     os.kill(s.pids[1], signal.SIGSTOP)
-    t0 = time.monotonic()
-    t.join(30)
-    assert "value" in box, box
-    status, body = box["value"]
-    waited = time.monotonic() - t0
-    assert status == 503, body
-    msg = body["error"]["message"]
+    msg, waited = a_503(t, box)
     assert "no answer from the other ranks within 4 s during" in msg and "(a rank stopped or hangs)" in msg, msg
     assert 2 < waited < 4 + 8, waited   # (the bound, then at most 2 s to answer, and this loaded machine)
     s.wait_exit(0, 10)
