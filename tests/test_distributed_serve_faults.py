@@ -39,8 +39,12 @@ LONG = {"model": "demo", "prompt": PROMPT, "max_tokens": 2000, "temperature": 1.
         "logit_bias": {str(EOS): -100}}
 SHORT = {"model": "demo", "prompt": PROMPT, "max_tokens": 3, "temperature": 1.0, "seed": 5}
 # the causes a rank that died is named by: its lifeline to rank 0 closed, or the ring backend's connection error
-FOLLOWER_DIED = re.compile(r"rank 1 stopped \(its connection to rank 0 closed\)|a rank stopped \(\[ring\]")
-RANK0_DIED = re.compile(r"rank 0 stopped \(its connection to this rank closed\)|a rank stopped \(\[ring\]")
+# what a rank says when another dies: its lifeline closed, the ring failed, or the plan it waited for broke off
+# (which comes first depends on the scheduler)
+FOLLOWER_DIED = re.compile(r"rank 1 stopped \(its connection to rank 0 closed\)|a rank stopped \(\[ring\]|"
+                           r"rank 1's header of plan \d+ did not arrive intact \(a rank stopped")
+RANK0_DIED = re.compile(r"rank 0 stopped \(its connection to this rank closed\)|a rank stopped \(\[ring\]|"
+                        r"rank 0's header of plan \d+ did not arrive intact \(a rank stopped")
 
 
 class Served:
