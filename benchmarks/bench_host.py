@@ -26,7 +26,6 @@ evaluation on the CPU takes ~0.1 s). Not a test: figures depend on the machine a
 from __future__ import annotations
 
 import json
-import os
 import statistics
 import sys
 import time
@@ -39,26 +38,15 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import samplec  # noqa: E402
-from samplec.backend_mlx import kernels, native  # noqa: E402
-from bench_targets import V, arguments, command_line, rows_to_measure  # noqa: E402
+from samplec.backend_mlx import native  # noqa: E402
+from bench_targets import V, arguments, command_line, rows_to_measure, traced_as_its_device  # noqa: E402
 
 
 def _traced(prog, x, kw) -> None:
     """Trace both paths of `prog` (the full one, then the short one) as bench_targets does."""
-    gpu_like = prog.target in ("portable", "metal")
-    kernels.GPU_SUMS = gpu_like
-    before = os.environ.get("SAMPLEC_NATIVE")
-    if gpu_like:
-        os.environ["SAMPLEC_NATIVE"] = "0"
-    try:
+    with traced_as_its_device(prog):
         for _ in range(3):
             prog(x, **kw)
-    finally:
-        kernels.GPU_SUMS = False
-        if before is None:
-            os.environ.pop("SAMPLEC_NATIVE", None)
-        else:
-            os.environ["SAMPLEC_NATIVE"] = before
 
 
 def _timed(step, reps: int) -> float:

@@ -20,6 +20,7 @@ at run time as one value per row (a server's call), a 64-token history, per-row 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -78,24 +79,32 @@ def median_us(fn, reps: int) -> float:
     return statistics.median(times) * 1e6
 
 
-def measure(prog, x, kw, reps: int) -> dict:
-    """Launches, queue time and call time of `prog`. The portable target is traced as a GPU runs it: its sums one
-    reduction each, RandomBits in MLX ops (not the native CPU primitive) -- so its CPU times include that too."""
+@contextlib.contextmanager
+def traced_as_its_device(prog):
+    """While `prog` is traced: the portable and metal targets as a GPU runs them (their sums one reduction each,
+    RandomBits in MLX ops rather than the native CPU primitive)."""
     gpu_like = prog.target in ("portable", "metal")
     kernels.GPU_SUMS = gpu_like
     before = os.environ.get("SAMPLEC_NATIVE")
     if gpu_like:
         os.environ["SAMPLEC_NATIVE"] = "0"
     try:
-        n = launches(call_primitives(prog, x, **kw))
-        for _ in range(3):          # (the traced call is cached: every later call runs the same graph)
-            prog(x, **kw)
+        yield
     finally:
         kernels.GPU_SUMS = False
         if before is None:
             os.environ.pop("SAMPLEC_NATIVE", None)
         else:
             os.environ["SAMPLEC_NATIVE"] = before
+
+
+def measure(prog, x, kw, reps: int) -> dict:
+    """Launches, queue time and call time of `prog`. The portable target is traced as a GPU runs it: its sums one
+    reduction each, RandomBits in MLX ops (not the native CPU primitive) -- so its CPU times include that too."""
+    with traced_as_its_device(prog):
+        n = launches(call_primitives(prog, x, **kw))
+        for _ in range(3):          # (the traced call is cached: every later call runs the same graph)
+            prog(x, **kw)
     pending = []
 
     def queue():
