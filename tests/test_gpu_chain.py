@@ -40,6 +40,8 @@ _BUILT: dict = {}
 
 
 INPUTS = gpu.INPUT_NAMES
+EDIT_TYPES = {"EB": "float", "EM": "bool", "EW": "int", "PH": "int", "PN": "int", "PR": "float", "PF": "float",
+              "PP": "float"}
 
 
 def metal_attributes(body: str) -> list[str]:
@@ -62,12 +64,12 @@ def metal_signature(sizes: dict[str, int]) -> str:
     elements in the constant address space, else device memory; x's shape; the outputs; the attributes."""
     dtypes = {"x": "float", "S": "int", **{f"F{i}": "float" for i in range(gpu.CHAIN_FLOAT_SLOTS)},
               **{f"K{i}": "uint64_t" for i in range(gpu.CHAIN_KEY_SLOTS)},
-              **{f"Q{i}": "int" for i in range(gpu.CHAIN_KEY_SLOTS)}, "EB": "float", "EM": "bool", "EW": "int"}
+              **{f"Q{i}": "int" for i in range(gpu.CHAIN_KEY_SLOTS)}, **EDIT_TYPES}
     params = []
     for name in INPUTS:
         params.append(f"const {'constant' if sizes[name] < 8 else 'device'} {dtypes[name]}* {name}")
-        if name == "x":
-            params.append("const constant int* x_shape")
+        if name in ("x", "PH"):         # (the inputs whose shapes the body reads)
+            params.append(f"const constant int* {name}_shape")
     params += ["device int* tok", "device float* lp", "device float* xo", "device int* ws"]
     return ", ".join(params + metal_attributes(gpu.chain_entry("metal")))
 
@@ -78,8 +80,9 @@ def source(dialect: str, threads: int, defines: str = "", sizes: dict | None = N
     slots = ", ".join([f"const float* F{i}" for i in range(gpu.CHAIN_FLOAT_SLOTS)] +
                       [f"const uint64_t* K{i}" for i in range(gpu.CHAIN_KEY_SLOTS)] +
                       [f"const int* Q{i}" for i in range(gpu.CHAIN_KEY_SLOTS)] +
-                      ["const float* EB", "const bool* EM", "const int* EW"])
-    names = ", ".join(gpu._SLOTS + gpu.EDIT_SLOTS)
+                      [f"const {EDIT_TYPES[n]}* {n}" + (", const int* PH_shape" if n == "PH" else "")
+                       for n in gpu.EDIT_SLOTS])
+    names = ", ".join(gpu._SLOTS + [n + (", PH_shape" if n == "PH" else "") for n in gpu.EDIT_SLOTS])
     if dialect == "cuda":
         signature = (f"const float* x, const int* x_shape, {slots}, const int* S, int* tok, float* lp, float* xo, "
                      "int* ws")
@@ -136,7 +139,13 @@ def emulated(threads: int = 64, defines: str = "", dialect: str = "cuda"):
         # (zeros: as init_value=0 leaves it on the GPU)
         ws = np.zeros(gpu.scratch_size(B, split, V if edits.any() else 0), np.int32)
         ptr = lambda a: a.ctypes.data_as(ctypes.c_void_p)      # noqa: E731
-        fn(ptr(x), ctypes.c_int(B), ctypes.c_int(V), *(ptr(a) for a in ins), ptr(tok), ptr(lp), ptr(xo), ptr(ws))
+        args, keep = [], []
+        for name, a in zip(INPUTS[1:], ins):
+            args.append(ptr(a))
+            if name == "PH":            # (its shape after it, as MLX passes the shapes a body reads)
+                keep.append(np.array(a.shape, np.int32))
+                args.append(ptr(keep[-1]))
+        fn(ptr(x), ctypes.c_int(B), ctypes.c_int(V), *args, ptr(tok), ptr(lp), ptr(xo), ptr(ws))
         return (tok, lp, xo) if out_x else (tok, lp)
     return run
 
@@ -387,9 +396,11 @@ def test_chain_supports_and_body():
     assert not gpu.chain_supports(["xtc", "xtc"], "sample") and gpu.chain_supports(["xtc", "xtc"], "greedy")
     assert not gpu.chain_supports(["xtc"] * 5 + ["top_k"], "greedy")           # (11 float operands)
     assert gpu.chain_codes(["top_k", "xtc", "temperature"], "sample", True) == [3, 1, 1, 4, 6, 0, 0, 0, 1, 6, 0] + \
-        [0] * 14 + [0] * 4
-    assert gpu.chain_codes([], "greedy", False, 2, split=(8, 512)) == [0, 0, 0, 1, 1, 2, 8, 512] + [0] * 18
-    assert gpu.chain_codes([], "greedy", False, edits=(1, 0, 2, 1))[-4:] == [1, 0, 2, 1]
+        [0] * 14 + [0] * gpu.EDIT_CODES
+    assert gpu.chain_codes([], "greedy", False, 2, split=(8, 512)) == [0, 0, 0, 1, 1, 2, 8, 512] + [0] * 14 + \
+        [0] * gpu.EDIT_CODES
+    edits = (1, 0, 2, 1, 1, 1, 1, 0, 1, 0, 1)
+    assert gpu.chain_codes([], "greedy", False, edits=edits)[-gpu.EDIT_CODES:] == list(edits)
     # split mode: about one block a multiprocessor over the batch, at most MAX_SLICES a row, the slices'
     # candidates fitting one block's shared memory together
     assert gpu.split_of(1, 152064) == (128, 32) and gpu.split_of(8, 152064) == (17, 240)
@@ -408,7 +419,7 @@ def test_chain_inputs_pass_operands_as_they_are():
     assert ins[gpu.CHAIN_FLOAT_SLOTS + gpu.CHAIN_KEY_SLOTS] is pos
     assert ins[1].dtype == mx.float32 and np.array(ins[1]).tolist() == [5.0, 7.0, 9.0]
     S = np.array(ins[-1]).tolist()
-    assert S[11:] == [0, 1, 1] + [0] * 7 + [1, 0] + [0, 0] + [0] * 4
+    assert S[11:] == [0, 1, 1] + [0] * 7 + [1, 0] + [0, 0] + [0] * gpu.EDIT_CODES
     assert gpu.chain_inputs([mx.array([[1.0, 2.0]])], ["temperature"], "greedy", False, 0, 3) is None
 
 
@@ -692,8 +703,16 @@ def test_edit_slots_take_the_shapes_the_program_holds():
     bias, mask = mx.zeros((B, V)), mx.ones((B, V), dtype=mx.bool_)
     bits = mx.zeros((1, 3), dtype=mx.int32)
     ins, codes = gpu._edit_slots([("logit_bias", bias), ("allow", bits)], B, V)
-    assert ins[0] is bias and ins[2] is bits and codes == (1, 1, 2, 0)
-    assert gpu._edit_slots([("allow", mask)], B, V)[1] == (0, 0, 1, 1)
+    assert ins[0] is bias and ins[2] is bits and codes == (1, 1, 2, 0) + (0,) * 7
+    assert gpu._edit_slots([("allow", mask)], B, V)[1] == (0, 0, 1, 1) + (0,) * 7
+    hist, one, rows = mx.zeros((B, 5), dtype=mx.int32), mx.array(1.0), mx.ones((B,))
+    pen = ("penalties", (hist, mx.array(-1, dtype=mx.int32), one, rows, one))
+    ins, codes = gpu._edit_slots([("logit_bias", bias), pen], B, V)
+    assert ins[3] is hist and codes == (1, 1, 0, 0, 1, 1, 0, 0, 0, 1, 0)      # (the bias before the penalties)
+    assert gpu._edit_slots([pen, ("logit_bias", bias[:1])], B, V)[1] == (1, 0, 0, 0, 1, 1, 1, 0, 0, 1, 0)
+    assert gpu._edit_slots([pen, pen], B, V) is None                          # (one penalties stage)
+    assert gpu._edit_slots([("penalties", (hist[0], *pen[1][1:]))], B, V) is None      # (a 2-D history)
+    assert gpu._edit_slots([("penalties", (hist, mx.ones((B, 2)), one, one, one))], B, V) is None
     assert gpu._edit_slots([("logit_bias", bias), ("logit_bias", bias)], B, V) is None
     assert gpu._edit_slots([("allow", mx.zeros((B, 2), dtype=mx.int32))], B, V) is None
     assert gpu._edit_slots([("allow", mx.zeros((B, V), dtype=mx.float32))], B, V) is None
@@ -734,3 +753,129 @@ def test_interpreter_hands_allow_and_logit_bias_to_the_kernel(seed, V, n, termin
         kw["em"] = np.zeros_like(m)
         with pytest.raises(samplec.SamplecError, match="allow"):
             prog(x, **kw)
+
+
+def penalty_case(seed: int, V: int, B: int, H: int, shared: bool):
+    """A history of H entries a row (or one for every row) that repeats tokens and pads with -1, and the penalties'
+    operands (one value a row, or one), as a server passes them."""
+    rng = np.random.default_rng(seed)
+    R = 1 if shared else B
+    hist = rng.integers(0, V, (R, H)).astype(np.int32)
+    hist[:, 1::3] = hist[:, ::3][:, :hist[:, 1::3].shape[1]]          # (repeats)
+    hist[rng.random((R, H)) < 0.15] = -1                                # (padding)
+    ops = dict(last_n=rng.choice([-1, 0, 1, 3, H, H + 7], B).astype(np.int32),
+               rep=rng.choice([1.0, 1.1, 1.5, 0.7], B).astype(np.float32),
+               freq=rng.choice([0.0, 0.5, -0.25, 1.25], B).astype(np.float32),
+               pres=rng.choice([0.0, 0.4, -1.0, 2.0], B).astype(np.float32))
+    return hist, ops
+
+
+PENALTIES = [(s, V, B, n, term, H, shared, bias, split) for s, (V, B, n, term, H, shared, bias, split) in enumerate(
+    [(300, 2, 3, "sample", 40, False, None, (0, 0)), (300, 3, 2, "greedy", 9, True, None, (0, 0)),
+     (1000, 2, 3, "sample", 200, False, "before", (0, 0)), (1000, 3, 2, "sample", 64, False, "after", (0, 0)),
+     (500, 2, 0, "greedy", 30, False, "after", (0, 0)), (300, 2, 3, "sample", 50, False, "before", (3, 16)),
+     (1000, 2, 2, "greedy", 120, True, "after", (4, 64)), (7, 2, 2, "sample", 5, False, None, (0, 0)),
+     (3000, 1, 3, "sample", 300, False, "after", (5, 256)), (300, 2, 2, "sample", 1, False, None, (2, 32))],
+    start=1300)]
+
+
+@pytest.mark.parametrize("seed,V,B,n,terminal,H,shared,bias,split", PENALTIES)
+def test_emulated_penalties_in_the_kernel_equal_O0(seed, V, B, n, terminal, H, shared, bias, split):
+    """The penalties counted per row in the kernel from the history (repeats, padding, last_n -1, 0, past the
+    history's length; repeat, frequency and presence one a row), with a logit_bias before or after them and an
+    allow, one block a row and split: against -O0's `penalties(h, ...)` in front of the same chain."""
+    stages, src, kw, per_row, ops, x = chain_case(seed, V, B, n, terminal)
+    hist, pk = penalty_case(seed, V, B, H, shared)
+    rng = np.random.default_rng(seed + 1)
+    b = (rng.standard_normal((B, V)) * 2).astype(np.float32)
+    m = rng.random((B, V)) < 0.7
+    m[np.arange(B), np.argmax(np.broadcast_to(x, (B, V)), axis=-1)] = True
+    m[:, :V // 3] = True            # (the history's tokens mostly kept: the penalties decide)
+    if bias is None:
+        b[:] = 0.0
+    pen = ("penalties", (mx.array(hist), mx.array(pk["last_n"]), mx.array(pk["rep"]), mx.array(pk["freq"]),
+                         mx.array(pk["pres"])))
+    edits = [("allow", mx.array(m)), pen]
+    body = ["allow(em)", "penalties(h, last_n = ln, repeat = rp, frequency = fq, presence = ps)"]
+    if bias == "before":
+        edits.insert(0, ("logit_bias", mx.array(b)))
+        body.insert(0, "logit_bias(eb)")
+    elif bias == "after":
+        edits.append(("logit_bias", mx.array(b)))
+        body.append("logit_bias(eb)")
+    kw.update(em=m, eb=b, h=np.broadcast_to(hist, (B, H)).copy(), ln=pk["last_n"], rp=pk["rep"], fq=pk["freq"],
+              ps=pk["pres"])
+    src = src.replace("sampler s(", "sampler s(em: mask, eb: bias, h: tokens, ln: int, rp: float, fq: float, "
+                      "ps: float, ", 1).replace("{\n", "{\n" + "".join(f"    {s}\n" for s in body), 1)
+    o0 = samplec.compile(src, opt_level=0)(x, **kw)
+    tok, lp = kernel(x, ops, stages, terminal, split=split, edits=tuple(edits))
+    assert tok.tolist() == np.array(o0.token).tolist(), src
+    np.testing.assert_allclose(lp, np.array(o0.logprob), atol=2e-4, rtol=1e-4, err_msg=src)
+    # the edited row itself (the final logits of no stage) against the spec's penalties in numpy
+    _, _, final = kernel(x, [], [], "greedy", out_x=1, split=split, edits=tuple(edits))
+    pen_row = penalized_rows(x, hist, pk, b if bias else None, bias, m)
+    np.testing.assert_array_equal(final, pen_row)
+
+
+def penalized_rows(x, hist, pk, b, where, m):
+    """The spec's penalties (section 2) in numpy, float32, with the bias before or after and the mask."""
+    B, V = x.shape
+    out = np.broadcast_to(x, (B, V)).astype(np.float32).copy()
+    if where == "before":
+        out = (out + b).astype(np.float32)
+    for r in range(B):
+        h = hist[0 if hist.shape[0] == 1 else r]
+        n = int(pk["last_n"][r])
+        window = h if n == -1 else h[max(0, len(h) - n):] if n > 0 else h[:0]
+        ids, counts = np.unique(window[window >= 0], return_counts=True)
+        rep, freq, pres = (np.float32(pk[k][r]) for k in ("rep", "freq", "pres"))
+        for t, c in zip(ids, counts):
+            v = out[r, t]
+            v = v / rep if v > 0 else v * rep
+            out[r, t] = np.float32(v - np.float32(np.float32(c) * freq + pres))
+    if where == "after":
+        out = (out + b).astype(np.float32)
+    out[~np.broadcast_to(m, (B, V))] = -np.inf
+    return out
+
+
+@pytest.mark.parametrize("seed,V,n,terminal,edit", [
+    (80, 300, 3, "sample", "penalties(h, last_n = 8, repeat = 1.3, frequency = fq)"),
+    (81, 500, 2, "greedy", "logit_bias(eb)\n    penalties(h, repeat = 1.2, presence = 0.5)"),
+    (82, 300, 3, "sample", "penalties(h, frequency = fq, presence = 0.25)\n    logit_bias(eb)\n    allow(em)"),
+    (83, 1000, 1, "sample", "allow(em)\n    penalties(h, last_n = 20, repeat = 1.1)")])
+def test_interpreter_hands_penalties_to_the_kernel(seed, V, n, terminal, edit, monkeypatch):
+    """A program's penalties (with a logit_bias before or after, an allow) below its chain go to the kernel as its
+    edits, the logits below them as its x: a CUDA device faked, its kernel the emulated one; the outputs against
+    -O0's, and the penalties' own check (a frequency that overflows a logit) still raised."""
+    stages, src, kw, per_row, ops, x = chain_case(seed, V, 2, n, terminal)
+    rng = np.random.default_rng(seed)
+    B = x.shape[0] if x.ndim == 2 else 1
+    b = (rng.standard_normal((B, V)) * 2).astype(np.float32)
+    m = rng.random((B, V)) < 0.6
+    m[np.arange(B), np.argmax(np.broadcast_to(x, (B, V)) + b, axis=-1)] = True
+    m[np.arange(B), np.argmax(np.broadcast_to(x, (B, V)), axis=-1)] = True
+    hist, _ = penalty_case(seed, V, B, 30, False)
+    kw.update(eb=b, em=m, h=hist, fq=np.array([0.5, -0.75][:B], np.float32))
+    src = src.replace("sampler s(", "sampler s(eb: bias, em: mask, h: tokens, fq: float, ", 1).replace(
+        "{\n", "{\n    " + edit + "\n", 1)
+    want = samplec.compile(src, opt_level=0)(x, **kw).to_dict()
+    calls = []
+
+    def fake(x, params, stages, terminal, want_logprob, out_x=0, edits=()):
+        out = kernel(np.array(x), params, stages, terminal, want_logprob, out_x, edits=tuple(edits))
+        calls.append(tuple(kind for kind, _ in edits))
+        return (mx.array(out[0])[:, None], mx.array(out[1])[:, None]) + ((mx.array(out[2]),) if out_x else ())
+
+    fake_cuda(monkeypatch)
+    monkeypatch.setattr(gpu, "sample_chain", fake)
+    prog = samplec.compile(src, target="cuda")
+    got = prog(x, **kw).to_dict()
+    assert calls and "penalties" in calls[0], calls
+    assert_outputs_equal(got, want, src)
+    if "fq" in edit:
+        kw["fq"] = np.array([-3e38, -3e38][:B], np.float32)        # (a repeated token's logit to +inf)
+        kw["h"][:, -2:] = kw["h"][:, -3:-2]
+        for p in (prog, samplec.compile(src, opt_level=0)):
+            with pytest.raises(samplec.SamplecError, match="penalt"):
+                p(x, **kw)

@@ -36,11 +36,12 @@ needs the tokens outside (a cut at or below beta, typical_p, an xtc that fires, 
 temperature) reruns the row on the whole-row passes, so tokens never depend on the split. `SAMPLEC_GPU_SPLIT=0` runs
 one block a row; `SAMPLEC_GPU_SMS` sets the multiprocessors to fill (default 132, an H100's).
 
-The interpreter gives the kernel a chain's stage ops on the `cuda` target (the CPU has the native chain kernel); the
-masks, biases and penalties below the stages and the outputs beside them (raw_logprob, top_logprobs) still run as
-MLX ops. The kernel itself takes a logit_bias (a dense bias) and an allow (a bool mask or a packed int32 bitmask)
-before the stages (sample_chain's `edits`: each block writes its part of the edited row to the scratch before the
-stages read it), which the interpreter does not hand it yet. The stage operands go in as the program holds them
+The interpreter gives the kernel a chain's stage ops on the `cuda` target (the CPU has the native chain kernel), with
+the edits below them: a logit_bias (a dense bias), an allow (a bool mask or a packed int32 bitmask) and one
+penalties stage (sample_chain's `edits`: each block writes its part of the edited row to the scratch, counts the
+history's tokens in its part and writes their penalized logits, before the stages read it). The penalties' check, a
+second penalties stage, DRY and the outputs beside the chain (raw_logprob, top_logprobs) still run as MLX ops. The
+stage operands go in as the program holds them
 (ten f32 slots, two seed and position slots, each one value or one per row): at B = 1 a few small ops to pack them
 cost more than the kernel's work.
 
@@ -217,18 +218,25 @@ CHAIN_FLOAT_SLOTS = 10          # gpu_chain.cu's SC_FSLOTS: the float operands' 
 CHAIN_KEY_SLOTS = 2             # SC_KSLOTS: the (seed, position) inputs K0, Q0 and K1, Q1 (xtc's, the sample's)
 _SLOTS = [f"F{i}" for i in range(CHAIN_FLOAT_SLOTS)] + [f"K{i}" for i in range(CHAIN_KEY_SLOTS)] + \
     [f"Q{i}" for i in range(CHAIN_KEY_SLOTS)]
-EDIT_SLOTS = ["EB", "EM", "EW"]     # logit_bias's bias, allow's bool mask, allow's packed bits
+# logit_bias's bias, allow's bool mask, allow's packed bits; the penalties' history, last_n, repeat, frequency and
+# presence
+EDIT_SLOTS = ["EB", "EM", "EW", "PH", "PN", "PR", "PF", "PP"]
+EDIT_CODES = 11                 # S's last words: logit_bias?, its stride, allow's kind, its stride, penalties?,
+#                                 the history's stride, logit_bias after the penalties?, last_n's, repeat's,
+#                                 frequency's and presence's strides
 INPUT_NAMES = ["x", *_SLOTS, *EDIT_SLOTS, "S"]
 
 
 def chain_codes(stages: list[str], terminal: str, want_logprob: bool, out_x: int = 0,
-                per_row: tuple = (), split: tuple[int, int] = (0, 0), edits: tuple = (0, 0, 0, 0)) -> list[int]:
+                per_row: tuple = (), split: tuple[int, int] = (0, 0), edits: tuple = (0,) * EDIT_CODES) -> list[int]:
     """The kernel's program for one chain: [#stages, sample?, want_logprob?, #float operands, #key words, out_x (0:
     no [B, V] output, 1: the final logits, 2: their softmax), slices a row (0: one block a row), candidates a slice
     keeps, the stages' codes..., then each operand slot's stride (F0..F9, K0, K1, Q0, Q1: 1 where it holds one value
-    per row, 0 for one value; per_row's flags), then the edits: logit_bias? (1: EB holds it), its stride (1: a row
-    each), allow's kind (0: none, 1: EM's bools, 2: EW's packed bits), its stride] (one kernel serves every chain: one
-    NVRTC compile per process)."""
+    per row, 0 for one value; per_row's flags), then the edits (_edit_slots): logit_bias? (1: EB holds it), its stride
+    (1: a row each), allow's kind (0: none, 1: EM's bools, 2: EW's packed bits), its stride, penalties? (1: PH holds
+    the history), the history's stride, logit_bias after the penalties? (else before them), the strides of the
+    penalties' last_n, repeat, frequency and presence] (one kernel serves every chain: one NVRTC compile per
+    process)."""
     nf = max(1, sum(CHAIN_STAGES[s] for s in stages))
     nu = max(1, 3 * (stages.count("xtc") + (terminal == "sample")))
     strides = [int(bool(f)) for f in per_row] + [0] * (len(_SLOTS) - len(per_row))
@@ -262,8 +270,9 @@ DIALECT_CAP = {"cuda": SC_CAP, "metal": METAL_CAP}
 # The kernel body each language's signature wraps (MLX writes the signature from the inputs and outputs): inputs x
 # [B, V] f32; F0..F9 f32 (the stages' float operands in order, top_k's k as a float), K0, K1 u64 and Q0, Q1 i32 (each
 # xtc's and then the sample's seed and position), each one value or one per row, unused slots one placeholder value;
-# EB f32, EM bool, EW i32 (the edits before the stages: logit_bias's bias, allow's mask as bools or packed bits, each
-# one row or one per row, or a placeholder); S (chain_codes). Outputs tok [B] i32, lp [B] f32, xo [B, V] f32 where S
+# EB f32, EM bool, EW i32, PH i32, PN i32, PR, PF, PP f32 (the edits before the stages: logit_bias's bias, allow's
+# mask as bools or packed bits, each one row or one per row; the penalties' history [1 or B, H] -- the kernel reads
+# its shape -- and their operands, each one value or one a row; placeholders where absent); S (chain_codes). Outputs tok [B] i32, lp [B] f32, xo [B, V] f32 where S
 # asks for the final logits or their softmax (else [B, 1], unwritten), ws (scratch_size). The operands go in as the
 # program holds them (no op gathers them first: at B = 1 a few small ops cost more than the kernel). One text for both
 # languages: a dialect differs only in the fields below (its shared-state declaration, its thread and block indices, a
@@ -283,12 +292,20 @@ CHAIN_ENTRY = """
     const unsigned ur[3 * SC_KSLOTS] = {{
         (unsigned)(k0 >> 32), (unsigned)k0, (unsigned)sc_operand_i(Q0, st[SC_FSLOTS + 2], row),
         (unsigned)(k1 >> 32), (unsigned)k1, (unsigned)sc_operand_i(Q1, st[SC_FSLOTS + 3], row)}};
-    // the edits (chain_codes' last four: logit_bias?, its stride, allow's kind -- 1: bool, 2: packed bits --, its
-    // stride)
+    // the edits (chain_codes' last words: logit_bias?, its stride, allow's kind -- 1: bool, 2: packed bits --, its
+    // stride, penalties?, the history's stride, logit_bias after the penalties?, the penalties' operands' strides)
     const SC_DEV int* ed = st + SC_FSLOTS + 2 * SC_KSLOTS;
-    const SC_DEV float* eb = ed[0] ? EB + (size_t)(ed[1] ? row : 0) * V : nullptr;
-    const SC_DEV bool* em = ed[2] == 1 ? EM + (size_t)(ed[3] ? row : 0) * V : nullptr;
-    const SC_DEV int* ew = ed[2] == 2 ? EW + (size_t)(ed[3] ? row : 0) * ((V + 31) / 32) : nullptr;
+    ScEdits e;
+    e.eb = ed[0] ? EB + (size_t)(ed[1] ? row : 0) * V : nullptr;
+    e.em = ed[2] == 1 ? EM + (size_t)(ed[3] ? row : 0) * V : nullptr;
+    e.ew = ed[2] == 2 ? EW + (size_t)(ed[3] ? row : 0) * ((V + 31) / 32) : nullptr;
+    e.L = PH_shape[1];
+    e.ph = ed[4] ? PH + (size_t)(ed[5] ? row : 0) * e.L : nullptr;
+    e.bias_after = ed[6];
+    e.last_n = sc_operand_i(PN, ed[7], row);
+    e.rep = sc_operand_f(PR, ed[8], row);
+    e.freq = sc_operand_f(PF, ed[9], row);
+    e.pres = sc_operand_f(PP, ed[10], row);
     // ws: the rows' arrival counters [B], then the slices' headers and candidates' logits (float bits), then their
     // ids, then the edited rows (scratch_size)
     SC_DEV float* wf = reinterpret_cast<SC_DEV float*>(ws + B);
@@ -296,7 +313,7 @@ CHAIN_ENTRY = """
     SC_DEV float* xe = reinterpret_cast<SC_DEV float*>(ws + B + (size_t)B * NB * (SC_WH + 2 * cap)) + (size_t)row * V;
     sc_chain(x + (size_t)row * V, V, pr, ur, S, sh, tx, tok + row, lp + row,
              xo + (S[5] != 0 ? (size_t)row * V : (size_t)row), slice, wf + (size_t)row * NB * (SC_WH + cap),
-             wi + (size_t)row * NB * cap, ws + row, eb, em, ew, xe);
+             wi + (size_t)row * NB * cap, ws + row, e, xe);
 """
 
 # The dialects' fields. Metal's indices are the kernel's attributes (MLX declares those the body names); its check:
@@ -322,11 +339,12 @@ _PLACEHOLDERS: dict = {}
 _CODES: dict = {}
 
 
-def _placeholder(dtype, n: int = 1) -> mx.array:
-    """An unused slot's input: n zeros (the edits' eight: Metal passes fewer in the constant address space)."""
-    if (dtype, n) not in _PLACEHOLDERS:
-        _PLACEHOLDERS[dtype, n] = mx.zeros((n,), dtype=dtype)
-    return _PLACEHOLDERS[dtype, n]
+def _placeholder(dtype, n: int = 1, rows: int = 0) -> mx.array:
+    """An unused slot's input: n zeros (the edits' eight: Metal passes fewer in the constant address space), as
+    [rows, n] where rows (the history's: the kernel reads its shape)."""
+    if (dtype, n, rows) not in _PLACEHOLDERS:
+        _PLACEHOLDERS[dtype, n, rows] = mx.zeros((rows, n) if rows else (n,), dtype=dtype)
+    return _PLACEHOLDERS[dtype, n, rows]
 
 
 def _slot(p: mx.array, B: int, dtype) -> tuple[mx.array, bool] | None:
@@ -336,13 +354,31 @@ def _slot(p: mx.array, B: int, dtype) -> tuple[mx.array, bool] | None:
     return (p if p.dtype == dtype else p.astype(dtype)), p.size == B and B > 1
 
 
+PENALTY_DTYPES = (mx.int32, mx.float32, mx.float32, mx.float32)     # last_n, repeat, frequency, presence
+
+
 def _edit_slots(edits, B: int, V: int) -> tuple[list[mx.array], tuple] | None:
-    """EB, EM, EW and S's four edit codes from the edits before the stages -- ("logit_bias", f32 [B or 1, V]),
-    ("allow", bool [B or 1, V] or a packed int32 bitmask [B or 1, ceil(V / 32)]), at most one of each --, or None
-    where one has another shape or kind."""
-    slots = {"EB": _placeholder(mx.float32, 8), "EM": _placeholder(mx.bool_, 8), "EW": _placeholder(mx.int32, 8)}
-    codes = [0, 0, 0, 0]
+    """EB, EM, EW, PH, PN, PR, PF, PP and S's edit codes (chain_codes) from the edits before the stages, from the
+    logits up -- ("logit_bias", f32 [B or 1, V]), ("allow", bool [B or 1, V] or a packed int32 bitmask [B or 1,
+    ceil(V / 32)]), ("penalties", (history i32 [B or 1, H], last_n, repeat, frequency, presence: each one value or
+    one a row)), at most one of each --, or None where one has another shape or kind. An allow may stand anywhere
+    (it commutes with both: a removed token stays at -inf, and a penalty that turns -inf into NaN is an error the
+    program's checks raise); a logit_bias before or after the penalties."""
+    slots = {"EB": _placeholder(mx.float32, 8), "EM": _placeholder(mx.bool_, 8), "EW": _placeholder(mx.int32, 8),
+             "PH": _placeholder(mx.int32, 8, rows=1), "PN": _placeholder(mx.int32), "PR": _placeholder(mx.float32),
+             "PF": _placeholder(mx.float32), "PP": _placeholder(mx.float32)}
+    codes = [0] * EDIT_CODES
     for kind, a in edits:
+        if kind == "penalties":
+            hist, *values = a
+            ops = [_slot(v, B, dtype) for v, dtype in zip(values, PENALTY_DTYPES)]
+            if codes[4] or hist.ndim != 2 or hist.shape[0] not in (1, B) or hist.shape[1] < 1 or None in ops:
+                return None
+            slots["PH"] = hist if hist.dtype == mx.int32 else hist.astype(mx.int32)
+            slots.update(zip(("PN", "PR", "PF", "PP"), (v for v, _ in ops)))
+            codes[4:6] = [1, int(hist.shape[0] == B and B > 1)]
+            codes[7:11] = [int(rows) for _, rows in ops]
+            continue
         packed = kind == "allow" and a.dtype in (mx.int32, mx.uint32)
         width = -(-V // 32) if packed else V
         if a.ndim not in (1, 2) or a.shape[-1] != width or (a.ndim == 2 and a.shape[0] not in (1, B)):
@@ -350,6 +386,7 @@ def _edit_slots(edits, B: int, V: int) -> tuple[list[mx.array], tuple] | None:
         rows = a.ndim == 2 and a.shape[0] == B and B > 1
         if kind == "logit_bias" and not codes[0]:
             slots["EB"], codes[0:2] = a.astype(mx.float32) if a.dtype != mx.float32 else a, [1, int(rows)]
+            codes[6] = codes[4]
         elif kind == "allow" and not codes[2] and (packed or a.dtype == mx.bool_):
             name = "EW" if packed else "EM"
             slots[name], codes[2:4] = a.astype(mx.int32) if a.dtype == mx.uint32 else a, [2 if packed else 1, int(rows)]
@@ -391,8 +428,8 @@ def sample_chain(x: mx.array, params: list[mx.array], stages: list[str], termina
     """The chain's token [B, 1] i32 and its log-probability under the final softmax [B, 1] f32 (0 without
     want_logprob), and with out_x the final logits (1) or their softmax (2) [B, V]; or None where the kernel does
     not apply (neither a CUDA device nor an Apple GPU with the Metal build active -- metal_status --, a stage it does
-    not run, operands of other shapes). edits: the logit_bias and allow before the stages, as (kind, array) pairs
-    (_edit_slots), applied in the kernel."""
+    not run, operands of other shapes). edits: the logit_bias, allow and penalties before the stages, from the
+    logits up, as (kind, operand) pairs (_edit_slots), applied in the kernel."""
     cuda = available()
     if not ((cuda or metal_status()[0]) and not native.switched_off("SAMPLEC_GPU_CHAIN") and x.ndim == 2 and
             x.dtype == mx.float32 and x.shape[0] >= 1 and x.shape[1] >= 1 and chain_supports(stages, terminal)):
@@ -443,7 +480,7 @@ def _metal_chain(x: mx.array, params: list[mx.array], stages: list[str], termina
     B, V = x.shape
     # (MLX would pass an input of fewer than eight elements in the constant address space; the kernel reads the
     # logits and the edits from device memory)
-    if x.size < 8 or any(a.size < 8 for _, a in edits):
+    if x.size < 8 or any((a[0] if kind == "penalties" else a).size < 8 for kind, a in edits):
         return None
     inputs = chain_inputs(params, stages, terminal, want_logprob, out_x, B, (0, 0), edits, V)
     if inputs is None:
@@ -531,6 +568,6 @@ def path_report() -> str:
         mode = ("one block a row (SAMPLEC_GPU_SPLIT=0)" if native.switched_off("SAMPLEC_GPU_SPLIT") else
                 f"split mode: a row over up to {MAX_SLICES} blocks at small B ({split_of(1, 152064)[0]} at B = 1, "
                 f"V = 152064; SAMPLEC_GPU_SMS={os.environ.get('SAMPLEC_GPU_SMS', SMS)} multiprocessors)")
-        chain = f"{', '.join(CHAIN_STAGES)} -> sample/greedy, {mode}; penalties, masks and biases before it run " \
-            "as MLX ops"
+        chain = f"{', '.join(CHAIN_STAGES)} -> sample/greedy, {mode}, with a logit_bias, an allow and one " \
+            "penalties stage before them (the penalties' check, DRY, raw_logprob and top_logprobs run as MLX ops)"
     return f"active (CUDA): kth_largest by one radix-select block a row; the chain kernel: {chain}"

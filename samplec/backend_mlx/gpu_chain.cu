@@ -1328,39 +1328,78 @@ SC_FN bool sc_stages(const SC_DEV float* xr, int V, SC_THR const float* pr, SC_T
   return true;
 }
 
-// The row's edits before the stages, logit_bias (eb: x + b) and allow (em: a bool per token, or ew: packed bits,
-// bit j of word w for token 32 w + j; false: -inf), for tokens [lo, hi) into xe, which the chain reads from then on
-// (a null edit is absent). The two commute (a removed token stays at -inf; a NaN or +inf bias is an error the
-// program's checks raise).
-SC_FN void sc_edit(const SC_DEV float* xr, int lo, int hi, const SC_DEV float* eb, const SC_DEV bool* em,
-                   const SC_DEV int* ew, SC_DEV float* xe, const int tx) {
+// The row's edits before the stages, from the logits up: logit_bias (eb: x + b), allow (em: a bool per token, or ew:
+// packed bits, bit j of word w for token 32 w + j; false: -inf) and the penalties (ph: the history's row of L
+// entries, its padding < 0; null where absent), the bias before or after the penalties (bias_after). An allow
+// commutes with both (a removed token stays at -inf; a penalty that makes NaN of it is an error the program's checks
+// raise), so it is applied as the row is first written.
+struct ScEdits {
+  const SC_DEV float* eb;
+  const SC_DEV bool* em;
+  const SC_DEV int* ew;
+  const SC_DEV int* ph;
+  int L, last_n, bias_after;
+  float rep, freq, pres;
+};
+
+SC_INLINE bool sc_has_edits(ScEdits e) { return e.eb || e.em || e.ew || e.ph; }
+
+// The penalties (spec section 2) on the tokens [lo, hi) of the edited row xe: c = a token's count in the last last_n
+// history entries (-1: all); where c > 0, x <- (x > 0 ? x / repeat : x * repeat) - (c * frequency + presence), each
+// operation rounded as the dense definition rounds it. A token's first entry in the window counts it (an entry a
+// thread), so each penalized token is written once.
+SC_FN void sc_penalize(ScEdits e, int lo, int hi, SC_DEV float* xe, const int tx) {
+  const int w0 = e.last_n < 0 ? 0 : (e.last_n >= e.L ? 0 : e.L - e.last_n);
+  for (int j = w0 + tx; j < e.L; j += SC_T) {
+    const int t = e.ph[j];
+    if (t < lo || t >= hi) continue;          // (padding, < 0, and other slices' tokens)
+    bool first = true;
+    for (int k = w0; k < j && first; ++k) first = e.ph[k] != t;
+    if (!first) continue;
+    int c = 1;
+    for (int k = j + 1; k < e.L; ++k) c += e.ph[k] == t ? 1 : 0;
+    float v = xe[t];
+    v = v > 0.0f ? sc_div(v, e.rep) : sc_mul(v, e.rep);
+    xe[t] = sc_sub(v, sc_add(sc_mul((float)c, e.freq), e.pres));
+  }
+  sc_barrier_device();
+}
+
+// The edits for tokens [lo, hi) into xe, which the chain reads from then on.
+SC_FN void sc_edit(const SC_DEV float* xr, int lo, int hi, ScEdits e, SC_DEV float* xe, const int tx) {
+  const bool before = e.eb && !(e.ph && e.bias_after);
   for (int i = lo + tx; i < hi; i += SC_T) {
     float v = xr[i];
-    if (eb) v = sc_add(v, eb[i]);
-    if ((em && !em[i]) || (ew && ((ew[i >> 5] >> (i & 31)) & 1) == 0)) v = -SC_INF;
+    if (before) v = sc_add(v, e.eb[i]);
+    if ((e.em && !e.em[i]) || (e.ew && ((e.ew[i >> 5] >> (i & 31)) & 1) == 0)) v = -SC_INF;
     xe[i] = v;
   }
   sc_barrier_device();              // (the block's writes to xe visible to the block)
+  if (!e.ph) return;
+  sc_penalize(e, lo, hi, xe, tx);
+  if (!(e.eb && e.bias_after)) return;
+  for (int i = lo + tx; i < hi; i += SC_T) xe[i] = sc_add(xe[i], e.eb[i]);
+  sc_barrier_device();
 }
 
 // One row's chain. S: gpu.chain_codes' [#stages, sample?, want_logprob?, #float operands, #key words, output mode
 // (0: none, 1: the final logits, 2: their softmax), NB (slices a row; 0: one block a row), cap (candidates a slice
 // keeps), stage codes..., then the operand slots' strides, then the edits'] with the stage table's codes
 // (stage_table.h, generated from samplec/stage_table.py; gpu.chain_header puts it first).
-// pr: the row's float operands in order; ur: each xtc's and the sample's key words and position, in order; eb, em,
-// ew: the row's edits (sc_edit; null where absent), xe: the edited row's scratch. In split mode (NB > 0) the block
+// pr: the row's float operands in order; ur: each xtc's and the sample's key words and position, in order; e: the
+// row's edits (sc_edit), xe: the edited row's scratch. In split mode (NB > 0) the block
 // is slice `slice` of the row; wf, wi: the row's scratch; cnt: the row's arrival counter (zero before the launch).
 SC_FN void sc_chain(const SC_DEV float* xr, int V, SC_THR const float* pr, SC_THR const unsigned* ur,
                     const SC_DEV int* S, SC_TG ScShared& sh, const int tx, SC_DEV int* tok, SC_DEV float* lp,
                     SC_DEV float* xo, int slice, SC_DEV float* wf, SC_DEV int* wi, SC_DEV int* cnt,
-                    const SC_DEV float* eb, const SC_DEV bool* em, const SC_DEV int* ew, SC_DEV float* xe) {
+                    ScEdits e, SC_DEV float* xe) {
   const int n = S[0], NB = S[6], cap = S[7];
   int f = 0, u = 0;
   for (int j = 0; j < n; ++j) { f += sc_nf(S[8 + j]); u += sc_nu(S[8 + j]); }
   const int len = NB > 0 ? ((V + NB - 1) / NB + 3) & ~3 : V;
   const int lo = NB > 0 ? sc_imin(V, slice * len) : 0, hi = sc_imin(V, lo + len);
-  if (eb || em || ew) {             // (split mode: each block its slice, all before the last block reads the row)
-    sc_edit(xr, lo, hi, eb, em, ew, xe, tx);
+  if (sc_has_edits(e)) {            // (split mode: each block its slice, all before the last block reads the row)
+    sc_edit(xr, lo, hi, e, xe, tx);
     xr = xe;
   }
   int jpro = 0;

@@ -63,9 +63,9 @@ class Chain:
 
     def run_gpu(self, env: dict, evaluate) -> dict | None:
         """On a GPU (CUDA, or Metal with its build active): the stages, the draw and its log-probabilities (and the
-        final logits or their softmax where something reads them) as gpu.sample_chain's one kernel, with the allow
-        and logit_bias nodes right below the stages applied in it (where no penalties lie between); the chain's
-        other nodes (penalties, the edits' own checks, the logits checks' maxima, the model's log-softmax and
+        final logits or their softmax where something reads them) as gpu.sample_chain's one kernel, with the allow,
+        logit_bias and penalties nodes below the stages applied in it (one penalties stage); the chain's
+        other nodes (the edits' own checks, the logits checks' maxima, the model's log-softmax and
         top_logprobs) by `evaluate`, each by its definition. None where the kernel does not apply."""
         terminal = self.draw.op if self.draw is not None else "greedy"      # (no draw: its result unread)
         out_x = 2 if self.softmax else 1 if self.want_x else 0
@@ -78,9 +78,12 @@ class Chain:
         x = self.stages[0].inputs[0] if self.stages else self.draw.inputs[0]
         args = (self.params(env), [s.op for s in self.stages], terminal, bool(self.logprobs), out_x)
         out = None
-        if self.prefix and not self.edits:
-            # the allow and logit_bias nodes right below the stages: the kernel applies them as it reads the row
-            edits = tuple(("allow" if p.kind == "mask" else "logit_bias", env[id(p.operand)]) for p in self.prefix)
+        if (self.prefix or self.edits) and len(self.edits) <= 1:
+            # the allow, logit_bias and penalties nodes below the stages, from the logits up: the kernel applies them
+            # as it reads the row
+            kind = lambda p: ("allow" if p.kind == "mask" else "logit_bias", env[id(p.operand)])   # noqa: E731
+            pen = tuple(("penalties", tuple(env[id(unexpanded(i))] for i in e.inputs[1:])) for e in self.edits)
+            edits = tuple(map(kind, self.prefix[:self.n_pre])) + pen + tuple(map(kind, self.prefix[self.n_pre:]))
             out = gpu.sample_chain(env[id(self.base)], *args, edits=edits)
         if out is None:
             out = gpu.sample_chain(env[id(x)], *args)
