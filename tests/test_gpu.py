@@ -182,3 +182,43 @@ def test_gpu_split_rows_equal_one_block_rows_and_cpu_O0(B, monkeypatch):
         finally:
             mx.set_default_device(prev)
         assert np.array(split[0]).ravel().tolist() == np.array(o0.token).tolist(), (name, src)
+
+
+@cuda
+@pytest.mark.uncompiled
+@pytest.mark.parametrize("B,H,split", [(1, 300, "1"), (4, 64, "1"), (4, 2000, "0")])
+def test_gpu_penalties_in_the_chain_kernel_equal_cpu_O0(B, H, split, monkeypatch):
+    """A program's penalties (one a row), logit_bias and allow go into the chain kernel on the GPU (the region runs
+    as its kernel, the edits handed to it) and give -O0's tokens on the CPU: V = 152064, padded, repeating
+    histories."""
+    from test_gpu_chain import penalty_case
+    monkeypatch.setenv("SAMPLEC_GPU_SPLIT", split)
+    rng = np.random.default_rng(H)
+    V = 152064
+    x = rng.normal(0, 1, (B, V)).astype(np.float32)
+    for b in range(B):
+        x[b, rng.choice(V, 300, replace=False)] += 6 + 10 / np.arange(1, 301) ** 0.6
+    hist, pk = penalty_case(H, V, B, H, False)
+    hist[:, :H // 2] = np.argsort(-x, axis=-1)[:, :H // 2]        # (the likely tokens penalized)
+    src = ("sampler s(h: tokens, eb: bias, em: mask, ln: int, rp: float, fq: float, ps: float, seed: seed) "
+           "-> token, logprob {\n    logit_bias(eb)\n    allow(em)\n"
+           "    penalties(h, last_n = ln, repeat = rp, frequency = fq, presence = ps)\n"
+           "    top_k(50)\n    top_p(0.9)\n    temperature(0.8)\n    sample(seed, position = 3)\n}")
+    kw = dict(h=hist, eb=(rng.standard_normal((B, V)) * 0.5).astype(np.float32), em=rng.random((B, V)) < 0.9,
+              ln=pk["last_n"], rp=pk["rep"], fq=pk["freq"], ps=pk["pres"], seed=list(range(B)))
+    kw["em"][np.arange(B), np.argmax(x, axis=-1)] = True
+    edits = []
+    real = gpu.sample_chain
+    monkeypatch.setattr(gpu, "sample_chain",
+                        lambda *a, **k: edits.append(tuple(e for e, _ in k.get("edits", ()))) or real(*a, **k))
+    prog = samplec.compile(src, target="cuda")
+    on_gpu = prog(x, **kw)
+    assert ("cuda.chain", "kernel") in prog.kernel_trace() and edits[0] == ("logit_bias", "allow", "penalties")
+    prev = mx.default_device()
+    mx.set_default_device(mx.cpu)
+    try:
+        on_cpu = samplec.compile(src, opt_level=0)(x, **kw)
+    finally:
+        mx.set_default_device(prev)
+    assert np.array(on_gpu.token).tolist() == np.array(on_cpu.token).tolist()
+    np.testing.assert_allclose(np.array(on_gpu.logprob), np.array(on_cpu.logprob), rtol=1e-4, atol=2e-4)

@@ -879,3 +879,39 @@ def test_interpreter_hands_penalties_to_the_kernel(seed, V, n, terminal, edit, m
         for p in (prog, samplec.compile(src, opt_level=0)):
             with pytest.raises(samplec.SamplecError, match="penalt"):
                 p(x, **kw)
+
+
+from test_targets import EXAMPLE_SAMPLERS, ROOT, example_args  # noqa: E402
+
+NO_CHAIN = {"hf_greedy"}        # (greedy right after the penalties: an argmax, no stage for the kernel)
+
+
+@pytest.mark.parametrize("example,sampler", EXAMPLE_SAMPLERS, ids=[f"{e}:{s}" for e, s in EXAMPLE_SAMPLERS])
+def test_every_example_runs_its_chain_in_the_kernel(example, sampler, monkeypatch):
+    """Every shipped example on the cuda target (a CUDA device faked, its kernel the emulated one): its chain is a
+    region the kernel runs -- with the edits it takes -- and the outputs equal -O0's, on logits with a tail and every
+    parameter one value a row. A chain the target pass leaves to the portable lowering fails here."""
+    src = (ROOT / "examples" / example).read_text()
+    prog0 = samplec.compile(src, sampler, opt_level=0)
+    x, kw = example_args(prog0, B=2, V=600, seed=len(sampler))
+    want = prog0(x, **kw).to_dict()
+    calls = []
+
+    def fake(x, params, stages, terminal, want_logprob, out_x=0, edits=()):
+        out = kernel(np.array(x), params, stages, terminal, want_logprob, out_x, edits=tuple(edits))
+        calls.append(tuple(kind for kind, _ in edits))
+        return (mx.array(out[0])[:, None], mx.array(out[1])[:, None]) + ((mx.array(out[2]),) if out_x else ())
+
+    fake_cuda(monkeypatch)
+    monkeypatch.setattr(gpu, "sample_chain", fake)
+    prog = samplec.compile(src, sampler, target="cuda")
+    got = prog(x, **kw).to_dict()
+    assert_outputs_equal(got, want, f"{example}:{sampler}")
+    if sampler in NO_CHAIN:
+        assert not prog.graph.regions
+        return
+    assert [r.kernel for r in prog.graph.regions] == ["cuda.chain"] and calls, prog.kernel_trace()
+    assert ("cuda.chain", "kernel") in prog.kernel_trace()
+    pen = dict(prog.graph.regions[0].attrs).get("edits", ())
+    if len(pen) == 1:               # (one penalties stage: the kernel counts them)
+        assert "penalties" in calls[0], calls

@@ -40,9 +40,22 @@ def fuse_chains(g: Graph, target: str) -> Graph:
     covered = [c for c in chains if c.draw is not None and
                gpu.chain_supports([s.op for s in c.stages], c.draw.op)]
     keep = {id(n) for c in covered for n in c.nodes()}
-    low = lower_portable(g, keep)
-    if keep and not keep <= {id(n) for n in low.toposort()}:
-        return lower_portable(g)        # (a kept chain read something the lowering rewrote: all portable)
+    kept: dict = {}
+    low = lower_portable(g, keep, kept)
+    # a chain whose nodes all came through the lowering as they were stays as found; another is found again over
+    # the lowered graph by its draw: a kept node whose inputs the lowering rewrote (a constant bias row, a history's
+    # window) is rebuilt over them, and a node the lowering left unread (the model's log-softmax where its one reader
+    # took the lowered normalizer) drops out of the chain
+    have = {id(n) for n in low.toposort()}
+    again = {id(c.draw): c for c in find_chains(low) if c.draw is not None}
+    chains = []
+    for c in covered:
+        if all(id(n) in have for n in c.nodes()):
+            chains.append(c)
+        elif id(c.draw) in kept and id(kept[id(c.draw)]) in again:
+            d = again[id(kept[id(c.draw)])]
+            if gpu.chain_supports([s.op for s in d.stages], d.draw.op):
+                chains.append(d)
     users, roots = low.users(), {id(r) for r in low.roots()}
     return Graph(low.name, low.params, low.outputs, low.checks,
-                 tuple(_region(c, f"{target}.chain", roots, users) for c in covered))
+                 tuple(_region(c, f"{target}.chain", roots, users) for c in chains))

@@ -515,20 +515,26 @@ def _expanded(n: Node, inputs: tuple[Node, ...]) -> Node:
     return out if out.name or not n.name else Node(out.op, out.inputs, out.attrs, out.type, n.name)
 
 
-def lower_portable(g: Graph, keep: set = frozenset()) -> Graph:
+def lower_portable(g: Graph, keep: set = frozenset(), kept: dict | None = None) -> Graph:
     """Every stage op of g as the sorted-order lowering (module doc); other ops (and those in `keep`, ids) as they
-    are."""
+    are. `kept`, where given, receives id(old) -> its node in the result for each node of `keep` (rebuilt over
+    lowered inputs where those changed)."""
     low = _Lowering(g, keep)
     for n in g.toposort():
         low.visit(n)
     out = g.replace({id(n): low.value(n) for n in g.roots()})
-    return _device_sums(out, {id(n) for n in g.toposort()})
-
-
-def _device_sums(g: Graph, old: set) -> Graph:
-    """The lowering's own float sums (the dense definitions it applied to sorted rows included) as `sum`: one
-    reduction in the device's order; sums that were in g before stay the definitions' reduce_sum."""
     new: dict[int, Node] = {}
+    out = _device_sums(out, {id(n) for n in g.toposort()}, new)
+    if kept is not None:
+        kept.update((k, new.get(id(low.dense[k]), low.dense[k])) for k in keep if k in low.dense)
+    return out
+
+
+def _device_sums(g: Graph, old: set, new: dict | None = None) -> Graph:
+    """The lowering's own float sums (the dense definitions it applied to sorted rows included) as `sum`: one
+    reduction in the device's order; sums that were in g before stay the definitions' reduce_sum. `new` receives
+    id(node of g) -> its node in the result."""
+    new = {} if new is None else new
     for n in g.toposort():
         ins = tuple(new.get(id(i), i) for i in n.inputs)
         m = rebuild(n, ins) if n.op != INPUT else n
