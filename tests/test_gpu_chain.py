@@ -70,7 +70,7 @@ def metal_signature(sizes: dict[str, int]) -> str:
         params.append(f"const {'constant' if sizes[name] < 8 else 'device'} {dtypes[name]}* {name}")
         if name in ("x", "PH"):         # (the inputs whose shapes the body reads)
             params.append(f"const constant int* {name}_shape")
-    params += ["device int* tok", "device float* lp", "device float* xo", "device int* ws"]
+    params += ["device int* tok", "device float* lp", "device float* xo", "device bool* pf", "device int* ws"]
     return ", ".join(params + metal_attributes(gpu.chain_entry("metal")))
 
 
@@ -85,18 +85,18 @@ def source(dialect: str, threads: int, defines: str = "", sizes: dict | None = N
     names = ", ".join(gpu._SLOTS + [n + (", PH_shape" if n == "PH" else "") for n in gpu.EDIT_SLOTS])
     if dialect == "cuda":
         signature = (f"const float* x, const int* x_shape, {slots}, const int* S, int* tok, float* lp, float* xo, "
-                     "int* ws")
-        call = f"sc_body(x, shape, {names}, S, tok, lp, xo, ws)"
+                     "bool* pf, int* ws")
+        call = f"sc_body(x, shape, {names}, S, tok, lp, xo, pf, ws)"
     else:
         signature = metal_signature(sizes or {name: 8 for name in INPUTS})
-        call = (f"sc_body(x, shape, {names}, S, tok, lp, xo, ws, uint3{{threadIdx.x, 0, 0}}, "
+        call = (f"sc_body(x, shape, {names}, S, tok, lp, xo, pf, ws, uint3{{threadIdx.x, 0, 0}}, "
                 "uint3{blockIdx.x, 0, 0}, 32u)")
     head = (f"#define SC_T {threads}\n{defines}#include \"{dialect}_emulation.h\"\n{gpu.chain_header(dialect)}\n"
             f"static void sc_body({signature}) {{\n{gpu.chain_entry(dialect)}}}\n")
     if "SC_CHECK_ADDRESS_SPACES" in defines:
         return head                     # (a syntax check: nothing runs it)
     return (head + f"extern \"C\" void run(const float* x, int B, int V, {slots}, const int* S,\n"
-            "                      int* tok, float* lp, float* xo, int* ws) {\n"
+            "                      int* tok, float* lp, float* xo, bool* pf, int* ws) {\n"
             "  const int shape[2] = {B, V};\n"
             f"  sc_launch(B * (S[6] > 0 ? S[6] : 1), [&] {{ {call}; }});\n}}\n")
 
@@ -145,8 +145,9 @@ def emulated(threads: int = 64, defines: str = "", dialect: str = "cuda"):
             if name == "PH":            # (its shape after it, as MLX passes the shapes a body reads)
                 keep.append(np.array(a.shape, np.int32))
                 args.append(ptr(keep[-1]))
-        fn(ptr(x), ctypes.c_int(B), ctypes.c_int(V), *args, ptr(tok), ptr(lp), ptr(xo), ptr(ws))
-        return (tok, lp, xo) if out_x else (tok, lp)
+        pf = np.zeros(B, dtype=np.bool_)
+        fn(ptr(x), ctypes.c_int(B), ctypes.c_int(V), *args, ptr(tok), ptr(lp), ptr(xo), ptr(pf), ptr(ws))
+        return (tok, lp) + ((xo,) if out_x else ()) + ((pf,) if edits[4] else ())
     return run
 
 
@@ -399,7 +400,7 @@ def test_chain_supports_and_body():
         [0] * 14 + [0] * gpu.EDIT_CODES
     assert gpu.chain_codes([], "greedy", False, 2, split=(8, 512)) == [0, 0, 0, 1, 1, 2, 8, 512] + [0] * 14 + \
         [0] * gpu.EDIT_CODES
-    edits = (1, 0, 2, 1, 1, 1, 1, 0, 1, 0, 1)
+    edits = (1, 0, 2, 1, 1, 1, 1, 0, 1, 0, 1, 1)
     assert gpu.chain_codes([], "greedy", False, edits=edits)[-gpu.EDIT_CODES:] == list(edits)
     # split mode: about one block a multiprocessor over the batch, at most MAX_SLICES a row, the slices'
     # candidates fitting one block's shared memory together
@@ -488,7 +489,7 @@ def test_interpreter_hands_chains_to_the_kernel(seed, V, n, terminal, outs, monk
     def fake(x, params, stages, terminal, want_logprob, out_x=0):
         out = kernel(np.array(x), params, stages, terminal, want_logprob, out_x)
         calls.append((tuple(stages), terminal, out_x))
-        return (mx.array(out[0])[:, None], mx.array(out[1])[:, None]) + ((mx.array(out[2]),) if out_x else ())
+        return (mx.array(out[0])[:, None], mx.array(out[1])[:, None]) + tuple(mx.array(o) for o in out[2:])
 
     fake_cuda(monkeypatch)
     monkeypatch.setattr(gpu, "sample_chain", fake)
@@ -703,13 +704,14 @@ def test_edit_slots_take_the_shapes_the_program_holds():
     bias, mask = mx.zeros((B, V)), mx.ones((B, V), dtype=mx.bool_)
     bits = mx.zeros((1, 3), dtype=mx.int32)
     ins, codes = gpu._edit_slots([("logit_bias", bias), ("allow", bits)], B, V)
-    assert ins[0] is bias and ins[2] is bits and codes == (1, 1, 2, 0) + (0,) * 7
-    assert gpu._edit_slots([("allow", mask)], B, V)[1] == (0, 0, 1, 1) + (0,) * 7
+    assert ins[0] is bias and ins[2] is bits and codes == (1, 1, 2, 0) + (0,) * 8
+    assert gpu._edit_slots([("allow", mask)], B, V)[1] == (0, 0, 1, 1) + (0,) * 8
     hist, one, rows = mx.zeros((B, 5), dtype=mx.int32), mx.array(1.0), mx.ones((B,))
     pen = ("penalties", (hist, mx.array(-1, dtype=mx.int32), one, rows, one))
     ins, codes = gpu._edit_slots([("logit_bias", bias), pen], B, V)
-    assert ins[3] is hist and codes == (1, 1, 0, 0, 1, 1, 0, 0, 0, 1, 0)      # (the bias before the penalties)
-    assert gpu._edit_slots([pen, ("logit_bias", bias[:1])], B, V)[1] == (1, 0, 0, 0, 1, 1, 1, 0, 0, 1, 0)
+    assert ins[3] is hist and codes == (1, 1, 0, 0, 1, 1, 0, 0, 0, 1, 0, 0)      # (the bias before the penalties)
+    assert gpu._edit_slots([pen, ("logit_bias", bias[:1])], B, V)[1] == (1, 0, 0, 0, 1, 1, 1, 0, 0, 1, 0, 0)
+    assert gpu._edit_slots([pen, ("allow", mask)], B, V)[1][11] == 1           # (the allow after them)
     assert gpu._edit_slots([pen, pen], B, V) is None                          # (one penalties stage)
     assert gpu._edit_slots([("penalties", (hist[0], *pen[1][1:]))], B, V) is None      # (a 2-D history)
     assert gpu._edit_slots([("penalties", (hist, mx.ones((B, 2)), one, one, one))], B, V) is None
@@ -741,7 +743,7 @@ def test_interpreter_hands_allow_and_logit_bias_to_the_kernel(seed, V, n, termin
     def fake(x, params, stages, terminal, want_logprob, out_x=0, edits=()):
         out = kernel(np.array(x), params, stages, terminal, want_logprob, out_x, edits=tuple(edits))
         calls.append(tuple(kind for kind, _ in edits))
-        return (mx.array(out[0])[:, None], mx.array(out[1])[:, None]) + ((mx.array(out[2]),) if out_x else ())
+        return (mx.array(out[0])[:, None], mx.array(out[1])[:, None]) + tuple(mx.array(o) for o in out[2:])
 
     fake_cuda(monkeypatch)
     monkeypatch.setattr(gpu, "sample_chain", fake)
@@ -808,13 +810,49 @@ def test_emulated_penalties_in_the_kernel_equal_O0(seed, V, B, n, terminal, H, s
     src = src.replace("sampler s(", "sampler s(em: mask, eb: bias, h: tokens, ln: int, rp: float, fq: float, "
                       "ps: float, ", 1).replace("{\n", "{\n" + "".join(f"    {s}\n" for s in body), 1)
     o0 = samplec.compile(src, opt_level=0)(x, **kw)
-    tok, lp = kernel(x, ops, stages, terminal, split=split, edits=tuple(edits))
+    tok, lp, flag = kernel(x, ops, stages, terminal, split=split, edits=tuple(edits))
     assert tok.tolist() == np.array(o0.token).tolist(), src
     np.testing.assert_allclose(lp, np.array(o0.logprob), atol=2e-4, rtol=1e-4, err_msg=src)
+    assert not flag.any(), src          # (the check: -O0 raised nothing)
     # the edited row itself (the final logits of no stage) against the spec's penalties in numpy
-    _, _, final = kernel(x, [], [], "greedy", out_x=1, split=split, edits=tuple(edits))
+    _, _, final, _ = kernel(x, [], [], "greedy", out_x=1, split=split, edits=tuple(edits))
     pen_row = penalized_rows(x, hist, pk, b if bias else None, bias, m)
     np.testing.assert_array_equal(final, pen_row)
+
+
+@pytest.mark.parametrize("split", [(0, 0), (3, 16)])
+@pytest.mark.parametrize("allow_after", [False, True])
+def test_emulated_penalties_check_in_the_kernel(split, allow_after):
+    """The penalties' check from the kernel (penalties_overflow: a penalized logit at +inf or NaN, or the penalized
+    row left with no value above -inf) against -O0's, row by row: a frequency that sends a repeated token to +inf, one
+    that sends every kept token to -inf, and rows that pass; the allow below or above the penalties (the check reads
+    the row between)."""
+    B, V, H = 4, 300, 12
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((B, V)).astype(np.float32)
+    hist = np.tile(np.arange(H, dtype=np.int32), (B, 1))
+    hist[:, H // 2:] = hist[:, :H // 2]                 # (every token of the window twice)
+    m = np.ones((B, V), bool)
+    m[3, H // 2:] = False                               # (row 3 keeps only the history's tokens)
+    freq = np.array([0.5, -3e38, 0.0, 3e38], np.float32)
+    pk = dict(last_n=np.full(B, -1, np.int32), rep=np.ones(B, np.float32), freq=freq, pres=np.zeros(B, np.float32))
+    pen = ("penalties", (mx.array(hist), mx.array(pk["last_n"]), mx.array(pk["rep"]), mx.array(freq),
+                         mx.array(pk["pres"])))
+    edits = (pen, ("allow", mx.array(m))) if allow_after else (("allow", mx.array(m)), pen)
+    _, _, flag = kernel(x, [], [], "greedy", split=split, edits=edits)
+    body = "allow(em)\n    penalties(h, frequency = fq)" if not allow_after else \
+        "penalties(h, frequency = fq)\n    allow(em)"
+    src = f"sampler s(em: mask, h: tokens, fq: float) -> token {{\n    {body}\n    greedy()\n}}"
+    prog = samplec.compile(src, opt_level=0)
+    want = []
+    for r in range(B):
+        try:
+            prog(x[r:r + 1], em=m[r:r + 1], h=hist[r:r + 1], fq=freq[r:r + 1])
+            want.append(False)
+        except samplec.SamplecError as e:
+            want.append("penalt" in str(e))
+    # row 3: allow first, every kept token to -inf (the check fires); allow after, the row between keeps the rest
+    assert flag.tolist() == want == [False, True, False, not allow_after]
 
 
 def penalized_rows(x, hist, pk, b, where, m):
@@ -865,7 +903,7 @@ def test_interpreter_hands_penalties_to_the_kernel(seed, V, n, terminal, edit, m
     def fake(x, params, stages, terminal, want_logprob, out_x=0, edits=()):
         out = kernel(np.array(x), params, stages, terminal, want_logprob, out_x, edits=tuple(edits))
         calls.append(tuple(kind for kind, _ in edits))
-        return (mx.array(out[0])[:, None], mx.array(out[1])[:, None]) + ((mx.array(out[2]),) if out_x else ())
+        return (mx.array(out[0])[:, None], mx.array(out[1])[:, None]) + tuple(mx.array(o) for o in out[2:])
 
     fake_cuda(monkeypatch)
     monkeypatch.setattr(gpu, "sample_chain", fake)
@@ -883,13 +921,12 @@ def test_interpreter_hands_penalties_to_the_kernel(seed, V, n, terminal, edit, m
 
 from test_targets import EXAMPLE_SAMPLERS, ROOT, example_args  # noqa: E402
 
-NO_CHAIN = {"hf_greedy"}        # (greedy right after the penalties: an argmax, no stage for the kernel)
-
 
 @pytest.mark.parametrize("example,sampler", EXAMPLE_SAMPLERS, ids=[f"{e}:{s}" for e, s in EXAMPLE_SAMPLERS])
 def test_every_example_runs_its_chain_in_the_kernel(example, sampler, monkeypatch):
     """Every shipped example on the cuda target (a CUDA device faked, its kernel the emulated one): its chain is a
-    region the kernel runs -- with the edits it takes -- and the outputs equal -O0's, on logits with a tail and every
+    region the kernel runs -- with the edits it takes; greedy right after the penalties (hf_greedy) is a chain of no
+    stage -- and the outputs equal -O0's, on logits with a tail and every
     parameter one value a row. A chain the target pass leaves to the portable lowering fails here."""
     src = (ROOT / "examples" / example).read_text()
     prog0 = samplec.compile(src, sampler, opt_level=0)
@@ -900,18 +937,16 @@ def test_every_example_runs_its_chain_in_the_kernel(example, sampler, monkeypatc
     def fake(x, params, stages, terminal, want_logprob, out_x=0, edits=()):
         out = kernel(np.array(x), params, stages, terminal, want_logprob, out_x, edits=tuple(edits))
         calls.append(tuple(kind for kind, _ in edits))
-        return (mx.array(out[0])[:, None], mx.array(out[1])[:, None]) + ((mx.array(out[2]),) if out_x else ())
+        return (mx.array(out[0])[:, None], mx.array(out[1])[:, None]) + tuple(mx.array(o) for o in out[2:])
 
     fake_cuda(monkeypatch)
     monkeypatch.setattr(gpu, "sample_chain", fake)
     prog = samplec.compile(src, sampler, target="cuda")
     got = prog(x, **kw).to_dict()
     assert_outputs_equal(got, want, f"{example}:{sampler}")
-    if sampler in NO_CHAIN:
-        assert not prog.graph.regions
-        return
     assert [r.kernel for r in prog.graph.regions] == ["cuda.chain"] and calls, prog.kernel_trace()
     assert ("cuda.chain", "kernel") in prog.kernel_trace()
     pen = dict(prog.graph.regions[0].attrs).get("edits", ())
-    if len(pen) == 1:               # (one penalties stage: the kernel counts them)
+    if len(pen) == 1:               # (one penalties stage: the kernel counts them and gives their check)
         assert "penalties" in calls[0], calls
+        assert "penalties_overflow" in [n.op for n in prog.graph.regions[0].nodes]

@@ -39,9 +39,9 @@ one block a row; `SAMPLEC_GPU_SMS` sets the multiprocessors to fill (default 132
 The interpreter gives the kernel a chain's stage ops on the `cuda` target (the CPU has the native chain kernel), with
 the edits below them: a logit_bias (a dense bias), an allow (a bool mask or a packed int32 bitmask) and one
 penalties stage (sample_chain's `edits`: each block writes its part of the edited row to the scratch, counts the
-history's tokens in its part and writes their penalized logits, before the stages read it). The penalties' check, a
-second penalties stage, DRY and the outputs beside the chain (raw_logprob, top_logprobs) still run as MLX ops. The
-stage operands go in as the program holds them
+history's tokens in its part and writes their penalized logits, before the stages read it), and the penalties'
+check (pf). A second penalties stage, DRY and the outputs beside the chain (raw_logprob, top_logprobs) still run as
+MLX ops. The stage operands go in as the program holds them
 (ten f32 slots, two seed and position slots, each one value or one per row): at B = 1 a few small ops to pack them
 cost more than the kernel's work.
 
@@ -221,9 +221,9 @@ _SLOTS = [f"F{i}" for i in range(CHAIN_FLOAT_SLOTS)] + [f"K{i}" for i in range(C
 # logit_bias's bias, allow's bool mask, allow's packed bits; the penalties' history, last_n, repeat, frequency and
 # presence
 EDIT_SLOTS = ["EB", "EM", "EW", "PH", "PN", "PR", "PF", "PP"]
-EDIT_CODES = 11                 # S's last words: logit_bias?, its stride, allow's kind, its stride, penalties?,
+EDIT_CODES = 12                 # S's last words: logit_bias?, its stride, allow's kind, its stride, penalties?,
 #                                 the history's stride, logit_bias after the penalties?, last_n's, repeat's,
-#                                 frequency's and presence's strides
+#                                 frequency's and presence's strides, allow after the penalties?
 INPUT_NAMES = ["x", *_SLOTS, *EDIT_SLOTS, "S"]
 
 
@@ -235,8 +235,8 @@ def chain_codes(stages: list[str], terminal: str, want_logprob: bool, out_x: int
     per row, 0 for one value; per_row's flags), then the edits (_edit_slots): logit_bias? (1: EB holds it), its stride
     (1: a row each), allow's kind (0: none, 1: EM's bools, 2: EW's packed bits), its stride, penalties? (1: PH holds
     the history), the history's stride, logit_bias after the penalties? (else before them), the strides of the
-    penalties' last_n, repeat, frequency and presence] (one kernel serves every chain: one NVRTC compile per
-    process)."""
+    penalties' last_n, repeat, frequency and presence, allow after the penalties?] (one kernel serves every chain:
+    one NVRTC compile per process)."""
     nf = max(1, sum(CHAIN_STAGES[s] for s in stages))
     nu = max(1, 3 * (stages.count("xtc") + (terminal == "sample")))
     strides = [int(bool(f)) for f in per_row] + [0] * (len(_SLOTS) - len(per_row))
@@ -273,7 +273,8 @@ DIALECT_CAP = {"cuda": SC_CAP, "metal": METAL_CAP}
 # EB f32, EM bool, EW i32, PH i32, PN i32, PR, PF, PP f32 (the edits before the stages: logit_bias's bias, allow's
 # mask as bools or packed bits, each one row or one per row; the penalties' history [1 or B, H] -- the kernel reads
 # its shape -- and their operands, each one value or one a row; placeholders where absent); S (chain_codes). Outputs tok [B] i32, lp [B] f32, xo [B, V] f32 where S
-# asks for the final logits or their softmax (else [B, 1], unwritten), ws (scratch_size). The operands go in as the
+# asks for the final logits or their softmax (else [B, 1], unwritten), pf [B] bool (the penalties' check, where S has
+# them), ws (scratch_size). The operands go in as the
 # program holds them (no op gathers them first: at B = 1 a few small ops cost more than the kernel). One text for both
 # languages: a dialect differs only in the fields below (its shared-state declaration, its thread and block indices, a
 # check of its own), as tinygrad's CUDA and Metal renderers differ in a few fields over one renderer.
@@ -306,11 +307,14 @@ CHAIN_ENTRY = """
     e.rep = sc_operand_f(PR, ed[8], row);
     e.freq = sc_operand_f(PF, ed[9], row);
     e.pres = sc_operand_f(PP, ed[10], row);
+    e.allow_after = ed[11];
+    e.pf = pf + row;
     // ws: the rows' arrival counters [B], then the slices' headers and candidates' logits (float bits), then their
-    // ids, then the edited rows (scratch_size)
+    // ids, then the edited rows, then the penalties' check counts, two a row (scratch_size)
     SC_DEV float* wf = reinterpret_cast<SC_DEV float*>(ws + B);
     SC_DEV int* wi = ws + B + (size_t)B * NB * (SC_WH + cap);
     SC_DEV float* xe = reinterpret_cast<SC_DEV float*>(ws + B + (size_t)B * NB * (SC_WH + 2 * cap)) + (size_t)row * V;
+    e.pc = ws + B + (size_t)B * NB * (SC_WH + 2 * cap) + (size_t)B * V + 2 * row;
     sc_chain(x + (size_t)row * V, V, pr, ur, S, sh, tx, tok + row, lp + row,
              xo + (S[5] != 0 ? (size_t)row * V : (size_t)row), slice, wf + (size_t)row * NB * (SC_WH + cap),
              wi + (size_t)row * NB * cap, ws + row, e, xe);
@@ -363,7 +367,8 @@ def _edit_slots(edits, B: int, V: int) -> tuple[list[mx.array], tuple] | None:
     ceil(V / 32)]), ("penalties", (history i32 [B or 1, H], last_n, repeat, frequency, presence: each one value or
     one a row)), at most one of each --, or None where one has another shape or kind. An allow may stand anywhere
     (it commutes with both: a removed token stays at -inf, and a penalty that turns -inf into NaN is an error the
-    program's checks raise); a logit_bias before or after the penalties."""
+    program's checks raise: the kernel applies it as it first writes the row, or after the penalties where it stands
+    above them, whose check reads the row between); a logit_bias before or after the penalties."""
     slots = {"EB": _placeholder(mx.float32, 8), "EM": _placeholder(mx.bool_, 8), "EW": _placeholder(mx.int32, 8),
              "PH": _placeholder(mx.int32, 8, rows=1), "PN": _placeholder(mx.int32), "PR": _placeholder(mx.float32),
              "PF": _placeholder(mx.float32), "PP": _placeholder(mx.float32)}
@@ -390,6 +395,7 @@ def _edit_slots(edits, B: int, V: int) -> tuple[list[mx.array], tuple] | None:
         elif kind == "allow" and not codes[2] and (packed or a.dtype == mx.bool_):
             name = "EW" if packed else "EM"
             slots[name], codes[2:4] = a.astype(mx.int32) if a.dtype == mx.uint32 else a, [2 if packed else 1, int(rows)]
+            codes[11] = codes[4]
         else:
             return None
     return [slots[n] for n in EDIT_SLOTS], tuple(codes)
@@ -426,7 +432,8 @@ def chain_inputs(params: list[mx.array], stages: list[str], terminal: str, want_
 def sample_chain(x: mx.array, params: list[mx.array], stages: list[str], terminal: str,
                  want_logprob: bool, out_x: int = 0, edits: tuple = ()) -> tuple[mx.array, ...] | None:
     """The chain's token [B, 1] i32 and its log-probability under the final softmax [B, 1] f32 (0 without
-    want_logprob), and with out_x the final logits (1) or their softmax (2) [B, V]; or None where the kernel does
+    want_logprob), with out_x the final logits (1) or their softmax (2) [B, V], and with a penalties stage among the
+    edits its check, bool [B] (penalties_overflow's value); or None where the kernel does
     not apply (neither a CUDA device nor an Apple GPU with the Metal build active -- metal_status --, a stage it does
     not run, operands of other shapes). edits: the logit_bias, allow and penalties before the stages, from the
     logits up, as (kind, operand) pairs (_edit_slots), applied in the kernel."""
@@ -442,13 +449,20 @@ def sample_chain(x: mx.array, params: list[mx.array], stages: list[str], termina
     if inputs is None:
         return None
     nb = split[0]
-    tok, lp, xo, _ = _kernel("samplec_chain", INPUT_NAMES, CHAIN_BODY, CHAIN_OUTPUTS, chain_header())(
+    tok, lp, xo, pf, _ = _kernel("samplec_chain", INPUT_NAMES, CHAIN_BODY, CHAIN_OUTPUTS, chain_header())(
         inputs=[x, *inputs],
-        output_shapes=[(B,), (B,), x.shape if out_x else (B, 1), (scratch_size(B, split, V if edits else 0),)],
-        output_dtypes=[mx.int32, mx.float32, mx.float32, mx.int32],
+        output_shapes=[(B,), (B,), x.shape if out_x else (B, 1), (B,), (scratch_size(B, split, V if edits else 0),)],
+        output_dtypes=[mx.int32, mx.float32, mx.float32, mx.bool_, mx.int32],
         grid=(B * max(nb, 1) * CHAIN_THREADS, 1, 1), threadgroup=(CHAIN_THREADS, 1, 1),
         init_value=0 if nb else None)      # (the rows' arrival counters start at zero)
-    return (tok.reshape(B, 1), lp.reshape(B, 1)) + ((xo,) if out_x else ())
+    return _outputs(tok, lp, xo, pf, B, out_x, edits)
+
+
+def _outputs(tok, lp, xo, pf, B: int, out_x: int, edits) -> tuple[mx.array, ...]:
+    """(token [B, 1], logprob [B, 1]), then the final logits or their softmax where out_x, then the penalties' check
+    [B] where a penalties stage was among the edits."""
+    pen = any(kind == "penalties" for kind, _ in edits)
+    return (tok.reshape(B, 1), lp.reshape(B, 1)) + ((xo,) if out_x else ()) + ((pf,) if pen else ())
 
 
 # -- the Metal build -------------------------------------------------------------------------------------------------
@@ -486,12 +500,12 @@ def _metal_chain(x: mx.array, params: list[mx.array], stages: list[str], termina
     if inputs is None:
         return None
     inputs = [a.reshape(1) if a.ndim == 0 else a for a in inputs]     # (a 0-d input would be a reference)
-    tok, lp, xo, _ = _metal_kernel()(
+    tok, lp, xo, pf, _ = _metal_kernel()(
         inputs=[x, *inputs],
-        output_shapes=[(B,), (B,), x.shape if out_x else (B, 1), (scratch_size(B, (0, 0), V if edits else 0),)],
-        output_dtypes=[mx.int32, mx.float32, mx.float32, mx.int32],
+        output_shapes=[(B,), (B,), x.shape if out_x else (B, 1), (B,), (scratch_size(B, (0, 0), V if edits else 0),)],
+        output_dtypes=[mx.int32, mx.float32, mx.float32, mx.bool_, mx.int32],
         grid=(B * METAL_THREADS, 1, 1), threadgroup=(METAL_THREADS, 1, 1))
-    return (tok.reshape(B, 1), lp.reshape(B, 1)) + ((xo,) if out_x else ())
+    return _outputs(tok, lp, xo, pf, B, out_x, edits)
 
 
 def _on(var: str) -> bool:
@@ -538,14 +552,14 @@ def metal_status() -> tuple[bool, str]:
     return _METAL["status"]
 
 
-CHAIN_OUTPUTS = ("tok", "lp", "xo", "ws")
+CHAIN_OUTPUTS = ("tok", "lp", "xo", "pf", "ws")
 
 
 def scratch_size(B: int, split: tuple[int, int], edited: int = 0) -> int:
     """ws's int32 words: the rows' arrival counters, the slices' headers and candidates' logits, their ids, and with
-    edits before the stages the edited rows (edited: V)."""
+    edits before the stages the edited rows (edited: V) and the penalties' check counts (two a row)."""
     nb, cap = split
-    return B + B * nb * (SLICE_HEADER + 2 * cap) + B * edited
+    return B + B * nb * (SLICE_HEADER + 2 * cap) + B * (edited + 2 * bool(edited))
 
 
 def path_report() -> str:
@@ -569,5 +583,5 @@ def path_report() -> str:
                 f"split mode: a row over up to {MAX_SLICES} blocks at small B ({split_of(1, 152064)[0]} at B = 1, "
                 f"V = 152064; SAMPLEC_GPU_SMS={os.environ.get('SAMPLEC_GPU_SMS', SMS)} multiprocessors)")
         chain = f"{', '.join(CHAIN_STAGES)} -> sample/greedy, {mode}, with a logit_bias, an allow and one " \
-            "penalties stage before them (the penalties' check, DRY, raw_logprob and top_logprobs run as MLX ops)"
+            "penalties stage before them and its check (DRY, raw_logprob and top_logprobs run as MLX ops)"
     return f"active (CUDA): kth_largest by one radix-select block a row; the chain kernel: {chain}"

@@ -94,6 +94,7 @@ struct ScShared {
   ScAgg aggw[SC_WARPS];
   unsigned hist[256];
   unsigned need;
+  unsigned ebad, elive;    // the penalties' check over the block's part: a penalized +inf or NaN; a value > -inf
   int soff[SC_MAXNB + 1];  // each slice's first candidate (split mode)
   float bound;
   float tmax[SC_NMAX];
@@ -1330,26 +1331,33 @@ SC_FN bool sc_stages(const SC_DEV float* xr, int V, SC_THR const float* pr, SC_T
 
 // The row's edits before the stages, from the logits up: logit_bias (eb: x + b), allow (em: a bool per token, or ew:
 // packed bits, bit j of word w for token 32 w + j; false: -inf) and the penalties (ph: the history's row of L
-// entries, its padding < 0; null where absent), the bias before or after the penalties (bias_after). An allow
-// commutes with both (a removed token stays at -inf; a penalty that makes NaN of it is an error the program's checks
-// raise), so it is applied as the row is first written.
+// entries, its padding < 0; null where absent), the bias and the allow each before or after the penalties
+// (bias_after, allow_after). With the penalties the kernel also gives their check (pf: a penalized logit at +inf or
+// NaN, or the penalized row left with no value above -inf), its parts counted over the row's blocks in pc.
 struct ScEdits {
   const SC_DEV float* eb;
   const SC_DEV bool* em;
   const SC_DEV int* ew;
   const SC_DEV int* ph;
-  int L, last_n, bias_after;
+  int L, last_n, bias_after, allow_after;
   float rep, freq, pres;
+  SC_DEV bool* pf;         // the row's check flag
+  SC_DEV int* pc;          // split mode: the row's two counts (blocks with a bad value, blocks with a live one)
 };
 
 SC_INLINE bool sc_has_edits(ScEdits e) { return e.eb || e.em || e.ew || e.ph; }
 
+SC_INLINE bool sc_removed(ScEdits e, int i) {
+  return (e.em && !e.em[i]) || (e.ew && ((e.ew[i >> 5] >> (i & 31)) & 1) == 0);
+}
+
 // The penalties (spec section 2) on the tokens [lo, hi) of the edited row xe: c = a token's count in the last last_n
 // history entries (-1: all); where c > 0, x <- (x > 0 ? x / repeat : x * repeat) - (c * frequency + presence), each
 // operation rounded as the dense definition rounds it. A token's first entry in the window counts it (an entry a
-// thread), so each penalized token is written once.
-SC_FN void sc_penalize(ScEdits e, int lo, int hi, SC_DEV float* xe, const int tx) {
+// thread), so each penalized token is written once; a written +inf or NaN counts in sh.ebad.
+SC_FN void sc_penalize(ScEdits e, int lo, int hi, SC_DEV float* xe, SC_TG ScShared& sh, const int tx) {
   const int w0 = e.last_n < 0 ? 0 : (e.last_n >= e.L ? 0 : e.L - e.last_n);
+  unsigned bad = 0u;
   for (int j = w0 + tx; j < e.L; j += SC_T) {
     const int t = e.ph[j];
     if (t < lo || t >= hi) continue;          // (padding, < 0, and other slices' tokens)
@@ -1360,26 +1368,51 @@ SC_FN void sc_penalize(ScEdits e, int lo, int hi, SC_DEV float* xe, const int tx
     for (int k = j + 1; k < e.L; ++k) c += e.ph[k] == t ? 1 : 0;
     float v = xe[t];
     v = v > 0.0f ? sc_div(v, e.rep) : sc_mul(v, e.rep);
-    xe[t] = sc_sub(v, sc_add(sc_mul((float)c, e.freq), e.pres));
+    v = sc_sub(v, sc_add(sc_mul((float)c, e.freq), e.pres));
+    xe[t] = v;
+    if (v != v || v == SC_INF) bad = 1u;
   }
+  if (bad) sc_atomic_add_shared(&sh.ebad, 1u);
   sc_barrier_device();
 }
 
-// The edits for tokens [lo, hi) into xe, which the chain reads from then on.
-SC_FN void sc_edit(const SC_DEV float* xr, int lo, int hi, ScEdits e, SC_DEV float* xe, const int tx) {
-  const bool before = e.eb && !(e.ph && e.bias_after);
+// The edits for tokens [lo, hi) into xe, which the chain reads from then on; with the penalties, their check.
+SC_FN void sc_edit(const SC_DEV float* xr, int lo, int hi, ScEdits e, SC_DEV float* xe, SC_TG ScShared& sh,
+                   const int tx, int NB) {
+  const bool pen = e.ph != nullptr;
+  const bool bias_first = e.eb && !(pen && e.bias_after), mask_first = !(pen && e.allow_after);
+  if (tx == 0) sh.ebad = sh.elive = 0u;
   for (int i = lo + tx; i < hi; i += SC_T) {
     float v = xr[i];
-    if (before) v = sc_add(v, e.eb[i]);
-    if ((e.em && !e.em[i]) || (e.ew && ((e.ew[i >> 5] >> (i & 31)) & 1) == 0)) v = -SC_INF;
+    if (bias_first) v = sc_add(v, e.eb[i]);
+    if (mask_first && sc_removed(e, i)) v = -SC_INF;
     xe[i] = v;
   }
   sc_barrier_device();              // (the block's writes to xe visible to the block)
-  if (!e.ph) return;
-  sc_penalize(e, lo, hi, xe, tx);
-  if (!(e.eb && e.bias_after)) return;
-  for (int i = lo + tx; i < hi; i += SC_T) xe[i] = sc_add(xe[i], e.eb[i]);
+  if (!pen) return;
+  sc_penalize(e, lo, hi, xe, sh, tx);
+  unsigned live = 0u;
+  for (int i = lo + tx; i < hi; i += SC_T) {
+    float v = xe[i];
+    live |= v != -SC_INF ? 1u : 0u;
+    if (e.eb && e.bias_after) v = sc_add(v, e.eb[i]);
+    if (!mask_first && sc_removed(e, i)) v = -SC_INF;
+    xe[i] = v;
+  }
+  if (live) sc_atomic_add_shared(&sh.elive, 1u);
   sc_barrier_device();
+  if (tx != 0) return;
+  if (NB > 0) {                     // (the row's last block reads the counts: sc_edit_check)
+    if (sh.ebad) sc_atomic_add_global(e.pc, 1);
+    if (sh.elive) sc_atomic_add_global(e.pc + 1, 1);
+  } else {
+    *e.pf = sh.ebad != 0u || sh.elive == 0u;
+  }
+}
+
+// Split mode, in the row's last block (every block's counts in): the penalties' check.
+SC_INLINE void sc_edit_check(ScEdits e, const int tx) {
+  if (e.ph && tx == 0) *e.pf = e.pc[0] != 0 || e.pc[1] == 0;
 }
 
 // One row's chain. S: gpu.chain_codes' [#stages, sample?, want_logprob?, #float operands, #key words, output mode
@@ -1399,7 +1432,7 @@ SC_FN void sc_chain(const SC_DEV float* xr, int V, SC_THR const float* pr, SC_TH
   const int len = NB > 0 ? ((V + NB - 1) / NB + 3) & ~3 : V;
   const int lo = NB > 0 ? sc_imin(V, slice * len) : 0, hi = sc_imin(V, lo + len);
   if (sc_has_edits(e)) {            // (split mode: each block its slice, all before the last block reads the row)
-    sc_edit(xr, lo, hi, e, xe, tx);
+    sc_edit(xr, lo, hi, e, xe, sh, tx, NB);
     xr = xe;
   }
   int jpro = 0;
@@ -1415,6 +1448,7 @@ SC_FN void sc_chain(const SC_DEV float* xr, int V, SC_THR const float* pr, SC_TH
     sc_barrier();
     if (!sh.last) return;
     sc_device_fence();
+    sc_edit_check(e, tx);
     sc_gathered(NB, cap, sh, tx, wf, wi);
   }
   for (int attempt = NB > 0 ? 0 : 1; attempt < 2; ++attempt) {

@@ -54,12 +54,16 @@ class Chain:
         # kernel applies them as it writes the row and gives the maxima their checks read
         self.prefix, self.n_pre = prefix, n_pre
         self.base = base if base is not None else stages[0].inputs[0] if stages else draw.inputs[0]
+        # the penalties_overflow node (check) of the one penalties stage, where a GPU target's kernel gives it
+        # (passes/chains.py sets it), or None
+        self.overflow: Node | None = None
 
     def nodes(self) -> list[Node]:
         ops = lambda ps: [m for p in ps for m in (p.node, *p.maxes)]
         return list(self.top) + ops(self.prefix[:self.n_pre]) + list(self.edits) + ops(self.prefix[self.n_pre:]) + \
             self.stages + ([self.draw] if self.draw is not None else []) + self.logprobs + list(self.softmax) + \
-            ([self.raw] if self.raw is not None else []) + list(self.top_logprobs)
+            ([self.raw] if self.raw is not None else []) + list(self.top_logprobs) + \
+            ([self.overflow] if self.overflow is not None else [])
 
     def run_gpu(self, env: dict, evaluate) -> dict | None:
         """On a GPU (CUDA, or Metal with its build active): the stages, the draw and its log-probabilities (and the
@@ -94,6 +98,8 @@ class Chain:
             bound[id(self.draw)] = out[0]
         if out_x:       # (the final logits for their other readers, or the softmax a `probs` output is)
             bound[id(self.softmax[-1] if self.softmax else self.stages[-1])] = out[2]
+        if self.overflow is not None and len(out) > 2 + bool(out_x):      # (the penalties went in: their check)
+            bound[id(self.overflow)] = out[2 + bool(out_x)]
         return bound
 
     def params(self, env: dict) -> list[mx.array]:
@@ -156,12 +162,13 @@ def _ends_stages(n: Node, users: dict) -> bool:
         not (len(readers) == 1 and readers[0].op in STAGE_OPS)
 
 
-def find_chains(graph: Graph) -> list[Chain]:
+def find_chains(graph: Graph, greedy_edits: bool = False) -> list[Chain]:
     """Every draw, with the stage ops before it: the last one may be read elsewhere too (the kernel then also
     returns its result, or its softmax where that is all the reader wants: `probs`), the others only by the next.
     An argmax (greedy() after the passes) is a draw where allow or logit_bias nodes lie below it. Stage ops that
     end without a draw (an edit after a cut, a chain with no terminal) are a chain too: the kernel's greedy draw
-    runs, unread, beside the result."""
+    runs, unread, beside the result. With greedy_edits (a GPU target's kernel) an argmax right after penalties is a
+    chain too (on the CPU, lowering.RULES' argmax_put runs it)."""
     users = graph.users()
     roots = {id(r) for r in graph.roots()}
     chains, claimed = [], set()
@@ -203,7 +210,7 @@ def find_chains(graph: Graph) -> list[Chain]:
             pre = _prefix_of(x, stack[-1], users, roots, {p.inputs for p in stack})[:native.MAX_PREFIX - len(post)]
             if pre:       # (the penalties read by their checks alone are the chain's too: they read its nodes)
                 edits, x = stack, pre[-1].below
-        if n.op == "argmax" and not (pre or post):
+        if n.op == "argmax" and not (pre or post or (greedy_edits and edits)):
             continue          # (argmax_take, argmax_put: lowering.RULES)
         if drawless:
             chains.append(Chain(None, stages[::-1], [], want_x, softmax, tuple(edits[::-1]),

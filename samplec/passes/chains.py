@@ -27,6 +27,16 @@ def _region(chain, kernel: str, roots: set, users: dict) -> Region:
     return Region(kernel, tuple(chain.nodes()), results, attrs, chain)
 
 
+def _take_overflow(chain, users: dict) -> None:
+    """The check of a chain's one penalties stage (penalties_overflow on the same operands) joins the chain on a GPU
+    target: the kernel gives it from the pass that penalizes the row."""
+    chain.overflow = None
+    if len(chain.edits) == 1:
+        pen = chain.edits[0]
+        chain.overflow = next((u for u in users.get(id(pen.inputs[0]), [])
+                               if u.op == "penalties_overflow" and u.inputs == pen.inputs), None)
+
+
 def fuse_chains(g: Graph, target: str) -> Graph:
     from samplec.backend_mlx import gpu, native
     from samplec.backend_mlx.interpreter import find_chains
@@ -37,8 +47,11 @@ def fuse_chains(g: Graph, target: str) -> Graph:
         covered = [c for c in chains if native.installed() and native.knows_stages([s.op for s in c.stages])]
         return Graph(g.name, g.params, g.outputs, g.checks,
                      tuple(_region(c, "cpu.chain", roots, users) for c in covered))
+    chains = find_chains(g, greedy_edits=True)
     covered = [c for c in chains if c.draw is not None and
                gpu.chain_supports([s.op for s in c.stages], c.draw.op)]
+    for c in covered:
+        _take_overflow(c, users)
     keep = {id(n) for c in covered for n in c.nodes()}
     kept: dict = {}
     low = lower_portable(g, keep, kept)
@@ -47,7 +60,7 @@ def fuse_chains(g: Graph, target: str) -> Graph:
     # window) is rebuilt over them, and a node the lowering left unread (the model's log-softmax where its one reader
     # took the lowered normalizer) drops out of the chain
     have = {id(n) for n in low.toposort()}
-    again = {id(c.draw): c for c in find_chains(low) if c.draw is not None}
+    again = {id(c.draw): c for c in find_chains(low, greedy_edits=True) if c.draw is not None}
     chains = []
     for c in covered:
         if all(id(n) in have for n in c.nodes()):
@@ -57,5 +70,7 @@ def fuse_chains(g: Graph, target: str) -> Graph:
             if gpu.chain_supports([s.op for s in d.stages], d.draw.op):
                 chains.append(d)
     users, roots = low.users(), {id(r) for r in low.roots()}
+    for c in chains:
+        _take_overflow(c, users)
     return Graph(low.name, low.params, low.outputs, low.checks,
                  tuple(_region(c, f"{target}.chain", roots, users) for c in chains))
