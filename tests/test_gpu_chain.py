@@ -777,15 +777,16 @@ PENALTIES = [(s, V, B, n, term, H, shared, bias, split) for s, (V, B, n, term, H
      (1000, 2, 3, "sample", 200, False, "before", (0, 0)), (1000, 3, 2, "sample", 64, False, "after", (0, 0)),
      (500, 2, 0, "greedy", 30, False, "after", (0, 0)), (300, 2, 3, "sample", 50, False, "before", (3, 16)),
      (1000, 2, 2, "greedy", 120, True, "after", (4, 64)), (7, 2, 2, "sample", 5, False, None, (0, 0)),
-     (3000, 1, 3, "sample", 300, False, "after", (5, 256)), (300, 2, 2, "sample", 1, False, None, (2, 32))],
+     (3000, 1, 3, "sample", 300, False, "after", (5, 256)), (300, 2, 2, "sample", 1, False, None, (2, 32)),
+     (3000, 2, 2, "sample", 5000, False, "before", (0, 0)), (3000, 3, 2, "greedy", 4500, True, None, (3, 64))],
     start=1300)]
 
 
 @pytest.mark.parametrize("seed,V,B,n,terminal,H,shared,bias,split", PENALTIES)
 def test_emulated_penalties_in_the_kernel_equal_O0(seed, V, B, n, terminal, H, shared, bias, split):
     """The penalties counted per row in the kernel from the history (repeats, padding, last_n -1, 0, past the
-    history's length; repeat, frequency and presence one a row), with a logit_bias before or after them and an
-    allow, one block a row and split: against -O0's `penalties(h, ...)` in front of the same chain."""
+    history's length; windows that fit shared memory and windows past it; repeat, frequency and presence one a
+    row), with a logit_bias before or after them and an allow, one block a row and split: against -O0's `penalties(h, ...)` in front of the same chain."""
     stages, src, kw, per_row, ops, x = chain_case(seed, V, B, n, terminal)
     hist, pk = penalty_case(seed, V, B, H, shared)
     rng = np.random.default_rng(seed + 1)

@@ -1354,18 +1354,28 @@ SC_INLINE bool sc_removed(ScEdits e, int i) {
 // The penalties (spec section 2) on the tokens [lo, hi) of the edited row xe: c = a token's count in the last last_n
 // history entries (-1: all); where c > 0, x <- (x > 0 ? x / repeat : x * repeat) - (c * frequency + presence), each
 // operation rounded as the dense definition rounds it. A token's first entry in the window counts it (an entry a
-// thread), so each penalized token is written once; a written +inf or NaN counts in sh.ebad.
+// thread: each scans the window, from shared memory where the window fits the candidates' arrays, which the stages
+// fill only later), so each penalized token is written once; a written +inf or NaN counts in sh.ebad.
+SC_INLINE int sc_window_at(ScEdits e, SC_TG ScShared& sh, bool shared, int w0, int k) {
+  return shared ? sh.cand_id[k - w0] : e.ph[k];
+}
+
 SC_FN void sc_penalize(ScEdits e, int lo, int hi, SC_DEV float* xe, SC_TG ScShared& sh, const int tx) {
   const int w0 = e.last_n < 0 ? 0 : (e.last_n >= e.L ? 0 : e.L - e.last_n);
+  const bool shared = e.L - w0 <= SC_CAP;
+  if (shared) {
+    for (int k = w0 + tx; k < e.L; k += SC_T) sh.cand_id[k - w0] = e.ph[k];
+  }
+  sc_barrier();
   unsigned bad = 0u;
   for (int j = w0 + tx; j < e.L; j += SC_T) {
-    const int t = e.ph[j];
+    const int t = sc_window_at(e, sh, shared, w0, j);
     if (t < lo || t >= hi) continue;          // (padding, < 0, and other slices' tokens)
     bool first = true;
-    for (int k = w0; k < j && first; ++k) first = e.ph[k] != t;
+    for (int k = w0; k < j && first; ++k) first = sc_window_at(e, sh, shared, w0, k) != t;
     if (!first) continue;
     int c = 1;
-    for (int k = j + 1; k < e.L; ++k) c += e.ph[k] == t ? 1 : 0;
+    for (int k = j + 1; k < e.L; ++k) c += sc_window_at(e, sh, shared, w0, k) == t ? 1 : 0;
     float v = xe[t];
     v = v > 0.0f ? sc_div(v, e.rep) : sc_mul(v, e.rep);
     v = sc_sub(v, sc_add(sc_mul((float)c, e.freq), e.pres));
