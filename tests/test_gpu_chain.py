@@ -951,3 +951,47 @@ def test_every_example_runs_its_chain_in_the_kernel(example, sampler, monkeypatc
     if len(pen) == 1:               # (one penalties stage: the kernel counts them and gives their check)
         assert "penalties" in calls[0], calls
         assert "penalties_overflow" in [n.op for n in prog.graph.regions[0].nodes]
+
+
+@pytest.mark.parametrize("seed", range(5000, 5016))
+def test_edits_in_random_orders_through_the_kernel_equal_O0(seed, monkeypatch):
+    """penalties, logit_bias and allow in a random order below a random chain, random outputs (raw_logprob,
+    top_logprobs, probs), one value a row: the cuda target through the emulated kernel (a CUDA device faked) gives
+    -O0's outputs, or the same error."""
+    rng = np.random.default_rng(seed)
+    V, n = int(rng.choice([7, 64, 300, 1000])), int(rng.integers(0, 4))
+    stages, src, kw, per_row, ops, x = chain_case(seed, V, 2, n, str(rng.choice(["sample", "greedy"])))
+    B = 2
+    hist, pk = penalty_case(seed, V, B, int(rng.integers(1, 60)), bool(rng.integers(0, 2)))
+    m = rng.random((B, V)) < 0.7
+    m[np.arange(B), np.argmax(np.broadcast_to(x, (B, V)), -1)] = True
+    parts = ["penalties(h, last_n = ln, repeat = rp, frequency = fq, presence = ps)"] + \
+        [p for p in ("logit_bias(eb)", "allow(em)") if rng.random() < 0.6]
+    rng.shuffle(parts)
+    kw.update(em=m, eb=(rng.standard_normal((B, V)) * 2).astype(np.float32), h=np.broadcast_to(hist, (B, hist.shape[1])),
+              ln=pk["last_n"], rp=pk["rep"], fq=pk["freq"], ps=pk["pres"])
+    outs = str(rng.choice(["token, logprob", "token, logprob, raw_logprob", "token, logprob, top_logprobs(3)",
+                           "token, logprob, probs"]))
+    src = src.replace("-> token, logprob", f"-> {outs}").replace(
+        "sampler s(", "sampler s(em: mask, eb: bias, h: tokens, ln: int, rp: float, fq: float, ps: float, ", 1).replace(
+        "{\n", "{\n" + "".join(f"    {p}\n" for p in parts), 1)
+
+    def run(prog):
+        try:
+            return prog(x, **kw).to_dict()
+        except samplec.SamplecError as e:
+            return str(e).splitlines()[0]
+
+    want = run(samplec.compile(src, opt_level=0))
+
+    def fake(x, params, stages, terminal, want_logprob, out_x=0, edits=()):
+        out = kernel(np.array(x), params, stages, terminal, want_logprob, out_x, edits=tuple(edits))
+        return (mx.array(out[0])[:, None], mx.array(out[1])[:, None]) + tuple(mx.array(o) for o in out[2:])
+
+    fake_cuda(monkeypatch)
+    monkeypatch.setattr(gpu, "sample_chain", fake)
+    got = run(samplec.compile(src, target="cuda"))
+    if isinstance(want, str) or isinstance(got, str):
+        assert got == want, src
+    else:
+        assert_outputs_equal(got, want, src)
