@@ -40,8 +40,7 @@ _BUILT: dict = {}
 
 
 INPUTS = gpu.INPUT_NAMES
-EDIT_TYPES = {"EB": "float", "EM": "bool", "EW": "int", "PH": "int", "PN": "int", "PR": "float", "PF": "float",
-              "PP": "float"}
+EDIT_TYPES = {"EB": "float", "EM": "bool", "EW": "int", "PH": "int", "PV": "float"}
 
 
 def metal_attributes(body: str) -> list[str]:
@@ -70,7 +69,8 @@ def metal_signature(sizes: dict[str, int]) -> str:
         params.append(f"const {'constant' if sizes[name] < 8 else 'device'} {dtypes[name]}* {name}")
         if name in ("x", "PH"):         # (the inputs whose shapes the body reads)
             params.append(f"const constant int* {name}_shape")
-    params += ["device int* tok", "device float* lp", "device float* xo", "device bool* pf", "device int* ws"]
+    params += ["device int* tok", "device float* lp", "device float* xo", "device bool* pf", "device float* rmax",
+               "device int* ws"]
     return ", ".join(params + metal_attributes(gpu.chain_entry("metal")))
 
 
@@ -85,18 +85,18 @@ def source(dialect: str, threads: int, defines: str = "", sizes: dict | None = N
     names = ", ".join(gpu._SLOTS + [n + (", PH_shape" if n == "PH" else "") for n in gpu.EDIT_SLOTS])
     if dialect == "cuda":
         signature = (f"const float* x, const int* x_shape, {slots}, const int* S, int* tok, float* lp, float* xo, "
-                     "bool* pf, int* ws")
-        call = f"sc_body(x, shape, {names}, S, tok, lp, xo, pf, ws)"
+                     "bool* pf, float* rmax, int* ws")
+        call = f"sc_body(x, shape, {names}, S, tok, lp, xo, pf, rmax, ws)"
     else:
         signature = metal_signature(sizes or {name: 8 for name in INPUTS})
-        call = (f"sc_body(x, shape, {names}, S, tok, lp, xo, pf, ws, uint3{{threadIdx.x, 0, 0}}, "
+        call = (f"sc_body(x, shape, {names}, S, tok, lp, xo, pf, rmax, ws, uint3{{threadIdx.x, 0, 0}}, "
                 "uint3{blockIdx.x, 0, 0}, 32u)")
     head = (f"#define SC_T {threads}\n{defines}#include \"{dialect}_emulation.h\"\n{gpu.chain_header(dialect)}\n"
             f"static void sc_body({signature}) {{\n{gpu.chain_entry(dialect)}}}\n")
     if "SC_CHECK_ADDRESS_SPACES" in defines:
         return head                     # (a syntax check: nothing runs it)
     return (head + f"extern \"C\" void run(const float* x, int B, int V, {slots}, const int* S,\n"
-            "                      int* tok, float* lp, float* xo, bool* pf, int* ws) {\n"
+            "                      int* tok, float* lp, float* xo, bool* pf, float* rmax, int* ws) {\n"
             "  const int shape[2] = {B, V};\n"
             f"  sc_launch(B * (S[6] > 0 ? S[6] : 1), [&] {{ {call}; }});\n}}\n")
 
@@ -145,9 +145,12 @@ def emulated(threads: int = 64, defines: str = "", dialect: str = "cuda"):
             if name == "PH":            # (its shape after it, as MLX passes the shapes a body reads)
                 keep.append(np.array(a.shape, np.int32))
                 args.append(ptr(keep[-1]))
-        pf = np.zeros(B, dtype=np.bool_)
-        fn(ptr(x), ctypes.c_int(B), ctypes.c_int(V), *args, ptr(tok), ptr(lp), ptr(xo), ptr(pf), ptr(ws))
-        return (tok, lp) + ((xo,) if out_x else ()) + ((pf,) if edits[4] else ())
+        pf = np.zeros((B, max(1, int(edits[4]))), dtype=np.bool_)
+        rmax = np.full(B, np.nan, dtype=np.float32)
+        fn(ptr(x), ctypes.c_int(B), ctypes.c_int(V), *args, ptr(tok), ptr(lp), ptr(xo), ptr(pf), ptr(rmax), ptr(ws))
+        # (as gpu.sample_chain gives them: the penalties' checks, then with edits the edited row's maximum)
+        return (tok, lp) + ((xo,) if out_x else ()) + ((pf,) if edits[4] else ()) + \
+            ((rmax[:, None],) if edits.any() else ())
     return run
 
 
@@ -400,7 +403,7 @@ def test_chain_supports_and_body():
         [0] * 14 + [0] * gpu.EDIT_CODES
     assert gpu.chain_codes([], "greedy", False, 2, split=(8, 512)) == [0, 0, 0, 1, 1, 2, 8, 512] + [0] * 14 + \
         [0] * gpu.EDIT_CODES
-    edits = (1, 0, 2, 1, 1, 1, 1, 0, 1, 0, 1, 1)
+    edits = (1, 0, 2, 1, 3, 1, 1, 0, 1)
     assert gpu.chain_codes([], "greedy", False, edits=edits)[-gpu.EDIT_CODES:] == list(edits)
     # split mode: about one block a multiprocessor over the batch, at most MAX_SLICES a row, the slices'
     # candidates fitting one block's shared memory together
@@ -471,6 +474,20 @@ def fake_cuda(monkeypatch):
     monkeypatch.setattr(gpu, "available", lambda: True)
     monkeypatch.setattr(gpu, "kth_largest", lambda x, want: None)
     monkeypatch.setattr(target, "unavailable", lambda t: None)
+
+
+def emulated_sample_chain(calls: list | None = None):
+    """gpu.sample_chain with the emulated kernel in the current dialect: None where the kernel does not take the
+    operands or edits (as the real one answers), else its outputs as MLX arrays; `calls` records the edits' kinds."""
+    def sample_chain(x, params, stages, terminal, want_logprob, out_x=0, edits=()):
+        B, V = x.shape
+        if gpu.chain_inputs(params, stages, terminal, want_logprob, out_x, B, (0, 0), tuple(edits), V) is None:
+            return None
+        out = kernel(np.array(x), params, stages, terminal, want_logprob, out_x, edits=tuple(edits))
+        if calls is not None:
+            calls.append(tuple(kind for kind, _ in edits))
+        return (mx.array(out[0])[:, None], mx.array(out[1])[:, None]) + tuple(mx.array(o) for o in out[2:])
+    return sample_chain
 
 
 @pytest.mark.parametrize("seed,V,n,terminal,outs", [
@@ -692,7 +709,9 @@ def test_emulated_logit_bias_and_allow_in_the_kernel_equal_O0(seed, V, B, n, ter
     src = src.replace("sampler s(", f"sampler s({', '.join(names)}, ", 1).replace(
         "{\n", "{\n" + "".join(f"    {s}\n" for s in body), 1)
     o0 = samplec.compile(src, opt_level=0)(x, **kw)
-    tok, lp = kernel(x, ops, stages, terminal, split=split, edits=tuple(edits))
+    tok, lp, top = kernel(x, ops, stages, terminal, split=split, edits=tuple(edits))
+    kept = np.broadcast_to(m if allow else True, (B, V))
+    np.testing.assert_array_equal(top[:, 0], np.where(kept, e, -np.inf).max(-1))     # (the edited row's maximum)
     assert tok.tolist() == np.array(o0.token).tolist(), src
     np.testing.assert_allclose(lp, np.array(o0.logprob), atol=2e-4, rtol=1e-4, err_msg=src)
 
@@ -704,15 +723,24 @@ def test_edit_slots_take_the_shapes_the_program_holds():
     bias, mask = mx.zeros((B, V)), mx.ones((B, V), dtype=mx.bool_)
     bits = mx.zeros((1, 3), dtype=mx.int32)
     ins, codes = gpu._edit_slots([("logit_bias", bias), ("allow", bits)], B, V)
-    assert ins[0] is bias and ins[2] is bits and codes == (1, 1, 2, 0) + (0,) * 8
-    assert gpu._edit_slots([("allow", mask)], B, V)[1] == (0, 0, 1, 1) + (0,) * 8
+    assert ins[0] is bias and ins[2] is bits and codes == (1, 1, 2, 0) + (0,) * 5
+    assert gpu._edit_slots([("allow", mask)], B, V)[1] == (0, 0, 1, 1) + (0,) * 5
     hist, one, rows = mx.zeros((B, 5), dtype=mx.int32), mx.array(1.0), mx.ones((B,))
     pen = ("penalties", (hist, mx.array(-1, dtype=mx.int32), one, rows, one))
     ins, codes = gpu._edit_slots([("logit_bias", bias), pen], B, V)
-    assert ins[3] is hist and codes == (1, 1, 0, 0, 1, 1, 0, 0, 0, 1, 0, 0)      # (the bias before the penalties)
-    assert gpu._edit_slots([pen, ("logit_bias", bias[:1])], B, V)[1] == (1, 0, 0, 0, 1, 1, 1, 0, 0, 1, 0, 0)
-    assert gpu._edit_slots([pen, ("allow", mask)], B, V)[1][11] == 1           # (the allow after them)
-    assert gpu._edit_slots([pen, pen], B, V) is None                          # (one penalties stage)
+    assert ins[3] is hist and codes == (1, 1, 0, 0, 1, 1, 0, 1, 0)       # (the bias before the penalties)
+    # PV: (last_n, repeat, frequency, presence) a stage as floats, a row each where one operand is (at least 8 wide)
+    assert np.array(ins[4]).tolist() == [[-1.0, 1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0]] * B
+    assert gpu._edit_slots([pen, ("logit_bias", bias[:1])], B, V)[1] == (1, 0, 0, 0, 1, 1, 1, 1, 0)
+    assert gpu._edit_slots([pen, ("allow", mask)], B, V)[1][8] == 1           # (the allow after them)
+    two = (hist, mx.array(3, dtype=mx.int32), mx.array(1.5), one, mx.array(0.25))
+    ins, codes = gpu._edit_slots([("allow", mask), ("penalties", two), pen, ("penalties", two)], B, V)
+    assert codes[4] == 3 and np.array(ins[4]).shape == (B, 12)               # (three stages in a row)
+    assert np.array(ins[4])[0, :4].tolist() == [3.0, 1.5, 1.0, 0.25]
+    assert gpu._edit_slots([pen, ("logit_bias", bias), pen], B, V) is None   # (a bias between two stages)
+    assert gpu._edit_slots([pen] * 5, B, V) is None                          # (MAX_PENALTIES)
+    other = ("penalties", (mx.zeros((B, 5), dtype=mx.int32), *pen[1][1:]))
+    assert gpu._edit_slots([pen, other], B, V) is None                       # (one history for every stage)
     assert gpu._edit_slots([("penalties", (hist[0], *pen[1][1:]))], B, V) is None      # (a 2-D history)
     assert gpu._edit_slots([("penalties", (hist, mx.ones((B, 2)), one, one, one))], B, V) is None
     assert gpu._edit_slots([("logit_bias", bias), ("logit_bias", bias)], B, V) is None
@@ -740,10 +768,7 @@ def test_interpreter_hands_allow_and_logit_bias_to_the_kernel(seed, V, n, termin
     want = samplec.compile(src, opt_level=0)(x, **kw).to_dict()
     calls = []
 
-    def fake(x, params, stages, terminal, want_logprob, out_x=0, edits=()):
-        out = kernel(np.array(x), params, stages, terminal, want_logprob, out_x, edits=tuple(edits))
-        calls.append(tuple(kind for kind, _ in edits))
-        return (mx.array(out[0])[:, None], mx.array(out[1])[:, None]) + tuple(mx.array(o) for o in out[2:])
+    fake = emulated_sample_chain(calls)
 
     fake_cuda(monkeypatch)
     monkeypatch.setattr(gpu, "sample_chain", fake)
@@ -811,14 +836,15 @@ def test_emulated_penalties_in_the_kernel_equal_O0(seed, V, B, n, terminal, H, s
     src = src.replace("sampler s(", "sampler s(em: mask, eb: bias, h: tokens, ln: int, rp: float, fq: float, "
                       "ps: float, ", 1).replace("{\n", "{\n" + "".join(f"    {s}\n" for s in body), 1)
     o0 = samplec.compile(src, opt_level=0)(x, **kw)
-    tok, lp, flag = kernel(x, ops, stages, terminal, split=split, edits=tuple(edits))
+    tok, lp, flag, _ = kernel(x, ops, stages, terminal, split=split, edits=tuple(edits))
     assert tok.tolist() == np.array(o0.token).tolist(), src
     np.testing.assert_allclose(lp, np.array(o0.logprob), atol=2e-4, rtol=1e-4, err_msg=src)
-    assert not flag.any(), src          # (the check: -O0 raised nothing)
+    assert flag.shape == (B, 1) and not flag.any(), src          # (the check: -O0 raised nothing)
     # the edited row itself (the final logits of no stage) against the spec's penalties in numpy
-    _, _, final, _ = kernel(x, [], [], "greedy", out_x=1, split=split, edits=tuple(edits))
+    _, _, final, _, top = kernel(x, [], [], "greedy", out_x=1, split=split, edits=tuple(edits))
     pen_row = penalized_rows(x, hist, pk, b if bias else None, bias, m)
     np.testing.assert_array_equal(final, pen_row)
+    np.testing.assert_array_equal(top[:, 0], pen_row.max(-1))          # (the edited row's maximum)
 
 
 @pytest.mark.parametrize("split", [(0, 0), (3, 16)])
@@ -840,7 +866,7 @@ def test_emulated_penalties_check_in_the_kernel(split, allow_after):
     pen = ("penalties", (mx.array(hist), mx.array(pk["last_n"]), mx.array(pk["rep"]), mx.array(freq),
                          mx.array(pk["pres"])))
     edits = (pen, ("allow", mx.array(m))) if allow_after else (("allow", mx.array(m)), pen)
-    _, _, flag = kernel(x, [], [], "greedy", split=split, edits=edits)
+    _, _, flag, _ = kernel(x, [], [], "greedy", split=split, edits=edits)
     body = "allow(em)\n    penalties(h, frequency = fq)" if not allow_after else \
         "penalties(h, frequency = fq)\n    allow(em)"
     src = f"sampler s(em: mask, h: tokens, fq: float) -> token {{\n    {body}\n    greedy()\n}}"
@@ -853,7 +879,7 @@ def test_emulated_penalties_check_in_the_kernel(split, allow_after):
         except samplec.SamplecError as e:
             want.append("penalt" in str(e))
     # row 3: allow first, every kept token to -inf (the check fires); allow after, the row between keeps the rest
-    assert flag.tolist() == want == [False, True, False, not allow_after]
+    assert flag[:, 0].tolist() == want == [False, True, False, not allow_after]
 
 
 def penalized_rows(x, hist, pk, b, where, m):
@@ -901,10 +927,7 @@ def test_interpreter_hands_penalties_to_the_kernel(seed, V, n, terminal, edit, m
     want = samplec.compile(src, opt_level=0)(x, **kw).to_dict()
     calls = []
 
-    def fake(x, params, stages, terminal, want_logprob, out_x=0, edits=()):
-        out = kernel(np.array(x), params, stages, terminal, want_logprob, out_x, edits=tuple(edits))
-        calls.append(tuple(kind for kind, _ in edits))
-        return (mx.array(out[0])[:, None], mx.array(out[1])[:, None]) + tuple(mx.array(o) for o in out[2:])
+    fake = emulated_sample_chain(calls)
 
     fake_cuda(monkeypatch)
     monkeypatch.setattr(gpu, "sample_chain", fake)
@@ -935,10 +958,7 @@ def test_every_example_runs_its_chain_in_the_kernel(example, sampler, monkeypatc
     want = prog0(x, **kw).to_dict()
     calls = []
 
-    def fake(x, params, stages, terminal, want_logprob, out_x=0, edits=()):
-        out = kernel(np.array(x), params, stages, terminal, want_logprob, out_x, edits=tuple(edits))
-        calls.append(tuple(kind for kind, _ in edits))
-        return (mx.array(out[0])[:, None], mx.array(out[1])[:, None]) + tuple(mx.array(o) for o in out[2:])
+    fake = emulated_sample_chain(calls)
 
     fake_cuda(monkeypatch)
     monkeypatch.setattr(gpu, "sample_chain", fake)
@@ -984,9 +1004,7 @@ def test_edits_in_random_orders_through_the_kernel_equal_O0(seed, monkeypatch):
 
     want = run(samplec.compile(src, opt_level=0))
 
-    def fake(x, params, stages, terminal, want_logprob, out_x=0, edits=()):
-        out = kernel(np.array(x), params, stages, terminal, want_logprob, out_x, edits=tuple(edits))
-        return (mx.array(out[0])[:, None], mx.array(out[1])[:, None]) + tuple(mx.array(o) for o in out[2:])
+    fake = emulated_sample_chain()
 
     fake_cuda(monkeypatch)
     monkeypatch.setattr(gpu, "sample_chain", fake)
@@ -995,3 +1013,83 @@ def test_edits_in_random_orders_through_the_kernel_equal_O0(seed, monkeypatch):
         assert got == want, src
     else:
         assert_outputs_equal(got, want, src)
+
+
+STACKS = [(s, V, B, n, term, H, k, where, split) for s, (V, B, n, term, H, k, where, split) in enumerate(
+    [(300, 2, 2, "sample", 40, 2, "before", (0, 0)), (1000, 3, 3, "sample", 120, 3, "after", (3, 64)),
+     (500, 2, 0, "greedy", 30, 4, "before", (0, 0)), (300, 2, 2, "greedy", 25, 3, "after", (2, 32)),
+     (3000, 1, 3, "sample", 5000, 2, "after", (0, 0))], start=1400)]
+
+
+@pytest.mark.parametrize("seed,V,B,n,terminal,H,k,where,split", STACKS)
+def test_emulated_penalties_stages_in_a_row_equal_O0(seed, V, B, n, terminal, H, k, where, split):
+    """Up to four penalties stages over one history (each its own last_n, repeat, frequency and presence, one value
+    a row) as the server chain writes them, with an allow and a logit_bias before or after them: the kernel against
+    -O0, and each stage's check against the rows -O0 raises on (a frequency that overflows one stage's logits)."""
+    stages, src, kw, per_row, ops, x = chain_case(seed, V, B, n, terminal)
+    rng = np.random.default_rng(seed)
+    hist, _ = penalty_case(seed, V, B, H, False)
+    m = rng.random((B, V)) < 0.7
+    m[np.arange(B), np.argmax(np.broadcast_to(x, (B, V)), -1)] = True
+    m[:, :V // 3] = True
+    b = (rng.standard_normal((B, V)) * 2).astype(np.float32)
+    pens, names, body, h = [], [], [], mx.array(hist)
+    for j in range(k):
+        pk = penalty_case(seed + 10 * j, V, B, H, False)[1]
+        pens.append(("penalties", (h, *(mx.array(pk[n]) for n in ("last_n", "rep", "freq", "pres")))))
+        names.append(f"ln{j}: int, rp{j}: float, fq{j}: float, ps{j}: float")
+        body.append(f"penalties(h, last_n = ln{j}, repeat = rp{j}, frequency = fq{j}, presence = ps{j})")
+        kw.update({f"ln{j}": pk["last_n"], f"rp{j}": pk["rep"], f"fq{j}": pk["freq"], f"ps{j}": pk["pres"]})
+    edits = [("allow", mx.array(m)), ("logit_bias", mx.array(b))]
+    edits = edits + pens if where == "before" else pens + edits
+    body = ["allow(em)", "logit_bias(eb)"] + body if where == "before" else body + ["allow(em)", "logit_bias(eb)"]
+    kw.update(em=m, eb=b, h=hist)
+    src = src.replace("sampler s(", f"sampler s(em: mask, eb: bias, h: tokens, {', '.join(names)}, ", 1).replace(
+        "{\n", "{\n" + "".join(f"    {s}\n" for s in body), 1)
+    o0 = samplec.compile(src, opt_level=0)(x, **kw)
+    tok, lp, flags, _ = kernel(x, ops, stages, terminal, split=split, edits=tuple(edits))
+    assert tok.tolist() == np.array(o0.token).tolist(), src
+    np.testing.assert_allclose(lp, np.array(o0.logprob), atol=2e-4, rtol=1e-4, err_msg=src)
+    assert flags.shape == (B, k) and not flags.any(), src
+    # one stage's frequency overflowing the logits of a repeated token (to +inf) in row 0: that stage's check alone
+    j = k - 1
+    bad = np.array(kw[f"fq{j}"])
+    bad[0] = -3e38
+    kw[f"fq{j}"], kw[f"ln{j}"] = bad, np.full(B, -1, np.int32)
+    kw["h"] = hist.copy()
+    kw["h"][0, -2:] = 0                             # (token 0 twice in the window)
+    h = mx.array(kw["h"])
+    edits = [e if e[0] != "penalties" else ("penalties", (h,) + e[1][1:]) for e in edits]
+    last = [i for i, e in enumerate(edits) if e[0] == "penalties"][-1]
+    edits[last] = ("penalties", (edits[last][1][0], mx.array(kw[f"ln{j}"]), edits[last][1][2], mx.array(bad),
+                                 edits[last][1][4]))
+    _, _, flags, _ = kernel(x, ops, stages, terminal, split=split, edits=tuple(edits))
+    with pytest.raises(samplec.SamplecError, match="penalt"):
+        samplec.compile(src, opt_level=0)(x, **kw)
+    assert flags[:, :j].sum() == 0 and flags[:, j].tolist() == [True] + [False] * (B - 1), src
+
+
+def test_the_server_chain_runs_in_the_kernel(monkeypatch):
+    """`samplec serve`'s chain (an allow, three penalties stages over the request's history, the stages, raw_logprob
+    and top_logprobs): on the cuda target (a CUDA device faked, its kernel the emulated one) the allow and the three
+    stages go into the kernel with their checks, and the outputs equal -O0's."""
+    from samplec.serve import SERVER_CHAIN, TOP
+    src = SERVER_CHAIN.replace("TOP", str(TOP))
+    prog0 = samplec.compile(src, opt_level=0)
+    x, kw = example_args(prog0, B=3, V=700, seed=3)
+    kw.update(temperature=np.array([0.7, 1.0, 0.0], np.float32), top_p=np.array([0.9, 1.0, 0.8], np.float32),
+              top_k=np.array([0, 40, 5], np.int32), min_p=np.array([0.05, 0.0, 0.1], np.float32),
+              repetition_penalty=np.array([1.1, 1.0, 1.3], np.float32),
+              presence_penalty=np.array([0.5, 0.0, -0.5], np.float32),
+              frequency_penalty=np.array([0.25, 1.0, 0.0], np.float32),
+              repetition_context_size=np.array([20, 64, 5], np.int32), frequency_context_size=np.array([3, 20, -1], np.int32))
+    want = prog0(x, **kw).to_dict()
+    calls = []
+    fake_cuda(monkeypatch)
+    monkeypatch.setattr(gpu, "sample_chain", emulated_sample_chain(calls))
+    prog = samplec.compile(src, target="cuda")
+    got = prog(x, **kw).to_dict()
+    assert_outputs_equal(got, want, "server chain")
+    assert calls and calls[0] == ("allow", "penalties", "penalties", "penalties"), calls
+    region = prog.graph.regions[0]
+    assert [n.op for n in region.nodes].count("penalties_overflow") == 3

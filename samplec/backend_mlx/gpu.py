@@ -220,10 +220,11 @@ _SLOTS = [f"F{i}" for i in range(CHAIN_FLOAT_SLOTS)] + [f"K{i}" for i in range(C
     [f"Q{i}" for i in range(CHAIN_KEY_SLOTS)]
 # logit_bias's bias, allow's bool mask, allow's packed bits; the penalties' history, last_n, repeat, frequency and
 # presence
-EDIT_SLOTS = ["EB", "EM", "EW", "PH", "PN", "PR", "PF", "PP"]
-EDIT_CODES = 12                 # S's last words: logit_bias?, its stride, allow's kind, its stride, penalties?,
-#                                 the history's stride, logit_bias after the penalties?, last_n's, repeat's,
-#                                 frequency's and presence's strides, allow after the penalties?
+# penalties stages' history and their values (last_n, repeat, frequency, presence a stage, as floats)
+EDIT_SLOTS = ["EB", "EM", "EW", "PH", "PV"]
+EDIT_CODES = 9                  # S's last words: logit_bias?, its stride, allow's kind, its stride, penalties
+#                                 stages, the history's stride, logit_bias after them?, PV's stride, allow after them?
+MAX_PENALTIES = 4               # penalties stages the kernel applies in order (gpu_chain.cu's SC_MAX_PEN)
 INPUT_NAMES = ["x", *_SLOTS, *EDIT_SLOTS, "S"]
 
 
@@ -233,10 +234,9 @@ def chain_codes(stages: list[str], terminal: str, want_logprob: bool, out_x: int
     no [B, V] output, 1: the final logits, 2: their softmax), slices a row (0: one block a row), candidates a slice
     keeps, the stages' codes..., then each operand slot's stride (F0..F9, K0, K1, Q0, Q1: 1 where it holds one value
     per row, 0 for one value; per_row's flags), then the edits (_edit_slots): logit_bias? (1: EB holds it), its stride
-    (1: a row each), allow's kind (0: none, 1: EM's bools, 2: EW's packed bits), its stride, penalties? (1: PH holds
-    the history), the history's stride, logit_bias after the penalties? (else before them), the strides of the
-    penalties' last_n, repeat, frequency and presence, allow after the penalties?] (one kernel serves every chain:
-    one NVRTC compile per process)."""
+    (1: a row each), allow's kind (0: none, 1: EM's bools, 2: EW's packed bits), its stride, penalties stages (PH: their
+    history, PV: their values), the history's stride, logit_bias after the penalties? (else before them), PV's stride,
+    allow after the penalties?] (one kernel serves every chain: one NVRTC compile per process)."""
     nf = max(1, sum(CHAIN_STAGES[s] for s in stages))
     nu = max(1, 3 * (stages.count("xtc") + (terminal == "sample")))
     strides = [int(bool(f)) for f in per_row] + [0] * (len(_SLOTS) - len(per_row))
@@ -270,11 +270,11 @@ DIALECT_CAP = {"cuda": SC_CAP, "metal": METAL_CAP}
 # The kernel body each language's signature wraps (MLX writes the signature from the inputs and outputs): inputs x
 # [B, V] f32; F0..F9 f32 (the stages' float operands in order, top_k's k as a float), K0, K1 u64 and Q0, Q1 i32 (each
 # xtc's and then the sample's seed and position), each one value or one per row, unused slots one placeholder value;
-# EB f32, EM bool, EW i32, PH i32, PN i32, PR, PF, PP f32 (the edits before the stages: logit_bias's bias, allow's
-# mask as bools or packed bits, each one row or one per row; the penalties' history [1 or B, H] -- the kernel reads
-# its shape -- and their operands, each one value or one a row; placeholders where absent); S (chain_codes). Outputs tok [B] i32, lp [B] f32, xo [B, V] f32 where S
-# asks for the final logits or their softmax (else [B, 1], unwritten), pf [B] bool (the penalties' check, where S has
-# them), ws (scratch_size). The operands go in as the
+# EB f32, EM bool, EW i32, PH i32, PV f32 (the edits before the stages: logit_bias's bias, allow's mask as bools or
+# packed bits, each one row or one per row; the penalties stages' history [1 or B, H] -- the kernel reads its shape
+# -- and their values [1 or B, 4 a stage]; placeholders where absent); S (chain_codes). Outputs tok [B] i32, lp [B] f32, xo [B, V] f32 where S
+# asks for the final logits or their softmax (else [B, 1], unwritten), pf [B, stages] bool (the penalties' checks,
+# where S has them), rmax [B] f32 (the edited row's maximum, where S has edits), ws (scratch_size). The operands go in as the
 # program holds them (no op gathers them first: at B = 1 a few small ops cost more than the kernel). One text for both
 # languages: a dialect differs only in the fields below (its shared-state declaration, its thread and block indices, a
 # check of its own), as tinygrad's CUDA and Metal renderers differ in a few fields over one renderer.
@@ -301,20 +301,22 @@ CHAIN_ENTRY = """
     e.em = ed[2] == 1 ? EM + (size_t)(ed[3] ? row : 0) * V : nullptr;
     e.ew = ed[2] == 2 ? EW + (size_t)(ed[3] ? row : 0) * ((V + 31) / 32) : nullptr;
     e.L = PH_shape[1];
-    e.ph = ed[4] ? PH + (size_t)(ed[5] ? row : 0) * e.L : nullptr;
+    e.np = ed[4];
+    e.ph = e.np ? PH + (size_t)(ed[5] ? row : 0) * e.L : nullptr;
     e.bias_after = ed[6];
-    e.last_n = sc_operand_i(PN, ed[7], row);
-    e.rep = sc_operand_f(PR, ed[8], row);
-    e.freq = sc_operand_f(PF, ed[9], row);
-    e.pres = sc_operand_f(PP, ed[10], row);
-    e.allow_after = ed[11];
-    e.pf = pf + row;
+    e.pv = PV + (size_t)(ed[7] ? row : 0) * 4 * (e.np > 2 ? e.np : 2);    // (rows of at least eight values)
+    e.allow_after = ed[8];
+    e.pf = pf + (size_t)row * (e.np > 0 ? e.np : 1);
     // ws: the rows' arrival counters [B], then the slices' headers and candidates' logits (float bits), then their
-    // ids, then the edited rows, then the penalties' check counts, two a row (scratch_size)
+    // ids, then the edited rows, then the penalties' check counts, two a stage and row, then each block's maximum of
+    // its part of the edited row (scratch_size)
     SC_DEV float* wf = reinterpret_cast<SC_DEV float*>(ws + B);
     SC_DEV int* wi = ws + B + (size_t)B * NB * (SC_WH + cap);
     SC_DEV float* xe = reinterpret_cast<SC_DEV float*>(ws + B + (size_t)B * NB * (SC_WH + 2 * cap)) + (size_t)row * V;
-    e.pc = ws + B + (size_t)B * NB * (SC_WH + 2 * cap) + (size_t)B * V + 2 * row;
+    e.pc = ws + B + (size_t)B * NB * (SC_WH + 2 * cap) + (size_t)B * V + 2 * SC_MAX_PEN * row;
+    e.rmax = rmax + row;
+    e.pmax = reinterpret_cast<SC_DEV float*>(ws + B + (size_t)B * NB * (SC_WH + 2 * cap) + (size_t)B * V +
+                                           (size_t)B * 2 * SC_MAX_PEN) + (size_t)row * NB;
     sc_chain(x + (size_t)row * V, V, pr, ur, S, sh, tx, tok + row, lp + row,
              xo + (S[5] != 0 ? (size_t)row * V : (size_t)row), slice, wf + (size_t)row * NB * (SC_WH + cap),
              wi + (size_t)row * NB * cap, ws + row, e, xe);
@@ -358,31 +360,52 @@ def _slot(p: mx.array, B: int, dtype) -> tuple[mx.array, bool] | None:
     return (p if p.dtype == dtype else p.astype(dtype)), p.size == B and B > 1
 
 
-PENALTY_DTYPES = (mx.int32, mx.float32, mx.float32, mx.float32)     # last_n, repeat, frequency, presence
+def _penalty_values(stages, B: int) -> tuple[mx.array, bool] | None:
+    """PV: each penalties stage's (last_n, repeat, frequency, presence) as floats, [1 or B, 4 a stage, at least 8]
+    (one op packs them: a concatenation), and whether it holds one row each; None where an operand is neither one value nor one a
+    row. (last_n as a float: exact below 2**24, and a window past the history's length is all of it either way.)"""
+    ops = [_slot(v, B, mx.float32) for st in stages for v in st]
+    if None in ops:
+        return None
+    R = B if any(rows for _, rows in ops) else 1
+    cols = [mx.broadcast_to(v.reshape(-1, 1), (R, 1)) for v, _ in ops]
+    if len(cols) < 8:               # (at least eight values: Metal would pass fewer in the constant address space)
+        cols.append(mx.broadcast_to(_placeholder(mx.float32, 8 - len(cols), rows=1), (R, 8 - len(cols))))
+    return mx.concatenate(cols, axis=1), R > 1
 
 
 def _edit_slots(edits, B: int, V: int) -> tuple[list[mx.array], tuple] | None:
-    """EB, EM, EW, PH, PN, PR, PF, PP and S's edit codes (chain_codes) from the edits before the stages, from the
-    logits up -- ("logit_bias", f32 [B or 1, V]), ("allow", bool [B or 1, V] or a packed int32 bitmask [B or 1,
-    ceil(V / 32)]), ("penalties", (history i32 [B or 1, H], last_n, repeat, frequency, presence: each one value or
-    one a row)), at most one of each --, or None where one has another shape or kind. An allow may stand anywhere
-    (it commutes with both: a removed token stays at -inf, and a penalty that turns -inf into NaN is an error the
-    program's checks raise: the kernel applies it as it first writes the row, or after the penalties where it stands
-    above them, whose check reads the row between); a logit_bias before or after the penalties."""
+    """EB, EM, EW, PH, PV and S's edit codes (chain_codes) from the edits before the stages, from the logits up --
+    ("logit_bias", f32 [B or 1, V]), ("allow", bool [B or 1, V] or a packed int32 bitmask [B or 1, ceil(V / 32)]),
+    ("penalties", (history i32 [B or 1, H], last_n, repeat, frequency, presence: each one value or one a row)) --,
+    or None where one has another shape or kind. At most one logit_bias and one allow, each before or after the
+    penalties (not between two of them), and up to MAX_PENALTIES penalties stages in a row over one history. An
+    allow commutes with the others (a removed token stays at -inf, and a penalty that makes NaN of it is an error the
+    program's checks raise), but the penalties' checks read the row between: the kernel applies it as it first writes
+    the row or after the penalties, where it stands."""
     slots = {"EB": _placeholder(mx.float32, 8), "EM": _placeholder(mx.bool_, 8), "EW": _placeholder(mx.int32, 8),
-             "PH": _placeholder(mx.int32, 8, rows=1), "PN": _placeholder(mx.int32), "PR": _placeholder(mx.float32),
-             "PF": _placeholder(mx.float32), "PP": _placeholder(mx.float32)}
+             "PH": _placeholder(mx.int32, 8, rows=1), "PV": _placeholder(mx.float32, 8)}
     codes = [0] * EDIT_CODES
+    kinds = [kind for kind, _ in edits]
+    pens = [a for kind, a in edits if kind == "penalties"]
+    if pens:
+        first = kinds.index("penalties")
+        hist = pens[0][0]
+        if kinds[first:first + len(pens)] != ["penalties"] * len(pens) or len(pens) > MAX_PENALTIES or \
+                any(p[0] is not hist for p in pens) or hist.ndim != 2 or hist.shape[0] not in (1, B) or \
+                hist.shape[1] < 1:
+            return None
+        pv = _penalty_values([p[1:] for p in pens], B)
+        if pv is None:
+            return None
+        slots["PH"] = hist if hist.dtype == mx.int32 else hist.astype(mx.int32)
+        slots["PV"] = pv[0]
+        codes[4:6] = [len(pens), int(hist.shape[0] == B and B > 1)]
+        codes[7] = int(pv[1])
+    seen_pen = False
     for kind, a in edits:
         if kind == "penalties":
-            hist, *values = a
-            ops = [_slot(v, B, dtype) for v, dtype in zip(values, PENALTY_DTYPES)]
-            if codes[4] or hist.ndim != 2 or hist.shape[0] not in (1, B) or hist.shape[1] < 1 or None in ops:
-                return None
-            slots["PH"] = hist if hist.dtype == mx.int32 else hist.astype(mx.int32)
-            slots.update(zip(("PN", "PR", "PF", "PP"), (v for v, _ in ops)))
-            codes[4:6] = [1, int(hist.shape[0] == B and B > 1)]
-            codes[7:11] = [int(rows) for _, rows in ops]
+            seen_pen = True
             continue
         packed = kind == "allow" and a.dtype in (mx.int32, mx.uint32)
         width = -(-V // 32) if packed else V
@@ -391,11 +414,11 @@ def _edit_slots(edits, B: int, V: int) -> tuple[list[mx.array], tuple] | None:
         rows = a.ndim == 2 and a.shape[0] == B and B > 1
         if kind == "logit_bias" and not codes[0]:
             slots["EB"], codes[0:2] = a.astype(mx.float32) if a.dtype != mx.float32 else a, [1, int(rows)]
-            codes[6] = codes[4]
+            codes[6] = int(seen_pen)
         elif kind == "allow" and not codes[2] and (packed or a.dtype == mx.bool_):
             name = "EW" if packed else "EM"
             slots[name], codes[2:4] = a.astype(mx.int32) if a.dtype == mx.uint32 else a, [2 if packed else 1, int(rows)]
-            codes[11] = codes[4]
+            codes[8] = int(seen_pen)
         else:
             return None
     return [slots[n] for n in EDIT_SLOTS], tuple(codes)
@@ -433,7 +456,8 @@ def sample_chain(x: mx.array, params: list[mx.array], stages: list[str], termina
                  want_logprob: bool, out_x: int = 0, edits: tuple = ()) -> tuple[mx.array, ...] | None:
     """The chain's token [B, 1] i32 and its log-probability under the final softmax [B, 1] f32 (0 without
     want_logprob), with out_x the final logits (1) or their softmax (2) [B, V], and with a penalties stage among the
-    edits its check, bool [B] (penalties_overflow's value); or None where the kernel does
+    edits their checks, bool [B, stages] (each penalties_overflow's value), and with edits the edited row's maximum
+    [B, 1]; or None where the kernel does
     not apply (neither a CUDA device nor an Apple GPU with the Metal build active -- metal_status --, a stage it does
     not run, operands of other shapes). edits: the logit_bias, allow and penalties before the stages, from the
     logits up, as (kind, operand) pairs (_edit_slots), applied in the kernel."""
@@ -449,20 +473,25 @@ def sample_chain(x: mx.array, params: list[mx.array], stages: list[str], termina
     if inputs is None:
         return None
     nb = split[0]
-    tok, lp, xo, pf, _ = _kernel("samplec_chain", INPUT_NAMES, CHAIN_BODY, CHAIN_OUTPUTS, chain_header())(
+    tok, lp, xo, pf, rmax, _ = _kernel("samplec_chain", INPUT_NAMES, CHAIN_BODY, CHAIN_OUTPUTS, chain_header())(
         inputs=[x, *inputs],
-        output_shapes=[(B,), (B,), x.shape if out_x else (B, 1), (B,), (scratch_size(B, split, V if edits else 0),)],
-        output_dtypes=[mx.int32, mx.float32, mx.float32, mx.bool_, mx.int32],
+        output_shapes=[(B,), (B,), x.shape if out_x else (B, 1), _flags_shape(B, edits), (B,), (scratch_size(B, split, V if edits else 0),)],
+        output_dtypes=[mx.int32, mx.float32, mx.float32, mx.bool_, mx.float32, mx.int32],
         grid=(B * max(nb, 1) * CHAIN_THREADS, 1, 1), threadgroup=(CHAIN_THREADS, 1, 1),
         init_value=0 if nb else None)      # (the rows' arrival counters start at zero)
-    return _outputs(tok, lp, xo, pf, B, out_x, edits)
+    return _outputs(tok, lp, xo, pf, rmax, B, out_x, edits)
 
 
-def _outputs(tok, lp, xo, pf, B: int, out_x: int, edits) -> tuple[mx.array, ...]:
-    """(token [B, 1], logprob [B, 1]), then the final logits or their softmax where out_x, then the penalties' check
-    [B] where a penalties stage was among the edits."""
+def _outputs(tok, lp, xo, pf, rmax, B: int, out_x: int, edits) -> tuple[mx.array, ...]:
+    """(token [B, 1], logprob [B, 1]), then the final logits or their softmax where out_x, then with edits the
+    penalties' checks [B, stages] (where penalties were among them) and the edited row's maximum [B, 1]."""
     pen = any(kind == "penalties" for kind, _ in edits)
-    return (tok.reshape(B, 1), lp.reshape(B, 1)) + ((xo,) if out_x else ()) + ((pf,) if pen else ())
+    return (tok.reshape(B, 1), lp.reshape(B, 1)) + ((xo,) if out_x else ()) + ((pf,) if pen else ()) + \
+        ((rmax.reshape(B, 1),) if edits else ())
+
+
+def _flags_shape(B: int, edits) -> tuple[int, int]:
+    return B, max(1, sum(kind == "penalties" for kind, _ in edits))
 
 
 # -- the Metal build -------------------------------------------------------------------------------------------------
@@ -500,12 +529,12 @@ def _metal_chain(x: mx.array, params: list[mx.array], stages: list[str], termina
     if inputs is None:
         return None
     inputs = [a.reshape(1) if a.ndim == 0 else a for a in inputs]     # (a 0-d input would be a reference)
-    tok, lp, xo, pf, _ = _metal_kernel()(
+    tok, lp, xo, pf, rmax, _ = _metal_kernel()(
         inputs=[x, *inputs],
-        output_shapes=[(B,), (B,), x.shape if out_x else (B, 1), (B,), (scratch_size(B, (0, 0), V if edits else 0),)],
-        output_dtypes=[mx.int32, mx.float32, mx.float32, mx.bool_, mx.int32],
+        output_shapes=[(B,), (B,), x.shape if out_x else (B, 1), _flags_shape(B, edits), (B,), (scratch_size(B, (0, 0), V if edits else 0),)],
+        output_dtypes=[mx.int32, mx.float32, mx.float32, mx.bool_, mx.float32, mx.int32],
         grid=(B * METAL_THREADS, 1, 1), threadgroup=(METAL_THREADS, 1, 1))
-    return _outputs(tok, lp, xo, pf, B, out_x, edits)
+    return _outputs(tok, lp, xo, pf, rmax, B, out_x, edits)
 
 
 def _on(var: str) -> bool:
@@ -552,14 +581,15 @@ def metal_status() -> tuple[bool, str]:
     return _METAL["status"]
 
 
-CHAIN_OUTPUTS = ("tok", "lp", "xo", "pf", "ws")
+CHAIN_OUTPUTS = ("tok", "lp", "xo", "pf", "rmax", "ws")
 
 
 def scratch_size(B: int, split: tuple[int, int], edited: int = 0) -> int:
     """ws's int32 words: the rows' arrival counters, the slices' headers and candidates' logits, their ids, and with
-    edits before the stages the edited rows (edited: V) and the penalties' check counts (two a row)."""
+    edits before the stages the edited rows (edited: V), the penalties' check counts (two a stage and row) and each
+    block's maximum of its part of the edited row."""
     nb, cap = split
-    return B + B * nb * (SLICE_HEADER + 2 * cap) + B * (edited + 2 * bool(edited))
+    return B + B * nb * (SLICE_HEADER + 2 * cap) + B * (edited + (2 * MAX_PENALTIES + nb) * bool(edited))
 
 
 def path_report() -> str:

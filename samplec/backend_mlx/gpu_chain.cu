@@ -1330,99 +1330,133 @@ SC_FN bool sc_stages(const SC_DEV float* xr, int V, SC_THR const float* pr, SC_T
 }
 
 // The row's edits before the stages, from the logits up: logit_bias (eb: x + b), allow (em: a bool per token, or ew:
-// packed bits, bit j of word w for token 32 w + j; false: -inf) and the penalties (ph: the history's row of L
-// entries, its padding < 0; null where absent), the bias and the allow each before or after the penalties
-// (bias_after, allow_after). With the penalties the kernel also gives their check (pf: a penalized logit at +inf or
-// NaN, or the penalized row left with no value above -inf), its parts counted over the row's blocks in pc.
+// packed bits, bit j of word w for token 32 w + j; false: -inf) and up to SC_MAX_PEN penalties stages over one
+// history (ph: its row of L entries, padding < 0; pv: each stage's last_n, repeat, frequency and presence; np
+// stages, 0: none), the bias and the allow each before or after the penalties (bias_after, allow_after). With the
+// penalties the kernel also gives each stage's check (pf[j]: a logit it penalized to +inf or NaN, or its row left
+// with no value above -inf), the parts counted over the row's blocks in pc (two a stage).
+#define SC_MAX_PEN 4       // gpu.MAX_PENALTIES
+
 struct ScEdits {
   const SC_DEV float* eb;
   const SC_DEV bool* em;
   const SC_DEV int* ew;
   const SC_DEV int* ph;
-  int L, last_n, bias_after, allow_after;
-  float rep, freq, pres;
-  SC_DEV bool* pf;         // the row's check flag
-  SC_DEV int* pc;          // split mode: the row's two counts (blocks with a bad value, blocks with a live one)
+  const SC_DEV float* pv;
+  int L, np, bias_after, allow_after;
+  SC_DEV bool* pf;         // the row's check flags, one a stage
+  SC_DEV int* pc;          // split mode: the row's counts (blocks with a bad value, blocks with a live one), a stage
+  SC_DEV float* rmax;      // the edited row's maximum (the top edit's checks read it)
+  SC_DEV float* pmax;      // split mode: each block's maximum of its part
 };
 
-SC_INLINE bool sc_has_edits(ScEdits e) { return e.eb || e.em || e.ew || e.ph; }
+SC_INLINE bool sc_has_edits(ScEdits e) { return e.eb || e.em || e.ew || e.np > 0; }
 
 SC_INLINE bool sc_removed(ScEdits e, int i) {
   return (e.em && !e.em[i]) || (e.ew && ((e.ew[i >> 5] >> (i & 31)) & 1) == 0);
 }
 
-// The penalties (spec section 2) on the tokens [lo, hi) of the edited row xe: c = a token's count in the last last_n
-// history entries (-1: all); where c > 0, x <- (x > 0 ? x / repeat : x * repeat) - (c * frequency + presence), each
-// operation rounded as the dense definition rounds it. A token's first entry in the window counts it (an entry a
-// thread: each scans the window, from shared memory where the window fits the candidates' arrays, which the stages
-// fill only later), so each penalized token is written once; a written +inf or NaN counts in sh.ebad.
 SC_INLINE int sc_window_at(ScEdits e, SC_TG ScShared& sh, bool shared, int w0, int k) {
   return shared ? sh.cand_id[k - w0] : e.ph[k];
 }
 
-SC_FN void sc_penalize(ScEdits e, int lo, int hi, SC_DEV float* xe, SC_TG ScShared& sh, const int tx) {
-  const int w0 = e.last_n < 0 ? 0 : (e.last_n >= e.L ? 0 : e.L - e.last_n);
+// Penalties stage j (spec section 2) on the tokens [lo, hi) of the edited row xe: c = a token's count in the last
+// last_n history entries (-1: all); where c > 0, x <- (x > 0 ? x / repeat : x * repeat) - (c * frequency +
+// presence), each operation rounded as the dense definition rounds it. A token's first entry in the window counts it
+// (an entry a thread: each scans the window, from shared memory where the window fits the candidates' arrays, which
+// the stages fill only later), so each penalized token is written once. Whether it wrote a +inf or NaN.
+SC_FN bool sc_penalize(ScEdits e, int j, int lo, int hi, SC_DEV float* xe, SC_TG ScShared& sh, const int tx) {
+  const int last_n = (int)e.pv[4 * j];
+  const float rep = e.pv[4 * j + 1], freq = e.pv[4 * j + 2], pres = e.pv[4 * j + 3];
+  const int w0 = last_n < 0 ? 0 : (last_n >= e.L ? 0 : e.L - last_n);
   const bool shared = e.L - w0 <= SC_CAP;
+  sc_barrier();                     // (a previous stage's readers of the window are done)
   if (shared) {
     for (int k = w0 + tx; k < e.L; k += SC_T) sh.cand_id[k - w0] = e.ph[k];
   }
   sc_barrier();
-  unsigned bad = 0u;
-  for (int j = w0 + tx; j < e.L; j += SC_T) {
-    const int t = sc_window_at(e, sh, shared, w0, j);
+  bool bad = false;
+  for (int i = w0 + tx; i < e.L; i += SC_T) {
+    const int t = sc_window_at(e, sh, shared, w0, i);
     if (t < lo || t >= hi) continue;          // (padding, < 0, and other slices' tokens)
     bool first = true;
-    for (int k = w0; k < j && first; ++k) first = sc_window_at(e, sh, shared, w0, k) != t;
+    for (int k = w0; k < i && first; ++k) first = sc_window_at(e, sh, shared, w0, k) != t;
     if (!first) continue;
     int c = 1;
-    for (int k = j + 1; k < e.L; ++k) c += sc_window_at(e, sh, shared, w0, k) == t ? 1 : 0;
+    for (int k = i + 1; k < e.L; ++k) c += sc_window_at(e, sh, shared, w0, k) == t ? 1 : 0;
     float v = xe[t];
-    v = v > 0.0f ? sc_div(v, e.rep) : sc_mul(v, e.rep);
-    v = sc_sub(v, sc_add(sc_mul((float)c, e.freq), e.pres));
+    v = v > 0.0f ? sc_div(v, rep) : sc_mul(v, rep);
+    v = sc_sub(v, sc_add(sc_mul((float)c, freq), pres));
     xe[t] = v;
-    if (v != v || v == SC_INF) bad = 1u;
+    if (v != v || v == SC_INF) bad = true;
   }
-  if (bad) sc_atomic_add_shared(&sh.ebad, 1u);
   sc_barrier_device();
+  return bad;
 }
 
-// The edits for tokens [lo, hi) into xe, which the chain reads from then on; with the penalties, their check.
-SC_FN void sc_edit(const SC_DEV float* xr, int lo, int hi, ScEdits e, SC_DEV float* xe, SC_TG ScShared& sh,
-                   const int tx, int NB) {
-  const bool pen = e.ph != nullptr;
-  const bool bias_first = e.eb && !(pen && e.bias_after), mask_first = !(pen && e.allow_after);
+// One stage's check over the block's part: its counts (split mode: into pc for the row's last block) or its flag.
+SC_INLINE void sc_check_part(ScEdits e, int j, bool bad, bool live, SC_TG ScShared& sh, const int tx, int NB) {
   if (tx == 0) sh.ebad = sh.elive = 0u;
+  sc_barrier();
+  if (bad) sc_atomic_add_shared(&sh.ebad, 1u);
+  if (live) sc_atomic_add_shared(&sh.elive, 1u);
+  sc_barrier();
+  if (tx == 0) {
+    if (NB > 0) {                   // (the row's last block reads the counts: sc_edit_check)
+      if (sh.ebad) sc_atomic_add_global(e.pc + 2 * j, 1);
+      if (sh.elive) sc_atomic_add_global(e.pc + 2 * j + 1, 1);
+    } else {
+      e.pf[j] = sh.ebad != 0u || sh.elive == 0u;
+    }
+  }
+}
+
+// The edits for tokens [lo, hi) into xe, which the chain reads from then on; with the penalties, their checks; and
+// the edited row's maximum (block `slice`'s part of it in split mode).
+SC_FN void sc_edit(const SC_DEV float* xr, int lo, int hi, ScEdits e, SC_DEV float* xe, SC_TG ScShared& sh,
+                   const int tx, int NB, int slice) {
+  const bool pen = e.np > 0;
+  const bool bias_first = e.eb && !(pen && e.bias_after), mask_first = !(pen && e.allow_after);
+  float top = -SC_INF;
   for (int i = lo + tx; i < hi; i += SC_T) {
     float v = xr[i];
     if (bias_first) v = sc_add(v, e.eb[i]);
     if (mask_first && sc_removed(e, i)) v = -SC_INF;
     xe[i] = v;
+    top = sc_fmax(top, v);
   }
   sc_barrier_device();              // (the block's writes to xe visible to the block)
-  if (!pen) return;
-  sc_penalize(e, lo, hi, xe, sh, tx);
-  unsigned live = 0u;
-  for (int i = lo + tx; i < hi; i += SC_T) {
-    float v = xe[i];
-    live |= v != -SC_INF ? 1u : 0u;
-    if (e.eb && e.bias_after) v = sc_add(v, e.eb[i]);
-    if (!mask_first && sc_removed(e, i)) v = -SC_INF;
-    xe[i] = v;
+  for (int j = 0; j < e.np; ++j) {
+    const bool bad = sc_penalize(e, j, lo, hi, xe, sh, tx);
+    const bool last = j == e.np - 1;
+    bool live = false;
+    if (last) top = -SC_INF;
+    for (int i = lo + tx; i < hi; i += SC_T) {
+      float v = xe[i];
+      live = live || v != -SC_INF;
+      if (!last) continue;
+      if (e.eb && e.bias_after) v = sc_add(v, e.eb[i]);
+      if (!mask_first && sc_removed(e, i)) v = -SC_INF;
+      xe[i] = v;
+      top = sc_fmax(top, v);
+    }
+    sc_check_part(e, j, bad, live, sh, tx, NB);
+    sc_barrier_device();
   }
-  if (live) sc_atomic_add_shared(&sh.elive, 1u);
-  sc_barrier_device();
-  if (tx != 0) return;
-  if (NB > 0) {                     // (the row's last block reads the counts: sc_edit_check)
-    if (sh.ebad) sc_atomic_add_global(e.pc, 1);
-    if (sh.elive) sc_atomic_add_global(e.pc + 1, 1);
-  } else {
-    *e.pf = sh.ebad != 0u || sh.elive == 0u;
+  top = -sc_min(-top, sh, tx);
+  if (tx == 0) {
+    if (NB > 0) e.pmax[slice] = top;      // (the row's last block takes the largest: sc_edit_check)
+    else *e.rmax = top;
   }
 }
 
-// Split mode, in the row's last block (every block's counts in): the penalties' check.
-SC_INLINE void sc_edit_check(ScEdits e, const int tx) {
-  if (e.ph && tx == 0) *e.pf = e.pc[0] != 0 || e.pc[1] == 0;
+// Split mode, in the row's last block (every block's parts in): the penalties' checks and the edited row's maximum.
+SC_INLINE void sc_edit_check(ScEdits e, int NB, const int tx) {
+  if (tx != 0) return;
+  for (int j = 0; j < e.np; ++j) e.pf[j] = e.pc[2 * j] != 0 || e.pc[2 * j + 1] == 0;
+  float top = -SC_INF;
+  for (int b = 0; b < NB; ++b) top = sc_fmax(top, e.pmax[b]);
+  *e.rmax = top;
 }
 
 // One row's chain. S: gpu.chain_codes' [#stages, sample?, want_logprob?, #float operands, #key words, output mode
@@ -1442,7 +1476,7 @@ SC_FN void sc_chain(const SC_DEV float* xr, int V, SC_THR const float* pr, SC_TH
   const int len = NB > 0 ? ((V + NB - 1) / NB + 3) & ~3 : V;
   const int lo = NB > 0 ? sc_imin(V, slice * len) : 0, hi = sc_imin(V, lo + len);
   if (sc_has_edits(e)) {            // (split mode: each block its slice, all before the last block reads the row)
-    sc_edit(xr, lo, hi, e, xe, sh, tx, NB);
+    sc_edit(xr, lo, hi, e, xe, sh, tx, NB, slice);
     xr = xe;
   }
   int jpro = 0;
@@ -1458,7 +1492,7 @@ SC_FN void sc_chain(const SC_DEV float* xr, int V, SC_THR const float* pr, SC_TH
     sc_barrier();
     if (!sh.last) return;
     sc_device_fence();
-    sc_edit_check(e, tx);
+    if (sc_has_edits(e)) sc_edit_check(e, NB, tx);
     sc_gathered(NB, cap, sh, tx, wf, wi);
   }
   for (int attempt = NB > 0 ? 0 : 1; attempt < 2; ++attempt) {

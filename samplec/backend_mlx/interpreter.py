@@ -15,7 +15,7 @@ from typing import NamedTuple
 import mlx.core as mx
 
 from samplec.backend_mlx import gpu, native
-from samplec.backend_mlx.kernels import KERNELS
+from samplec.backend_mlx.kernels import KERNELS, bias_row
 from samplec.backend_mlx.lowering import (RULES, TIE_MARGIN, log_softmax_parts, logprob_at_key, penalty_edits,
                                          softmax_pattern, unexpanded)
 from samplec.diagnostics import SamplecError
@@ -54,21 +54,21 @@ class Chain:
         # kernel applies them as it writes the row and gives the maxima their checks read
         self.prefix, self.n_pre = prefix, n_pre
         self.base = base if base is not None else stages[0].inputs[0] if stages else draw.inputs[0]
-        # the penalties_overflow node (check) of the one penalties stage, where a GPU target's kernel gives it
-        # (passes/chains.py sets it), or None
-        self.overflow: Node | None = None
+        # the penalties_overflow nodes (checks) of the penalties stages, innermost first, where a GPU target's
+        # kernel gives them (passes/chains.py sets them; None where a stage has none)
+        self.overflows: tuple = ()
 
     def nodes(self) -> list[Node]:
         ops = lambda ps: [m for p in ps for m in (p.node, *p.maxes)]
         return list(self.top) + ops(self.prefix[:self.n_pre]) + list(self.edits) + ops(self.prefix[self.n_pre:]) + \
             self.stages + ([self.draw] if self.draw is not None else []) + self.logprobs + list(self.softmax) + \
             ([self.raw] if self.raw is not None else []) + list(self.top_logprobs) + \
-            ([self.overflow] if self.overflow is not None else [])
+            [o for o in self.overflows if o is not None]
 
     def run_gpu(self, env: dict, evaluate) -> dict | None:
         """On a GPU (CUDA, or Metal with its build active): the stages, the draw and its log-probabilities (and the
         final logits or their softmax where something reads them) as gpu.sample_chain's one kernel, with the allow,
-        logit_bias and penalties nodes below the stages applied in it (one penalties stage); the chain's
+        logit_bias and penalties nodes below the stages applied in it (gpu.MAX_PENALTIES stages); the chain's
         other nodes (the edits' own checks, the logits checks' maxima, the model's log-softmax and
         top_logprobs) by `evaluate`, each by its definition. None where the kernel does not apply."""
         terminal = self.draw.op if self.draw is not None else "greedy"      # (no draw: its result unread)
@@ -82,13 +82,16 @@ class Chain:
         x = self.stages[0].inputs[0] if self.stages else self.draw.inputs[0]
         args = (self.params(env), [s.op for s in self.stages], terminal, bool(self.logprobs), out_x)
         out = None
-        if (self.prefix or self.edits) and len(self.edits) <= 1:
+        V = env[id(self.base)].shape[-1]
+        if (self.prefix or self.edits) and len(self.edits) <= gpu.MAX_PENALTIES:
             # the allow, logit_bias and penalties nodes below the stages, from the logits up: the kernel applies them
             # as it reads the row
-            kind = lambda p: ("allow" if p.kind == "mask" else "logit_bias", env[id(p.operand)])   # noqa: E731
+            kind = lambda p: ("allow" if p.kind == "mask" else "logit_bias", env[id(p.operand)] if p.kind != "sparse"
+                              else bias_row(p.operand.attr("ids"), p.operand.attr("values"), V))  # noqa: E731
             pen = tuple(("penalties", tuple(env[id(unexpanded(i))] for i in e.inputs[1:])) for e in self.edits)
             edits = tuple(map(kind, self.prefix[:self.n_pre])) + pen + tuple(map(kind, self.prefix[self.n_pre:]))
             out = gpu.sample_chain(env[id(self.base)], *args, edits=edits)
+        edits_in = out is not None
         if out is None:
             out = gpu.sample_chain(env[id(x)], *args)
         if out is None:
@@ -98,8 +101,16 @@ class Chain:
             bound[id(self.draw)] = out[0]
         if out_x:       # (the final logits for their other readers, or the softmax a `probs` output is)
             bound[id(self.softmax[-1] if self.softmax else self.stages[-1])] = out[2]
-        if self.overflow is not None and len(out) > 2 + bool(out_x):      # (the penalties went in: their check)
-            bound[id(self.overflow)] = out[2 + bool(out_x)]
+        if edits_in:
+            # the penalties' checks, and the edited row's maximum for the top edit's checks (an allow or a
+            # logit_bias above every other edit)
+            at = 2 + bool(out_x)
+            if self.edits:
+                bound.update((id(o), out[at][:, j]) for j, o in enumerate(self.overflows) if o is not None)
+                at += 1
+            top = self.prefix[-1] if self.prefix and (len(self.prefix) > self.n_pre or not self.edits) else None
+            if top is not None:
+                bound.update((id(m), out[at]) for m in top.maxes)
         return bound
 
     def params(self, env: dict) -> list[mx.array]:
@@ -193,7 +204,7 @@ def find_chains(graph: Graph, greedy_edits: bool = False) -> list[Chain]:
                 x = x.inputs[0]
         first = stages[-1] if stages else n
         also = () if stages else tuple(logprobs)        # (no stages: the draw's logprob_at read x too)
-        post = _prefix_of(x, first, users, roots, also=also)[:native.MAX_PREFIX]
+        post = _prefix_of(x, first, users, roots, also=also, sparse=greedy_edits)[:native.MAX_PREFIX]
         if post:
             first, x, also = post[-1].node, post[-1].below, ()
         edits = []
@@ -207,7 +218,8 @@ def find_chains(graph: Graph, greedy_edits: bool = False) -> list[Chain]:
             x = x.inputs[0]
         pre = []
         if edits and _owned(stack, users):
-            pre = _prefix_of(x, stack[-1], users, roots, {p.inputs for p in stack})[:native.MAX_PREFIX - len(post)]
+            pre = _prefix_of(x, stack[-1], users, roots, {p.inputs for p in stack},
+                             sparse=greedy_edits)[:native.MAX_PREFIX - len(post)]
             if pre:       # (the penalties read by their checks alone are the chain's too: they read its nodes)
                 edits, x = stack, pre[-1].below
         if n.op == "argmax" and not (pre or post or (greedy_edits and edits)):
@@ -231,8 +243,9 @@ def find_chains(graph: Graph, greedy_edits: bool = False) -> list[Chain]:
 
 class Prefix(NamedTuple):
     """An allow or logit_bias node a chain's kernel applies as it writes the row: where(mask, below, -inf) ("mask")
-    or add(below, bias) ("bias") of a mask or bias parameter shaped like the row, and its reduce_max users
-    (checks)."""
+    or add(below, bias) ("bias") of a mask or bias parameter shaped like the row -- on a GPU target also a literal
+    bias, sparse_add(below) with unique ids ("sparse": the operand is the node itself, its row a constant of the
+    call) --, and its reduce_max users (checks)."""
     node: Node
     kind: str
     operand: Node
@@ -241,7 +254,7 @@ class Prefix(NamedTuple):
 
 
 def _prefix_of(x: Node, first: Node, users: dict, roots: set, overflows: set = frozenset(),
-               also: tuple = ()) -> list[Prefix]:
+               also: tuple = (), sparse: bool = False) -> list[Prefix]:
     """The allow and logit_bias nodes from x down, each read only by the node above it (`first`, for x; and, for
     x, the chain's nodes in `also`), by reduce_max (their checks) and, the lowest, by penalties_overflow nodes with
     operands in `overflows` (the checks of penalties above, whose edits the kernel computes through them): top
@@ -255,6 +268,8 @@ def _prefix_of(x: Node, first: Node, users: dict, roots: set, overflows: set = f
         elif x.op == "add" and len(x.inputs) == 2 and x.inputs[1].op == INPUT and \
                 x.type == x.inputs[0].type == x.inputs[1].type:
             kind, operand, below = "bias", x.inputs[1], x.inputs[0]
+        elif sparse and x.op == "sparse_add" and len(set(x.attr("ids"))) == len(x.attr("ids")):
+            kind, operand, below = "sparse", x, x.inputs[0]          # (a literal bias: its row is a constant)
         else:
             break
         readers = users.get(id(x), [])

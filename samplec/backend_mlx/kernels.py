@@ -299,11 +299,16 @@ def _sparse_add(ins, a):
         raise ValueError(f"logit_bias: token id {max(a['ids'])} is out of range for V = {x.shape[-1]}")
     if len(set(a["ids"])) == len(a["ids"]):
         # one row of the biases, built once: adding it (0 elsewhere) is a plain add that fuses with its neighbours
-        V, key = x.shape[-1], ("sparse_add", tuple(a["ids"]), tuple(a["values"]))
-        return x + constant(key + (V,), lambda: _bias_row(a["ids"], a["values"], V))
+        return x + bias_row(a["ids"], a["values"], x.shape[-1])
     ids = mx.array(np.array(a["ids"], dtype=np.int32))
     vals = mx.array(np.array(a["values"], dtype=np.float32))
     return x.at[..., ids].add(vals)
+
+
+def bias_row(ids, values, V: int) -> mx.array:
+    """A literal logit_bias's row (unique ids; 0 elsewhere) [V]: a constant of the call, built once."""
+    key = ("sparse_add", tuple(ids), tuple(values), V)
+    return constant(key, lambda: _bias_row(ids, values, V))
 
 
 def _bias_row(ids, values, V: int) -> mx.array:

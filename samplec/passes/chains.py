@@ -28,13 +28,11 @@ def _region(chain, kernel: str, roots: set, users: dict) -> Region:
 
 
 def _take_overflow(chain, users: dict) -> None:
-    """The check of a chain's one penalties stage (penalties_overflow on the same operands) joins the chain on a GPU
-    target: the kernel gives it from the pass that penalizes the row."""
-    chain.overflow = None
-    if len(chain.edits) == 1:
-        pen = chain.edits[0]
-        chain.overflow = next((u for u in users.get(id(pen.inputs[0]), [])
-                               if u.op == "penalties_overflow" and u.inputs == pen.inputs), None)
+    """The checks of a chain's penalties stages (penalties_overflow on the same operands) join the chain on a GPU
+    target: the kernel gives them from the passes that penalize the row."""
+    chain.overflows = tuple(next((u for u in users.get(id(pen.inputs[0]), [])
+                                  if u.op == "penalties_overflow" and u.inputs == pen.inputs), None)
+                            for pen in chain.edits)
 
 
 def fuse_chains(g: Graph, target: str) -> Graph:
@@ -52,6 +50,10 @@ def fuse_chains(g: Graph, target: str) -> Graph:
                gpu.chain_supports([s.op for s in c.stages], c.draw.op)]
     for c in covered:
         _take_overflow(c, users)
+        # the model's log-softmax and top_logprobs beside the chain take the portable lowering (its row maximum and
+        # log-sum-exp, one sort for the ids): the kernel does not give them, and their definitions (a log-softmax
+        # of the row, a selection by count) cost a GPU ~30 launches more
+        c.raw, c.top_logprobs = None, ()
     keep = {id(n) for c in covered for n in c.nodes()}
     kept: dict = {}
     low = lower_portable(g, keep, kept)
@@ -72,5 +74,6 @@ def fuse_chains(g: Graph, target: str) -> Graph:
     users, roots = low.users(), {id(r) for r in low.roots()}
     for c in chains:
         _take_overflow(c, users)
+        c.raw, c.top_logprobs = None, ()
     return Graph(low.name, low.params, low.outputs, low.checks,
                  tuple(_region(c, f"{target}.chain", roots, users) for c in chains))
