@@ -135,6 +135,42 @@ def test_portable_launches_stay_within_their_ceiling(example, sampler, monkeypat
     assert launches(counts) <= PORTABLE_LAUNCHES[f"{example}:{sampler}"], counts
 
 
+# The cuda target's launches a call (the same for metal with SAMPLEC_METAL_KERNEL=1), counted with the chain kernel
+# stood in by one launch (launches.chain_kernel_stood_in): the MLX ops the kernel leaves beside it. A chain that falls
+# out of its region (to the portable lowering, or to its definitions) fails here. benchmarks/bench_launches.py prints
+# them at V = 152064 with a server's arguments.
+GPU_LAUNCHES = {
+    "hf_generate.smp:hf_generate": 6,
+    "hf_generate.smp:hf_greedy": 12,
+    "llama.smp:llama": 6,
+    "llama.smp:nucleus": 15,
+    "llama_cpp_default.smp:llama_cpp_default": 15,
+    "llama_cpp_default.smp:llama_cpp_default_short": 6,
+    "mlx_lm_default.smp:mlx_lm": 12,
+    "mlx_lm_default.smp:mlx_lm_chat": 12,
+    "openai.smp:openai": 21,
+    "openai.smp:openai_constant_bias": 17,
+    "vllm.smp:vllm": 29,
+    "vllm.smp:vllm_constrained": 59,
+}
+
+
+@pytest.mark.parametrize("target", ["cuda", "metal"])
+@pytest.mark.parametrize("example,sampler", EXAMPLE_SAMPLERS, ids=[f"{e}:{s}" for e, s in EXAMPLE_SAMPLERS])
+def test_gpu_launches_stay_within_their_ceiling(example, sampler, target, monkeypatch):
+    import mlx.core as mx
+    from samplec.backend_mlx import kernels
+    from samplec.backend_mlx.launches import call_primitives, chain_kernel_stood_in, launches
+    monkeypatch.setenv("SAMPLEC_NATIVE", "0")
+    monkeypatch.setattr(kernels, "GPU_SUMS", True)
+    with chain_kernel_stood_in(target) as stood_in:
+        prog = samplec.compile((ROOT / "examples" / example).read_text(), sampler, target=target)
+        x, kw = example_args(prog)
+        counts = call_primitives(prog, mx.array(x), **kw)
+    assert "chain" in stood_in and [r.kernel for r in prog.graph.regions] == [f"{target}.chain"]
+    assert launches(counts) + len(stood_in) <= GPU_LAUNCHES[f"{example}:{sampler}"], counts
+
+
 def test_a_declined_kernel_shows_in_the_trace(monkeypatch):
     """The trace is what the fallback tests read: a chain kernel that declines is reported, not hidden."""
     prog = samplec.compile_file(ROOT / "examples" / "llama.smp", sampler="llama", target="cpu")

@@ -37,11 +37,12 @@ temperature) reruns the row on the whole-row passes, so tokens never depend on t
 one block a row; `SAMPLEC_GPU_SMS` sets the multiprocessors to fill (default 132, an H100's).
 
 The interpreter gives the kernel a chain's stage ops on the `cuda` target (the CPU has the native chain kernel), with
-the edits below them: a logit_bias (a dense bias), an allow (a bool mask or a packed int32 bitmask) and one
-penalties stage (sample_chain's `edits`: each block writes its part of the edited row to the scratch, counts the
-history's tokens in its part and writes their penalized logits, before the stages read it), and the penalties'
-check (pf). A second penalties stage, DRY and the outputs beside the chain (raw_logprob, top_logprobs) still run as
-MLX ops. The stage operands go in as the program holds them
+the edits below them: a logit_bias (a dense bias, or a literal one's constant row), an allow (a bool mask or a
+packed int32 bitmask) and up to MAX_PENALTIES penalties stages over one history (sample_chain's `edits`: each block
+writes its part of the edited row to the scratch, counts the history's tokens in its part and writes their
+penalized logits, before the stages read it), each stage's check (pf) and the edited row's maximum (rmax: the top
+edit's check). Penalties over a second history, DRY and the outputs beside the chain (raw_logprob, top_logprobs:
+the portable lowering's) still run as MLX ops. The stage operands go in as the program holds them
 (ten f32 slots, two seed and position slots, each one value or one per row): at B = 1 a few small ops to pack them
 cost more than the kernel's work.
 
@@ -612,6 +613,7 @@ def path_report() -> str:
         mode = ("one block a row (SAMPLEC_GPU_SPLIT=0)" if native.switched_off("SAMPLEC_GPU_SPLIT") else
                 f"split mode: a row over up to {MAX_SLICES} blocks at small B ({split_of(1, 152064)[0]} at B = 1, "
                 f"V = 152064; SAMPLEC_GPU_SMS={os.environ.get('SAMPLEC_GPU_SMS', SMS)} multiprocessors)")
-        chain = f"{', '.join(CHAIN_STAGES)} -> sample/greedy, {mode}, with a logit_bias, an allow and one " \
-            "penalties stage before them and its check (DRY, raw_logprob and top_logprobs run as MLX ops)"
+        chain = f"{', '.join(CHAIN_STAGES)} -> sample/greedy, {mode}, with a logit_bias, an allow and up " \
+            "to four penalties stages over one history before them, with their checks (DRY, raw_logprob and " \
+            "top_logprobs run as MLX ops)"
     return f"active (CUDA): kth_largest by one radix-select block a row; the chain kernel: {chain}"

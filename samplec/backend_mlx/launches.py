@@ -7,6 +7,7 @@ one. `kernels.GPU_SUMS` makes the portable lowering's sums count as a GPU runs t
 from __future__ import annotations
 
 import collections
+import contextlib
 import re
 import tempfile
 from pathlib import Path
@@ -36,3 +37,50 @@ def call_primitives(prog, logits, **params) -> collections.Counter:
     """The primitives of one call of `prog` (its outputs and its checks' flags), without evaluating it."""
     outs, checks = prog.queue(logits, **params)
     return primitives(outs + [f for _, f in checks])
+
+
+@contextlib.contextmanager
+def chain_kernel_stood_in(target: str = "cuda"):
+    """A GPU target's calls traced on a machine without the GPU: the device faked where the target pass and the
+    interpreter ask, the chain kernel (gpu.sample_chain) and the radix select (gpu.kth_largest) stood in by evaluated
+    placeholders of their outputs -- shaped as theirs, computed before the call, so no primitive of the call's graph
+    -- and counted in `stood_in`. A call's launches on that GPU are then `launches(call_primitives(...))` plus
+    `len(stood_in)`: the MLX ops the kernel leaves beside it, and one launch each for the kernels. (The kernel
+    declines what gpu.chain_inputs declines, as on the device.)"""
+    import samplec.passes.target as passes_target
+    from samplec.backend_mlx import gpu
+    stood_in: list[str] = []
+
+    def placeholder(*shapes_dtypes):
+        out = [mx.zeros(s, dtype=d) for s, d in shapes_dtypes]
+        mx.eval(out)
+        return out
+
+    def sample_chain(x, params, stages, terminal, want_logprob, out_x=0, edits=()):
+        B, V = x.shape
+        if gpu.chain_inputs(params, stages, terminal, want_logprob, out_x, B, (0, 0), tuple(edits), V) is None:
+            return None
+        stood_in.append("chain")
+        n_pen = sum(kind == "penalties" for kind, _ in edits)
+        return tuple(placeholder(((B, 1), mx.int32), ((B, 1), mx.float32),
+                                 *([((B, V), mx.float32)] if out_x else []),
+                                 *([((B, n_pen), mx.bool_)] if n_pen else []),
+                                 *([((B, 1), mx.float32)] if edits else [])))
+
+    def kth_largest(x, want):
+        stood_in.append("kth_largest")
+        return placeholder(((x.shape[0], 1), mx.float32))[0]
+
+    names = ("available", "metal_status", "metal_requested", "apple_gpu", "sample_chain", "kth_largest")
+    saved = [getattr(gpu, n) for n in names] + [passes_target.unavailable]
+    gpu.available = (lambda: True) if target == "cuda" else (lambda: False)
+    gpu.metal_status = (lambda: (target == "metal", "stood in"))
+    gpu.metal_requested = gpu.apple_gpu = (lambda: target == "metal")
+    gpu.sample_chain, gpu.kth_largest = sample_chain, kth_largest
+    passes_target.unavailable = lambda t: None
+    try:
+        yield stood_in
+    finally:
+        for n, f in zip(names, saved):
+            setattr(gpu, n, f)
+        passes_target.unavailable = saved[-1]

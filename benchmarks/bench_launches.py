@@ -1,0 +1,57 @@
+"""Launches of one call of each shipped example (and `samplec serve`'s chain) on the GPU targets, counted on a
+machine without the GPU: the chain kernel stood in by one launch (samplec.backend_mlx.launches.chain_kernel_stood_in),
+every MLX op beside it counted as `mx.export_to_dot` shows the call's lazy outputs (no evaluation, no timing), next
+to the portable target (what a GPU without samplec's kernel runs).
+
+    python benchmarks/bench_launches.py                    # V = 152064, B = 1 and 8: a few seconds
+
+On a GPU each launch costs ~5-10 us of the device's time and ~1-4 us of the host's, whatever its work: the count is
+the cost proxy where no GPU runs (docs/performance.md). `metal` is the metal target with SAMPLEC_METAL_KERNEL=1 (the
+chain kernel's Metal build, opt-in: it has not run on Apple hardware).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+os.environ.setdefault("SAMPLEC_NATIVE", "0")       # (the portable target as a GPU traces it: no CPU primitive)
+sys.path.insert(0, str(Path(__file__).parent))
+
+import mlx.core as mx  # noqa: E402
+
+import samplec  # noqa: E402
+from bench_targets import V, arguments, chat_logits, examples  # noqa: E402
+from samplec.backend_mlx import kernels  # noqa: E402
+from samplec.backend_mlx.launches import call_primitives, chain_kernel_stood_in, launches  # noqa: E402
+
+
+def gpu_launches(src: str, name: str, target: str, B: int, x: mx.array, rng) -> int:
+    with chain_kernel_stood_in(target) as stood_in:
+        prog = samplec.compile(src, name, target=target)
+        return launches(call_primitives(prog, x, **arguments(prog, B, rng))) + len(stood_in)
+
+
+def main() -> None:
+    import numpy as np
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--batches", default="1,8")
+    args = ap.parse_args()
+    kernels.GPU_SUMS = True
+    from samplec.serve import SERVER_CHAIN, TOP
+    chains = [(p.name, name, p.read_text()) for p, name in examples()] + \
+        [("samplec serve", "mlx_lm_server", SERVER_CHAIN.replace("TOP", str(TOP)))]
+    print("| example | B | cuda | metal (SAMPLEC_METAL_KERNEL=1) | portable |\n|---|---|---|---|---|")
+    for B in [int(b) for b in args.batches.split(",")]:
+        x = mx.array(chat_logits(B, V, seed=B))
+        for where, name, src in chains:
+            rng = np.random.default_rng(0)
+            cuda, metal = (gpu_launches(src, name, t, B, x, rng) for t in ("cuda", "metal"))
+            prog = samplec.compile(src, name, target="portable")
+            portable = launches(call_primitives(prog, x, **arguments(prog, B, rng)))
+            print(f"| {where}:{name} | {B} | {cuda} | {metal} | {portable} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
