@@ -729,18 +729,21 @@ def test_edit_slots_take_the_shapes_the_program_holds():
     pen = ("penalties", (hist, mx.array(-1, dtype=mx.int32), one, rows, one))
     ins, codes = gpu._edit_slots([("logit_bias", bias), pen], B, V)
     assert ins[3] is hist and codes == (1, 1, 0, 0, 1, 1, 0, 1, 0)       # (the bias before the penalties)
-    # PV: (last_n, repeat, frequency, presence) a stage as floats, a row each where one operand is (at least 8 wide)
-    assert np.array(ins[4]).tolist() == [[-1.0, 1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0]] * B
+    # PV: (last_n, repeat, frequency, presence, the history's offset and length) a stage as floats, a row each where
+    # one operand is (at least 8 wide)
+    assert np.array(ins[4]).tolist() == [[-1.0, 1.0, 1.0, 1.0, 0.0, 5.0, 0.0, 0.0]] * B
     assert gpu._edit_slots([pen, ("logit_bias", bias[:1])], B, V)[1] == (1, 0, 0, 0, 1, 1, 1, 1, 0)
     assert gpu._edit_slots([pen, ("allow", mask)], B, V)[1][8] == 1           # (the allow after them)
     two = (hist, mx.array(3, dtype=mx.int32), mx.array(1.5), one, mx.array(0.25))
     ins, codes = gpu._edit_slots([("allow", mask), ("penalties", two), pen, ("penalties", two)], B, V)
-    assert codes[4] == 3 and np.array(ins[4]).shape == (B, 12)               # (three stages in a row)
+    assert codes[4] == 3 and np.array(ins[4]).shape == (B, 18)               # (three stages in a row)
     assert np.array(ins[4])[0, :4].tolist() == [3.0, 1.5, 1.0, 0.25]
     assert gpu._edit_slots([pen, ("logit_bias", bias), pen], B, V) is None   # (a bias between two stages)
     assert gpu._edit_slots([pen] * 5, B, V) is None                          # (MAX_PENALTIES)
-    other = ("penalties", (mx.zeros((B, 5), dtype=mx.int32), *pen[1][1:]))
-    assert gpu._edit_slots([pen, other], B, V) is None                       # (one history for every stage)
+    other = ("penalties", (mx.ones((1, 3), dtype=mx.int32), *pen[1][1:]))
+    ins, codes = gpu._edit_slots([pen, other, pen], B, V)                  # (two histories side by side)
+    assert np.array(ins[3]).tolist() == [[0] * 5 + [1] * 3] * B and codes[4:6] == (3, 1)
+    assert np.array(ins[4])[0, 4:6].tolist() == [0.0, 5.0] and np.array(ins[4])[0, 10:12].tolist() == [5.0, 3.0]
     assert gpu._edit_slots([("penalties", (hist[0], *pen[1][1:]))], B, V) is None      # (a 2-D history)
     assert gpu._edit_slots([("penalties", (hist, mx.ones((B, 2)), one, one, one))], B, V) is None
     assert gpu._edit_slots([("logit_bias", bias), ("logit_bias", bias)], B, V) is None
@@ -1093,3 +1096,32 @@ def test_the_server_chain_runs_in_the_kernel(monkeypatch):
     assert calls and calls[0] == ("allow", "penalties", "penalties", "penalties"), calls
     region = prog.graph.regions[0]
     assert [n.op for n in region.nodes].count("penalties_overflow") == 3
+
+
+@pytest.mark.parametrize("split", [(0, 0), (3, 32)])
+@pytest.mark.parametrize("shared_first", [False, True])
+def test_emulated_penalties_over_two_histories_equal_O0(split, shared_first):
+    """vLLM's chain: a repetition penalty over the prompt and the output, then frequency and presence over the output
+    alone (two histories side by side in the kernel's row, one of them shared by every row or not), against -O0."""
+    B, V = 3, 400
+    stages, src, kw, per_row, ops, x = chain_case(1500 + int(shared_first), V, B, 2, "sample")
+    rng = np.random.default_rng(9)
+    prompt = rng.integers(0, V, (1 if shared_first else B, 50)).astype(np.int32)
+    out = rng.integers(0, V // 4, (B, 12)).astype(np.int32)
+    out[:, ::4] = -1
+    both = np.concatenate([np.broadcast_to(prompt, (B, 50)), out], axis=1)
+    rp, fq, ps = (np.array(v, np.float32) for v in ([1.2, 1.0, 0.8], [0.5, -0.2, 1.5], [0.3, 0.0, -1.0]))
+    hb, ho = mx.array(both if not shared_first else prompt), mx.array(out)
+    if shared_first:        # (the prompt alone, shared: the first stage's own history)
+        both = np.broadcast_to(prompt, (B, 50)).copy()
+    edits = (("penalties", (hb, mx.array(-1, dtype=mx.int32), mx.array(rp), mx.array(np.float32(0)),
+                            mx.array(np.float32(0)))),
+             ("penalties", (ho, mx.array(-1, dtype=mx.int32), mx.array(np.float32(1)), mx.array(fq), mx.array(ps))))
+    tok, lp, flags, _ = kernel(x, ops, stages, "sample", split=split, edits=edits)
+    body = "penalties(hb, repeat = rp)\n    penalties(ho, frequency = fq, presence = ps)\n"
+    src = src.replace("sampler s(", "sampler s(hb: tokens, ho: tokens, rp: float, fq: float, ps: float, ", 1).replace(
+        "{\n", "{\n    " + body, 1)
+    o0 = samplec.compile(src, opt_level=0)(x, **kw, hb=both, ho=out, rp=rp, fq=fq, ps=ps)
+    assert tok.tolist() == np.array(o0.token).tolist(), src
+    np.testing.assert_allclose(lp, np.array(o0.logprob), atol=2e-4, rtol=1e-4, err_msg=src)
+    assert flags.shape == (B, 2) and not flags.any()

@@ -150,8 +150,8 @@ GPU_LAUNCHES = {
     "mlx_lm_default.smp:mlx_lm_chat": 12,
     "openai.smp:openai": 21,
     "openai.smp:openai_constant_bias": 17,
-    "vllm.smp:vllm": 29,
-    "vllm.smp:vllm_constrained": 59,
+    "vllm.smp:vllm": 18,
+    "vllm.smp:vllm_constrained": 29,
 }
 
 

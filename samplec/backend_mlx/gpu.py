@@ -38,11 +38,12 @@ one block a row; `SAMPLEC_GPU_SMS` sets the multiprocessors to fill (default 132
 
 The interpreter gives the kernel a chain's stage ops on the `cuda` target (the CPU has the native chain kernel), with
 the edits below them: a logit_bias (a dense bias, or a literal one's constant row), an allow (a bool mask or a
-packed int32 bitmask) and up to MAX_PENALTIES penalties stages over one history (sample_chain's `edits`: each block
+packed int32 bitmask) and up to MAX_PENALTIES penalties stages (their histories side by side in one row;
+sample_chain's `edits`: each block
 writes its part of the edited row to the scratch, counts the history's tokens in its part and writes their
 penalized logits, before the stages read it), each stage's check (pf) and the edited row's maximum (rmax: the top
-edit's check). Penalties over a second history, DRY and the outputs beside the chain (raw_logprob, top_logprobs:
-the portable lowering's) still run as MLX ops. The stage operands go in as the program holds them
+edit's check). DRY and the outputs beside the chain (raw_logprob, top_logprobs: the portable lowering's) still run
+as MLX ops. The stage operands go in as the program holds them
 (ten f32 slots, two seed and position slots, each one value or one per row): at B = 1 a few small ops to pack them
 cost more than the kernel's work.
 
@@ -221,7 +222,7 @@ _SLOTS = [f"F{i}" for i in range(CHAIN_FLOAT_SLOTS)] + [f"K{i}" for i in range(C
     [f"Q{i}" for i in range(CHAIN_KEY_SLOTS)]
 # logit_bias's bias, allow's bool mask, allow's packed bits; the penalties' history, last_n, repeat, frequency and
 # presence
-# penalties stages' history and their values (last_n, repeat, frequency, presence a stage, as floats)
+# penalties stages' histories and their values (PV_STAGE a stage, as floats)
 EDIT_SLOTS = ["EB", "EM", "EW", "PH", "PV"]
 EDIT_CODES = 9                  # S's last words: logit_bias?, its stride, allow's kind, its stride, penalties
 #                                 stages, the history's stride, logit_bias after them?, PV's stride, allow after them?
@@ -272,8 +273,8 @@ DIALECT_CAP = {"cuda": SC_CAP, "metal": METAL_CAP}
 # [B, V] f32; F0..F9 f32 (the stages' float operands in order, top_k's k as a float), K0, K1 u64 and Q0, Q1 i32 (each
 # xtc's and then the sample's seed and position), each one value or one per row, unused slots one placeholder value;
 # EB f32, EM bool, EW i32, PH i32, PV f32 (the edits before the stages: logit_bias's bias, allow's mask as bools or
-# packed bits, each one row or one per row; the penalties stages' history [1 or B, H] -- the kernel reads its shape
-# -- and their values [1 or B, 4 a stage]; placeholders where absent); S (chain_codes). Outputs tok [B] i32, lp [B] f32, xo [B, V] f32 where S
+# packed bits, each one row or one per row; the penalties stages' histories side by side [1 or B, H] -- the kernel
+# reads its shape -- and their values [1 or B, PV_STAGE a stage]; placeholders where absent); S (chain_codes). Outputs tok [B] i32, lp [B] f32, xo [B, V] f32 where S
 # asks for the final logits or their softmax (else [B, 1], unwritten), pf [B, stages] bool (the penalties' checks,
 # where S has them), rmax [B] f32 (the edited row's maximum, where S has edits), ws (scratch_size). The operands go in as the
 # program holds them (no op gathers them first: at B = 1 a few small ops cost more than the kernel). One text for both
@@ -305,7 +306,7 @@ CHAIN_ENTRY = """
     e.np = ed[4];
     e.ph = e.np ? PH + (size_t)(ed[5] ? row : 0) * e.L : nullptr;
     e.bias_after = ed[6];
-    e.pv = PV + (size_t)(ed[7] ? row : 0) * 4 * (e.np > 2 ? e.np : 2);    // (rows of at least eight values)
+    e.pv = PV + (size_t)(ed[7] ? row : 0) * (6 * e.np > 8 ? 6 * e.np : 8);    // (rows of at least eight values)
     e.allow_after = ed[8];
     e.pf = pf + (size_t)row * (e.np > 0 ? e.np : 1);
     // ws: the rows' arrival counters [B], then the slices' headers and candidates' logits (float bits), then their
@@ -361,11 +362,17 @@ def _slot(p: mx.array, B: int, dtype) -> tuple[mx.array, bool] | None:
     return (p if p.dtype == dtype else p.astype(dtype)), p.size == B and B > 1
 
 
+PV_STAGE = 6                    # PV's values a penalties stage: last_n, repeat, frequency, presence, the offset and
+#                                 the length of its history in PH's row
+
+
 def _penalty_values(stages, B: int) -> tuple[mx.array, bool] | None:
-    """PV: each penalties stage's (last_n, repeat, frequency, presence) as floats, [1 or B, 4 a stage, at least 8]
-    (one op packs them: a concatenation), and whether it holds one row each; None where an operand is neither one value nor one a
-    row. (last_n as a float: exact below 2**24, and a window past the history's length is all of it either way.)"""
-    ops = [_slot(v, B, mx.float32) for st in stages for v in st]
+    """PV: each penalties stage's (last_n, repeat, frequency, presence, offset, length) as floats, [1 or B, PV_STAGE a
+    stage, at least 8] (one op packs them: a concatenation), and whether it holds one row each; None where an operand
+    is neither one value nor one a row. (Integers as floats: exact below 2**24, and a window past the history's
+    length is all of it either way.)"""
+    ops = [_slot(v, B, mx.float32) if isinstance(v, mx.array) else (mx.array(float(v)), False)
+           for st in stages for v in st]
     if None in ops:
         return None
     R = B if any(rows for _, rows in ops) else 1
@@ -375,12 +382,36 @@ def _penalty_values(stages, B: int) -> tuple[mx.array, bool] | None:
     return mx.concatenate(cols, axis=1), R > 1
 
 
+def _histories(pens, B: int) -> tuple[mx.array, list[tuple[int, int]]] | None:
+    """PH and each stage's (offset, length) in its row: the stages' one history as it is, or their histories side by
+    side (one op: a concatenation; a shared one broadcast to every row where another has a row each); None where one
+    is not i32-castable [1 or B, H >= 1]."""
+    hists: list = []
+    for p in pens:
+        h = p[0]
+        if h.ndim != 2 or h.shape[0] not in (1, B) or h.shape[1] < 1:
+            return None
+        if not any(h is g for g in hists):
+            hists.append(h)
+    at, offsets = {}, []
+    for h in hists:
+        at[id(h)] = (sum(g.shape[1] for g in hists[:len(at)]), h.shape[1])
+    offsets = [at[id(p[0])] for p in pens]
+    if len(hists) == 1:
+        ph = hists[0]
+    else:
+        R = B if any(h.shape[0] == B for h in hists) else 1
+        ph = mx.concatenate([mx.broadcast_to(h, (R, h.shape[1])) for h in hists], axis=1)
+    return (ph if ph.dtype == mx.int32 else ph.astype(mx.int32)), offsets
+
+
 def _edit_slots(edits, B: int, V: int) -> tuple[list[mx.array], tuple] | None:
     """EB, EM, EW, PH, PV and S's edit codes (chain_codes) from the edits before the stages, from the logits up --
     ("logit_bias", f32 [B or 1, V]), ("allow", bool [B or 1, V] or a packed int32 bitmask [B or 1, ceil(V / 32)]),
     ("penalties", (history i32 [B or 1, H], last_n, repeat, frequency, presence: each one value or one a row)) --,
     or None where one has another shape or kind. At most one logit_bias and one allow, each before or after the
-    penalties (not between two of them), and up to MAX_PENALTIES penalties stages in a row over one history. An
+    penalties (not between two of them), and up to MAX_PENALTIES penalties stages in a row (their histories side by
+    side in PH where they differ). An
     allow commutes with the others (a removed token stays at -inf, and a penalty that makes NaN of it is an error the
     program's checks raise), but the penalties' checks read the row between: the kernel applies it as it first writes
     the row or after the penalties, where it stands."""
@@ -391,17 +422,14 @@ def _edit_slots(edits, B: int, V: int) -> tuple[list[mx.array], tuple] | None:
     pens = [a for kind, a in edits if kind == "penalties"]
     if pens:
         first = kinds.index("penalties")
-        hist = pens[0][0]
-        if kinds[first:first + len(pens)] != ["penalties"] * len(pens) or len(pens) > MAX_PENALTIES or \
-                any(p[0] is not hist for p in pens) or hist.ndim != 2 or hist.shape[0] not in (1, B) or \
-                hist.shape[1] < 1:
+        if kinds[first:first + len(pens)] != ["penalties"] * len(pens) or len(pens) > MAX_PENALTIES:
             return None
-        pv = _penalty_values([p[1:] for p in pens], B)
-        if pv is None:
+        packed = _histories(pens, B)
+        pv = packed and _penalty_values([(*p[1:], *at) for p, at in zip(pens, packed[1])], B)
+        if not pv:
             return None
-        slots["PH"] = hist if hist.dtype == mx.int32 else hist.astype(mx.int32)
-        slots["PV"] = pv[0]
-        codes[4:6] = [len(pens), int(hist.shape[0] == B and B > 1)]
+        slots["PH"], slots["PV"] = packed[0], pv[0]
+        codes[4:6] = [len(pens), int(packed[0].shape[0] == B and B > 1)]
         codes[7] = int(pv[1])
     seen_pen = False
     for kind, a in edits:
@@ -614,6 +642,6 @@ def path_report() -> str:
                 f"split mode: a row over up to {MAX_SLICES} blocks at small B ({split_of(1, 152064)[0]} at B = 1, "
                 f"V = 152064; SAMPLEC_GPU_SMS={os.environ.get('SAMPLEC_GPU_SMS', SMS)} multiprocessors)")
         chain = f"{', '.join(CHAIN_STAGES)} -> sample/greedy, {mode}, with a logit_bias, an allow and up " \
-            "to four penalties stages over one history before them, with their checks (DRY, raw_logprob and " \
+            "to four penalties stages before them, with their checks (DRY, raw_logprob and " \
             "top_logprobs run as MLX ops)"
     return f"active (CUDA): kth_largest by one radix-select block a row; the chain kernel: {chain}"

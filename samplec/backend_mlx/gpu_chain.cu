@@ -1330,9 +1330,9 @@ SC_FN bool sc_stages(const SC_DEV float* xr, int V, SC_THR const float* pr, SC_T
 }
 
 // The row's edits before the stages, from the logits up: logit_bias (eb: x + b), allow (em: a bool per token, or ew:
-// packed bits, bit j of word w for token 32 w + j; false: -inf) and up to SC_MAX_PEN penalties stages over one
-// history (ph: its row of L entries, padding < 0; pv: each stage's last_n, repeat, frequency and presence; np
-// stages, 0: none), the bias and the allow each before or after the penalties (bias_after, allow_after). With the
+// packed bits, bit j of word w for token 32 w + j; false: -inf) and up to SC_MAX_PEN penalties stages (ph: the row of
+// their histories side by side, padding < 0; pv: each stage's last_n, repeat, frequency, presence and its history's
+// offset and length in ph; np stages, 0: none), the bias and the allow each before or after the penalties (bias_after, allow_after). With the
 // penalties the kernel also gives each stage's check (pf[j]: a logit it penalized to +inf or NaN, or its row left
 // with no value above -inf), the parts counted over the row's blocks in pc (two a stage).
 #define SC_MAX_PEN 4       // gpu.MAX_PENALTIES
@@ -1356,8 +1356,8 @@ SC_INLINE bool sc_removed(ScEdits e, int i) {
   return (e.em && !e.em[i]) || (e.ew && ((e.ew[i >> 5] >> (i & 31)) & 1) == 0);
 }
 
-SC_INLINE int sc_window_at(ScEdits e, SC_TG ScShared& sh, bool shared, int w0, int k) {
-  return shared ? sh.cand_id[k - w0] : e.ph[k];
+SC_INLINE int sc_window_at(const SC_DEV int* h, SC_TG ScShared& sh, bool shared, int w0, int k) {
+  return shared ? sh.cand_id[k - w0] : h[k];
 }
 
 // Penalties stage j (spec section 2) on the tokens [lo, hi) of the edited row xe: c = a token's count in the last
@@ -1366,24 +1366,26 @@ SC_INLINE int sc_window_at(ScEdits e, SC_TG ScShared& sh, bool shared, int w0, i
 // (an entry a thread: each scans the window, from shared memory where the window fits the candidates' arrays, which
 // the stages fill only later), so each penalized token is written once. Whether it wrote a +inf or NaN.
 SC_FN bool sc_penalize(ScEdits e, int j, int lo, int hi, SC_DEV float* xe, SC_TG ScShared& sh, const int tx) {
-  const int last_n = (int)e.pv[4 * j];
-  const float rep = e.pv[4 * j + 1], freq = e.pv[4 * j + 2], pres = e.pv[4 * j + 3];
-  const int w0 = last_n < 0 ? 0 : (last_n >= e.L ? 0 : e.L - last_n);
-  const bool shared = e.L - w0 <= SC_CAP;
+  SC_DEV const float* v6 = e.pv + 6 * j;     // (last_n, repeat, frequency, presence, offset, length)
+  const int last_n = (int)v6[0], L = (int)v6[5];
+  const float rep = v6[1], freq = v6[2], pres = v6[3];
+  const SC_DEV int* h = e.ph + (int)v6[4];
+  const int w0 = last_n < 0 ? 0 : (last_n >= L ? 0 : L - last_n);
+  const bool shared = L - w0 <= SC_CAP;
   sc_barrier();                     // (a previous stage's readers of the window are done)
   if (shared) {
-    for (int k = w0 + tx; k < e.L; k += SC_T) sh.cand_id[k - w0] = e.ph[k];
+    for (int k = w0 + tx; k < L; k += SC_T) sh.cand_id[k - w0] = h[k];
   }
   sc_barrier();
   bool bad = false;
-  for (int i = w0 + tx; i < e.L; i += SC_T) {
-    const int t = sc_window_at(e, sh, shared, w0, i);
+  for (int i = w0 + tx; i < L; i += SC_T) {
+    const int t = sc_window_at(h, sh, shared, w0, i);
     if (t < lo || t >= hi) continue;          // (padding, < 0, and other slices' tokens)
     bool first = true;
-    for (int k = w0; k < i && first; ++k) first = sc_window_at(e, sh, shared, w0, k) != t;
+    for (int k = w0; k < i && first; ++k) first = sc_window_at(h, sh, shared, w0, k) != t;
     if (!first) continue;
     int c = 1;
-    for (int k = i + 1; k < e.L; ++k) c += sc_window_at(e, sh, shared, w0, k) == t ? 1 : 0;
+    for (int k = i + 1; k < L; ++k) c += sc_window_at(h, sh, shared, w0, k) == t ? 1 : 0;
     float v = xe[t];
     v = v > 0.0f ? sc_div(v, rep) : sc_mul(v, rep);
     v = sc_sub(v, sc_add(sc_mul((float)c, freq), pres));

@@ -173,13 +173,15 @@ def _ends_stages(n: Node, users: dict) -> bool:
         not (len(readers) == 1 and readers[0].op in STAGE_OPS)
 
 
-def find_chains(graph: Graph, greedy_edits: bool = False) -> list[Chain]:
+def find_chains(graph: Graph, for_gpu: bool = False) -> list[Chain]:
     """Every draw, with the stage ops before it: the last one may be read elsewhere too (the kernel then also
     returns its result, or its softmax where that is all the reader wants: `probs`), the others only by the next.
     An argmax (greedy() after the passes) is a draw where allow or logit_bias nodes lie below it. Stage ops that
     end without a draw (an edit after a cut, a chain with no terminal) are a chain too: the kernel's greedy draw
-    runs, unread, beside the result. With greedy_edits (a GPU target's kernel) an argmax right after penalties is a
-    chain too (on the CPU, lowering.RULES' argmax_put runs it)."""
+    runs, unread, beside the result. With for_gpu (a GPU target's kernel, which gives every penalties stage's check
+    and applies a literal logit_bias) an argmax right after penalties is a chain too (on the CPU, lowering.RULES'
+    argmax_put runs it), a stack of penalties read by their checks is the chain's without an edit below it, and a
+    sparse_add is a prefix."""
     users = graph.users()
     roots = {id(r) for r in graph.roots()}
     chains, claimed = [], set()
@@ -204,7 +206,7 @@ def find_chains(graph: Graph, greedy_edits: bool = False) -> list[Chain]:
                 x = x.inputs[0]
         first = stages[-1] if stages else n
         also = () if stages else tuple(logprobs)        # (no stages: the draw's logprob_at read x too)
-        post = _prefix_of(x, first, users, roots, also=also, sparse=greedy_edits)[:native.MAX_PREFIX]
+        post = _prefix_of(x, first, users, roots, also=also, sparse=for_gpu)[:native.MAX_PREFIX]
         if post:
             first, x, also = post[-1].node, post[-1].below, ()
         edits = []
@@ -219,10 +221,12 @@ def find_chains(graph: Graph, greedy_edits: bool = False) -> list[Chain]:
         pre = []
         if edits and _owned(stack, users):
             pre = _prefix_of(x, stack[-1], users, roots, {p.inputs for p in stack},
-                             sparse=greedy_edits)[:native.MAX_PREFIX - len(post)]
+                             sparse=for_gpu)[:native.MAX_PREFIX - len(post)]
             if pre:       # (the penalties read by their checks alone are the chain's too: they read its nodes)
                 edits, x = stack, pre[-1].below
-        if n.op == "argmax" and not (pre or post or (greedy_edits and edits)):
+            elif for_gpu:     # (the GPU kernel gives every stage's check: the whole stack is the chain's)
+                edits = stack
+        if n.op == "argmax" and not (pre or post or (for_gpu and edits)):
             continue          # (argmax_take, argmax_put: lowering.RULES)
         if drawless:
             chains.append(Chain(None, stages[::-1], [], want_x, softmax, tuple(edits[::-1]),

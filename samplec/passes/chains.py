@@ -45,7 +45,7 @@ def fuse_chains(g: Graph, target: str) -> Graph:
         covered = [c for c in chains if native.installed() and native.knows_stages([s.op for s in c.stages])]
         return Graph(g.name, g.params, g.outputs, g.checks,
                      tuple(_region(c, "cpu.chain", roots, users) for c in covered))
-    chains = find_chains(g, greedy_edits=True)
+    chains = find_chains(g, for_gpu=True)
     covered = [c for c in chains if c.draw is not None and
                gpu.chain_supports([s.op for s in c.stages], c.draw.op)]
     for c in covered:
@@ -62,7 +62,7 @@ def fuse_chains(g: Graph, target: str) -> Graph:
     # window) is rebuilt over them, and a node the lowering left unread (the model's log-softmax where its one reader
     # took the lowered normalizer) drops out of the chain
     have = {id(n) for n in low.toposort()}
-    again = {id(c.draw): c for c in find_chains(low, greedy_edits=True) if c.draw is not None}
+    again = {id(c.draw): c for c in find_chains(low, for_gpu=True) if c.draw is not None}
     chains = []
     for c in covered:
         if all(id(n) in have for n in c.nodes()):
