@@ -814,7 +814,8 @@ PENALTIES = [(s, V, B, n, term, H, shared, bias, split) for s, (V, B, n, term, H
 def test_emulated_penalties_in_the_kernel_equal_O0(seed, V, B, n, terminal, H, shared, bias, split):
     """The penalties counted per row in the kernel from the history (repeats, padding, last_n -1, 0, past the
     history's length; windows that fit shared memory and windows past it; repeat, frequency and presence one a
-    row), with a logit_bias before or after them and an allow, one block a row and split: against -O0's `penalties(h, ...)` in front of the same chain."""
+    row), with a logit_bias before or after them and an allow, one block a row and split: against -O0's
+    `penalties(h, ...)` in front of the same chain."""
     stages, src, kw, per_row, ops, x = chain_case(seed, V, B, n, terminal)
     hist, pk = penalty_case(seed, V, B, H, shared)
     rng = np.random.default_rng(seed + 1)
@@ -991,8 +992,8 @@ def test_edits_in_random_orders_through_the_kernel_equal_O0(seed, monkeypatch):
     parts = ["penalties(h, last_n = ln, repeat = rp, frequency = fq, presence = ps)"] + \
         [p for p in ("logit_bias(eb)", "allow(em)") if rng.random() < 0.6]
     rng.shuffle(parts)
-    kw.update(em=m, eb=(rng.standard_normal((B, V)) * 2).astype(np.float32), h=np.broadcast_to(hist, (B, hist.shape[1])),
-              ln=pk["last_n"], rp=pk["rep"], fq=pk["freq"], ps=pk["pres"])
+    kw.update(em=m, eb=(rng.standard_normal((B, V)) * 2).astype(np.float32),
+              h=np.broadcast_to(hist, (B, hist.shape[1])), ln=pk["last_n"], rp=pk["rep"], fq=pk["freq"], ps=pk["pres"])
     outs = str(rng.choice(["token, logprob", "token, logprob, raw_logprob", "token, logprob, top_logprobs(3)",
                            "token, logprob, probs"]))
     src = src.replace("-> token, logprob", f"-> {outs}").replace(
@@ -1085,7 +1086,8 @@ def test_the_server_chain_runs_in_the_kernel(monkeypatch):
               repetition_penalty=np.array([1.1, 1.0, 1.3], np.float32),
               presence_penalty=np.array([0.5, 0.0, -0.5], np.float32),
               frequency_penalty=np.array([0.25, 1.0, 0.0], np.float32),
-              repetition_context_size=np.array([20, 64, 5], np.int32), frequency_context_size=np.array([3, 20, -1], np.int32))
+              repetition_context_size=np.array([20, 64, 5], np.int32),
+              frequency_context_size=np.array([3, 20, -1], np.int32))
     want = prog0(x, **kw).to_dict()
     calls = []
     fake_cuda(monkeypatch)

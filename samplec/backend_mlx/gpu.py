@@ -269,17 +269,18 @@ DIALECT_THREADS = {"cuda": CHAIN_THREADS, "metal": METAL_THREADS}
 DIALECT_CAP = {"cuda": SC_CAP, "metal": METAL_CAP}
 
 
-# The kernel body each language's signature wraps (MLX writes the signature from the inputs and outputs): inputs x
-# [B, V] f32; F0..F9 f32 (the stages' float operands in order, top_k's k as a float), K0, K1 u64 and Q0, Q1 i32 (each
-# xtc's and then the sample's seed and position), each one value or one per row, unused slots one placeholder value;
-# EB f32, EM bool, EW i32, PH i32, PV f32 (the edits before the stages: logit_bias's bias, allow's mask as bools or
-# packed bits, each one row or one per row; the penalties stages' histories side by side [1 or B, H] -- the kernel
-# reads its shape -- and their values [1 or B, PV_STAGE a stage]; placeholders where absent); S (chain_codes). Outputs tok [B] i32, lp [B] f32, xo [B, V] f32 where S
-# asks for the final logits or their softmax (else [B, 1], unwritten), pf [B, stages] bool (the penalties' checks,
-# where S has them), rmax [B] f32 (the edited row's maximum, where S has edits), ws (scratch_size). The operands go in as the
-# program holds them (no op gathers them first: at B = 1 a few small ops cost more than the kernel). One text for both
-# languages: a dialect differs only in the fields below (its shared-state declaration, its thread and block indices, a
-# check of its own), as tinygrad's CUDA and Metal renderers differ in a few fields over one renderer.
+# The kernel body each language's signature wraps (MLX writes the signature from the inputs and outputs): inputs x [B,
+# V] f32; F0..F9 f32 (the stages' float operands in order, top_k's k as a float), K0, K1 u64 and Q0, Q1 i32 (each xtc's
+# and then the sample's seed and position), each one value or one per row, unused slots one placeholder value; EB f32,
+# EM bool, EW i32, PH i32, PV f32 (the edits before the stages: logit_bias's bias, allow's mask as bools or packed bits,
+# each one row or one per row; the penalties stages' histories side by side [1 or B, H] -- the kernel reads its shape --
+# and their values [1 or B, PV_STAGE a stage]; placeholders where absent); S (chain_codes). Outputs tok [B] i32, lp [B]
+# f32, xo [B, V] f32 where S asks for the final logits or their softmax (else [B, 1], unwritten), pf [B, stages] bool
+# (the penalties' checks, where S has them), rmax [B] f32 (the edited row's maximum, where S has edits), ws
+# (scratch_size). The operands go in as the program holds them (no op gathers them first: at B = 1 a few small ops cost
+# more than the kernel). One text for both languages: a dialect differs only in the fields below (its shared-state
+# declaration, its thread and block indices, a check of its own), as tinygrad's CUDA and Metal renderers differ in a few
+# fields over one renderer.
 CHAIN_ENTRY = """
     {shared} ScShared sh;
     const int tx = (int){thread}, blk = (int){block};
@@ -504,7 +505,8 @@ def sample_chain(x: mx.array, params: list[mx.array], stages: list[str], termina
     nb = split[0]
     tok, lp, xo, pf, rmax, _ = _kernel("samplec_chain", INPUT_NAMES, CHAIN_BODY, CHAIN_OUTPUTS, chain_header())(
         inputs=[x, *inputs],
-        output_shapes=[(B,), (B,), x.shape if out_x else (B, 1), _flags_shape(B, edits), (B,), (scratch_size(B, split, V if edits else 0),)],
+        output_shapes=[(B,), (B,), x.shape if out_x else (B, 1), _flags_shape(B, edits), (B,),
+                       (scratch_size(B, split, V if edits else 0),)],
         output_dtypes=[mx.int32, mx.float32, mx.float32, mx.bool_, mx.float32, mx.int32],
         grid=(B * max(nb, 1) * CHAIN_THREADS, 1, 1), threadgroup=(CHAIN_THREADS, 1, 1),
         init_value=0 if nb else None)      # (the rows' arrival counters start at zero)
@@ -560,7 +562,8 @@ def _metal_chain(x: mx.array, params: list[mx.array], stages: list[str], termina
     inputs = [a.reshape(1) if a.ndim == 0 else a for a in inputs]     # (a 0-d input would be a reference)
     tok, lp, xo, pf, rmax, _ = _metal_kernel()(
         inputs=[x, *inputs],
-        output_shapes=[(B,), (B,), x.shape if out_x else (B, 1), _flags_shape(B, edits), (B,), (scratch_size(B, (0, 0), V if edits else 0),)],
+        output_shapes=[(B,), (B,), x.shape if out_x else (B, 1), _flags_shape(B, edits), (B,),
+                       (scratch_size(B, (0, 0), V if edits else 0),)],
         output_dtypes=[mx.int32, mx.float32, mx.float32, mx.bool_, mx.float32, mx.int32],
         grid=(B * METAL_THREADS, 1, 1), threadgroup=(METAL_THREADS, 1, 1))
     return _outputs(tok, lp, xo, pf, rmax, B, out_x, edits)

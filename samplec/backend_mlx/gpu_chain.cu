@@ -1332,9 +1332,9 @@ SC_FN bool sc_stages(const SC_DEV float* xr, int V, SC_THR const float* pr, SC_T
 // The row's edits before the stages, from the logits up: logit_bias (eb: x + b), allow (em: a bool per token, or ew:
 // packed bits, bit j of word w for token 32 w + j; false: -inf) and up to SC_MAX_PEN penalties stages (ph: the row of
 // their histories side by side, padding < 0; pv: each stage's last_n, repeat, frequency, presence and its history's
-// offset and length in ph; np stages, 0: none), the bias and the allow each before or after the penalties (bias_after, allow_after). With the
-// penalties the kernel also gives each stage's check (pf[j]: a logit it penalized to +inf or NaN, or its row left
-// with no value above -inf), the parts counted over the row's blocks in pc (two a stage).
+// offset and length in ph; np stages, 0: none), the bias and the allow each before or after the penalties (bias_after,
+// allow_after). With the penalties the kernel also gives each stage's check (pf[j]: a logit it penalized to +inf or
+// NaN, or its row left with no value above -inf), the parts counted over the row's blocks in pc (two a stage).
 #define SC_MAX_PEN 4       // gpu.MAX_PENALTIES
 
 struct ScEdits {
