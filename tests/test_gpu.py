@@ -17,6 +17,16 @@ ROOT = Path(__file__).resolve().parent.parent
 cuda = pytest.mark.skipif(not gpu.available(), reason="needs MLX's CUDA backend as the default device")
 
 
+def o0_on_the_cpu(src: str, x, **kw):
+    """The dense definitions' outputs (-O0) on MLX's CPU, whatever the default device."""
+    prev = mx.default_device()
+    mx.set_default_device(mx.cpu)
+    try:
+        return samplec.compile(src, opt_level=0)(x, **kw)
+    finally:
+        mx.set_default_device(prev)
+
+
 def test_kernels_off_the_cpu():
     with mx.stream(mx.cpu):
         prev = mx.default_device()
@@ -130,12 +140,7 @@ def test_gpu_chain_kernel_equals_cpu_O0(seed, monkeypatch):
     monkeypatch.setattr(gpu, "sample_chain", lambda *a: calls.append(a[2]) or real(*a))
     on_gpu = samplec.compile(src)(x, **kw)
     assert calls or terminal == "greedy"         # (greedy after cuts is the logits' argmax: no chain to run)
-    prev = mx.default_device()
-    mx.set_default_device(mx.cpu)
-    try:
-        on_cpu = samplec.compile(src, opt_level=0)(x, **kw)
-    finally:
-        mx.set_default_device(prev)
+    on_cpu = o0_on_the_cpu(src, x, **kw)
     assert np.array(on_gpu.token).tolist() == np.array(on_cpu.token).tolist(), src
     np.testing.assert_allclose(np.array(on_gpu.logprob), np.array(on_cpu.logprob), rtol=1e-4, atol=2e-4, err_msg=src)
 
@@ -214,11 +219,6 @@ def test_gpu_penalties_in_the_chain_kernel_equal_cpu_O0(B, H, split, monkeypatch
     prog = samplec.compile(src, target="cuda")
     on_gpu = prog(x, **kw)
     assert ("cuda.chain", "kernel") in prog.kernel_trace() and edits[0] == ("logit_bias", "allow", "penalties")
-    prev = mx.default_device()
-    mx.set_default_device(mx.cpu)
-    try:
-        on_cpu = samplec.compile(src, opt_level=0)(x, **kw)
-    finally:
-        mx.set_default_device(prev)
+    on_cpu = o0_on_the_cpu(src, x, **kw)
     assert np.array(on_gpu.token).tolist() == np.array(on_cpu.token).tolist()
     np.testing.assert_allclose(np.array(on_gpu.logprob), np.array(on_cpu.logprob), rtol=1e-4, atol=2e-4)

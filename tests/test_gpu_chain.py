@@ -476,6 +476,16 @@ def fake_cuda(monkeypatch):
     monkeypatch.setattr(target, "unavailable", lambda t: None)
 
 
+def on_fake_cuda(src: str, x, kw: dict, monkeypatch) -> tuple:
+    """(the program compiled for cuda, its outputs, the edits' kinds of each kernel call): a CUDA device faked, its
+    chain kernel the emulated one."""
+    calls: list = []
+    fake_cuda(monkeypatch)
+    monkeypatch.setattr(gpu, "sample_chain", emulated_sample_chain(calls))
+    prog = samplec.compile(src, target="cuda")
+    return prog, prog(x, **kw).to_dict(), calls
+
+
 def emulated_sample_chain(calls: list | None = None):
     """gpu.sample_chain with the emulated kernel in the current dialect: None where the kernel does not take the
     operands or edits (as the real one answers), else its outputs as MLX arrays; `calls` records the edits' kinds."""
@@ -769,14 +779,7 @@ def test_interpreter_hands_allow_and_logit_bias_to_the_kernel(seed, V, n, termin
     kw.update(eb=b, em=m)
     src = src.replace("sampler s(", "sampler s(eb: bias, em: mask, ", 1).replace("{\n", "{\n    " + edit + "\n", 1)
     want = samplec.compile(src, opt_level=0)(x, **kw).to_dict()
-    calls = []
-
-    fake = emulated_sample_chain(calls)
-
-    fake_cuda(monkeypatch)
-    monkeypatch.setattr(gpu, "sample_chain", fake)
-    prog = samplec.compile(src, target="cuda")
-    got = prog(x, **kw).to_dict()
+    prog, got, calls = on_fake_cuda(src, x, kw, monkeypatch)
     assert calls and sorted(calls[0]) == sorted(("allow" if "allow" in e else "logit_bias") for e in edit.split("\n"))
     assert_outputs_equal(got, want, src)
     if "allow" in edit:
@@ -929,14 +932,7 @@ def test_interpreter_hands_penalties_to_the_kernel(seed, V, n, terminal, edit, m
     src = src.replace("sampler s(", "sampler s(eb: bias, em: mask, h: tokens, fq: float, ", 1).replace(
         "{\n", "{\n    " + edit + "\n", 1)
     want = samplec.compile(src, opt_level=0)(x, **kw).to_dict()
-    calls = []
-
-    fake = emulated_sample_chain(calls)
-
-    fake_cuda(monkeypatch)
-    monkeypatch.setattr(gpu, "sample_chain", fake)
-    prog = samplec.compile(src, target="cuda")
-    got = prog(x, **kw).to_dict()
+    prog, got, calls = on_fake_cuda(src, x, kw, monkeypatch)
     assert calls and "penalties" in calls[0], calls
     assert_outputs_equal(got, want, src)
     if "fq" in edit:
