@@ -762,6 +762,17 @@ def test_edit_slots_take_the_shapes_the_program_holds():
     assert gpu._edit_slots([("penalties", bias)], B, V) is None
 
 
+def bias_and_mask(seed: int, x: np.ndarray, V: int) -> tuple[int, np.ndarray, np.ndarray]:
+    """(B, a bias a row, a mask a row keeping each row's maximum with and without the bias)."""
+    rng = np.random.default_rng(seed)
+    B = x.shape[0] if x.ndim == 2 else 1
+    b = (rng.standard_normal((B, V)) * 2).astype(np.float32)
+    m = rng.random((B, V)) < 0.6
+    m[np.arange(B), np.argmax(np.broadcast_to(x, (B, V)) + b, axis=-1)] = True
+    m[np.arange(B), np.argmax(np.broadcast_to(x, (B, V)), axis=-1)] = True
+    return B, b, m
+
+
 @pytest.mark.parametrize("seed,V,n,terminal,edit", [
     (70, 300, 3, "sample", "allow(em)"), (71, 500, 2, "sample", "logit_bias(eb)"),
     (72, 300, 3, "sample", "logit_bias(eb)\n    allow(em)"), (73, 1000, 1, "sample", "allow(em)\n    logit_bias(eb)")])
@@ -770,12 +781,7 @@ def test_interpreter_hands_allow_and_logit_bias_to_the_kernel(seed, V, n, termin
     its x): a CUDA device faked, its kernel the emulated one; the outputs against -O0's, and the edits' own checks
     (a mask that leaves no token) still raised."""
     stages, src, kw, per_row, ops, x = chain_case(seed, V, 2, n, terminal)
-    rng = np.random.default_rng(seed)
-    B = x.shape[0] if x.ndim == 2 else 1
-    b = (rng.standard_normal((B, V)) * 2).astype(np.float32)
-    m = rng.random((B, V)) < 0.6
-    m[np.arange(B), np.argmax(np.broadcast_to(x, (B, V)) + b, axis=-1)] = True
-    m[np.arange(B), np.argmax(np.broadcast_to(x, (B, V)), axis=-1)] = True
+    B, b, m = bias_and_mask(seed, x, V)
     kw.update(eb=b, em=m)
     src = src.replace("sampler s(", "sampler s(eb: bias, em: mask, ", 1).replace("{\n", "{\n    " + edit + "\n", 1)
     want = samplec.compile(src, opt_level=0)(x, **kw).to_dict()
@@ -921,12 +927,7 @@ def test_interpreter_hands_penalties_to_the_kernel(seed, V, n, terminal, edit, m
     edits, the logits below them as its x: a CUDA device faked, its kernel the emulated one; the outputs against
     -O0's, and the penalties' own check (a frequency that overflows a logit) still raised."""
     stages, src, kw, per_row, ops, x = chain_case(seed, V, 2, n, terminal)
-    rng = np.random.default_rng(seed)
-    B = x.shape[0] if x.ndim == 2 else 1
-    b = (rng.standard_normal((B, V)) * 2).astype(np.float32)
-    m = rng.random((B, V)) < 0.6
-    m[np.arange(B), np.argmax(np.broadcast_to(x, (B, V)) + b, axis=-1)] = True
-    m[np.arange(B), np.argmax(np.broadcast_to(x, (B, V)), axis=-1)] = True
+    B, b, m = bias_and_mask(seed, x, V)
     hist, _ = penalty_case(seed, V, B, 30, False)
     kw.update(eb=b, em=m, h=hist, fq=np.array([0.5, -0.75][:B], np.float32))
     src = src.replace("sampler s(", "sampler s(eb: bias, em: mask, h: tokens, fq: float, ", 1).replace(
