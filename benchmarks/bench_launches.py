@@ -1,9 +1,10 @@
 """Launches of one call of each shipped example (and `samplec serve`'s chain) on the GPU targets, counted on a
 machine without the GPU: the chain kernel stood in by one launch (samplec.backend_mlx.launches.chain_kernel_stood_in),
-every MLX op beside it counted as `mx.export_to_dot` shows the call's lazy outputs (no evaluation, no timing), next
-to the portable target (what a GPU without samplec's kernel runs).
+every MLX op beside it counted as `mx.export_to_dot` shows the call's lazy outputs, next to the portable target
+(what a GPU without samplec's kernel runs); and the host's time to queue a call on the cuda target (`Program.queue`,
+median of --reps: the traced call replayed, the kernel's launch one node more on the device).
 
-    python benchmarks/bench_launches.py                    # V = 152064, B = 1 and 8: a few seconds
+    python benchmarks/bench_launches.py                    # V = 152064, B = 1 and 8: under a minute
 
 On a GPU each launch costs ~5-10 us of the device's time and ~1-4 us of the host's, whatever its work: the count is
 the cost proxy where no GPU runs (docs/performance.md). `metal` is the metal target with SAMPLEC_METAL_KERNEL=1 (the
@@ -22,35 +23,42 @@ sys.path.insert(0, str(Path(__file__).parent))
 import mlx.core as mx  # noqa: E402
 
 import samplec  # noqa: E402
-from bench_targets import V, arguments, chat_logits, examples  # noqa: E402
+from bench_targets import V, arguments, chat_logits, examples, median_us  # noqa: E402
 from samplec.backend_mlx import kernels  # noqa: E402
 from samplec.backend_mlx.launches import call_primitives, chain_kernel_stood_in, launches  # noqa: E402
 
 
-def gpu_launches(src: str, name: str, target: str, B: int, x: mx.array, rng) -> int:
+def gpu_call(src: str, name: str, target: str, B: int, x: mx.array, rng, reps: int) -> tuple[int, float]:
+    """(launches, the host's median us to queue a call: `Program.queue` replaying the traced call, in which the
+    kernel's launch is one node more on the device)."""
     with chain_kernel_stood_in(target) as stood_in:
         prog = samplec.compile(src, name, target=target)
-        return launches(call_primitives(prog, x, **arguments(prog, B, rng))) + len(stood_in)
+        kw = arguments(prog, B, rng)
+        n = launches(call_primitives(prog, x, **kw)) + len(stood_in)
+        prog.queue(x, **kw)           # (traced: later calls replay it)
+        return n, median_us(lambda: prog.queue(x, **kw), reps)      # (queued, never evaluated)
 
 
 def main() -> None:
     import numpy as np
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--batches", default="1,8")
+    ap.add_argument("--reps", type=int, default=100, help="queue calls timed a row (the median is printed)")
     args = ap.parse_args()
     kernels.GPU_SUMS = True
     from samplec.serve import SERVER_CHAIN, TOP
     chains = [(p.name, name, p.read_text()) for p, name in examples()] + \
         [("samplec serve", "mlx_lm_server", SERVER_CHAIN.replace("TOP", str(TOP)))]
-    print("| example | B | cuda | metal (SAMPLEC_METAL_KERNEL=1) | portable |\n|---|---|---|---|---|")
+    print("| example | B | cuda: launches | cuda: queue us | metal (SAMPLEC_METAL_KERNEL=1): launches | "
+          "portable: launches |\n|---|---|---|---|---|---|")
     for B in [int(b) for b in args.batches.split(",")]:
         x = mx.array(chat_logits(B, V, seed=B))
         for where, name, src in chains:
             rng = np.random.default_rng(0)
-            cuda, metal = (gpu_launches(src, name, t, B, x, rng) for t in ("cuda", "metal"))
+            (cuda, queue_us), (metal, _) = (gpu_call(src, name, t, B, x, rng, args.reps) for t in ("cuda", "metal"))
             prog = samplec.compile(src, name, target="portable")
             portable = launches(call_primitives(prog, x, **arguments(prog, B, rng)))
-            print(f"| {where}:{name} | {B} | {cuda} | {metal} | {portable} |", flush=True)
+            print(f"| {where}:{name} | {B} | {cuda} | {queue_us:.0f} | {metal} | {portable} |", flush=True)
 
 
 if __name__ == "__main__":
