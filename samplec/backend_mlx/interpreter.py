@@ -86,10 +86,12 @@ class Chain:
         if (self.prefix or self.edits) and len(self.edits) <= gpu.MAX_PENALTIES:
             # the allow, logit_bias and penalties nodes below the stages, from the logits up: the kernel applies them
             # as it reads the row
-            kind = lambda p: ("allow" if p.kind == "mask" else "logit_bias", env[id(p.operand)] if p.kind != "sparse"
-                              else bias_row(p.operand.attr("ids"), p.operand.attr("values"), V))  # noqa: E731
+            def edit(p: Prefix) -> tuple[str, mx.array]:
+                if p.kind == "sparse":          # (a literal bias: its row, a constant of the call)
+                    return "logit_bias", bias_row(p.operand.attr("ids"), p.operand.attr("values"), V)
+                return ("allow" if p.kind == "mask" else "logit_bias"), env[id(p.operand)]
             pen = tuple(("penalties", tuple(env[id(unexpanded(i))] for i in e.inputs[1:])) for e in self.edits)
-            edits = tuple(map(kind, self.prefix[:self.n_pre])) + pen + tuple(map(kind, self.prefix[self.n_pre:]))
+            edits = tuple(map(edit, self.prefix[:self.n_pre])) + pen + tuple(map(edit, self.prefix[self.n_pre:]))
             out = gpu.sample_chain(env[id(self.base)], *args, edits=edits)
         edits_in = out is not None
         if out is None:

@@ -27,12 +27,17 @@ def _region(chain, kernel: str, roots: set, users: dict) -> Region:
     return Region(kernel, tuple(chain.nodes()), results, attrs, chain)
 
 
-def _take_overflow(chain, users: dict) -> None:
-    """The checks of a chain's penalties stages (penalties_overflow on the same operands) join the chain on a GPU
-    target: the kernel gives them from the passes that penalize the row."""
+def _as_gpu_chain(chain, users: dict):
+    """The chain as a GPU target's kernel runs it: the checks of its penalties stages (penalties_overflow on the same
+    operands) join it -- the kernel gives them from the passes that penalize the row --, and the model's log-softmax
+    and top_logprobs beside it leave it for the portable lowering (its row maximum and log-sum-exp, one sort for the
+    ids): the kernel does not give them, and their definitions (a log-softmax of the row, a selection by count) cost
+    a GPU ~30 launches more."""
     chain.overflows = tuple(next((u for u in users.get(id(pen.inputs[0]), [])
                                   if u.op == "penalties_overflow" and u.inputs == pen.inputs), None)
                             for pen in chain.edits)
+    chain.raw, chain.top_logprobs = None, ()
+    return chain
 
 
 def fuse_chains(g: Graph, target: str) -> Graph:
@@ -40,20 +45,13 @@ def fuse_chains(g: Graph, target: str) -> Graph:
     from samplec.backend_mlx.interpreter import find_chains
     from samplec.passes.portable import lower_portable
     users, roots = g.users(), {id(r) for r in g.roots()}
-    chains = find_chains(g)
+    chains = find_chains(g, for_gpu=target != "cpu")
     if target == "cpu":
         covered = [c for c in chains if native.installed() and native.knows_stages([s.op for s in c.stages])]
         return Graph(g.name, g.params, g.outputs, g.checks,
                      tuple(_region(c, "cpu.chain", roots, users) for c in covered))
-    chains = find_chains(g, for_gpu=True)
-    covered = [c for c in chains if c.draw is not None and
-               gpu.chain_supports([s.op for s in c.stages], c.draw.op)]
-    for c in covered:
-        _take_overflow(c, users)
-        # the model's log-softmax and top_logprobs beside the chain take the portable lowering (its row maximum and
-        # log-sum-exp, one sort for the ids): the kernel does not give them, and their definitions (a log-softmax
-        # of the row, a selection by count) cost a GPU ~30 launches more
-        c.raw, c.top_logprobs = None, ()
+    covered = [_as_gpu_chain(c, users) for c in chains
+               if c.draw is not None and gpu.chain_supports([s.op for s in c.stages], c.draw.op)]
     keep = {id(n) for c in covered for n in c.nodes()}
     kept: dict = {}
     low = lower_portable(g, keep, kept)
@@ -63,6 +61,7 @@ def fuse_chains(g: Graph, target: str) -> Graph:
     # took the lowered normalizer) drops out of the chain
     have = {id(n) for n in low.toposort()}
     again = {id(c.draw): c for c in find_chains(low, for_gpu=True) if c.draw is not None}
+    users, roots = low.users(), {id(r) for r in low.roots()}
     chains = []
     for c in covered:
         if all(id(n) in have for n in c.nodes()):
@@ -70,10 +69,6 @@ def fuse_chains(g: Graph, target: str) -> Graph:
         elif id(c.draw) in kept and id(kept[id(c.draw)]) in again:
             d = again[id(kept[id(c.draw)])]
             if gpu.chain_supports([s.op for s in d.stages], d.draw.op):
-                chains.append(d)
-    users, roots = low.users(), {id(r) for r in low.roots()}
-    for c in chains:
-        _take_overflow(c, users)
-        c.raw, c.top_logprobs = None, ()
+                chains.append(_as_gpu_chain(d, users))
     return Graph(low.name, low.params, low.outputs, low.checks,
                  tuple(_region(c, f"{target}.chain", roots, users) for c in chains))
