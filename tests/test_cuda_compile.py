@@ -76,7 +76,7 @@ KERNELS = {
               "".join(f"const unsigned long long* K{i}, " for i in range(gpu.CHAIN_KEY_SLOTS)) +
               "".join(f"const int* Q{i}, " for i in range(gpu.CHAIN_KEY_SLOTS)) +
               "const float* EB, const bool* EM, const int* EW, const int* PH, const int* PH_shape, const float* PV, " +
-              "const int* S, int* tok, float* lp, float* xo, bool* pf, float* rmax, int* ws) {\n" + gpu.CHAIN_BODY + "}\n", gpu.CHAIN_THREADS),
+              "const int* S, int* tok, float* lp, float* xo, bool* pf, float* rs, int* ws) {\n" + gpu.CHAIN_BODY + "}\n", gpu.CHAIN_THREADS),
     "kth_largest": ('extern "C" __global__ void samplec_kth_largest(const float* x, const int* x_shape, const int* k, '
                     "float* out) {\n" + gpu._KTH_SOURCE + "}\n", gpu.THREADS),
 }

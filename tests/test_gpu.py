@@ -137,7 +137,7 @@ def test_gpu_chain_kernel_equals_cpu_O0(seed, monkeypatch):
     stages, src, kw, _, _, x = chain_case(seed, V, B, n, terminal)
     calls = []
     real = gpu.sample_chain
-    monkeypatch.setattr(gpu, "sample_chain", lambda *a: calls.append(a[2]) or real(*a))
+    monkeypatch.setattr(gpu, "sample_chain", lambda *a, **k: calls.append(a[2]) or real(*a, **k))
     on_gpu = samplec.compile(src)(x, **kw)
     assert calls or terminal == "greedy"         # (greedy after cuts is the logits' argmax: no chain to run)
     on_cpu = o0_on_the_cpu(src, x, **kw)

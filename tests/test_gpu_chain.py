@@ -69,7 +69,7 @@ def metal_signature(sizes: dict[str, int]) -> str:
         params.append(f"const {'constant' if sizes[name] < 8 else 'device'} {dtypes[name]}* {name}")
         if name in ("x", "PH"):         # (the inputs whose shapes the body reads)
             params.append(f"const constant int* {name}_shape")
-    params += ["device int* tok", "device float* lp", "device float* xo", "device bool* pf", "device float* rmax",
+    params += ["device int* tok", "device float* lp", "device float* xo", "device bool* pf", "device float* rs",
                "device int* ws"]
     return ", ".join(params + metal_attributes(gpu.chain_entry("metal")))
 
@@ -85,18 +85,18 @@ def source(dialect: str, threads: int, defines: str = "", sizes: dict | None = N
     names = ", ".join(gpu._SLOTS + [n + (", PH_shape" if n == "PH" else "") for n in gpu.EDIT_SLOTS])
     if dialect == "cuda":
         signature = (f"const float* x, const int* x_shape, {slots}, const int* S, int* tok, float* lp, float* xo, "
-                     "bool* pf, float* rmax, int* ws")
-        call = f"sc_body(x, shape, {names}, S, tok, lp, xo, pf, rmax, ws)"
+                     "bool* pf, float* rs, int* ws")
+        call = f"sc_body(x, shape, {names}, S, tok, lp, xo, pf, rs, ws)"
     else:
         signature = metal_signature(sizes or {name: 8 for name in INPUTS})
-        call = (f"sc_body(x, shape, {names}, S, tok, lp, xo, pf, rmax, ws, uint3{{threadIdx.x, 0, 0}}, "
+        call = (f"sc_body(x, shape, {names}, S, tok, lp, xo, pf, rs, ws, uint3{{threadIdx.x, 0, 0}}, "
                 "uint3{blockIdx.x, 0, 0}, 32u)")
     head = (f"#define SC_T {threads}\n{defines}#include \"{dialect}_emulation.h\"\n{gpu.chain_header(dialect)}\n"
             f"static void sc_body({signature}) {{\n{gpu.chain_entry(dialect)}}}\n")
     if "SC_CHECK_ADDRESS_SPACES" in defines:
         return head                     # (a syntax check: nothing runs it)
     return (head + f"extern \"C\" void run(const float* x, int B, int V, {slots}, const int* S,\n"
-            "                      int* tok, float* lp, float* xo, bool* pf, float* rmax, int* ws) {\n"
+            "                      int* tok, float* lp, float* xo, bool* pf, float* rs, int* ws) {\n"
             "  const int shape[2] = {B, V};\n"
             f"  sc_launch(B * (S[6] > 0 ? S[6] : 1), [&] {{ {call}; }});\n}}\n")
 
@@ -137,7 +137,8 @@ def emulated(threads: int = 64, defines: str = "", dialect: str = "cuda"):
         xo = np.full((B, V) if out_x else (B, 1), np.nan, dtype=np.float32)
         edits = S[8 + int(S[0]) + len(gpu._SLOTS):]
         # (zeros: as init_value=0 leaves it on the GPU)
-        ws = np.zeros(gpu.scratch_size(B, split, V if edits.any() else 0), np.int32)
+        ws = np.zeros(gpu.scratch_size(B, split, V if edits[:gpu.EDIT_CODES].any() else 0,
+                                       bool(edits[gpu.EDIT_CODES])), np.int32)
         ptr = lambda a: a.ctypes.data_as(ctypes.c_void_p)      # noqa: E731
         args, keep = [], []
         for name, a in zip(INPUTS[1:], ins):
@@ -146,11 +147,13 @@ def emulated(threads: int = 64, defines: str = "", dialect: str = "cuda"):
                 keep.append(np.array(a.shape, np.int32))
                 args.append(ptr(keep[-1]))
         pf = np.zeros((B, max(1, int(edits[4]))), dtype=np.bool_)
-        rmax = np.full(B, np.nan, dtype=np.float32)
-        fn(ptr(x), ctypes.c_int(B), ctypes.c_int(V), *args, ptr(tok), ptr(lp), ptr(xo), ptr(pf), ptr(rmax), ptr(ws))
-        # (as gpu.sample_chain gives them: the penalties' checks, then with edits the edited row's maximum)
+        rs = np.full((B, 3), np.nan, dtype=np.float32)
+        fn(ptr(x), ctypes.c_int(B), ctypes.c_int(V), *args, ptr(tok), ptr(lp), ptr(xo), ptr(pf), ptr(rs), ptr(ws))
+        # (as gpu.sample_chain gives them: the penalties' checks, then with edits the edited row's maximum, then
+        # where asked the logits' maximum and log-sum-exp)
         return (tok, lp) + ((xo,) if out_x else ()) + ((pf,) if edits[4] else ()) + \
-            ((rmax[:, None],) if edits.any() else ())
+            ((rs[:, 0:1],) if edits[:gpu.EDIT_CODES].any() else ()) + \
+            ((rs[:, 1:2], rs[:, 2:3]) if edits[gpu.EDIT_CODES] else ())
     return run
 
 
@@ -177,12 +180,13 @@ def gpu_split(B: int, V: int, threads: int | None = None) -> tuple[int, int]:
 
 
 def kernel(x, operands, stages, terminal, want_logprob=True, out_x=0, threads=64, split=(0, 0), defines="",
-           edits=()):
+           edits=(), raw=False):
     """The emulated kernel in the current dialect on a chain's operands as gpu.sample_chain passes them (split:
     slices a row and candidates a slice, as gpu.split_of gives them; (0, 0): one block a row; edits: logit_bias's
     and allow's (kind, array) before the stages)."""
     assert split[0] * split[1] <= gpu.DIALECT_CAP[_DIALECT[0]], split      # (the last block's shared candidates)
-    inputs = gpu.chain_inputs(operands, stages, terminal, want_logprob, out_x, x.shape[0], split, edits, x.shape[1])
+    inputs = gpu.chain_inputs(operands, stages, terminal, want_logprob, out_x, x.shape[0], split, edits, x.shape[1],
+                              raw)
     assert inputs is not None
     return emulated(threads, defines, _DIALECT[0])(x, inputs)
 
@@ -400,11 +404,12 @@ def test_chain_supports_and_body():
     assert not gpu.chain_supports(["xtc", "xtc"], "sample") and gpu.chain_supports(["xtc", "xtc"], "greedy")
     assert not gpu.chain_supports(["xtc"] * 5 + ["top_k"], "greedy")           # (11 float operands)
     assert gpu.chain_codes(["top_k", "xtc", "temperature"], "sample", True) == [3, 1, 1, 4, 6, 0, 0, 0, 1, 6, 0] + \
-        [0] * 14 + [0] * gpu.EDIT_CODES
+        [0] * 14 + [0] * gpu.EDIT_CODES + [0]
     assert gpu.chain_codes([], "greedy", False, 2, split=(8, 512)) == [0, 0, 0, 1, 1, 2, 8, 512] + [0] * 14 + \
-        [0] * gpu.EDIT_CODES
+        [0] * gpu.EDIT_CODES + [0]
     edits = (1, 0, 2, 1, 3, 1, 1, 0, 1)
-    assert gpu.chain_codes([], "greedy", False, edits=edits)[-gpu.EDIT_CODES:] == list(edits)
+    assert gpu.chain_codes([], "greedy", False, edits=edits)[-gpu.EDIT_CODES - 1:] == list(edits) + [0]
+    assert gpu.chain_codes([], "greedy", False, edits=edits, raw=True)[-1] == 1        # (the logits' normalizer)
     # split mode: about one block a multiprocessor over the batch, at most MAX_SLICES a row, the slices'
     # candidates fitting one block's shared memory together
     assert gpu.split_of(1, 152064) == (128, 32) and gpu.split_of(8, 152064) == (17, 240)
@@ -489,11 +494,11 @@ def on_fake_cuda(src: str, x, kw: dict, monkeypatch) -> tuple:
 def emulated_sample_chain(calls: list | None = None):
     """gpu.sample_chain with the emulated kernel in the current dialect: None where the kernel does not take the
     operands or edits (as the real one answers), else its outputs as MLX arrays; `calls` records the edits' kinds."""
-    def sample_chain(x, params, stages, terminal, want_logprob, out_x=0, edits=()):
+    def sample_chain(x, params, stages, terminal, want_logprob, out_x=0, edits=(), raw=False):
         B, V = x.shape
         if gpu.chain_inputs(params, stages, terminal, want_logprob, out_x, B, (0, 0), tuple(edits), V) is None:
             return None
-        out = kernel(np.array(x), params, stages, terminal, want_logprob, out_x, edits=tuple(edits))
+        out = kernel(np.array(x), params, stages, terminal, want_logprob, out_x, edits=tuple(edits), raw=raw)
         if calls is not None:
             calls.append(tuple(kind for kind, _ in edits))
         return (mx.array(out[0])[:, None], mx.array(out[1])[:, None]) + tuple(mx.array(o) for o in out[2:])
@@ -513,8 +518,8 @@ def test_interpreter_hands_chains_to_the_kernel(seed, V, n, terminal, outs, monk
     want = samplec.compile(src, opt_level=0)(x, **kw).to_dict()
     calls = []
 
-    def fake(x, params, stages, terminal, want_logprob, out_x=0):
-        out = kernel(np.array(x), params, stages, terminal, want_logprob, out_x)
+    def fake(x, params, stages, terminal, want_logprob, out_x=0, raw=False):
+        out = kernel(np.array(x), params, stages, terminal, want_logprob, out_x, raw=raw)
         calls.append((tuple(stages), terminal, out_x))
         return (mx.array(out[0])[:, None], mx.array(out[1])[:, None]) + tuple(mx.array(o) for o in out[2:])
 
@@ -893,6 +898,34 @@ def test_emulated_penalties_check_in_the_kernel(split, allow_after):
             want.append("penalt" in str(e))
     # row 3: allow first, every kept token to -inf (the check fires); allow after, the row between keeps the rest
     assert flag[:, 0].tolist() == want == [False, True, False, not allow_after]
+
+
+@pytest.mark.parametrize("split", [False, True])
+@pytest.mark.parametrize("edited", [False, True])
+def test_emulated_kernel_gives_the_logits_maximum_and_log_sum_exp(split, edited):
+    """The logits' own maximum and log-sum-exp from the kernel (raw_logprob's and top_logprobs' normalizer, the
+    logits checks' maximum), before the edits, against numpy: a row with a -inf tail, one with a NaN (the maximum is
+    NaN, as MLX's reduction gives it), one with +inf, one all -inf; one block a row and split over blocks (each
+    block's part combined by the row's last)."""
+    B, V = 5, 3000
+    rng = np.random.default_rng(11)
+    x = (rng.standard_normal((B, V)) * 4).astype(np.float32)
+    x[1, 40:] = -np.inf
+    x[2, 2500] = np.nan
+    x[3, 17] = np.inf
+    x[4] = -np.inf
+    bias = (rng.standard_normal((1, V)) * 50).astype(np.float32)
+    edits = (("logit_bias", mx.array(bias)),) if edited else ()
+    out = kernel(x, [], [], "greedy", split=gpu_split(B, V) if split else (0, 0), threads=block(), edits=edits,
+                 raw=True)
+    m, lz = out[-2][:, 0], out[-1][:, 0]
+    want_m = x.max(axis=-1)
+    assert np.isnan(m[2]) and m[3] == np.inf and m[4] == -np.inf
+    np.testing.assert_array_equal(m[[0, 1]], want_m[[0, 1]])
+    want_lz = np.log(np.exp((x[:2] - want_m[:2, None]).astype(np.float64)).sum(-1))
+    np.testing.assert_allclose(lz[:2], want_lz, rtol=2e-6, atol=2e-6)
+    if split:
+        assert gpu_split(B, V)[0] > 1
 
 
 def penalized_rows(x, hist, pk, b, where, m):

@@ -140,18 +140,18 @@ def test_portable_launches_stay_within_their_ceiling(example, sampler, monkeypat
 # out of its region (to the portable lowering, or to its definitions) fails here. benchmarks/bench_launches.py prints
 # them at V = 152064 with a server's arguments.
 GPU_LAUNCHES = {
-    "hf_generate.smp:hf_generate": 6,
-    "hf_generate.smp:hf_greedy": 12,
-    "llama.smp:llama": 6,
-    "llama.smp:nucleus": 15,
-    "llama_cpp_default.smp:llama_cpp_default": 15,
-    "llama_cpp_default.smp:llama_cpp_default_short": 6,
-    "mlx_lm_default.smp:mlx_lm": 12,
-    "mlx_lm_default.smp:mlx_lm_chat": 12,
-    "openai.smp:openai": 21,
-    "openai.smp:openai_constant_bias": 17,
-    "vllm.smp:vllm": 18,
-    "vllm.smp:vllm_constrained": 29,
+    "hf_generate.smp:hf_generate": 3,
+    "hf_generate.smp:hf_greedy": 6,
+    "llama.smp:llama": 3,
+    "llama.smp:nucleus": 8,
+    "llama_cpp_default.smp:llama_cpp_default": 8,
+    "llama_cpp_default.smp:llama_cpp_default_short": 3,
+    "mlx_lm_default.smp:mlx_lm": 6,
+    "mlx_lm_default.smp:mlx_lm_chat": 6,
+    "openai.smp:openai": 14,
+    "openai.smp:openai_constant_bias": 10,
+    "vllm.smp:vllm": 11,
+    "vllm.smp:vllm_constrained": 22,
 }
 
 
@@ -363,10 +363,12 @@ def test_metal_target_hands_chains_to_the_metal_build_where_asked(monkeypatch):
     monkeypatch.setattr(gpu, "metal_status", lambda: (True, "faked"))
     calls = []
 
-    def kernel(x, params, stages, terminal, want_logprob, out_x=0, edits=()):
+    def kernel(x, params, stages, terminal, want_logprob, out_x=0, edits=(), raw=False):
         calls.append((tuple(stages), terminal))
         B = x.shape[0]
-        return (mx.full((B, 1), 3, dtype=mx.int32), mx.full((B, 1), -1.0)) + ((x,) if out_x else ())
+        return (mx.full((B, 1), 3, dtype=mx.int32), mx.full((B, 1), -1.0)) + ((x,) if out_x else ()) + \
+            ((mx.max(x, axis=-1, keepdims=True), mx.logsumexp(x - mx.max(x, axis=-1, keepdims=True), axis=-1,
+                                                             keepdims=True)) if raw else ())
     monkeypatch.setattr(gpu, "sample_chain", kernel)
     exe = Executable(prog.graph, compile=False, target="metal")
     outs, _ = exe(*args)

@@ -41,9 +41,10 @@ the edits below them: a logit_bias (a dense bias, or a literal one's constant ro
 packed int32 bitmask) and up to MAX_PENALTIES penalties stages (their histories side by side in one row;
 sample_chain's `edits`: each block
 writes its part of the edited row to the scratch, counts the history's tokens in its part and writes their
-penalized logits, before the stages read it), each stage's check (pf) and the edited row's maximum (rmax: the top
-edit's check). DRY and the outputs beside the chain (raw_logprob, top_logprobs: the portable lowering's) still run
-as MLX ops. The stage operands go in as the program holds them
+penalized logits, before the stages read it), each stage's check (pf) and the edited row's maximum (rs[0]: the top
+edit's check); and, asked for, the logits' own maximum and log-sum-exp (rs[1], rs[2]: the logits checks' maximum,
+raw_logprob's and top_logprobs' normalizer) from one more pass over the row as the model gave it. DRY and
+top_logprobs' ids (one sort beside the kernel) still run as MLX ops. The stage operands go in as the program holds them
 (ten f32 slots, two seed and position slots, each one value or one per row): at B = 1 a few small ops to pack them
 cost more than the kernel's work.
 
@@ -231,19 +232,21 @@ INPUT_NAMES = ["x", *_SLOTS, *EDIT_SLOTS, "S"]
 
 
 def chain_codes(stages: list[str], terminal: str, want_logprob: bool, out_x: int = 0,
-                per_row: tuple = (), split: tuple[int, int] = (0, 0), edits: tuple = (0,) * EDIT_CODES) -> list[int]:
+                per_row: tuple = (), split: tuple[int, int] = (0, 0), edits: tuple = (0,) * EDIT_CODES,
+                raw: bool = False) -> list[int]:
     """The kernel's program for one chain: [#stages, sample?, want_logprob?, #float operands, #key words, out_x (0:
     no [B, V] output, 1: the final logits, 2: their softmax), slices a row (0: one block a row), candidates a slice
     keeps, the stages' codes..., then each operand slot's stride (F0..F9, K0, K1, Q0, Q1: 1 where it holds one value
     per row, 0 for one value; per_row's flags), then the edits (_edit_slots): logit_bias? (1: EB holds it), its stride
     (1: a row each), allow's kind (0: none, 1: EM's bools, 2: EW's packed bits), its stride, penalties stages (PH: their
     history, PV: their values), the history's stride, logit_bias after the penalties? (else before them), PV's stride,
-    allow after the penalties?] (one kernel serves every chain: one NVRTC compile per process)."""
+    allow after the penalties?, then raw?: the logits' maximum and log-sum-exp before the edits] (one kernel
+    serves every chain: one NVRTC compile per process)."""
     nf = max(1, sum(CHAIN_STAGES[s] for s in stages))
     nu = max(1, 3 * (stages.count("xtc") + (terminal == "sample")))
     strides = [int(bool(f)) for f in per_row] + [0] * (len(_SLOTS) - len(per_row))
     return [len(stages), int(terminal == "sample"), int(want_logprob), nf, nu, out_x, *split] + \
-        [STAGE_CODES[s] for s in stages] + strides + list(edits)
+        [STAGE_CODES[s] for s in stages] + strides + list(edits) + [int(raw)]
 
 
 SMS = 132                       # multiprocessors to fill (an H100's; SAMPLEC_GPU_SMS overrides)
@@ -276,8 +279,8 @@ DIALECT_CAP = {"cuda": SC_CAP, "metal": METAL_CAP}
 # each one row or one per row; the penalties stages' histories side by side [1 or B, H] -- the kernel reads its shape --
 # and their values [1 or B, PV_STAGE a stage]; placeholders where absent); S (chain_codes). Outputs tok [B] i32, lp [B]
 # f32, xo [B, V] f32 where S asks for the final logits or their softmax (else [B, 1], unwritten), pf [B, stages] bool
-# (the penalties' checks, where S has them), rmax [B] f32 (the edited row's maximum, where S has edits), ws
-# (scratch_size). The operands go in as the program holds them (no op gathers them first: at B = 1 a few small ops cost
+# (the penalties' checks, where S has them), rs [B, 3] f32 (the edited row's maximum, where S has edits; the logits'
+# maximum and log-sum-exp, where S asks for them), ws (scratch_size). The operands go in as the program holds them (no op gathers them first: at B = 1 a few small ops cost
 # more than the kernel). One text for both languages: a dialect differs only in the fields below (its shared-state
 # declaration, its thread and block indices, a check of its own), as tinygrad's CUDA and Metal renderers differ in a few
 # fields over one renderer.
@@ -317,12 +320,17 @@ CHAIN_ENTRY = """
     SC_DEV int* wi = ws + B + (size_t)B * NB * (SC_WH + cap);
     SC_DEV float* xe = reinterpret_cast<SC_DEV float*>(ws + B + (size_t)B * NB * (SC_WH + 2 * cap)) + (size_t)row * V;
     e.pc = ws + B + (size_t)B * NB * (SC_WH + 2 * cap) + (size_t)B * V + 2 * SC_MAX_PEN * row;
-    e.rmax = rmax + row;
+    e.rmax = rs + 3 * row;
     e.pmax = reinterpret_cast<SC_DEV float*>(ws + B + (size_t)B * NB * (SC_WH + 2 * cap) + (size_t)B * V +
                                            (size_t)B * 2 * SC_MAX_PEN) + (size_t)row * NB;
+    // (then, where S asks for the logits' maximum and log-sum-exp in split mode, the slices' parts of them, three
+    // a slice, after the edits' words where the chain has edits)
+    const size_t edited = sc_has_edits(e) ? (size_t)B * V + (size_t)B * (2 * SC_MAX_PEN + NB) : 0;
+    SC_DEV float* raw = reinterpret_cast<SC_DEV float*>(ws + B + (size_t)B * NB * (SC_WH + 2 * cap) + edited) +
+                        (size_t)row * NB * 3;
     sc_chain(x + (size_t)row * V, V, pr, ur, S, sh, tx, tok + row, lp + row,
              xo + (S[5] != 0 ? (size_t)row * V : (size_t)row), slice, wf + (size_t)row * NB * (SC_WH + cap),
-             wi + (size_t)row * NB * cap, ws + row, e, xe);
+             wi + (size_t)row * NB * cap, ws + row, e, xe, ed[9] ? rs + 3 * row : nullptr, raw);
 """
 
 # The dialects' fields. Metal's indices are the kernel's attributes (MLX declares those the body names); its check:
@@ -455,9 +463,11 @@ def _edit_slots(edits, B: int, V: int) -> tuple[list[mx.array], tuple] | None:
 
 
 def chain_inputs(params: list[mx.array], stages: list[str], terminal: str, want_logprob: bool, out_x: int,
-                 B: int, split: tuple[int, int] = (0, 0), edits: tuple = (), V: int = 0) -> list[mx.array] | None:
+                 B: int, split: tuple[int, int] = (0, 0), edits: tuple = (), V: int = 0,
+                 raw: bool = False) -> list[mx.array] | None:
     """The kernel's inputs after x -- F0..F9, K0, K1, Q0, Q1, EB, EM, EW, S -- from a chain's stage operands in order
-    (then the sample's seed and position) and the edits before its stages (_edit_slots; V: the row's length), or
+    (then the sample's seed and position) and the edits before its stages (_edit_slots; V: the row's length; raw:
+    the logits' maximum and log-sum-exp asked for), or
     None where one is not a scalar or one value per row. Only an operand of another dtype costs an op; S is made once
     per chain and per-row pattern."""
     edit = _edit_slots(edits, B, V)
@@ -475,19 +485,20 @@ def chain_inputs(params: list[mx.array], stages: list[str], terminal: str, want_
         return None
     slots = [o for got, n, dtype in groups for o in got + [(_placeholder(dtype), False)] * (n - len(got))]
     per_row = tuple(flag for _, flag in slots)
-    key = (tuple(stages), terminal, bool(want_logprob), out_x, per_row, split, edit[1])
+    key = (tuple(stages), terminal, bool(want_logprob), out_x, per_row, split, edit[1], bool(raw))
     if key not in _CODES:
-        _CODES[key] = mx.array(np.array(chain_codes(stages, terminal, want_logprob, out_x, per_row, split, edit[1]),
-                                        np.int32))
+        _CODES[key] = mx.array(np.array(chain_codes(stages, terminal, want_logprob, out_x, per_row, split, edit[1],
+                                                    raw), np.int32))
     return [a for a, _ in slots] + edit[0] + [_CODES[key]]
 
 
 def sample_chain(x: mx.array, params: list[mx.array], stages: list[str], terminal: str,
-                 want_logprob: bool, out_x: int = 0, edits: tuple = ()) -> tuple[mx.array, ...] | None:
+                 want_logprob: bool, out_x: int = 0, edits: tuple = (), raw: bool = False) -> tuple[mx.array, ...] | None:
     """The chain's token [B, 1] i32 and its log-probability under the final softmax [B, 1] f32 (0 without
     want_logprob), with out_x the final logits (1) or their softmax (2) [B, V], and with a penalties stage among the
     edits their checks, bool [B, stages] (each penalties_overflow's value), and with edits the edited row's maximum
-    [B, 1]; or None where the kernel does
+    [B, 1], and with raw the logits' maximum (NaN where one is NaN) and log-sum-exp [B, 1] each, before the edits;
+    or None where the kernel does
     not apply (neither a CUDA device nor an Apple GPU with the Metal build active -- metal_status --, a stage it does
     not run, operands of other shapes). edits: the logit_bias, allow and penalties before the stages, from the
     logits up, as (kind, operand) pairs (_edit_slots), applied in the kernel."""
@@ -497,28 +508,29 @@ def sample_chain(x: mx.array, params: list[mx.array], stages: list[str], termina
         return None
     B, V = x.shape
     if not cuda:
-        return _metal_chain(x, params, stages, terminal, want_logprob, out_x, edits)
+        return _metal_chain(x, params, stages, terminal, want_logprob, out_x, edits, raw)
     split = split_of(B, V) if not native.switched_off("SAMPLEC_GPU_SPLIT") else (0, 0)
-    inputs = chain_inputs(params, stages, terminal, want_logprob, out_x, B, split, edits, V)
+    inputs = chain_inputs(params, stages, terminal, want_logprob, out_x, B, split, edits, V, raw)
     if inputs is None:
         return None
     nb = split[0]
-    tok, lp, xo, pf, rmax, _ = _kernel("samplec_chain", INPUT_NAMES, CHAIN_BODY, CHAIN_OUTPUTS, chain_header())(
+    tok, lp, xo, pf, rs, _ = _kernel("samplec_chain", INPUT_NAMES, CHAIN_BODY, CHAIN_OUTPUTS, chain_header())(
         inputs=[x, *inputs],
-        output_shapes=[(B,), (B,), x.shape if out_x else (B, 1), _flags_shape(B, edits), (B,),
-                       (scratch_size(B, split, V if edits else 0),)],
+        output_shapes=[(B,), (B,), x.shape if out_x else (B, 1), _flags_shape(B, edits), (B, 3),
+                       (scratch_size(B, split, V if edits else 0, raw),)],
         output_dtypes=[mx.int32, mx.float32, mx.float32, mx.bool_, mx.float32, mx.int32],
         grid=(B * max(nb, 1) * CHAIN_THREADS, 1, 1), threadgroup=(CHAIN_THREADS, 1, 1),
         init_value=0 if nb else None)      # (the rows' arrival counters start at zero)
-    return _outputs(tok, lp, xo, pf, rmax, B, out_x, edits)
+    return _outputs(tok, lp, xo, pf, rs, B, out_x, edits, raw)
 
 
-def _outputs(tok, lp, xo, pf, rmax, B: int, out_x: int, edits) -> tuple[mx.array, ...]:
+def _outputs(tok, lp, xo, pf, rs, B: int, out_x: int, edits, raw: bool) -> tuple[mx.array, ...]:
     """(token [B, 1], logprob [B, 1]), then the final logits or their softmax where out_x, then with edits the
-    penalties' checks [B, stages] (where penalties were among them) and the edited row's maximum [B, 1]."""
+    penalties' checks [B, stages] (where penalties were among them) and the edited row's maximum [B, 1], then with
+    raw the logits' maximum and log-sum-exp [B, 1] each."""
     pen = any(kind == "penalties" for kind, _ in edits)
     return (tok.reshape(B, 1), lp.reshape(B, 1)) + ((xo,) if out_x else ()) + ((pf,) if pen else ()) + \
-        ((rmax.reshape(B, 1),) if edits else ())
+        ((rs[:, 0:1],) if edits else ()) + ((rs[:, 1:2], rs[:, 2:3]) if raw else ())
 
 
 def _flags_shape(B: int, edits) -> tuple[int, int]:
@@ -550,23 +562,23 @@ def _metal_kernel():
 
 
 def _metal_chain(x: mx.array, params: list[mx.array], stages: list[str], terminal: str, want_logprob: bool,
-                 out_x: int, edits: tuple = ()) -> tuple[mx.array, ...] | None:
+                 out_x: int, edits: tuple = (), raw: bool = False) -> tuple[mx.array, ...] | None:
     B, V = x.shape
     # (MLX would pass an input of fewer than eight elements in the constant address space; the kernel reads the
     # logits and the edits from device memory)
     if x.size < 8 or any((a[0] if kind == "penalties" else a).size < 8 for kind, a in edits):
         return None
-    inputs = chain_inputs(params, stages, terminal, want_logprob, out_x, B, (0, 0), edits, V)
+    inputs = chain_inputs(params, stages, terminal, want_logprob, out_x, B, (0, 0), edits, V, raw)
     if inputs is None:
         return None
     inputs = [a.reshape(1) if a.ndim == 0 else a for a in inputs]     # (a 0-d input would be a reference)
-    tok, lp, xo, pf, rmax, _ = _metal_kernel()(
+    tok, lp, xo, pf, rs, _ = _metal_kernel()(
         inputs=[x, *inputs],
-        output_shapes=[(B,), (B,), x.shape if out_x else (B, 1), _flags_shape(B, edits), (B,),
-                       (scratch_size(B, (0, 0), V if edits else 0),)],
+        output_shapes=[(B,), (B,), x.shape if out_x else (B, 1), _flags_shape(B, edits), (B, 3),
+                       (scratch_size(B, (0, 0), V if edits else 0, raw),)],
         output_dtypes=[mx.int32, mx.float32, mx.float32, mx.bool_, mx.float32, mx.int32],
         grid=(B * METAL_THREADS, 1, 1), threadgroup=(METAL_THREADS, 1, 1))
-    return _outputs(tok, lp, xo, pf, rmax, B, out_x, edits)
+    return _outputs(tok, lp, xo, pf, rs, B, out_x, edits, raw)
 
 
 def _on(var: str) -> bool:
@@ -613,15 +625,17 @@ def metal_status() -> tuple[bool, str]:
     return _METAL["status"]
 
 
-CHAIN_OUTPUTS = ("tok", "lp", "xo", "pf", "rmax", "ws")
+CHAIN_OUTPUTS = ("tok", "lp", "xo", "pf", "rs", "ws")
 
 
-def scratch_size(B: int, split: tuple[int, int], edited: int = 0) -> int:
-    """ws's int32 words: the rows' arrival counters, the slices' headers and candidates' logits, their ids, and with
+def scratch_size(B: int, split: tuple[int, int], edited: int = 0, raw: bool = False) -> int:
+    """ws's int32 words: the rows' arrival counters, the slices' headers and candidates' logits, their ids, with
     edits before the stages the edited rows (edited: V), the penalties' check counts (two a stage and row) and each
-    block's maximum of its part of the edited row."""
+    block's maximum of its part of the edited row, and with raw each block's part of the logits' maximum and
+    log-sum-exp (three words)."""
     nb, cap = split
-    return B + B * nb * (SLICE_HEADER + 2 * cap) + B * (edited + (2 * MAX_PENALTIES + nb) * bool(edited))
+    return B + B * nb * (SLICE_HEADER + 2 * cap) + B * (edited + (2 * MAX_PENALTIES + nb) * bool(edited)) + \
+        3 * B * nb * bool(raw)
 
 
 def path_report() -> str:

@@ -1461,6 +1461,51 @@ SC_INLINE void sc_edit_check(ScEdits e, int NB, const int tx) {
   *e.rmax = top;
 }
 
+// The logits' own maximum and log-sum-exp, before any edit: the logits checks' maximum (NaN where a logit is NaN, as
+// MLX's reduction gives it) and raw_logprob's and top_logprobs' normalizer, log(sum(exp(x - maximum))). The block
+// takes its tokens [lo, hi): one block a row writes rs[1] (the maximum) and rs[2] (the log-sum-exp); in split mode
+// each block leaves its part -- (maximum, sum of exp(x - maximum), NaNs seen) -- in part, and the row's last block
+// combines them (sc_raw_combine).
+SC_FN void sc_raw_stats(const SC_DEV float* xr, int lo, int hi, SC_TG ScShared& sh, const int tx, SC_DEV float* rs,
+                        SC_DEV float* part) {
+  float m = -SC_INF, nan = 0.0f;
+  for (int i = lo + tx; i < hi; i += SC_T) {
+    const float v = xr[i];
+    if (v != v) nan = 1.0f;
+    else m = sc_fmax(m, v);
+  }
+  m = -sc_min(-m, sh, tx);
+  nan = sc_sum(nan, sh, tx);
+  float z = 0.0f;
+  for (int i = lo + tx; i < hi; i += SC_T) z += sc_exp(sc_sub(xr[i], m));
+  z = sc_sum(z, sh, tx);
+  if (tx != 0) return;
+  if (part) {
+    part[0] = m;
+    part[1] = z;
+    part[2] = nan;
+  } else {
+    rs[1] = nan > 0.0f ? sc_i2f(0x7fc00000) : m;
+    rs[2] = sc_log(z);
+  }
+}
+
+// Split mode, in the row's last block: the slices' parts of the logits' maximum and log-sum-exp (sc_raw_stats).
+SC_INLINE void sc_raw_combine(int NB, const SC_DEV float* part, SC_DEV float* rs, const int tx) {
+  if (tx != 0) return;
+  float m = -SC_INF, nan = 0.0f, z = 0.0f;
+  for (int b = 0; b < NB; ++b) {
+    m = sc_fmax(m, part[3 * b]);
+    nan += part[3 * b + 2];
+  }
+  for (int b = 0; b < NB; ++b) {
+    const float mb = part[3 * b];
+    if (mb != -SC_INF) z += sc_mul(part[3 * b + 1], sc_exp(sc_sub(mb, m)));
+  }
+  rs[1] = nan > 0.0f ? sc_i2f(0x7fc00000) : m;
+  rs[2] = sc_log(z);
+}
+
 // One row's chain. S: gpu.chain_codes' [#stages, sample?, want_logprob?, #float operands, #key words, output mode
 // (0: none, 1: the final logits, 2: their softmax), NB (slices a row; 0: one block a row), cap (candidates a slice
 // keeps), stage codes..., then the operand slots' strides, then the edits'] with the stage table's codes
@@ -1468,15 +1513,18 @@ SC_INLINE void sc_edit_check(ScEdits e, int NB, const int tx) {
 // pr: the row's float operands in order; ur: each xtc's and the sample's key words and position, in order; e: the
 // row's edits (sc_edit), xe: the edited row's scratch. In split mode (NB > 0) the block
 // is slice `slice` of the row; wf, wi: the row's scratch; cnt: the row's arrival counter (zero before the launch).
+// rs: where the row's logits' maximum and log-sum-exp go (rs[1], rs[2]; nullptr: not asked for), raw: in split
+// mode, the row's slices' parts of them.
 SC_FN void sc_chain(const SC_DEV float* xr, int V, SC_THR const float* pr, SC_THR const unsigned* ur,
                     const SC_DEV int* S, SC_TG ScShared& sh, const int tx, SC_DEV int* tok, SC_DEV float* lp,
                     SC_DEV float* xo, int slice, SC_DEV float* wf, SC_DEV int* wi, SC_DEV int* cnt,
-                    ScEdits e, SC_DEV float* xe) {
+                    ScEdits e, SC_DEV float* xe, SC_DEV float* rs, SC_DEV float* raw) {
   const int n = S[0], NB = S[6], cap = S[7];
   int f = 0, u = 0;
   for (int j = 0; j < n; ++j) { f += sc_nf(S[8 + j]); u += sc_nu(S[8 + j]); }
   const int len = NB > 0 ? ((V + NB - 1) / NB + 3) & ~3 : V;
   const int lo = NB > 0 ? sc_imin(V, slice * len) : 0, hi = sc_imin(V, lo + len);
+  if (rs) sc_raw_stats(xr, lo, hi, sh, tx, rs, NB > 0 ? raw + 3 * slice : nullptr);
   if (sc_has_edits(e)) {            // (split mode: each block its slice, all before the last block reads the row)
     sc_edit(xr, lo, hi, e, xe, sh, tx, NB, slice);
     xr = xe;
@@ -1495,6 +1543,7 @@ SC_FN void sc_chain(const SC_DEV float* xr, int V, SC_THR const float* pr, SC_TH
     if (!sh.last) return;
     sc_device_fence();
     if (sc_has_edits(e)) sc_edit_check(e, NB, tx);
+    if (rs) sc_raw_combine(NB, raw, rs, tx);
     sc_gathered(NB, cap, sh, tx, wf, wi);
   }
   for (int attempt = NB > 0 ? 0 : 1; attempt < 2; ++attempt) {

@@ -16,8 +16,8 @@ import mlx.core as mx
 
 from samplec.backend_mlx import gpu, native
 from samplec.backend_mlx.kernels import KERNELS, bias_row
-from samplec.backend_mlx.lowering import (RULES, TIE_MARGIN, log_softmax_parts, logprob_at_key, penalty_edits,
-                                         softmax_pattern, unexpanded)
+from samplec.backend_mlx.lowering import (MLX_RULES, RULES, TIE_MARGIN, log_softmax_parts, logprob_at_key,
+                                         penalty_edits, softmax_pattern, unexpanded)
 from samplec.diagnostics import SamplecError
 from samplec.frontend.expand import EXPAND
 from samplec.ir.graph import INPUT, Graph, Node
@@ -75,7 +75,11 @@ class Chain:
         out_x = 2 if self.softmax else 1 if self.want_x else 0
         if not gpu.chain_supports([s.op for s in self.stages], terminal) or (self.draw is None and not out_x):
             return None
-        core = {id(n) for n in (*self.stages, self.draw, *self.logprobs, *self.softmax)}
+        # the logits' own maximum and log-sum-exp from the kernel's pass over them, where the logits checks or the
+        # model's log-softmax read them
+        raw = bool(self.top) or self.raw is not None
+        core = {id(n) for n in (*self.stages, self.draw, *self.logprobs, *self.softmax, *self.top,
+                                *((self.raw,) if self.raw is not None else ()))}
         for m in self.nodes():
             if id(m) not in core:
                 env[id(m)] = evaluate(m, env)       # (lazy: what nothing reads, the kernel's edits, never runs)
@@ -92,13 +96,21 @@ class Chain:
                 return ("allow" if p.kind == "mask" else "logit_bias"), env[id(p.operand)]
             pen = tuple(("penalties", tuple(env[id(unexpanded(i))] for i in e.inputs[1:])) for e in self.edits)
             edits = tuple(map(edit, self.prefix[:self.n_pre])) + pen + tuple(map(edit, self.prefix[self.n_pre:]))
-            out = gpu.sample_chain(env[id(self.base)], *args, edits=edits)
+            out = gpu.sample_chain(env[id(self.base)], *args, edits=edits, raw=raw)
         edits_in = out is not None
         if out is None:
-            out = gpu.sample_chain(env[id(x)], *args)
+            out = gpu.sample_chain(env[id(x)], *args, raw=raw and x is self.base)
         if out is None:
             return None
         bound = {id(n): out[1] for n in self.logprobs}
+        if raw and (edits_in or x is self.base):
+            m, lz = out[-2:]
+            bound.update((id(t), m) for t in self.top[1:])
+            if self.raw is not None:
+                bound.update(log_softmax_parts(self.raw, env[id(self.base)], m, lz))
+        else:
+            for m in (*self.top, *((self.raw,) if self.raw is not None else ())):
+                env[id(m)] = evaluate(m, env)
         if self.draw is not None:
             bound[id(self.draw)] = out[0]
         if out_x:       # (the final logits for their other readers, or the softmax a `probs` output is)
@@ -376,9 +388,9 @@ class Executable:
 
     def run_eager(self, *args: mx.array) -> list[mx.array]:
         env = {id(p.node): args[i] for i, p in enumerate(self.graph.params)}
-        rules = RULES if self.target == "cpu" and native.enabled() else {}
-        users = self.graph.users() if rules else {}
         on_gpu = self.target == "cuda" and gpu.available() or self.target == "metal" and gpu.metal_status()[0]
+        rules = RULES if self.target == "cpu" and native.enabled() else MLX_RULES if on_gpu else {}
+        users = self.graph.users() if rules else {}
         trace = []
         for node in self.order:
             if id(node) in env:         # covered by a native rule of an earlier node, or by its region's kernel
@@ -404,7 +416,7 @@ class Executable:
                 rule = rules.get(node.op)
                 bound = rule(node, users, env) if rule is not None else None
                 if bound:
-                    trace.append(("native", node.op))
+                    trace.append(("native" if rules is RULES else "rule", node.op))
                     env.update(bound)
                 elif node.op in EXPAND:
                     trace.append(("definition", node.op))

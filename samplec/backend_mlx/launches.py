@@ -56,7 +56,7 @@ def chain_kernel_stood_in(target: str = "cuda"):
         mx.eval(out)
         return out
 
-    def sample_chain(x, params, stages, terminal, want_logprob, out_x=0, edits=()):
+    def sample_chain(x, params, stages, terminal, want_logprob, out_x=0, edits=(), raw=False):
         B, V = x.shape
         if gpu.chain_inputs(params, stages, terminal, want_logprob, out_x, B, (0, 0), tuple(edits), V) is None:
             return None
@@ -65,7 +65,8 @@ def chain_kernel_stood_in(target: str = "cuda"):
         return tuple(placeholder(((B, 1), mx.int32), ((B, 1), mx.float32),
                                  *([((B, V), mx.float32)] if out_x else []),
                                  *([((B, n_pen), mx.bool_)] if n_pen else []),
-                                 *([((B, 1), mx.float32)] if edits else [])))
+                                 *([((B, 1), mx.float32)] if edits else []),
+                                 *([((B, 1), mx.float32)] * 2 if raw else [])))
 
     def kth_largest(x, want):
         stood_in.append("kth_largest")

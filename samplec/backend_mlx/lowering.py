@@ -321,4 +321,8 @@ RULES: dict[str, Rule] = {
     "argmax": _argmax,
 }
 
-__all__ = ["RULES"]
+# the rules made of MLX ops alone, which a GPU target's interpreter takes too: a log-probability at some ids read off
+# the log-softmax's parts where the chain kernel gave them (Chain.run_gpu), a gather instead of the full row
+MLX_RULES = {"take_along": _take_along}
+
+__all__ = ["MLX_RULES", "RULES"]

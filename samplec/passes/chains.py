@@ -29,14 +29,14 @@ def _region(chain, kernel: str, roots: set, users: dict) -> Region:
 
 def _as_gpu_chain(chain, users: dict):
     """The chain as a GPU target's kernel runs it: the checks of its penalties stages (penalties_overflow on the same
-    operands) join it -- the kernel gives them from the passes that penalize the row --, and the model's log-softmax
-    and top_logprobs beside it leave it for the portable lowering (its row maximum and log-sum-exp, one sort for the
-    ids): the kernel does not give them, and their definitions (a log-softmax of the row, a selection by count) cost
-    a GPU ~30 launches more."""
+    operands) join it -- the kernel gives them from the passes that penalize the row --; the model's log-softmax
+    stays (the kernel gives its maximum and log-sum-exp from one more pass over the logits: raw_logprob and
+    top_logprobs' values are gathers beside it), and top_logprobs' ids leave it for the portable lowering (one sort
+    of the log-softmax beside the kernel: the kernel selects no second row)."""
     chain.overflows = tuple(next((u for u in users.get(id(pen.inputs[0]), [])
                                   if u.op == "penalties_overflow" and u.inputs == pen.inputs), None)
                             for pen in chain.edits)
-    chain.raw, chain.top_logprobs = None, ()
+    chain.top_logprobs = ()
     return chain
 
 

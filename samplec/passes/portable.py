@@ -442,7 +442,8 @@ class _Lowering:
             top, lse = self.normalizer(x)
             value = top if token is None else make("gather", r.x, token)
             self.dense[id(n)] = make("sub", make("sub", value, top), lse, name=n.name)
-        elif n.op == "logprob_at" or n.op == "take_along" and n.inputs[0].op == "log_softmax":
+        elif n.op == "logprob_at" or n.op == "take_along" and n.inputs[0].op == "log_softmax" and \
+                id(n.inputs[0]) not in self.keep:     # (a kernel's log-softmax: its parts come from the kernel)
             # log_softmax(x) at some ids: x there less the maximum and the log-sum-exp, [B,1] parts (the full row's
             # log-softmax is never written)
             src = x if n.op == "logprob_at" else x.inputs[0]
