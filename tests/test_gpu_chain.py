@@ -428,7 +428,7 @@ def test_chain_inputs_pass_operands_as_they_are():
     assert ins[gpu.CHAIN_FLOAT_SLOTS + gpu.CHAIN_KEY_SLOTS] is pos
     assert ins[1].dtype == mx.float32 and np.array(ins[1]).tolist() == [5.0, 7.0, 9.0]
     S = np.array(ins[-1]).tolist()
-    assert S[11:] == [0, 1, 1] + [0] * 7 + [1, 0] + [0, 0] + [0] * gpu.EDIT_CODES
+    assert S[11:] == [0, 1, 1] + [0] * 7 + [1, 0] + [0, 0] + [0] * gpu.EDIT_CODES + [0]
     assert gpu.chain_inputs([mx.array([[1.0, 2.0]])], ["temperature"], "greedy", False, 0, 3) is None
 
 
