@@ -195,7 +195,7 @@ def test_gpu_split_rows_equal_one_block_rows_and_cpu_O0(B, monkeypatch):
 def test_gpu_penalties_in_the_chain_kernel_equal_cpu_O0(B, H, split, monkeypatch):
     """A program's penalties (one a row), logit_bias and allow go into the chain kernel on the GPU (the region runs
     as its kernel, the edits handed to it) and give -O0's tokens on the CPU: V = 152064, padded, repeating
-    histories."""
+    histories; raw_logprob and top_logprobs read the kernel's maximum and log-sum-exp of the logits."""
     from test_gpu_chain import penalty_case
     monkeypatch.setenv("SAMPLEC_GPU_SPLIT", split)
     rng = np.random.default_rng(H)
@@ -206,7 +206,7 @@ def test_gpu_penalties_in_the_chain_kernel_equal_cpu_O0(B, H, split, monkeypatch
     hist, pk = penalty_case(H, V, B, H, False)
     hist[:, :H // 2] = np.argsort(-x, axis=-1)[:, :H // 2]        # (the likely tokens penalized)
     src = ("sampler s(h: tokens, eb: bias, em: mask, ln: int, rp: float, fq: float, ps: float, seed: seed) "
-           "-> token, logprob {\n    logit_bias(eb)\n    allow(em)\n"
+           "-> token, logprob, raw_logprob, top_logprobs(5) {\n    logit_bias(eb)\n    allow(em)\n"
            "    penalties(h, last_n = ln, repeat = rp, frequency = fq, presence = ps)\n"
            "    top_k(50)\n    top_p(0.9)\n    temperature(0.8)\n    sample(seed, position = 3)\n}")
     kw = dict(h=hist, eb=(rng.standard_normal((B, V)) * 0.5).astype(np.float32), em=rng.random((B, V)) < 0.9,
@@ -222,3 +222,8 @@ def test_gpu_penalties_in_the_chain_kernel_equal_cpu_O0(B, H, split, monkeypatch
     on_cpu = o0_on_the_cpu(src, x, **kw)
     assert np.array(on_gpu.token).tolist() == np.array(on_cpu.token).tolist()
     np.testing.assert_allclose(np.array(on_gpu.logprob), np.array(on_cpu.logprob), rtol=1e-4, atol=2e-4)
+    # (the logits' maximum and log-sum-exp from the kernel, before the edits: raw_logprob and top_logprobs)
+    np.testing.assert_allclose(np.array(on_gpu.raw_logprob), np.array(on_cpu.raw_logprob), rtol=1e-4, atol=2e-4)
+    assert np.array(on_gpu.top_logprobs.ids).tolist() == np.array(on_cpu.top_logprobs.ids).tolist()
+    np.testing.assert_allclose(np.array(on_gpu.top_logprobs.values), np.array(on_cpu.top_logprobs.values),
+                               rtol=1e-4, atol=2e-4)
