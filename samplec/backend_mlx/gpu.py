@@ -280,8 +280,8 @@ DIALECT_CAP = {"cuda": SC_CAP, "metal": METAL_CAP}
 # and their values [1 or B, PV_STAGE a stage]; placeholders where absent); S (chain_codes). Outputs tok [B] i32, lp [B]
 # f32, xo [B, V] f32 where S asks for the final logits or their softmax (else [B, 1], unwritten), pf [B, stages] bool
 # (the penalties' checks, where S has them), rs [B, 3] f32 (the edited row's maximum, where S has edits; the logits'
-# maximum and log-sum-exp, where S asks for them), ws (scratch_size). The operands go in as the program holds them (no op gathers them first: at B = 1 a few small ops cost
-# more than the kernel). One text for both languages: a dialect differs only in the fields below (its shared-state
+# maximum and log-sum-exp, where S asks for them), ws (scratch_size). The operands go in as the program holds them
+# (no op gathers them first: at B = 1 a few small ops cost more than the kernel). One text for both languages: a dialect differs only in the fields below (its shared-state
 # declaration, its thread and block indices, a check of its own), as tinygrad's CUDA and Metal renderers differ in a few
 # fields over one renderer.
 CHAIN_ENTRY = """
@@ -330,7 +330,7 @@ CHAIN_ENTRY = """
                         (size_t)row * NB * 3;
     sc_chain(x + (size_t)row * V, V, pr, ur, S, sh, tx, tok + row, lp + row,
              xo + (S[5] != 0 ? (size_t)row * V : (size_t)row), slice, wf + (size_t)row * NB * (SC_WH + cap),
-             wi + (size_t)row * NB * cap, ws + row, e, xe, ed[9] ? rs + 3 * row : nullptr, raw);
+             wi + (size_t)row * NB * cap, ws + row, e, xe, ed[SC_EDIT_CODES] ? rs + 3 * row : nullptr, raw);
 """
 
 # The dialects' fields. Metal's indices are the kernel's attributes (MLX declares those the body names); its check:

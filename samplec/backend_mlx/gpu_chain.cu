@@ -41,6 +41,7 @@
 #define SC_FSLOTS 10       // float operand slots (gpu.CHAIN_FLOAT_SLOTS), key slots (gpu.CHAIN_KEY_SLOTS)
 #define SC_KSLOTS 2
 #define SC_INF sc_i2f(0x7f800000)   // (no headers under NVRTC or Metal)
+#define SC_NAN sc_i2f(0x7fc00000)
 #define SC_R 4             // split mode: the largest logits each thread keeps of its tokens in a slice
 #define SC_MAXNB 128       // split mode: slices a row at most (gpu.MAX_SLICES)
 #define SC_WH 12           // split mode: a slice's header in the scratch (gpu.SLICE_HEADER)
@@ -1336,6 +1337,7 @@ SC_FN bool sc_stages(const SC_DEV float* xr, int V, SC_THR const float* pr, SC_T
 // allow_after). With the penalties the kernel also gives each stage's check (pf[j]: a logit it penalized to +inf or
 // NaN, or its row left with no value above -inf), the parts counted over the row's blocks in pc (two a stage).
 #define SC_MAX_PEN 4       // gpu.MAX_PENALTIES
+#define SC_EDIT_CODES 9    // gpu.EDIT_CODES: S's words for the edits (chain_codes); the raw? word follows them
 
 struct ScEdits {
   const SC_DEV float* eb;
@@ -1485,7 +1487,7 @@ SC_FN void sc_raw_stats(const SC_DEV float* xr, int lo, int hi, SC_TG ScShared& 
     part[1] = z;
     part[2] = nan;
   } else {
-    rs[1] = nan > 0.0f ? sc_i2f(0x7fc00000) : m;
+    rs[1] = nan > 0.0f ? SC_NAN : m;
     rs[2] = sc_log(z);
   }
 }
@@ -1502,7 +1504,7 @@ SC_INLINE void sc_raw_combine(int NB, const SC_DEV float* part, SC_DEV float* rs
     const float mb = part[3 * b];
     if (mb != -SC_INF) z += sc_mul(part[3 * b + 1], sc_exp(sc_sub(mb, m)));
   }
-  rs[1] = nan > 0.0f ? sc_i2f(0x7fc00000) : m;
+  rs[1] = nan > 0.0f ? SC_NAN : m;
   rs[2] = sc_log(z);
 }
 

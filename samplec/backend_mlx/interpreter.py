@@ -98,12 +98,14 @@ class Chain:
             edits = tuple(map(edit, self.prefix[:self.n_pre])) + pen + tuple(map(edit, self.prefix[self.n_pre:]))
             out = gpu.sample_chain(env[id(self.base)], *args, edits=edits, raw=raw)
         edits_in = out is not None
+        # (the kernel reads the logits themselves where it applies the edits or there are none)
+        raw = raw and (edits_in or x is self.base)
         if out is None:
-            out = gpu.sample_chain(env[id(x)], *args, raw=raw and x is self.base)
+            out = gpu.sample_chain(env[id(x)], *args, raw=raw)
         if out is None:
             return None
         bound = {id(n): out[1] for n in self.logprobs}
-        if raw and (edits_in or x is self.base):
+        if raw:
             m, lz = out[-2:]
             bound.update((id(t), m) for t in self.top[1:])
             if self.raw is not None:
