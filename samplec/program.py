@@ -107,13 +107,12 @@ class Program:
         `target` (samplec.passes.target: None or "auto" is the device MLX runs on)."""
         from samplec.backend_mlx.interpreter import Executable
         from samplec.passes import run_target
-        from samplec.passes.target import resolve, unavailable
+        from samplec.passes.target import resolve
         self.target = resolve(target)
-        # (a program for another device compiles, prints and saves here; calling it is the error)
-        why = unavailable(self.target)
-        self._cannot_run = None if why is None else \
-            f"target {self.target!r} cannot run here: {why} (compile or load with target='auto', or 'portable' " \
-            "for any device)"
+        # (a program for another device compiles, prints and saves here; calling it is the error -- also after the
+        # default device changed: each call compares it with the one this was last checked on)
+        self._device = mx.default_device()
+        self._cannot_run = self._device_error()
         self.stage_graph = graph
         self.graph = run_target(graph, self.target, after_pass)
         self.exe = Executable(self.graph, compile=compile, target=self.target)
@@ -144,6 +143,12 @@ class Program:
         self._shapes: dict = {}     # (B, V) -> _Shape: what the full path accepted for that logits shape
         self._last = None   # (shape, bytes of the values, arrays, bytes of each value): the last short call's scalars
         self.queue_stats = {"short": 0, "full": 0, "scalars_rebuilt": 0}
+
+    def _device_error(self) -> str | None:
+        from samplec.passes.target import unavailable
+        why = unavailable(self.target)
+        return None if why is None else f"target {self.target!r} cannot run here: {why} (compile or load with " \
+            "target='auto', or 'portable' for any device)"
 
     # ---- introspection and persistence ----
     @property
@@ -177,7 +182,7 @@ class Program:
 
     def __getstate__(self):
         state = dict(self.__dict__)
-        state.update(_shapes={}, _last=None, queue_stats=dict.fromkeys(self.queue_stats, 0))
+        state.update(_shapes={}, _last=None, queue_stats=dict.fromkeys(self.queue_stats, 0), _device=None)
         return state
 
     # ---- running ----
@@ -200,8 +205,11 @@ class Program:
         them returns before anything ran; `raise_flagged(checks)` after evaluation reports the rows that failed
         a check. A call takes the short path (`_arguments`) or the full one (`prepare`); `queue_stats` counts
         the calls of each, and the short calls whose scalar arrays were rebuilt."""
-        if self._cannot_run is not None:
-            raise SamplecError(self._cannot_run)
+        if self._cannot_run is not None or self._device is None or mx.default_device() != self._device:
+            self._device = mx.default_device()
+            self._cannot_run = self._device_error()
+            if self._cannot_run is not None:
+                raise SamplecError(self._cannot_run)
         short = self._arguments(logits, params)
         if short is not None:   # (no hold: measured, it costs such a call more host time than it saves it)
             self.queue_stats["short"] += 1

@@ -182,6 +182,34 @@ def targets(name: str) -> str:
     return out
 
 
+def gpu_record(name: str) -> str:
+    """scripts/gpu_run.sh's record on a lent GPU: each real chain's call (token only, chat logits) at each batch size,
+    its time over one `mx.max` of the same logits and the peers' time over samplec's; then where a call's time goes
+    (synchronous, queued, the host's queueing); then the portable target against mlx-lm's sampler."""
+    rec = _load(name)
+    batches = sorted({r["B"] for r in rec["issue"]})
+    chains = list(dict.fromkeys(r["chain"] for r in rec["issue"]))
+    by = {(r["chain"], r["B"]): r["ms"] for r in rec["issue"]}
+
+    def cell(ms: dict | None) -> str:
+        if ms is None:
+            return ""
+        peers = "".join(f"; {k} {_x(v / ms['samplec'])}" for k, v in ms.items() if k not in ("samplec", "mx.max"))
+        return f"{_ms(ms['samplec'])} ({ms['samplec'] / ms['mx.max']:.0f}× mx.max{peers})"
+    out = f"{rec['device']}.\n\n`{rec['commands']['issue']}` (chat logits, token only; ms a call, peer ÷ samplec):\n\n"
+    out += _table(["chain", *[f"B = {b}" for b in batches]], [[c, *[cell(by.get((c, b))) for b in batches]]
+                                                               for c in chains])
+    out += f"\n`{rec['commands']['calls']}` (ms a call: synchronous / eight queued, per call / the host's queueing " \
+           "alone):\n\n"
+    out += _table(["B", "chain", "synchronous", "queued", "host"],
+                  [[str(r["B"]), r["chain"], _ms(r["ms"]), _ms(r["queued_ms"]), _ms(r["host_ms"])] for r in rec["calls"]])
+    out += "\nThe portable target (MLX ops alone) against mlx-lm's sampler on its chain, one call a row for mlx-lm:\n\n"
+    out += _table(["B", "mlx-lm's sampler ms", "samplec portable ms", "mlx-lm ÷ samplec"],
+                  [[str(r["B"]), _ms(r["mlx_lm_ms"]), _ms(r["samplec_portable_ms"]), _x(r["ratio"])]
+                   for r in rec["mlx_lm_portable"]])
+    return out
+
+
 def machine(name: str) -> str:
     rec = _load(name)
     return f"Machine: {rec['machine']}.\n"
@@ -191,8 +219,7 @@ TABLES = {
     "bench_real": (real_chains, "bench_real.json"),
     "bench_targets": (targets, "bench_targets.json"),
     "bench_real_summary": (real_summary, "bench_real.json"),
-    "bench_real_cuda": (real_chains, "bench_real_cuda.json"),
-    "bench_real_cuda_summary": (real_summary, "bench_real_cuda.json"),
+    "bench_gpu_h200": (gpu_record, "bench_gpu_h200.json"),
     "bench_real_cliff": (cliffs, "bench_real.cliff.json"),
     "bench_quick": (c_chains, "bench_quick.json"),
     "bench_quick_machine": (machine, "bench_quick.json"),

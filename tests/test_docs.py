@@ -21,7 +21,7 @@ def test_generated_blocks_match_their_sources():
 
 def test_the_docs_keep_their_generated_blocks():
     """The figures and examples stay generated: removing a block's markers (and pasting its text) fails here."""
-    want = {"performance.md": {"bench_real", "bench_real_cliff", "bench_quick", "bench_real_cuda"},
+    want = {"performance.md": {"bench_real", "bench_real_cliff", "bench_quick", "bench_gpu_h200"},
             "reliability.md": {"fuzz"},
             "compiler.md": {"golden o2_llama"}}
     for doc, names in want.items():

@@ -380,3 +380,23 @@ def test_metal_target_hands_chains_to_the_metal_build_where_asked(monkeypatch):
     assert ("metal.chain", "definitions") in exe.trace
     dense = samplec.compile(source, "nucleus", opt_level=0)(x, **kw)
     np.testing.assert_array_equal(np.array(outs[0]).reshape(-1), np.array(dense.token))
+
+
+def test_a_program_called_after_the_default_device_changed_is_checked_again(monkeypatch):
+    """A program compiled for the device it was made on, called after `mx.set_default_device` moved MLX elsewhere,
+    is the same error as one compiled for another device (it would otherwise run its target's ops where they do not
+    belong: the chain kernel's regions by their definitions, the CPU's primitives on a GPU stream); back on its
+    device it runs again."""
+    import mlx.core as mx
+    prog = samplec.compile("sampler s(seed: seed) -> token { top_k(40) sample(seed) }", target="portable")
+    cpu = samplec.compile("sampler s(seed: seed) -> token { top_k(40) sample(seed) }", target="cpu")
+    x = mx.array(np.random.default_rng(0).normal(size=(2, 100)).astype(np.float32))
+    want = np.array(cpu(x, seed=[1, 2]).token).tolist()
+    real = mx.default_device
+    monkeypatch.setattr(mx, "default_device", lambda: mx.gpu)
+    monkeypatch.setattr(samplec.passes.target, "_cuda", lambda: False, raising=False)
+    with pytest.raises(SamplecError, match="target 'cpu' cannot run here: MLX's default device is"):
+        cpu(x, seed=[1, 2])
+    monkeypatch.setattr(mx, "default_device", real)
+    assert np.array(cpu(x, seed=[1, 2]).token).tolist() == want
+    assert np.array(prog(x, seed=[1, 2]).token).tolist() == want

@@ -259,9 +259,9 @@ def split_of(B: int, V: int, threads: int = CHAIN_THREADS, cap_total: int | None
     """(slices a row, candidates a slice keeps): about one block for each multiprocessor over the batch (the
     kernel's ~120 registers a thread let one block of 512 threads run on a multiprocessor at a time: sm_90's build),
     slices of at least two tokens a thread, every slice's candidates fitting the last block's shared memory
-    together."""
+    together, and no more slices than a block has threads (the last block reads one slice's header a thread)."""
     sms = int(os.environ.get("SAMPLEC_GPU_SMS", SMS))
-    nb = max(1, min(MAX_SLICES, -(-sms // B), V // (2 * threads)))
+    nb = max(1, min(MAX_SLICES, threads, -(-sms // B), V // (2 * threads)))
     return nb, min((cap_total or SC_CAP) // nb, KEEP_A_THREAD * threads)
 
 
