@@ -69,15 +69,15 @@ step() {        # step NAME LIMIT COMMAND...: run with a time limit, log to OUT/
 # 1. all of tests/test_gpu.py: the chain kernel's (one NVRTC compile, then split and one-block rows against the CPU's
 # -O0) first, then the examples' programs (the dense definitions' kernels are the slow compiles)
 Q=${QUICK:-0}
-# (the kernel's tests, then the examples' in a step of their own; each test stopped after 90 s where pytest-timeout
-# is installed, with Python's stacks: a test that does not return names where it waits)
+# (the kernel's tests, then the examples' in a step of their own, each test named as it starts and stopped after
+# 90 s where pytest-timeout is installed, with Python's stacks: a test that does not return names where it waits)
 TO=$(python3 -c 'import pytest_timeout' 2> /dev/null && echo "--timeout 90")
-step test_gpu ${T_TEST:-90} python3 -X faulthandler -m pytest -q -rfE -p no:cacheprovider $TO tests/test_gpu.py \
+step test_gpu ${T_TEST:-90} python3 -X faulthandler -m pytest -v -rfE -p no:cacheprovider $TO tests/test_gpu.py \
     -k "not tokens_equal_cpu"
-grep -E "passed|failed|FAILED|ERROR|skipped" "$OUT/test_gpu.log" | cut -c1-160 | tail -12
-step test_gpu_examples ${T_EXAMPLES:-$([ $Q = 1 ] && echo 100 || echo 150)} python3 -X faulthandler -m pytest -q -rfE \
+grep -E " passed| failed|FAILED|ERROR|Timeout" "$OUT/test_gpu.log" | cut -c1-160 | tail -12
+step test_gpu_examples ${T_EXAMPLES:-$([ $Q = 1 ] && echo 100 || echo 150)} python3 -X faulthandler -m pytest -v -rfE \
     -p no:cacheprovider $TO tests/test_gpu.py -k "tokens_equal_cpu"
-grep -E "passed|failed|FAILED|ERROR|skipped|Timeout" "$OUT/test_gpu_examples.log" | cut -c1-160 | tail -12
+grep -E "PASSED|FAILED|ERROR|Timeout| passed| failed" "$OUT/test_gpu_examples.log" | cut -c1-160 | tail -12
 # 2. issue 33's figures: every real chain at B = 1, 8, 64, 256, against mx.max (the floor) and the peers at B <= 8
 if [ $Q = 1 ]; then
     step issue ${T_ISSUE:-90} python3 benchmarks/bench_gpu.py --issue --quick --torch-device cuda --json "$OUT/issue.json"

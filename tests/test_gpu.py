@@ -17,12 +17,12 @@ ROOT = Path(__file__).resolve().parent.parent
 cuda = pytest.mark.skipif(not gpu.available(), reason="needs MLX's CUDA backend as the default device")
 
 
-def o0_on_the_cpu(src: str, x, **kw):
+def o0_on_the_cpu(src: str, x, sampler: str | None = None, **kw):
     """The dense definitions' outputs (-O0) on MLX's CPU, whatever the default device."""
     prev = mx.default_device()
     mx.set_default_device(mx.cpu)
     try:
-        return samplec.compile(src, opt_level=0)(x, **kw)
+        return samplec.compile(src, sampler, opt_level=0)(x, **kw)
     finally:
         mx.set_default_device(prev)
 
@@ -230,3 +230,29 @@ def test_gpu_penalties_in_the_chain_kernel_equal_cpu_O0(B, H, split, monkeypatch
     assert np.array(on_gpu.top_logprobs.ids).tolist() == np.array(on_cpu.top_logprobs.ids).tolist()
     np.testing.assert_allclose(np.array(on_gpu.top_logprobs.values), np.array(on_cpu.top_logprobs.values),
                                rtol=1e-4, atol=2e-4)
+
+
+@cuda
+@pytest.mark.uncompiled
+@pytest.mark.parametrize("B,split", [(1, "1"), (4, "1"), (4, "0")])
+def test_gpu_chain_kernel_writes_the_probs(B, split, monkeypatch):
+    """The chain kernel's softmax of the final logits (a `probs` output: every token of the row written by the row's
+    last block) after penalties and Hugging Face's stages, per-row values and large seeds, against -O0 on the CPU."""
+    monkeypatch.setenv("SAMPLEC_GPU_SPLIT", split)
+    rng = np.random.default_rng(B)
+    V = 152064
+    x = rng.normal(0, 1, (B, V)).astype(np.float32)
+    for b in range(B):
+        x[b, rng.choice(V, 300, replace=False)] += 6 + 10 / np.arange(1, 301) ** 0.6
+    src = (ROOT / "examples" / "hf_generate.smp").read_text()
+    rows = lambda v: [v] * B     # noqa: E731
+    kw = dict(input_ids=rng.integers(0, V, (B, 64)).astype(np.int32), repetition_penalty=rows(1.1),
+              temperature=rows(0.7), top_k=rows(50), top_p=rows(0.9), min_p=rows(0.05), typical_p=rows(1.0),
+              seed=[int(s) for s in rng.integers(0, 2**63, B)], pos=[int(p) for p in rng.integers(0, 4000, B)])
+    prog = samplec.compile(src, sampler="hf_generate", target="cuda")
+    on_gpu = prog(x, **kw)
+    assert ("cuda.chain", "kernel") in prog.kernel_trace()
+    on_cpu = o0_on_the_cpu(src, x, "hf_generate", **kw)
+    assert np.array(on_gpu.token).tolist() == np.array(on_cpu.token).tolist()
+    np.testing.assert_allclose(np.array(on_gpu.logprob), np.array(on_cpu.logprob), rtol=1e-4, atol=2e-4)
+    np.testing.assert_allclose(np.array(on_gpu.probs), np.array(on_cpu.probs), rtol=1e-4, atol=1e-6)
