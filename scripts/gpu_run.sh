@@ -11,8 +11,8 @@
 # There, from the repository root (pytest, hypothesis, torch, transformers, numpy, networkx, typer, flatbuffers and
 # the CUDA 13 libraries as pip packages -- nvidia-cublas, nvidia-cuda-nvrtc, ... -- already installed, as on a CUDA
 # image; nothing is fetched); it exits non-zero when a step failed or ran out of time:
-#   scripts/gpu_run.sh WHEELS OUT            # at most ~11 minutes on an H100, the install included
-#   QUICK=1 scripts/gpu_run.sh WHEELS OUT    # at most ~7.5 (within a lease's 10-minute call): the chat family
+#   scripts/gpu_run.sh WHEELS OUT            # at most ~12 minutes on an H100, the install included
+#   QUICK=1 scripts/gpu_run.sh WHEELS OUT    # at most ~8.5 (within a lease's 10-minute call): the chat family
 #                                            # alone, no one-block comparison
 # (WHEELS travels with the working tree: a folder .git/info/exclude ignores, named in the device run's carry.)
 # Order matters: MLX compiles each fused kernel with NVRTC the first time a process meets it (seconds per program
@@ -54,9 +54,9 @@ python3 -c "import mlx.core as mx; print('MLX', mx.__version__, mx.default_devic
     || exit 5
 [ "${INSTALL_ONLY:-0}" = 1 ] && exit 0      # (then run any step by hand: PYTHONPATH=$SITE:$PWD python3 ...)
 failed=0
-# Every step has its own time limit (T_* seconds) and log in OUT; the limits keep the whole run within 11 minutes on an
-# H100 with the install (QUICK=1: 7.5); NCU=1 adds Nsight Compute's per-kernel times of one B = 1 call (45 s more). What each step prints is compact: pytest's summary, one line a benchmark
-# case, the targets met and missed.
+# Every step has its own time limit (T_* seconds) and log in OUT (seven files at most with QUICK=1: a lease brings
+# back eight); the limits keep the whole run within 12 minutes on an H100 with the install (QUICK=1: 8.5). What each
+# step prints is compact: pytest's summary, one line a benchmark case, the targets met and missed.
 step() {        # step NAME LIMIT COMMAND...: run with a time limit, log to OUT/NAME.log, note a failure
     local name=$1 limit=$2; shift 2
     echo "== $name (limit ${limit} s)"
@@ -88,23 +88,22 @@ grep -E "^  (chat|confident)|^targets|^\[skip|Error" "$OUT/issue.log" | cut -c1-
 # 3. the host's share of a call (Program.queue alone) beside the synchronous and queued calls
 step calls ${T_CALLS:-$([ $Q = 1 ] && echo 30 || echo 40)} python3 benchmarks/bench_gpu.py --calls
 grep -v -i warning "$OUT/calls.log" | grep -E "^ +B =|ms\)" | cut -c1-150
-# 4. the compile targets on this GPU: launches, the host's queue time and a call's time of the cuda target (samplec's
+# 4. each GPU kernel's own time in one B = 1 call of HF's chain (Nsight Compute, where the image has it; NCU=0 skips)
+if [ "${NCU:-1}" = 1 ] && command -v ncu > /dev/null; then
+    step ncu_hf ${T_NCU:-45} ncu --clock-control none --print-summary per-kernel --metrics gpu__time_duration.sum \
+        -c 120 python3 benchmarks/bench_gpu.py --calls --only hf
+    grep -E "^  [a-zA-Z_]|gpu__time_duration" "$OUT/ncu_hf.log" | cut -c1-120 | head -30
+fi
+# 5. the compile targets on this GPU: launches, the host's queue time and a call's time of the cuda target (samplec's
 # kernel) and the portable target (what an Apple GPU runs: MLX ops alone), the portable target against mlx-lm's sampler
 step targets ${T_TARGETS:-$([ $Q = 1 ] && echo 100 || echo 150)} python3 benchmarks/bench_targets.py --quick \
-    --targets cuda,portable --examples "${EXAMPLES:-hf_generate,hf_greedy,llama,mlx_lm,vllm,llama_cpp_default}" \
-    --out "$OUT/bench_targets_cuda"
+    --targets cuda,portable --examples "${EXAMPLES:-hf_generate,hf_greedy,llama,mlx_lm,vllm,llama_cpp_default}"
 grep -v -i warning "$OUT/targets.log" | tail -30 | cut -c1-160
-# 5. some chains with one block a row (split mode off): what the split buys, in the same run
+# 6. some chains with one block a row (split mode off): what the split buys, in the same run
 if [ $Q != 1 ]; then
     step one_block ${T_AB:-40} env SAMPLEC_GPU_SPLIT=0 python3 benchmarks/bench_gpu.py --issue --quick --batches 1,8 \
         --chains hf,mlx_lm,greedy,llama_cpp --torch-device cuda
     grep -E "^  chat" "$OUT/one_block.log" | cut -c1-150
-fi
-if [ "${NCU:-0}" = 1 ] && command -v ncu > /dev/null; then
-    # each GPU kernel's own time in one B = 1 call of HF's chain (Nsight Compute, where the image has it)
-    step ncu_hf ${T_NCU:-45} ncu --print-summary per-kernel --metrics gpu__time_duration.sum -c 120 \
-        python3 benchmarks/bench_gpu.py --calls --only hf
-    grep -E "^  [a-zA-Z_]|gpu__time_duration" "$OUT/ncu_hf.log" | cut -c1-120 | head -30
 fi
 echo "== done in $SECONDS s, $([ $failed = 0 ] && echo 'every step passed' || echo 'A STEP FAILED: see its log')"
 exit $failed
