@@ -443,6 +443,8 @@ class Row:
         self.grammar_logged = False
         self.spec: Speculation | None = None    # its speculative state, when a draft model decodes it
         self.vocab_start = 0                     # the first id of the logits it sees (a rank's slice: its start)
+        self._bias_at: tuple | None = None       # (vocab_start, width) of _bias_cols
+        self._bias_cols: tuple = ()
 
     def record(self, draw) -> int:
         """Keep one sample (`BatchSampler.draw`'s entry; None: the call failed for this row, which then ends with
@@ -453,26 +455,45 @@ class Row:
         self.step += 1
         return draw[0]
 
-    def biased(self, logits: mx.array) -> mx.array:
-        """The row's logits [1, V] (or its rank's slice of them, ids from `vocab_start`) with its logit_bias
-        added."""
-        if self.bias:
-            lo, width = self.vocab_start, logits.shape[-1]
-            ids = [i for i in self.bias if lo <= i < lo + width]
-            if ids:
-                logits = logits.at[..., mx.array([i - lo for i in ids])].add(
-                    mx.array([self.bias[i] for i in ids], mx.float32))
-        return logits
+    def bias_entries(self, width: int) -> tuple[np.ndarray, np.ndarray]:
+        """The row's logit_bias on the logits it sees (`width` ids from `vocab_start`: a rank's slice of them):
+        (columns int64, values float32), ascending; made once per slice."""
+        key = (self.vocab_start, width)
+        if self._bias_at != key:
+            lo = self.vocab_start
+            ids = sorted(i for i in self.bias if lo <= i < lo + width)
+            self._bias_cols = (np.array([i - lo for i in ids], np.int64), np.array([self.bias[i] for i in ids],
+                                                                                   np.float32))
+            self._bias_at = key
+        return self._bias_cols
 
     def history(self, tokens) -> np.ndarray:
         """The part of the sequence before the sampled position (prompt + generated) the chain's windows read."""
         return np.array(tokens).reshape(-1)[-self.context if self.context > 0 else 0:]
 
     def process(self, tokens: mx.array, logits: mx.array) -> mx.array:
-        """The row's logits processor (called by the batch in row order): its logit_bias, then record the row."""
-        logits = self.biased(logits)
+        """The row's logits processor (called by the batch in row order): record the row (its logit_bias is added
+        with the batch's, `add_bias`, when its chain runs)."""
         self.sampler.rows.append((self, logits, tokens))
         return logits
+
+
+def add_bias(x: mx.array, rows: list[Row]) -> mx.array:
+    """x [R, V] (the model's logits, or a rank's slice of them) with row i's logit_bias added to its row i: one
+    scatter-add over the batch, whatever the number of biased rows (each entry added as `x + b` adds it)."""
+    R, V = x.shape
+    cols, vals = [], []
+    for i, r in enumerate(rows):
+        if r.bias:
+            c, v = r.bias_entries(V)
+            if c.size:
+                cols.append(c + i * V)
+                vals.append(v)
+    if not cols:
+        return x
+    flat = np.concatenate(cols)
+    flat = flat.astype(np.int32) if R * V < 2**31 else flat
+    return x.reshape(-1).at[mx.array(flat)].add(mx.array(np.concatenate(vals))).reshape(R, V)
 
 
 class BatchSampler:
@@ -525,8 +546,8 @@ class BatchSampler:
         return mask
 
     def _run(self, prog: Program, rows: list) -> list[int]:
-        x = mx.concatenate([lg.reshape(1, -1) for _, lg, _ in rows], axis=0)
         rs = [r for r, _, _ in rows]
+        x = add_bias(mx.concatenate([lg.reshape(1, -1) for _, lg, _ in rows], axis=0), rs)
         draws = self.draw(prog, x, rs, [r.history(t) for r, _, t in rows], [r.step for r in rs],
                           any(r.job.req.logprobs for r in rs))
         t0 = time.perf_counter()
@@ -974,13 +995,13 @@ class Engine:
         inp = sp.dpending
         for j in range(kk):
             dl = self.draft(mx.array(inp, dtype=mx.int32)[None], cache=sp.dcache)[:, -1, :]
-            d = self.sampler.draw(prog, row.biased(dl), [row], [row.history(sp.tokens + drafts)], [row.step + j],
-                                  False)[0]
+            d = self.sampler.draw(prog, add_bias(dl, [row]), [row], [row.history(sp.tokens + drafts)],
+                                  [row.step + j], False)[0]
             drafts.append(row.eos if d is None else int(d[0]))
             inp = drafts[-1:]
         logits = self.model(mx.array(sp.pending + drafts, dtype=mx.int32)[None], cache=sp.cache)[0]
         rows = kk + 1
-        x = mx.concatenate([row.biased(logits[j:j + 1]) for j in range(rows)], axis=0)
+        x = add_bias(logits[:rows], [row] * rows)
         draws = self.sampler.draw(prog, x, [row] * rows, [row.history(sp.tokens + drafts[:j]) for j in range(rows)],
                                   [row.step + j for j in range(rows)], req.logprobs)
         target = [row.eos if d is None else int(d[0]) for d in draws]

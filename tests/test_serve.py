@@ -460,3 +460,33 @@ def test_a_port_in_use_exits_at_once_with_one_line(server):
     assert run.returncode == 1, (run.returncode, run.stderr[-2000:])
     assert "cannot listen on 127.0.0.1:" in run.stderr and "Traceback" not in run.stderr and \
         "listening" not in run.stderr, run.stderr
+
+
+def test_the_batchs_logit_bias_is_one_scatter_equal_to_each_rows_addition():
+    """`add_bias`: every row's logit_bias (a rank's slice of the ids where `vocab_start` says so, a row repeated as
+    a speculative round repeats it, rows without one) added to its row as `x + b` adds it, in one scatter."""
+    from samplec.backend_mlx.launches import launches, primitives
+    V = 1000
+    rng = np.random.default_rng(0)
+    x = rng.normal(0, 3, (5, V)).astype(np.float32)
+
+    class R:            # (the fields of serve.Row that add_bias reads)
+        bias_entries = serve.Row.bias_entries
+
+        def __init__(self, bias, start=0):
+            self.bias, self.vocab_start, self._bias_at, self._bias_cols = bias, start, None, ()
+    a = R({3: 1.5, 999: -100.0, 17: 0.25})
+    b = R({})
+    c = R({1200: 2.0, 1000: -1.0, 5: 7.0}, start=1000)      # (a second rank's slice: ids 1000..1999)
+    rows = [a, b, c, a, c]
+    got = serve.add_bias(mx.array(x), rows)
+    ops = primitives([got])         # (the lazy graph, before it is evaluated)
+    assert launches(ops) == 1 and sum(n for op, n in ops.items() if "catter" in op) == 1, ops
+    want = x.copy()
+    for i, r in enumerate(rows):
+        for tok, v in r.bias.items():
+            if r.vocab_start <= tok < r.vocab_start + V:
+                want[i, tok - r.vocab_start] = want[i, tok - r.vocab_start] + np.float32(v)
+    assert np.array_equal(np.array(got), want)
+    xm = mx.array(x)
+    assert serve.add_bias(xm, [b] * 5) is xm         # (no row biased: the logits as they are)
