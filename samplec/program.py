@@ -159,6 +159,11 @@ class Program:
     def params(self) -> tuple[Param, ...]:
         return self.graph.params[1:]
 
+    @property
+    def output_names(self) -> list[str]:
+        """The sampler's outputs, as a call's `Outputs` names them ("token", "logprob", "top_logprobs", ...)."""
+        return list(dict.fromkeys(k.split(".")[0] for k in self._names))
+
     def ir(self) -> str:
         """The IR that runs: the target pass's (regions of the chain kernels, or the portable lowering)."""
         return print_graph(self.graph)
@@ -191,6 +196,20 @@ class Program:
             raise SamplecError(_MLX_LM_MISUSE.format(name=self.name))
         outs, checks = self.queue(logits, **params)
         evaluate(outs + [f for _, f in checks])
+        self.raise_flagged(checks)
+        return Outputs(dict(zip(self._names, outs)), self._layout)
+
+    def run(self, logits, names, /, **params) -> Outputs:
+        """A call that evaluates the outputs `names` (the sampler's output names: "token", "top_logprobs", ...) and
+        the call's checks, and leaves the others lazy -- computed only if read: a server that wants a step's
+        logprobs only for some steps keeps one program and skips their work (a sort, on a GPU) on the others."""
+        want = set(names)
+        unknown = want - set(self.output_names)
+        if unknown:
+            raise SamplecError(f"this program has no output {', '.join(sorted(map(repr, unknown)))} (it has: "
+                               f"{', '.join(self.output_names)})")
+        outs, checks = self.queue(logits, **params)
+        evaluate([o for k, o in zip(self._names, outs) if k.split(".")[0] in want] + [f for _, f in checks])
         self.raise_flagged(checks)
         return Outputs(dict(zip(self._names, outs)), self._layout)
 

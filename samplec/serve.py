@@ -591,7 +591,9 @@ class BatchSampler:
         self.mixed += 0 < constrained < len(rows)
         try:
             if self.vocab_shard is None:
-                out = prog(x, **kw)
+                # (the model's logprobs only when a row asks for them: the rest of the time their sort never runs)
+                out = prog.run(x, [n for n in prog.output_names
+                                   if want or n not in ("raw_logprob", "top_logprobs")], **kw)
             else:
                 out = self._shard(prog)(x, vocab_start=self.vocab_shard.start, vocab_size=V, **kw)
             names = out.names()

@@ -253,3 +253,29 @@ def test_only_the_full_path_opens_a_hold(monkeypatch):
     assert woke == [1]
     assert_same(values(prog(x, t=0.7, seed=[1, 2])), first)
     assert woke == [1] and prog.queue_stats["short"] == 1
+
+
+@pytest.mark.parametrize("target", ["portable", "cpu"])
+def test_a_call_of_some_outputs_leaves_the_others_lazy(target):
+    """`Program.run(x, names)` evaluates the outputs named and the call's checks; the others stay lazy (their work
+    -- top_logprobs' sort on the portable target -- runs only if they are read), and read later they are a full
+    call's."""
+    from samplec.backend_mlx.launches import primitives
+    src = "sampler s(seed: seed) -> token, logprob, top_logprobs(3) { top_k(40) temperature(0.8) sample(seed) }"
+    prog = samplec.compile(src, target=target)
+    assert prog.output_names == ["token", "logprob", "top_logprobs"]
+    x = mx.array(np.random.default_rng(1).normal(0, 2, (3, 500)).astype(np.float32))
+    full = prog(x, seed=[1, 2, 3])
+    some = prog.run(x, ["token"], seed=[1, 2, 3])
+    assert not primitives([some.token])                 # (evaluated: no graph left)
+    if target == "portable":                            # (the cpu target's primitive gives them all at once)
+        assert primitives([some.top_logprobs.ids]), "top_logprobs was evaluated"
+    for name in ("token", "logprob"):
+        assert np.array_equal(np.array(getattr(some, name)), np.array(getattr(full, name))), name
+    assert np.array_equal(np.array(some.top_logprobs.ids), np.array(full.top_logprobs.ids))
+    with pytest.raises(samplec.SamplecError, match="no output 'probs'"):
+        prog.run(x, ["token", "probs"], seed=[1, 2, 3])
+    bad = np.array(x)
+    bad[1, 7] = np.nan
+    with pytest.raises(samplec.SamplecError, match="NaN"):       # (the checks run whatever is asked)
+        prog.run(mx.array(bad), [], seed=[1, 2, 3])

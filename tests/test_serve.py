@@ -490,3 +490,23 @@ def test_the_batchs_logit_bias_is_one_scatter_equal_to_each_rows_addition():
     assert np.array_equal(np.array(got), want)
     xm = mx.array(x)
     assert serve.add_bias(xm, [b] * 5) is xm         # (no row biased: the logits as they are)
+
+
+def test_steps_without_logprobs_leave_the_models_logprobs_unevaluated(server, monkeypatch):
+    """The batch's call evaluates raw_logprob and top_logprobs (a sort of the row, on a GPU) only on the steps where
+    a row asks for logprobs; with them the answer is the one a request always got."""
+    import samplec.program as program
+    asked = []
+    real = program.Program.run
+    monkeypatch.setattr(program.Program, "run", lambda self, x, names, **kw: asked.append(list(names)) or
+                        real(self, x, names, **kw))
+    url = server["base"] + "/v1/completions"
+    body = dict(prompt="A sampler chain", max_tokens=4, temperature=0.9, seed=3)
+    status, plain = post(url, body)
+    assert status == 200 and asked and all("top_logprobs" not in n and "raw_logprob" not in n for n in asked), asked
+    asked.clear()
+    status, with_lp = post(url, dict(body, logprobs=2))
+    assert status == 200 and asked and all("top_logprobs" in n for n in asked), asked
+    assert with_lp["choices"][0]["text"] == plain["choices"][0]["text"]
+    lp = with_lp["choices"][0]["logprobs"]
+    assert len(lp["top_logprobs"]) == 4 and all(len(t) == 2 for t in lp["top_logprobs"])
