@@ -1226,8 +1226,11 @@ SC_FN void sc_slice(const SC_DEV float* xr, int lo, int hi, SC_THR const float* 
   }
 }
 
-// The last block of a row: the slices' candidates into shared memory and their aggregates merged (slices in order).
-SC_FN void sc_gathered(int NB, int cap, SC_TG ScShared& sh, const int tx, const volatile SC_DEV float* wf,
+// The last block of a row: the slices' aggregates merged (slices in order) and, where the stages read them (copy),
+// their candidates into shared memory -- each thread eight of them at a time, their loads issued before any is
+// used (the slices' scratch is read at the latency of the GPU's L2, once rather than once a slice); without copy
+// the row stays in row mode (ncand -1) for readers other than the aggregates'.
+SC_FN void sc_gathered(int NB, int cap, bool copy, SC_TG ScShared& sh, const int tx, const volatile SC_DEV float* wf,
                        const volatile SC_DEV int* wi) {
   const int t = tx;
   ScAgg a = sc_agg_none();
@@ -1245,17 +1248,35 @@ SC_FN void sc_gathered(int NB, int cap, SC_TG ScShared& sh, const int tx, const 
   if (t == 0) sh.soff[NB] = total;
   beta = -sc_min(-beta, sh, tx);        // (its barriers publish soff)
   sc_agg_block(a, sh, tx);
-  for (int q = 0; q < NB; ++q) {
-    const int from = sh.soff[q], cnt = sh.soff[q + 1] - from;
-    const volatile SC_DEV float* cr = wf + (size_t)q * (SC_WH + cap) + SC_WH;
-    const volatile SC_DEV int* ci = wi + (size_t)q * cap;
-    for (int c = t; c < cnt; c += SC_T) {
-      sh.cand_raw[from + c] = cr[c];
-      sh.cand_id[from + c] = ci[c];
+  for (int base = t; copy && base < total; base += 8 * SC_T) {
+    float rv[8];
+    int iv[8];
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+      const int f = base + k * SC_T;
+      if (f < total) {              // (its slice: the last q with soff[q] <= f -- empty slices share their soff)
+        int lo = 0, hi = NB;
+        while (hi - lo > 1) {
+          const int mid = (lo + hi) >> 1;
+          if (sh.soff[mid] <= f) lo = mid;
+          else hi = mid;
+        }
+        const int o = f - sh.soff[lo];
+        rv[k] = wf[(size_t)lo * (SC_WH + cap) + SC_WH + o];
+        iv[k] = wi[(size_t)lo * cap + o];
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+      const int f = base + k * SC_T;
+      if (f < total) {
+        sh.cand_raw[f] = rv[k];
+        sh.cand_id[f] = iv[k];
+      }
     }
   }
   if (t == 0) {
-    sh.ncand = total;
+    sh.ncand = copy ? total : -1;
     sh.beta = beta;
     sh.tail = beta > -SC_INF;
     sh.agg_ok = 1;
@@ -1546,7 +1567,8 @@ SC_FN void sc_chain(const SC_DEV float* xr, int V, SC_THR const float* pr, SC_TH
     sc_device_fence();
     if (sc_has_edits(e)) sc_edit_check(e, NB, tx);
     if (rs) sc_raw_combine(NB, raw, rs, tx);
-    sc_gathered(NB, cap, sh, tx, wf, wi);
+    // (a draw right after the prologue reads the slices' best perturbed logits alone: no candidate is copied)
+    sc_gathered(NB, cap, !(S[1] != 0 && jpro == n), sh, tx, wf, wi);
   }
   for (int attempt = NB > 0 ? 0 : 1; attempt < 2; ++attempt) {
 #ifdef SC_SPLIT_ONLY                // (tests: a row the candidates did not settle reads token -1)
