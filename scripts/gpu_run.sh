@@ -76,7 +76,7 @@ step test_gpu ${T_TEST:-90} python3 -X faulthandler -m pytest -v -rfE -p no:cach
     -k "not tokens_equal_cpu"
 grep -E " passed| failed|FAILED|ERROR|Timeout" "$OUT/test_gpu.log" | cut -c1-160 | tail -12
 step test_gpu_examples ${T_EXAMPLES:-$([ $Q = 1 ] && echo 100 || echo 150)} python3 -X faulthandler -m pytest -v -rfE \
-    -p no:cacheprovider $TO tests/test_gpu.py -k "tokens_equal_cpu"
+    -p no:cacheprovider $TO tests/test_gpu.py tests/test_gpu_targets.py -k "tokens_equal_cpu or on_the_gpu"
 grep -E "PASSED|FAILED|ERROR|Timeout| passed| failed" "$OUT/test_gpu_examples.log" | cut -c1-160 | tail -12
 # 2. issue 33's figures: every real chain at B = 1, 8, 64, 256, against mx.max (the floor) and the peers at B <= 8
 if [ $Q = 1 ]; then
