@@ -194,10 +194,7 @@ class Program:
     def __call__(self, logits, **params) -> Outputs:
         if not params and _called_by_mlx_lm():
             raise SamplecError(_MLX_LM_MISUSE.format(name=self.name))
-        outs, checks = self.queue(logits, **params)
-        evaluate(outs + [f for _, f in checks])
-        self.raise_flagged(checks)
-        return Outputs(dict(zip(self._names, outs)), self._layout)
+        return self._evaluated(logits, params, None)
 
     def run(self, logits, names, /, **params) -> Outputs:
         """A call that evaluates the outputs `names` (the sampler's output names: "token", "top_logprobs", ...) and
@@ -208,8 +205,13 @@ class Program:
         if unknown:
             raise SamplecError(f"this program has no output {', '.join(sorted(map(repr, unknown)))} (it has: "
                                f"{', '.join(self.output_names)})")
+        return self._evaluated(logits, params, want)
+
+    def _evaluated(self, logits, params: dict, want: set | None) -> Outputs:
+        """A call: the outputs in `want` (None: all) and the checks evaluated, the flagged rows raised."""
         outs, checks = self.queue(logits, **params)
-        evaluate([o for k, o in zip(self._names, outs) if k.split(".")[0] in want] + [f for _, f in checks])
+        evaluate((outs if want is None else [o for k, o in zip(self._names, outs) if k.split(".")[0] in want]) +
+                 [f for _, f in checks])
         self.raise_flagged(checks)
         return Outputs(dict(zip(self._names, outs)), self._layout)
 
