@@ -17,6 +17,14 @@ ROOT = Path(__file__).resolve().parent.parent
 cuda = pytest.mark.skipif(not gpu.available(), reason="needs MLX's CUDA backend as the default device")
 
 
+def chat_rows(rng, B: int, V: int) -> np.ndarray:
+    """B chat-like rows: N(0, 1) under a Zipf-like head of 300 tokens."""
+    x = rng.normal(0, 1, (B, V)).astype(np.float32)
+    for b in range(B):
+        x[b, rng.choice(V, 300, replace=False)] += 6 + 10 / np.arange(1, 301) ** 0.6
+    return x
+
+
 def o0_on_the_cpu(src: str, x, sampler: str | None = None, **kw):
     """The dense definitions' outputs (-O0) on MLX's CPU, whatever the default device, uncompiled (MLX's CPU compiles
     each fused kernel with a C++ compiler: minutes on a machine that has not seen them)."""
@@ -161,9 +169,7 @@ def test_gpu_split_rows_equal_one_block_rows_and_cpu_O0(B, monkeypatch):
     from test_gpu_chain import SERVER_CHAINS, top_k_rank_rows
     rng = np.random.default_rng(B)
     V = 152064
-    x = rng.normal(0, 1, (B, V)).astype(np.float32)
-    for b in range(B):
-        x[b, rng.choice(V, 300, replace=False)] += 6 + 10 / np.arange(1, 301) ** 0.6
+    x = chat_rows(rng, B, V)
     chains = dict(SERVER_CHAINS)
     chains.update({"dyntemp": (["dynamic_temperature", "top_k", "top_p"], [0.8, 0.5, 1.0, 50, 0.9]),
                    "typical2": (["typical_p", "temperature", "typical_p"], [0.9, 0.7, 0.95]),
@@ -206,9 +212,7 @@ def test_gpu_penalties_in_the_chain_kernel_equal_cpu_O0(B, H, split, monkeypatch
     monkeypatch.setenv("SAMPLEC_GPU_SPLIT", split)
     rng = np.random.default_rng(H)
     V = 152064
-    x = rng.normal(0, 1, (B, V)).astype(np.float32)
-    for b in range(B):
-        x[b, rng.choice(V, 300, replace=False)] += 6 + 10 / np.arange(1, 301) ** 0.6
+    x = chat_rows(rng, B, V)
     hist, pk = penalty_case(H, V, B, H, False)
     hist[:, :H // 2] = np.argsort(-x, axis=-1)[:, :H // 2]        # (the likely tokens penalized)
     src = ("sampler s(h: tokens, eb: bias, em: mask, ln: int, rp: float, fq: float, ps: float, seed: seed) "
@@ -244,9 +248,7 @@ def test_gpu_chain_kernel_writes_the_probs(B, split, monkeypatch):
     monkeypatch.setenv("SAMPLEC_GPU_SPLIT", split)
     rng = np.random.default_rng(B)
     V = 152064
-    x = rng.normal(0, 1, (B, V)).astype(np.float32)
-    for b in range(B):
-        x[b, rng.choice(V, 300, replace=False)] += 6 + 10 / np.arange(1, 301) ** 0.6
+    x = chat_rows(rng, B, V)
     src = (ROOT / "examples" / "hf_generate.smp").read_text()
     rows = lambda v: [v] * B     # noqa: E731
     kw = dict(input_ids=rng.integers(0, V, (B, 64)).astype(np.int32), repetition_penalty=rows(1.1),
