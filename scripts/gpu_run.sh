@@ -66,11 +66,11 @@ step() {        # step NAME LIMIT COMMAND...: run with a time limit, log to OUT/
     [ $rc -ne 0 ] && { failed=1; echo "   $name: exit $rc$([ $rc -eq 124 ] && echo ' (time limit)')"; }
     echo "   ($((SECONDS - t0)) s)"
 }
-# 1. all of tests/test_gpu.py: the chain kernel's (one NVRTC compile, then split and one-block rows against the CPU's
-# -O0) first, then the examples' programs (the dense definitions' kernels are the slow compiles)
+# 1. the device tests: the chain kernel's (one NVRTC compile, then split and one-block rows against the CPU's -O0)
+# first, then in a step of their own the examples' programs on each GPU target; each test named as it starts and
+# stopped after 90 s where pytest-timeout is installed, with Python's stacks (a test that does not return names
+# where it waits)
 Q=${QUICK:-0}
-# (the kernel's tests, then the examples' in a step of their own, each test named as it starts and stopped after
-# 90 s where pytest-timeout is installed, with Python's stacks: a test that does not return names where it waits)
 TO=$(python3 -c 'import pytest_timeout' 2> /dev/null && echo "--timeout 90")
 step test_gpu ${T_TEST:-90} python3 -X faulthandler -m pytest -v -rfE -p no:cacheprovider $TO tests/test_gpu.py \
     -k "not tokens_equal_cpu"

@@ -3,6 +3,7 @@ GPU against the same program on the CPU. These run where MLX's default device is
 `mlx[cuda13]`); elsewhere only the first test runs -- the kernel must stay off the CPU path."""
 from __future__ import annotations
 
+import contextlib
 import re
 from pathlib import Path
 
@@ -25,17 +26,24 @@ def chat_rows(rng, B: int, V: int) -> np.ndarray:
     return x
 
 
-def o0_on_the_cpu(src: str, x, sampler: str | None = None, **kw):
-    """The dense definitions' outputs (-O0) on MLX's CPU, whatever the default device, uncompiled (MLX's CPU compiles
-    each fused kernel with a C++ compiler: minutes on a machine that has not seen them)."""
+@contextlib.contextmanager
+def on_the_cpu():
+    """MLX's CPU as the default device, uncompiled (MLX's CPU compiles each fused kernel with a C++ compiler: minutes
+    on a machine that has not seen them): where the device tests' references run."""
     prev = mx.default_device()
     mx.set_default_device(mx.cpu)
     mx.disable_compile()
     try:
-        return samplec.compile(src, sampler, opt_level=0)(x, **kw)
+        yield
     finally:
         mx.enable_compile()
         mx.set_default_device(prev)
+
+
+def o0_on_the_cpu(src: str, x, sampler: str | None = None, **kw):
+    """The dense definitions' outputs (-O0) on MLX's CPU, whatever the default device."""
+    with on_the_cpu():
+        return samplec.compile(src, sampler, opt_level=0)(x, **kw)
 
 
 def test_kernels_off_the_cpu():
@@ -99,15 +107,10 @@ def test_gpu_tokens_equal_cpu_tokens(example):
             elif p.kind == "bias":
                 kw[p.name] = np.zeros((B, V), np.float32)
         on_gpu = {k: np.array(v) for k, v in prog(x, **kw).to_dict().items()}
-        prev = mx.default_device()
-        mx.set_default_device(mx.cpu)
-        mx.disable_compile()        # (MLX's CPU compiles each fused kernel with a C++ compiler: minutes, cold)
-        try:        # (the same stage-level program, lowered for the CPU: the device's own target runs nowhere else)
+        # (the same stage-level program, lowered for the CPU: the device's own target runs nowhere else)
+        with on_the_cpu():
             cpu = samplec.compile(src, sampler=name, target="cpu" if native.installed() else "portable")
             on_cpu = {k: np.array(v) for k, v in cpu(x, **kw).to_dict().items()}
-        finally:
-            mx.enable_compile()
-            mx.set_default_device(prev)
         assert on_gpu["token"].tolist() == on_cpu["token"].tolist(), (example, name)
         for k, v in on_cpu.items():          # ids exactly (top_logprobs, candidates); values to float rounding
             if v.dtype.kind in "iu":
@@ -191,13 +194,9 @@ def test_gpu_split_rows_equal_one_block_rows_and_cpu_O0(B, monkeypatch):
             got = [next(it) for _ in range(n)]
             rest.append(f"{s}({', '.join(repr(int(v) if s == 'top_k' else v) for v in got)})")
         src = f"sampler s(seed: seed) -> token {{ {' '.join(rest)} sample(seed, position = 3) }}"
-        prev = mx.default_device()
-        mx.set_default_device(mx.cpu)
-        try:
+        with on_the_cpu():
             o0 = samplec.compile(src, opt_level=0, target="portable")(
                 top_k_rank_rows(x, [int(vals[0])] * B) if ranked else x, seed=seeds)
-        finally:
-            mx.set_default_device(prev)
         assert np.array(split[0]).ravel().tolist() == np.array(o0.token).tolist(), (name, src)
 
 

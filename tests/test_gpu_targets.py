@@ -12,6 +12,7 @@ import pytest
 
 import samplec
 from samplec.backend_mlx import gpu
+from test_gpu import on_the_cpu
 from test_targets import example_args
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -28,15 +29,8 @@ def test_target_on_the_gpu_equals_O0_on_the_cpu(example, sampler, target):
     prog = samplec.compile(source, sampler, target=target)
     x, kw = example_args(prog, B=4, V=32000)
     got = prog(x, **kw)
-    with mx.stream(mx.cpu):
-        prev = mx.default_device()
-        mx.set_default_device(mx.cpu)
-        mx.disable_compile()        # (MLX's CPU compiles each fused kernel with a C++ compiler: minutes, cold)
-        try:
-            want = samplec.compile(source, sampler, opt_level=0, target="portable")(x, **kw)
-        finally:
-            mx.enable_compile()
-            mx.set_default_device(prev)
+    with mx.stream(mx.cpu), on_the_cpu():
+        want = samplec.compile(source, sampler, opt_level=0, target="portable")(x, **kw)
     np.testing.assert_array_equal(np.array(got.token), np.array(want.token))
     if "logprob" in want.names():
         np.testing.assert_allclose(np.array(got.logprob), np.array(want.logprob), atol=2e-4, rtol=1e-4)
