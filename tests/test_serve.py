@@ -501,12 +501,12 @@ def test_steps_without_logprobs_leave_the_models_logprobs_unevaluated(server, mo
     monkeypatch.setattr(program.Program, "run", lambda self, x, names, **kw: asked.append(list(names)) or
                         real(self, x, names, **kw))
     c = server["client"]            # (the openai package, as a client calls)
-    body = dict(model="demo", messages=MSG, max_tokens=4, temperature=0.9, seed=3)
-    plain = c.chat.completions.create(**body)
+    body = dict(model="demo", prompt="A sampler chain", max_tokens=4, temperature=0.9, seed=3)
+    plain = c.completions.create(**body)
     assert asked and all("top_logprobs" not in n and "raw_logprob" not in n for n in asked), asked
     asked.clear()
-    with_lp = c.chat.completions.create(**body, logprobs=True, top_logprobs=2)
+    with_lp = c.completions.create(**body, logprobs=2)
     assert asked and all("top_logprobs" in n for n in asked), asked
-    assert with_lp.choices[0].message.content == plain.choices[0].message.content
-    entries = with_lp.choices[0].logprobs.content
-    assert len(entries) == 4 and all(len(e.top_logprobs) == 2 for e in entries)
+    assert with_lp.choices[0].text == plain.choices[0].text
+    lp = with_lp.choices[0].logprobs
+    assert len(lp.top_logprobs) == 4 and all(len(t) == 2 for t in lp.top_logprobs)
