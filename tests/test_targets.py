@@ -399,3 +399,31 @@ def test_a_program_called_after_the_default_device_changed_is_checked_again(monk
     monkeypatch.setattr(mx, "default_device", real)
     assert np.array(cpu(x, seed=[1, 2]).token).tolist() == want
     assert np.array(prog(x, seed=[1, 2]).token).tolist() == want
+
+
+def test_portable_penalties_check_flags_the_rows_the_dense_check_does():
+    """The portable lowering checks the penalties with one maximum of the penalized row (NaN read as +inf); the
+    dense definition looks at the history's tokens and the row's maximum. Rows where a penalty overflows to +inf,
+    where one makes NaN (-inf logits seen, an infinite frequency term), where no token is left, and rows without
+    a fault: the same rows are named, and a good batch gives -O0's tokens."""
+    src = ("sampler s(h: tokens, r: float, f: float, seed: seed) -> token { penalties(h, repeat = r, frequency = f) "
+           "top_k(5) sample(seed) }")
+    B, V = 6, 64
+    x = np.tile(np.linspace(-2, 2, V, dtype=np.float32), (B, 1))
+    h = np.full((B, 4), -1, np.int32)
+    r, f = [1.0] * B, [0.0] * B
+    x[1, 7] = 3e38; h[1, 0] = 7; r[1] = 0.5                              # 3e38 / 0.5 = +inf
+    x[2, 9] = -np.inf; h[2, :2] = 9; f[2] = -3e38                        # -inf - (2 * -3e38) = -inf + inf = NaN
+    x[4] = -np.inf; x[4, [3, 5]] = -3e38; h[4, :2] = [3, 5]; r[4] = 1.5  # both survivors overflow to -inf
+    kw = dict(h=h, r=r, f=f, seed=list(range(B)))
+    errors = []
+    for opt, target in ((2, "portable"), (0, "cpu")):
+        with pytest.raises(SamplecError) as e:
+            samplec.compile(src, opt_level=opt, target=target)(x, **kw)
+        errors.append(str(e.value))
+    assert errors[0] == errors[1] and "penalties" in errors[0] and "rows 1, 2, 4" in errors[0], errors
+    good = [0, 3, 5]
+    got, want = (samplec.compile(src, opt_level=opt, target=target)(x[good], h=h[good], r=[1.3] * 3, f=[0.2] * 3,
+                                                                     seed=[1, 2, 3])
+                 for opt, target in ((2, "portable"), (0, "cpu")))
+    np.testing.assert_array_equal(np.array(got.token), np.array(want.token))

@@ -328,7 +328,6 @@ class _Lowering:
         self.dense: dict[int, Node] = {}        # id(old) -> the new node in id order
         self.sorted: dict[int, Row] = {}        # id(old) -> the new row in both orders
         self.drawn: dict[int, tuple[Node | None, Row]] = {}     # id(old draw) -> (its token [B,1] or None: greedy, its row)
-        self.pen_node: dict[tuple, Node] = {}       # a penalties node by its operands (its check shares them)
         self.noise: dict[int, Node] = {}        # id(old sample) -> its noise bits, where xtc's RandomBits made them
         self.totals: dict[int, tuple[Node, Node]] = {}      # id(row) -> (its maximum, its exponentials' sum)
         self.in_range: set[int] = set()     # ids of new index nodes in [0, V) by construction (draws, argmax)
@@ -488,27 +487,24 @@ class _Lowering:
     def penalties(self, n: Node) -> None:
         """penalties and its check, over the row: each token's count in the window by one scatter (the dense
         definition gathers the history's tokens, counts them pairwise and writes them back), then the penalty of
-        spec §2 where the count is positive; the check reads the maximum at place 0 where the chain sorted the row."""
+        spec §2 where the count is positive. The scatter reads the history's ids as they are (padding clamps to
+        id 0 with weight 0), so that the window's weights are one kernel and the ids none of their own. The check
+        is one maximum of the penalized row with NaN read as +inf: where the logits are valid (their own check
+        comes first) a +inf or NaN there is a penalty's overflow, and -inf a row with nothing left."""
         x, hist, last_n, rep, freq, pres = (self.value(i) for i in n.inputs)
         key = ("penalties", *(id(i) for i in n.inputs))
         if key not in self.dense:
-            ids, valid = history_window(hist, last_n, make("last_index", hist))
-            counts = make("scatter_add", make("zeros_like", x, dtype=F32), ids, make("cast", valid, dtype=F32),
+            _, valid = history_window(hist, last_n, make("last_index", hist))
+            counts = make("scatter_add", make("zeros_like", x, dtype=F32), hist, make("cast", valid, dtype=F32),
                           name="counts")
-            self.dense[key] = (counts, where(make("gt", counts, const(0.0)), penalize(x, counts, rep, freq, pres), x,
-                                             name="x_pen"))
-            self.pen_node[key] = n if n.op == "penalties" else None
-        counts, penalized = self.dense[key]
+            self.dense[key] = where(make("gt", counts, const(0.0)), penalize(x, counts, rep, freq, pres), x,
+                                    name="x_pen")
+        penalized = self.dense[key]
         if n.op == "penalties":
-            self.pen_node[key] = n
             self.dense[id(n)] = penalized
             return
-        seen_bad = make("logical_and", make("gt", counts, const(0.0)),
-                        make("logical_or", make("isposinf", penalized), make("isnan", penalized)))
-        pen = self.pen_node.get(key)
-        top = self.top_of(pen) if pen is not None else make("reduce_max", penalized)
-        empty = make("squeeze", make("eq", top, const(NEG_INF)))
-        self.dense[id(n)] = make("logical_or", any_rows(seen_bad), empty, name=n.name)
+        top = make("reduce_max", where(make("isnan", penalized), const(float("inf")), penalized))
+        self.dense[id(n)] = make("squeeze", make("logical_not", make("isfinite", top)), name=n.name)
 
 
 def _expanded(n: Node, inputs: tuple[Node, ...]) -> Node:
