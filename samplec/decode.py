@@ -26,6 +26,7 @@ from typing import Iterable, Sequence
 import mlx.core as mx
 import numpy as np
 
+from samplec.backend_mlx.interpreter import unpack_flags
 from samplec.diagnostics import SamplecError
 from samplec.ir.graph import INPUT
 from samplec.program import Outputs, Program
@@ -167,9 +168,10 @@ class ProgramFeed:
         return Outputs(dict(zip(self.output_names, outs)))
 
     def raise_flags(self, flags: Iterable[np.ndarray], where: str) -> None:
-        """Raise the first fired run-time check: flags are bool arrays (any shape) in the graph's check order."""
-        for check, flag in zip(self.program.graph.checks, flags):
-            if np.asarray(flag).any():
+        """Raise the first fired run-time check: flags are the executable's words (`pack_flags`), any shape."""
+        checks = self.program.graph.checks
+        for check, flag in zip(checks, unpack_flags(flags, len(checks))):
+            if flag.any():
                 raise SamplecError(f"{check.message} ({where})")
 
 
@@ -296,7 +298,7 @@ def generate(model, program: Program, prompt, max_tokens: int, *, chunk: int = 1
             launched = (chunk_tokens, chunk_flags, first)
         if pending is not None:
             done, done_flags, first = pending
-            host_flags = [np.array(f) for f in done_flags]
+            host_flags = unpack_flags([np.array(f) for f in done_flags], len(program.graph.checks))
             for check, f in zip(program.graph.checks, host_flags):
                 if f.any():
                     at = first + int(np.nonzero(f.reshape(f.shape[0], -1).any(axis=1))[0][0])
@@ -453,8 +455,9 @@ def _generate_speculative(model, draft_model, feed: ProgramFeed, tokens: list[in
         while m < kk and target[m] == guess[m]:
             m += 1
         counts["accepted_tokens"] += m
-        for check, f in zip(feed.program.graph.checks, flags):     # (rows past m are not on the emitted path)
-            fired = np.asarray(f).reshape(rows, -1)[:m + 1].any(axis=1)
+        checks = feed.program.graph.checks
+        for check, f in zip(checks, unpack_flags(flags, len(checks))):     # (rows past m: not on the emitted path)
+            fired = f.reshape(rows, -1)[:m + 1].any(axis=1)
             if fired.any():
                 raise SamplecError(f"{check.message} (at position {length + int(np.nonzero(fired)[0][0])})")
         emitted = target[:m + 1]

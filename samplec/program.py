@@ -24,6 +24,7 @@ from operator import ne
 import mlx.core as mx
 import numpy as np
 
+from samplec.backend_mlx.interpreter import FLAG_BITS, unpack_flags
 from samplec.backend_mlx.native import evaluate, history_check, release, row_max, wake
 from samplec.diagnostics import SamplecError
 from samplec.ir.graph import Graph, Param
@@ -139,7 +140,9 @@ class Program:
         self._versions = (2,) * len(scalars)   # (marshal's format 2: a value's bytes without back-references)
         self._os_drawn = tuple(k for k, p in enumerate(self._scalar_params) if p.default == "os")
         self._pre = _PreStage(tuple(i for i, _ in scalars), tuple(arrays), len(self.params)) if arrays else None
-        self._check_messages = tuple(c.message for c in self.graph.checks)
+        messages = tuple(c.message for c in self.graph.checks)
+        # (the graph's checks come back packed, FLAG_BITS to a word: each word's messages, bit by bit)
+        self._check_words = tuple(messages[i:i + FLAG_BITS] for i in range(0, len(messages), FLAG_BITS))
         self._shapes: dict = {}     # (B, V) -> _Shape: what the full path accepted for that logits shape
         self._last = None   # (shape, bytes of the values, arrays, bytes of each value): the last short call's scalars
         self.queue_stats = {"short": 0, "full": 0, "scalars_rebuilt": 0}
@@ -222,7 +225,8 @@ class Program:
 
     def queue(self, logits, **params) -> tuple[list[mx.array], list[tuple[str, mx.array]]]:
         """Check the inputs and build the call's graph without evaluating it: (outputs, checks), lazy MLX arrays,
-        each check a (message, flag [B]) pair -- the call's input checks, then the graph's. `mx.async_eval` on
+        each check a (message, flag [B]) pair -- the call's input checks -- then the graph's, packed (a tuple of
+        messages and one uint32 word [B]: `interpreter.pack_flags`). `mx.async_eval` on
         them returns before anything ran; `raise_flagged(checks)` after evaluation reports the rows that failed
         a check. A call takes the short path (`_arguments`) or the full one (`prepare`); `queue_stats` counts
         the calls of each, and the short calls whose scalar arrays were rebuilt."""
@@ -236,7 +240,7 @@ class Program:
             self.queue_stats["short"] += 1
             args, messages = short
             outs, flags, pre = self.exe.queued(self._pre, args)
-            return outs, list(zip(messages, pre)) + list(zip(self._check_messages, flags))
+            return outs, list(zip(messages, pre)) + list(zip(self._check_words, flags))
         if self._scalars_only and not any(type(v) is mx.array for v in params.values()):
             wake()      # (preparing such a call never waits for MLX: the worker can wake meanwhile)
         late: list = []
@@ -248,7 +252,7 @@ class Program:
             raise
         self.queue_stats["full"] += 1
         outs, flags = self.exe(*args)
-        return outs, late + list(zip(self._check_messages, flags))
+        return outs, late + list(zip(self._check_words, flags))
 
     def _arguments(self, logits, params: dict) -> tuple[list, tuple] | None:
         """The short path's arguments (logits, scalar parameters, other parameters) and the messages of the
@@ -333,8 +337,17 @@ class Program:
                     ok.clear()
                 ok.add((v.shape, v.dtype))
 
-    def raise_flagged(self, checks: list[tuple[str, mx.array]]) -> None:
+    def raise_flagged(self, checks: list[tuple[str | tuple[str, ...], mx.array]]) -> None:
+        """Raise the first check that fired, naming its rows: a check is (message, flag [B]), or the graph's
+        (messages, word [B]) with message i's flag at bit i (`pack_flags`)."""
         for message, flag in checks:
+            if isinstance(message, tuple):
+                word = np.array(flag).reshape(-1)
+                if word.any():
+                    for m, fired in zip(message, unpack_flags([word], len(message))):
+                        if fired.any():
+                            raise SamplecError(f"{m} ({_rows(fired)})")
+                continue
             flagged = _flagged(flag)
             if any(flagged):
                 raise SamplecError(f"{message} ({_rows(np.array(flagged))})")

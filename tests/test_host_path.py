@@ -279,3 +279,26 @@ def test_a_call_of_some_outputs_leaves_the_others_lazy(target):
     bad[1, 7] = np.nan
     with pytest.raises(samplec.SamplecError, match="NaN"):       # (the checks run whatever is asked)
         prog.run(mx.array(bad), [], seed=[1, 2, 3])
+
+
+def test_check_flags_come_back_packed_and_unpack_to_each_check():
+    """The graph's check flags come back as uint32 words (one kernel for them on a GPU), flag i at bit i % 32 of
+    word i // 32: 70 flags of both shapes ([B] and [B, 1]) round-trip through pack_flags and unpack_flags, and a
+    call that fails its second check names that check and its rows."""
+    from samplec.backend_mlx.interpreter import pack_flags, unpack_flags
+    rng = np.random.default_rng(3)
+    B = 5
+    want = rng.random((70, B)) < 0.3
+    flags = [mx.array(w) if i % 3 else mx.array(w[:, None]) for i, w in enumerate(want)]
+    words = pack_flags(flags)
+    assert len(words) == 3 and all(w.dtype == mx.uint32 and w.shape == (B,) for w in words)
+    got = unpack_flags([np.array(w) for w in words], 70)
+    assert np.array_equal(np.stack(got), want)
+    stacked = unpack_flags([np.stack([np.array(w)] * 4) for w in words], 70)   # (a chunk of steps stacks words)
+    assert all(s.shape == (4, B) and np.array_equal(s[2], w) for s, w in zip(stacked, want))
+
+    prog = samplec.compile("sampler s(t: float, seed: seed) -> token { temperature(t) sample(seed) }")
+    x = np.zeros((3, 8), np.float32)
+    x[[0, 2]] = -np.inf
+    with pytest.raises(samplec.SamplecError, match=r"logits: every entry is -inf \(rows 0, 2\)"):
+        prog(x, t=0.7, seed=1)

@@ -106,18 +106,18 @@ def test_every_example_runs_its_targets_kernels(example, sampler):
 # lazy outputs that are not views, sums one reduction each, RandomBits in MLX ops), B = 2, with MLX 0.32.4 (pinned):
 # a ceiling per example that fails when a change adds kernels. benchmarks/bench_targets.py records them at V = 152064.
 PORTABLE_LAUNCHES = {
-    "hf_generate.smp:hf_generate": 70,
-    "hf_generate.smp:hf_greedy": 24,
-    "llama.smp:llama": 41,
-    "llama.smp:nucleus": 38,
-    "llama_cpp_default.smp:llama_cpp_default": 102,
-    "llama_cpp_default.smp:llama_cpp_default_short": 30,
-    "mlx_lm_default.smp:mlx_lm": 58,
-    "mlx_lm_default.smp:mlx_lm_chat": 50,
-    "openai.smp:openai": 57,
-    "openai.smp:openai_constant_bias": 53,
-    "vllm.smp:vllm": 69,
-    "vllm.smp:vllm_constrained": 80,
+    "hf_generate.smp:hf_generate": 64,
+    "hf_generate.smp:hf_greedy": 19,
+    "llama.smp:llama": 35,
+    "llama.smp:nucleus": 35,
+    "llama_cpp_default.smp:llama_cpp_default": 96,
+    "llama_cpp_default.smp:llama_cpp_default_short": 27,
+    "mlx_lm_default.smp:mlx_lm": 52,
+    "mlx_lm_default.smp:mlx_lm_chat": 43,
+    "openai.smp:openai": 48,
+    "openai.smp:openai_constant_bias": 44,
+    "vllm.smp:vllm": 57,
+    "vllm.smp:vllm_constrained": 65,
 }
 
 

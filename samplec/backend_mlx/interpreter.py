@@ -13,6 +13,7 @@ import threading
 from typing import NamedTuple
 
 import mlx.core as mx
+import numpy as np
 
 from samplec.backend_mlx import gpu, native
 from samplec.backend_mlx.kernels import KERNELS, bias_row
@@ -365,6 +366,35 @@ def _run_expansion(node: Node, ins: list[mx.array]) -> mx.array:
 _IR_DTYPE = {mx.float32: "f32", mx.int32: "i32", mx.uint32: "u32", mx.uint64: "u64", mx.bool_: "bool"}
 
 
+FLAG_BITS = 32
+
+
+def pack_flags(flags: list[mx.array]) -> list[mx.array]:
+    """A call's check flags (bool [B], or [B, 1] where the graph squeezes them) as uint32 words [B]: flag i is
+    bit i % 32 of word i // 32. Where each flag was a kernel of its own (a launch on a GPU, and a node for the
+    host to replay each call), the flags of each shape fuse into one kernel: the [B, 1] ones (each with what
+    computed it) and the [B] ones (with their [B, 1] part's bits)."""
+    words = []
+    for at in range(0, len(flags), FLAG_BITS):
+        parts: dict[int, mx.array] = {}
+        for i, f in enumerate(flags[at:at + FLAG_BITS]):
+            bit = f.astype(mx.uint32)
+            bit = bit << i if i else bit
+            parts[f.ndim] = parts[f.ndim] | bit if f.ndim in parts else bit
+        word = parts.get(1)
+        if 2 in parts:
+            word = parts[2].reshape(-1) if word is None else word | parts[2].reshape(-1)
+        words.append(word)
+    return words
+
+
+def unpack_flags(words, n: int) -> list[np.ndarray]:
+    """The n check flags of `pack_flags`' words (host arrays of any shape: a chunk of steps stacks them), as
+    bool arrays of the words' shape, in the graph's check order."""
+    host = [np.asarray(w) for w in words]
+    return [((host[i // FLAG_BITS] >> (i % FLAG_BITS)) & 1).astype(bool) for i in range(n)]
+
+
 class Executable:
     """Runs a target-level graph: its regions by their kernels (the CPU's or the CUDA chain kernel), every other
     node by its kernel in KERNELS (a stage op left outside a region: by its dense definition, or on the CPU by a
@@ -385,7 +415,7 @@ class Executable:
             raise SamplecError(f"no MLX kernel for op(s): {', '.join(missing)}")
         self.compile = compile
         self.trace: list[tuple[str, str]] = []
-        self._n_out, self._n_checks = len(graph.outputs), len(graph.checks)
+        self._n_out, self._n_words = len(graph.outputs), -(-len(graph.checks) // FLAG_BITS)
         self._per_thread = threading.local()
 
     def run_eager(self, *args: mx.array) -> list[mx.array]:
@@ -430,7 +460,7 @@ class Executable:
         self.trace = trace
         n = len(self.graph.outputs)
         return [env[id(r)] for r in self.roots[:n]] + \
-            [env[id(f.inputs[0] if f.op == "squeeze" else f)] for f in self.roots[n:]]
+            pack_flags([env[id(f.inputs[0] if f.op == "squeeze" else f)] for f in self.roots[n:]])
 
     @staticmethod
     def _evaluate(node: Node, env: dict) -> mx.array:
@@ -470,6 +500,7 @@ class Executable:
         return run
 
     def __call__(self, *args: mx.array) -> tuple[list[mx.array], list[mx.array]]:
+        """(outputs, the checks' flags packed into words: `pack_flags`)."""
         res = self._fn()(*args)
         n = len(self.graph.outputs)
         return res[:n], res[n:]
@@ -479,8 +510,8 @@ class Executable:
         from what the caller passes, so that the arguments' own preparation (a history's range check, a bias's
         NaN check, a packed mask's unpacking) replays with the graph instead of costing the host a few MLX ops
         each. `pre` is a key of the compile cache: the same function object every call. (outputs, the graph's
-        check flags, pre's flags)."""
+        check flags packed into words, pre's flags)."""
         res = self._fn(pre)(*args)
         n = self._n_out
-        m = n + self._n_checks
+        m = n + self._n_words
         return res[:n], res[n:m], res[m:]

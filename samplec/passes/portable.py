@@ -21,7 +21,7 @@ xtc's survivor the lowest id among the least probable targets.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from samplec.frontend.expand import EXPAND, history_window
 from samplec.frontend.lower import NEG_INF, XTC_COUNTER, any_rows, const, gumbel, penalize, uniform, where
@@ -55,6 +55,9 @@ class Row:
     # bool [B,1] where a row keeps only its first maximum (temperature 0) while `x` holds every value equal to it:
     # the draw then takes no noise (the lowest id wins), and `exact()` keeps the first alone for other readers
     greedy: Node | None = None
+    # what the stages made of this row, by name: "probs" -> (its probabilities in sorted order, their sum's
+    # denominator), which a reader of the row's normalizer (raw_logprob, top_logprobs) takes instead of a sum of its own
+    made: dict = field(default_factory=dict, compare=False, repr=False)
 
     def exact(self) -> Node:
         """The id-order row as the dense definitions hold it (where `greedy`: the first maximum alone)."""
@@ -140,8 +143,12 @@ def keep(s: Node, flag: Node, name: str | None = None) -> Node:
 
 
 def probs_of(r: Row) -> Node:
-    e = make("exp", make("sub", r.s, r.top()))
-    return make("div", e, make("sum", e), name="p")
+    got = r.made.get("probs")
+    if got is None:
+        e = make("exp", make("sub", r.s, r.top()))
+        total = make("sum", e)
+        got = r.made["probs"] = (make("div", e, total, name="p"), total)
+    return got[0]
 
 
 def first_max(x: Node) -> Node:
@@ -350,12 +357,14 @@ class _Lowering:
         return top, make("log", make("sum", make("exp", make("sub", self.value(n), top))))
 
     def total(self, r: Row) -> tuple[Node, Node]:
-        """(maximum, sum of exp(x - maximum)) of a chain's row, made once (in id order: the sorted form of the
-        stages after the last cut is then not made at all)."""
+        """(maximum, sum of exp(x - maximum)) of a chain's row, made once: the sum a stage took of it in sorted
+        order where one did, else in id order (the sorted form of the stages after the last cut is then not made
+        at all)."""
         got = self.totals.get(id(r))
         if got is None:
             top = r.top()
-            got = self.totals[id(r)] = (top, make("sum", make("exp", make("sub", r.x, top))))
+            made = r.made.get("probs") if r.greedy is None else None     # (a stage summed the row already)
+            got = self.totals[id(r)] = (top, made[1] if made else make("sum", make("exp", make("sub", r.x, top))))
         return got
 
     def softmax_of(self, n: Node) -> Node | None:
@@ -402,7 +411,8 @@ class _Lowering:
             self.dense[id(n)] = n
             return
         self.lower(n)
-        if n.op in ("sample", "argmax", "topk_ids") and id(n) in self.dense:
+        if n.op in ("sample", "argmax", "topk_ids", "squeeze", "expand") and id(n) in self.dense and \
+                (n.op not in ("squeeze", "expand") or id(self.value(n.inputs[0])) in self.in_range):
             self.in_range.add(id(self.dense[id(n)]))
 
     def lower(self, n: Node) -> None:
@@ -410,6 +420,8 @@ class _Lowering:
         in_sorted = x is not None and id(x) in self.sorted
         if id(n) in self.keep:
             self.dense[id(n)] = rebuild(n, tuple(self.value(i) for i in n.inputs))
+        elif n.op == "expand" and x.op == "squeeze" and x.inputs[0].type == n.type:
+            self.dense[id(n)] = self.value(x.inputs[0])     # (a [B,1] value squeezed and expanded again: itself)
         elif n.op == "xtc" and (in_sorted or self.sorts_later(n)) and self.draw_sharing_noise(n) is not None:
             # the chain's draw takes its noise from the same seed and position: one RandomBits for both
             r = self.row(x)
