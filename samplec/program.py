@@ -140,9 +140,8 @@ class Program:
         self._versions = (2,) * len(scalars)   # (marshal's format 2: a value's bytes without back-references)
         self._os_drawn = tuple(k for k, p in enumerate(self._scalar_params) if p.default == "os")
         self._pre = _PreStage(tuple(i for i, _ in scalars), tuple(arrays), len(self.params)) if arrays else None
-        messages = tuple(c.message for c in self.graph.checks)
-        # (the graph's checks come back packed, FLAG_BITS to a word: each word's messages, bit by bit)
-        self._check_words = tuple(messages[i:i + FLAG_BITS] for i in range(0, len(messages), FLAG_BITS))
+        self._check_messages = tuple(c.message for c in self.graph.checks)
+        self._words: dict[tuple, tuple] = {}        # (see `_word_messages`)
         self._shapes: dict = {}     # (B, V) -> _Shape: what the full path accepted for that logits shape
         self._last = None   # (shape, bytes of the values, arrays, bytes of each value): the last short call's scalars
         self.queue_stats = {"short": 0, "full": 0, "scalars_rebuilt": 0}
@@ -239,8 +238,8 @@ class Program:
         if short is not None:   # (no hold: measured, it costs such a call more host time than it saves it)
             self.queue_stats["short"] += 1
             args, messages = short
-            outs, flags, pre = self.exe.queued(self._pre, args)
-            return outs, list(zip(messages, pre)) + list(zip(self._check_words, flags))
+            outs, words = self.exe.queued(self._pre, args)
+            return outs, list(zip(self._word_messages(messages), words))
         if self._scalars_only and not any(type(v) is mx.array for v in params.values()):
             wake()      # (preparing such a call never waits for MLX: the worker can wake meanwhile)
         late: list = []
@@ -252,7 +251,18 @@ class Program:
             raise
         self.queue_stats["full"] += 1
         outs, flags = self.exe(*args)
-        return outs, late + list(zip(self._check_words, flags))
+        return outs, late + list(zip(self._word_messages(()), flags))
+
+    def _word_messages(self, first: tuple) -> tuple[tuple[str, ...], ...]:
+        """The messages of a call's packed check words, FLAG_BITS to a word, bit by bit: `first` (the short path's
+        argument checks, traced with the graph) and then the graph's checks."""
+        got = self._words.get(first)
+        if got is None:
+            every = first + self._check_messages
+            if len(self._words) > 64:
+                self._words.clear()
+            got = self._words[first] = tuple(every[i:i + FLAG_BITS] for i in range(0, len(every), FLAG_BITS))
+        return got
 
     def _arguments(self, logits, params: dict) -> tuple[list, tuple] | None:
         """The short path's arguments (logits, scalar parameters, other parameters) and the messages of the
@@ -338,19 +348,10 @@ class Program:
                 ok.add((v.shape, v.dtype))
 
     def raise_flagged(self, checks: list[tuple[str | tuple[str, ...], mx.array]]) -> None:
-        """Raise the first check that fired, naming its rows: a check is (message, flag [B]), or the graph's
-        (messages, word [B]) with message i's flag at bit i (`pack_flags`)."""
-        for message, flag in checks:
-            if isinstance(message, tuple):
-                word = np.array(flag).reshape(-1)
-                if word.any():
-                    for m, fired in zip(message, unpack_flags([word], len(message))):
-                        if fired.any():
-                            raise SamplecError(f"{m} ({_rows(fired)})")
-                continue
-            flagged = _flagged(flag)
-            if any(flagged):
-                raise SamplecError(f"{message} ({_rows(np.array(flagged))})")
+        """Raise the first check that fired (after evaluation), naming its rows."""
+        for message, fired in named_flags(checks):
+            if fired.any():
+                raise SamplecError(f"{message} ({_rows(fired)})")
 
     def prepare(self, logits, params: dict, late: list | None = None) -> list[mx.array]:
         """Check and normalize the call's inputs into the executable's positional arguments. Checks that need
@@ -452,6 +453,18 @@ def _called_by_mlx_lm() -> bool:
     return sys._getframe(2).f_globals.get("__name__", "").startswith("mlx_lm.")
 
 
+def named_flags(checks: list[tuple[str | tuple[str, ...], mx.array]]) -> list[tuple[str, np.ndarray]]:
+    """`queue`'s checks, evaluated, as (message, bool [B]) in order: a check is (message, flag [B]), or a word of
+    packed flags (messages, uint32 [B]) with message i's flag at bit i (`interpreter.pack_flags`)."""
+    out = []
+    for message, flag in checks:
+        if isinstance(message, tuple):
+            out += zip(message, unpack_flags([np.array(flag).reshape(-1)], len(message)))
+        else:
+            out.append((message, np.array(_flagged(flag), dtype=bool)))
+    return out
+
+
 def _flagged(flag: mx.array) -> list:
     """A check flag ([B], or [B, 1] as the executable leaves it) as a list of B bools (tolist: a fraction of
     np.array's cost on a fresh result)."""
@@ -515,9 +528,8 @@ def _prepare_param(p: Param, value, B: int, V: int, late: list) -> mx.array:
                 raise SamplecError(f"{message} ({_rows(over)})")
         elif arr.shape[1]:
             checked = history_check(arr, V)           # (one primitive where the native ones serve)
-            if checked is None:
-                over = arr >= V
-                checked = mx.where(over, -1, arr), mx.any(over, axis=-1)
+            if checked is None:     # (the flag from the row's largest id: no kernel of its own beside the check word)
+                checked = mx.where(arr >= V, -1, arr), mx.max(arr, axis=-1) >= V
             arr = checked[0]                          # (an id >= V reads as padding until the error is raised)
             late.append((message, checked[1]))
         if arr.dtype != mx.int32:                     # (every negative id is padding: none may wrap to an id)

@@ -415,10 +415,12 @@ class Executable:
             raise SamplecError(f"no MLX kernel for op(s): {', '.join(missing)}")
         self.compile = compile
         self.trace: list[tuple[str, str]] = []
-        self._n_out, self._n_words = len(graph.outputs), -(-len(graph.checks) // FLAG_BITS)
+        self._n_out = len(graph.outputs)
         self._per_thread = threading.local()
 
-    def run_eager(self, *args: mx.array) -> list[mx.array]:
+    def run_eager(self, *args: mx.array, first: list[mx.array] = ()) -> list[mx.array]:
+        """The outputs, then the check flags -- `first` (the arguments' own checks), then the graph's -- packed
+        into words (`pack_flags`)."""
         env = {id(p.node): args[i] for i, p in enumerate(self.graph.params)}
         on_gpu = self.target == "cuda" and gpu.available() or self.target == "metal" and gpu.metal_status()[0]
         rules = RULES if self.target == "cpu" and native.enabled() else MLX_RULES if on_gpu else {}
@@ -460,7 +462,7 @@ class Executable:
         self.trace = trace
         n = len(self.graph.outputs)
         return [env[id(r)] for r in self.roots[:n]] + \
-            pack_flags([env[id(f.inputs[0] if f.op == "squeeze" else f)] for f in self.roots[n:]])
+            pack_flags([*first, *(env[id(f.inputs[0] if f.op == "squeeze" else f)] for f in self.roots[n:])])
 
     @staticmethod
     def _evaluate(node: Node, env: dict) -> mx.array:
@@ -496,7 +498,7 @@ class Executable:
     def _after(self, pre):
         def run(*args: mx.array) -> list[mx.array]:
             args, flags = pre(args)
-            return self.run_eager(*args) + flags
+            return self.run_eager(*args, first=flags)
         return run
 
     def __call__(self, *args: mx.array) -> tuple[list[mx.array], list[mx.array]]:
@@ -505,13 +507,11 @@ class Executable:
         n = len(self.graph.outputs)
         return res[:n], res[n:]
 
-    def queued(self, pre, args) -> tuple[list[mx.array], list[mx.array], list[mx.array]]:
+    def queued(self, pre, args) -> tuple[list[mx.array], list[mx.array]]:
         """The call with `pre` traced in front of the graph: `pre(args)` gives (the graph's arguments, flags [B])
         from what the caller passes, so that the arguments' own preparation (a history's range check, a bias's
         NaN check, a packed mask's unpacking) replays with the graph instead of costing the host a few MLX ops
-        each. `pre` is a key of the compile cache: the same function object every call. (outputs, the graph's
-        check flags packed into words, pre's flags)."""
+        each. `pre` is a key of the compile cache: the same function object every call. (outputs, pre's flags
+        and then the graph's, packed into words)."""
         res = self._fn(pre)(*args)
-        n = self._n_out
-        m = n + self._n_words
-        return res[:n], res[n:m], res[m:]
+        return res[:self._n_out], res[self._n_out:]

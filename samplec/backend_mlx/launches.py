@@ -34,9 +34,18 @@ def launches(counts: collections.Counter) -> int:
 
 
 def call_primitives(prog, logits, **params) -> collections.Counter:
-    """The primitives of one call of `prog` (its outputs and its checks' flags), without evaluating it."""
+    """The primitives of a repeated call of `prog` (its outputs and its checks' flags), without evaluating it: the
+    call a decode loop or a server makes each step (`Program.queue`'s short path, where the arguments' checks are
+    traced with the graph; a first call of a shape takes the full path once)."""
+    prog.queue(logits, **params)
+    before = len(_stood_in) if _stood_in is not None else 0
     outs, checks = prog.queue(logits, **params)
+    if _stood_in is not None and len(_stood_in) > before:   # (the repeated call was traced: its own kernels)
+        del _stood_in[:before]
     return primitives(outs + [f for _, f in checks])
+
+
+_stood_in: list[str] | None = None      # the kernels `chain_kernel_stood_in` stood in for, while it is active
 
 
 @contextlib.contextmanager
@@ -44,9 +53,9 @@ def chain_kernel_stood_in(target: str = "cuda"):
     """A GPU target's calls traced on a machine without the GPU: the device faked where the target pass and the
     interpreter ask, the chain kernel (gpu.sample_chain) and the radix select (gpu.kth_largest) stood in by evaluated
     placeholders of their outputs -- shaped as theirs, computed before the call, so no primitive of the call's graph
-    -- and counted in `stood_in`. A call's launches on that GPU are then `launches(call_primitives(...))` plus
-    `len(stood_in)`: the MLX ops the kernel leaves beside it, and one launch each for the kernels. (The kernel
-    declines what gpu.chain_inputs declines, as on the device.)"""
+    -- and counted in `stood_in` (by `call_primitives`: the counted call's). A call's launches on that GPU are then
+    `launches(call_primitives(...))` plus `len(stood_in)`: the MLX ops the kernel leaves beside it, and one launch
+    each for the kernels. (The kernel declines what gpu.chain_inputs declines, as on the device.)"""
     import samplec.passes.target as passes_target
     from samplec.backend_mlx import gpu
     stood_in: list[str] = []
@@ -72,6 +81,8 @@ def chain_kernel_stood_in(target: str = "cuda"):
         stood_in.append("kth_largest")
         return placeholder(((x.shape[0], 1), mx.float32))[0]
 
+    global _stood_in
+    _stood_in = stood_in
     names = ("available", "metal_status", "metal_requested", "apple_gpu", "sample_chain", "kth_largest")
     saved = [getattr(gpu, n) for n in names] + [passes_target.unavailable]
     gpu.available = (lambda: True) if target == "cuda" else (lambda: False)
@@ -82,6 +93,7 @@ def chain_kernel_stood_in(target: str = "cuda"):
     try:
         yield stood_in
     finally:
+        _stood_in = None
         for n, f in zip(names, saved):
             setattr(gpu, n, f)
         passes_target.unavailable = saved[-1]

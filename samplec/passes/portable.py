@@ -275,15 +275,13 @@ def temperature(r: Row, t: Node) -> Row:
     maximum's place of the sorted row, and every value equal to the maximum in the id-order row with the row marked
     `greedy` (the first of them is the token: the draw takes no noise there)."""
     top = r.top()
-    zero = make("logical_or", make("eq", t, const(0.0)),
-                make("logical_not", make("isfinite", make("div", top, where(make("eq", t, const(0.0)), const(1.0), t)))),
-                name="t_greedy")
-
-    divisor = where(zero, const(1.0), t)
+    # (the dense rule's t = 0 or max / t out of range, in one test: max / 0 is not finite either -- a row whose
+    # maximum is not finite is an error of its own)
+    zero = make("logical_not", make("isfinite", make("div", top, t)), name="t_greedy")
 
     def form(row: Node, greedy_row: Node) -> Node:
-        # (t = 1 needs no case of its own: x / 1 is x)
-        scaled = where(make("eq", row, const(NEG_INF)), row, make("div", row, divisor))
+        # (t = 1 needs no case of its own: x / 1 is x; where the row is greedy, row / t is not read)
+        scaled = where(make("eq", row, const(NEG_INF)), row, make("div", row, t))
         return where(zero, greedy_row, scaled, name="x_temp")
     first = const(0, I32) if r.head else make("argmax", r.s)     # (the first maximum's place)
     s = form(r.s, keep(r.s, make("eq", make("iota", r.s), first)))
