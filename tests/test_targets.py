@@ -103,8 +103,8 @@ def test_every_example_runs_its_targets_kernels(example, sampler):
 
 
 # Kernel launches of a repeated portable call as a GPU runs it (samplec.backend_mlx.launches: the primitives of the
-# call's lazy outputs that are not views, sums one reduction each, RandomBits in MLX ops), B = 2, with MLX 0.32.4 (pinned):
-# a ceiling per example that fails when a change adds kernels. benchmarks/bench_targets.py records them at V = 152064.
+# call's lazy outputs that are not views, sums one reduction each, RandomBits in MLX ops), B = 2, with MLX 0.32.4
+# (pinned): a ceiling per example that fails when a change adds kernels. benchmarks/bench_targets.py records them at V = 152064.
 PORTABLE_LAUNCHES = {
     "hf_generate.smp:hf_generate": 64,
     "hf_generate.smp:hf_greedy": 19,
