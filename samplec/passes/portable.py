@@ -225,10 +225,11 @@ def typical_p(r: Row, m: Node) -> Row:
     by_score = make("argsort", score, descending=False)
     mass = make("cumsum", make("gather", q, by_score))
     t = make("sum", make("cast", make("lt", mass, m), dtype=I32))
-    reached = make("gather", make("gather", score, by_score), make("minimum", t, r.last))
-    top_finite = make("reduce_max", where(make("isfinite", score), score, const(NEG_INF)))
-    cutoff = make("minimum", where(make("le", t, r.last), reached, const(float("inf"))), top_finite,
-                  name="score_cutoff")
+    reached = make("gather", score, make("gather", by_score, make("minimum", t, r.last)))
+    # (where the mass never reaches m, or reaches it on a removed token's place, the cutoff is +inf: every kept
+    # token is kept, and a removed one's +inf score passing it keeps it at -inf -- the dense rule's largest finite
+    # score, without a reduction of its own)
+    cutoff = where(make("le", t, r.last), reached, const(float("inf")), name="score_cutoff")
     flag = make("logical_or", make("le", score, cutoff), make("eq", r.s, top))
     return r.then(where(make("ge", m, const(1.0)), r.s, keep(r.s, flag), name="x_typical"), prefix=False)
 
