@@ -23,7 +23,8 @@ def threefry2x32(k0: mx.array, k1: mx.array, c0: mx.array, c1: mx.array) -> tupl
     MLX's `compile` fuses at most ~11 levels of elementwise ops into one kernel and splits a two-word state into
     many small ones (37 kernels for the 20 rounds); one packed value per cut gives it clean boundaries (7 fused
     kernels, and one for the key's third word; a view is no kernel of its own on any device -- without it, the
-    packed uint64 value read twice fuses worse: 17 more launches a call of llama.smp's chain). The values are unchanged."""
+    packed uint64 value read twice fuses worse: 17 more launches a call of llama.smp's chain). The values are
+    unchanged."""
     u = lambda v: mx.array(v, dtype=mx.uint32)
     ks = (k0, k1, k0 ^ k1 ^ u(PARITY))
     x0, x1 = c0 + k0, c1 + k1
