@@ -354,29 +354,35 @@ DRY_CHUNK = 1 << 22        # compared entries per piece of dry_repeats' [B, H-1,
 
 def _dry_repeats(ins, a):
     """Pairwise over the history: S[p] = length of the common suffix of h[:p] and h (the reverse Z-array), from
-    [B, P, H] comparisons over pieces of P positions, then a scatter-max of S onto the token at p."""
+    [B, P, H] comparisons over pieces of P positions, then a scatter-max of S onto the token at p. Index rows and
+    the fill are constants of the call (built once: no kernel each call)."""
     h, x = ins
     fast = native.dry_repeats(h, x)                 # (on the CPU: the Z-algorithm, O(H) per row)
     if fast is not None:
         return fast
     B, H = h.shape
-    out = mx.full((B, x.shape[-1]), -1, dtype=mx.int32)
+    V = x.shape[-1]
+    out = constant(("full", (B, V), -1), lambda: mx.full((B, V), -1, dtype=mx.int32))
     if H < 2:
         return out
-    ends = h[:, H - 1 - mx.arange(H)][:, None, :]                # [B, 1, H]: h[H-1-j]
+    ends = h[:, ::-1][:, None, :]                                 # [B, 1, H]: h[H-1-j] (a view)
     step = max(1, DRY_CHUNK // max(1, B * H))
     pieces = []
     for lo in range(1, H, step):
-        p = mx.arange(lo, min(H, lo + step))[:, None]
-        back = p - 1 - mx.arange(H)[None, :]                     # [P, H]: h[p-1-j] against h[H-1-j]
-        early = mx.take(h, mx.maximum(back, 0), axis=1)          # [B, P, H]
-        miss = mx.logical_not((early == ends) & (ends >= 0) & (back >= 0))
+        hi = min(H, lo + step)
+
+        def back_rows(lo=lo, hi=hi):
+            back = mx.arange(lo, hi)[:, None] - 1 - mx.arange(H)[None, :]    # [P, H]: h[p-1-j] against h[H-1-j]
+            return mx.maximum(back, 0), back >= 0
+        at, inside = constant(("dry_back", lo, hi, H), back_rows)
+        early = mx.take(h, at, axis=1)                            # [B, P, H]
+        miss = mx.logical_not((early == ends) & (ends >= 0) & inside)
         pieces.append(mx.where(mx.any(miss, axis=-1), mx.argmax(miss.astype(mx.int32), axis=-1), H - 1))
     s = (pieces[0] if len(pieces) == 1 else mx.concatenate(pieces, axis=1)).astype(mx.int32)   # [B, H-1]
     nxt = h[:, 1:]
     s = mx.where((nxt >= 0) & (h[:, :-1] >= 0), s, -1)
-    rows = mx.broadcast_to(mx.arange(B)[:, None], nxt.shape)
-    return out.at[rows, _in_range(nxt, x.shape[-1])].maximum(s)
+    rows = constant(("rows", B, H - 1), lambda: mx.broadcast_to(mx.arange(B)[:, None], (B, H - 1)))
+    return out.at[rows, _in_range(nxt, V)].maximum(s)
 
 
 def _random_bits(seed, c0, c1):
