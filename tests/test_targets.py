@@ -427,3 +427,27 @@ def test_portable_penalties_check_flags_the_rows_the_dense_check_does():
                                                                      seed=[1, 2, 3])
                  for opt, target in ((2, "portable"), (0, "cpu")))
     np.testing.assert_array_equal(np.array(got.token), np.array(want.token))
+
+
+def test_portable_dry_chain_builds_no_index_rows_each_call(monkeypatch):
+    """DRY's history search in MLX ops (the portable target's, and a GPU's beside the chain kernel): its index rows
+    and fill are constants of the call, so a repeated call launches none of them, and the chain stays within its
+    ceiling (46 at B = 2: the breakers, the history's alignment, the search and the draw)."""
+    import mlx.core as mx
+    from samplec.backend_mlx import kernels
+    from samplec.backend_mlx.launches import call_primitives, launches
+    monkeypatch.setenv("SAMPLEC_NATIVE", "0")
+    monkeypatch.setattr(kernels, "GPU_SUMS", True)
+    src = """sampler s(history: tokens, multiplier: float, seed: seed, pos: int) -> token {
+        dry(history, multiplier, 1.75, 2, breakers = [1, 2])
+        top_k(40)
+        sample(seed, position = pos)
+    }"""
+    prog = samplec.compile(src, target="portable")
+    x, kw = example_args(prog)
+    kw["multiplier"] = [0.8, 0.5]
+    counts = call_primitives(prog, mx.array(x), **kw)
+    assert not {"Arange", "Full"} & set(counts), counts
+    assert launches(counts) <= 46, counts
+    dense = samplec.compile(src, opt_level=0, target="portable")
+    np.testing.assert_array_equal(np.array(prog(x, **kw).token), np.array(dense(x, **kw).token))
