@@ -349,9 +349,11 @@ class Program:
 
     def raise_flagged(self, checks: list[tuple[str | tuple[str, ...], mx.array]]) -> None:
         """Raise the first check that fired (after evaluation), naming its rows."""
-        for message, fired in named_flags(checks):
-            if fired.any():
-                raise SamplecError(f"{message} ({_rows(fired)})")
+        for check in checks:
+            if any(_flagged(check[1])):     # (the common case, nothing fired: read as Python values, no numpy)
+                for message, fired in named_flags([check]):
+                    if fired.any():
+                        raise SamplecError(f"{message} ({_rows(fired)})")
 
     def prepare(self, logits, params: dict, late: list | None = None) -> list[mx.array]:
         """Check and normalize the call's inputs into the executable's positional arguments. Checks that need
@@ -466,8 +468,8 @@ def named_flags(checks: list[tuple[str | tuple[str, ...], mx.array]]) -> list[tu
 
 
 def _flagged(flag: mx.array) -> list:
-    """A check flag ([B], or [B, 1] as the executable leaves it) as a list of B bools (tolist: a fraction of
-    np.array's cost on a fresh result)."""
+    """A check flag ([B], or [B, 1] as the executable leaves it) as a list of B bools -- or a word of packed flags
+    as B ints (tolist: a fraction of np.array's cost on a fresh result)."""
     v = flag.tolist()
     return [r[0] for r in v] if flag.ndim == 2 else v
 
