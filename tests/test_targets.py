@@ -112,7 +112,7 @@ PORTABLE_LAUNCHES = {
     "llama.smp:nucleus": 35,
     "llama_cpp_default.smp:llama_cpp_default": 94,
     "llama_cpp_default.smp:llama_cpp_default_short": 27,
-    "mlx_lm_default.smp:mlx_lm": 52,
+    "mlx_lm_default.smp:mlx_lm": 50,
     "mlx_lm_default.smp:mlx_lm_chat": 43,
     "openai.smp:openai": 48,
     "openai.smp:openai_constant_bias": 44,
@@ -451,3 +451,28 @@ def test_portable_dry_chain_builds_no_index_rows_each_call(monkeypatch):
     assert launches(counts) <= 46, counts
     dense = samplec.compile(src, opt_level=0, target="portable")
     np.testing.assert_array_equal(np.array(prog(x, **kw).token), np.array(dense(x, **kw).token))
+
+
+@pytest.mark.parametrize("after", ["top_k(k) temperature(t)", "temperature(t) top_k(k)", "min_p(m) top_k(k)",
+                                   "typical_p(0.9) top_k(k)", "top_p(0.8) temperature(t)"])
+def test_portable_cuts_after_xtc_start_at_its_survivor(after):
+    """Where xtc fires on a contiguous row, the survivor is the row's maximum and its first kept place: the cuts
+    and maps after it count from there (top_k's k-th place, temperature 0's first maximum, min_p's and top_p's
+    maximum). Rows where it fires and rows where it does not (the coin, fewer than two targets), k = 1 and 0, t = 0,
+    ties among the targets: the portable target draws -O0's tokens with -O0's log-probabilities."""
+    src = (f"sampler s(thr: float, prob: float, k: int, t: float, m: float, seed: seed, pos: int) -> token, logprob "
+           f"{{ top_p(0.95) xtc(thr, prob, seed, position = pos) {after} sample(seed, position = pos) }}")
+    B, V = 12, 300
+    rng = np.random.default_rng(11)
+    ranks = np.stack([rng.permutation(V) + 1 for _ in range(B)])
+    x = (-1.5 * np.log(ranks) + rng.standard_normal((B, V)) * 0.2 + 6.0).astype(np.float32)
+    x[3, :4] = x[3].max() + 0.5                              # four tied targets
+    kw = dict(thr=[0.02, 0.05, 0.1, 0.01, 0.02, 0.3, 0.05, 0.02, 0.04, 0.02, 0.5, 0.03],
+              prob=[1.0, 1.0, 1.0, 1.0, 0.5, 1.0, 1.0, 0.0, 1.0, 1.0, 1.0, 1.0],
+              k=[1, 5, 0, 3, 40, 2, 1, 10, 300, 2, 4, 7], t=[0.7, 0.0, 1.0, 0.0, 1.3, 0.8, 0.0, 1.0, 2.0, 0.5, 1.0, 0.9],
+              m=[0.05, 0.0, 0.2, 0.1, 0.0, 0.5, 0.05, 0.0, 0.01, 0.3, 0.0, 0.1],
+              seed=[int(s) for s in rng.integers(0, 2**63, B)], pos=list(range(B)))
+    got = samplec.compile(src, target="portable")(x, **kw)
+    want = samplec.compile(src, opt_level=0, target="portable")(x, **kw)
+    np.testing.assert_array_equal(np.array(got.token), np.array(want.token))
+    np.testing.assert_allclose(np.array(got.logprob), np.array(want.logprob), atol=2e-4, rtol=1e-4)

@@ -44,8 +44,9 @@ ELEMENTWISE = frozenset({"add", "sub", "mul", "div", "maximum", "minimum", "neg"
 @dataclass(frozen=True)
 class Row:
     """A chain's row: `s` sorted (f32[B,V], descending, removed tokens -inf) and `x` the same row in id order.
-    `prefix`: the kept tokens are the first places of `s` (every cut so far kept a top set); `head`: place 0 of `s`
-    holds the row's maximum."""
+    `prefix`: the kept tokens are the first places of `s` from `start` on (every cut so far kept a top set); `head`:
+    place `start` of `s` holds the row's maximum. `start` (i32 [B,1]; None: place 0) moves where xtc removes the
+    most probable tokens: the survivor, the row's new maximum, is the first place kept."""
     s: Node
     x: Node
     last: Node          # V - 1, i32[1]
@@ -58,6 +59,7 @@ class Row:
     # what the stages made of this row, by name: "probs" -> (its probabilities in sorted order, their sum's
     # denominator), which a reader of the row's normalizer (raw_logprob, top_logprobs) takes instead of a sum of its own
     made: dict = field(default_factory=dict, compare=False, repr=False)
+    start: Node | None = None
 
     def exact(self) -> Node:
         """The id-order row as the dense definitions hold it (where `greedy`: the first maximum alone)."""
@@ -68,10 +70,18 @@ class Row:
         it, so that what reads it fuses with the cut), else a reduction."""
         if self.top_ is not None:
             return self.top_
-        return make("place", self.s, index=0) if self.head else make("reduce_max", self.x)
+        if not self.head:
+            return make("reduce_max", self.x)
+        return make("place", self.s, index=0) if self.start is None else make("gather", self.s, self.start)
+
+    def place(self, k: Node) -> Node:
+        """The place k (i32, [B,1] or a constant) counted from `start`, clamped into the row."""
+        at = k if self.start is None else make("add", self.start, k)
+        return make("minimum", make("maximum", at, const(0, I32)), self.last)
 
     def then(self, s: Node, x: Node | None = None, prefix: bool | None = None, head: bool | None = None,
-             cut: bool = True, top: Node | None = None, greedy: Node | None = None) -> "Row":
+             cut: bool = True, top: Node | None = None, greedy: Node | None = None,
+             start: Node | None = None) -> "Row":
         """The row after a stage whose sorted form is `s` and id-order form `x` (by default `s` rerooted at this
         row's `x`): a cut (keeps the maximum where it was), or a monotone map (`cut=False`: the maximum is the map
         of the maximum, `s` rerooted at it, unless given)."""
@@ -81,7 +91,8 @@ class Row:
         if greedy is not None and self.greedy is not None:
             greedy = make("logical_or", self.greedy, greedy)
         return Row(s, reroot(s, self.s, self.x) if x is None else x, self.last,
-                   self.prefix if prefix is None else prefix, head, top, self.greedy if greedy is None else greedy)
+                   self.prefix if prefix is None else prefix, head, top, self.greedy if greedy is None else greedy,
+                   start=self.start if start is None else start)
 
 
 class PlaceBound(Exception):
@@ -161,13 +172,12 @@ def first_max(x: Node) -> Node:
 def top_k(r: Row, k: Node) -> Row:
     """keep x >= v_k, v_k the k-th largest (-inf past the kept tokens): with the kept tokens first it is s at place
     k - 1; else the k-th kept value in place order."""
-    if r.prefix and k.op == "const":
-        if k.attr("value") <= 0:
-            return r
+    if r.prefix and k.op == "const" and k.attr("value") <= 0:
+        return r
+    if r.prefix and k.op == "const" and r.start is None:
         vk = make("place", r.s, index=k.attr("value") - 1, name="v_k")
     elif r.prefix:
-        place = make("minimum", make("maximum", make("sub", k, const(1, I32)), const(0, I32)), r.last)
-        vk = make("gather", r.s, place, name="v_k")
+        vk = make("gather", r.s, r.place(make("sub", k, const(1, I32))), name="v_k")
     else:
         live = kept(r.s)
         rank = make("cumsum", make("cast", live, dtype=I32))
@@ -181,12 +191,12 @@ def top_k_rank(r: Row, k: Node) -> Row:
     k-th kept value v, and of those equal to v the lowest ids, as many as the k places leave (the dense rule with
     v read off the sorted row)."""
     live = kept(r.s)
-    rank = make("iota", r.s) if r.prefix else make("sub", make("cumsum", make("cast", live, dtype=I32)), const(1, I32))
+    rank = (make("iota", r.s) if r.start is None else make("sub", make("iota", r.s), r.start)) if r.prefix else \
+        make("sub", make("cumsum", make("cast", live, dtype=I32)), const(1, I32))
     off = make("le", k, const(0, I32))
     s = where(off, r.s, keep(r.s, make("lt", rank, k)), name="x_topk_rank")
     if r.prefix:
-        place = make("minimum", make("maximum", make("sub", k, const(1, I32)), const(0, I32)), r.last)
-        v = make("gather", r.s, place, name="v_k")
+        v = make("gather", r.s, r.place(make("sub", k, const(1, I32))), name="v_k")
     else:
         v = make("reduce_max", where(make("logical_and", live, make("eq", rank, make("sub", k, const(1, I32)))),
                                      r.s, const(NEG_INF)), name="v_k")
@@ -248,7 +258,8 @@ def noise_bits(x: Node, seed: Node, position: Node, with_coin: bool = False) -> 
 def xtc(r: Row, thr: Node, prob: Node, seed: Node, position: Node, coin_bits: Node | None = None) -> Row:
     """the dense definition. The targets (probability >= thr) are the first kept places of the sorted row, the
     least probable last: the sorted form keeps the last target place, the id-order form the lowest id among the
-    least probable targets (the same value: the two forms hold the same values)."""
+    least probable targets (the same value: the two forms hold the same values). Where it fires, the survivor is
+    the row's maximum and the first place kept: the row's `start` (a contiguous row stays contiguous from it)."""
     if coin_bits is None:
         coin_bits = make("random_bits", seed, const(XTC_COUNTER, U32), make("cast", position, dtype=U32),
                          name="xtc_bits")
@@ -258,7 +269,8 @@ def xtc(r: Row, thr: Node, prob: Node, seed: Node, position: Node, coin_bits: No
     n_top = make("sum", make("cast", target, dtype=I32))
     p_least = make("reduce_min", where(target, q, const(float("inf"))))
     fire = make("logical_and", make("lt", coin, prob), make("ge", n_top, const(2, I32)))
-    last = make("sub", n_top, const(1, I32)) if r.prefix else \
+    start = const(0, I32) if r.start is None else r.start
+    last = make("add", start, make("sub", n_top, const(1, I32))) if r.prefix else \
         make("reduce_max", where(target, make("iota", r.s), const(-1, I32)))
     remove_s = make("logical_and", target, make("ne", make("iota", r.s), last))
     target_x, q_x = reroot(target, r.s, r.x), reroot(q, r.s, r.x)
@@ -268,7 +280,11 @@ def xtc(r: Row, thr: Node, prob: Node, seed: Node, position: Node, coin_bits: No
     # (prob = 0 is off: the coin, in (0, 1), is never below it)
     s = where(make("logical_and", fire, remove_s), const(NEG_INF), r.s, name="x_xtc")
     x = where(make("logical_and", fire, remove_x), const(NEG_INF), r.x, name="x_xtc")
-    return r.then(s, x, prefix=False, head=False)
+    if not (r.head and r.prefix):   # (a row already cut apart: its maximum by a reduction, as every later reader's)
+        return r.then(s, x, prefix=False, head=False)
+    # (the maximum's value read off the row before the cut, which is made anyway: the survivor's where it fired)
+    moved = where(fire, last, start, name="xtc_start")
+    return r.then(s, x, top=make("gather", r.s, moved), start=moved)
 
 
 def temperature(r: Row, t: Node) -> Row:
@@ -284,7 +300,7 @@ def temperature(r: Row, t: Node) -> Row:
         # (t = 1 needs no case of its own: x / 1 is x; where the row is greedy, row / t is not read)
         scaled = where(make("eq", row, const(NEG_INF)), row, make("div", row, t))
         return where(zero, greedy_row, scaled, name="x_temp")
-    first = const(0, I32) if r.head else make("argmax", r.s)     # (the first maximum's place)
+    first = (const(0, I32) if r.start is None else r.start) if r.head else make("argmax", r.s)  # (the first maximum)
     s = form(r.s, keep(r.s, make("eq", make("iota", r.s), first)))
     return r.then(s, form(r.x, keep(r.x, make("eq", r.x, top))), cut=False, top=form(top, top), greedy=zero)
 
