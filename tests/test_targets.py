@@ -110,14 +110,14 @@ PORTABLE_LAUNCHES = {
     "hf_generate.smp:hf_greedy": 19,
     "llama.smp:llama": 35,
     "llama.smp:nucleus": 35,
-    "llama_cpp_default.smp:llama_cpp_default": 94,
+    "llama_cpp_default.smp:llama_cpp_default": 93,
     "llama_cpp_default.smp:llama_cpp_default_short": 27,
     "mlx_lm_default.smp:mlx_lm": 50,
     "mlx_lm_default.smp:mlx_lm_chat": 43,
-    "openai.smp:openai": 48,
-    "openai.smp:openai_constant_bias": 44,
-    "vllm.smp:vllm": 57,
-    "vllm.smp:vllm_constrained": 65,
+    "openai.smp:openai": 47,
+    "openai.smp:openai_constant_bias": 43,
+    "vllm.smp:vllm": 56,
+    "vllm.smp:vllm_constrained": 64,
 }
 
 

@@ -369,7 +369,10 @@ class _Lowering:
             lse = make("log", total)        # (a greedy row holds one token: its log-sum-exp is 0)
             return top, lse if r.greedy is None else where(r.greedy, const(0.0), lse)
         top = self.top_of(n)
-        return top, make("log", make("sum", make("exp", make("sub", self.value(n), top))))
+        # (x + (-top) is x - top bit for bit -- IEEE's subtraction adds the negation --, written apart from the
+        # log-softmax's own x - top: MLX's compile merges equal nodes, and the merged one, read by two kernels,
+        # would be a kernel of its own and split the exponential from its sum)
+        return top, make("log", make("sum", make("exp", make("add", self.value(n), make("neg", top)))))
 
     def total(self, r: Row) -> tuple[Node, Node]:
         """(maximum, sum of exp(x - maximum)) of a chain's row, made once: the sum a stage took of it in sorted
