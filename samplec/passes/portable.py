@@ -52,7 +52,7 @@ class Row:
     last: Node          # V - 1, i32[1]
     prefix: bool = True
     head: bool = True
-    top_: Node | None = None    # the row's maximum where known (a cut keeps it: place 0 of the row before the cut)
+    top_: Node | None = None    # the row's maximum where known (a cut keeps it: the row's before the cut)
     # bool [B,1] where a row keeps only its first maximum (temperature 0) while `x` holds every value equal to it:
     # the draw then takes no noise (the lowest id wins), and `exact()` keeps the first alone for other readers
     greedy: Node | None = None
@@ -66,8 +66,8 @@ class Row:
         return self.x if self.greedy is None else where(self.greedy, first_max(self.x), self.x)
 
     def top(self) -> Node:
-        """The row's largest value, [B,1]: place 0 where it holds it (a view, no kernel; before the cuts that kept
-        it, so that what reads it fuses with the cut), else a reduction."""
+        """The row's largest value, [B,1]: place `start` where it holds it (place 0: a view, no kernel; before the
+        cuts that kept it, so that what reads it fuses with the cut), else a reduction."""
         if self.top_ is not None:
             return self.top_
         if not self.head:
