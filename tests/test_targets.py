@@ -104,7 +104,8 @@ def test_every_example_runs_its_targets_kernels(example, sampler):
 
 # Kernel launches of a repeated portable call as a GPU runs it (samplec.backend_mlx.launches: the primitives of the
 # call's lazy outputs that are not views, sums one reduction each, RandomBits in MLX ops), B = 2, with MLX 0.32.4
-# (pinned): a ceiling per example that fails when a change adds kernels. benchmarks/bench_targets.py records them at V = 152064.
+# (pinned): a ceiling per example that fails when a change adds kernels. benchmarks/bench_targets.py records them at
+# V = 152064.
 PORTABLE_LAUNCHES = {
     "hf_generate.smp:hf_generate": 62,
     "hf_generate.smp:hf_greedy": 19,
@@ -469,7 +470,8 @@ def test_portable_cuts_after_xtc_start_at_its_survivor(after):
     x[3, :4] = x[3].max() + 0.5                              # four tied targets
     kw = dict(thr=[0.02, 0.05, 0.1, 0.01, 0.02, 0.3, 0.05, 0.02, 0.04, 0.02, 0.5, 0.03],
               prob=[1.0, 1.0, 1.0, 1.0, 0.5, 1.0, 1.0, 0.0, 1.0, 1.0, 1.0, 1.0],
-              k=[1, 5, 0, 3, 40, 2, 1, 10, 300, 2, 4, 7], t=[0.7, 0.0, 1.0, 0.0, 1.3, 0.8, 0.0, 1.0, 2.0, 0.5, 1.0, 0.9],
+              k=[1, 5, 0, 3, 40, 2, 1, 10, 300, 2, 4, 7],
+              t=[0.7, 0.0, 1.0, 0.0, 1.3, 0.8, 0.0, 1.0, 2.0, 0.5, 1.0, 0.9],
               m=[0.05, 0.0, 0.2, 0.1, 0.0, 0.5, 0.05, 0.0, 0.01, 0.3, 0.0, 0.1],
               seed=[int(s) for s in rng.integers(0, 2**63, B)], pos=list(range(B)))
     got = samplec.compile(src, target="portable")(x, **kw)
