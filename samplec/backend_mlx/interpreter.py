@@ -390,9 +390,12 @@ def pack_flags(flags: list[mx.array]) -> list[mx.array]:
 
 def unpack_flags(words, n: int) -> list[np.ndarray]:
     """The n check flags of `pack_flags`' words (host arrays of any shape: a chunk of steps stacks them), as
-    bool arrays of the words' shape, in the graph's check order."""
+    bool arrays of the words' shape, in the graph's check order. A word with no bit set (every step where nothing
+    fired) gives its flags as one shared all-false array, without unpacking it."""
     host = [np.asarray(w) for w in words]
-    return [((host[i // FLAG_BITS] >> (i % FLAG_BITS)) & 1).astype(bool) for i in range(n)]
+    clear = [None if w.any() else np.zeros(w.shape, dtype=bool) for w in host]
+    return [clear[i // FLAG_BITS] if clear[i // FLAG_BITS] is not None else
+            ((host[i // FLAG_BITS] >> (i % FLAG_BITS)) & 1).astype(bool) for i in range(n)]
 
 
 class Executable:

@@ -74,6 +74,10 @@ class Row:
             return make("reduce_max", self.x)
         return make("place", self.s, index=0) if self.start is None else make("gather", self.s, self.start)
 
+    def first(self) -> Node:
+        """The first kept place of a contiguous row: `start`, or place 0."""
+        return const(0, I32) if self.start is None else self.start
+
     def place(self, k: Node) -> Node:
         """The place k (i32, [B,1] or a constant) counted from `start`, clamped into the row."""
         at = k if self.start is None else make("add", self.start, k)
@@ -269,7 +273,7 @@ def xtc(r: Row, thr: Node, prob: Node, seed: Node, position: Node, coin_bits: No
     n_top = make("sum", make("cast", target, dtype=I32))
     p_least = make("reduce_min", where(target, q, const(float("inf"))))
     fire = make("logical_and", make("lt", coin, prob), make("ge", n_top, const(2, I32)))
-    start = const(0, I32) if r.start is None else r.start
+    start = r.first()
     last = make("add", start, make("sub", n_top, const(1, I32))) if r.prefix else \
         make("reduce_max", where(target, make("iota", r.s), const(-1, I32)))
     remove_s = make("logical_and", target, make("ne", make("iota", r.s), last))
@@ -300,7 +304,7 @@ def temperature(r: Row, t: Node) -> Row:
         # (t = 1 needs no case of its own: x / 1 is x; where the row is greedy, row / t is not read)
         scaled = where(make("eq", row, const(NEG_INF)), row, make("div", row, t))
         return where(zero, greedy_row, scaled, name="x_temp")
-    first = (const(0, I32) if r.start is None else r.start) if r.head else make("argmax", r.s)  # (the first maximum)
+    first = r.first() if r.head else make("argmax", r.s)     # (the first maximum's place)
     s = form(r.s, keep(r.s, make("eq", make("iota", r.s), first)))
     return r.then(s, form(r.x, keep(r.x, make("eq", r.x, top))), cut=False, top=form(top, top), greedy=zero)
 
