@@ -43,16 +43,17 @@ from samplec.diagnostics import SamplecError
 from samplec.program import Program
 
 SERVER_CHAIN = """
-sampler mlx_lm_server(h: tokens, seed: seed, pos: int, allowed: mask, temperature: float = 0.0,
-                      top_p: float = 1.0, top_k: int = 0, min_p: float = 0.0, repetition_penalty: float = 1.0,
-                      repetition_context_size: int = 20, presence_penalty: float = 0.0,
-                      presence_context_size: int = 20, frequency_penalty: float = 0.0,
-                      frequency_context_size: int = 20, xtc_probability: float = 0.0,
+sampler mlx_lm_server(h: tokens, generated: tokens, seed: seed, pos: int, allowed: mask,
+                      temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0, min_p: float = 0.0,
+                      repetition_penalty: float = 1.0, repetition_context_size: int = 20,
+                      presence_penalty: float = 0.0, presence_context_size: int = -1,
+                      frequency_penalty: float = 0.0, frequency_context_size: int = -1,
+                      xtc_probability: float = 0.0,
                       xtc_threshold: float = 0.1) -> token, logprob, raw_logprob, top_logprobs(TOP) {
     allow(allowed)
     penalties(h, last_n = repetition_context_size, repeat = repetition_penalty)
-    penalties(h, last_n = presence_context_size, presence = presence_penalty)
-    penalties(h, last_n = frequency_context_size, frequency = frequency_penalty)
+    penalties(generated, last_n = presence_context_size, presence = presence_penalty)
+    penalties(generated, last_n = frequency_context_size, frequency = frequency_penalty)
     top_p(top_p)
     min_p(min_p)
     xtc(xtc_threshold, xtc_probability, seed, position = pos)
@@ -62,6 +63,11 @@ sampler mlx_lm_server(h: tokens, seed: seed, pos: int, allowed: mask, temperatur
 }
 """
 TOP = 20                    # the most top_logprobs a request may ask for (OpenAI's limit)
+# `tokens` parameters that get the tokens the choice has generated so far (OpenAI's "sampled so far": what its
+# presence and frequency penalties count); any other `tokens` parameter gets the prompt and the generated tokens
+GENERATED = ("generated", "output")
+TOP_P_GREEDY = 1.1754944e-38    # top_p 0 (OpenAI: the most likely token alone) as the chain's smallest positive p
+F32_MAX = 3.4028234663852886e38
 MAX_N = 16                  # the most choices one request may ask for
 MAX_STOP = 16               # the most stop strings
 MAX_TOKENS = 1 << 20
@@ -72,7 +78,7 @@ MAX_DRAFT = 64              # the most tokens --num-draft may propose a round
 _WINDOW = lambda v: -1 if int(v) == 0 or int(v) >= 2**31 else int(v)      # noqa: E731  (past int32: every token)
 FIELDS = {
     "temperature": lambda v: float(v),
-    "top_p": lambda v: 1.0 if v <= 0 or v >= 1 else float(v),
+    "top_p": lambda v: 1.0 if v >= 1 else float(v) if v > 0 else TOP_P_GREEDY,
     "top_k": lambda v: max(0, int(v)),
     "min_p": lambda v: float(v),
     "repetition_penalty": lambda v: float(v) if v > 0 else 1.0,
@@ -85,8 +91,8 @@ FIELDS = {
     "xtc_threshold": lambda v: float(v),
 }
 DEFAULTS = dict(temperature=1.0, top_p=1.0, top_k=0, min_p=0.0, repetition_penalty=0.0,
-                repetition_context_size=20, presence_penalty=0.0, presence_context_size=20, frequency_penalty=0.0,
-                frequency_context_size=20, xtc_probability=0.0, xtc_threshold=0.1)
+                repetition_context_size=20, presence_penalty=0.0, presence_context_size=0, frequency_penalty=0.0,
+                frequency_context_size=0, xtc_probability=0.0, xtc_threshold=0.1)
 WINDOWS = ("repetition_context_size", "presence_context_size", "frequency_context_size")
 
 
@@ -189,7 +195,9 @@ class Parser:
         name = "max_completion_tokens" if mct is not None else "max_tokens"
         req.max_tokens = _number(body, name, 1, MAX_TOKENS, integer=True, default=16 if kind == "completion"
                                  else 512)
-        req.seed = _number(body, "seed", 0, 2**64 - 1, integer=True)
+        # (OpenAI's seed is any integer: a negative one is taken modulo 2^64, as its two's complement)
+        seed = _number(body, "seed", -2**63, 2**64 - 1, integer=True)
+        req.seed = None if seed is None else seed % 2**64
         req.stream = self._bool(body, "stream")
         so = body.get("stream_options")
         if so is not None:
@@ -320,11 +328,9 @@ class Parser:
         if s is None:
             return []
         items = [s] if isinstance(s, str) else s
-        if not isinstance(items, list) or not all(isinstance(x, str) and x for x in items) or \
-                len(items) > MAX_STOP:
-            raise BadRequest(f"stop must be a non-empty string or a list of at most {MAX_STOP} non-empty strings",
-                             "stop")
-        return list(dict.fromkeys(items))
+        if not isinstance(items, list) or not all(isinstance(x, str) for x in items) or len(items) > MAX_STOP:
+            raise BadRequest(f"stop must be a string or a list of at most {MAX_STOP} strings", "stop")
+        return list(dict.fromkeys(x for x in items if x))     # (an empty string stops nothing, as OpenAI's)
 
     def _logprobs(self, kind, body, req):
         lp = body.get("logprobs")
@@ -343,8 +349,9 @@ class Parser:
             req.logprobs = True
 
     def _values(self, body, req):
-        ranges = dict(temperature=(0, None), top_p=(0, 1), min_p=(0, 1), repetition_penalty=(0, None),
-                      presence_penalty=(None, None), frequency_penalty=(None, None), xtc_probability=(0, 1),
+        # (OpenAI's ranges for its fields; the others as their chain stages take them, within float32)
+        ranges = dict(temperature=(0, 2), top_p=(0, 1), min_p=(0, 1), repetition_penalty=(0, F32_MAX),
+                      presence_penalty=(-2, 2), frequency_penalty=(-2, 2), xtc_probability=(0, 1),
                       xtc_threshold=(0, 1))
         raw = dict(DEFAULTS)
         for name in FIELDS:
@@ -388,7 +395,7 @@ class Parser:
             elif rf["type"] == "json_schema":
                 js = rf.get("json_schema")
                 if not isinstance(js, dict) or "schema" not in js and "name" not in js:
-                    raise BadRequest("response_format.json_schema must be an object with a schema",
+                    raise BadRequest("response_format.json_schema must be an object with a name and a schema",
                                      "response_format.json_schema")
                 spec = ("json_schema", js.get("schema", {}), "response_format.json_schema")
         if g is not None:
@@ -421,12 +428,15 @@ class Parser:
 class Row:
     """One choice being generated: its values, its record of each sample, its text."""
 
-    def __init__(self, job: "Job", index: int, seed: int, eos: int):
+    def __init__(self, job: "Job", index: int, seed: int, eos: int, split_history: bool = False):
         self.job, self.index, self.seed, self.eos = job, index, seed, eos
         req = job.req
         self.chain, self.values, self.bias = req.chain, req.values, req.bias
-        windows = [self.values[w] for w in WINDOWS]
-        self.context = -1 if -1 in windows else max(windows)
+        # (how many tokens each history holds, -1: all; in a chain with a generated-tokens history the presence
+        # and frequency windows read that one, and its other histories the repetition window alone)
+        seq = WINDOWS[:1] if split_history else WINDOWS
+        self.context = _widest(self.values[w] for w in seq)
+        self.generated_context = _widest(self.values[w] for w in WINDOWS[1:])
         self.matcher = req.grammar.matcher() if req.grammar is not None else None
         self.sampler: BatchSampler | None = None
         self.step = 0                        # samples drawn (the position of the next)
@@ -447,9 +457,11 @@ class Row:
         self._bias_cols: tuple = ()
 
     def record(self, draw) -> int:
-        """Keep one sample (`BatchSampler.draw`'s entry; None: the call failed for this row, which then ends with
-        its end-of-sequence token) and move to the next position. The token."""
-        if draw is None:
+        """Keep one sample (`BatchSampler.draw`'s entry; a SamplecError: the call failed for this row -- a value the
+        request's checks could not foresee -- which then ends with its end-of-sequence token and fails its
+        request) and move to the next position. The token."""
+        if isinstance(draw, SamplecError):
+            self.job.fail(draw, self.index)
             draw = (self.eos, None, None, None, None)
         self.records.append(draw)
         self.step += 1
@@ -467,15 +479,28 @@ class Row:
             self._bias_at = key
         return self._bias_cols
 
-    def history(self, tokens) -> np.ndarray:
-        """The part of the sequence before the sampled position (prompt + generated) the chain's windows read."""
-        return np.array(tokens).reshape(-1)[-self.context if self.context > 0 else 0:]
+    def history(self, tokens, generated: int) -> tuple[np.ndarray, np.ndarray]:
+        """What the chain's windows read of the sequence before the sampled position (`tokens`: prompt + generated,
+        the last `generated` of them generated): (its last tokens, the last of the generated ones)."""
+        seq = np.array(tokens).reshape(-1)
+        gen = seq[len(seq) - generated:] if generated > 0 else seq[:0]
+        return _last(seq, self.context), _last(gen, self.generated_context)
 
     def process(self, tokens: mx.array, logits: mx.array) -> mx.array:
         """The row's logits processor (called by the batch in row order): record the row (its logit_bias is added
         with the batch's, `add_bias`, when its chain runs)."""
         self.sampler.rows.append((self, logits, tokens))
         return logits
+
+
+def _widest(windows) -> int:
+    """The most tokens any of these windows reads (a window of -1: every token)."""
+    windows = list(windows)
+    return -1 if -1 in windows else max(windows)
+
+
+def _last(tokens: np.ndarray, n: int) -> np.ndarray:
+    return tokens[-n if n > 0 else 0:] if n != 0 else tokens[:0]
 
 
 def add_bias(x: mx.array, rows: list[Row]) -> mx.array:
@@ -548,14 +573,14 @@ class BatchSampler:
     def _run(self, prog: Program, rows: list) -> list[int]:
         rs = [r for r, _, _ in rows]
         x = add_bias(mx.concatenate([lg.reshape(1, -1) for _, lg, _ in rows], axis=0), rs)
-        draws = self.draw(prog, x, rs, [r.history(t) for r, _, t in rows], [r.step for r in rs],
+        draws = self.draw(prog, x, rs, [r.history(t, r.step) for r, _, t in rows], [r.step for r in rs],
                           any(r.job.req.logprobs for r in rs))
         t0 = time.perf_counter()
         tokens = []
         for r, d in zip(rs, draws):
             tok = r.record(d)
             tokens.append(tok)
-            if d is not None and r.matcher is not None and r.grammar_error is None and tok not in r.job.eos_ids:
+            if not isinstance(d, SamplecError) and r.matcher is not None and r.grammar_error is None and tok not in r.job.eos_ids:
                 if not r.matcher.consume(tok):
                     r.grammar_error = r.matcher.error or f"token {tok} not allowed"
         self.grammar_seconds += time.perf_counter() - t0
@@ -564,19 +589,21 @@ class BatchSampler:
     def draw(self, prog: Program, x: mx.array, rows: list, hist: list, positions: list[int],
              want: bool) -> list:
         """One program call over logits x [R, V] (already biased): row i samples with rows[i]'s seed, values and
-        mask, the history hist[i] and the position positions[i]. Per row (token, processed logprob, raw logprob,
-        top ids, top values) -- logprobs only when `want` -- or None where the call raised for that row (a value
-        no request check could foresee: the rows are then tried one by one, so that only the failing ones fail).
+        mask, the histories hist[i] (`Row.history`) and the position positions[i]. Per row (token, processed
+        logprob, raw logprob, top ids, top values) -- logprobs only when `want` -- or the SamplecError the call
+        raised for that row (a value no request check could foresee: the rows are then tried one by one, so that
+        only the failing ones fail).
         Pure: neither the rows nor their records change."""
         V = x.shape[-1] if self.vocab_shard is None else self.vocab_shard.vocab
         kw: dict = {}
         for p in prog.params:
             if p.kind == "tokens":
                 # (padded to a multiple of 32: fewer shapes for the program's compile cache to hold)
-                width = -(-max(1, max(len(h) for h in hist)) // 32) * 32
+                which = [h[p.name in GENERATED] for h in hist]
+                width = -(-max(1, max(len(h) for h in which)) // 32) * 32
                 # (an MLX array: the program's short path checks it inside the compiled call)
                 kw[p.name] = mx.array(np.stack([np.pad(h.astype(np.int32), (width - len(h), 0), constant_values=-1)
-                                                for h in hist]))
+                                                for h in which]))
             elif p.kind == "seed":
                 kw[p.name] = np.array([r.seed for r in rows], dtype=np.uint64)
             elif p.kind == "mask":
@@ -609,7 +636,7 @@ class BatchSampler:
         except SamplecError as e:
             if len(rows) == 1:
                 logging.error("samplec serve: %s", e)
-                return [None]
+                return [e]
             return [self.draw(prog, x[i:i + 1], [r], [h], [p], want)[0]
                     for i, (r, h, p) in enumerate(zip(rows, hist, positions))]
         return [(tok, processed[i], raw[i], None if ids is None else ids[i], None if vals is None else vals[i])
@@ -680,7 +707,27 @@ class Job:
         self.rows: list[Row] = []
         self.error: str | None = None
         self.status = 500                  # the HTTP status of an error (503: a rank of a sharded server stopped)
+        self.param: str | None = None      # the request field an error names
         self.number = 0                    # its number in admission order (the same on every rank)
+
+
+    def fail(self, e: SamplecError, index: int) -> None:
+        """A row's program call raised at run time (a value the request's checks could not foresee, such as a
+        penalty that overflows a logit): the request fails -- a 400 naming the field where one of its values is
+        at fault, else a 500 -- instead of the row ending silently."""
+        if self.error is not None:
+            return
+        stage = str(e).split(":", 1)[0].strip()
+        if stage == "penalties":
+            values = self.req.values
+            on = [f for f, neutral in (("repetition_penalty", 1.0), ("presence_penalty", 0.0),
+                                       ("frequency_penalty", 0.0)) if values.get(f, neutral) != neutral]
+            self.param = on[0] if on else None
+        elif stage in FIELDS or stage == "logit_bias":
+            self.param = stage
+        self.status = 400 if self.param is not None else 500
+        self.error = f"choice {index}: {e}"
+        self.events.put(("error", index, None))
 
 
 class Engine:
@@ -734,7 +781,8 @@ class Engine:
     def _job(self, req: Request, seeds: list[int]) -> Job:
         job = Job(req, self.eos_ids)
         eos = min(self.eos_ids) if self.eos_ids else 0
-        job.rows = [Row(job, i, s, eos) for i, s in enumerate(seeds)]
+        split = any(p.kind == "tokens" and p.name in GENERATED for p in self.sampler.programs[req.chain].params)
+        job.rows = [Row(job, i, s, eos, split) for i, s in enumerate(seeds)]
         for r in job.rows:
             r.sampler = self.sampler
             r.vocab_start = self.vocab_shard.start if self.vocab_shard is not None else 0
@@ -953,11 +1001,13 @@ class Engine:
         # (bytes left pending by the previous token that this one does not continue become its U+FFFD: they
         # belong to the previous token, and this token's text starts after them)
         early = len(pending.decode("utf-8", "replace")) if pending and b and b[0] & 0xC0 != 0x80 else 0
-        row.offsets.append(len(row.text) + early)
+        before = len(row.text)
+        row.offsets.append(before + early)
         row.text += row.decoder.decode(b)
         stop = row.job.req.stop
         if stop:
-            start = max(0, row.offsets[-1] - max(len(s) for s in stop) + 1)
+            # (from before the text this token added: a pending byte's U+FFFD, added now, may begin a stop string)
+            start = max(0, before - max(len(s) for s in stop) + 1)
             hits = [i for i in (row.text.find(s, start) for s in stop) if i >= 0]
             if hits:
                 row.text = row.text[:min(hits)]
@@ -997,16 +1047,17 @@ class Engine:
         inp = sp.dpending
         for j in range(kk):
             dl = self.draft(mx.array(inp, dtype=mx.int32)[None], cache=sp.dcache)[:, -1, :]
-            d = self.sampler.draw(prog, add_bias(dl, [row]), [row], [row.history(sp.tokens + drafts)],
+            d = self.sampler.draw(prog, add_bias(dl, [row]), [row], [row.history(sp.tokens + drafts, row.step + j)],
                                   [row.step + j], False)[0]
-            drafts.append(row.eos if d is None else int(d[0]))
+            drafts.append(row.eos if isinstance(d, SamplecError) else int(d[0]))
             inp = drafts[-1:]
         logits = self.model(mx.array(sp.pending + drafts, dtype=mx.int32)[None], cache=sp.cache)[0]
         rows = kk + 1
         x = add_bias(logits[:rows], [row] * rows)
-        draws = self.sampler.draw(prog, x, [row] * rows, [row.history(sp.tokens + drafts[:j]) for j in range(rows)],
+        draws = self.sampler.draw(prog, x, [row] * rows, [row.history(sp.tokens + drafts[:j], row.step + j)
+                                                            for j in range(rows)],
                                   [row.step + j for j in range(rows)], req.logprobs)
-        target = [row.eos if d is None else int(d[0]) for d in draws]
+        target = [row.eos if isinstance(d, SamplecError) else int(d[0]) for d in draws]
         m = 0
         while m < kk and target[m] == drafts[m]:
             m += 1
@@ -1062,11 +1113,14 @@ class Formatter:
         """The completions endpoint's logprobs (tokens, token_logprobs, top_logprobs as dicts, text_offset)."""
         recs = row.records[lo:hi]
         tops = []
-        for _, _, _, ids, vals in recs:
+        for tok, _, raw, ids, vals in recs:
             d = {}
             if ids is not None:
                 for i, v in zip(ids[:top], vals[:top]):
                     d.setdefault(self.token_text(i)[0], float(v))
+                if top and raw is not None:     # (as OpenAI's: the sampled token too, so up to top + 1 entries)
+                    d.setdefault(self.token_text(tok)[0], raw)
+                    d = dict(sorted(d.items(), key=lambda kv: -kv[1]))
             tops.append(d)
         return {"tokens": [self.token_text(r[0])[0] for r in recs],
                 "token_logprobs": [r[2] for r in recs],
@@ -1251,7 +1305,7 @@ class Handler(BaseHTTPRequestHandler):
         while left:
             ev, _, _ = self._wait(job)
             if ev == "error":
-                return self._error(BadRequest(job.error or "generation failed", None, job.status))
+                return self._error(BadRequest(job.error or "generation failed", job.param, job.status))
             if ev == "done":
                 left -= 1
         fmt, choices = self.app.format, []
@@ -1294,8 +1348,9 @@ class Handler(BaseHTTPRequestHandler):
         while left:
             ev, i, _ = self._wait(job)
             if ev == "error":
-                self.wfile.write(b"data: " + json.dumps({"error": {"message": job.error, "type": "server_error"}})
-                                 .encode() + b"\n\n")
+                kind = "invalid_request_error" if job.status < 500 else "server_error"
+                self.wfile.write(b"data: " + json.dumps({"error": {"message": job.error, "type": kind,
+                                                                    "param": job.param}}).encode() + b"\n\n")
                 return
             r = job.rows[i]
             final = ev == "done"

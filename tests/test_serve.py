@@ -121,7 +121,7 @@ def test_completions_integer_logprobs_have_the_legacy_shape(server):
     ch = r.choices[0]
     lp = ch.logprobs
     assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == len(lp.text_offset) == 10
-    assert all(isinstance(d, dict) and len(d) <= 3 for d in lp.top_logprobs)
+    assert all(isinstance(d, dict) and len(d) <= 4 for d in lp.top_logprobs)     # (the 3 and the sampled token)
     for d in lp.top_logprobs:
         assert list(d.values()) == sorted(d.values(), reverse=True)
     assert lp.text_offset == sorted(lp.text_offset) and lp.text_offset[0] == 0
@@ -163,6 +163,94 @@ def test_stop_ends_the_text_before_a_stop_string_that_spans_tokens(server):
         streamed = list(c.completions.create(**{**kw, "stop": s}, stream=True))
         assert "".join(ch.choices[0].text for ch in streamed if ch.choices) == r.text
         assert [ch.choices[0].finish_reason for ch in streamed if ch.choices][-1] == "stop"
+
+
+def test_a_stop_string_that_ends_in_a_replaced_byte_is_found(server):
+    """A token that ends a pending UTF-8 sequence early adds its U+FFFD before its own text: a stop string that
+    ends there is found too."""
+    c = server["client"]
+    kw = dict(model="demo", prompt="The cat", max_tokens=24, temperature=1.0, seed=12)
+    full = c.completions.create(**kw).choices[0].text
+    ends = [i for i, ch in enumerate(full) if ch == "\ufffd" and i >= 2]
+    assert len(ends) >= 2, full            # (the demo model's text at this seed has some: '..za\ufffd$\ufffdavo')
+    for i in ends:                          # (each a stop string of three characters ending in one)
+        stop = full[i - 2:i + 1]
+        r = c.completions.create(**kw, stop=stop).choices[0]
+        assert r.text == full[:full.index(stop)] and r.finish_reason == "stop", (stop, r.text)
+
+
+def test_openai_seed_and_stop_forms(server):
+    c = server["client"]
+    kw = dict(model="demo", prompt="A sampler chain", max_tokens=6, temperature=1.0)
+    assert c.completions.create(**kw, seed=-1).choices[0].text == \
+        c.completions.create(**kw, seed=2**64 - 1).choices[0].text          # (modulo 2^64)
+    plain = c.completions.create(**kw, seed=5).choices[0]
+    for stop in ("", [""]):                                                 # (an empty stop string stops nothing)
+        r = c.completions.create(**kw, seed=5, stop=stop).choices[0]
+        assert (r.text, r.finish_reason) == (plain.text, plain.finish_reason)
+
+
+def test_top_p_0_keeps_the_most_likely_token(server):
+    c = server["client"]
+    kw = dict(model="demo", prompt="Quick brown foxes", max_tokens=10)
+    greedy = c.completions.create(**kw, temperature=0).choices[0].text
+    assert c.completions.create(**kw, temperature=1.0, top_p=0, seed=3).choices[0].text == greedy
+    assert c.completions.create(**kw, temperature=1.0, seed=3).choices[0].text != greedy
+
+
+def test_openai_penalties_count_the_generated_tokens_only(server):
+    """OpenAI: mu[j] -= c[j] * frequency_penalty + (c[j] > 0) * presence_penalty, c[j] the count of token j in
+    the tokens sampled so far (not the prompt), over the whole completion: a greedy reference loop on the demo
+    model's logits, against the server's tokens."""
+    app, c = server["app"], server["client"]
+    model, n = app.engine.model, 10
+
+    def greedy(seq: list[int], counted_prompt: bool) -> list[int]:
+        out: list[int] = []
+        for _ in range(n):
+            x = np.array(model(mx.array(seq + out)[None])[0, -1].astype(mx.float32))
+            seen = (seq if counted_prompt else []) + out
+            counts = np.bincount(np.array(seen, dtype=np.int64), minlength=x.size)[:x.size].astype(np.float32)
+            out.append(int(np.argmax(x - (counts * np.float32(0.6) + (counts > 0) * np.float32(1.5)))))
+        return out
+    # a prompt whose greedy text the penalties would change if they counted the prompt's tokens too
+    for prompt in ("Quick brown foxes jump", "A sampler chain", "The cat sat on the mat", "aaaa bbbb aaaa"):
+        seq = list(app.tokenizer.encode(prompt))
+        expected = greedy(seq, False)
+        if expected != greedy(seq, True):
+            break
+    else:
+        pytest.fail("no prompt tells the two conventions apart")
+    r = c.completions.create(model="demo", prompt=prompt, max_tokens=n, temperature=0, presence_penalty=1.5,
+                             frequency_penalty=0.6, logprobs=0).choices[0]
+    assert r.logprobs.tokens == [app.format.token_text(t)[0] for t in expected]
+
+
+def test_legacy_top_logprobs_hold_the_sampled_token_too(server):
+    c = server["client"]
+    r = c.completions.create(model="demo", prompt="Hello world", max_tokens=12, seed=4, temperature=2.0,
+                             logprobs=1).choices[0]
+    lp = r.logprobs
+    assert all(t in d and d[t] == v and len(d) <= 2 for t, v, d in zip(lp.tokens, lp.token_logprobs,
+                                                                           lp.top_logprobs))
+    assert any(len(d) == 2 for d in lp.top_logprobs)         # (at temperature 2, not always the most likely)
+
+
+def test_a_value_that_fails_at_run_time_is_a_400_naming_it(server):
+    """A repetition penalty so small that a penalized logit overflows float32: the program's check fires during
+    generation, and the request is answered 400 naming the field (not a silent end of the text)."""
+    c = server["client"]
+    with pytest.raises(openai.BadRequestError) as err:
+        c.completions.create(model="demo", prompt="A sampler chain", max_tokens=4, temperature=1.0, seed=1,
+                             extra_body={"repetition_penalty": 1e-40, "repetition_context_size": 0})
+    assert err.value.body["param"] == "repetition_penalty" and "overflow" in err.value.body["message"]
+    stream = c.completions.create(model="demo", prompt="A sampler chain", max_tokens=4, temperature=1.0, seed=1,
+                                  stream=True, extra_body={"repetition_penalty": 1e-40,
+                                                           "repetition_context_size": 0})
+    with pytest.raises(openai.APIError, match="overflow"):
+        list(stream)
+    r = c.completions.create(model="demo", prompt="still here", max_tokens=3, temperature=0.5, seed=9)
+    assert r.usage.completion_tokens == 3
 
 
 def test_streaming_gives_the_same_text_logprobs_and_usage(server):
@@ -243,14 +331,18 @@ def test_regex_and_cfg_grammars(server, grammar, check):
     ("chat", dict(top_logprobs=2), "top_logprobs"),
     ("chat", dict(temperature=-1.0), "temperature"),
     ("chat", dict(top_p=1.5), "top_p"),
-    ("chat", dict(seed=-3), "seed"),
+    ("chat", dict(seed=-2**63 - 1), "seed"),
     ("chat", dict(max_tokens=10**9), "max_tokens"),
     ("chat", dict(max_completion_tokens=0), "max_completion_tokens"),
     ("chat", dict(logit_bias={"3": 101}), "logit_bias"),
     ("chat", dict(logit_bias={"-3": 1.0}), "logit_bias"),
     ("chat", dict(logit_bias={"99999": 1.0}), "logit_bias"),
     ("chat", dict(stream_options={"include_usage": True}), "stream_options"),
-    ("chat", dict(stop=[""]), "stop"),
+    ("chat", dict(stop=[3]), "stop"),
+    ("chat", dict(temperature=2.5), "temperature"),
+    ("chat", dict(presence_penalty=5), "presence_penalty"),
+    ("completion", dict(frequency_penalty=-3), "frequency_penalty"),
+    ("completion", dict(extra_body={"repetition_penalty": 1e39}), "repetition_penalty"),
     ("chat", dict(response_format={"type": "xml"}), "response_format"),
     ("chat", dict(response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {
         "type": "object", "properties": {"a": {"$ref": "#/nope"}}}}}), "response_format.json_schema"),
@@ -388,6 +480,7 @@ def test_messages_go_through_the_tokenizers_chat_template(server):
     dict(repetition_penalty=1.5, repetition_context_size=20),
     dict(repetition_penalty=1.5, repetition_context_size=0),              # 0: every token (mlx-lm's tokens[-0:])
     dict(presence_penalty=1.5, presence_context_size=40),
+    dict(presence_penalty=1.5, frequency_penalty=-0.5, repetition_penalty=1.3),      # (OpenAI's: every token)
     dict(frequency_penalty=1.0, frequency_context_size=0, repetition_penalty=1.2, repetition_context_size=5),
     dict(xtc_probability=1.0, xtc_threshold=0.02),
     dict(top_p=0.8, min_p=0.05, top_k=10, temperature=0.7),
@@ -405,17 +498,18 @@ def test_server_chain_is_mlx_lms_processors_and_sampler(fields):
     body = {"temperature": 1.0, **fields}
     req = serve.Request(kind="completion", prompt=[1])
     serve.Parser(None, V, {}, "demo")._values(body, req)
-    windows = [req.values[w] for w in serve.WINDOWS]
-    context = -1 if -1 in windows else max(windows)
+    # (every token of the history taken as generated: the repetition penalty reads the sequence, the presence and
+    # frequency penalties the generated tokens, each history as long as its windows read)
+    seq = serve._last(np.array(tokens), serve._widest(req.values[w] for w in serve.WINDOWS[:1]))
+    gen = serve._last(np.array(tokens), serve._widest(req.values[w] for w in serve.WINDOWS[1:]))
     prog = samplec.compile(re.sub(r"-> [^{]*\{", "-> token, probs {", serve.SERVER_CHAIN))
-    hist = np.array(tokens)[-context if context > 0 else 0:][None]
-    ours = np.array(prog(logits, h=hist, seed=1, pos=0, allowed=np.full((1, 2), -1, np.int32), **req.values)
-                    .probs)[0]
+    ours = np.array(prog(logits, h=seq[None], generated=gen[None], seed=1, pos=0,
+                         allowed=np.full((1, 2), -1, np.int32), **req.values).probs)[0]
     samp = {k: body.get(k, d) for k, d in dict(temperature=1.0, top_p=1.0, top_k=0, min_p=0.0, xtc_probability=0.0,
                                                xtc_threshold=0.1).items()}
     lg = {k: body.get(k, d) for k, d in dict(repetition_penalty=0.0, repetition_context_size=20,
-                                             presence_penalty=0.0, presence_context_size=20, frequency_penalty=0.0,
-                                             frequency_context_size=20).items()}
+                                             presence_penalty=0.0, presence_context_size=0, frequency_penalty=0.0,
+                                             frequency_context_size=0).items()}
     x = logits
     for p in su.make_logits_processors(None, lg["repetition_penalty"], lg["repetition_context_size"],
                                        lg["presence_penalty"], lg["presence_context_size"],
@@ -509,4 +603,4 @@ def test_steps_without_logprobs_leave_the_models_logprobs_unevaluated(server, mo
     assert asked and all("top_logprobs" in n for n in asked), asked
     assert with_lp.choices[0].text == plain.choices[0].text
     lp = with_lp.choices[0].logprobs
-    assert len(lp.top_logprobs) == 4 and all(len(t) == 2 for t in lp.top_logprobs)
+    assert len(lp.top_logprobs) == 4 and all(len(t) in (2, 3) for t in lp.top_logprobs)   # (and the sampled one)

@@ -305,6 +305,27 @@ def test_adapter_speculative_misuse(target, drafts, programs):
                                        sampler=s.speculative(PROMPT)["sampler"]))
 
 
+def test_a_plain_generation_after_a_speculative_run_is_plain(target, exact_target, drafts, programs):
+    """One Sampler, reused: a speculative run, then plain runs on other prompts (each its own positions and
+    history, as decode.generate gives them), then another speculative run armed for its own prompt."""
+    from mlx_lm.generate import generate_step
+    prog, params = programs["penalties"], CHAINS["penalties"][1]
+    s = Sampler(prog, seed=4, **params)
+    spec = [int(t) for t, _, _ in speculative_generate_step(mx.array(PROMPT), exact_target, drafts["far"],
+                                                            num_draft_tokens=3, max_tokens=8,
+                                                            **s.speculative(PROMPT))]
+    assert spec == generate(exact_target, prog, PROMPT, 8, seed=4, **params)
+    for other in ([9, 3, 3, 81, 12], [5, 17, 200]):
+        plain = [int(t) for t, _ in generate_step(mx.array(other), exact_target, max_tokens=8, sampler=s,
+                                                  logits_processors=s.logits_processors)]
+        assert plain == generate(exact_target, prog, other, 8, seed=4, **params)
+        assert [st.position[0] for st in s.steps[:8]] == list(range(len(other), len(other) + 8))
+    again = [int(t) for t, _, _ in speculative_generate_step(mx.array(PROMPT[:5]), exact_target, drafts["close"],
+                                                             num_draft_tokens=2, max_tokens=6,
+                                                             **s.speculative(PROMPT[:5]))]
+    assert again == generate(exact_target, prog, PROMPT[:5], 6, seed=4, **params)
+
+
 def test_speculative_request_follows_the_servers_conventions(target, exact_target, drafts, programs):
     """position = tokens generated so far, history = the last `context` tokens, logit_bias before the program."""
     from mlx_lm.models.cache import make_prompt_cache

@@ -132,6 +132,8 @@ class Sampler:
     def __call__(self, logprobs: mx.array) -> mx.array:
         B, V = logprobs.shape
         captured, self._captured = self._captured, []
+        if self._draft is not None and captured and not self._on_draft_path(captured):
+            self._draft = None      # (a plain generation after the speculative run: its sequence has the prompt)
         if captured:
             logits, positions, history = self._from_captured(captured, B, V)
         else:
@@ -162,8 +164,10 @@ class Sampler:
         if self._grammar is not None:
             self._grammar.after(outs[self._feed.token_index])
         self._state = self._feed.next_state(outs)       # a state output (mirostat's mu) feeds the next step
-        if self._draft is not None and self._state is not None:
-            self._draft.states[positions[0]] = self._state
+        if self._draft is not None:
+            self._draft.drawn.setdefault(positions[0], []).append(outs[self._feed.token_index])
+            if self._state is not None:
+                self._draft.states[positions[0]] = self._state
         # materialize every output with the token: a kept step then holds small arrays, not a graph over [B, V]
         mx.async_eval(*outs, *flags)
         self._unchecked.append((flags, positions))
@@ -171,6 +175,26 @@ class Sampler:
         while self._draft is None and len(self._unchecked) > _CHECK_LAG:
             self._check_one(self._unchecked.pop(0))
         return outs[self._feed.token_index]
+
+    def _on_draft_path(self, captured) -> bool:
+        """Whether this call belongs to the armed speculative run: mlx-lm's speculative loop hands the sequence
+        from the prompt's last token on, along the tokens emitted so far (the latest call's token at each
+        position). A sequence of one other token is another run's start (an error: it needs its own
+        `speculative(prompt)`); any other sequence is a plain generation's (the run is over)."""
+        run = self._draft
+        seen = np.array(captured[0][0]).reshape(-1)
+        if seen.size == 0:
+            return True
+        # (after the prompt's last token, each token is one a call of this run drew at its position: an emitted
+        # one, or a proposal the target's rows read after it)
+        path = int(seen[0]) == int(run.prompt[-1]) and all(
+            int(t) in {int(np.array(d).reshape(-1)[0]) for d in run.drawn.get(run.first + j, ())}
+            for j, t in enumerate(seen[1:]))
+        if not path and seen.size == 1:
+            raise SamplecError(f"the sampler was armed by speculative() for a prompt ending in token "
+                               f"{int(run.prompt[-1])}, but mlx-lm's sequence starts at token {int(seen[0])}: call "
+                               "sampler.speculative(prompt) with this generation's prompt")
+        return path
 
     def _rewind(self, captured, positions) -> None:
         """Speculative decoding: place a call at its position (see `speculative`)."""
@@ -284,9 +308,10 @@ class _DraftRun:
     first: int
     prompt: np.ndarray
     states: dict = None
+    drawn: dict = None      # position -> the tokens the run's calls drew there (lazy [1] arrays)
 
     def __post_init__(self):
-        self.states = {}
+        self.states, self.drawn = {}, {}
 
 
 def speculative_request(program: Program, prompt, seed: int, *, params: dict | None = None,
