@@ -580,7 +580,8 @@ class BatchSampler:
         for r, d in zip(rs, draws):
             tok = r.record(d)
             tokens.append(tok)
-            if not isinstance(d, SamplecError) and r.matcher is not None and r.grammar_error is None and tok not in r.job.eos_ids:
+            ok = not isinstance(d, SamplecError)
+            if ok and r.matcher is not None and r.grammar_error is None and tok not in r.job.eos_ids:
                 if not r.matcher.consume(tok):
                     r.grammar_error = r.matcher.error or f"token {tok} not allowed"
         self.grammar_seconds += time.perf_counter() - t0
