@@ -45,7 +45,7 @@ def post(url, body, timeout=LIMIT_S):
 
 
 BAD = [("temperature", -1), ("temperature", "hot"), ("top_p", 3), ("top_p", "high"), ("top_k", -4), ("top_k", 1.5),
-       ("min_p", 2), ("seed", -1), ("seed", 2**70), ("seed", "7"), ("max_tokens", 0), ("max_tokens", 10**12),
+       ("min_p", 2), ("seed", -2**63 - 1), ("seed", 2**70), ("seed", "7"), ("max_tokens", 0), ("max_tokens", 10**12),
        ("top_logprobs", 99), ("logprobs", "yes"), ("logit_bias", {"-1": 1}), ("logit_bias", {"3": "x"}),
        ("logit_bias", []), ("repetition_penalty", -2), ("presence_penalty", "a"), ("samplec_sampler", "nope"),
        ("samplec_sampler", 3), ("stream", "maybe"), ("prompt", 12), ("prompt", ""), ("messages", [])]
