@@ -1003,17 +1003,20 @@ class Engine:
         # belong to the previous token, and this token's text starts after them)
         early = len(pending.decode("utf-8", "replace")) if pending and b and b[0] & 0xC0 != 0x80 else 0
         before = len(row.text)
-        row.offsets.append(before + early)
-        row.text += row.decoder.decode(b)
+        text = row.text + row.decoder.decode(b)
         stop = row.job.req.stop
+        # (the text changes in one assignment, cut before a stop string that came: a handler thread streaming it
+        # meanwhile never reads the stop string's first characters)
+        hits = []
         if stop:
             # (from before the text this token added: a pending byte's U+FFFD, added now, may begin a stop string)
             start = max(0, before - max(len(s) for s in stop) + 1)
-            hits = [i for i in (row.text.find(s, start) for s in stop) if i >= 0]
-            if hits:
-                row.text = row.text[:min(hits)]
-                self._finish(row, "stop", ended is None)
-                return True
+            hits = [i for i in (text.find(s, start) for s in stop) if i >= 0]
+        row.offsets.append(before + early)
+        row.text = text[:min(hits)] if hits else text
+        if hits:
+            self._finish(row, "stop", ended is None)
+            return True
         if row.grammar_error is not None and not row.grammar_logged:
             logging.error("samplec serve: grammar: %s", row.grammar_error)
             row.grammar_logged = True
