@@ -266,3 +266,34 @@ def test_outputs_repr():
     assert "probs         float32[1, 4] [[0, 0.090031, 0.24473, 0.66524]]" in text
     big = prog(np.zeros((2, 100), dtype=np.float32), seed=1)
     assert "probs         float32[2, 100]\n" in repr(big)                 # large arrays: shape only
+
+
+def test_a_state_follows_its_row_through_batch_generators_joins_and_leaves():
+    """mirostat's mu under mlx-lm's BatchGenerator: rows that join a running batch (their first step taken apart,
+    then merged) and rows that leave it each carry their own state, so every row's tokens are decode.generate's
+    for that row alone."""
+    from mlx_lm.generate import BatchGenerator
+    model = random_llama(0)
+    prog = samplec.compile("sampler m(mu: state, seed: seed, pos: int = 0) -> token, mu { temperature(1.5) "
+                           "mirostat_v2(mu, 3.0, 1.0, seed, position = pos) }")
+    prompts = {"A": [5, 17, 300], "B": [9, 9, 9, 9, 9], "C": [100, 200]}
+    alone = {k: generate(model, prog, p, 14, seed=2) for k, p in prompts.items()}
+
+    def batched(plan):
+        s = Sampler(prog, seed=2)
+        g = BatchGenerator(model, stop_tokens=[], sampler=s, logits_processors=s.logits_processors)
+        names, out = {}, {}
+        for step in range(40):
+            for at, name, m in plan:
+                if at == step:
+                    names[g.insert([prompts[name]], max_tokens=[m])[0]] = name
+            for r in g.next()[1]:
+                out.setdefault(names[r.uid], []).append(int(r.token))
+        return out
+    for plan in ([(0, "A", 14), (0, "B", 14)], [(0, "A", 3), (0, "B", 14)],
+                 *([(0, "A", 3), (0, "B", 14), (at, "C", 10)] for at in (2, 4, 6))):
+        got = batched(plan)
+        assert got.keys() == {name for _, name, _ in plan}
+        for name, toks in got.items():
+            assert toks == alone[name][:len(toks)] and len(toks) == dict((n, m) for _, n, m in plan)[name], \
+                (plan, name)

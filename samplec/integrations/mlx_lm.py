@@ -37,6 +37,7 @@ tokenizer without downloading anything; tests, `examples/decode_loop.py` and `be
 """
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 
 import mlx.core as mx
@@ -49,6 +50,7 @@ from samplec.program import Outputs, Program
 __all__ = ["Sampler", "Step", "speculative_request", "random_llama", "local_tokenizer", "noisy_copy"]
 
 _CHECK_LAG = 2   # a step's check flags are read two sampler calls later, when mlx-lm has already synced on it
+_STATE_CALLS = 8    # calls a row's carried state waits for the row (a row that joins takes a step of its own)
 
 
 @dataclass(frozen=True)
@@ -88,6 +90,11 @@ class Sampler:
                                f"(parameters: {names})")
         self._captured: list[tuple[mx.array, mx.array]] = []
         self._state: list[mx.array] | None = None     # the state outputs of the last step (mirostat's mu)
+        # a state carried row by row: each call's (rows' sequences hashed, tokens, state), not yet read; and what
+        # they left, by the sequence each row then has (its call's number and its state values)
+        self._left: list[tuple] = []
+        self._carried: dict[bytes, tuple[int, list]] = {}
+        self._calls = 0
         self._unchecked: list[tuple[list[mx.array], tuple[int, ...]]] = []
         self._last_position: int | None = None
         self._draft: _DraftRun | None = None          # set by `speculative(prompt)`
@@ -134,8 +141,9 @@ class Sampler:
         captured, self._captured = self._captured, []
         if self._draft is not None and captured and not self._on_draft_path(captured):
             self._draft = None      # (a plain generation after the speculative run: its sequence has the prompt)
+        rows_tokens = None
         if captured:
-            logits, positions, history = self._from_captured(captured, B, V)
+            logits, positions, history, rows_tokens = self._from_captured(captured, B, V)
         else:
             if self._feed.needs_history or self._feed.position_names:
                 needs = [*self._feed.position_names, *([self._feed.history_name] if self._feed.needs_history else [])]
@@ -156,7 +164,13 @@ class Sampler:
             history = pad_history(history[:, history.shape[1] - kept:], kept)
         if history is not None and self._history_last is not None and history.shape[1] > self._history_last:
             history = pad_history(history[:, history.shape[1] - self._history_last:], self._history_last)
-        if self._state is not None and self._state[0].shape[0] != B:
+        # (a state carried row by row -- mlx-lm's BatchGenerator joins and drops rows between steps -- each row
+        # finds the state its own previous step left by its sequence; a speculative run keeps its own by position)
+        by_row = bool(self._feed.state_slots) and self._draft is None and rows_tokens is not None
+        if by_row:
+            rows = [hashlib.blake2b(np.array(t).astype(np.int64).tobytes(), digest_size=16) for t in rows_tokens]
+            self._state = self._rows_state(rows, B, V)
+        elif self._state is not None and self._state[0].shape[0] != B:
             self._state = None          # (another batch: its rows start afresh)
         if self._grammar is not None:
             self._grammar.before(self._feed, B, V)
@@ -164,6 +178,8 @@ class Sampler:
         if self._grammar is not None:
             self._grammar.after(outs[self._feed.token_index])
         self._state = self._feed.next_state(outs)       # a state output (mirostat's mu) feeds the next step
+        if by_row:
+            self._left.append((rows, outs[self._feed.token_index], self._state))
         if self._draft is not None:
             self._draft.drawn.setdefault(positions[0], []).append(outs[self._feed.token_index])
             if self._state is not None:
@@ -175,6 +191,33 @@ class Sampler:
         while self._draft is None and len(self._unchecked) > _CHECK_LAG:
             self._check_one(self._unchecked.pop(0))
         return outs[self._feed.token_index]
+
+    def _rows_state(self, rows: list, B: int, V: int) -> list[mx.array] | None:
+        """The state entering each row of this call: what an earlier call left to the row whose sequence then,
+        with the token it drew, is this row's (`rows`: each row's sequence hashed; a row that joins a batch takes
+        its first step in a call of its own); a row new to the batch starts where a first step does (the value
+        passed as a parameter, else the stage's start). None: every row starts."""
+        for before, token, state in self._left:
+            drawn = np.array(token).reshape(-1).astype(np.int64)
+            values = [np.array(v).reshape(-1) for v in state]
+            for i, h in enumerate(before):
+                h = h.copy()
+                h.update(drawn[i:i + 1].tobytes())
+                self._carried[h.digest()] = (self._calls, [v[i] for v in values])
+        self._left = []
+        self._calls += 1
+        found = [self._carried.pop(h.digest(), (0, None))[1] for h in rows]
+        # (a row that left the batch: its state is dropped a few calls later)
+        self._carried = {k: v for k, v in self._carried.items() if self._calls - v[0] <= _STATE_CALLS}
+        if all(f is None for f in found):
+            return None
+        starts = self._feed._base_args(B, V)
+        out = []
+        for j, (slot, _) in enumerate(self._feed.state_slots):
+            start = np.broadcast_to(np.array(starts[slot]).reshape(-1), (B,))
+            out.append(mx.array(np.array([start[r] if f is None else f[j] for r, f in enumerate(found)],
+                                         dtype=np.float32)))
+        return out
 
     def _on_draft_path(self, captured) -> bool:
         """Whether this call belongs to the armed speculative run: mlx-lm's speculative loop hands the sequence
@@ -250,7 +293,7 @@ class Sampler:
             rows = [mx.concatenate([mx.full((width - p,), -1, dtype=mx.int32), t.astype(mx.int32)])
                     if p < width else t.astype(mx.int32) for t, p in zip(rows_tokens, positions)]
             history = pad_history(mx.stack(rows), width)
-        return logits, positions, history
+        return logits, positions, history, rows_tokens
 
     def _new_generation(self, captured) -> None:
         self.check()
@@ -294,7 +337,7 @@ class Sampler:
     def reset(self) -> None:
         """Forget the current generation (its steps and unread flags)."""
         self._captured, self._unchecked, self.steps, self._last_position = [], [], [], None
-        self._state = None
+        self._state, self._left, self._carried = None, [], {}
         self._draft = None
         if self._grammar is not None:
             self._grammar.restart()
