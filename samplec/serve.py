@@ -1240,21 +1240,45 @@ class Handler(BaseHTTPRequestHandler):
             return self._send(200, {"status": "ok", "active_rows": self.app.engine.active})
         return self._error(BadRequest(f"no such endpoint: GET {path}", None, 404))
 
-    def do_POST(self):
-        path = self.path.split("?")[0].rstrip("/")
-        kind = {"/v1/chat/completions": "chat", "/chat/completions": "chat", "/v1/completions": "completion",
-                "/completions": "completion"}.get(path)
+    def _read_body(self) -> bytes:
+        """The request body: Content-Length bytes, or the chunks of `Transfer-Encoding: chunked` (HTTP/1.1)."""
+        if self.headers.get("Transfer-Encoding", "").strip().lower() == "chunked":
+            parts, total = [], 0
+            while True:
+                line = self.rfile.readline(1024)
+                try:
+                    size = int(line.split(b";")[0].strip(), 16)
+                except ValueError:
+                    raise BadRequest("a malformed chunk in the request body (Transfer-Encoding: chunked)") from None
+                if size < 0 or total + size > MAX_BODY:
+                    raise BadRequest(f"the request body holds more than {MAX_BODY} bytes, the limit")
+                if size == 0:
+                    while self.rfile.readline(1024) not in (b"\r\n", b"\n", b""):     # (trailers)
+                        pass
+                    return b"".join(parts)
+                parts.append(self.rfile.read(size))
+                total += size
+                if self.rfile.readline(1024) not in (b"\r\n", b"\n"):
+                    raise BadRequest("a malformed chunk in the request body (Transfer-Encoding: chunked)")
         try:
             length = int(self.headers.get("Content-Length") or -1)
         except ValueError:
             length = -1
         if length < 0:
-            self.close_connection = True
-            return self._error(BadRequest("the request needs a Content-Length"))
+            raise BadRequest("the request needs a Content-Length (or Transfer-Encoding: chunked)")
         if length > MAX_BODY:
+            raise BadRequest(f"the request body holds {length} bytes; the limit is {MAX_BODY}")
+        return self.rfile.read(length)
+
+    def do_POST(self):
+        path = self.path.split("?")[0].rstrip("/")
+        kind = {"/v1/chat/completions": "chat", "/chat/completions": "chat", "/v1/completions": "completion",
+                "/completions": "completion"}.get(path)
+        try:
+            raw = self._read_body()
+        except BadRequest as e:
             self.close_connection = True
-            return self._error(BadRequest(f"the request body holds {length} bytes; the limit is {MAX_BODY}"))
-        raw = self.rfile.read(length)
+            return self._error(e)
         if kind is None:
             return self._error(BadRequest(f"no such endpoint: POST {path}", None, 404))
         try:

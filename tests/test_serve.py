@@ -604,3 +604,30 @@ def test_steps_without_logprobs_leave_the_models_logprobs_unevaluated(server, mo
     assert with_lp.choices[0].text == plain.choices[0].text
     lp = with_lp.choices[0].logprobs
     assert len(lp.top_logprobs) == 4 and all(len(t) in (2, 3) for t in lp.top_logprobs)   # (and the sampled one)
+
+
+def test_a_chunked_request_body_is_read(server):
+    """Transfer-Encoding: chunked (curl's, for a body from a pipe): the same answer as with a Content-Length; a
+    malformed chunk is a 400."""
+    import http.client
+    host, port = server["httpd"].server_address[:2]
+    body = json.dumps(dict(prompt="A sampler chain", max_tokens=5, temperature=1.0, seed=7)).encode()
+
+    def send(chunks: bytes):
+        conn = http.client.HTTPConnection(host, port, timeout=60)
+        conn.putrequest("POST", "/v1/completions")
+        conn.putheader("Content-Type", "application/json")
+        conn.putheader("Transfer-Encoding", "chunked")
+        conn.endheaders()
+        conn.send(chunks)
+        r = conn.getresponse()
+        answer = r.status, json.loads(r.read())
+        conn.close()
+        return answer
+    cut = len(body) // 3
+    good = b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in (body[:cut], body[cut:])) + b"0\r\n\r\n"
+    status, answer = send(good)
+    assert status == 200 and answer["choices"][0]["text"] == post(server["base"] + "/v1/completions",
+                                                                  body)[1]["choices"][0]["text"]
+    status, answer = send(b"zz\r\n" + body + b"\r\n0\r\n\r\n")
+    assert status == 400 and "chunk" in answer["error"]["message"]
