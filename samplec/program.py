@@ -348,12 +348,15 @@ class Program:
                 ok.add((v.shape, v.dtype))
 
     def raise_flagged(self, checks: list[tuple[str | tuple[str, ...], mx.array]]) -> None:
-        """Raise the first check that fired (after evaluation), naming its rows."""
-        for check in checks:
-            if any(_flagged(check[1])):     # (the common case, nothing fired: read as Python values, no numpy)
-                for message, fired in named_flags([check]):
-                    if fired.any():
-                        raise SamplecError(f"{message} ({_rows(fired)})")
+        """Raise the first check that fired (after evaluation), naming its rows -- every row that a check of the
+        same message flagged (several stages of one kind, such as a run of penalties stages, are one check to
+        the caller, whichever of them a target tests)."""
+        if not any(any(_flagged(flag)) for _, flag in checks):    # (the common case: read as Python values)
+            return
+        named = named_flags(checks)
+        first = next(message for message, fired in named if fired.any())
+        rows = np.logical_or.reduce([fired for message, fired in named if message == first])
+        raise SamplecError(f"{first} ({_rows(rows)})")
 
     def prepare(self, logits, params: dict, late: list | None = None) -> list[mx.array]:
         """Check and normalize the call's inputs into the executable's positional arguments. Checks that need

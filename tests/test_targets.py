@@ -430,6 +430,42 @@ def test_portable_penalties_check_flags_the_rows_the_dense_check_does():
     np.testing.assert_array_equal(np.array(got.token), np.array(want.token))
 
 
+def test_a_run_of_penalties_stages_is_checked_once_for_the_same_rows():
+    """`samplec serve`'s three penalties stages (repetition over one history, presence and frequency over another):
+    the portable lowering checks the run with its last stage's maximum; the rows each stage's own check names
+    (an overflow in the first stage, another in the second, no token left after the third, rows without a fault)
+    are the rows named, as -O0 names them, with fewer launches than a check per stage."""
+    import mlx.core as mx
+
+    from samplec.backend_mlx.launches import call_primitives, launches
+    src = ("sampler s(h: tokens, g: tokens, r: float, p: float, f: float, seed: seed) -> token { "
+           "penalties(h, repeat = r) penalties(g, presence = p) penalties(g, frequency = f) top_k(5) sample(seed) }")
+    B, V = 6, 64
+    x = np.tile(np.linspace(-2, 2, V, dtype=np.float32), (B, 1))
+    h, g = np.full((B, 4), -1, np.int32), np.full((B, 4), -1, np.int32)
+    r, p, f = [1.0] * B, [0.0] * B, [0.0] * B
+    x[1, 7] = 3e38; h[1, 0] = 7; r[1] = 0.5                                  # stage 1: 3e38 / 0.5 = +inf
+    x[2, 9] = 3e38; g[2, 0] = 9; p[2] = -3e38                                # stage 2: 3e38 + 3e38 = +inf
+    x[4] = -np.inf; x[4, [3, 5]] = -3e38; g[4, :2] = [3, 5]; f[4] = 3e38     # stage 3: both survivors -> -inf
+    kw = dict(h=h, g=g, r=r, p=p, f=f, seed=list(range(B)))
+    errors = []
+    for opt, target in ((2, "portable"), (0, "cpu")):
+        with pytest.raises(SamplecError) as e:
+            samplec.compile(src, opt_level=opt, target=target)(x, **kw)
+        errors.append(str(e.value))
+    assert errors[0] == errors[1] and "penalties" in errors[0] and "rows 1, 2, 4" in errors[0], errors
+    good = [0, 3, 5]
+    vals = dict(h=h[good], g=g[good], r=[1.3] * 3, p=[0.4] * 3, f=[0.2] * 3, seed=[1, 2, 3])
+    got, want = (samplec.compile(src, opt_level=opt, target=target)(x[good], **vals)
+                 for opt, target in ((2, "portable"), (0, "cpu")))
+    np.testing.assert_array_equal(np.array(got.token), np.array(want.token))
+    one = src.replace("penalties(g, presence = p) penalties(g, frequency = f) ", "")
+    xs = mx.array(x[good])
+    counts = [launches(call_primitives(samplec.compile(s, target="portable"), xs, **vals)) for s in (src, one)]
+    # (two more stages over another history: 10 more launches with a check each, 6 with the run's one check)
+    assert counts[0] - counts[1] <= 6, counts
+
+
 def test_portable_dry_chain_builds_no_index_rows_each_call(monkeypatch):
     """DRY's history search in MLX ops (the portable target's, and a GPU's beside the chain kernel): its index rows
     and fill are constants of the call, so a repeated call launches none of them, and the chain stays within its

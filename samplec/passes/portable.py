@@ -357,6 +357,19 @@ class _Lowering:
         self.noise: dict[int, Node] = {}        # id(old sample) -> its noise bits, where xtc's RandomBits made them
         self.totals: dict[int, tuple[Node, Node]] = {}      # id(row) -> (its maximum, its exponentials' sum)
         self.in_range: set[int] = set()     # ids of new index nodes in [0, V) by construction (draws, argmax)
+        # a penalties stage's check where another penalties stage reads its row: the check of the last stage of
+        # the run (penalties_overflow by the operands' ids), whose flag holds its rows (`penalties`)
+        stages = [n for n in g.toposort() if n.op in ("penalties", "penalties_overflow")]
+        checks = {_operands(n): n for n in stages if n.op == "penalties_overflow"}
+        then = {_operands(n.inputs[0]): _operands(n) for n in stages if n.op == "penalties" and
+                n.inputs[0].op == "penalties"}
+        self.checked_later: dict[int, Node] = {}
+        for n in checks.values():
+            last = _operands(n)
+            while last in then:
+                last = then[last]
+            if last != _operands(n) and last in checks and not {id(n), id(checks[last])} & keep:
+                self.checked_later[id(n)] = checks[last]
 
     def value(self, n: Node) -> Node:
         """n in id order (of a chain's row: its id-order form as the dense definitions hold it)."""
@@ -524,7 +537,12 @@ class _Lowering:
         spec §2 where the count is positive. The scatter reads the history's ids as they are (padding clamps to
         id 0 with weight 0), so that the window's weights are one kernel and the ids none of their own. The check
         is one maximum of the penalized row with NaN read as +inf: where the logits are valid (their own check
-        comes first) a +inf or NaN there is a penalty's overflow, and -inf a row with nothing left."""
+        comes first) a +inf or NaN there is a penalty's overflow, and -inf a row with nothing left. In a run of
+        penalties stages each reading the row the one before wrote, the run's last check is every stage's (one
+        maximum for the run): a later stage keeps a +inf, NaN or -inf token non-finite (its division, product and
+        subtraction of a finite or infinite penalty give +inf, NaN or -inf again), and changes no token it does not
+        count, so a row that fails an earlier stage's check fails the last one's, whose rows are then exactly the
+        union of the stages' -- and the stages' checks have one message."""
         x, hist, last_n, rep, freq, pres = (self.value(i) for i in n.inputs)
         key = ("penalties", *(id(i) for i in n.inputs))
         if key not in self.dense:
@@ -537,8 +555,14 @@ class _Lowering:
         if n.op == "penalties":
             self.dense[id(n)] = penalized
             return
+        if id(n) in self.checked_later:     # (its flag is the last stage's of the run: `finish`)
+            return
         top = make("reduce_max", where(make("isnan", penalized), const(float("inf")), penalized))
         self.dense[id(n)] = make("squeeze", make("logical_not", make("isfinite", top)), name=n.name)
+
+
+def _operands(n: Node) -> tuple[int, ...]:
+    return tuple(id(i) for i in n.inputs)
 
 
 def _expanded(n: Node, inputs: tuple[Node, ...]) -> Node:
@@ -553,6 +577,8 @@ def lower_portable(g: Graph, keep: set = frozenset(), kept: dict | None = None) 
     low = _Lowering(g, keep)
     for n in g.toposort():
         low.visit(n)
+    for k, last in low.checked_later.items():
+        low.dense[k] = low.dense[id(last)]
     out = g.replace({id(n): low.value(n) for n in g.roots()})
     new: dict[int, Node] = {}
     out = _device_sums(out, {id(n) for n in g.toposort()}, new)
