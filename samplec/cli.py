@@ -139,12 +139,13 @@ def compile_cmd(
     more_sets: Optional[List[str]] = typer.Argument(None, metavar="[NAME=VALUE]...",
                                                      help="more --set bindings: --set a=1 b=2"),
     output: Optional[str] = typer.Option(None, "-o", "--output", metavar="FILE", help="where to write the .smpb "
-                                          "(default: FILE with the suffix .smpb; nothing is written with --emit)"),
+                                          "(default: FILE with the suffix .smpb); with --emit, where to write what "
+                                          "it emits (default: standard output)"),
     sampler: Optional[str] = typer.Option(None, "--sampler", help="which sampler of the file (default: the first)"),
     opt: int = typer.Option(2, "-O", help="optimization level: -O0, -O1 or -O2", min=0, max=2),
     set_: Optional[List[str]] = typer.Option(None, "--set", help="bind a parameter at compile time: NAME=VALUE"),
-    emit: Optional[str] = typer.Option(None, "--emit", help="print ir | ir-unopt | dot | svg | png instead of "
-                                       "writing (svg/png need graphviz's dot)"),
+    emit: Optional[str] = typer.Option(None, "--emit", help="emit ir | ir-unopt | dot | svg | png instead of the "
+                                       ".smpb (svg/png need graphviz's dot)"),
     print_after_all: bool = typer.Option(False, "--print-after-all",
                                          help="print the IR after each pass that changed it"),
     print_diff: bool = typer.Option(False, "--print-diff",
@@ -167,22 +168,28 @@ def compile_cmd(
     if emit == "ir-unopt":
         source = read_source(file)
         graph, _ = api.lower_source(source, sampler, bindings, filename=str(file))
-        _echo(print_graph(graph), nl=False)
-        return
+        return _emit_text(print_graph(graph), output, file)
     prog = api.compile_file(file, sampler=sampler, opt_level=opt, bindings=bindings, after_pass=after, target=target)
     if after is not None:
         after.finish()
     if emit == "ir":
-        _echo(prog.ir(), nl=False)
+        _emit_text(prog.ir(), output, file)
     elif emit in ("dot", "svg", "png"):
-        _emit_picture(file, sampler, opt, bindings, emit, None)
-    if emit is None or output is not None:
+        _emit_picture(file, sampler, opt, bindings, emit, output)
+    else:
         out = output or file.with_suffix(".smpb")
         from samplec.serialize import save
         size = save(prog.stage_graph, out, not_over=file, target=prog.target)
-        if emit is None:
-            _echo(f"wrote {out} ({size} bytes, {len(prog.stage_graph.toposort())} nodes, target {prog.target})",
-                  err=True)
+        _echo(f"wrote {out} ({size} bytes, {len(prog.stage_graph.toposort())} nodes, target {prog.target})", err=True)
+
+
+def _emit_text(text: str, output: Path | None, source: Path) -> None:
+    """What --emit gives as text: to `output` (written whole, or not at all), else standard output."""
+    if output is None:
+        _echo(text, nl=False)
+        return
+    write_atomic(output, text.encode(), not_over=source)
+    _echo(f"wrote {output}", err=True)
 
 
 class _PassPrinter:

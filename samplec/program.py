@@ -27,6 +27,7 @@ import numpy as np
 from samplec.backend_mlx.interpreter import FLAG_BITS, unpack_flags
 from samplec.backend_mlx.native import evaluate, history_check, release, row_max, wake
 from samplec.diagnostics import SamplecError
+from samplec.frontend.lower import OS_SEED
 from samplec.ir.graph import Graph, Param
 from samplec.ir.printer import print_graph
 from samplec.stages import Range
@@ -120,6 +121,8 @@ class Program:
         self._max_bias_id = max((max(n.attr("ids"), default=-1) for n in self.graph.toposort() if n.op == "sparse_add"),
                                 default=-1)
         self._known = {p.name for p in self.params}
+        # `sample()` without a seed draws one from the OS each call; `seed=` sets it (as the CLI's --seed does)
+        self._seed_alias = OS_SEED in self._known and "seed" not in self._known
         self._names = [k for k, _ in graph.outputs]
         self._layout = _layout(self._names)
         self._ranges = {p.name: Range.parse(p.range) for p in self.params if p.range and p.kind != "seed"}
@@ -234,6 +237,8 @@ class Program:
             self._cannot_run = self._device_error()
             if self._cannot_run is not None:
                 raise SamplecError(self._cannot_run)
+        if self._seed_alias and "seed" in params:
+            params[OS_SEED] = params.pop("seed")
         short = self._arguments(logits, params)
         if short is not None:   # (no hold: measured, it costs such a call more host time than it saves it)
             self.queue_stats["short"] += 1
@@ -375,7 +380,8 @@ class Program:
         known = self._known
         if not params.keys() <= known:
             unknown = sorted(k for k in params if k not in known)
-            hint = f" (parameters: {', '.join(sorted(known))})" if known else " (this sampler takes none)"
+            names = sorted("seed" if k == OS_SEED else k for k in known)
+            hint = f" (parameters: {', '.join(names)})" if known else " (this sampler takes none)"
             raise SamplecError(f"unknown parameter '{unknown[0]}'{hint}")
         args, checks_now = [x], []
         for p in self.params:
@@ -508,7 +514,8 @@ def _as_mx(value, name: str) -> mx.array:
     if arr.dtype.kind not in "biuf":       # (strings, objects, complex, datetimes: not numbers)
         raise SamplecError(f"{name}: expected numbers, got {type(value).__name__} of {arr.dtype}")
     if arr.dtype == np.float64:
-        arr = arr.astype(np.float32)
+        with np.errstate(over="ignore"):    # (past float32's range: +-inf, which the checks name)
+            arr = arr.astype(np.float32)
     if any(st < 0 for st in arr.strides) or not (arr.flags.c_contiguous or arr.flags.f_contiguous):
         arr = np.ascontiguousarray(arr)    # (a reversed or strided view: MLX takes contiguous memory)
     return mx.array(arr)
@@ -522,7 +529,8 @@ def _prepare_param(p: Param, value, B: int, V: int, late: list) -> mx.array:
     if arr.ndim == 1 and B == 1:            # (one row's value for a one-row call)
         arr = arr[None, :]
     if arr.ndim != 2 or arr.shape[0] != B:
-        raise SamplecError(f"{p.name}: expected shape [B, ...] with B = {B}, got {list(arr.shape)}")
+        what = {"tokens": "[B, H]", "mask": f"[B, {V}] (or packed: [B, {(V + 31) // 32}])"}.get(p.kind, f"[B, {V}]")
+        raise SamplecError(f"{p.name}: expected shape {what} with B = {B}, got {list(arr.shape)}")
     if p.kind == "tokens":
         if not mx.issubdtype(arr.dtype, mx.integer):
             raise SamplecError(f"{p.name}: token history must be integers, got {dtype_name(arr.dtype)}")

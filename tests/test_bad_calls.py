@@ -156,7 +156,7 @@ def test_a_one_dimensional_history_is_one_rows_value(prog):
     """A 1-D `tokens` value is one row's history: the value of a one-row call, and for a batch a wrong shape (an
     error naming the parameter) -- not silently every row's history."""
     msg = error(prog, h=np.array([1, 2, 3], np.int32))
-    assert msg.startswith("h: expected shape [B, ...] with B = 2, got [3]"), msg
+    assert msg.startswith("h: expected shape [B, H] with B = 2, got [3]"), msg
     one = call(prog, x=X[:1], h=np.array([1, 2], np.int32), seed=[1])
     assert one == call(prog, x=X[:1], h=H[:1], seed=[1])
 

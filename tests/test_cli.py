@@ -66,6 +66,10 @@ def test_emit_variants_and_levels(files):
     dot = cli("compile", src, "--emit", "dot").stdout
     assert dot.startswith('digraph "s"') and "->" in dot
     assert not (d / "s.smpb").exists()
+    for kind, text in (("ir", o2), ("dot", dot), ("ir-unopt", unopt)):     # (-o: what --emit gives, in a file)
+        out = d / f"s.{kind}"
+        r = cli("compile", src, "--emit", kind, "-o", out)
+        assert r.stdout == "" and out.read_text() == text and not (d / "s.smpb").exists()
     after = cli("compile", src, "--emit", "ir", "--print-after-all")
     # (only the passes that changed something print the IR: here none did; tests/test_explain.py has the rest)
     assert "// ---- passes that changed nothing: stages simplify cse dce" in after.stdout

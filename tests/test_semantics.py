@@ -563,6 +563,10 @@ def test_sample_without_seed_is_fresh_and_valid():
     a, b = np_(p(x).token), np_(p(x).token)
     assert ((0 <= a) & (a < 500)).all() and ((0 <= b) & (b < 500)).all()
     assert a.tolist() != b.tolist()
+    # seed= sets the seed it would draw (as the CLI's --seed does): then the draw is the spec's at that seed
+    y = np.random.default_rng(3).standard_normal((B, 100)).astype(F32)
+    assert np_(p(y, seed=77).token).tolist() == [R.sample(y[r], 77, 0) for r in range(B)]
+    assert np_(p(y, seed=[5] * B).token).tolist() == np_(p(y, seed=5).token).tolist()
 
 
 @pytest.mark.parametrize("opt", OPTS)
