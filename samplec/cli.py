@@ -161,6 +161,8 @@ def compile_cmd(
         raise SamplecError(f"--emit must be ir, ir-unopt, dot, svg or png, got {emit!r}")
     bindings = _pairs(list(set_ or []) + list(more_sets or []), "--set")
     after = None
+    if print_after_all and print_diff:
+        raise SamplecError("--print-after-all and --print-diff: pass one (--print-diff prints each pass as a diff)")
     if print_after_all or print_diff:
         source = read_source(file)
         after = _PassPrinter(print_graph(api.lower_source(source, sampler, bindings, filename=str(file))[0]),
@@ -490,7 +492,11 @@ def run(
     """Run a sampler on a logits file."""
     from samplec import runner
     prog = _load_program(file, sampler, opt, target=target)
+    import mlx.core as mx
     x = runner.load_array(logits, "--logits")
+    if x.dtype not in (mx.float32, mx.float16, mx.bfloat16, mx.float64):
+        raise SamplecError(f"--logits {logits}: expected float32, float16 or bfloat16 logits (or float64), got "
+                           f"{str(x.dtype).removeprefix('mlx.core.')}")
     pairs = _pairs(list(param or []) + list(more_params or []), "--param")
     arrays = {n: v for n, v in pairs.items() if n in _array_params(prog)}   # --param NAME=FILE.npy
     values = runner.parse_params(prog, {n: v for n, v in pairs.items() if n not in arrays})

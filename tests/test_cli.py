@@ -70,6 +70,8 @@ def test_emit_variants_and_levels(files):
         out = d / f"s.{kind}"
         r = cli("compile", src, "--emit", kind, "-o", out)
         assert r.stdout == "" and out.read_text() == text and not (d / "s.smpb").exists()
+    both = cli("compile", src, "--emit", "ir", "--print-after-all", "--print-diff")
+    assert both.exit_code != 0 and "pass one" in both.output
     after = cli("compile", src, "--emit", "ir", "--print-after-all")
     # (only the passes that changed something print the IR: here none did; tests/test_explain.py has the rest)
     assert "// ---- passes that changed nothing: stages simplify cse dce" in after.stdout
@@ -178,7 +180,7 @@ def test_wrong_shaped_logits(files, tmp_path):
     assert r.exit_code == 1 and "logits" in r.output and "shape" in r.output
     np.save(tmp_path / "ints.npy", np.zeros((2, 5), np.int32))
     r = cli("run", src, "--logits", tmp_path / "ints.npy")
-    assert r.exit_code == 1 and "float32" in r.output
+    assert r.exit_code == 1 and "float32" in r.output and "--logits" in r.output and "ints.npy" in r.output
 
 
 def test_run_param_errors(files):
