@@ -250,11 +250,10 @@ class Parser:
         off("echo", lambda v: v in (None, False))
         off("best_of", lambda v: v is None or v == body.get("n", 1) or v == 1)
         off("service_tier", lambda v: v in (None, "auto", "default"))
-        for name in INFORMATIONAL:
-            if name == "metadata":
-                off(name, lambda v: v is None or isinstance(v, dict))
-            else:
-                off(name, lambda v: v is None or isinstance(v, str))
+        for name in INFORMATIONAL:     # (accepted as they are typed; a value of another type is a bad request)
+            typed, what = (dict, "an object") if name == "metadata" else (str, "a string")
+            if body.get(name) is not None and not isinstance(body[name], typed):
+                raise BadRequest(f"{name} must be {what}, got {json.dumps(body[name])[:100]}", name)
         off("chat_template_kwargs", lambda v: v is None or isinstance(v, dict))
 
     def _prompt(self, kind, body) -> list[int]:

@@ -340,6 +340,7 @@ def test_regex_and_cfg_grammars(server, grammar, check):
     ("chat", dict(stream_options={"include_usage": True}), "stream_options"),
     ("chat", dict(stop=[3]), "stop"),
     ("chat", dict(temperature=2.5), "temperature"),
+    ("chat", dict(user=5), "user"),
     ("chat", dict(presence_penalty=5), "presence_penalty"),
     ("completion", dict(frequency_penalty=-3), "frequency_penalty"),
     ("completion", dict(extra_body={"repetition_penalty": 1e39}), "repetition_penalty"),
