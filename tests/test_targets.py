@@ -416,16 +416,19 @@ def test_portable_penalties_check_flags_the_rows_the_dense_check_does():
     x[1, 7] = 3e38; h[1, 0] = 7; r[1] = 0.5                              # 3e38 / 0.5 = +inf
     x[2, 9] = -np.inf; h[2, :2] = 9; f[2] = -3e38                        # -inf - (2 * -3e38) = -inf + inf = NaN
     x[4] = -np.inf; x[4, [3, 5]] = -3e38; h[4, :2] = [3, 5]; r[4] = 1.5  # both survivors overflow to -inf
-    kw = dict(h=h, r=r, f=f, seed=list(range(B)))
+    assert_penalties_rows_as_dense(src, x, dict(h=h, r=r, f=f, seed=list(range(B))), "rows 1, 2, 4",
+                                   dict(h=h[[0, 3, 5]], r=[1.3] * 3, f=[0.2] * 3, seed=[1, 2, 3]), [0, 3, 5])
+
+
+def assert_penalties_rows_as_dense(src: str, x, bad: dict, rows: str, good: dict, good_rows: list) -> None:
+    """The portable target names the rows -O0 names for the values `bad`, and gives -O0's tokens for `good`."""
     errors = []
     for opt, target in ((2, "portable"), (0, "cpu")):
         with pytest.raises(SamplecError) as e:
-            samplec.compile(src, opt_level=opt, target=target)(x, **kw)
+            samplec.compile(src, opt_level=opt, target=target)(x, **bad)
         errors.append(str(e.value))
-    assert errors[0] == errors[1] and "penalties" in errors[0] and "rows 1, 2, 4" in errors[0], errors
-    good = [0, 3, 5]
-    got, want = (samplec.compile(src, opt_level=opt, target=target)(x[good], h=h[good], r=[1.3] * 3, f=[0.2] * 3,
-                                                                     seed=[1, 2, 3])
+    assert errors[0] == errors[1] and "penalties" in errors[0] and rows in errors[0], errors
+    got, want = (samplec.compile(src, opt_level=opt, target=target)(x[good_rows], **good)
                  for opt, target in ((2, "portable"), (0, "cpu")))
     np.testing.assert_array_equal(np.array(got.token), np.array(want.token))
 
@@ -447,18 +450,10 @@ def test_a_run_of_penalties_stages_is_checked_once_for_the_same_rows():
     x[1, 7] = 3e38; h[1, 0] = 7; r[1] = 0.5                                  # stage 1: 3e38 / 0.5 = +inf
     x[2, 9] = 3e38; g[2, 0] = 9; p[2] = -3e38                                # stage 2: 3e38 + 3e38 = +inf
     x[4] = -np.inf; x[4, [3, 5]] = -3e38; g[4, :2] = [3, 5]; f[4] = 3e38     # stage 3: both survivors -> -inf
-    kw = dict(h=h, g=g, r=r, p=p, f=f, seed=list(range(B)))
-    errors = []
-    for opt, target in ((2, "portable"), (0, "cpu")):
-        with pytest.raises(SamplecError) as e:
-            samplec.compile(src, opt_level=opt, target=target)(x, **kw)
-        errors.append(str(e.value))
-    assert errors[0] == errors[1] and "penalties" in errors[0] and "rows 1, 2, 4" in errors[0], errors
     good = [0, 3, 5]
     vals = dict(h=h[good], g=g[good], r=[1.3] * 3, p=[0.4] * 3, f=[0.2] * 3, seed=[1, 2, 3])
-    got, want = (samplec.compile(src, opt_level=opt, target=target)(x[good], **vals)
-                 for opt, target in ((2, "portable"), (0, "cpu")))
-    np.testing.assert_array_equal(np.array(got.token), np.array(want.token))
+    assert_penalties_rows_as_dense(src, x, dict(h=h, g=g, r=r, p=p, f=f, seed=list(range(B))), "rows 1, 2, 4",
+                                   vals, good)
     one = src.replace("penalties(g, presence = p) penalties(g, frequency = f) ", "")
     xs = mx.array(x[good])
     counts = [launches(call_primitives(samplec.compile(s, target="portable"), xs, **vals)) for s in (src, one)]
