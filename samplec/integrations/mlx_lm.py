@@ -231,8 +231,7 @@ class Sampler:
         # (after the prompt's last token, each token is one a call of this run drew at its position: an emitted
         # one, or a proposal the target's rows read after it)
         path = int(seen[0]) == int(run.prompt[-1]) and all(
-            int(t) in {int(np.array(d).reshape(-1)[0]) for d in run.drawn.get(run.first + j, ())}
-            for j, t in enumerate(seen[1:]))
+            int(t) in run.drawn_at(run.first + j) for j, t in enumerate(seen[1:]))
         if not path and seen.size == 1:
             raise SamplecError(f"the sampler was armed by speculative() for a prompt ending in token "
                                f"{int(run.prompt[-1])}, but mlx-lm's sequence starts at token {int(seen[0])}: call "
@@ -352,9 +351,19 @@ class _DraftRun:
     prompt: np.ndarray
     states: dict = None
     drawn: dict = None      # position -> the tokens the run's calls drew there (lazy [1] arrays)
+    read: dict = None       # position -> (how many of them are read, the set of those tokens)
 
     def __post_init__(self):
-        self.states, self.drawn = {}, {}
+        self.states, self.drawn, self.read = {}, {}, {}
+
+    def drawn_at(self, position: int) -> set[int]:
+        """The tokens the run's calls drew at `position` (each read once)."""
+        arrays = self.drawn.get(position, ())
+        n, tokens = self.read.get(position, (0, set()))
+        if n < len(arrays):
+            tokens |= {int(np.array(a).reshape(-1)[0]) for a in arrays[n:]}
+            self.read[position] = (len(arrays), tokens)
+        return tokens
 
 
 def speculative_request(program: Program, prompt, seed: int, *, params: dict | None = None,
