@@ -555,7 +555,7 @@ class _Lowering:
         if n.op == "penalties":
             self.dense[id(n)] = penalized
             return
-        if id(n) in self.checked_later:     # (its flag is the last stage's of the run: `finish`)
+        if id(n) in self.checked_later:     # (its flag is the run's last check's: set by lower_portable)
             return
         top = make("reduce_max", where(make("isnan", penalized), const(float("inf")), penalized))
         self.dense[id(n)] = make("squeeze", make("logical_not", make("isfinite", top)), name=n.name)
