@@ -530,6 +530,7 @@ class BatchSampler:
         # logits slice, and every rank gets the same tokens)
         self.vocab_shard = vocab_shard
         self.sharded: dict[str, object] = {}
+        self.readers: dict[str, dict] = {}     # chain -> `history_readers` of its program
         self.rows: list = []
         self.calls = 0              # program calls so far (one per chain per step)
         self.widest = 0             # the most rows one call sampled
@@ -596,10 +597,17 @@ class BatchSampler:
         Pure: neither the rows nor their records change."""
         V = x.shape[-1] if self.vocab_shard is None else self.vocab_shard.vocab
         kw: dict = {}
+        readers = self.readers.get(prog.name)
+        if readers is None:
+            readers = self.readers[prog.name] = history_readers(prog)
         for p in prog.params:
             if p.kind == "tokens":
-                # (padded to a multiple of 32: fewer shapes for the program's compile cache to hold)
-                which = [h[p.name in GENERATED] for h in hist]
+                # (a row whose penalties over this history are all neutral reads none of it: an empty one;
+                # padded to a multiple of 32: fewer shapes for the program's compile cache to hold)
+                need = readers[p.name]
+                which = [h[p.name in GENERATED] if need is None or any(
+                    r.values.get(f, neutral) != neutral if f in FIELDS else True for f, neutral in need)
+                    else h[0][:0] for r, h in zip(rows, hist)]
                 width = -(-max(1, max(len(h) for h in which)) // 32) * 32
                 # (an MLX array: the program's short path checks it inside the compiled call)
                 kw[p.name] = mx.array(np.stack([np.pad(h.astype(np.int32), (width - len(h), 0), constant_values=-1)
@@ -641,6 +649,35 @@ class BatchSampler:
                     for i, (r, h, p) in enumerate(zip(rows, hist, positions))]
         return [(tok, processed[i], raw[i], None if ids is None else ids[i], None if vals is None else vals[i])
                 for i, tok in enumerate(tokens)]
+
+
+def history_readers(prog: Program) -> dict[str, tuple[tuple[str, float], ...] | None]:
+    """For each `tokens` parameter of `prog`: the (parameter, neutral value) pairs that decide whether any stage
+    reads it -- the penalty values of the penalties stages over it: a row whose values are all neutral reads
+    nothing of it -- or None where another stage (or a constant penalty that is not neutral) reads it."""
+    from samplec.ir.graph import INPUT
+    users = prog.stage_graph.users()
+    out: dict = {}
+    for p in prog.params:
+        if p.kind != "tokens":
+            continue
+        fields: list | None = []
+        for u in users.get(id(p.node), []):
+            if u.op not in ("penalties", "penalties_overflow") or u.inputs[1] is not p.node:
+                fields = None
+                break
+            for operand, neutral in zip(u.inputs[3:], (1.0, 0.0, 0.0)):    # (repeat, frequency, presence)
+                if operand.op == "const" and operand.attr("value") == neutral:
+                    continue
+                if operand.op == "expand" and operand.inputs[0].op == INPUT:
+                    fields.append((operand.inputs[0].name, neutral))
+                    continue
+                fields = None
+                break
+            if fields is None:
+                break
+        out[p.name] = None if fields is None else tuple(dict.fromkeys(fields))
+    return out
 
 
 def model_logprobs(x: mx.array, tokens: list[int]):

@@ -632,3 +632,16 @@ def test_a_chunked_request_body_is_read(server):
                                                                   body)[1]["choices"][0]["text"]
     status, answer = send(b"zz\r\n" + body + b"\r\n0\r\n\r\n")
     assert status == 400 and "chunk" in answer["error"]["message"]
+
+
+def test_a_history_no_stage_reads_for_a_row_is_sent_empty():
+    """The histories a row's chain reads only through penalties that are neutral for the row are sent empty (no
+    host work that grows with the completion): the default chain's `h` is read by the repetition penalty alone,
+    `generated` by the presence and frequency penalties; a history another stage reads (DRY) is always sent."""
+    import samplec
+    prog = samplec.compile(serve.SERVER_CHAIN.replace("TOP", str(serve.TOP)))
+    assert serve.history_readers(prog) == {"h": (("repetition_penalty", 1.0),),
+                                           "generated": (("presence_penalty", 0.0), ("frequency_penalty", 0.0))}
+    dry = samplec.compile("sampler d(h: tokens, r: float, seed: seed) -> token { penalties(h, repeat = r) "
+                          "dry(h, 0.8) sample(seed) }")
+    assert serve.history_readers(dry) == {"h": None}
