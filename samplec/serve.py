@@ -499,7 +499,8 @@ def _widest(windows) -> int:
 
 
 def _last(tokens: np.ndarray, n: int) -> np.ndarray:
-    return tokens[-n if n > 0 else 0:] if n != 0 else tokens[:0]
+    """The last n tokens (n = -1: all of them)."""
+    return tokens if n < 0 else tokens[max(len(tokens) - n, 0):]
 
 
 def add_bias(x: mx.array, rows: list[Row]) -> mx.array:
@@ -606,7 +607,7 @@ class BatchSampler:
                 # padded to a multiple of 32: fewer shapes for the program's compile cache to hold)
                 need = readers[p.name]
                 which = [h[p.name in GENERATED] if need is None or any(
-                    r.values.get(f, neutral) != neutral if f in FIELDS else True for f, neutral in need)
+                    f not in FIELDS or r.values[f] != neutral for f, neutral in need)
                     else h[0][:0] for r, h in zip(rows, hist)]
                 width = -(-max(1, max(len(h) for h in which)) // 32) * 32
                 # (an MLX array: the program's short path checks it inside the compiled call)
