@@ -541,8 +541,8 @@ def _prepare_param(p: Param, value, B: int, V: int, late: list) -> mx.array:
                 raise SamplecError(f"{message} ({_rows(over)})")
         elif arr.shape[1]:
             checked = history_check(arr, V)           # (one primitive where the native ones serve)
-            if checked is None:     # (the flag from the row's largest id: no kernel of its own beside the check word)
-                checked = mx.where(arr >= V, -1, arr), mx.max(arr, axis=-1) >= V
+            if checked is None:     # (the flag from the row's largest id, a [B, 1] column: no kernel of its own
+                checked = mx.where(arr >= V, -1, arr), mx.max(arr, axis=-1, keepdims=True) >= V   # beside the word)
             arr = checked[0]                          # (an id >= V reads as padding until the error is raised)
             late.append((message, checked[1]))
         if arr.dtype != mx.int32:                     # (every negative id is padding: none may wrap to an id)
@@ -559,8 +559,8 @@ def _prepare_param(p: Param, value, B: int, V: int, late: list) -> mx.array:
             raise SamplecError(f"{p.name}: expected shape [{B}, {V}], got {list(arr.shape)}")
         arr = arr.astype(mx.float32)
         top = row_max(arr)          # (a NaN wins its row's maximum: one vectorized pass where native serves)
-        bad = mx.any(mx.isnan(arr) | mx.isposinf(arr), axis=-1) if top is None else \
-            (mx.isnan(top) | mx.isposinf(top))[:, 0]
+        bad = mx.any(mx.isnan(arr) | mx.isposinf(arr), axis=-1, keepdims=True) if top is None else \
+            mx.isnan(top) | mx.isposinf(top)        # ([B, 1]: computed in the kernel that packs the flags)
         late.append((_bias_message(p.name), bad))
         return arr
     raise SamplecError(f"{p.name}: unsupported parameter kind {p.kind}")

@@ -372,20 +372,51 @@ FLAG_BITS = 32
 def pack_flags(flags: list[mx.array]) -> list[mx.array]:
     """A call's check flags (bool [B], or [B, 1] where the graph squeezes them) as uint32 words [B]: flag i is
     bit i % 32 of word i // 32. Where each flag was a kernel of its own (a launch on a GPU, and a node for the
-    host to replay each call), the flags of each shape fuse into one kernel: the [B, 1] ones (each with what
-    computed it) and the [B] ones (with their [B, 1] part's bits)."""
+    host to replay each call), they fuse into one kernel with what computed them: each flag as a [B, 1] column
+    (`flag_column`), the word reshaped to [B] at the end (a view)."""
     words = []
     for at in range(0, len(flags), FLAG_BITS):
-        parts: dict[int, mx.array] = {}
+        word = None
         for i, f in enumerate(flags[at:at + FLAG_BITS]):
-            bit = f.astype(mx.uint32)
+            bit = (f if f.ndim == 2 else f.reshape(-1, 1)).astype(mx.uint32)
             bit = bit << i if i else bit
-            parts[f.ndim] = parts[f.ndim] | bit if f.ndim in parts else bit
-        word = parts.get(1)
-        if 2 in parts:
-            word = parts[2].reshape(-1) if word is None else word | parts[2].reshape(-1)
-        words.append(word)
+            word = bit if word is None else word | bit
+        words.append(word.reshape(-1))
     return words
+
+
+# the ops of a check's flag that `flag_column` computes again on [B, 1] columns
+_COLUMN_OPS = frozenset({"isnan", "isposinf", "isfinite", "logical_or", "logical_and", "logical_not", "eq", "ne",
+                         "lt", "le", "gt", "ge"})
+# a binary op with its operands swapped: the same values
+_MIRRORED = {"eq": "eq", "ne": "ne", "logical_or": "logical_or", "logical_and": "logical_and", "lt": "gt",
+             "gt": "lt", "le": "ge", "ge": "le"}
+
+
+def flag_column(f: Node, env: dict) -> mx.array:
+    """A check's flag (bool [B]) as a [B, 1] column, for `pack_flags`: where the graph squeezed a [B, 1] value and
+    tested it in [B] (the logits' checks on their row maximum), the same tests run on the column, in the kernel that
+    packs the flags -- a [B] value read through a reshape would be a kernel of its own."""
+    memo: dict[int, mx.array | None] = {}
+
+    def column(n: Node) -> mx.array | None:
+        if id(n) not in memo:
+            if n.op == "squeeze" and n.inputs[0].type.shape[-1:] == (1,):
+                memo[id(n)] = env.get(id(n.inputs[0]))
+            elif n.op == "const" and not n.type.shape:
+                memo[id(n)] = env.get(id(n))
+            elif n.op in _COLUMN_OPS and len(n.type.shape) == 1:
+                ins = [column(i) for i in n.inputs]
+                # (a comparison's operands swapped: MLX's compile would merge the same comparison made elsewhere in
+                # the call -- the draw's test of the same maximum -- into one node, a kernel of its own)
+                op = _MIRRORED.get(n.op, n.op) if len(ins) == 2 else n.op
+                memo[id(n)] = None if any(i is None for i in ins) else \
+                    KERNELS[op](ins[::-1] if n.op in _MIRRORED else ins, n.attr_dict)
+            else:
+                memo[id(n)] = None
+        return memo[id(n)]
+    got = column(f)
+    return got if got is not None else env[id(f)]
 
 
 def unpack_flags(words, n: int) -> list[np.ndarray]:
@@ -465,7 +496,7 @@ class Executable:
         self.trace = trace
         n = len(self.graph.outputs)
         return [env[id(r)] for r in self.roots[:n]] + \
-            pack_flags([*first, *(env[id(f.inputs[0] if f.op == "squeeze" else f)] for f in self.roots[n:])])
+            pack_flags([*first, *(flag_column(f, env) for f in self.roots[n:])])
 
     @staticmethod
     def _evaluate(node: Node, env: dict) -> mx.array:

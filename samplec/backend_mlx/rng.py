@@ -22,11 +22,16 @@ def threefry2x32(k0: mx.array, k1: mx.array, c0: mx.array, c1: mx.array) -> tupl
     Every `FUSE_ROUNDS` rounds the two words are packed into one uint64 array behind a view (as int64):
     MLX's `compile` fuses at most ~11 levels of elementwise ops into one kernel and splits a two-word state into
     many small ones (37 kernels for the 20 rounds); one packed value per cut gives it clean boundaries (7 fused
-    kernels, and one for the key's third word; a view is no kernel of its own on any device -- without it, the
+    kernels; a view is no kernel of its own on any device -- without it, the
     packed uint64 value read twice fuses worse: 17 more launches a call of llama.smp's chain). The values are
     unchanged."""
     u = lambda v: mx.array(v, dtype=mx.uint32)
-    ks = (k0, k1, k0 ^ k1 ^ u(PARITY))
+    # the key's third word, k0 ^ k1 ^ PARITY, written apart at each of its four uses (no two share a node, so MLX's
+    # compile cannot merge them): a [B, 1] value read by several kernels is a kernel of its own, each use computed
+    # in the kernel that reads it is none (xor is associative and commutative: the same bits)
+    third = iter((lambda: (k0 ^ k1) ^ u(PARITY), lambda: (k0 ^ u(PARITY)) ^ k1, lambda: (k1 ^ u(PARITY)) ^ k0,
+                  lambda: (k1 ^ k0) ^ u(PARITY)))
+    ks = lambda j: k0 if j == 0 else k1 if j == 1 else next(third)()
     x0, x1 = c0 + k0, c1 + k1
     n = 0
     for i in range(5):
@@ -38,8 +43,8 @@ def threefry2x32(k0: mx.array, k1: mx.array, c0: mx.array, c1: mx.array) -> tupl
                 # (int64 behind the view: an arithmetic shift sign-extends, and the conversion keeps the low word)
                 packed = ((x0.astype(mx.uint64) << 32) | x1.astype(mx.uint64)).view(mx.int64)
                 x0, x1 = (packed >> 32).astype(mx.uint32), packed.astype(mx.uint32)
-        x0 = x0 + ks[(i + 1) % 3]
-        x1 = x1 + (ks[(i + 2) % 3] + u(i + 1))
+        x0 = x0 + ks((i + 1) % 3)
+        x1 = x1 + (ks((i + 2) % 3) + u(i + 1))
     return x0, x1
 
 
