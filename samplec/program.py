@@ -697,7 +697,7 @@ def _scalar_param(p: Param, value, B: int) -> np.ndarray:
         r = Range.parse(p.range)
         bad = ok & np.array([not r.contains(float(v)) for v in arr], dtype=bool)
         if bad.any():
-            vals = ", ".join(_show(v, p.kind) for v in arr[bad][:4])
+            vals = ", ".join(list(dict.fromkeys(_show(v, p.kind) for v in arr[bad]))[:4])    # (each value once)
             problems.append(f"{p.name} = {vals} is out of range {p.range} ({_rows(bad)})")
         ok &= ~bad
     if p.kind == "int":

@@ -209,6 +209,10 @@ def test_an_error_in_many_rows_names_the_first_and_counts_them():
     with pytest.raises(samplec.SamplecError) as e:
         p(np.zeros((40, 10), np.float32), t=t)
     assert "rows 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31, 33, ... (19 rows)" in str(e.value)
+    # (the values out of range are named once each, in the order of their first row: not once a row)
+    t[4] = -2.0
+    with pytest.raises(samplec.SamplecError, match=r"^t = -1, -2 is out of range \[0, inf\] \(rows 3, 4, 5, "):
+        p(np.zeros((40, 10), np.float32), t=t)
 
 
 def test_float_values_are_checked_as_the_float32_they_become(prog):

@@ -43,7 +43,7 @@ def check(module: Module, sampler: str | None = None) -> tuple[CheckedSampler, l
         if chosen is None:
             names = [s.name for s in module.samplers]
             msg = f"no sampler named '{sampler}' in {module.filename}{_did_you_mean(sampler, names)}"
-            _raise([Diagnostic("error", f"{msg} (samplers: {', '.join(names)})")], module)
+            raise SamplecError(f"{msg} (samplers: {', '.join(names)})")     # (not a place in the source)
     diags = check_module(module)
     errors = [d for d in diags if d.severity == "error"]
     if errors:
