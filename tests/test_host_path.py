@@ -305,3 +305,34 @@ def test_check_flags_come_back_packed_and_unpack_to_each_check():
     x[[0, 2]] = -np.inf
     with pytest.raises(samplec.SamplecError, match=r"logits: every entry is -inf \(rows 0, 2\)"):
         prog(x, t=0.7, seed=1)
+
+
+@pytest.mark.parametrize("target,opt", [("cpu", 2), ("portable", 2), ("cpu", 0)])
+@pytest.mark.parametrize("native", ["0", "1"])
+def test_replayed_calls_name_the_rows_of_each_logits_check(target, opt, native, monkeypatch):
+    """The logits' checks test the row maximum as a [B, 1] column in the kernel that packs the flags
+    (`interpreter.flag_column`): on every target, in a call the compiled graph replays (the short path, after two
+    good calls) as in the first, each check names exactly its rows -- a NaN and a +inf row for the first, the rows
+    with every entry -inf for the second -- and a history id past V names its row beside them."""
+    monkeypatch.setenv("SAMPLEC_NATIVE", native)
+    src = ("sampler s(h: tokens, t: float, seed: seed) -> token, logprob "
+           "{ penalties(h, repeat = 1.3) top_p(0.9) temperature(t) sample(seed) }")
+    prog = samplec.compile(src, opt_level=opt, target=target)
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((5, 64)).astype(np.float32)
+    h = mx.array(rng.integers(0, 64, (5, 6)).astype(np.int32))
+    for _ in range(2):
+        prog(mx.array(x), h=h, t=0.7, seed=3)
+    bad = x.copy()
+    bad[1, 9], bad[3, 0] = np.nan, np.inf
+    with pytest.raises(samplec.SamplecError, match=r"^logits: NaN or \+inf \(rows 1, 3\)$"):
+        prog(mx.array(bad), h=h, t=0.7, seed=3)
+    bad = x.copy()
+    bad[[0, 4]] = -np.inf
+    with pytest.raises(samplec.SamplecError, match=r"^logits: every entry is -inf \(rows 0, 4\)$"):
+        prog(mx.array(bad), h=h, t=0.7, seed=3)
+    far = np.array(h)
+    far[2, 1] = 64
+    with pytest.raises(samplec.SamplecError, match=r"^h: token id >= V = 64 among its tokens \(row 2\)$"):
+        prog(mx.array(x), h=mx.array(far), t=0.7, seed=3)
+    assert prog.queue_stats["short"] >= 4

@@ -388,7 +388,7 @@ def pack_flags(flags: list[mx.array]) -> list[mx.array]:
 # the ops of a check's flag that `flag_column` computes again on [B, 1] columns
 _COLUMN_OPS = frozenset({"isnan", "isposinf", "isfinite", "logical_or", "logical_and", "logical_not", "eq", "ne",
                          "lt", "le", "gt", "ge"})
-# a binary op with its operands swapped: the same values
+# each binary op of _COLUMN_OPS: the op that gives the same values with its operands swapped
 _MIRRORED = {"eq": "eq", "ne": "ne", "logical_or": "logical_or", "logical_and": "logical_and", "lt": "gt",
              "gt": "lt", "le": "ge", "ge": "le"}
 
@@ -409,9 +409,8 @@ def flag_column(f: Node, env: dict) -> mx.array:
                 ins = [column(i) for i in n.inputs]
                 # (a comparison's operands swapped: MLX's compile would merge the same comparison made elsewhere in
                 # the call -- the draw's test of the same maximum -- into one node, a kernel of its own)
-                op = _MIRRORED.get(n.op, n.op) if len(ins) == 2 else n.op
-                memo[id(n)] = None if any(i is None for i in ins) else \
-                    KERNELS[op](ins[::-1] if n.op in _MIRRORED else ins, n.attr_dict)
+                op, ins = (_MIRRORED[n.op], ins[::-1]) if n.op in _MIRRORED else (n.op, ins)
+                memo[id(n)] = None if any(i is None for i in ins) else KERNELS[op](ins, n.attr_dict)
             else:
                 memo[id(n)] = None
         return memo[id(n)]
