@@ -445,6 +445,10 @@ def _runs(grp: Group, ex: Explained) -> None:
                             "normalizers from one pass)")
         elif n.op == "logprob_at" and ex.native:
             grp.runs.append(f"{name} = logprob_at: the native row_logsumexp and a gather")
+        elif ex.target in ("cuda", "metal") and n.op == "topk_ids" and n.inputs[0].op == "log_softmax":
+            grp.runs.append(f"{name} = topk_ids: top_logprobs' ids and values by one block a row beside the chain "
+                            "kernel (gpu.top_logprobs: a radix select of the k + 8 largest logits, ranked by their "
+                            "log-probabilities from the kernel's maximum and log-sum-exp)")
         elif ex.target in ("portable", "metal") and n.op in PORTABLE and chain is None:
             grp.runs.append(f"{name} = {n.op}: the portable lowering: {PORTABLE[n.op]}")
         elif n.op in DENSE_OPS:

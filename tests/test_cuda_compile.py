@@ -79,6 +79,9 @@ KERNELS = {
               "const int* S, int* tok, float* lp, float* xo, bool* pf, float* rs, int* ws) {\n" + gpu.CHAIN_BODY + "}\n", gpu.CHAIN_THREADS),
     "kth_largest": ('extern "C" __global__ void samplec_kth_largest(const float* x, const int* x_shape, const int* k, '
                     "float* out) {\n" + gpu._KTH_SOURCE + "}\n", gpu.THREADS),
+    "top_logprobs": (gpu.top_logprobs_header() + '\nextern "C" __global__ void samplec_top_logprobs(const float* x, '
+                     "const int* x_shape, const float* m, const float* lz, const int* K, int* ids, float* vals) {\n" +
+                     gpu.top_logprobs_entry("cuda") + "}\n", gpu.CHAIN_THREADS),
 }
 
 

@@ -83,6 +83,30 @@ def test_kth_largest_kernel_equals_dense_and_numpy():
 
 
 @cuda
+def test_top_logprobs_kernel_equals_numpy_and_the_programs_outputs():
+    """gpu.top_logprobs (top_logprobs beside the chain kernel) against numpy's stable sort of the log-probabilities,
+    and a program's top_logprobs on the GPU against the same program's -O0 on the CPU."""
+    rng = np.random.default_rng(3)
+    for x in _rows(rng):
+        B, n = x.shape
+        xm = mx.array(x)
+        m = mx.max(xm, axis=-1, keepdims=True)
+        lz = mx.log(mx.sum(mx.exp(xm - m), axis=-1, keepdims=True))
+        for k in sorted({1, min(5, n), min(20, n)}):
+            ids, vals = gpu.top_logprobs(xm, m, lz, k, 8)
+            lp = (x - np.array(m)) - np.array(lz)
+            want = np.argsort(-lp, axis=-1, kind="stable")[:, :k]
+            assert np.array_equal(np.array(ids), want), (x[:, :4], k)
+            assert np.array_equal(np.array(vals), np.take_along_axis(lp, want, axis=-1))
+    src = "sampler s(seed: seed) -> token, top_logprobs(5) { top_k(40) temperature(0.8) sample(seed) }"
+    x = chat_rows(rng, 4, 32000)
+    got = samplec.compile(src)(x, seed=[1, 2, 3, 4])
+    want = o0_on_the_cpu(src, x, seed=[1, 2, 3, 4])
+    assert np.array_equal(np.array(got.top_logprobs.ids), np.array(want.top_logprobs.ids))
+    np.testing.assert_allclose(np.array(got.top_logprobs.values), np.array(want.top_logprobs.values), atol=1e-5)
+
+
+@cuda
 @pytest.mark.parametrize("example", ["llama.smp", "hf_generate.smp", "vllm.smp", "openai.smp", "mlx_lm_default.smp",
                                      "llama_cpp_default.smp"])
 def test_gpu_tokens_equal_cpu_tokens(example):

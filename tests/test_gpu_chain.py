@@ -26,6 +26,7 @@ import pytest
 import reference as R
 import samplec
 from samplec.backend_mlx import gpu
+from samplec.backend_mlx.lowering import TIE_MARGIN
 from test_differential import EXTREME_CUTS, EXTREME_T, XTC_THRESHOLD, build, family_row
 
 HERE = Path(__file__).parent
@@ -473,12 +474,23 @@ def assert_outputs_equal(got: dict, want: dict, src: str) -> None:
 
 
 def fake_cuda(monkeypatch):
-    """The cuda target on the CPU: a CUDA device faked where the interpreter and the target pass ask."""
+    """The cuda target on the CPU: a CUDA device faked where the interpreter and the target pass ask, top_logprobs'
+    selection kernel the emulated one (tests/test_gpu_top_logprobs.py) in the current dialect."""
     import samplec.passes.target as target
+    from test_gpu_top_logprobs import emulated as emulated_top
     monkeypatch.setenv("SAMPLEC_NATIVE", "0")
     monkeypatch.setattr(gpu, "available", lambda: True)
     monkeypatch.setattr(gpu, "kth_largest", lambda x, want: None)
     monkeypatch.setattr(target, "unavailable", lambda t: None)
+    run, tops = emulated_top(_DIALECT[0]), []
+
+    def top_logprobs(x, m, lz, k, margin):
+        assert margin == TIE_MARGIN
+        tops.append(k)
+        ids, vals = run(np.array(x), np.array(m), np.array(lz), k)
+        return mx.array(ids), mx.array(vals)
+    monkeypatch.setattr(gpu, "top_logprobs", top_logprobs)
+    return tops         # (the k of each call of top_logprobs' kernel)
 
 
 def on_fake_cuda(src: str, x, kw: dict, monkeypatch) -> tuple:
@@ -523,10 +535,10 @@ def test_interpreter_hands_chains_to_the_kernel(seed, V, n, terminal, outs, monk
         calls.append((tuple(stages), terminal, out_x))
         return (mx.array(out[0])[:, None], mx.array(out[1])[:, None]) + tuple(mx.array(o) for o in out[2:])
 
-    fake_cuda(monkeypatch)
+    tops = fake_cuda(monkeypatch)
     monkeypatch.setattr(gpu, "sample_chain", fake)
     got = samplec.compile(src, target="cuda")(x, **kw).to_dict()
-    assert calls, src
+    assert calls and tops == ([3] if "top_logprobs" in outs else []), src
     assert_outputs_equal(got, want, src)
 
 

@@ -123,12 +123,18 @@ def test_metal_build_is_opt_in_and_falls_back(monkeypatch):
 
     def refuse(*a, **k):
         raise RuntimeError("program_source:12:3: error: unknown type name 'float4'")
-    for fake, want in [(refuse, "MLX refused to build it: RuntimeError: program_source:12:3"),
-                       (lambda *a, **k: (mx.array([[-2]]), mx.array([[0.0]])), "not 32 lanes wide"),
-                       (lambda *a, **k: (mx.array([[7]]), mx.array([[0.0]])), "answered token 7"),
-                       (lambda *a, **k: (mx.array([[255]]), mx.array([[0.0]])), "built and checked")]:
+    def top(ids):       # (top_logprobs' kernel: its answer on the check's row)
+        return lambda: lambda **k: (mx.array([ids], dtype=mx.int32), mx.zeros((1, 3)))
+    good = lambda *a, **k: (mx.array([[255]]), mx.array([[0.0]]))     # noqa: E731
+    for fake, top_ids, want in [
+            (refuse, [255, 254, 253], "MLX refused to build it: RuntimeError: program_source:12:3"),
+            (lambda *a, **k: (mx.array([[-2]]), mx.array([[0.0]])), [255, 254, 253], "not 32 lanes wide"),
+            (lambda *a, **k: (mx.array([[7]]), mx.array([[0.0]])), [255, 254, 253], "answered token 7"),
+            (good, [255, 253, 254], "its top_logprobs check answered [255, 253, 254]"),
+            (good, [255, 254, 253], "built and checked")]:
         monkeypatch.setattr(gpu, "_METAL", {})
         monkeypatch.setattr(gpu, "_metal_chain", fake)
+        monkeypatch.setattr(gpu, "_metal_top_logprobs_kernel", top(top_ids))
         ok, why = gpu.metal_status()
         assert want in why and ok == (want == "built and checked"), why
         assert (want in gpu.path_report()) and (("portable target's MLX ops" in gpu.path_report()) != ok)

@@ -588,8 +588,8 @@ def test_the_batchs_logit_bias_is_one_scatter_equal_to_each_rows_addition():
 
 
 def test_steps_without_logprobs_leave_the_models_logprobs_unevaluated(server, monkeypatch):
-    """The batch's call evaluates raw_logprob and top_logprobs (a sort of the row, on a GPU) only on the steps where
-    a row asks for logprobs; with them the answer is the one a request always got."""
+    """The batch's call evaluates raw_logprob and top_logprobs (a sort of the row on the portable target) only on the
+    steps where a row asks for logprobs; with them the answer is the one a request always got."""
     import samplec.program as program
     asked = []
     real = program.Program.run

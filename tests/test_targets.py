@@ -144,15 +144,15 @@ GPU_LAUNCHES = {
     "hf_generate.smp:hf_generate": 2,
     "hf_generate.smp:hf_greedy": 5,
     "llama.smp:llama": 2,
-    "llama.smp:nucleus": 7,
-    "llama_cpp_default.smp:llama_cpp_default": 7,
+    "llama.smp:nucleus": 3,
+    "llama_cpp_default.smp:llama_cpp_default": 3,
     "llama_cpp_default.smp:llama_cpp_default_short": 2,
     "mlx_lm_default.smp:mlx_lm": 5,
     "mlx_lm_default.smp:mlx_lm_chat": 5,
-    "openai.smp:openai": 11,
-    "openai.smp:openai_constant_bias": 7,
-    "vllm.smp:vllm": 10,
-    "vllm.smp:vllm_constrained": 18,
+    "openai.smp:openai": 7,
+    "openai.smp:openai_constant_bias": 3,
+    "vllm.smp:vllm": 6,
+    "vllm.smp:vllm_constrained": 14,
 }
 
 
@@ -371,10 +371,16 @@ def test_metal_target_hands_chains_to_the_metal_build_where_asked(monkeypatch):
             ((mx.max(x, axis=-1, keepdims=True), mx.logsumexp(x - mx.max(x, axis=-1, keepdims=True), axis=-1,
                                                              keepdims=True)) if raw else ())
     monkeypatch.setattr(gpu, "sample_chain", kernel)
+
+    def top_logprobs(x, m, lz, k, margin):      # (top_logprobs' selection kernel beside the chain's)
+        calls.append(("top_logprobs", k))
+        return mx.zeros((x.shape[0], k), dtype=mx.int32), mx.zeros((x.shape[0], k))
+    monkeypatch.setattr(gpu, "top_logprobs", top_logprobs)
     exe = Executable(prog.graph, compile=False, target="metal")
     outs, _ = exe(*args)
     stages = dict(prog.graph.regions[0].attrs)["stages"]
-    assert calls == [(stages, "sample")] and "top_p" in stages and ("metal.chain", "kernel") in exe.trace
+    assert calls == [(stages, "sample"), ("top_logprobs", 5)] and "top_p" in stages and \
+        ("metal.chain", "kernel") in exe.trace
     assert np.array(outs[0]).reshape(-1).tolist() == [3] * x.shape[0]
     monkeypatch.setattr(gpu, "sample_chain", lambda *a, **k: None)
     outs, _ = exe(*args)

@@ -1,5 +1,5 @@
-"""GPU kernels (`mx.fast.cuda_kernel`, `mx.fast.metal_kernel`): a chain of stages as one kernel, and the selection
-by count (CUDA).
+"""GPU kernels (`mx.fast.cuda_kernel`, `mx.fast.metal_kernel`): a chain of stages as one kernel, top_logprobs' ids and
+values beside it, and the selection by count (CUDA).
 
 On a GPU the native CPU primitives stay off; a stage op the chain kernel (below) does not cover runs its dense
 definition in MLX ops. The selection by count (`kth_largest`: top_k's threshold for any per-row k, and
@@ -43,8 +43,10 @@ sample_chain's `edits`: each block
 writes its part of the edited row to the scratch, counts the history's tokens in its part and writes their
 penalized logits, before the stages read it), each stage's check (pf) and the edited row's maximum (rs[0]: the top
 edit's check); and, asked for, the logits' own maximum and log-sum-exp (rs[1], rs[2]: the logits checks' maximum,
-raw_logprob's and top_logprobs' normalizer) from one more pass over the row as the model gave it. DRY and
-top_logprobs' ids (one sort beside the kernel) still run as MLX ops. The stage operands go in as the program holds them
+raw_logprob's and top_logprobs' normalizer) from one more pass over the row as the model gave it. top_logprobs' ids
+and values are one more kernel beside it (`top_logprobs`, gpu_top_logprobs.cu: one block a row selects the k + 8
+largest logits and ranks them by their log-probabilities); DRY still runs as MLX ops. The stage operands go in as the
+program holds them
 (ten f32 slots, two seed and position slots, each one value or one per row): at B = 1 a few small ops to pack them
 cost more than the kernel's work.
 
@@ -598,10 +600,10 @@ def apple_gpu() -> bool:
 
 
 def metal_status() -> tuple[bool, str]:
-    """Whether the Metal build of the chain kernel serves sample_chain here, and why or why not. Where it is asked
-    for, the first call builds it and runs one row (greedy over 0..255: token 255), so that an MLX that refuses to
-    build it -- a compile error, a threadgroup its registers do not allow -- or a wrong answer leaves Apple GPUs on
-    the portable MLX ops, with the reason."""
+    """Whether the Metal build of the chain kernel serves sample_chain (and top_logprobs beside it) here, and why or
+    why not. Where it is asked for, the first call builds both and runs one row (greedy over 0..255: token 255; its
+    three largest: 255, 254, 253), so that an MLX that refuses to build them -- a compile error, a threadgroup its
+    registers do not allow -- or a wrong answer leaves Apple GPUs on the portable MLX ops, with the reason."""
     if switched_off():
         return False, f"off (SAMPLEC_GPU_KERNELS={os.environ.get('SAMPLEC_GPU_KERNELS')})"
     if not apple_gpu():
@@ -614,9 +616,16 @@ def metal_status() -> tuple[bool, str]:
             x = mx.arange(256, dtype=mx.float32).reshape(1, 256)
             tok, lp = _metal_chain(x, [], [], "greedy", True, 0)
             got = int(tok.item())
-            _METAL["status"] = (True, "built and checked (SAMPLEC_METAL_KERNEL=1)") if got == 255 else \
+            # (and top_logprobs' kernel, which the Metal build's chains use beside it: the three largest of the row)
+            top = _metal_top_logprobs_kernel()(
+                inputs=[x, mx.array([255.0]), mx.array([0.5]), mx.array([3, 11], dtype=mx.int32)],
+                output_shapes=[(1, 3), (1, 3)], output_dtypes=[mx.int32, mx.float32],
+                grid=(METAL_THREADS, 1, 1), threadgroup=(METAL_THREADS, 1, 1))[0] if got == 255 else None
+            top = [] if top is None else top.reshape(-1).tolist()
+            _METAL["status"] = (True, "built and checked (SAMPLEC_METAL_KERNEL=1)") if top == [255, 254, 253] else \
                 (False, "its simdgroups are not 32 lanes wide" if got == -2 else
-                 f"its check answered token {got} where 255 is right")
+                 f"its check answered token {got} where 255 is right" if got != 255 else
+                 f"its top_logprobs check answered {top} where [255, 254, 253] is right")
         except Exception as e:  # noqa: BLE001 -- (MLX's compile and launch errors: the reason is reported)
             first = (str(e).splitlines() or [""])[0][:200]
             if "transformation" in first:       # (asked inside mx.compile's trace, where nothing evaluates)
@@ -626,6 +635,73 @@ def metal_status() -> tuple[bool, str]:
 
 
 CHAIN_OUTPUTS = ("tok", "lp", "xo", "pf", "rs", "ws")
+
+
+# -- top_logprobs' ids and values (gpu_top_logprobs.cu) ---------------------------------------------------------------
+#
+# One block (threadgroup) a row selects the k + margin largest logits by an 8-bit radix select over their
+# order-preserving keys and ranks them by their log-probabilities: one launch where a sort of the row's
+# log-probabilities, a slice and two gathers ran beside the chain kernel. The same dialect layer as the chain kernel;
+# on Metal only where the chain kernel's Metal build serves (SAMPLEC_METAL_KERNEL=1: not run on Apple hardware).
+
+TOP_LOGPROBS_SOURCE = Path(__file__).with_name("gpu_top_logprobs.cu")
+TOP_LOGPROBS_MAX = 72           # gpu_top_logprobs.cu's TL_MAXK: k + margin (lowering.TIE_MARGIN) at most
+TOP_LOGPROBS_INPUTS = ["x", "m", "lz", "K"]
+TOP_LOGPROBS_ENTRY = """
+    {shared} TlShared sh;
+    const int tx = (int){thread}, row = (int){block};
+    const int V = x_shape[1], k = K[0], kk = K[1];
+    tl_top_logprobs(x + (size_t)row * V, V, m[row], lz[row], k, kk, ids + (size_t)row * k, vals + (size_t)row * k,
+                    sh, tx);
+"""
+
+
+def top_logprobs_entry(dialect: str = "cuda") -> str:
+    fields = {f: DIALECTS[dialect][f] for f in ("shared", "thread", "block")}
+    return TOP_LOGPROBS_ENTRY.format(**fields)
+
+
+@functools.cache
+def top_logprobs_header(dialect: str = "cuda") -> str:
+    """The dialect's layer, then gpu_top_logprobs.cu."""
+    return "\n".join(p.read_text() for p in (DIALECT_HEADERS[dialect], TOP_LOGPROBS_SOURCE))
+
+
+def top_logprobs(x: mx.array, m: mx.array, lz: mx.array, k: int, margin: int) -> tuple | None:
+    """(ids [B, k] i32, values [B, k] f32): the k largest log-probabilities (x - m) - lz of each row of the logits x
+    (m, lz [B, 1]: the row's maximum and log-sum-exp), descending, the lower id first among equal ones -- or None
+    where the kernel does not apply (neither a CUDA GPU nor the Metal build's, k + margin past TOP_LOGPROBS_MAX)."""
+    cuda = available()
+    if not ((cuda or metal_status()[0]) and x.ndim == 2 and x.dtype == mx.float32 and 1 <= k <= x.shape[1]):
+        return None
+    B, V = x.shape
+    kk = min(V, k + margin)
+    if kk > TOP_LOGPROBS_MAX or m.size != B or lz.size != B or (not cuda and x.size < 8):
+        return None
+    args = dict(inputs=[x, m.astype(mx.float32).reshape(B), lz.astype(mx.float32).reshape(B),
+                        mx.array([k, kk], dtype=mx.int32)],
+                output_shapes=[(B, k), (B, k)], output_dtypes=[mx.int32, mx.float32])
+    threads = CHAIN_THREADS if cuda else METAL_THREADS
+    if cuda:
+        kernel = _kernel("samplec_top_logprobs", TOP_LOGPROBS_INPUTS, top_logprobs_entry("cuda"), ("ids", "vals"),
+                         top_logprobs_header("cuda"))
+    else:
+        kernel = _metal_top_logprobs_kernel()
+    ids, vals = kernel(**args, grid=(B * threads, 1, 1), threadgroup=(threads, 1, 1))
+    return ids, vals
+
+
+def _metal_top_logprobs_kernel():
+    if "top_logprobs" not in _METAL:
+        source, header = top_logprobs_entry("metal"), top_logprobs_header("metal")
+        digest = hashlib.sha256("\0".join([header, source]).encode()).hexdigest()[:12]
+        args = dict(name=f"samplec_top_logprobs_{digest}", input_names=TOP_LOGPROBS_INPUTS,
+                    output_names=["ids", "vals"], source=source, header=header, ensure_row_contiguous=True)
+        try:
+            _METAL["top_logprobs"] = mx.fast.metal_kernel(**args, compile_options={"math_mode": "safe"})
+        except TypeError:
+            _METAL["top_logprobs"] = mx.fast.metal_kernel(**args)
+    return _METAL["top_logprobs"]
 
 
 def scratch_size(B: int, split: tuple[int, int], edited: int = 0, raw: bool = False) -> int:
@@ -659,6 +735,6 @@ def path_report() -> str:
                 f"split mode: a row over up to {MAX_SLICES} blocks at small B ({split_of(1, 152064)[0]} at B = 1, "
                 f"V = 152064; SAMPLEC_GPU_SMS={os.environ.get('SAMPLEC_GPU_SMS', SMS)} multiprocessors)")
         chain = f"{', '.join(CHAIN_STAGES)} -> sample/greedy, {mode}, with a logit_bias, an allow and up " \
-            "to four penalties stages before them, with their checks (DRY, raw_logprob and " \
-            "top_logprobs run as MLX ops)"
+            "to four penalties stages before them, with their checks; top_logprobs by one selection kernel " \
+            "beside it (raw_logprob a gather, DRY MLX ops)"
     return f"active (CUDA): kth_largest by one radix-select block a row; the chain kernel: {chain}"

@@ -323,6 +323,22 @@ RULES: dict[str, Rule] = {
 
 # the rules made of MLX ops alone, which a GPU target's interpreter takes too: a log-probability at some ids read off
 # the log-softmax's parts where the chain kernel gave them (Chain.run_gpu), a gather instead of the full row
-MLX_RULES = {"take_along": _take_along}
+def _gpu_topk_ids(node: Node, users: Users, env: Env):
+    """topk_ids(log_softmax(x), k) beside a GPU chain kernel (top_logprobs): one block a row selects on x with
+    TIE_MARGIN more and ranks those by their log-probabilities (gpu.top_logprobs: the CPU's `_topk_ids` on a GPU),
+    from the maximum and log-sum-exp the kernel gave -- and its values for the take_along users that read them."""
+    from samplec.backend_mlx import gpu
+    src = node.inputs[0]
+    lse = env.get(("lse", id(src))) if src.op == "log_softmax" else None
+    if lse is None:
+        return None
+    out = gpu.top_logprobs(*lse, node.attr("k"), TIE_MARGIN)
+    if out is None:
+        return None
+    values = {id(u): out[1] for u in users.get(id(node), ()) if u.op == "take_along" and u.inputs == (src, node)}
+    return {id(node): out[0], **values}
+
+
+MLX_RULES = {"take_along": _take_along, "topk_ids": _gpu_topk_ids}
 
 __all__ = ["MLX_RULES", "RULES"]

@@ -30,14 +30,23 @@ def _region(chain, kernel: str, roots: set, users: dict) -> Region:
 def _as_gpu_chain(chain, users: dict):
     """The chain as a GPU target's kernel runs it: the checks of its penalties stages (penalties_overflow on the same
     operands) join it -- the kernel gives them from the passes that penalize the row --; the model's log-softmax
-    stays (the kernel gives its maximum and log-sum-exp from one more pass over the logits: raw_logprob and
-    top_logprobs' values are gathers beside it), and top_logprobs' ids leave it for the portable lowering (one sort
-    of the log-softmax beside the kernel: the kernel selects no second row)."""
+    stays (the kernel gives its maximum and log-sum-exp from one more pass over the logits: raw_logprob is a gather
+    beside it), and top_logprobs' ids and values leave it for one selection kernel beside it (`gpu_top_ids`)."""
     chain.overflows = tuple(next((u for u in users.get(id(pen.inputs[0]), [])
                                   if u.op == "penalties_overflow" and u.inputs == pen.inputs), None)
                             for pen in chain.edits)
     chain.top_logprobs = ()
     return chain
+
+
+def gpu_top_ids(g: Graph, covered: set) -> list:
+    """top_logprobs' ids of a log-softmax a chain kernel covers (`covered`: its nodes' ids): kept as `topk_ids`,
+    which the interpreter runs as one block a row beside the kernel (gpu.top_logprobs, from the kernel's maximum and
+    log-sum-exp), where the portable lowering would sort the row's log-probabilities."""
+    from samplec.backend_mlx.gpu import TOP_LOGPROBS_MAX
+    from samplec.backend_mlx.lowering import TIE_MARGIN
+    return [n for n in g.toposort() if n.op == "topk_ids" and n.inputs[0].op == "log_softmax" and
+            id(n.inputs[0]) in covered and n.attr("k") + TIE_MARGIN <= TOP_LOGPROBS_MAX]
 
 
 def fuse_chains(g: Graph, target: str) -> Graph:
@@ -53,6 +62,7 @@ def fuse_chains(g: Graph, target: str) -> Graph:
     covered = [_as_gpu_chain(c, users) for c in chains
                if c.draw is not None and gpu.chain_supports([s.op for s in c.stages], c.draw.op)]
     keep = {id(n) for c in covered for n in c.nodes()}
+    keep |= {id(n) for n in gpu_top_ids(g, keep)}
     kept: dict = {}
     low = lower_portable(g, keep, kept)
     # a chain whose nodes all came through the lowering as they were stays as found; another is found again over
