@@ -148,13 +148,13 @@ def emulated(threads: int = 64, defines: str = "", dialect: str = "cuda"):
                 keep.append(np.array(a.shape, np.int32))
                 args.append(ptr(keep[-1]))
         pf = np.zeros((B, max(1, int(edits[4]))), dtype=np.bool_)
-        rs = np.full((B, 3), np.nan, dtype=np.float32)
+        rs = np.full((B, 4), np.nan, dtype=np.float32)
         fn(ptr(x), ctypes.c_int(B), ctypes.c_int(V), *args, ptr(tok), ptr(lp), ptr(xo), ptr(pf), ptr(rs), ptr(ws))
         # (as gpu.sample_chain gives them: the penalties' checks, then with edits the edited row's maximum, then
         # where asked the logits' maximum and log-sum-exp)
         return (tok, lp) + ((xo,) if out_x else ()) + ((pf,) if edits[4] else ()) + \
             ((rs[:, 0:1],) if edits[:gpu.EDIT_CODES].any() else ()) + \
-            ((rs[:, 1:2], rs[:, 2:3]) if edits[gpu.EDIT_CODES] else ())
+            ((rs[:, 1:2], rs[:, 2:3], rs[:, 3:4]) if edits[gpu.EDIT_CODES] else ())
     return run
 
 
@@ -930,7 +930,8 @@ def test_emulated_kernel_gives_the_logits_maximum_and_log_sum_exp(split, edited)
     edits = (("logit_bias", mx.array(bias)),) if edited else ()
     out = kernel(x, [], [], "greedy", split=gpu_split(B, V) if split else (0, 0), threads=block(), edits=edits,
                  raw=True)
-    m, lz = out[-2][:, 0], out[-1][:, 0]
+    m, lz, at = out[-3][:, 0], out[-2][:, 0], out[-1][:, 0]
+    np.testing.assert_array_equal(at, x[np.arange(B), out[0]])       # (the logit at the token: raw_logprob's)
     want_m = x.max(axis=-1)
     assert np.isnan(m[2]) and m[3] == np.inf and m[4] == -np.inf
     np.testing.assert_array_equal(m[[0, 1]], want_m[[0, 1]])

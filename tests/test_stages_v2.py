@@ -452,15 +452,15 @@ def test_state_threads_through_steps():
 # ---------------------------------------------------------------------------------------------- checks and errors
 
 @pytest.mark.parametrize("src, call, message", [
-    ("sampler s(h: tokens, m: float) -> probs { dry(h, m) }", {"m": -0.5}, "m = -0.5, -0.5, -0.5 is out of range"),
-    ("sampler s(h: tokens, b: float) -> probs { dry(h, 0.8, b) }", {"b": 0.5}, "b = 0.5, 0.5, 0.5 is out of range"),
+    ("sampler s(h: tokens, m: float) -> probs { dry(h, m) }", {"m": -0.5}, "m = -0.5 is out of range"),
+    ("sampler s(h: tokens, b: float) -> probs { dry(h, 0.8, b) }", {"b": 0.5}, "b = 0.5 is out of range"),
     ("sampler s(mu: state, t: float) { mirostat_v2(mu, t, 0.1, 1) }", {"t": [1.0, 0.0]},
      r"t = 0 is out of range \(0, inf\) \(row 1\)"),
-    ("sampler s(mu: state, e: float) { mirostat(mu, 5, e, seed = 1) }", {"e": -1}, "e = -1, -1, -1 is out of range"),
+    ("sampler s(mu: state, e: float) { mirostat(mu, 5, e, seed = 1) }", {"e": -1}, "e = -1 is out of range"),
     ("sampler s(e: float) -> probs { epsilon(e) }", {"e": [0.1, 1.0, 0.2]},
      r"e = 1 is out of range \[0, 1\) \(row 1\)"),
-    ("sampler s(e: float) -> probs { eta(e) }", {"e": -0.1}, "e = -0.1, -0.1, -0.1 is out of range"),
-    ("sampler s(r: float) -> probs { dynamic_temperature(1, r) }", {"r": -1}, "r = -1, -1, -1 is out of range"),
+    ("sampler s(e: float) -> probs { eta(e) }", {"e": -0.1}, "e = -0.1 is out of range"),
+    ("sampler s(r: float) -> probs { dynamic_temperature(1, r) }", {"r": -1}, "r = -1 is out of range"),
 ])
 def test_run_time_ranges_name_parameter_and_rows(src, call, message):
     x = logits_for(7, 1)[:3] if not any(isinstance(v, list) and len(v) == 2 for v in call.values()) \

@@ -142,17 +142,17 @@ def test_portable_launches_stay_within_their_ceiling(example, sampler, monkeypat
 # them at V = 152064 with a server's arguments.
 GPU_LAUNCHES = {
     "hf_generate.smp:hf_generate": 2,
-    "hf_generate.smp:hf_greedy": 5,
+    "hf_generate.smp:hf_greedy": 3,
     "llama.smp:llama": 2,
     "llama.smp:nucleus": 3,
     "llama_cpp_default.smp:llama_cpp_default": 3,
     "llama_cpp_default.smp:llama_cpp_default_short": 2,
-    "mlx_lm_default.smp:mlx_lm": 5,
-    "mlx_lm_default.smp:mlx_lm_chat": 5,
+    "mlx_lm_default.smp:mlx_lm": 3,
+    "mlx_lm_default.smp:mlx_lm_chat": 3,
     "openai.smp:openai": 7,
     "openai.smp:openai_constant_bias": 3,
-    "vllm.smp:vllm": 6,
-    "vllm.smp:vllm_constrained": 14,
+    "vllm.smp:vllm": 4,
+    "vllm.smp:vllm_constrained": 12,
 }
 
 

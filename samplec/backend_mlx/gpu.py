@@ -43,7 +43,8 @@ sample_chain's `edits`: each block
 writes its part of the edited row to the scratch, counts the history's tokens in its part and writes their
 penalized logits, before the stages read it), each stage's check (pf) and the edited row's maximum (rs[0]: the top
 edit's check); and, asked for, the logits' own maximum and log-sum-exp (rs[1], rs[2]: the logits checks' maximum,
-raw_logprob's and top_logprobs' normalizer) from one more pass over the row as the model gave it. top_logprobs' ids
+raw_logprob's and top_logprobs' normalizer) from one more pass over the row as the model gave it, and the logit at
+the token (rs[3]: raw_logprob is (rs[3] - rs[1]) - rs[2], no gather beside the kernel). top_logprobs' ids
 and values are one more kernel beside it (`top_logprobs`, gpu_top_logprobs.cu: one block a row selects the k + 8
 largest logits and ranks them by their log-probabilities); DRY still runs as MLX ops. The stage operands go in as the
 program holds them
@@ -281,8 +282,8 @@ DIALECT_CAP = {"cuda": SC_CAP, "metal": METAL_CAP}
 # each one row or one per row; the penalties stages' histories side by side [1 or B, H] -- the kernel reads its shape --
 # and their values [1 or B, PV_STAGE a stage]; placeholders where absent); S (chain_codes). Outputs tok [B] i32, lp [B]
 # f32, xo [B, V] f32 where S asks for the final logits or their softmax (else [B, 1], unwritten), pf [B, stages] bool
-# (the penalties' checks, where S has them), rs [B, 3] f32 (the edited row's maximum, where S has edits; the logits'
-# maximum and log-sum-exp, where S asks for them), ws (scratch_size). The operands go in as the program holds them
+# (the penalties' checks, where S has them), rs [B, 4] f32 (the edited row's maximum, where S has edits; the logits'
+# maximum and log-sum-exp and the logit at the token, where S asks for them), ws (scratch_size). The operands go in as the program holds them
 # (no op gathers them first: at B = 1 a few small ops cost more than the kernel). One text for both languages: a dialect differs only in the fields below (its shared-state
 # declaration, its thread and block indices, a check of its own), as tinygrad's CUDA and Metal renderers differ in a few
 # fields over one renderer.
@@ -322,7 +323,7 @@ CHAIN_ENTRY = """
     SC_DEV int* wi = ws + B + (size_t)B * NB * (SC_WH + cap);
     SC_DEV float* xe = reinterpret_cast<SC_DEV float*>(ws + B + (size_t)B * NB * (SC_WH + 2 * cap)) + (size_t)row * V;
     e.pc = ws + B + (size_t)B * NB * (SC_WH + 2 * cap) + (size_t)B * V + 2 * SC_MAX_PEN * row;
-    e.rmax = rs + 3 * row;
+    e.rmax = rs + 4 * row;
     e.pmax = reinterpret_cast<SC_DEV float*>(ws + B + (size_t)B * NB * (SC_WH + 2 * cap) + (size_t)B * V +
                                            (size_t)B * 2 * SC_MAX_PEN) + (size_t)row * NB;
     // (then, where S asks for the logits' maximum and log-sum-exp in split mode, the slices' parts of them, three
@@ -332,7 +333,7 @@ CHAIN_ENTRY = """
                         (size_t)row * NB * 3;
     sc_chain(x + (size_t)row * V, V, pr, ur, S, sh, tx, tok + row, lp + row,
              xo + (S[5] != 0 ? (size_t)row * V : (size_t)row), slice, wf + (size_t)row * NB * (SC_WH + cap),
-             wi + (size_t)row * NB * cap, ws + row, e, xe, ed[SC_EDIT_CODES] ? rs + 3 * row : nullptr, raw);
+             wi + (size_t)row * NB * cap, ws + row, e, xe, ed[SC_EDIT_CODES] ? rs + 4 * row : nullptr, raw);
 """
 
 # The dialects' fields. Metal's indices are the kernel's attributes (MLX declares those the body names); its check:
@@ -499,7 +500,8 @@ def sample_chain(x: mx.array, params: list[mx.array], stages: list[str], termina
     """The chain's token [B, 1] i32 and its log-probability under the final softmax [B, 1] f32 (0 without
     want_logprob), with out_x the final logits (1) or their softmax (2) [B, V], and with a penalties stage among the
     edits their checks, bool [B, stages] (each penalties_overflow's value), and with edits the edited row's maximum
-    [B, 1], and with raw the logits' maximum (NaN where one is NaN) and log-sum-exp [B, 1] each, before the edits;
+    [B, 1], and with raw the logits' maximum (NaN where one is NaN), log-sum-exp and logit at the token [B, 1]
+    each, before the edits;
     or None where the kernel does
     not apply (neither a CUDA device nor an Apple GPU with the Metal build active -- metal_status --, a stage it does
     not run, operands of other shapes). edits: the logit_bias, allow and penalties before the stages, from the
@@ -518,7 +520,7 @@ def sample_chain(x: mx.array, params: list[mx.array], stages: list[str], termina
     nb = split[0]
     tok, lp, xo, pf, rs, _ = _kernel("samplec_chain", INPUT_NAMES, CHAIN_BODY, CHAIN_OUTPUTS, chain_header())(
         inputs=[x, *inputs],
-        output_shapes=[(B,), (B,), x.shape if out_x else (B, 1), _flags_shape(B, edits), (B, 3),
+        output_shapes=[(B,), (B,), x.shape if out_x else (B, 1), _flags_shape(B, edits), (B, 4),
                        (scratch_size(B, split, V if edits else 0, raw),)],
         output_dtypes=[mx.int32, mx.float32, mx.float32, mx.bool_, mx.float32, mx.int32],
         grid=(B * max(nb, 1) * CHAIN_THREADS, 1, 1), threadgroup=(CHAIN_THREADS, 1, 1),
@@ -529,10 +531,10 @@ def sample_chain(x: mx.array, params: list[mx.array], stages: list[str], termina
 def _outputs(tok, lp, xo, pf, rs, B: int, out_x: int, edits, raw: bool) -> tuple[mx.array, ...]:
     """(token [B, 1], logprob [B, 1]), then the final logits or their softmax where out_x, then with edits the
     penalties' checks [B, stages] (where penalties were among them) and the edited row's maximum [B, 1], then with
-    raw the logits' maximum and log-sum-exp [B, 1] each."""
+    raw the logits' maximum, log-sum-exp and logit at the token [B, 1] each."""
     pen = any(kind == "penalties" for kind, _ in edits)
     return (tok.reshape(B, 1), lp.reshape(B, 1)) + ((xo,) if out_x else ()) + ((pf,) if pen else ()) + \
-        ((rs[:, 0:1],) if edits else ()) + ((rs[:, 1:2], rs[:, 2:3]) if raw else ())
+        ((rs[:, 0:1],) if edits else ()) + ((rs[:, 1:2], rs[:, 2:3], rs[:, 3:4]) if raw else ())
 
 
 def _flags_shape(B: int, edits) -> tuple[int, int]:
@@ -576,7 +578,7 @@ def _metal_chain(x: mx.array, params: list[mx.array], stages: list[str], termina
     inputs = [a.reshape(1) if a.ndim == 0 else a for a in inputs]     # (a 0-d input would be a reference)
     tok, lp, xo, pf, rs, _ = _metal_kernel()(
         inputs=[x, *inputs],
-        output_shapes=[(B,), (B,), x.shape if out_x else (B, 1), _flags_shape(B, edits), (B, 3),
+        output_shapes=[(B,), (B,), x.shape if out_x else (B, 1), _flags_shape(B, edits), (B, 4),
                        (scratch_size(B, (0, 0), V if edits else 0, raw),)],
         output_dtypes=[mx.int32, mx.float32, mx.float32, mx.bool_, mx.float32, mx.int32],
         grid=(B * METAL_THREADS, 1, 1), threadgroup=(METAL_THREADS, 1, 1))

@@ -1536,8 +1536,8 @@ SC_INLINE void sc_raw_combine(int NB, const SC_DEV float* part, SC_DEV float* rs
 // pr: the row's float operands in order; ur: each xtc's and the sample's key words and position, in order; e: the
 // row's edits (sc_edit), xe: the edited row's scratch. In split mode (NB > 0) the block
 // is slice `slice` of the row; wf, wi: the row's scratch; cnt: the row's arrival counter (zero before the launch).
-// rs: where the row's logits' maximum and log-sum-exp go (rs[1], rs[2]; nullptr: not asked for), raw: in split
-// mode, the row's slices' parts of them.
+// rs: where the row's logits' maximum and log-sum-exp go (rs[1], rs[2]; nullptr: not asked for), and the logit at
+// the token (rs[3]: raw_logprob's), raw: in split mode, the row's slices' parts of them.
 SC_FN void sc_chain(const SC_DEV float* xr, int V, SC_THR const float* pr, SC_THR const unsigned* ur,
                     const SC_DEV int* S, SC_TG ScShared& sh, const int tx, SC_DEV int* tok, SC_DEV float* lp,
                     SC_DEV float* xo, int slice, SC_DEV float* wf, SC_DEV int* wi, SC_DEV int* cnt,
@@ -1547,6 +1547,7 @@ SC_FN void sc_chain(const SC_DEV float* xr, int V, SC_THR const float* pr, SC_TH
   for (int j = 0; j < n; ++j) { f += sc_nf(S[8 + j]); u += sc_nu(S[8 + j]); }
   const int len = NB > 0 ? ((V + NB - 1) / NB + 3) & ~3 : V;
   const int lo = NB > 0 ? sc_imin(V, slice * len) : 0, hi = sc_imin(V, lo + len);
+  const SC_DEV float* x0 = xr;      // (the logits as the model gave them: rs[3] reads the token's)
   if (rs) sc_raw_stats(xr, lo, hi, sh, tx, rs, NB > 0 ? raw + 3 * slice : nullptr);
   if (sc_has_edits(e)) {            // (split mode: each block its slice, all before the last block reads the row)
     sc_edit(xr, lo, hi, e, xe, sh, tx, NB, slice);
@@ -1592,6 +1593,7 @@ SC_FN void sc_chain(const SC_DEV float* xr, int V, SC_THR const float* pr, SC_TH
     if (tx == 0) {
       *tok = token;
       *lp = l;
+      if (rs) rs[3] = token >= 0 && token < V ? x0[token] : SC_NAN;     // (raw_logprob's logit)
     }
     if (S[5] != 0) sc_write(xr, V, S[5], m, z, sh, tx, xo);
     return;

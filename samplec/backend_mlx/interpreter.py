@@ -107,10 +107,12 @@ class Chain:
             return None
         bound = {id(n): out[1] for n in self.logprobs}
         if raw:
-            m, lz = out[-2:]
+            m, lz, at = out[-3:]
             bound.update((id(t), m) for t in self.top[1:])
             if self.raw is not None:
                 bound.update(log_softmax_parts(self.raw, env[id(self.base)], m, lz))
+                if self.draw is not None:       # (raw_logprob: the kernel's logit at the token, no gather)
+                    bound[logprob_at_key(self.raw.inputs[0], self.draw)] = (at - m) - lz
         else:
             for m in (*self.top, *((self.raw,) if self.raw is not None else ())):
                 env[id(m)] = evaluate(m, env)

@@ -75,7 +75,7 @@ def chain_kernel_stood_in(target: str = "cuda"):
                                  *([((B, V), mx.float32)] if out_x else []),
                                  *([((B, n_pen), mx.bool_)] if n_pen else []),
                                  *([((B, 1), mx.float32)] if edits else []),
-                                 *([((B, 1), mx.float32)] * 2 if raw else [])))
+                                 *([((B, 1), mx.float32)] * 3 if raw else [])))
 
     def kth_largest(x, want):
         stood_in.append("kth_largest")
