@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
+from samplec.backend_mlx.lowering import TIE_MARGIN
 from samplec.frontend.lower import lower_traced
 from samplec.ir.graph import INPUT, Check, Graph, Node, verify
 from samplec.ir.ops import DRAW_OPS, OPS, STAGE_OPS
@@ -447,8 +448,8 @@ def _runs(grp: Group, ex: Explained) -> None:
             grp.runs.append(f"{name} = logprob_at: the native row_logsumexp and a gather")
         elif ex.target in ("cuda", "metal") and n.op == "topk_ids" and n.inputs[0].op == "log_softmax":
             grp.runs.append(f"{name} = topk_ids: top_logprobs' ids and values by one block a row beside the chain "
-                            "kernel (gpu.top_logprobs: a radix select of the k + 8 largest logits, ranked by their "
-                            "log-probabilities from the kernel's maximum and log-sum-exp)")
+                            f"kernel (gpu.top_logprobs: a radix select of the k + {TIE_MARGIN} largest logits, ranked "
+                            "by their log-probabilities from the kernel's maximum and log-sum-exp)")
         elif ex.target in ("portable", "metal") and n.op in PORTABLE and chain is None:
             grp.runs.append(f"{name} = {n.op}: the portable lowering: {PORTABLE[n.op]}")
         elif n.op in DENSE_OPS:

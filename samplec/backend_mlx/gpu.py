@@ -44,12 +44,11 @@ writes its part of the edited row to the scratch, counts the history's tokens in
 penalized logits, before the stages read it), each stage's check (pf) and the edited row's maximum (rs[0]: the top
 edit's check); and, asked for, the logits' own maximum and log-sum-exp (rs[1], rs[2]: the logits checks' maximum,
 raw_logprob's and top_logprobs' normalizer) from one more pass over the row as the model gave it, and the logit at
-the token (rs[3]: raw_logprob is (rs[3] - rs[1]) - rs[2], no gather beside the kernel). top_logprobs' ids
-and values are one more kernel beside it (`top_logprobs`, gpu_top_logprobs.cu: one block a row selects the k + 8
-largest logits and ranks them by their log-probabilities); DRY still runs as MLX ops. The stage operands go in as the
-program holds them
-(ten f32 slots, two seed and position slots, each one value or one per row): at B = 1 a few small ops to pack them
-cost more than the kernel's work.
+the token (rs[3]: raw_logprob is (rs[3] - rs[1]) - rs[2], no gather beside the kernel). top_logprobs' ids and values
+are one more kernel beside it (`top_logprobs`, gpu_top_logprobs.cu: one block a row selects the k + 8 largest logits
+and ranks them by their log-probabilities); DRY still runs as MLX ops. The stage operands go in as the program holds
+them (ten f32 slots, two seed and position slots, each one value or one per row): at B = 1 a few small ops to pack
+them cost more than the kernel's work.
 
 One kernel source serves CUDA and Metal: gpu_chain.cu is written over a thin dialect layer (simt_cuda.h,
 simt_metal.h: address spaces, barriers, shuffles, atomics, float math), and chain_entry(dialect) writes each
@@ -283,10 +282,10 @@ DIALECT_CAP = {"cuda": SC_CAP, "metal": METAL_CAP}
 # and their values [1 or B, PV_STAGE a stage]; placeholders where absent); S (chain_codes). Outputs tok [B] i32, lp [B]
 # f32, xo [B, V] f32 where S asks for the final logits or their softmax (else [B, 1], unwritten), pf [B, stages] bool
 # (the penalties' checks, where S has them), rs [B, 4] f32 (the edited row's maximum, where S has edits; the logits'
-# maximum and log-sum-exp and the logit at the token, where S asks for them), ws (scratch_size). The operands go in as the program holds them
-# (no op gathers them first: at B = 1 a few small ops cost more than the kernel). One text for both languages: a dialect differs only in the fields below (its shared-state
-# declaration, its thread and block indices, a check of its own), as tinygrad's CUDA and Metal renderers differ in a few
-# fields over one renderer.
+# maximum and log-sum-exp and the logit at the token, where S asks for them), ws (scratch_size). The operands go in
+# as the program holds them (no op gathers them first: at B = 1 a few small ops cost more than the kernel). One text
+# for both languages: a dialect differs only in the fields below (its shared-state declaration, its thread and block
+# indices, a check of its own), as tinygrad's CUDA and Metal renderers differ in a few fields over one renderer.
 CHAIN_ENTRY = """
     {shared} ScShared sh;
     const int tx = (int){thread}, blk = (int){block};
@@ -501,10 +500,8 @@ def sample_chain(x: mx.array, params: list[mx.array], stages: list[str], termina
     want_logprob), with out_x the final logits (1) or their softmax (2) [B, V], and with a penalties stage among the
     edits their checks, bool [B, stages] (each penalties_overflow's value), and with edits the edited row's maximum
     [B, 1], and with raw the logits' maximum (NaN where one is NaN), log-sum-exp and logit at the token [B, 1]
-    each, before the edits;
-    or None where the kernel does
-    not apply (neither a CUDA device nor an Apple GPU with the Metal build active -- metal_status --, a stage it does
-    not run, operands of other shapes). edits: the logit_bias, allow and penalties before the stages, from the
+    each, before the edits; or None where the kernel does not apply (neither a CUDA device nor an Apple GPU with the
+    Metal build active -- metal_status --, a stage it does not run, operands of other shapes). edits: the logit_bias, allow and penalties before the stages, from the
     logits up, as (kind, operand) pairs (_edit_slots), applied in the kernel."""
     cuda = available()
     if not ((cuda or metal_status()[0]) and not native.switched_off("SAMPLEC_GPU_CHAIN") and x.ndim == 2 and

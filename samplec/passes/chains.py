@@ -30,8 +30,9 @@ def _region(chain, kernel: str, roots: set, users: dict) -> Region:
 def _as_gpu_chain(chain, users: dict):
     """The chain as a GPU target's kernel runs it: the checks of its penalties stages (penalties_overflow on the same
     operands) join it -- the kernel gives them from the passes that penalize the row --; the model's log-softmax
-    stays (the kernel gives its maximum and log-sum-exp from one more pass over the logits: raw_logprob is a gather
-    beside it), and top_logprobs' ids and values leave it for one selection kernel beside it (`gpu_top_ids`)."""
+    stays (the kernel gives its maximum and log-sum-exp from one more pass over the logits, and the logit at the
+    token: raw_logprob is two subtractions beside it), and top_logprobs' ids and values leave it for one selection
+    kernel beside it (`gpu_top_ids`)."""
     chain.overflows = tuple(next((u for u in users.get(id(pen.inputs[0]), [])
                                   if u.op == "penalties_overflow" and u.inputs == pen.inputs), None)
                             for pen in chain.edits)
