@@ -105,28 +105,33 @@ def source(dialect: str, threads: int, defines: str = "", sizes: dict | None = N
 EMULATION_HEADERS = ("simt_emulation.h", "cuda_emulation.h", "metal_emulation.h")
 
 
+def built(src: str, stem: str):
+    """The `run` function of a translation unit over the emulation headers, compiled once (by its text's digest,
+    cached on disk across processes: PYTEST_TMP, else /tmp)."""
+    headers = b"".join((HERE / h).read_bytes() for h in EMULATION_HEADERS)
+    digest = hashlib.sha256(src.encode() + headers).hexdigest()[:16]
+    if digest not in _BUILT:
+        out = Path(os.environ.get("PYTEST_TMP", "/tmp")) / f"samplec_{stem}_{digest}"
+        out.mkdir(parents=True, exist_ok=True)
+        lib = out / f"{stem}.so"
+        if not lib.exists():
+            (out / f"{stem}.cpp").write_text(src)
+            tmp = out / f"{stem}.{os.getpid()}.so"
+            subprocess.run([CXX, "-std=c++20", "-O1", "-pthread", "-shared", "-fPIC", f"-I{HERE}",
+                            str(out / f"{stem}.cpp"), "-o", str(tmp)], check=True)
+            os.replace(tmp, lib)
+        fn = ctypes.CDLL(str(lib)).run
+        fn.restype = None
+        _BUILT[digest] = fn
+    return _BUILT[digest]
+
+
 def emulated(threads: int = 64, defines: str = "", dialect: str = "cuda"):
     """The kernel (one for every chain) in `dialect` (cuda, metal), built for the CPU: f(x [B, V], inputs) with
     inputs gpu.chain_inputs' F0..F9, K0, K1, Q0, Q1, S -> (tok [B], lp [B]), and where S asks for it the final
     logits (1) or their softmax (2), [B, V]. S's split (slices a row, candidates a slice) runs each row as that many
     blocks."""
-    src = source(dialect, threads, defines)
-    headers = b"".join((HERE / h).read_bytes() for h in EMULATION_HEADERS)
-    digest = hashlib.sha256(src.encode() + headers).hexdigest()[:16]
-    if digest not in _BUILT:
-        out = Path(os.environ.get("PYTEST_TMP", "/tmp")) / f"samplec_gpu_chain_{digest}"
-        out.mkdir(parents=True, exist_ok=True)
-        lib = out / "chain.so"
-        if not lib.exists():
-            (out / "chain.cpp").write_text(src)
-            tmp = out / f"chain.{os.getpid()}.so"
-            subprocess.run([CXX, "-std=c++20", "-O1", "-pthread", "-shared", "-fPIC", f"-I{HERE}",
-                            str(out / "chain.cpp"), "-o", str(tmp)], check=True)
-            os.replace(tmp, lib)
-        fn = ctypes.CDLL(str(lib)).run
-        fn.restype = None
-        _BUILT[digest] = fn
-    fn = _BUILT[digest]
+    fn = built(source(dialect, threads, defines), "gpu_chain")
 
     def run(x: np.ndarray, inputs: list):
         x = np.ascontiguousarray(x.astype(np.float32))

@@ -9,10 +9,7 @@ where one is), and no Apple GPU has run the Metal one."""
 from __future__ import annotations
 
 import ctypes
-import hashlib
-import os
 import subprocess
-from pathlib import Path
 
 import mlx.core as mx
 import numpy as np
@@ -20,11 +17,10 @@ import pytest
 
 from samplec.backend_mlx import gpu
 from samplec.backend_mlx.lowering import TIE_MARGIN
-from test_gpu_chain import CXX, EMULATION_HEADERS, HERE, metal_attributes
+from test_gpu_chain import CXX, HERE, built, metal_attributes
 from test_gpu_dialects import CLANG
 
 pytestmark = pytest.mark.skipif(CXX is None, reason="no C++ compiler to build the emulation")
-_BUILT: dict = {}
 
 
 def source(dialect: str, defines: str = "", small: bool = False) -> str:
@@ -55,23 +51,8 @@ def source(dialect: str, defines: str = "", small: bool = False) -> str:
 
 
 def emulated(dialect: str):
-    src = source(dialect)
-    headers = b"".join((HERE / h).read_bytes() for h in EMULATION_HEADERS)
-    digest = hashlib.sha256(src.encode() + headers).hexdigest()[:16]
-    if digest not in _BUILT:
-        out = Path(os.environ.get("PYTEST_TMP", "/tmp")) / f"samplec_top_logprobs_{digest}"
-        out.mkdir(parents=True, exist_ok=True)
-        lib = out / "top.so"
-        if not lib.exists():
-            (out / "top.cpp").write_text(src)
-            tmp = out / f"top.{os.getpid()}.so"
-            subprocess.run([CXX, "-std=c++20", "-O1", "-pthread", "-shared", "-fPIC", f"-I{HERE}",
-                            str(out / "top.cpp"), "-o", str(tmp)], check=True)
-            os.replace(tmp, lib)
-        fn = ctypes.CDLL(str(lib)).run
-        fn.restype = None
-        _BUILT[digest] = fn
-    fn = _BUILT[digest]
+    """The kernel in `dialect`, built for the CPU: f(x [B, V], m, lz [B, 1], k) -> (ids [B, k], values [B, k])."""
+    fn = built(source(dialect), "top_logprobs")
 
     def run(x: np.ndarray, m: np.ndarray, lz: np.ndarray, k: int):
         x = np.ascontiguousarray(x, dtype=np.float32)
