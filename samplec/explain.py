@@ -450,6 +450,9 @@ def _runs(grp: Group, ex: Explained) -> None:
             grp.runs.append(f"{name} = topk_ids: top_logprobs' ids and values by one block a row beside the chain "
                             f"kernel (gpu.top_logprobs: a radix select of the k + {TIE_MARGIN} largest logits, ranked "
                             "by their log-probabilities from the kernel's maximum and log-sum-exp)")
+        elif ex.target in ("cuda", "metal") and n.op == "dry_repeats":
+            grp.runs.append(f"{name} = dry_repeats: one block a row beside the chain kernel (gpu.dry_repeats: each "
+                            "history position walked back while its tokens repeat the history's end)")
         elif ex.target in ("portable", "metal") and n.op in PORTABLE and chain is None:
             grp.runs.append(f"{name} = {n.op}: the portable lowering: {PORTABLE[n.op]}")
         elif n.op in DENSE_OPS:

@@ -31,4 +31,6 @@ using std::min;
 // Atomics on shared or global memory (blocks run one after another: the fence has nothing to order here).
 template <class T>
 static T atomicAdd(T* at, T v) { return sc_atomic_fetch_add(at, v); }
+template <class T>
+static T atomicMax(T* at, T v) { return sc_atomic_fetch_max(at, v); }
 static inline void __threadfence() {}

@@ -22,6 +22,12 @@ using atomic_int = int;
 enum memory_order { memory_order_relaxed };
 template <class P, class T>
 static T atomic_fetch_add_explicit(P at, T v, memory_order) { return __atomic_fetch_add(at, v, __ATOMIC_RELAXED); }
+template <class P, class T>
+static T atomic_fetch_max_explicit(P at, T v, memory_order) {
+  T old = __atomic_load_n(at, __ATOMIC_RELAXED);
+  while (old < v && !__atomic_compare_exchange_n(at, &old, v, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {}
+  return old;
+}
 
 namespace precise {
 static inline float exp(float x) { return std::exp(x); }

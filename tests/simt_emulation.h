@@ -38,6 +38,12 @@ static inline void sc_block_sync() { sc_block_barrier->arrive_and_wait(); }
 
 template <class T>
 static T sc_atomic_fetch_add(T* at, T v) { return __atomic_fetch_add(at, v, __ATOMIC_SEQ_CST); }
+template <class T>
+static T sc_atomic_fetch_max(T* at, T v) {
+  T old = __atomic_load_n(at, __ATOMIC_SEQ_CST);
+  while (old < v && !__atomic_compare_exchange_n(at, &old, v, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST)) {}
+  return old;
+}
 
 // Runs body() for each block on `threads` threads; sc_launch(blocks, body) on SC_T (the dialect's or the test's,
 // defined by the time a test launches).

@@ -83,6 +83,22 @@ def test_kth_largest_kernel_equals_dense_and_numpy():
 
 
 @cuda
+def test_dry_kernel_equals_the_mlx_ops():
+    """gpu.dry_repeats (DRY's repeat lengths beside the chain kernel) against the op's MLX ops on the CPU, on random,
+    periodic and padded histories."""
+    rng = np.random.default_rng(5)
+    for B, H, V in ((2, 64, 50), (3, 700, 32000), (1, 1, 10)):
+        periodic = np.tile(rng.integers(0, V, (B, 7)), (1, H // 7 + 1))[:, :H]
+        padded = rng.integers(0, V, (B, H))
+        padded[:, : H // 3] = -1
+        for h in (rng.integers(0, V, (B, H)), periodic, padded):
+            got = np.array(gpu.dry_repeats(mx.array(h.astype(np.int32)), V))
+            with on_the_cpu():
+                want = np.array(kernels._dry_repeats([mx.array(h.astype(np.int32)), mx.zeros((B, V))], {}))
+            assert np.array_equal(got, want), (B, H, V)
+
+
+@cuda
 def test_top_logprobs_kernel_equals_numpy_and_the_programs_outputs():
     """gpu.top_logprobs (top_logprobs beside the chain kernel) against numpy's stable sort of the log-probabilities,
     and a program's top_logprobs on the GPU against the same program's -O0 on the CPU."""

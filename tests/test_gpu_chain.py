@@ -479,10 +479,12 @@ def assert_outputs_equal(got: dict, want: dict, src: str) -> None:
 
 
 def fake_cuda(monkeypatch):
-    """The cuda target on the CPU: a CUDA device faked where the interpreter and the target pass ask, top_logprobs'
-    selection kernel the emulated one (tests/test_gpu_top_logprobs.py) in the current dialect."""
+    """The cuda target on the CPU: a CUDA device faked where the interpreter and the target pass ask, the kernels
+    beside the chain kernel (top_logprobs' selection, DRY's repeat lengths) the emulated ones (tests/test_gpu_beside.py)
+    in the current dialect."""
     import samplec.passes.target as target
-    from test_gpu_top_logprobs import emulated as emulated_top
+    from test_gpu_beside import emulated_dry
+    from test_gpu_beside import emulated_top_logprobs as emulated_top
     monkeypatch.setenv("SAMPLEC_NATIVE", "0")
     monkeypatch.setattr(gpu, "available", lambda: True)
     monkeypatch.setattr(gpu, "kth_largest", lambda x, want: None)
@@ -495,6 +497,8 @@ def fake_cuda(monkeypatch):
         ids, vals = run(np.array(x), np.array(m), np.array(lz), k)
         return mx.array(ids), mx.array(vals)
     monkeypatch.setattr(gpu, "top_logprobs", top_logprobs)
+    dry = emulated_dry(_DIALECT[0])
+    monkeypatch.setattr(gpu, "dry_repeats", lambda h, V: mx.array(dry(np.array(h), V)))
     return tops         # (the k of each call of top_logprobs' kernel)
 
 

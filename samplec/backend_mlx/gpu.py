@@ -1,5 +1,5 @@
 """GPU kernels (`mx.fast.cuda_kernel`, `mx.fast.metal_kernel`): a chain of stages as one kernel, top_logprobs' ids and
-values beside it, and the selection by count (CUDA).
+values and DRY's repeat lengths beside it, and the selection by count (CUDA).
 
 On a GPU the native CPU primitives stay off; a stage op the chain kernel (below) does not cover runs its dense
 definition in MLX ops. The selection by count (`kth_largest`: top_k's threshold for any per-row k, and
@@ -46,7 +46,8 @@ edit's check); and, asked for, the logits' own maximum and log-sum-exp (rs[1], r
 raw_logprob's and top_logprobs' normalizer) from one more pass over the row as the model gave it, and the logit at
 the token (rs[3]: raw_logprob is (rs[3] - rs[1]) - rs[2], no gather beside the kernel). top_logprobs' ids and values
 are one more kernel beside it (`top_logprobs`, gpu_top_logprobs.cu: one block a row selects the k + 8 largest logits
-and ranks them by their log-probabilities); DRY still runs as MLX ops. The stage operands go in as the program holds
+and ranks them by their log-probabilities), and so are DRY's repeat lengths (`dry_repeats`, gpu_dry.cu: one block a
+row walks the history back; DRY's penalty is a few MLX ops). The stage operands go in as the program holds
 them (ten f32 slots, two seed and position slots, each one value or one per row): at B = 1 a few small ops to pack
 them cost more than the kernel's work.
 
@@ -690,17 +691,63 @@ def top_logprobs(x: mx.array, m: mx.array, lz: mx.array, k: int, margin: int) ->
     return ids, vals
 
 
-def _metal_top_logprobs_kernel():
-    if "top_logprobs" not in _METAL:
-        source, header = top_logprobs_entry("metal"), top_logprobs_header("metal")
+# -- DRY's repeat lengths (gpu_dry.cu) ----------------------------------------------------------------------------------
+#
+# One block a row walks each history position back while its tokens repeat the history's end, where the MLX ops
+# compare every pair of positions: one launch for `dry_repeats` beside the chain kernel (CUDA; on Metal where the
+# chain kernel's Metal build serves).
+
+DRY_SOURCE = Path(__file__).with_name("gpu_dry.cu")
+DRY_ENTRY = """
+    const int tx = (int){thread}, row = (int){block};
+    const int H = h_shape[1], V = n[0];
+    dr_repeats(h + (size_t)row * H, H, V, out + (size_t)row * V, tx);
+"""
+
+
+def dry_entry(dialect: str = "cuda") -> str:
+    return DRY_ENTRY.format(**{f: DIALECTS[dialect][f] for f in ("thread", "block")})
+
+
+@functools.cache
+def dry_header(dialect: str = "cuda") -> str:
+    """The dialect's layer, then gpu_dry.cu."""
+    return "\n".join(p.read_text() for p in (DIALECT_HEADERS[dialect], DRY_SOURCE))
+
+
+def dry_repeats(h: mx.array, V: int) -> mx.array | None:
+    """DRY's repeat lengths [B, V] int32 (the `dry_repeats` op) of the history h [B, H] (int32, -1 padding), or None
+    where the kernel does not apply (neither a CUDA GPU nor the Metal build's)."""
+    cuda = available()
+    if not ((cuda or metal_status()[0]) and h.ndim == 2 and h.shape[0] >= 1 and h.shape[1] >= 1 and V >= 1):
+        return None
+    B, H = h.shape
+    if not cuda and h.size < 8:
+        return None
+    args = dict(inputs=[h.astype(mx.int32), mx.array([V], dtype=mx.int32)], output_shapes=[(B, V)],
+                output_dtypes=[mx.int32])
+    threads = CHAIN_THREADS if cuda else METAL_THREADS
+    kernel = _kernel("samplec_dry_repeats", ["h", "n"], dry_entry("cuda"), ("out",), dry_header("cuda")) if cuda \
+        else _metal_beside("dry", ["h", "n"], ["out"], dry_entry("metal"), dry_header("metal"))
+    return kernel(**args, grid=(B * threads, 1, 1), threadgroup=(threads, 1, 1))[0]
+
+
+def _metal_beside(name: str, inputs: list, outputs: list, source: str, header: str):
+    """A kernel beside the chain kernel in its Metal build (built once, under MLX's safe math mode)."""
+    if name not in _METAL:
         digest = hashlib.sha256("\0".join([header, source]).encode()).hexdigest()[:12]
-        args = dict(name=f"samplec_top_logprobs_{digest}", input_names=TOP_LOGPROBS_INPUTS,
-                    output_names=["ids", "vals"], source=source, header=header, ensure_row_contiguous=True)
+        args = dict(name=f"samplec_{name}_{digest}", input_names=inputs, output_names=outputs, source=source,
+                    header=header, ensure_row_contiguous=True)
         try:
-            _METAL["top_logprobs"] = mx.fast.metal_kernel(**args, compile_options={"math_mode": "safe"})
+            _METAL[name] = mx.fast.metal_kernel(**args, compile_options={"math_mode": "safe"})
         except TypeError:
-            _METAL["top_logprobs"] = mx.fast.metal_kernel(**args)
-    return _METAL["top_logprobs"]
+            _METAL[name] = mx.fast.metal_kernel(**args)
+    return _METAL[name]
+
+
+def _metal_top_logprobs_kernel():
+    return _metal_beside("top_logprobs", TOP_LOGPROBS_INPUTS, ["ids", "vals"], top_logprobs_entry("metal"),
+                         top_logprobs_header("metal"))
 
 
 def scratch_size(B: int, split: tuple[int, int], edited: int = 0, raw: bool = False) -> int:
@@ -734,6 +781,6 @@ def path_report() -> str:
                 f"split mode: a row over up to {MAX_SLICES} blocks at small B ({split_of(1, 152064)[0]} at B = 1, "
                 f"V = 152064; SAMPLEC_GPU_SMS={os.environ.get('SAMPLEC_GPU_SMS', SMS)} multiprocessors)")
         chain = f"{', '.join(CHAIN_STAGES)} -> sample/greedy, {mode}, with a logit_bias, an allow and up " \
-            "to four penalties stages before them, with their checks; top_logprobs by one selection kernel " \
-            "beside it (raw_logprob a gather, DRY MLX ops)"
+            "to four penalties stages before them, with their checks; beside it one kernel each for " \
+            "top_logprobs' selection and DRY's repeat lengths"
     return f"active (CUDA): kth_largest by one radix-select block a row; the chain kernel: {chain}"

@@ -8,7 +8,7 @@
 // past kk would need that many logits within one rounding step of each other: gpu.TIE_MARGIN.)
 //
 // Written once over the SIMT dialect layer (simt_cuda.h, simt_metal.h), as gpu_chain.cu is: gpu.py wraps it in
-// each language's entry (gpu.TOP_LOGPROBS_ENTRY) and tests/test_gpu_top_logprobs.py runs both dialects on the CPU.
+// each language's entry (gpu.TOP_LOGPROBS_ENTRY) and tests/test_gpu_beside.py runs both dialects on the CPU.
 
 #define TL_MAXK 72          // kk at most (gpu.TOP_LOGPROBS_MAX): the candidates ranked in shared memory
 

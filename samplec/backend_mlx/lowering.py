@@ -339,6 +339,14 @@ def _gpu_topk_ids(node: Node, users: Users, env: Env):
     return {id(node): out[0], **values}
 
 
-MLX_RULES = {"take_along": _take_along, "topk_ids": _gpu_topk_ids}
+def _gpu_dry_repeats(node: Node, users: Users, env: Env):
+    """dry_repeats(h, x) on a GPU: one block a row (gpu.dry_repeats), where the MLX ops compare every pair of the
+    history's positions."""
+    from samplec.backend_mlx import gpu
+    out = gpu.dry_repeats(env[id(node.inputs[0])], env[id(node.inputs[1])].shape[-1])
+    return None if out is None else {id(node): out}
+
+
+MLX_RULES = {"take_along": _take_along, "topk_ids": _gpu_topk_ids, "dry_repeats": _gpu_dry_repeats}
 
 __all__ = ["MLX_RULES", "RULES"]

@@ -28,6 +28,7 @@
 
 SC_INLINE unsigned sc_atomic_add_shared(unsigned* at, unsigned v) { return atomicAdd(at, v); }
 SC_INLINE int sc_atomic_add_global(int* at, int v) { return atomicAdd(at, v); }
+SC_INLINE int sc_atomic_max_global(int* at, int v) { return atomicMax(at, v); }
 
 SC_INLINE unsigned sc_f2u(float f) { return __float_as_uint(f); }
 SC_INLINE float sc_u2f(unsigned u) { return __uint_as_float(u); }

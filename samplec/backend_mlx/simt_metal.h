@@ -39,6 +39,10 @@ inline int sc_atomic_add_global(SC_DEV int* at, int v) {
   return metal::atomic_fetch_add_explicit(reinterpret_cast<SC_DEV metal::atomic_int*>(at), v,
                                           metal::memory_order_relaxed);
 }
+inline int sc_atomic_max_global(SC_DEV int* at, int v) {
+  return metal::atomic_fetch_max_explicit(reinterpret_cast<SC_DEV metal::atomic_int*>(at), v,
+                                          metal::memory_order_relaxed);
+}
 
 inline unsigned sc_f2u(float f) { return as_type<unsigned>(f); }
 inline float sc_u2f(unsigned u) { return as_type<float>(u); }
