@@ -681,13 +681,7 @@ def top_logprobs(x: mx.array, m: mx.array, lz: mx.array, k: int, margin: int) ->
     args = dict(inputs=[x, m.astype(mx.float32).reshape(B), lz.astype(mx.float32).reshape(B),
                         mx.array([k, kk], dtype=mx.int32)],
                 output_shapes=[(B, k), (B, k)], output_dtypes=[mx.int32, mx.float32])
-    threads = CHAIN_THREADS if cuda else METAL_THREADS
-    if cuda:
-        kernel = _kernel("samplec_top_logprobs", TOP_LOGPROBS_INPUTS, top_logprobs_entry("cuda"), ("ids", "vals"),
-                         top_logprobs_header("cuda"))
-    else:
-        kernel = _metal_top_logprobs_kernel()
-    ids, vals = kernel(**args, grid=(B * threads, 1, 1), threadgroup=(threads, 1, 1))
+    ids, vals = _one_block_a_row(TOP_LOGPROBS_KERNEL, B, cuda, **args)
     return ids, vals
 
 
@@ -726,18 +720,24 @@ def dry_repeats(h: mx.array, V: int) -> mx.array | None:
         return None
     args = dict(inputs=[h.astype(mx.int32), mx.array([V], dtype=mx.int32)], output_shapes=[(B, V)],
                 output_dtypes=[mx.int32])
-    threads = CHAIN_THREADS if cuda else METAL_THREADS
-    kernel = _kernel("samplec_dry_repeats", ["h", "n"], dry_entry("cuda"), ("out",), dry_header("cuda")) if cuda \
-        else _metal_beside("dry", ["h", "n"], ["out"], dry_entry("metal"), dry_header("metal"))
-    return kernel(**args, grid=(B * threads, 1, 1), threadgroup=(threads, 1, 1))[0]
+    return _one_block_a_row(DRY_KERNEL, B, cuda, **args)[0]
 
 
-def _metal_beside(name: str, inputs: list, outputs: list, source: str, header: str):
-    """A kernel beside the chain kernel in its Metal build (built once, under MLX's safe math mode)."""
+# (name, inputs, outputs, entry(dialect), header(dialect)) of each kernel beside the chain kernel
+TOP_LOGPROBS_KERNEL = ("top_logprobs", TOP_LOGPROBS_INPUTS, ["ids", "vals"], top_logprobs_entry, top_logprobs_header)
+DRY_KERNEL = ("dry_repeats", ["h", "n"], ["out"], dry_entry, dry_header)
+
+
+def _beside_kernel(name: str, inputs: list, outputs: list, entry, header, dialect: str):
+    """A kernel beside the chain kernel in `dialect`, made once: CUDA's through `_kernel`, Metal's under MLX's safe
+    math mode (as the chain kernel's Metal build)."""
+    if dialect == "cuda":
+        return _kernel(f"samplec_{name}", inputs, entry("cuda"), tuple(outputs), header("cuda"))
     if name not in _METAL:
-        digest = hashlib.sha256("\0".join([header, source]).encode()).hexdigest()[:12]
+        source, text = entry("metal"), header("metal")
+        digest = hashlib.sha256("\0".join([text, source]).encode()).hexdigest()[:12]
         args = dict(name=f"samplec_{name}_{digest}", input_names=inputs, output_names=outputs, source=source,
-                    header=header, ensure_row_contiguous=True)
+                    header=text, ensure_row_contiguous=True)
         try:
             _METAL[name] = mx.fast.metal_kernel(**args, compile_options={"math_mode": "safe"})
         except TypeError:
@@ -745,9 +745,15 @@ def _metal_beside(name: str, inputs: list, outputs: list, source: str, header: s
     return _METAL[name]
 
 
+def _one_block_a_row(kernel: tuple, B: int, cuda: bool, **args):
+    """A kernel beside the chain kernel launched one block (threadgroup) a row, on CUDA or in the Metal build."""
+    threads = CHAIN_THREADS if cuda else METAL_THREADS
+    return _beside_kernel(*kernel, "cuda" if cuda else "metal")(**args, grid=(B * threads, 1, 1),
+                                                                threadgroup=(threads, 1, 1))
+
+
 def _metal_top_logprobs_kernel():
-    return _metal_beside("top_logprobs", TOP_LOGPROBS_INPUTS, ["ids", "vals"], top_logprobs_entry("metal"),
-                         top_logprobs_header("metal"))
+    return _beside_kernel(*TOP_LOGPROBS_KERNEL, "metal")
 
 
 def scratch_size(B: int, split: tuple[int, int], edited: int = 0, raw: bool = False) -> int:
