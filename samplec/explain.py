@@ -30,7 +30,7 @@ from samplec.passes.rewrite import rewrite
 
 SEP = "\x1f"                       # between a node's name hint and its stage tag (never in a printed name)
 LOGITS, OUTPUTS = -1, 10 ** 6     # the groups before and after the stages: the logits checks, the outputs
-DENSE_OPS = set(STAGE_OPS) | set(DRAW_OPS) | {"logprob_at", "penalties", "penalties_overflow"}
+DENSE_OPS = set(STAGE_OPS) | set(DRAW_OPS) | {"logprob_at", "penalties", "penalties_overflow", "dry"}
 _SHAPE_OPS = {"const", "expand", "squeeze", "cast", "iota"}
 
 # what each native rule of lowering.RULES computes its node with (the primitive of samplec-native)
@@ -235,6 +235,8 @@ PORTABLE = {
     "sample": "the dense definition on the id-order row: Gumbel-max with each id's noise (no permutation)",
     "penalties": "one scatter of the window's counts over the row, then the penalty where a count is positive",
     "penalties_overflow": "from the penalties' counts: one reduction over the row, the maximum at place 0",
+    "dry": "its dense definition: a stable sort of the history, the repeat lengths (every pair of its positions "
+           "compared), the penalties at the window's tokens put back into the row",
 }
 COST = {"cpu": "selection without a sort: a sort of 152k floats costs ~14 ms on MLX's CPU, the chain kernel's "
                "block bound ~0.1 ms",
@@ -450,9 +452,10 @@ def _runs(grp: Group, ex: Explained) -> None:
             grp.runs.append(f"{name} = topk_ids: top_logprobs' ids and values by one block a row beside the chain "
                             f"kernel (gpu.top_logprobs: a radix select of the k + {TIE_MARGIN} largest logits, ranked "
                             "by their log-probabilities from the kernel's maximum and log-sum-exp)")
-        elif ex.target in ("cuda", "metal") and n.op == "dry_repeats":
-            grp.runs.append(f"{name} = dry_repeats: one block a row beside the chain kernel (gpu.dry_repeats: each "
-                            "history position walked back while its tokens repeat the history's end)")
+        elif ex.target in ("cuda", "metal") and n.op == "dry":
+            grp.runs.append(f"{name} = dry: one block a row beside the chain kernel writes the penalized row (gpu.dry: "
+                            "the history's window gathered, each position walked back while its tokens repeat the "
+                            "window's end, the penalties of the tokens that would extend a repeat)")
         elif ex.target in ("portable", "metal") and n.op in PORTABLE and chain is None:
             grp.runs.append(f"{name} = {n.op}: the portable lowering: {PORTABLE[n.op]}")
         elif n.op in DENSE_OPS:

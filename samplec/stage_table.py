@@ -94,6 +94,11 @@ EDITS: tuple[StageDef, ...] = (
              _ops("history:tokens", "last_n:i32", "repeat:f32", "frequency:f32", "presence:f32"),
              "repeat == 1 and frequency == 0 and presence == 0", op="penalties",
              doc="the counted history's tokens: x / repeat (x > 0) or x * repeat, minus c * frequency + presence"),
+    StageDef("dry", 3, "edit",
+             _ops("history:tokens", "multiplier:f32", "base:f32", "allowed_length:i32", "last_n:i32", "breakers:mask"),
+             "multiplier == 0", op="dry",
+             doc="a token extending a repeat of the history of length n >= allowed_length: x - multiplier * "
+                 "base^(n - allowed_length) (a GPU target's DRY kernel, beside the chain kernel)"),
 )
 
 TABLE: tuple[StageDef, ...] = STAGES + TERMINALS + EDITS

@@ -82,9 +82,9 @@ KERNELS = {
     "top_logprobs": (gpu.top_logprobs_header() + '\nextern "C" __global__ void samplec_top_logprobs(const float* x, '
                      "const int* x_shape, const float* m, const float* lz, const int* K, int* ids, float* vals) {\n" +
                      gpu.top_logprobs_entry("cuda") + "}\n", gpu.CHAIN_THREADS),
-    "dry_repeats": (gpu.dry_header() + '\nextern "C" __global__ void samplec_dry_repeats(const int* h, '
-                    "const int* h_shape, const int* n, int* out) {\n" + gpu.dry_entry("cuda") + "}\n",
-                    gpu.CHAIN_THREADS),
+    "dry": (gpu.dry_header() + '\nextern "C" __global__ void samplec_dry(const float* x, const int* x_shape, '
+            "const int* h, const int* h_shape, const float* f, const int* k, const bool* brk, const int* n, "
+            "float* out, int* rep, int* win) {\n" + gpu.dry_entry("cuda") + "}\n", gpu.CHAIN_THREADS),
 }
 
 

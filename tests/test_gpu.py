@@ -83,19 +83,24 @@ def test_kth_largest_kernel_equals_dense_and_numpy():
 
 
 @cuda
-def test_dry_kernel_equals_the_mlx_ops():
-    """gpu.dry_repeats (DRY's repeat lengths beside the chain kernel) against the op's MLX ops on the CPU, on random,
-    periodic and padded histories."""
+def test_dry_kernel_equals_its_definition():
+    """gpu.dry (DRY beside the chain kernel: the penalized row) against the op's definition in MLX ops on the CPU,
+    on random, periodic and padded histories, with and without breakers."""
+    from test_gpu_beside import dry_definition
     rng = np.random.default_rng(5)
     for B, H, V in ((2, 64, 50), (3, 700, 32000), (1, 1, 10)):
+        x = (rng.standard_normal((B, V)) * 3).astype(np.float32)
         periodic = np.tile(rng.integers(0, V, (B, 7)), (1, H // 7 + 1))[:, :H]
-        padded = rng.integers(0, V, (B, H))
+        padded = periodic.copy()
         padded[:, : H // 3] = -1
         for h in (rng.integers(0, V, (B, H)), periodic, padded):
-            got = np.array(gpu.dry_repeats(mx.array(h.astype(np.int32)), V))
-            with on_the_cpu():
-                want = np.array(kernels._dry_repeats([mx.array(h.astype(np.int32)), mx.zeros((B, V))], {}))
-            assert np.array_equal(got, want), (B, H, V)
+            for breakers in (None, rng.random(V) < 0.01):
+                args = (x, h, np.float32(0.8), np.float32(1.75), np.int32(2), np.int32(-1), breakers)
+                got = np.array(gpu.dry(*(None if a is None else mx.array(a) for a in args)))
+                with on_the_cpu():
+                    want = dry_definition(*args)
+                assert np.array_equal(got == x, want == x), (B, H, V)
+                np.testing.assert_allclose(got, want, rtol=2e-6)
 
 
 @cuda

@@ -480,7 +480,7 @@ def assert_outputs_equal(got: dict, want: dict, src: str) -> None:
 
 def fake_cuda(monkeypatch):
     """The cuda target on the CPU: a CUDA device faked where the interpreter and the target pass ask, the kernels
-    beside the chain kernel (top_logprobs' selection, DRY's repeat lengths) the emulated ones (tests/test_gpu_beside.py)
+    beside the chain kernel (top_logprobs' selection, DRY) the emulated ones (tests/test_gpu_beside.py)
     in the current dialect."""
     import samplec.passes.target as target
     from test_gpu_beside import emulated_dry
@@ -498,7 +498,8 @@ def fake_cuda(monkeypatch):
         return mx.array(ids), mx.array(vals)
     monkeypatch.setattr(gpu, "top_logprobs", top_logprobs)
     dry = emulated_dry(_DIALECT[0])
-    monkeypatch.setattr(gpu, "dry_repeats", lambda h, V: mx.array(dry(np.array(h), V)))
+    monkeypatch.setattr(gpu, "dry", lambda x, h, *v: mx.array(dry(np.array(x), np.array(h), *(
+        None if a is None else np.array(a) for a in v))))
     return tops         # (the k of each call of top_logprobs' kernel)
 
 

@@ -517,7 +517,7 @@ def test_smpb_round_trip_and_inspect(tmp_path):
     p.save(path)
     q = samplec.load(path)
     assert q.ir() == p.ir()
-    assert "dry_repeats" in q.ir() and "param %mu: f32[B] state = nan" in q.ir()
+    assert q.ir().count("= dry %") == 2 and "param %mu: f32[B] state = nan" in q.ir()
     x = logits_for(100, 9)
     kw = dict(h=np.tile(np.arange(20, dtype=np.int32) % 7, (x.shape[0], 1)), b=np.array([[6]] * x.shape[0]),
               seed=3)
@@ -528,7 +528,7 @@ def test_smpb_round_trip_and_inspect(tmp_path):
 
     from samplec.cli import app
     res = CliRunner().invoke(app, ["inspect", str(path)])
-    assert res.exit_code == 0 and "dry_repeats" in res.output and "output mu = " in res.output
+    assert res.exit_code == 0 and "= dry %" in res.output and "output mu = " in res.output
 
 
 def test_batch_invariance():

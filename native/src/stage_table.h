@@ -42,6 +42,7 @@
 #define SAMPLEC_OFF_DYNAMIC_TEMPERATURE(t, range) ((t) == 1 && (range) == 0)
 #define SAMPLEC_OFF_TOP_K_RANK(k, V) ((k) <= 0 || (k) >= (V))
 #define SAMPLEC_OFF_PENALTIES(repeat, frequency, presence) ((repeat) == 1 && (frequency) == 0 && (presence) == 0)
+#define SAMPLEC_OFF_DRY(multiplier) ((multiplier) == 0)
 // ... by code, over a stage's numeric operands a, b, c (in order; unused ones ignored) and V
 #define SAMPLEC_STAGE_OFF(code, a, b, c, V) ((code) == 0 ? ((a) == 1) : (code) == 1 ? ((a) <= 0 || (a) >= (V)) : (code) == 2 ? ((a) >= 1) : (code) == 3 ? ((a) == 0) : (code) == 4 ? ((a) <= 0) : (code) == 5 ? ((a) >= 1) : (code) == 6 ? ((b) == 0) : (code) == 7 ? ((a) == 0) : (code) == 8 ? ((a) == 0) : (code) == 9 ? ((a) == 1 && (b) == 0) : (code) == 10 ? ((a) <= 0 || (a) >= (V)) : 0)
 // ... and whether it removes no token: a map, or a cut at its off rule
@@ -55,6 +56,7 @@
 #define SAMPLEC_EDIT_ALLOW 0  // x_i -> -inf where the mask is false
 #define SAMPLEC_EDIT_LOGIT_BIAS 1  // x -> x + b
 #define SAMPLEC_EDIT_PENALTIES 2  // the counted history's tokens: x / repeat (x > 0) or x * repeat, minus c * frequency + presence
+#define SAMPLEC_EDIT_DRY 3  // a token extending a repeat of the history of length n >= allowed_length: x - multiplier * base^(n - allowed_length) (a GPU target's DRY kernel, beside the chain kernel)
 
 // RandomBits (spec section 4): Threefry-2x32-20's constants and the xtc coin's first counter word.
 #define SAMPLEC_THREEFRY_PARITY 0x1BD11BDAu

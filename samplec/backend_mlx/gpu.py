@@ -1,5 +1,5 @@
 """GPU kernels (`mx.fast.cuda_kernel`, `mx.fast.metal_kernel`): a chain of stages as one kernel, top_logprobs' ids and
-values and DRY's repeat lengths beside it, and the selection by count (CUDA).
+values and DRY beside it, and the selection by count (CUDA).
 
 On a GPU the native CPU primitives stay off; a stage op the chain kernel (below) does not cover runs its dense
 definition in MLX ops. The selection by count (`kth_largest`: top_k's threshold for any per-row k, and
@@ -46,8 +46,8 @@ edit's check); and, asked for, the logits' own maximum and log-sum-exp (rs[1], r
 raw_logprob's and top_logprobs' normalizer) from one more pass over the row as the model gave it, and the logit at
 the token (rs[3]: raw_logprob is (rs[3] - rs[1]) - rs[2], no gather beside the kernel). top_logprobs' ids and values
 are one more kernel beside it (`top_logprobs`, gpu_top_logprobs.cu: one block a row selects the k + 8 largest logits
-and ranks them by their log-probabilities), and so are DRY's repeat lengths (`dry_repeats`, gpu_dry.cu: one block a
-row walks the history back; DRY's penalty is a few MLX ops). The stage operands go in as the program holds
+and ranks them by their log-probabilities), and so is DRY (the `dry` op, gpu_dry.cu: one block a row walks the
+history's window back and writes the penalized row the chain kernel reads). The stage operands go in as the program holds
 them (ten f32 slots, two seed and position slots, each one value or one per row): at B = 1 a few small ops to pack
 them cost more than the kernel's work.
 
@@ -685,47 +685,65 @@ def top_logprobs(x: mx.array, m: mx.array, lz: mx.array, k: int, margin: int) ->
     return ids, vals
 
 
-# -- DRY's repeat lengths (gpu_dry.cu) ----------------------------------------------------------------------------------
+# -- DRY (gpu_dry.cu) ----------------------------------------------------------------------------------------------
 #
-# One block a row walks each history position back while its tokens repeat the history's end, where the MLX ops
-# compare every pair of positions: one launch for `dry_repeats` beside the chain kernel (CUDA; on Metal where the
-# chain kernel's Metal build serves).
+# One block a row writes the row with DRY's penalties: the history's window gathered, each position walked back while
+# its tokens repeat the window's end, the penalties of the tokens that would extend a repeat -- where the definition
+# runs ~30 MLX ops. One launch for the `dry` op beside the chain kernel (CUDA; on Metal where the chain kernel's Metal
+# build serves).
 
 DRY_SOURCE = Path(__file__).with_name("gpu_dry.cu")
+DRY_INPUTS = ["x", "h", "f", "k", "brk", "n"]
 DRY_ENTRY = """
+    {shared} DrShared sh;
     const int tx = (int){thread}, row = (int){block};
-    const int H = h_shape[1], V = n[0];
-    dr_repeats(h + (size_t)row * H, H, V, out + (size_t)row * V, tx);
+    const int V = x_shape[1], H = h_shape[1];
+    dr_dry(x + (size_t)row * V, h + (size_t)row * H, H, V, f[2 * row], f[2 * row + 1], k[2 * row], k[2 * row + 1],
+           brk + (size_t)row * n[1], n[0] != 0, out + (size_t)row * V, rep + (size_t)row * V, win + (size_t)row * H,
+           sh, tx);
 """
 
 
 def dry_entry(dialect: str = "cuda") -> str:
-    return DRY_ENTRY.format(**{f: DIALECTS[dialect][f] for f in ("thread", "block")})
+    return DRY_ENTRY.format(**{f: DIALECTS[dialect][f] for f in ("shared", "thread", "block")})
 
 
 @functools.cache
 def dry_header(dialect: str = "cuda") -> str:
-    """The dialect's layer, then gpu_dry.cu."""
-    return "\n".join(p.read_text() for p in (DIALECT_HEADERS[dialect], DRY_SOURCE))
+    """The dialect's layer, the stage table (DRY's off rule), then gpu_dry.cu."""
+    return "\n".join(p.read_text() for p in (DIALECT_HEADERS[dialect], STAGE_TABLE, DRY_SOURCE))
 
 
-def dry_repeats(h: mx.array, V: int) -> mx.array | None:
-    """DRY's repeat lengths [B, V] int32 (the `dry_repeats` op) of the history h [B, H] (int32, -1 padding), or None
+def dry(x: mx.array, h: mx.array, mult: mx.array, base: mx.array, allowed: mx.array, last_n: mx.array,
+        breakers: mx.array | None) -> mx.array | None:
+    """The `dry` op on a GPU: the row x [B, V] float32 with DRY's penalties from the history h [B, H] (ids < 0
+    padding); mult, base, allowed, last_n: one value or one a row; breakers: bool [V] or [B, V], None for none. None
     where the kernel does not apply (neither a CUDA GPU nor the Metal build's)."""
     cuda = available()
-    if not ((cuda or metal_status()[0]) and h.ndim == 2 and h.shape[0] >= 1 and h.shape[1] >= 1 and V >= 1):
+    if not ((cuda or metal_status()[0]) and x.ndim == 2 and x.dtype == mx.float32 and h.ndim == 2 and
+            h.shape[0] in (1, x.shape[0]) and h.shape[1] >= 1 and x.shape[1] >= 1):
         return None
-    B, H = h.shape
-    if not cuda and h.size < 8:
+    B, V = x.shape
+    H = h.shape[1]
+    if breakers is not None and (breakers.ndim not in (1, 2) or breakers.shape[-1] != V or
+                                 breakers.ndim == 2 and breakers.shape[0] not in (1, B)):
         return None
-    args = dict(inputs=[h.astype(mx.int32), mx.array([V], dtype=mx.int32)], output_shapes=[(B, V)],
-                output_dtypes=[mx.int32])
+    if not cuda and (V < 8 or B * H < 8):       # (MLX passes an input of fewer than 8 in Metal's constant space)
+        return None
+    row = lambda a, dt: mx.broadcast_to(mx.array(a).astype(dt).reshape(-1), (B,))      # noqa: E731
+    f = mx.stack([row(mult, mx.float32), row(base, mx.float32)], axis=1)
+    k = mx.stack([row(allowed, mx.int32), row(last_n, mx.int32)], axis=1)
+    brk = mx.zeros((8,), dtype=mx.bool_) if breakers is None else breakers.astype(mx.bool_)
+    stride = V if breakers is not None and breakers.ndim == 2 and breakers.shape[0] == B > 1 else 0
+    args = dict(inputs=[x, mx.broadcast_to(h.astype(mx.int32), (B, H)), f, k, brk,
+                        mx.array([breakers is not None, stride], dtype=mx.int32)],
+                output_shapes=[(B, V), (B, V), (B, H)], output_dtypes=[mx.float32, mx.int32, mx.int32])
     return _one_block_a_row(DRY_KERNEL, B, cuda, **args)[0]
 
 
 # (name, inputs, outputs, entry(dialect), header(dialect)) of each kernel beside the chain kernel
 TOP_LOGPROBS_KERNEL = ("top_logprobs", TOP_LOGPROBS_INPUTS, ["ids", "vals"], top_logprobs_entry, top_logprobs_header)
-DRY_KERNEL = ("dry_repeats", ["h", "n"], ["out"], dry_entry, dry_header)
+DRY_KERNEL = ("dry", DRY_INPUTS, ["out", "rep", "win"], dry_entry, dry_header)
 
 
 def _beside_kernel(name: str, inputs: list, outputs: list, entry, header, dialect: str):
@@ -788,5 +806,5 @@ def path_report() -> str:
                 f"V = 152064; SAMPLEC_GPU_SMS={os.environ.get('SAMPLEC_GPU_SMS', SMS)} multiprocessors)")
         chain = f"{', '.join(CHAIN_STAGES)} -> sample/greedy, {mode}, with a logit_bias, an allow and up " \
             "to four penalties stages before them, with their checks; beside it one kernel each for " \
-            "top_logprobs' selection and DRY's repeat lengths"
+            "top_logprobs' selection and DRY"
     return f"active (CUDA): kth_largest by one radix-select block a row; the chain kernel: {chain}"

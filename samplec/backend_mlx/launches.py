@@ -53,7 +53,8 @@ def chain_kernel_stood_in(target: str = "cuda"):
     """A GPU target's calls traced on a machine without the GPU: the device faked where the target pass and the
     interpreter ask, the chain kernel (gpu.sample_chain) and the radix select (gpu.kth_largest) stood in by evaluated
     placeholders of their outputs -- shaped as theirs, computed before the call, so no primitive of the call's graph
-    -- and counted in `stood_in` (the kernels beside it, gpu.top_logprobs and gpu.dry_repeats, too) (by `call_primitives`: the counted call's). A call's launches on that GPU are then
+    -- and counted in `stood_in` (the kernels beside it, gpu.top_logprobs and gpu.dry, too; by `call_primitives`:
+    the counted call's). A call's launches on that GPU are then
     `launches(call_primitives(...))` plus `len(stood_in)`: the MLX ops the kernel leaves beside it, and one launch
     each for the kernels. (The kernel declines what gpu.chain_inputs declines, as on the device.)"""
     import samplec.passes.target as passes_target
@@ -85,20 +86,20 @@ def chain_kernel_stood_in(target: str = "cuda"):
         stood_in.append("top_logprobs")
         return tuple(placeholder(((x.shape[0], k), mx.int32), ((x.shape[0], k), mx.float32)))
 
-    def dry_repeats(h, V):
-        stood_in.append("dry_repeats")
-        return placeholder(((h.shape[0], V), mx.int32))[0]
+    def dry(x, h, *values):
+        stood_in.append("dry")
+        return placeholder((x.shape, mx.float32))[0]
 
     global _stood_in
     _stood_in = stood_in
     names = ("available", "metal_status", "metal_requested", "apple_gpu", "sample_chain", "kth_largest",
-             "top_logprobs", "dry_repeats")
+             "top_logprobs", "dry")
     saved = [getattr(gpu, n) for n in names] + [passes_target.unavailable]
     gpu.available = (lambda: True) if target == "cuda" else (lambda: False)
     gpu.metal_status = (lambda: (target == "metal", "stood in"))
     gpu.metal_requested = gpu.apple_gpu = (lambda: target == "metal")
-    gpu.sample_chain, gpu.kth_largest, gpu.top_logprobs, gpu.dry_repeats = \
-        sample_chain, kth_largest, top_logprobs, dry_repeats
+    gpu.sample_chain, gpu.kth_largest, gpu.top_logprobs, gpu.dry = \
+        sample_chain, kth_largest, top_logprobs, dry
     passes_target.unavailable = lambda t: None
     try:
         yield stood_in

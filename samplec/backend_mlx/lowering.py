@@ -339,14 +339,15 @@ def _gpu_topk_ids(node: Node, users: Users, env: Env):
     return {id(node): out[0], **values}
 
 
-def _gpu_dry_repeats(node: Node, users: Users, env: Env):
-    """dry_repeats(h, x) on a GPU: one block a row (gpu.dry_repeats), where the MLX ops compare every pair of the
-    history's positions."""
+def _gpu_dry(node: Node, users: Users, env: Env):
+    """dry(x, history, ...) on a GPU: one block a row writes the penalized row (gpu.dry), where the definition runs
+    ~30 MLX ops."""
     from samplec.backend_mlx import gpu
-    out = gpu.dry_repeats(env[id(node.inputs[0])], env[id(node.inputs[1])].shape[-1])
+    x, h, mult, base, allowed, last_n, breakers = (env[id(i)] for i in node.inputs)
+    out = gpu.dry(x, h, mult, base, allowed, last_n, breakers if breakers.ndim else None)
     return None if out is None else {id(node): out}
 
 
-MLX_RULES = {"take_along": _take_along, "topk_ids": _gpu_topk_ids, "dry_repeats": _gpu_dry_repeats}
+MLX_RULES = {"take_along": _take_along, "topk_ids": _gpu_topk_ids, "dry": _gpu_dry}
 
 __all__ = ["MLX_RULES", "RULES"]

@@ -1,6 +1,6 @@
 """The dense definitions of the stage ops: each stage op (samplec/ir/ops.py: `temperature`, `top_k`, `top_p`,
 `min_p`, `top_n_sigma`, `typical_p`, `xtc`, `dynamic_temperature`, `epsilon`, `eta`, `top_k_rank`, `penalties` and
-its check, `greedy`, `sample`, `logprob_at`) written with the low-level ops, exactly as spec §2-§4 and §6 define the stage on the whole vocabulary.
+its check, `dry`, `greedy`, `sample`, `logprob_at`) written with the low-level ops, exactly as spec §2-§4 and §6 define the stage on the whole vocabulary.
 
 These are what -O0 runs (the `expand-stages` pass rewrites every stage op into its definition) and what a stage
 op's kernel runs where no faster kernel covers it. Every stage is `where(off, x, stage(x))`: for a constant
@@ -180,11 +180,57 @@ def penalties_overflow(x: Node, hist: Node, last_n: Node, rep: Node, freq: Node,
     return make("logical_or", any_rows(bad), empty)
 
 
+def dry(x: Node, hist: Node, mult: Node, base: Node, allowed: Node, last_n: Node, breakers: Node) -> Node:
+    """llama.cpp DRY: the history right-aligned (padding dropped), its last L entries the window, `dry_repeats` the
+    longest repeat each token would extend, clamped at the most recent breaker (`breakers`: bool [V] or [B, V]
+    marking the breaker tokens; a scalar, the constant false: none)."""
+    valid = make("ge", hist, const(0, I32))
+    # stable argsort on (valid): padding first, the tokens after it in their order
+    aligned = make("take_along", hist, make("argsort", make("cast", valid, dtype=I32), descending=False))
+    n = make("reduce_sum", make("cast", valid, dtype=I32))
+    length = where(make("eq", last_n, const(-1, I32)), n, make("minimum", n, last_n), name="dry_window")
+    col = make("iota", aligned)
+    h = make("add", make("reduce_max", col), const(1, I32))
+    w = where(make("ge", col, make("sub", h, length)), aligned, const(-1, I32), name="dry_hist")
+    is_breaker = breakers if breakers.type.shape else None           # (a scalar: the constant false, no breakers)
+    rep_limit = length
+    if is_breaker is not None:
+        present = make("ge", w, const(0, I32))
+        at_breaker = make("logical_and", present, make("take_along", is_breaker, where(present, w, const(0, I32))))
+        last_breaker = make("reduce_max", where(at_breaker, col, const(-1, I32)))
+        rep_limit = where(make("ge", last_breaker, const(0, I32)),
+                          make("sub", make("sub", h, const(1, I32)), last_breaker), length, name="rep_limit")
+    # Only tokens of the window can be penalized: the penalty is computed at the window's positions [B, H] (a
+    # padding position reads token 0, like every entry of token 0: all entries of a token agree) and put back into
+    # the row -- two exps per history entry instead of per vocabulary entry.
+    at = where(make("ge", w, const(0, I32)), w, const(0, I32), name="dry_ids")
+    longest = make("take_along", make("minimum", make("dry_repeats", w, x), rep_limit), at, name="dry_len")
+    hit = make("ge", longest, allowed)
+    if is_breaker is not None:
+        hit = make("logical_and", hit, make("logical_not", make("take_along", is_breaker, at)))
+    active = make("logical_and", make("gt", length, allowed), make("ge", rep_limit, allowed))
+    log_base = make("log", base)
+    max_exp = where(make("gt", base, const(1.000001)),
+                    make("cast", make("div", const(88.7228391), log_base), dtype=I32), const(0, I32))
+    exp_ = make("sub", longest, allowed)
+    exp_ = where(make("logical_and", make("gt", max_exp, const(0, I32)), make("gt", exp_, max_exp)), max_exp, exp_)
+    # multiplier * base^e, base^e = exp(e ln base); near the cap (e ln base up to 88.72, where float32 exp may
+    # already overflow: MLX's does above 88.0, and 2^128 is past float32) as (multiplier * exp(e ln base / 2))
+    # * exp(e ln base / 2): finite wherever llama.cpp's product (pow in double) is
+    arg = make("mul", make("cast", exp_, dtype=F32), log_base)
+    half = make("exp", make("mul", arg, const(0.5)))
+    penalty = where(make("gt", arg, const(80.0)), make("mul", make("mul", mult, half), half),
+                    make("mul", mult, make("exp", arg)), name="dry_pen")
+    x_at = make("take_along", x, at)
+    out = make("put_along", x, at, where(make("logical_and", active, hit), make("sub", x_at, penalty), x_at))
+    return where(make("eq", mult, const(0.0)), x, out, name="x_dry")
+
+
 EXPAND: dict[str, Callable[..., Node]] = {
     "temperature": temperature, "top_k": top_k, "top_k_rank": top_k_rank, "top_p": top_p, "min_p": min_p,
     "top_n_sigma": top_n_sigma, "typical_p": typical_p, "xtc": xtc, "dynamic_temperature": dynamic_temperature,
     "epsilon": epsilon, "eta": eta, "greedy": greedy, "sample": sample, "logprob_at": logprob_at,
-    "penalties": penalties, "penalties_overflow": penalties_overflow,
+    "penalties": penalties, "penalties_overflow": penalties_overflow, "dry": dry,
 }
 
 

@@ -266,53 +266,12 @@ class Lowering:
         return make("eta", x, self.scalar(e, F32), name="x_eta")
 
     def stage_dry(self, x, history, multiplier, base, allowed_length, last_n, breakers):
-        """llama.cpp DRY on the device: the history right-aligned (padding dropped), its last L entries the window,
-        `dry_repeats` the longest repeat each token would extend, clamped at the most recent breaker."""
-        mult, base_ = self.scalar(multiplier, F32), self.scalar(base, F32)
-        allowed, last_n = self.scalar(allowed_length, I32), self.scalar(last_n, I32)
-        hist = self.tensor(history)
-        valid = make("ge", hist, const(0, I32))
-        # stable argsort on (valid): padding first, the tokens after it in their order
-        aligned = make("take_along", hist, make("argsort", make("cast", valid, dtype=I32), descending=False))
-        n = make("reduce_sum", make("cast", valid, dtype=I32))
-        length = where(make("eq", last_n, const(-1, I32)), n, make("minimum", n, last_n), name="dry_window")
-        col = make("iota", aligned)
-        h = make("add", make("reduce_max", col), const(1, I32))
-        w = where(make("ge", col, make("sub", h, length)), aligned, const(-1, I32), name="dry_hist")
+        """llama.cpp DRY (its definition: samplec/frontend/expand.py), with its check: a penalty that overflows
+        float32 (multiplier * base^e above 3.4e38) on the row's last kept tokens."""
         is_breaker = self.breaker_tokens(x, breakers)                      # bool [V] or [B, V]; None: no breakers
-        rep_limit = length
-        if is_breaker is not None:
-            present = make("ge", w, const(0, I32))
-            at_breaker = make("logical_and", present,
-                              make("take_along", is_breaker, where(present, w, const(0, I32))))
-            last_breaker = make("reduce_max", where(at_breaker, col, const(-1, I32)))
-            rep_limit = where(make("ge", last_breaker, const(0, I32)),
-                              make("sub", make("sub", h, const(1, I32)), last_breaker), length, name="rep_limit")
-        # Only tokens of the window can be penalized: the penalty is computed at the window's positions [B, H]
-        # (a padding position reads token 0, like every entry of token 0: all entries of a token agree) and put
-        # back into the row -- two exps per history entry instead of per vocabulary entry.
-        at = where(make("ge", w, const(0, I32)), w, const(0, I32), name="dry_ids")
-        longest = make("take_along", make("minimum", make("dry_repeats", w, x), rep_limit), at, name="dry_len")
-        hit = make("ge", longest, allowed)
-        if is_breaker is not None:
-            hit = make("logical_and", hit, make("logical_not", make("take_along", is_breaker, at)))
-        active = make("logical_and", make("gt", length, allowed), make("ge", rep_limit, allowed))
-        log_base = make("log", base_)
-        max_exp = where(make("gt", base_, const(1.000001)),
-                        make("cast", make("div", const(88.7228391), log_base), dtype=I32), const(0, I32))
-        exp_ = make("sub", longest, allowed)
-        exp_ = where(make("logical_and", make("gt", max_exp, const(0, I32)), make("gt", exp_, max_exp)), max_exp, exp_)
-        # multiplier * base^e, base^e = exp(e ln base); near the cap (e ln base up to 88.72, where float32 exp may
-        # already overflow: MLX's does above 88.0, and 2^128 is past float32) as (multiplier * exp(e ln base / 2))
-        # * exp(e ln base / 2): finite wherever llama.cpp's product (pow in double) is
-        arg = make("mul", make("cast", exp_, dtype=F32), log_base)
-        half = make("exp", make("mul", arg, const(0.5)))
-        penalty = where(make("gt", arg, const(80.0)), make("mul", make("mul", mult, half), half),
-                        make("mul", mult, make("exp", arg)), name="dry_pen")
-        x_at = make("take_along", x, at)
-        out = make("put_along", x, at, where(make("logical_and", active, hit), make("sub", x_at, penalty), x_at))
-        x_dry = where(make("eq", mult, const(0.0)), x, out, name="x_dry")
-        # (a penalty that overflows float32 -- multiplier * base^e above 3.4e38 -- on the row's last kept tokens)
+        x_dry = make("dry", x, self.tensor(history), self.scalar(multiplier, F32), self.scalar(base, F32),
+                     self.scalar(allowed_length, I32), self.scalar(last_n, I32),
+                     const(0, BOOL) if is_breaker is None else is_breaker, name="x_dry")
         self.checks.append(Check(make("squeeze", make("eq", make("reduce_max", x_dry), const(NEG_INF))),
                                  "dry: the penalty leaves no token"))
         return x_dry

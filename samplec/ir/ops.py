@@ -248,6 +248,16 @@ def _penalties(ts, a):
     return Type(F32, broadcast(x.shape, hist.shape[:-1] + (1,), last_n.shape, *(v.shape for v in vals)))
 
 
+def _dry(ts, a):
+    x, hist, mult, base, allowed, last_n, breakers = ts
+    if (x.dtype, hist.dtype, mult.dtype, base.dtype, allowed.dtype, last_n.dtype, breakers.dtype) != \
+            (F32, I32, F32, F32, I32, I32, BOOL) or len(hist.shape) != 2 or len(breakers.shape) > 2:
+        raise TypeError_("dry: operands are (f32 logits, i32 [B,H] history, f32 multiplier, f32 base, "
+                         "i32 allowed_length, i32 last_n, bool breakers: [] false for none, [V] or [B,V])")
+    return Type(F32, broadcast(x.shape, hist.shape[:-1] + (1,), mult.shape, base.shape, allowed.shape, last_n.shape,
+                               breakers.shape))
+
+
 def _penalties_overflow(ts, a):
     out = _penalties(ts, a)
     return Type(BOOL, out.shape[:-1])
@@ -354,6 +364,11 @@ OPS: dict[str, OpDef] = {d.name: d for d in [
     OpDef("top_k_rank", 2, (), _stage(I32),
           "stage, cut on the logit order by count: keep the k largest by rank, the lowest ids first among equal "
           "values (mirostat's truncation); k <= 0 keeps all"),
+    OpDef("dry", 7, (), _dry,
+          "stage, edit (x, history, multiplier, base, allowed_length, last_n, breakers): llama.cpp DRY -- a token "
+          "that would extend a repeat of the history's last last_n entries (-1: all; ids < 0 are padding) of "
+          "length n >= allowed_length (counted back to the last breaker) gets x -= multiplier * base^(n - "
+          "allowed_length); every other logit unchanged; multiplier == 0 is off"),
 ]}
 
 def _coin_ids(ts):

@@ -64,6 +64,7 @@ def fuse_chains(g: Graph, target: str) -> Graph:
                if c.draw is not None and gpu.chain_supports([s.op for s in c.stages], c.draw.op)]
     keep = {id(n) for c in covered for n in c.nodes()}
     keep |= {id(n) for n in gpu_top_ids(g, keep)}
+    keep |= {id(n) for n in g.toposort() if n.op == "dry"}        # (one kernel beside the chain kernel: gpu.dry)
     kept: dict = {}
     low = lower_portable(g, keep, kept)
     # a chain whose nodes all came through the lowering as they were stays as found; another is found again over

@@ -35,9 +35,9 @@ def dce(g: Graph) -> Graph:
 
 
 PASSES: dict[str, Pass] = {p.name: p for p in [
-    Pass("stages", _rules(R.fold_constants, R.stage_off, R.xtc_off, R.dynamic_temperature_plain, R.cut_after_t0,
+    Pass("stages", _rules(R.fold_constants, R.stage_off, R.xtc_off, R.dry_off, R.dynamic_temperature_plain, R.cut_after_t0,
                           R.sample_t0, R.greedy_cuts, R.greedy_plain, R.logprob_one_token, R.empty_through_cuts),
-         "stage level: stages at their off value removed (dynamic_temperature of range 0: temperature), temperature "
+         "stage level: stages at their off value removed (DRY at multiplier 0 too; dynamic_temperature of range 0: temperature), temperature "
          "0 makes the rest of the chain greedy, cuts before greedy dropped, a 'no token left' check reads past the "
          "cuts"),
     Pass("expand-stages", _rules(R.expand_stage), "every stage op into its dense definition (what -O0 runs)"),

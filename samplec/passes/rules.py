@@ -144,6 +144,14 @@ def stage_off(n: Node):
     return None
 
 
+def dry_off(n: Node):
+    """dry(x, h, 0, ...) -> x: a multiplier of 0 penalizes nothing (the stage table's off rule)."""
+    if n.op == "dry" and n.inputs[2].op == "const" and stage_table.off("dry", multiplier=const_value(n.inputs[2])) \
+            and n.inputs[0].type == n.type:
+        return n.inputs[0]
+    return None
+
+
 def dynamic_temperature_plain(n: Node):
     """dynamic_temperature(x, t, 0, e) -> temperature(x, t): a range of 0 is llama.cpp's plain temperature."""
     if n.op == "dynamic_temperature" and n.inputs[2].op == "const" and const_value(n.inputs[2]) == 0.0:

@@ -78,3 +78,4 @@ class Op(object):
     DynamicTemperatureNode = 72
     CumsumNode = 73
     TopKRankNode = 74
+    DryNode = 75
