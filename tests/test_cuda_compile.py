@@ -83,7 +83,8 @@ KERNELS = {
                      "const int* x_shape, const float* m, const float* lz, const int* K, int* ids, float* vals) {\n" +
                      gpu.top_logprobs_entry("cuda") + "}\n", gpu.CHAIN_THREADS),
     "dry": (gpu.dry_header() + '\nextern "C" __global__ void samplec_dry(const float* x, const int* x_shape, '
-            "const int* h, const int* h_shape, const float* f, const int* k, const bool* brk, const int* n, "
+            "const int* h, const int* h_shape, const float* mult, const float* base, const int* allowed, "
+            "const int* last_n, const bool* brk, const int* n, "
             "float* out, int* rep, int* win) {\n" + gpu.dry_entry("cuda") + "}\n", gpu.CHAIN_THREADS),
 }
 

@@ -40,11 +40,13 @@ def unit(dialect: str, kernel: str, defines: str = "", small: bool = False) -> s
     else:
         entry, header = gpu.dry_entry(dialect), gpu.dry_header(dialect)
         params = [("x", "float", "device"), ("x_shape", "int", "constant"), ("h", "int", "device"),
-                  ("h_shape", "int", "constant"), ("f", "float", space), ("k", "int", space), ("brk", "bool", "device"),
+                  ("h_shape", "int", "constant"), ("mult", "float", space), ("base", "float", space),
+                  ("allowed", "int", space), ("last_n", "int", space), ("brk", "bool", "device"),
                   ("n", "int", "constant"), ("out", "float", None), ("rep", "int", None), ("win", "int", None)]
-        run = ("const float* x, int B, int V, const int* h, int H, const float* f, const int* k, const bool* brk, "
-               "const int* n, float* out, int* rep, int* win",
-               "const int xs[2] = {B, V}, hs[2] = {B, H};", "x, xs, h, hs, f, k, brk, n, out, rep, win")
+        run = ("const float* x, int B, int V, const int* h, int H, const float* mult, const float* base, "
+               "const int* allowed, const int* last_n, const bool* brk, const int* n, float* out, int* rep, int* win",
+               "const int xs[2] = {B, V}, hs[2] = {B, H};",
+               "x, xs, h, hs, mult, base, allowed, last_n, brk, n, out, rep, win")
     if dialect == "cuda":
         signature = ", ".join(f"{'' if sp is None else 'const '}{t}* {name}" for name, t, sp in params)
         call = f"body({run[2]})"
@@ -158,23 +160,23 @@ def test_a_gpu_target_runs_top_logprobs_as_the_selection_kernel():
 
 
 def emulated_dry(dialect: str):
-    """DRY's kernel in `dialect`, built for the CPU: f(x [B, V], h [B, H], mult, base, allowed, last_n (one value a
-    row each), breakers (bool [V] or [B, V], or None)) -> the penalized rows [B, V] (gpu.dry's arguments)."""
+    """DRY's kernel in `dialect`, built for the CPU: f(x [B, V], h [B, H], mult, base, allowed, last_n (each one
+    value, or one a row as [B] or [B, 1]), breakers (bool [V] or [B, V], or None)) -> the penalized rows [B, V] --
+    its inputs packed by gpu.dry_inputs, as on a device."""
     fn = built(unit(dialect, "dry"), "dry")
 
     def run(x, h, mult, base, allowed, last_n, breakers=None) -> np.ndarray:
-        x = np.ascontiguousarray(x, dtype=np.float32)
-        h = np.ascontiguousarray(h, dtype=np.int32)
-        (B, V), H = x.shape, h.shape[1]
-        f = np.ascontiguousarray(np.stack([np.broadcast_to(mult, B), np.broadcast_to(base, B)], 1), np.float32)
-        k = np.ascontiguousarray(np.stack([np.broadcast_to(allowed, B), np.broadcast_to(last_n, B)], 1), np.int32)
-        brk = np.zeros(8, bool) if breakers is None else np.ascontiguousarray(breakers, dtype=bool)
-        n = np.array([breakers is not None, V if brk.ndim == 2 and brk.shape[0] == B > 1 else 0], np.int32)
+        (B, V), H = np.shape(x), np.shape(h)[1]
+        values = [mx.array(np.asarray(a, dt)) for a, dt in ((mult, np.float32), (base, np.float32),
+                                                            (allowed, np.int32), (last_n, np.int32))]
+        inputs = gpu.dry_inputs(mx.array(np.asarray(x, np.float32)), mx.array(np.asarray(h, np.int32)), *values,
+                                None if breakers is None else mx.array(np.asarray(breakers, bool)))
+        ins = [np.ascontiguousarray(np.array(a)) for a in inputs]
         out = np.full((B, V), np.nan, np.float32)
         rep = np.full((B, V), -7, np.int32)
         win = np.full((B, H), -7, np.int32)
         ptr = lambda a: a.ctypes.data_as(ctypes.c_void_p)      # noqa: E731
-        fn(ptr(x), ctypes.c_int(B), ctypes.c_int(V), ptr(h), ctypes.c_int(H), ptr(f), ptr(k), ptr(brk), ptr(n),
+        fn(ptr(ins[0]), ctypes.c_int(B), ctypes.c_int(V), ptr(ins[1]), ctypes.c_int(H), *(ptr(a) for a in ins[2:]),
            ptr(out), ptr(rep), ptr(win))
         return out
     return run
@@ -190,8 +192,8 @@ def dry_reference(x, h, mult, base, allowed, last_n, breakers=None) -> np.ndarra
     out = x.astype(np.float32).copy()
     f32 = np.float32
     for b in range(B):
-        m, bs, al, ln = f32(np.broadcast_to(mult, B)[b]), f32(np.broadcast_to(base, B)[b]), \
-            int(np.broadcast_to(allowed, B)[b]), int(np.broadcast_to(last_n, B)[b])
+        m, bs, al, ln = (np.broadcast_to(np.reshape(v, -1), B)[b] for v in (mult, base, allowed, last_n))
+        m, bs, al, ln = f32(m), f32(bs), int(al), int(ln)
         if m == 0:
             continue
         toks = [int(t) for t in h[b] if t >= 0]
@@ -231,11 +233,9 @@ def dry_definition(x, h, mult, base, allowed, last_n, breakers=None) -> np.ndarr
     from samplec.ir.graph import Node, make
     from samplec.ir.types import Type
     B = x.shape[0]
-    ins = [mx.array(x, dtype=mx.float32), mx.array(h, dtype=mx.int32),
-           mx.array(np.broadcast_to(mult, B).reshape(B, 1), dtype=mx.float32),
-           mx.array(np.broadcast_to(base, B).reshape(B, 1), dtype=mx.float32),
-           mx.array(np.broadcast_to(allowed, B).reshape(B, 1), dtype=mx.int32),
-           mx.array(np.broadcast_to(last_n, B).reshape(B, 1), dtype=mx.int32),
+    col = lambda v, dt: mx.array(np.broadcast_to(np.reshape(v, -1), B).reshape(B, 1), dtype=dt)     # noqa: E731
+    ins = [mx.array(x, dtype=mx.float32), mx.array(h, dtype=mx.int32), col(mult, mx.float32), col(base, mx.float32),
+           col(allowed, mx.int32), col(last_n, mx.int32),
            mx.array(False) if breakers is None else mx.array(np.asarray(breakers, bool))]
     node = make("dry", *(Node("input", (), (), Type({mx.float32: "f32", mx.int32: "i32", mx.bool_: "bool"}[a.dtype],
                                                      tuple(a.shape)), f"in{i}") for i, a in enumerate(ins)))
@@ -351,9 +351,10 @@ def test_a_dry_chain_on_the_cuda_target_runs_the_dry_kernel(monkeypatch):
 
 
 def test_a_dry_chain_on_the_cuda_target_launches(monkeypatch):
-    """Its launches on the cuda target (the kernels stood in, one launch each): the DRY kernel, the chain kernel, the
-    check of DRY's row, and the MLX ops of top_logprobs (over the logits the chain kernel does not read) beside them
-    -- 12, where DRY's penalty in MLX ops made it 24 (and its repeat lengths too, 32)."""
+    """Its launches on the cuda target (the kernels stood in, one launch each): the DRY kernel, the chain kernel,
+    top_logprobs' kernel, its maximum and log-sum-exp of the logits (which the chain kernel, reading DRY's row, does
+    not give) and the checks -- 11, where DRY's penalty in MLX ops and a sort for top_logprobs made it 24 (and DRY's
+    repeat lengths too, 32)."""
     import samplec
     from samplec.backend_mlx import kernels
     from samplec.backend_mlx.launches import call_primitives, chain_kernel_stood_in, launches
@@ -363,4 +364,5 @@ def test_a_dry_chain_on_the_cuda_target_launches(monkeypatch):
     with chain_kernel_stood_in("cuda") as stood_in:
         prog = samplec.compile(DRY_CHAIN, target="cuda")
         counts = call_primitives(prog, mx.array(x), **kw)
-    assert sorted(stood_in) == ["chain", "dry"] and launches(counts) + len(stood_in) <= 12, (stood_in, counts)
+    assert sorted(stood_in) == ["chain", "dry", "top_logprobs"] and launches(counts) + len(stood_in) <= 11, \
+        (stood_in, counts)

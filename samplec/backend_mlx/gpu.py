@@ -359,19 +359,25 @@ _PLACEHOLDERS: dict = {}
 _CODES: dict = {}
 
 
+_NP = {mx.float32: np.float32, mx.int32: np.int32, mx.uint64: np.uint64, mx.bool_: np.bool_}
+
+
 def _placeholder(dtype, n: int = 1, rows: int = 0) -> mx.array:
     """An unused slot's input: n zeros (the edits' eight: Metal passes fewer in the constant address space), as
     [rows, n] where rows (the history's: the kernel reads its shape)."""
     if (dtype, n, rows) not in _PLACEHOLDERS:
-        _PLACEHOLDERS[dtype, n, rows] = mx.zeros((rows, n) if rows else (n,), dtype=dtype)
+        _PLACEHOLDERS[dtype, n, rows] = mx.array(np.zeros((rows, n) if rows else (n,), dtype=_NP[dtype]))
     return _PLACEHOLDERS[dtype, n, rows]
 
 
 def _slot(p: mx.array, B: int, dtype) -> tuple[mx.array, bool] | None:
     """An operand as the kernel reads it (one value, or one a row) and whether it is one a row; None otherwise."""
+    from samplec.backend_mlx.kernels import constant_as
     if not (p.ndim <= 2 and p.size in (1, B) and (p.ndim < 2 or p.shape[-1] == 1)):
         return None
-    return (p if p.dtype == dtype else p.astype(dtype)), p.size == B and B > 1
+    if p.dtype != dtype:
+        p = constant_as(p, dtype) or p.astype(dtype)    # (a literal's cast is a constant of the call too)
+    return p, p.size == B and B > 1
 
 
 PV_STAGE = 6                    # PV's values a penalties stage: last_n, repeat, frequency, presence, the offset and
@@ -693,15 +699,16 @@ def top_logprobs(x: mx.array, m: mx.array, lz: mx.array, k: int, margin: int) ->
 # build serves).
 
 DRY_SOURCE = Path(__file__).with_name("gpu_dry.cu")
-DRY_INPUTS = ["x", "h", "f", "k", "brk", "n"]
+DRY_INPUTS = ["x", "h", "mult", "base", "allowed", "last_n", "brk", "n"]
 DRY_ENTRY = """
     {shared} DrShared sh;
     const int tx = (int){thread}, row = (int){block};
-    const int V = x_shape[1], H = h_shape[1];
-    dr_dry(x + (size_t)row * V, h + (size_t)row * H, H, V, f[2 * row], f[2 * row + 1], k[2 * row], k[2 * row + 1],
-           brk + (size_t)row * n[1], n[0] != 0, out + (size_t)row * V, rep + (size_t)row * V, win + (size_t)row * H,
-           sh, tx);
+    const int V = x_shape[1], H = h_shape[1], rows = n[2];     // (rows: which of the four values are one a row)
+    dr_dry(x + (size_t)row * V, h + (size_t)row * H, H, V, mult[rows & 1 ? row : 0], base[rows & 2 ? row : 0],
+           allowed[rows & 4 ? row : 0], last_n[rows & 8 ? row : 0], brk + (size_t)row * n[1], n[0] != 0,
+           out + (size_t)row * V, rep + (size_t)row * V, win + (size_t)row * H, sh, tx);
 """
+_DRY_CODES: dict = {}
 
 
 def dry_entry(dialect: str = "cuda") -> str:
@@ -714,31 +721,45 @@ def dry_header(dialect: str = "cuda") -> str:
     return "\n".join(p.read_text() for p in (DIALECT_HEADERS[dialect], STAGE_TABLE, DRY_SOURCE))
 
 
+def dry_inputs(x: mx.array, h: mx.array, mult: mx.array, base: mx.array, allowed: mx.array, last_n: mx.array,
+               breakers: mx.array | None) -> list[mx.array] | None:
+    """The DRY kernel's inputs (DRY_INPUTS) -- the operands as the program holds them (each value one for all rows
+    or one a row, as the chain kernel's slots), the breaker flags or an unused placeholder, and n: (breakers given,
+    their row stride, which values are one a row) -- or None where an operand has another shape."""
+    B, V = x.shape
+    if not (h.ndim == 2 and h.shape[0] == B and h.dtype == mx.int32) or breakers is not None and not (
+            breakers.dtype == mx.bool_ and (breakers.shape == (V,) or breakers.shape in ((1, V), (B, V)))):
+        return None
+    slots = [_slot(a, B, dt) for a, dt in ((mult, mx.float32), (base, mx.float32), (allowed, mx.int32),
+                                           (last_n, mx.int32))]
+    if None in slots:
+        return None
+    rows = sum(1 << i for i, (_, per_row) in enumerate(slots) if per_row)
+    stride = V if breakers is not None and breakers.ndim == 2 and breakers.shape[0] == B > 1 else 0
+    key = (breakers is not None, stride, rows)
+    if key not in _DRY_CODES:
+        _DRY_CODES[key] = mx.array(np.array(key, np.int32))
+    brk = _placeholder(mx.bool_, 8) if breakers is None else breakers
+    return [x, h, *(a for a, _ in slots), brk, _DRY_CODES[key]]
+
+
 def dry(x: mx.array, h: mx.array, mult: mx.array, base: mx.array, allowed: mx.array, last_n: mx.array,
         breakers: mx.array | None) -> mx.array | None:
-    """The `dry` op on a GPU: the row x [B, V] float32 with DRY's penalties from the history h [B, H] (ids < 0
+    """The `dry` op on a GPU: the row x [B, V] float32 with DRY's penalties from the history h [B, H] int32 (ids < 0
     padding); mult, base, allowed, last_n: one value or one a row; breakers: bool [V] or [B, V], None for none. None
-    where the kernel does not apply (neither a CUDA GPU nor the Metal build's)."""
+    where the kernel does not apply (neither a CUDA GPU nor the Metal build's, operands of other shapes)."""
     cuda = available()
-    if not ((cuda or metal_status()[0]) and x.ndim == 2 and x.dtype == mx.float32 and h.ndim == 2 and
-            h.shape[0] in (1, x.shape[0]) and h.shape[1] >= 1 and x.shape[1] >= 1):
+    if not ((cuda or metal_status()[0]) and x.ndim == 2 and x.dtype == mx.float32 and min(x.shape) >= 1 and
+            h.ndim == 2 and h.shape[1] >= 1):
         return None
     B, V = x.shape
-    H = h.shape[1]
-    if breakers is not None and (breakers.ndim not in (1, 2) or breakers.shape[-1] != V or
-                                 breakers.ndim == 2 and breakers.shape[0] not in (1, B)):
+    if not cuda and (V < 8 or h.size < 8):      # (MLX passes an input of fewer than 8 in Metal's constant space)
         return None
-    if not cuda and (V < 8 or B * H < 8):       # (MLX passes an input of fewer than 8 in Metal's constant space)
+    inputs = dry_inputs(x, h, mult, base, allowed, last_n, breakers)
+    if inputs is None:
         return None
-    row = lambda a, dt: mx.broadcast_to(mx.array(a).astype(dt).reshape(-1), (B,))      # noqa: E731
-    f = mx.stack([row(mult, mx.float32), row(base, mx.float32)], axis=1)
-    k = mx.stack([row(allowed, mx.int32), row(last_n, mx.int32)], axis=1)
-    brk = mx.zeros((8,), dtype=mx.bool_) if breakers is None else breakers.astype(mx.bool_)
-    stride = V if breakers is not None and breakers.ndim == 2 and breakers.shape[0] == B > 1 else 0
-    args = dict(inputs=[x, mx.broadcast_to(h.astype(mx.int32), (B, H)), f, k, brk,
-                        mx.array([breakers is not None, stride], dtype=mx.int32)],
-                output_shapes=[(B, V), (B, V), (B, H)], output_dtypes=[mx.float32, mx.int32, mx.int32])
-    return _one_block_a_row(DRY_KERNEL, B, cuda, **args)[0]
+    return _one_block_a_row(DRY_KERNEL, B, cuda, inputs=inputs, output_shapes=[(B, V), (B, V), (B, h.shape[1])],
+                            output_dtypes=[mx.float32, mx.int32, mx.int32])[0]
 
 
 # (name, inputs, outputs, entry(dialect), header(dialect)) of each kernel beside the chain kernel

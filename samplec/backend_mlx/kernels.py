@@ -12,26 +12,38 @@ NP_DT = {"f32": np.float32, "i32": np.int32, "u32": np.uint32, "u64": np.uint64,
 
 
 _CONSTANTS: dict[tuple, mx.array] = {}
+_KEYS: dict[int, tuple] = {}        # id of each array in _CONSTANTS -> its key
 MAX_CONSTANTS = 64
 
 
 def constant(key: tuple, build) -> mx.array:
-    """An array that depends only on shapes (an index row, a zero row), built and evaluated once: under
-    `mx.compile` it is a constant of the call, not a kernel of its own each time (an `arange` or a fill is a launch
-    on a GPU)."""
+    """An array that depends only on shapes or on the program (an index row, a zero row, a literal), built and
+    evaluated once: under `mx.compile` it is a constant of the call, not a kernel of its own each time (an `arange`,
+    a fill or a cast is a launch on a GPU)."""
     got = _CONSTANTS.get(key)
     if got is None:
         if len(_CONSTANTS) >= MAX_CONSTANTS:
-            _CONSTANTS.pop(next(iter(_CONSTANTS)))
+            _KEYS.pop(id(_CONSTANTS.pop(next(iter(_CONSTANTS)))), None)
         got = build()
         mx.eval(got)
         _CONSTANTS[key] = got
+        _KEYS[id(got)] = key
     return got
 
 
+def constant_as(a: mx.array, dtype) -> mx.array | None:
+    """A constant's value in another dtype, itself a constant (no cast a call: what a GPU kernel's slot reads), or
+    None where `a` is not one of `constant`'s."""
+    key = _KEYS.get(id(a))
+    if key is None or _CONSTANTS.get(key) is not a:
+        return None
+    return constant(("as", key, str(dtype)), lambda: a.astype(dtype))
+
+
 def _const(ins, a):
-    # through numpy: MLX cannot build a uint64 scalar above 2**63 directly
-    return mx.array(np.array(a["value"], dtype=NP_DT[a["dtype"]]))
+    # through numpy: MLX cannot build a uint64 scalar above 2**63 directly (repr: -0.0 and NaN keys of their own)
+    return constant(("const", repr(a["value"]), a["dtype"]),
+                    lambda: mx.array(np.array(a["value"], dtype=NP_DT[a["dtype"]])))
 
 
 def _sort(ins, a):

@@ -39,13 +39,16 @@ def call_primitives(prog, logits, **params) -> collections.Counter:
     traced with the graph; a first call of a shape takes the full path once)."""
     prog.queue(logits, **params)
     before = len(_stood_in) if _stood_in is not None else 0
+    read = len(_reads)
     outs, checks = prog.queue(logits, **params)
     if _stood_in is not None and len(_stood_in) > before:   # (the repeated call was traced: its own kernels)
         del _stood_in[:before]
-    return primitives(outs + [f for _, f in checks])
+        del _reads[:read]
+    return primitives(outs + [f for _, f in checks] + (_reads if _stood_in is not None else []))
 
 
 _stood_in: list[str] | None = None      # the kernels `chain_kernel_stood_in` stood in for, while it is active
+_reads: list[mx.array] = []             # ... and the inputs they were given (what computes them is the call's too)
 
 
 @contextlib.contextmanager
@@ -54,7 +57,9 @@ def chain_kernel_stood_in(target: str = "cuda"):
     interpreter ask, the chain kernel (gpu.sample_chain) and the radix select (gpu.kth_largest) stood in by evaluated
     placeholders of their outputs -- shaped as theirs, computed before the call, so no primitive of the call's graph
     -- and counted in `stood_in` (the kernels beside it, gpu.top_logprobs and gpu.dry, too; by `call_primitives`:
-    the counted call's). A call's launches on that GPU are then
+    the counted call's), the inputs each would read made as the kernel's wrapper makes them and counted with the
+    call's graph (what packs or computes them is launched by the call; counted as traced, before MLX's compile fuses
+    them with their neighbours: a bound from above). A call's launches on that GPU are then
     `launches(call_primitives(...))` plus `len(stood_in)`: the MLX ops the kernel leaves beside it, and one launch
     each for the kernels. (The kernel declines what gpu.chain_inputs declines, as on the device.)"""
     import samplec.passes.target as passes_target
@@ -66,11 +71,16 @@ def chain_kernel_stood_in(target: str = "cuda"):
         mx.eval(out)
         return out
 
+    def stand_in(name: str, inputs: list) -> None:
+        stood_in.append(name)
+        _reads.extend(inputs)
+
     def sample_chain(x, params, stages, terminal, want_logprob, out_x=0, edits=(), raw=False):
         B, V = x.shape
-        if gpu.chain_inputs(params, stages, terminal, want_logprob, out_x, B, (0, 0), tuple(edits), V) is None:
+        inputs = gpu.chain_inputs(params, stages, terminal, want_logprob, out_x, B, (0, 0), tuple(edits), V, raw)
+        if inputs is None:
             return None
-        stood_in.append("chain")
+        stand_in("chain", [x, *inputs])
         n_pen = sum(kind == "penalties" for kind, _ in edits)
         return tuple(placeholder(((B, 1), mx.int32), ((B, 1), mx.float32),
                                  *([((B, V), mx.float32)] if out_x else []),
@@ -79,15 +89,18 @@ def chain_kernel_stood_in(target: str = "cuda"):
                                  *([((B, 1), mx.float32)] * 3 if raw else [])))
 
     def kth_largest(x, want):
-        stood_in.append("kth_largest")
+        stand_in("kth_largest", [x])
         return placeholder(((x.shape[0], 1), mx.float32))[0]
 
     def top_logprobs(x, m, lz, k, margin):
-        stood_in.append("top_logprobs")
+        stand_in("top_logprobs", [x, m, lz])
         return tuple(placeholder(((x.shape[0], k), mx.int32), ((x.shape[0], k), mx.float32)))
 
     def dry(x, h, *values):
-        stood_in.append("dry")
+        inputs = gpu.dry_inputs(x, h, *values)
+        if inputs is None:
+            return None
+        stand_in("dry", inputs)
         return placeholder((x.shape, mx.float32))[0]
 
     global _stood_in
@@ -105,6 +118,7 @@ def chain_kernel_stood_in(target: str = "cuda"):
         yield stood_in
     finally:
         _stood_in = None
+        _reads.clear()
         for n, f in zip(names, saved):
             setattr(gpu, n, f)
         passes_target.unavailable = saved[-1]

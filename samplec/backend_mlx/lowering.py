@@ -348,6 +348,17 @@ def _gpu_dry(node: Node, users: Users, env: Env):
     return None if out is None else {id(node): out}
 
 
-MLX_RULES = {"take_along": _take_along, "topk_ids": _gpu_topk_ids, "dry": _gpu_dry}
+def _gpu_log_softmax(node: Node, users: Users, env: Env):
+    """log_softmax(x) outside a GPU chain kernel (a chain reads an edited row: DRY before it): its maximum and
+    log-sum-exp as the definition computes them, two reductions, the parts beside it for its topk_ids (the selection
+    kernel) and take_along users, the full row lazy."""
+    x = env[id(node.inputs[0])]
+    if x.ndim != 2 or x.dtype != mx.float32:
+        return None
+    m = mx.max(x, axis=-1, keepdims=True)
+    return log_softmax_parts(node, x, m, mx.log(mx.sum(mx.exp(x - m), axis=-1, keepdims=True)))
+
+
+MLX_RULES = {"take_along": _take_along, "topk_ids": _gpu_topk_ids, "dry": _gpu_dry, "log_softmax": _gpu_log_softmax}
 
 __all__ = ["MLX_RULES", "RULES"]

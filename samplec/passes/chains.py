@@ -40,14 +40,15 @@ def _as_gpu_chain(chain, users: dict):
     return chain
 
 
-def gpu_top_ids(g: Graph, covered: set) -> list:
-    """top_logprobs' ids of a log-softmax a chain kernel covers (`covered`: its nodes' ids): kept as `topk_ids`,
-    which the interpreter runs as one block a row beside the kernel (gpu.top_logprobs, from the kernel's maximum and
-    log-sum-exp), where the portable lowering would sort the row's log-probabilities."""
+def gpu_top_ids(g: Graph) -> list:
+    """top_logprobs' ids of a log-softmax on a GPU target: kept as `topk_ids`, which the interpreter runs as one
+    block a row (gpu.top_logprobs) from the row's maximum and log-sum-exp -- the chain kernel's where it covers the
+    log-softmax, else two reductions (lowering's `_gpu_log_softmax`) -- where the portable lowering would sort the
+    row's log-probabilities."""
     from samplec.backend_mlx.gpu import TOP_LOGPROBS_MAX
     from samplec.backend_mlx.lowering import TIE_MARGIN
     return [n for n in g.toposort() if n.op == "topk_ids" and n.inputs[0].op == "log_softmax" and
-            id(n.inputs[0]) in covered and n.attr("k") + TIE_MARGIN <= TOP_LOGPROBS_MAX]
+            n.attr("k") + TIE_MARGIN <= TOP_LOGPROBS_MAX]
 
 
 def fuse_chains(g: Graph, target: str) -> Graph:
@@ -63,7 +64,7 @@ def fuse_chains(g: Graph, target: str) -> Graph:
     covered = [_as_gpu_chain(c, users) for c in chains
                if c.draw is not None and gpu.chain_supports([s.op for s in c.stages], c.draw.op)]
     keep = {id(n) for c in covered for n in c.nodes()}
-    keep |= {id(n) for n in gpu_top_ids(g, keep)}
+    keep |= {id(m) for n in gpu_top_ids(g) for m in (n, n.inputs[0])}
     keep |= {id(n) for n in g.toposort() if n.op == "dry"}        # (one kernel beside the chain kernel: gpu.dry)
     kept: dict = {}
     low = lower_portable(g, keep, kept)
