@@ -41,6 +41,8 @@ NATIVE_PRIMITIVES = {
     "reduce_max": "row_max",
     "dry_repeats": "dry_repeats (the Z-algorithm, O(H) per row)",
 }
+KERNEL_NAMES = {"cpu": "the native chain kernel", "cuda": "the CUDA chain kernel",
+                "metal": "the chain kernel's Metal build"}
 CHAIN_KERNEL = ("the native chain kernel sample_chain: per row, the tokens above a block bound (a selection over "
                 "block maxima), else radix selection over the whole row; no sort")
 
@@ -423,6 +425,7 @@ def _dense_ops(node: Node) -> str:
 def _runs(grp: Group, ex: Explained) -> None:
     nodes = _stage_nodes(ex.final, ex.group_of, grp.key)
     low = []
+    kernel = KERNEL_NAMES.get(ex.target, KERNEL_NAMES["cpu"])
     for n in nodes:
         chain = chain_of(ex, n)
         name = "%" + ex.names[id(n)]
@@ -430,16 +433,16 @@ def _runs(grp: Group, ex: Explained) -> None:
             if n is chain[1].softmax[-1]:
                 grp.runs.append(f"{name} = softmax of the chain's final logits "
                                 f"({', '.join(m.op for m in chain[1].softmax)}): written by chain #{chain[0] + 1}, "
-                                "the native chain kernel")
+                                f"{kernel}")
         elif chain is not None and ex.chain_native and n is chain[1].raw:
             grp.runs.append(f"{name} = log_softmax: its maximum, log-sum-exp and the token's value from chain "
-                            f"#{chain[0] + 1}, the native chain kernel (the full row only where something reads it)")
+                            f"#{chain[0] + 1}, {kernel} (the full row only where something reads it)")
         elif chain is not None and ex.chain_native and n in chain[1].top_logprobs:
             what = "ids" if n is chain[1].top_logprobs[0] else "values"
-            grp.runs.append(f"{name} = {n.op}: top_logprobs' {what} from chain #{chain[0] + 1}, the native chain "
-                            "kernel (selected from its block maxima of the logits)")
+            grp.runs.append(f"{name} = {n.op}: top_logprobs' {what} from chain #{chain[0] + 1}, {kernel} "
+                            "(selected from its block maxima of the logits)")
         elif chain is not None and ex.chain_native:
-            grp.runs.append(f"{name} = {n.op}: chain #{chain[0] + 1}, the native chain kernel")
+            grp.runs.append(f"{name} = {n.op}: chain #{chain[0] + 1}, {kernel}")
         elif n.op in ("penalties", "penalties_overflow") and ex.native:
             grp.runs.append(f"{name} = {n.op}: the native penalty_edits (the window's ids, their penalized logits "
                             "and the check's flag in one primitive, shared by the stage and its check)")
@@ -452,6 +455,9 @@ def _runs(grp: Group, ex: Explained) -> None:
             grp.runs.append(f"{name} = topk_ids: top_logprobs' ids and values by one block a row beside the chain "
                             f"kernel (gpu.top_logprobs: a radix select of the k + {TIE_MARGIN} largest logits, ranked "
                             "by their log-probabilities from the kernel's maximum and log-sum-exp)")
+        elif ex.target in ("cuda", "metal") and n.op == "topk_ids" and n.inputs[0].type.dtype == "f32":
+            grp.runs.append(f"{name} = topk_ids: the ids and values by one block a row (gpu.top_logprobs on the row "
+                            "itself: a radix select of its k largest, lowest id first among equal ones; no sort)")
         elif ex.target in ("cuda", "metal") and n.op == "dry":
             grp.runs.append(f"{name} = dry: one block a row beside the chain kernel writes the penalized row (gpu.dry: "
                             "the history's window gathered, each position walked back while its tokens repeat the "

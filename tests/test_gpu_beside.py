@@ -141,6 +141,46 @@ def test_selection_kernel_equals_numpy_and_the_native_kernel(dialect, family):
             np.testing.assert_array_equal(ids, np.array(got[0]))
 
 
+@pytest.mark.parametrize("dialect", ["cuda", "metal"])
+def test_selection_kernel_ranks_a_row_itself_for_candidates(dialect):
+    """candidates(k) on a GPU target: the same kernel with a maximum and log-sum-exp of 0 ranks x itself -- the k
+    largest values, descending, the lower id first among equal ones (-inf past the kept tokens), as a stable sort
+    of the row gives them, on every family of rows."""
+    run = emulated_top_logprobs(dialect)
+    rng = np.random.default_rng(11)
+    for family in FAMILIES:
+        for B, V, k in ((3, 5000, 5), (2, 100, 1), (1, 9, 9), (2, 3000, 64)):
+            x = rows(family, B, V, rng)
+            zero = np.zeros((B, 1), np.float32)
+            ids, vals = run(x, zero, zero, k)
+            order = np.argsort(-x, axis=-1, kind="stable")[:, :k]
+            np.testing.assert_array_equal(ids, order, err_msg=f"{family} B={B} V={V} k={k}")
+            np.testing.assert_array_equal(vals, np.take_along_axis(x, order, axis=-1))
+
+
+@pytest.mark.uncompiled         # (the emulated kernels read their inputs on the host: conftest.py)
+@pytest.mark.parametrize("terminal", ["sample(seed)", "", "greedy()"])
+def test_candidates_on_the_cuda_target_run_the_selection_kernel(terminal, monkeypatch):
+    """candidates(k) on the cuda target (a CUDA device faked, the kernels the emulated ones): its ids and values are
+    -O0's, from the selection kernel (no sort of the row), after a chain kernel's row or the portable lowering's (no
+    terminal: no chain)."""
+    import samplec
+    from test_gpu_chain import assert_outputs_equal, emulated_sample_chain, fake_cuda
+    outs = "token, candidates(6)" if terminal else "candidates(6)"
+    src = (f"sampler s(seed: seed, t: float) -> {outs} {{ top_k(50) top_p(0.9) temperature(t) {terminal} }}")
+    rng = np.random.default_rng(3)
+    x = rows("ties", 3, 400, rng) + rows("normal", 3, 400, rng) * (rng.random((3, 400)) < 0.3)
+    kw = dict(seed=[1, 2, 3], t=[0.7, 0.0, 1.3])
+    want = samplec.compile(src, opt_level=0)(x, **kw).to_dict()
+    tops = fake_cuda(monkeypatch)
+    monkeypatch.setattr(gpu, "sample_chain", emulated_sample_chain())
+    prog = samplec.compile(src, target="cuda")
+    assert "topk_ids" in prog.ir() and "argsort" not in prog.ir()
+    got = prog(x, **kw).to_dict()
+    assert tops == [6]
+    assert_outputs_equal(got, want, src)
+
+
 def test_a_gpu_target_runs_top_logprobs_as_the_selection_kernel():
     """On the cuda and metal targets top_logprobs' ids stay `topk_ids` beside the chain kernel (the interpreter runs
     it as gpu.top_logprobs, one launch: tests/test_targets.py counts them), where the portable target sorts the

@@ -324,12 +324,20 @@ RULES: dict[str, Rule] = {
 # the rules made of MLX ops alone, which a GPU target's interpreter takes too: a log-probability at some ids read off
 # the log-softmax's parts where the chain kernel gave them (Chain.run_gpu), a gather instead of the full row
 def _gpu_topk_ids(node: Node, users: Users, env: Env):
-    """topk_ids(log_softmax(x), k) beside a GPU chain kernel (top_logprobs): one block a row selects on x with
-    TIE_MARGIN more and ranks those by their log-probabilities (gpu.top_logprobs: the CPU's `_topk_ids` on a GPU),
-    from the maximum and log-sum-exp the kernel gave -- and its values for the take_along users that read them."""
-    from samplec.backend_mlx import gpu
+    """topk_ids(log_softmax(x), k) on a GPU (top_logprobs): one block a row selects on x with TIE_MARGIN more and
+    ranks those by their log-probabilities (gpu.top_logprobs: the CPU's `_topk_ids` on a GPU), from the maximum and
+    log-sum-exp the chain kernel (or `_gpu_log_softmax`) gave; topk_ids(x, k) of any other float row (candidates)
+    by the same kernel with a maximum and log-sum-exp of 0, so that it ranks x itself -- and its values for the
+    take_along users that read them."""
+    from samplec.backend_mlx import gpu, kernels
     src = node.inputs[0]
-    lse = env.get(("lse", id(src))) if src.op == "log_softmax" else None
+    if src.op == "log_softmax":
+        lse = env.get(("lse", id(src)))
+    else:
+        x = env[id(src)]
+        B = x.shape[0] if x.ndim == 2 else 0
+        zeros = kernels.constant(("zeros", B), lambda: mx.zeros((B,), dtype=mx.float32))
+        lse = (x, zeros, zeros) if B and x.dtype == mx.float32 else None
     if lse is None:
         return None
     out = gpu.top_logprobs(*lse, node.attr("k"), TIE_MARGIN)

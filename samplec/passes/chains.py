@@ -41,13 +41,13 @@ def _as_gpu_chain(chain, users: dict):
 
 
 def gpu_top_ids(g: Graph) -> list:
-    """top_logprobs' ids of a log-softmax on a GPU target: kept as `topk_ids`, which the interpreter runs as one
-    block a row (gpu.top_logprobs) from the row's maximum and log-sum-exp -- the chain kernel's where it covers the
-    log-softmax, else two reductions (lowering's `_gpu_log_softmax`) -- where the portable lowering would sort the
-    row's log-probabilities."""
+    """top_logprobs' ids of a log-softmax, and candidates' ids of a float row, on a GPU target: kept as `topk_ids`,
+    which the interpreter runs as one block a row (gpu.top_logprobs) -- ranked by log-probability from the row's
+    maximum and log-sum-exp (the chain kernel's where it covers the log-softmax, else two reductions:
+    lowering's `_gpu_log_softmax`), or by the row's own values -- where the portable lowering would sort the row."""
     from samplec.backend_mlx.gpu import TOP_LOGPROBS_MAX
     from samplec.backend_mlx.lowering import TIE_MARGIN
-    return [n for n in g.toposort() if n.op == "topk_ids" and n.inputs[0].op == "log_softmax" and
+    return [n for n in g.toposort() if n.op == "topk_ids" and n.inputs[0].type.dtype == "f32" and
             n.attr("k") + TIE_MARGIN <= TOP_LOGPROBS_MAX]
 
 
@@ -64,7 +64,7 @@ def fuse_chains(g: Graph, target: str) -> Graph:
     covered = [_as_gpu_chain(c, users) for c in chains
                if c.draw is not None and gpu.chain_supports([s.op for s in c.stages], c.draw.op)]
     keep = {id(n) for c in covered for n in c.nodes()}
-    keep |= {id(m) for n in gpu_top_ids(g) for m in (n, n.inputs[0])}
+    keep |= {id(m) for n in gpu_top_ids(g) for m in (n, n.inputs[0]) if m.op in ("topk_ids", "log_softmax")}
     keep |= {id(n) for n in g.toposort() if n.op == "dry"}        # (one kernel beside the chain kernel: gpu.dry)
     kept: dict = {}
     low = lower_portable(g, keep, kept)
