@@ -15,7 +15,8 @@ from pathlib import Path
 import mlx.core as mx
 
 # primitives that are views of their input (no kernel of their own on any device)
-VIEWS = frozenset({"Squeeze", "Reshape", "ExpandDims", "Broadcast", "View", "Slice", "Transpose", "AsStrided"})
+VIEWS = frozenset({"Squeeze", "Reshape", "ExpandDims", "Broadcast", "View", "Slice", "Transpose", "AsStrided",
+                   "Depends"})
 
 
 def primitives(arrays: list[mx.array]) -> collections.Counter:
@@ -39,69 +40,63 @@ def call_primitives(prog, logits, **params) -> collections.Counter:
     traced with the graph; a first call of a shape takes the full path once)."""
     prog.queue(logits, **params)
     before = len(_stood_in) if _stood_in is not None else 0
-    read = len(_reads)
     outs, checks = prog.queue(logits, **params)
     if _stood_in is not None and len(_stood_in) > before:   # (the repeated call was traced: its own kernels)
         del _stood_in[:before]
-        del _reads[:read]
-    return primitives(outs + [f for _, f in checks] + (_reads if _stood_in is not None else []))
+    return primitives(outs + [f for _, f in checks])
 
 
 _stood_in: list[str] | None = None      # the kernels `chain_kernel_stood_in` stood in for, while it is active
-_reads: list[mx.array] = []             # ... and the inputs they were given (what computes them is the call's too)
 
 
 @contextlib.contextmanager
-def chain_kernel_stood_in(target: str = "cuda"):
+def chain_kernel_stood_in(target: str = "cuda", inputs: bool = True):
     """A GPU target's calls traced on a machine without the GPU: the device faked where the target pass and the
     interpreter ask, the chain kernel (gpu.sample_chain) and the radix select (gpu.kth_largest) stood in by evaluated
     placeholders of their outputs -- shaped as theirs, computed before the call, so no primitive of the call's graph
     -- and counted in `stood_in` (the kernels beside it, gpu.top_logprobs and gpu.dry, too; by `call_primitives`:
-    the counted call's), the inputs each would read made as the kernel's wrapper makes them and counted with the
-    call's graph (what packs or computes them is launched by the call; counted as traced, before MLX's compile fuses
-    them with their neighbours: a bound from above). A call's launches on that GPU are then
+    the counted call's), each placeholder depending on the inputs the kernel would read, made as its wrapper makes
+    them (`mx.depends`: no computation), so that what packs or computes them counts with the call's graph as MLX
+    compiles it (`inputs=False`: independent placeholders, for timing the host's replay of the call without the
+    dependency nodes, which a device's kernels do not have). A call's launches on that GPU are then
     `launches(call_primitives(...))` plus `len(stood_in)`: the MLX ops the kernel leaves beside it, and one launch
     each for the kernels. (The kernel declines what gpu.chain_inputs declines, as on the device.)"""
     import samplec.passes.target as passes_target
     from samplec.backend_mlx import gpu
     stood_in: list[str] = []
 
-    def placeholder(*shapes_dtypes):
+    def placeholder(*shapes_dtypes, reads: list = ()):
         out = [mx.zeros(s, dtype=d) for s, d in shapes_dtypes]
         mx.eval(out)
-        return out
-
-    def stand_in(name: str, inputs: list) -> None:
-        stood_in.append(name)
-        _reads.extend(inputs)
+        return mx.depends(out, list(reads)) if reads and inputs else out
 
     def sample_chain(x, params, stages, terminal, want_logprob, out_x=0, edits=(), raw=False):
         B, V = x.shape
         inputs = gpu.chain_inputs(params, stages, terminal, want_logprob, out_x, B, (0, 0), tuple(edits), V, raw)
         if inputs is None:
             return None
-        stand_in("chain", [x, *inputs])
+        stood_in.append("chain")
         n_pen = sum(kind == "penalties" for kind, _ in edits)
         return tuple(placeholder(((B, 1), mx.int32), ((B, 1), mx.float32),
                                  *([((B, V), mx.float32)] if out_x else []),
                                  *([((B, n_pen), mx.bool_)] if n_pen else []),
                                  *([((B, 1), mx.float32)] if edits else []),
-                                 *([((B, 1), mx.float32)] * 3 if raw else [])))
+                                 *([((B, 1), mx.float32)] * 3 if raw else []), reads=[x, *inputs]))
 
     def kth_largest(x, want):
-        stand_in("kth_largest", [x])
-        return placeholder(((x.shape[0], 1), mx.float32))[0]
+        stood_in.append("kth_largest")
+        return placeholder(((x.shape[0], 1), mx.float32), reads=[x])[0]
 
     def top_logprobs(x, m, lz, k, margin):
-        stand_in("top_logprobs", [x, m, lz])
-        return tuple(placeholder(((x.shape[0], k), mx.int32), ((x.shape[0], k), mx.float32)))
+        stood_in.append("top_logprobs")
+        return tuple(placeholder(((x.shape[0], k), mx.int32), ((x.shape[0], k), mx.float32), reads=[x, m, lz]))
 
     def dry(x, h, *values):
         inputs = gpu.dry_inputs(x, h, *values)
         if inputs is None:
             return None
-        stand_in("dry", inputs)
-        return placeholder((x.shape, mx.float32))[0]
+        stood_in.append("dry")
+        return placeholder((x.shape, mx.float32), reads=inputs)[0]
 
     global _stood_in
     _stood_in = stood_in
@@ -118,7 +113,6 @@ def chain_kernel_stood_in(target: str = "cuda"):
         yield stood_in
     finally:
         _stood_in = None
-        _reads.clear()
         for n, f in zip(names, saved):
             setattr(gpu, n, f)
         passes_target.unavailable = saved[-1]
