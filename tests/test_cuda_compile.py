@@ -70,13 +70,20 @@ def registers(cubin: bytes) -> list[int]:
     return found
 
 
+def chain_source(ftypes: str = "f" * gpu.CHAIN_FLOAT_SLOTS) -> str:
+    """The chain kernel under the signature MLX writes, its float slots of the types `ftypes` gives (f: float, i: an
+    integer operand passed as it is)."""
+    return (gpu.chain_header() + '\nextern "C" __global__ void samplec_chain(const float* x, const int* x_shape, ' +
+            "".join(f"const {'int' if t == 'i' else 'float'}* F{i}, " for i, t in enumerate(ftypes)) +
+            "".join(f"const unsigned long long* K{i}, " for i in range(gpu.CHAIN_KEY_SLOTS)) +
+            "".join(f"const int* Q{i}, " for i in range(gpu.CHAIN_KEY_SLOTS)) +
+            "const float* EB, const bool* EM, const int* EW, const int* PH, const int* PH_shape, const float* PV, " +
+            "const int* S, int* tok, float* lp, float* xo, bool* pf, float* rs, int* ws) {\n" + gpu.CHAIN_BODY + "}\n")
+
+
 KERNELS = {
-    "chain": (gpu.chain_header() + '\nextern "C" __global__ void samplec_chain(const float* x, const int* x_shape, ' +
-              "".join(f"const float* F{i}, " for i in range(gpu.CHAIN_FLOAT_SLOTS)) +
-              "".join(f"const unsigned long long* K{i}, " for i in range(gpu.CHAIN_KEY_SLOTS)) +
-              "".join(f"const int* Q{i}, " for i in range(gpu.CHAIN_KEY_SLOTS)) +
-              "const float* EB, const bool* EM, const int* EW, const int* PH, const int* PH_shape, const float* PV, " +
-              "const int* S, int* tok, float* lp, float* xo, bool* pf, float* rs, int* ws) {\n" + gpu.CHAIN_BODY + "}\n", gpu.CHAIN_THREADS),
+    "chain": (chain_source(), gpu.CHAIN_THREADS),
+    "chain with integer slots": (chain_source("ifif" + "f" * (gpu.CHAIN_FLOAT_SLOTS - 4)), gpu.CHAIN_THREADS),
     "kth_largest": ('extern "C" __global__ void samplec_kth_largest(const float* x, const int* x_shape, const int* k, '
                     "float* out) {\n" + gpu._KTH_SOURCE + "}\n", gpu.THREADS),
     "top_logprobs": (gpu.top_logprobs_header() + '\nextern "C" __global__ void samplec_top_logprobs(const float* x, '

@@ -59,10 +59,12 @@ def metal_attributes(body: str) -> list[str]:
     return [f"{dtype} {name}" for name, dtype in names if name in body]
 
 
-def metal_signature(sizes: dict[str, int]) -> str:
+def metal_signature(sizes: dict[str, int], ftypes: tuple = ()) -> str:
     """The parameters MLX's metal_kernel writes for the chain kernel (write_signature): an input of fewer than eight
-    elements in the constant address space, else device memory; x's shape; the outputs; the attributes."""
-    dtypes = {"x": "float", "S": "int", **{f"F{i}": "float" for i in range(gpu.CHAIN_FLOAT_SLOTS)},
+    elements in the constant address space, else device memory, each of its array's type (`ftypes`: the float
+    slots', float by default); x's shape; the outputs; the attributes."""
+    ftypes = ftypes or ("float",) * gpu.CHAIN_FLOAT_SLOTS
+    dtypes = {"x": "float", "S": "int", **{f"F{i}": ftypes[i] for i in range(gpu.CHAIN_FLOAT_SLOTS)},
               **{f"K{i}": "uint64_t" for i in range(gpu.CHAIN_KEY_SLOTS)},
               **{f"Q{i}": "int" for i in range(gpu.CHAIN_KEY_SLOTS)}, **EDIT_TYPES}
     params = []
@@ -75,10 +77,12 @@ def metal_signature(sizes: dict[str, int]) -> str:
     return ", ".join(params + metal_attributes(gpu.chain_entry("metal")))
 
 
-def source(dialect: str, threads: int, defines: str = "", sizes: dict | None = None) -> str:
+def source(dialect: str, threads: int, defines: str = "", sizes: dict | None = None, ftypes: tuple = ()) -> str:
     """The kernel as a C++ translation unit over the emulation of `dialect`: the header and body MLX would compile,
-    as sc_body, and run(...) launching it on the CPU."""
-    slots = ", ".join([f"const float* F{i}" for i in range(gpu.CHAIN_FLOAT_SLOTS)] +
+    as sc_body, and run(...) launching it on the CPU. `ftypes`: the float slots' C types as MLX writes them from the
+    arrays passed (an integer operand goes in as it is: int)."""
+    ftypes = ftypes or ("float",) * gpu.CHAIN_FLOAT_SLOTS
+    slots = ", ".join([f"const {ftypes[i]}* F{i}" for i in range(gpu.CHAIN_FLOAT_SLOTS)] +
                       [f"const uint64_t* K{i}" for i in range(gpu.CHAIN_KEY_SLOTS)] +
                       [f"const int* Q{i}" for i in range(gpu.CHAIN_KEY_SLOTS)] +
                       [f"const {EDIT_TYPES[n]}* {n}" + (", const int* PH_shape" if n == "PH" else "")
@@ -89,7 +93,7 @@ def source(dialect: str, threads: int, defines: str = "", sizes: dict | None = N
                      "bool* pf, float* rs, int* ws")
         call = f"sc_body(x, shape, {names}, S, tok, lp, xo, pf, rs, ws)"
     else:
-        signature = metal_signature(sizes or {name: 8 for name in INPUTS})
+        signature = metal_signature(sizes or {name: 8 for name in INPUTS}, ftypes)
         call = (f"sc_body(x, shape, {names}, S, tok, lp, xo, pf, rs, ws, uint3{{threadIdx.x, 0, 0}}, "
                 "uint3{blockIdx.x, 0, 0}, 32u)")
     head = (f"#define SC_T {threads}\n{defines}#include \"{dialect}_emulation.h\"\n{gpu.chain_header(dialect)}\n"
@@ -131,11 +135,12 @@ def emulated(threads: int = 64, defines: str = "", dialect: str = "cuda"):
     inputs gpu.chain_inputs' F0..F9, K0, K1, Q0, Q1, S -> (tok [B], lp [B]), and where S asks for it the final
     logits (1) or their softmax (2), [B, V]. S's split (slices a row, candidates a slice) runs each row as that many
     blocks."""
-    fn = built(source(dialect, threads, defines), "gpu_chain")
-
     def run(x: np.ndarray, inputs: list):
         x = np.ascontiguousarray(x.astype(np.float32))
         ins = [np.ascontiguousarray(np.array(a)) for a in inputs]
+        ftypes = tuple({np.dtype(np.float32): "float", np.dtype(np.int32): "int"}[a.dtype]
+                       for a in ins[:gpu.CHAIN_FLOAT_SLOTS])
+        fn = built(source(dialect, threads, defines, ftypes=ftypes), "gpu_chain")
         B, V = x.shape
         S = ins[-1]
         out_x, split = int(S[5]), (int(S[6]), int(S[7]))
@@ -424,15 +429,19 @@ def test_chain_supports_and_body():
 
 
 def test_chain_inputs_pass_operands_as_they_are():
-    """The operands go to the kernel as the program holds them: an f32 value per row or one value, a u64 seed and
-    an i32 position without an op; another dtype is cast; S flags which slots hold one value per row."""
+    """The operands go to the kernel as the program holds them: an f32 value per row or one value, top_k's i32 k (a
+    float slot reads it as its own type: the kernel's name says which slots hold one), a u64 seed and an i32 position
+    without an op; another dtype is cast; S flags which slots hold one value per row."""
     k, p, seed, pos = (mx.array([5, 7, 9], dtype=mx.int32), mx.array([0.9, 0.5, 1.0], dtype=mx.float32),
                        mx.array(np.array([1, 2, 3], dtype=np.uint64)), mx.array(4, dtype=mx.int32))
     t = mx.array(0.7, dtype=mx.float32)
     ins = gpu.chain_inputs([t, k, p, seed, pos], ["temperature", "top_k", "top_p"], "sample", False, 0, 3)
     assert ins[0] is t and ins[2] is p and ins[gpu.CHAIN_FLOAT_SLOTS] is seed
     assert ins[gpu.CHAIN_FLOAT_SLOTS + gpu.CHAIN_KEY_SLOTS] is pos
-    assert ins[1].dtype == mx.float32 and np.array(ins[1]).tolist() == [5.0, 7.0, 9.0]
+    assert ins[1] is k and gpu.slot_types(ins) == "_fi" + "f" * (gpu.CHAIN_FLOAT_SLOTS - 2)
+    f64 = mx.array([5, 7, 9], dtype=mx.int64)
+    cast = gpu.chain_inputs([t, f64, p, seed, pos], ["temperature", "top_k", "top_p"], "sample", False, 0, 3)
+    assert cast[1].dtype == mx.float32 and np.array(cast[1]).tolist() == [5.0, 7.0, 9.0] and gpu.slot_types(cast) == ""
     S = np.array(ins[-1]).tolist()
     assert S[11:] == [0, 1, 1] + [0] * 7 + [1, 0] + [0, 0] + [0] * gpu.EDIT_CODES + [0]
     assert gpu.chain_inputs([mx.array([[1.0, 2.0]])], ["temperature"], "greedy", False, 0, 3) is None

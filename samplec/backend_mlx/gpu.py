@@ -166,7 +166,7 @@ def _kernel(name: str, inputs: list[str], source: str, outputs: tuple = ("out",)
     """MLX's CUDA kernel object for a source, made once a process. Its name carries a digest of the source: MLX
     keeps compiled kernels on disk by name alone (MLX_PTX_CACHE_DIR, else $TMPDIR/mlx/<version>/ptx), so a kernel
     an upgrade changed must not load the old one. (The name does not follow the inputs' dtypes: callers cast each
-    input to the one dtype its kernel is written for.)"""
+    input to the one dtype its kernel is written for, or name each combination apart: `slot_types`.)"""
     if name not in _kernels:
         digest = hashlib.sha256("\0".join([header, source, *inputs, *outputs]).encode()).hexdigest()[:12]
         _kernels[name] = mx.fast.cuda_kernel(name=f"{name}_{digest}", input_names=inputs,
@@ -370,12 +370,14 @@ def _placeholder(dtype, n: int = 1, rows: int = 0) -> mx.array:
     return _PLACEHOLDERS[dtype, n, rows]
 
 
-def _slot(p: mx.array, B: int, dtype) -> tuple[mx.array, bool] | None:
-    """An operand as the kernel reads it (one value, or one a row) and whether it is one a row; None otherwise."""
+def _slot(p: mx.array, B: int, dtype, ints: bool = False) -> tuple[mx.array, bool] | None:
+    """An operand as the kernel reads it (one value, or one a row) and whether it is one a row; None otherwise.
+    `ints`: an int32 operand goes in as it is (a float slot's reader converts it: MLX writes each input's type in the
+    kernel's signature), where a cast would be a launch a call."""
     from samplec.backend_mlx.kernels import constant_as
     if not (p.ndim <= 2 and p.size in (1, B) and (p.ndim < 2 or p.shape[-1] == 1)):
         return None
-    if p.dtype != dtype:
+    if p.dtype != dtype and not (ints and p.dtype == mx.int32):
         p = constant_as(p, dtype) or p.astype(dtype)    # (a literal's cast is a constant of the call too)
     return p, p.size == B and B > 1
 
@@ -386,18 +388,31 @@ PV_STAGE = 6                    # PV's values a penalties stage: last_n, repeat,
 
 def _penalty_values(stages, B: int) -> tuple[mx.array, bool] | None:
     """PV: each penalties stage's (last_n, repeat, frequency, presence, offset, length) as floats, [1 or B, PV_STAGE a
-    stage, at least 8] (one op packs them: a concatenation), and whether it holds one row each; None where an operand
-    is neither one value nor one a row. (Integers as floats: exact below 2**24, and a window past the history's
-    length is all of it either way.)"""
-    ops = [_slot(v, B, mx.float32) if isinstance(v, mx.array) else (mx.array(float(v)), False)
+    stage, at least 8], and whether it holds one row each; None where an operand is neither one value nor one a row.
+    One elementwise kernel packs them (each column a selection among the values by a tree of `where`s over the
+    column index, an integer converted as it is read), where a cast of each integer and a concatenation were a
+    launch each. (Integers as floats: exact below 2**24, and a window past the history's length is all of it either
+    way.)"""
+    from samplec.backend_mlx.kernels import constant
+    ops = [_slot(v, B, mx.float32, ints=True) if isinstance(v, mx.array) else
+           (constant(("pv", float(v)), lambda v=v: mx.array(float(v), dtype=mx.float32)), False)
            for st in stages for v in st]
     if None in ops:
         return None
-    R = B if any(rows for _, rows in ops) else 1
-    cols = [mx.broadcast_to(v.reshape(-1, 1), (R, 1)) for v, _ in ops]
-    if len(cols) < 8:               # (at least eight values: Metal would pass fewer in the constant address space)
-        cols.append(mx.broadcast_to(_placeholder(mx.float32, 8 - len(cols), rows=1), (R, 8 - len(cols))))
-    return mx.concatenate(cols, axis=1), R > 1
+    rows = any(per_row for _, per_row in ops)
+    # (at least eight values: Metal would pass fewer in the constant address space)
+    vals = [v.reshape(-1, 1) for v, _ in ops] + [_placeholder(mx.float32, 1, rows=1)] * max(0, 8 - len(ops))
+    n = len(vals)
+    col = constant(("pv_columns", n), lambda: mx.arange(n, dtype=mx.int32)[None, :])
+
+    def pick(lo: int, hi: int) -> mx.array:
+        if hi - lo == 1:
+            v = vals[lo]
+            return v if v.dtype == mx.float32 else v.astype(mx.float32)
+        mid = (lo + hi) // 2
+        return mx.where(col < mid, pick(lo, mid), pick(mid, hi))
+    pv = pick(0, n)
+    return (pv if pv.shape[1] == n else mx.broadcast_to(pv, (pv.shape[0], n))), rows
 
 
 def _histories(pens, B: int) -> tuple[mx.array, list[tuple[int, int]]] | None:
@@ -484,7 +499,7 @@ def chain_inputs(params: list[mx.array], stages: list[str], terminal: str, want_
         return None
     floats, keys, poss, it = [], [], [], iter(params)
     for s in stages + (["sample"] if terminal == "sample" else []):
-        floats += [_slot(next(it), B, mx.float32) for _ in range(CHAIN_STAGES.get(s, 0))]
+        floats += [_slot(next(it), B, mx.float32, ints=True) for _ in range(CHAIN_STAGES.get(s, 0))]
         if s in ("xtc", "sample"):
             keys.append(_slot(next(it), B, mx.uint64))
             poss.append(_slot(next(it), B, mx.int32))
@@ -522,7 +537,8 @@ def sample_chain(x: mx.array, params: list[mx.array], stages: list[str], termina
     if inputs is None:
         return None
     nb = split[0]
-    tok, lp, xo, pf, rs, _ = _kernel("samplec_chain", INPUT_NAMES, CHAIN_BODY, CHAIN_OUTPUTS, chain_header())(
+    tok, lp, xo, pf, rs, _ = _kernel("samplec_chain" + slot_types(inputs), INPUT_NAMES, CHAIN_BODY, CHAIN_OUTPUTS,
+                                     chain_header())(
         inputs=[x, *inputs],
         output_shapes=[(B,), (B,), x.shape if out_x else (B, 1), _flags_shape(B, edits), (B, 4),
                        (scratch_size(B, split, V if edits else 0, raw),)],
@@ -556,17 +572,25 @@ def _flags_shape(B: int, edits) -> tuple[int, int]:
 _METAL: dict = {}
 
 
-def _metal_kernel():
-    if "kernel" not in _METAL:
+def slot_types(inputs: list[mx.array]) -> str:
+    """The chain kernel's name suffix for the float slots' input types ("" where all are float; else "_" and an f or
+    an i a slot): MLX writes each input's type in the signature but keeps a compiled kernel by its name, so each
+    combination of integer operands (top_k's k, passed as it is) is a kernel of its own name."""
+    kinds = "".join("i" if a.dtype == mx.int32 else "f" for a in inputs[:CHAIN_FLOAT_SLOTS])
+    return "" if "i" not in kinds else f"_{kinds}"
+
+
+def _metal_kernel(suffix: str = ""):
+    if "kernel" + suffix not in _METAL:
         source, header = chain_entry("metal"), chain_header("metal")
         digest = hashlib.sha256("\0".join([header, source]).encode()).hexdigest()[:12]
-        args = dict(name=f"samplec_chain_{digest}", input_names=INPUT_NAMES,
+        args = dict(name=f"samplec_chain{suffix}_{digest}", input_names=INPUT_NAMES,
                     output_names=list(CHAIN_OUTPUTS), source=source, header=header, ensure_row_contiguous=True)
         try:        # (MLX's "safe" math mode: no fast math, as the dense definitions round)
-            _METAL["kernel"] = mx.fast.metal_kernel(**args, compile_options={"math_mode": "safe"})
+            _METAL["kernel" + suffix] = mx.fast.metal_kernel(**args, compile_options={"math_mode": "safe"})
         except TypeError:       # (an MLX without compile_options compiles without fast math too)
-            _METAL["kernel"] = mx.fast.metal_kernel(**args)
-    return _METAL["kernel"]
+            _METAL["kernel" + suffix] = mx.fast.metal_kernel(**args)
+    return _METAL["kernel" + suffix]
 
 
 def _metal_chain(x: mx.array, params: list[mx.array], stages: list[str], terminal: str, want_logprob: bool,
@@ -580,7 +604,7 @@ def _metal_chain(x: mx.array, params: list[mx.array], stages: list[str], termina
     if inputs is None:
         return None
     inputs = [a.reshape(1) if a.ndim == 0 else a for a in inputs]     # (a 0-d input would be a reference)
-    tok, lp, xo, pf, rs, _ = _metal_kernel()(
+    tok, lp, xo, pf, rs, _ = _metal_kernel(slot_types(inputs))(
         inputs=[x, *inputs],
         output_shapes=[(B,), (B,), x.shape if out_x else (B, 1), _flags_shape(B, edits), (B, 4),
                        (scratch_size(B, (0, 0), V if edits else 0, raw),)],

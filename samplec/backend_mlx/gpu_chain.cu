@@ -67,7 +67,9 @@ static_assert(SC_NMAX <= SC_CAP, "the sorted maxima live in cand_raw");
 static_assert(SC_NMAX >= 10 * SC_WARPS, "top_p's histogram counts live in tmax");
 
 // An operand slot's value for a row (`stride` 1: one value a row; 0: one value). A template over the pointer: MLX
-// passes a Metal input of fewer than eight elements in the constant address space, a larger one in device memory.
+// passes a Metal input of fewer than eight elements in the constant address space, a larger one in device memory,
+// and writes each input's own type (a float slot holding an integer operand, top_k's k, converts it here, rounding
+// as MLX's cast does: no cast kernel a call).
 template <class P>
 SC_INLINE float sc_operand_f(P p, int stride, int row) { return p[stride ? row : 0]; }
 template <class P>
