@@ -395,7 +395,7 @@ def _penalty_values(stages, B: int) -> tuple[mx.array, bool] | None:
     way.)"""
     from samplec.backend_mlx.kernels import constant
     ops = [_slot(v, B, mx.float32, ints=True) if isinstance(v, mx.array) else
-           (constant(("pv", float(v)), lambda v=v: mx.array(float(v), dtype=mx.float32)), False)
+           (constant(("pv", repr(float(v))), lambda v=v: mx.array(float(v), dtype=mx.float32)), False)
            for st in stages for v in st]
     if None in ops:
         return None

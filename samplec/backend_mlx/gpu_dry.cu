@@ -6,7 +6,8 @@
 //      placed by a scan of the chunks' counts), and its last L = last_n (-1: all) of them the window c [L];
 //   2. rep_limit: the window's entries after its last breaker (L without one);
 //   3. for each window position p >= 1, S[p] = how many of the tokens before p, walking back, equal the window's
-//      last ones; rep[t] = the largest S[p] over the positions p holding t (an atomic maximum a position);
+//      last ones (at most as many as can change the penalty); rep[t] = the largest S[p] over the positions p holding
+//      t (an atomic maximum a position);
 //   4. out = x, and at each window token t with n = min(rep[t], rep_limit) >= allowed_length (not a breaker):
 //      x[t] - multiplier * base^(n - allowed_length), in float32 as the definition computes it (the exponent capped
 //      where base^e leaves float32, the product taken in halves near the cap).
@@ -19,10 +20,13 @@ struct DrShared {
   int n, limit;             // the history's tokens, and rep_limit
 };
 
+// The exponent past which the definition caps base^e (where it leaves float32), 0 for none (base near 1).
+SC_INLINE int dr_max_exp(float base) { return base > 1.000001f ? (int)sc_div(88.7228391f, sc_log(base)) : 0; }
+
 // The row's penalty of a repeat of length n (n >= allowed): multiplier * base^(n - allowed), as the definition rounds.
 SC_INLINE float dr_penalty(int n, float mult, float base, int allowed) {
   const float log_base = sc_log(base);
-  const int max_exp = base > 1.000001f ? (int)sc_div(88.7228391f, log_base) : 0;
+  const int max_exp = dr_max_exp(base);
   int e = n - allowed;
   if (max_exp > 0 && e > max_exp) e = max_exp;
   const float arg = sc_mul((float)e, log_base);
@@ -78,12 +82,16 @@ SC_FN void dr_dry(const SC_DEV float* x, const SC_DEV int* h, int H, int V, floa
   const int limit = sh.limit;
   for (int t = tx; t < V; t += SC_T) out[t] = x[t];
   if (!(L > allowed && limit >= allowed)) return;
-  // 3. the longest repeat each window token would extend
+  // 3. the longest repeat each window token would extend, counted no further than it can change the row: past
+  //    rep_limit the definition clamps it, and past allowed + the capped exponent the penalty is the same (a history
+  //    that repeats one token walks O(L x that cap), not O(L^2))
+  const int max_exp = dr_max_exp(base);
+  const int cap = max_exp > 0 && allowed < limit - max_exp ? allowed + max_exp : limit;
   for (int j = tx; j < L; j += SC_T) rep[sc_imin(c[j], V - 1)] = -1;
   sc_barrier_device();                  // (the -1s written before any thread raises one)
   for (int p = 1 + tx; p < L; p += SC_T) {
     int s = 0;
-    while (s < p && c[p - 1 - s] == c[L - 1 - s]) ++s;
+    while (s < p && s < cap && c[p - 1 - s] == c[L - 1 - s]) ++s;
     sc_atomic_max_global(rep + sc_imin(c[p], V - 1), s);
   }
   sc_barrier_device();                  // (every length raised, and the row copied, before the penalties)

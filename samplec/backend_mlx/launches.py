@@ -57,8 +57,8 @@ def chain_kernel_stood_in(target: str = "cuda", inputs: bool = True):
     -- and counted in `stood_in` (the kernels beside it, gpu.top_logprobs and gpu.dry, too; by `call_primitives`:
     the counted call's), each placeholder depending on the inputs the kernel would read, made as its wrapper makes
     them (`mx.depends`: no computation), so that what packs or computes them counts with the call's graph as MLX
-    compiles it (`inputs=False`: independent placeholders, for timing the host's replay of the call without the
-    dependency nodes, which a device's kernels do not have). A call's launches on that GPU are then
+    compiles it (`inputs=False`: placeholders independent of those inputs, whose making then drops out of the call's
+    replay -- the host's time without it). A call's launches on that GPU are then
     `launches(call_primitives(...))` plus `len(stood_in)`: the MLX ops the kernel leaves beside it, and one launch
     each for the kernels. (The kernel declines what gpu.chain_inputs declines, as on the device.)"""
     import samplec.passes.target as passes_target
