@@ -95,7 +95,8 @@ def test_dry_kernel_equals_its_definition():
         padded[:, : H // 3] = -1
         for h in (rng.integers(0, V, (B, H)), periodic, padded):
             for breakers in (None, rng.random(V) < 0.01):
-                args = (x, h, np.float32(0.8), np.float32(1.75), np.int32(2), np.int32(-1), breakers)
+                args = (x, h.astype(np.int32), np.float32(0.8), np.float32(1.75), np.int32(2), np.int32(-1),
+                        breakers)
                 got = np.array(gpu.dry(*(None if a is None else mx.array(a) for a in args)))
                 with on_the_cpu():
                     want = dry_definition(*args)
