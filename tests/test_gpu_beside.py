@@ -393,8 +393,7 @@ def test_a_dry_chain_on_the_cuda_target_runs_the_dry_kernel(monkeypatch):
 def test_a_dry_chain_on_the_cuda_target_launches(monkeypatch):
     """Its launches on the cuda target (the kernels stood in, one launch each): the DRY kernel, the chain kernel,
     top_logprobs' kernel, its maximum and log-sum-exp of the logits (which the chain kernel, reading DRY's row, does
-    not give; the logits checks share the maximum) and the checks -- 9, where DRY's penalty in MLX ops and a sort
-    for top_logprobs made it 24 (and DRY's repeat lengths too, 32)."""
+    not give; the logits checks share the maximum) and the checks: 9 (the portable target's: 50)."""
     import samplec
     from samplec.backend_mlx import kernels
     from samplec.backend_mlx.launches import call_primitives, chain_kernel_stood_in, launches

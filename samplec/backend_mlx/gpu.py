@@ -390,8 +390,8 @@ def _penalty_values(stages, B: int) -> tuple[mx.array, bool] | None:
     """PV: each penalties stage's (last_n, repeat, frequency, presence, offset, length) as floats, [1 or B, PV_STAGE a
     stage, at least 8], and whether it holds one row each; None where an operand is neither one value nor one a row.
     One elementwise kernel packs them (each column a selection among the values by a tree of `where`s over the
-    column index, an integer converted as it is read), where a cast of each integer and a concatenation were a
-    launch each. (Integers as floats: exact below 2**24, and a window past the history's length is all of it either
+    column index, an integer converted as it is read), rather than a cast of each integer and a concatenation (a
+    launch each). (Integers as floats: exact below 2**24, and a window past the history's length is all of it either
     way.)"""
     from samplec.backend_mlx.kernels import constant
     ops = [_slot(v, B, mx.float32, ints=True) if isinstance(v, mx.array) else
