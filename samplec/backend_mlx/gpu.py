@@ -750,8 +750,11 @@ def dry_inputs(x: mx.array, h: mx.array, mult: mx.array, base: mx.array, allowed
     """The DRY kernel's inputs (DRY_INPUTS) -- the operands as the program holds them (each value one for all rows
     or one a row, as the chain kernel's slots), the breaker flags or an unused placeholder, and n: (breakers given,
     their row stride, which values are one a row) -- or None where an operand has another shape."""
+    if not (x.ndim == 2 and x.dtype == mx.float32 and min(x.shape) >= 1):
+        return None
     B, V = x.shape
-    if not (h.ndim == 2 and h.shape[0] == B and h.dtype == mx.int32) or breakers is not None and not (
+    if not (h.ndim == 2 and h.shape[0] == B and h.shape[1] >= 1 and h.dtype == mx.int32) or \
+            breakers is not None and not (
             breakers.dtype == mx.bool_ and (breakers.shape == (V,) or breakers.shape in ((1, V), (B, V)))):
         return None
     slots = [_slot(a, B, dt) for a, dt in ((mult, mx.float32), (base, mx.float32), (allowed, mx.int32),
@@ -773,15 +776,11 @@ def dry(x: mx.array, h: mx.array, mult: mx.array, base: mx.array, allowed: mx.ar
     padding); mult, base, allowed, last_n: one value or one a row; breakers: bool [V] or [B, V], None for none. None
     where the kernel does not apply (neither a CUDA GPU nor the Metal build's, operands of other shapes)."""
     cuda = available()
-    if not ((cuda or metal_status()[0]) and x.ndim == 2 and x.dtype == mx.float32 and min(x.shape) >= 1 and
-            h.ndim == 2 and h.shape[1] >= 1):
+    inputs = dry_inputs(x, h, mult, base, allowed, last_n, breakers) if cuda or metal_status()[0] else None
+    # (MLX passes an input of fewer than 8 elements in Metal's constant space: the Metal build declines them)
+    if inputs is None or not cuda and (x.shape[1] < 8 or h.size < 8):
         return None
     B, V = x.shape
-    if not cuda and (V < 8 or h.size < 8):      # (MLX passes an input of fewer than 8 in Metal's constant space)
-        return None
-    inputs = dry_inputs(x, h, mult, base, allowed, last_n, breakers)
-    if inputs is None:
-        return None
     return _one_block_a_row(DRY_KERNEL, B, cuda, inputs=inputs, output_shapes=[(B, V), (B, V), (B, h.shape[1])],
                             output_dtypes=[mx.float32, mx.int32, mx.int32])[0]
 

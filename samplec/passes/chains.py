@@ -64,7 +64,8 @@ def fuse_chains(g: Graph, target: str) -> Graph:
     covered = [_as_gpu_chain(c, users) for c in chains
                if c.draw is not None and gpu.chain_supports([s.op for s in c.stages], c.draw.op)]
     keep = {id(n) for c in covered for n in c.nodes()}
-    keep |= {id(m) for n in gpu_top_ids(g) for m in (n, n.inputs[0]) if m.op in ("topk_ids", "log_softmax")}
+    tops = gpu_top_ids(g)
+    keep |= {id(n) for n in tops} | {id(n.inputs[0]) for n in tops if n.inputs[0].op == "log_softmax"}
     keep |= {id(n) for n in g.toposort() if n.op == "dry"}        # (one kernel beside the chain kernel: gpu.dry)
     kept: dict = {}
     low = lower_portable(g, keep, kept)
