@@ -30,6 +30,7 @@ from samplec.diagnostics import SamplecError
 from samplec.frontend.lower import OS_SEED
 from samplec.ir.graph import Graph, Param
 from samplec.ir.printer import print_graph
+from samplec.passes.specialize import switches
 from samplec.stages import Range
 
 SCALAR_NP = {"float": np.float32, "int": np.int32, "seed": np.uint64, "state": np.float32}
@@ -118,6 +119,7 @@ class Program:
         self.stage_graph = graph
         self.graph = run_target(graph, self.target, after_pass)
         self.exe = Executable(self.graph, compile=compile, target=self.target)
+        self._compile, self._after_pass = compile, after_pass
         self._max_bias_id = max((max(n.attr("ids"), default=-1) for n in self.graph.toposort() if n.op == "sparse_add"),
                                 default=-1)
         self._known = {p.name for p in self.params}
@@ -146,8 +148,16 @@ class Program:
         self._check_messages = tuple(c.message for c in self.graph.checks)
         self._words: dict[tuple, tuple] = {}        # (see `_word_messages`)
         self._shapes: dict = {}     # (B, V) -> _Shape: what the full path accepted for that logits shape
-        self._last = None   # (shape, bytes of the values, arrays, bytes of each value): the last short call's scalars
-        self.queue_stats = {"short": 0, "full": 0, "scalars_rebuilt": 0}
+        # the stages a call's values can turn off (samplec.passes.specialize): the short path runs the program
+        # without those off in every row -- (executable, its checks' messages) per set of them, made at first use
+        self._switches = switches(graph, frozenset(self._scalar_names))
+        self._scalar_at = {name: k for k, name in enumerate(self._scalar_names)}
+        self._whole = (self.exe, self._check_messages)
+        self._variants: dict[frozenset, tuple] = {}
+        self._off: dict[tuple, bool] = {}       # (switch, its values' bytes, V) -> off in every row
+        # (shape, bytes of the values, arrays, bytes of each value, the program they run): the last short call's
+        self._last = None
+        self.queue_stats = {"short": 0, "full": 0, "scalars_rebuilt": 0, "specialized": 0}
 
     def _device_error(self) -> str | None:
         from samplec.passes.target import unavailable
@@ -192,7 +202,8 @@ class Program:
 
     def __getstate__(self):
         state = dict(self.__dict__)
-        state.update(_shapes={}, _last=None, queue_stats=dict.fromkeys(self.queue_stats, 0), _device=None)
+        state.update(_shapes={}, _last=None, queue_stats=dict.fromkeys(self.queue_stats, 0), _device=None,
+                     _variants={}, _off={})
         return state
 
     # ---- running ----
@@ -242,9 +253,11 @@ class Program:
         short = self._arguments(logits, params)
         if short is not None:   # (no hold: measured, it costs such a call more host time than it saves it)
             self.queue_stats["short"] += 1
-            args, messages = short
-            outs, words = self.exe.queued(self._pre, args)
-            return outs, list(zip(self._word_messages(messages), words))
+            args, messages, (exe, checks) = short
+            if exe is not self.exe:
+                self.queue_stats["specialized"] += 1
+            outs, words = exe.queued(self._pre, args)
+            return outs, list(zip(self._word_messages(messages, checks), words))
         if self._scalars_only and not any(type(v) is mx.array for v in params.values()):
             wake()      # (preparing such a call never waits for MLX: the worker can wake meanwhile)
         late: list = []
@@ -256,17 +269,53 @@ class Program:
             raise
         self.queue_stats["full"] += 1
         outs, flags = self.exe(*args)
-        return outs, late + list(zip(self._word_messages(()), flags))
+        return outs, late + list(zip(self._word_messages((), self._check_messages), flags))
 
-    def _word_messages(self, first: tuple) -> tuple[tuple[str, ...], ...]:
+    def _word_messages(self, first: tuple, checks: tuple) -> tuple[tuple[str, ...], ...]:
         """The messages of a call's packed check words, FLAG_BITS to a word, bit by bit: `first` (the short path's
-        argument checks, traced with the graph) and then the graph's checks."""
-        got = self._words.get(first)
+        argument checks, traced with the graph) and then the graph's `checks`."""
+        got = self._words.get((first, checks))
         if got is None:
-            every = first + self._check_messages
+            every = first + checks
             if len(self._words) > 64:
                 self._words.clear()
-            got = self._words[first] = tuple(every[i:i + FLAG_BITS] for i in range(0, len(every), FLAG_BITS))
+            got = self._words[first, checks] = tuple(every[i:i + FLAG_BITS] for i in range(0, len(every), FLAG_BITS))
+        return got
+
+    def specialized(self, off: frozenset) -> "Program":
+        """This program without the stages at the places `off` of its stage graph's order (`Switch.at`): what a
+        call whose values leave those stages off in every row runs."""
+        from samplec.passes import run_pipeline
+        from samplec.passes.specialize import without
+        return Program(run_pipeline(without(self.stage_graph, off), 2), compile=self._compile, target=self.target,
+                       after_pass=self._after_pass)
+
+    def _program_for(self, values: list, keys: list, V: int) -> tuple:
+        """(executable, its checks' messages) for a short call's scalar values (their bytes `keys`, None where a
+        value is not plain): the program without the switches its values leave off in every row."""
+        off = []
+        for k, sw in enumerate(self._switches):
+            at = [self._scalar_at[name] for name in sw.params]
+            key = (k, tuple(keys[i] for i in at), V)
+            got = self._off.get(key) if None not in key[1] else None
+            if got is None:
+                got = sw.off({name: self._scalar_params[i].default if values[i] is None else values[i]
+                              for name, i in zip(sw.params, at)}, V)
+                if None not in key[1]:
+                    if len(self._off) > 4096:
+                        self._off.clear()
+                    self._off[key] = got
+            if got:
+                off.append(sw.at)
+        if not off:
+            return self._whole
+        off = frozenset(off)
+        got = self._variants.get(off)
+        if got is None:
+            if len(self._variants) >= 32:
+                self._variants.clear()
+            prog = self.specialized(off)
+            got = self._variants[off] = (prog.exe, prog._check_messages)
         return got
 
     def _arguments(self, logits, params: dict) -> tuple[list, tuple] | None:
@@ -289,17 +338,17 @@ class Program:
             return None
         last = self._last
         if last is not None and last[1] == key and last[0] == shape:
-            args = [x, *last[2]]
+            args, run = [x, *last[2]], last[4]
         else:
             scalars = self._rebuild(shape, values, key, last)
             if scalars is None:
                 return None
-            args = [x, *scalars]
+            args, run = [x, *scalars], self._last[4]
         for v, ok in zip(map(params.get, self._array_names), known.accepted):
             if type(v) is not mx.array or (v.shape, v.dtype) not in ok:
                 return None
             args.append(v)
-        return args, known.messages
+        return args, known.messages, run
 
     def _rebuild(self, shape: tuple, values: list, key: bytes, last) -> list | None:
         """The scalar parameters' arrays where the call's values are not the last call's: the last call's array
@@ -334,7 +383,8 @@ class Program:
                 arrays[k] = self._scalar(p, value, B)
             except Exception:  # noqa: BLE001 - the full path raises it, in the parameters' order
                 return None
-        self._last = (shape, key if None not in keys else None, arrays, keys)
+        run = self._program_for(values, keys, shape[1]) if self._switches else self._whole
+        self._last = (shape, key if None not in keys else None, arrays, keys, run)
         return arrays
 
     def _accepted(self, shape: tuple, params: dict) -> None:
