@@ -289,6 +289,21 @@ def _positions64(n: int) -> mx.array:
     return _POSITIONS64[n]
 
 
+def _counts(ins, a):
+    """`counts`: each valid id's column (clamped into the row), every other entry column V, in one elementwise kernel;
+    a scatter of ones (a constant) into a [B, V + 1] zero row; the first V columns (a view)."""
+    x, ids, valid = ins
+    B, V = x.shape
+    ids, valid = mx.broadcast_to(ids, (B, ids.shape[-1])), mx.broadcast_to(valid, (B, ids.shape[-1]))
+    at = mx.where(valid, mx.clip(ids, 0, V - 1), V)
+    rows = constant(("rows", B, ids.shape[-1]), lambda: mx.broadcast_to(mx.arange(B)[:, None], ids.shape))
+    return _zeros((B, V + 1), mx.float32).at[rows, at].add(_one())[:, :V]
+
+
+def _one() -> mx.array:
+    return constant(("one",), lambda: mx.array(1.0, dtype=mx.float32))
+
+
 def _scatter_add(ins, a):
     base, idx, upd = ins
     idx = _in_range(idx, base.shape[-1])
@@ -450,4 +465,5 @@ KERNELS = {
         [mx.array([0xFFFFFFFF], dtype=mx.uint32), mx.arange(i[0].shape[-1], dtype=mx.uint32)])),
     "tail": lambda i, a: i[0][..., a["start"]:],
     "place": lambda i, a: i[0][..., min(a["index"], i[0].shape[-1] - 1):][..., :1],
+    "counts": _counts,
 }

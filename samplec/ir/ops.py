@@ -390,6 +390,9 @@ TARGET_OPS: dict[str, OpDef] = {d.name: d for d in [
     OpDef("tail", 1, (("start", "int"),), lambda ts, a: Type(ts[0].dtype, ts[0].shape[:-1] + ("V",)),
           "x[..., start:] (a view; the row the lowering widened by `start` columns)"),
     OpDef("last_index", 1, (), lambda ts, a: Type(I32, (1,)), "V - 1 for the operand's last axis, i32[1] (a constant once traced)"),
+    OpDef("counts", 3, (), lambda ts, a: Type(F32, ts[0].shape),
+          "counts(x, ids, valid): per token of x's row, how many of the ids (i32 [B,H]) where valid (bool [B,H]) "
+          "name it -- one scatter of ones; an entry not valid counts in a column past the row"),
 ]}
 ALL_OPS: dict[str, OpDef] = {**OPS, **TARGET_OPS}
 

@@ -42,9 +42,9 @@ PASSES: dict[str, Pass] = {p.name: p for p in [
          "cuts"),
     Pass("expand-stages", _rules(R.expand_stage), "every stage op into its dense definition (what -O0 runs)"),
     Pass("simplify", _rules(R.fold_constants, R.where_const, R.where_same, R.logical_const, R.arith_identity,
-                              R.empty_through_cuts),
+                              R.reduce_one, R.empty_through_cuts),
          "constant folding (partial evaluation of bound parameters) and algebraic identities (an off stage's folded "
-         "guard, a 'no token left' check past the cuts)"),
+         "guard, a reduction over one entry, a 'no token left' check past the cuts)"),
     Pass("partition-topk", _rules(R.partition_top_k), "top_k with a constant k by partial selection"),
     Pass("cse", _rules(cse=True), "common-subexpression elimination"),
     Pass("dce", dce, "dead-code elimination (dead nodes, constant-false checks)"),

@@ -27,7 +27,7 @@ from samplec.frontend.expand import EXPAND, history_window
 from samplec.frontend.lower import NEG_INF, XTC_COUNTER, any_rows, const, gumbel, penalize, uniform, where
 from samplec.ir.graph import INPUT, Graph, Node, make
 from samplec.ir.ops import STAGE_OPS
-from samplec.ir.types import F32, I32, U32
+from samplec.ir.types import BOOL, F32, I32, U32
 from samplec.passes.rewrite import rebuild
 
 # cuts that need the row's order (their dense definitions select by 32 rounds): they sort the row
@@ -94,9 +94,58 @@ class Row:
             top = self.top() if cut else reroot(s, self.s, self.top())
         if greedy is not None and self.greedy is not None:
             greedy = make("logical_or", self.greedy, greedy)
-        return Row(s, reroot(s, self.s, self.x) if x is None else x, self.last,
+        return Row(s, flat(reroot(s, self.s, self.x) if x is None else x), self.last,
                    self.prefix if prefix is None else prefix, head, top, self.greedy if greedy is None else greedy,
                    start=self.start if start is None else start)
+
+
+def flat(x: Node) -> Node:
+    """The id-order row `x` with its nested cuts as one: filter(filter(b, k), c) is filter(b, k and c') -- c' is c
+    reading b where it read filter(b, k) (equal where k holds; elsewhere the token is removed either way) -- and a
+    map that keeps -inf, where(eq(y, -inf), y, f(y)), moves inside the filter. Each stage's rule then reads the row
+    before the cuts, and the row is one elementwise kernel of a depth that grows with the logarithm of the stages,
+    not with their number (MLX's compile stops fusing at depth 11: a nested row of five cuts was cut into kernels
+    that each wrote the row). The same values, token by token."""
+    memo: dict[int, tuple[Node, Node | None]] = {}
+
+    def go(n: Node) -> tuple[Node, Node | None]:
+        got = memo.get(id(n))
+        if got is not None:
+            return got
+        got = (n, None)
+        if n.op == "filter" and n.type.dtype == F32:
+            b, k = go(n.inputs[0])
+            c = _reading(n.inputs[1], n.inputs[0], b)
+            got = (b, c if k is None else make("logical_and", k, c))
+        elif n.op == "where" and n.type.dtype == F32 and n.inputs[0].type.shape[-1:] == (1,):
+            (b1, k1), (b2, k2) = go(n.inputs[1]), go(n.inputs[2])
+            if k1 is not None or k2 is not None:
+                p = n.inputs[0]
+                k1 = const(True, BOOL) if k1 is None else k1
+                k2 = const(True, BOOL) if k2 is None else k2
+                got = (b1 if b1 is b2 else make("where", p, b1, b2), make("where", p, k1, k2))
+        elif n.op == "where" and n.inputs[0].op == "eq" and n.inputs[0].inputs[0] is n.inputs[1] and \
+                n.inputs[0].inputs[1].is_const(NEG_INF):
+            y = n.inputs[1]
+            b, k = go(y)
+            if k is not None:       # (a map that keeps -inf: where(y == -inf, y, f(y)))
+                got = (make("where", make("eq", b, n.inputs[0].inputs[1]), b, _reading(n.inputs[2], y, b)), k)
+        memo[id(n)] = got
+        return got
+    b, k = go(x)
+    return b if k is None else keep(b, k)
+
+
+def _reading(n: Node, y: Node, b: Node) -> Node:
+    """n with y replaced by b along its elementwise nodes (what it reads through another op stays)."""
+    memo: dict[int, Node] = {id(y): b}
+
+    def go(m: Node) -> Node:
+        got = memo.get(id(m))
+        if got is None:
+            got = memo[id(m)] = rebuild(m, tuple(go(i) for i in m.inputs)) if m.op in ELEMENTWISE else m
+        return got
+    return go(n)
 
 
 class PlaceBound(Exception):
@@ -363,6 +412,11 @@ class _Lowering:
         checks = {_operands(n): n for n in stages if n.op == "penalties_overflow"}
         then = {_operands(n.inputs[0]): _operands(n) for n in stages if n.op == "penalties" and
                 n.inputs[0].op == "penalties"}
+        # x -> its log-softmax, where a `topk_ids` (top_logprobs' argsort) writes that row anyway: what else reads
+        # the log-softmax of x at some ids gathers from the written row (the same bits; no kernel of its own)
+        self.written: dict[int, Node] = {id(n.inputs[0].inputs[0]): n.inputs[0] for n in g.toposort()
+                                         if n.op == "topk_ids" and n.inputs[0].op == "log_softmax" and
+                                         id(n.inputs[0]) not in keep}
         self.checked_later: dict[int, Node] = {}
         for n in checks.values():
             last = _operands(n)
@@ -493,11 +547,20 @@ class _Lowering:
             # log_softmax(x) at some ids: x there less the maximum and the log-sum-exp, [B,1] parts (the full row's
             # log-softmax is never written)
             src = x if n.op == "logprob_at" else x.inputs[0]
-            top, lse = self.normalizer(src)
             at = self.value(n.inputs[1])
-            picked = make("gather" if id(at) in self.in_range else "take_along", self.value(src), at)
-            self.dense[id(n)] = make("sub", make("sub", picked, top), lse, name=n.name)
+            gather = "gather" if id(at) in self.in_range else "take_along"
+            if id(src) in self.written and id(src) not in self.sorted:
+                row = self.written[id(src)]
+                if id(row) not in self.dense:       # (read before the log-softmax's own place in the order)
+                    self.lower(row)
+                self.dense[id(n)] = make(gather, self.dense[id(row)], at, name=n.name)
+            else:
+                top, lse = self.normalizer(src)
+                picked = make(gather, self.value(src), at)
+                self.dense[id(n)] = make("sub", make("sub", picked, top), lse, name=n.name)
         elif n.op == "log_softmax":
+            if id(n) in self.dense:         # (lowered already, where a gather of it came first)
+                return
             top, lse = self.normalizer(x)
             self.dense[id(n)] = make("sub", make("sub", self.value(x), top), lse, name=n.name)
         elif n.op == "div" and self.softmax_of(n) is not None:
@@ -534,8 +597,8 @@ class _Lowering:
     def penalties(self, n: Node) -> None:
         """penalties and its check, over the row: each token's count in the window by one scatter (the dense
         definition gathers the history's tokens, counts them pairwise and writes them back), then the penalty of
-        spec §2 where the count is positive. The scatter reads the history's ids as they are (padding clamps to
-        id 0 with weight 0), so that the window's weights are one kernel and the ids none of their own. The check
+        spec §2 where the count is positive. The scatter (`counts`) adds ones at the window's ids and puts every other
+        entry in a column past the row, so that where the ids go is one kernel and what they add none. The check
         is one maximum of the penalized row with NaN read as +inf: where the logits are valid (their own check
         comes first) a +inf or NaN there is a penalty's overflow, and -inf a row with nothing left. In a run of
         penalties stages each reading the row the one before wrote, the run's last check is every stage's (one
@@ -547,8 +610,7 @@ class _Lowering:
         key = ("penalties", *(id(i) for i in n.inputs))
         if key not in self.dense:
             _, valid = history_window(hist, last_n, make("last_index", hist))
-            counts = make("scatter_add", make("zeros_like", x, dtype=F32), hist, make("cast", valid, dtype=F32),
-                          name="counts")
+            counts = make("counts", x, hist, valid, name="counts")
             self.dense[key] = where(make("gt", counts, const(0.0)), penalize(x, counts, rep, freq, pres), x,
                                     name="x_pen")
         penalized = self.dense[key]

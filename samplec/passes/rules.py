@@ -84,6 +84,13 @@ def where_same(n: Node):
     return None
 
 
+def reduce_one(n: Node):
+    """reduce(x) -> x where x's last axis holds one entry (its maximum, minimum, sum or any is that entry)."""
+    if n.op in ("reduce_max", "reduce_min", "reduce_sum", "reduce_any", "sum") and n.inputs[0].type == n.type:
+        return n.inputs[0]
+    return None
+
+
 def logical_const(n: Node):
     """x and true -> x; x or false -> x; x and false -> false; x or true -> true (same shape only)."""
     if n.op not in ("logical_and", "logical_or"):
