@@ -289,6 +289,21 @@ def _positions64(n: int) -> mx.array:
     return _POSITIONS64[n]
 
 
+def _pack(ins: list) -> mx.array:
+    """`pack`: [B,1] values side by side, [B,n] -- a balanced tree of selections on the column (constants), so that
+    MLX's compile fuses it and the values' own elementwise ops into one kernel (log2(n) levels deep)."""
+    n = len(ins)
+
+    def tree(lo: int, hi: int) -> mx.array:
+        if hi - lo == 1:
+            return ins[lo]
+        mid = (lo + hi) // 2
+        below = constant(("columns below", n, mid), lambda: mx.arange(n) < mid)
+        return mx.where(below, tree(lo, mid), tree(mid, hi))
+    out = tree(0, n)
+    return out if out.shape[-1] == n else mx.broadcast_to(out, (*out.shape[:-1], n))
+
+
 def _counts(ins, a):
     """`counts`: each valid id's column (clamped into the row), every other entry column V, in one elementwise kernel;
     a scatter of ones (a constant) into a [B, V + 1] zero row; the first V columns (a view)."""
@@ -466,4 +481,5 @@ KERNELS = {
     "tail": lambda i, a: i[0][..., a["start"]:],
     "place": lambda i, a: i[0][..., min(a["index"], i[0].shape[-1] - 1):][..., :1],
     "counts": _counts,
+    "pack": lambda i, a: _pack(i),
 }

@@ -199,7 +199,7 @@ class VerifyError(Exception):
 def infer_type(op: str, inputs: Iterable[Node], attrs: dict) -> Type:
     d = OPS[op]
     ins = list(inputs)
-    if len(ins) != d.arity:
+    if len(ins) != d.arity and d.arity >= 0:       # (-1: any number)
         raise TypeError_(f"{op}: expects {d.arity} operands, got {len(ins)}")
     for name, kind in d.attrs:
         if name not in attrs:

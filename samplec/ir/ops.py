@@ -18,7 +18,7 @@ from samplec.ir.types import BOOL, F32, I32, U32, U64, DTYPES, Type, TypeError_,
 @dataclass(frozen=True)
 class OpDef:
     name: str
-    arity: int
+    arity: int                           # the number of operands (-1: any number)
     attrs: tuple[tuple[str, str], ...]   # (name, kind) in declaration order
     infer: Callable[..., Type]           # infer(input_types, attrs_dict) -> Type
     doc: str
@@ -377,6 +377,16 @@ def _coin_ids(ts):
     return Type(U32, ("V+1",))
 
 
+def _pack(ts: list[Type]) -> Type:
+    if not ts:
+        raise TypeError_("pack: no operands")
+    d = _same_dtype(ts)
+    for t in ts:
+        if len(t.shape) != 2 or t.shape[1] != 1:
+            raise TypeError_(f"pack: its operands are [B,1] row values, got {t}")
+    return Type(d, (broadcast(*(t.shape for t in ts))[0], len(ts)))
+
+
 # Target-level ops: made only by the target pass (samplec/passes/target.py), never stored in a .smpb (a file holds
 # the stage-level graph and is lowered again when loaded) and never read from one.
 TARGET_OPS: dict[str, OpDef] = {d.name: d for d in [
@@ -390,6 +400,9 @@ TARGET_OPS: dict[str, OpDef] = {d.name: d for d in [
     OpDef("tail", 1, (("start", "int"),), lambda ts, a: Type(ts[0].dtype, ts[0].shape[:-1] + ("V",)),
           "x[..., start:] (a view; the row the lowering widened by `start` columns)"),
     OpDef("last_index", 1, (), lambda ts, a: Type(I32, (1,)), "V - 1 for the operand's last axis, i32[1] (a constant once traced)"),
+    OpDef("pack", -1, (), lambda ts, a: _pack(ts),
+          "pack(a, b, ...): [B,1] values of one dtype side by side, [B,n] (any n >= 1): one kernel makes row values "
+          "that several kernels read, each its column (a `place`)"),
     OpDef("counts", 3, (), lambda ts, a: Type(F32, ts[0].shape),
           "counts(x, ids, valid): per token of x's row, how many of the ids (i32 [B,H]) where valid (bool [B,H]) "
           "name it -- one scatter of ones; an entry not valid counts in a column past the row"),

@@ -6,7 +6,8 @@
 | `cuda` | the CUDA chain kernel where it covers the chain (`chain` ops), the portable lowering elsewhere |
 | `metal` | the chain kernel's Metal build where it is asked for (SAMPLEC_METAL_KERNEL=1: `chain` ops for the chains it |
 |          covers, as on `cuda`), else the portable lowering (`metal_kernel`) |
-| `portable` | the portable lowering (samplec/passes/portable.py): one sort a chain, every cut a threshold on it |
+| `portable` | the portable lowering (samplec/passes/portable.py): one sort a chain, every cut a threshold on it; |
+|          | the per-row values several kernels read made a level at a time (samplec/passes/pack.py) |
 | `auto` | the device MLX runs on: `cpu` (the portable lowering where the native kernels are not installed or are
 |          switched off), `cuda` on a CUDA GPU, `metal` on an Apple GPU |
 
@@ -66,9 +67,10 @@ def unavailable(target: str) -> str | None:
 def lower(g, target: str):
     """The target pass: the stage ops of g rewritten into what `target` runs."""
     from samplec.passes.chains import fuse_chains
+    from samplec.passes.pack import pack_row_values
     from samplec.passes.portable import lower_portable
     if target == "portable" or target == "metal" and not metal_kernel():
-        return lower_portable(g)
+        return pack_row_values(lower_portable(g))
     return fuse_chains(g, target)
 
 
