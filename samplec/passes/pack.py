@@ -12,8 +12,9 @@ A value is shared where MLX would make it a kernel of its own: an elementwise [B
 elementwise (a gather's index, a reduction, an output) or by two or more nodes. A check's flag is not: the checks'
 flags are packed into words by one kernel already (interpreter.pack_flags). A node's level is the number of
 non-elementwise nodes on its longest path from the inputs; inside a pack, a value of its level is computed, not read
-back, so a pack reads only nodes and packs of lower levels and the packs keep the graph acyclic. Packing moves
-values and never changes one: the tokens are the same bits.
+back, so a pack reads only nodes and packs of lower levels, and of its own level only the packs that come before it
+(by dtype: `RANK`), which keeps the graph acyclic. Packing moves values and never changes one: the tokens are the
+same bits.
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from samplec.passes.portable import ELEMENTWISE
 from samplec.passes.rewrite import rebuild, rewrite
 
 VIEWS = frozenset({"expand", "squeeze"})      # (no kernel: what reads them reads the value)
+RANK = {"f32": 0, "i32": 1, "u32": 2, "u64": 3, "bool": 4}     # (the order of a level's packs)
 
 
 def _row_value(n: Node) -> bool:
@@ -66,16 +68,20 @@ def pack_row_values(g: Graph) -> Graph:
     def pack(key: tuple) -> Node:
         got = packs.get(key)
         if got is None:
-            got = packs[key] = make("pack", *(inside(m, key[0]) for m in groups[key]))
+            got = packs[key] = make("pack", *(inside(m, key) for m in groups[key]))
         return got
 
-    def inside(n: Node, lev: int) -> Node:
-        """n as a pack of level `lev` computes it: the elementwise nodes of that level it reads, computed there."""
-        if n.op == INPUT or level[id(n)] != lev or (n.op not in ELEMENTWISE and n.op not in VIEWS):
+    def inside(n: Node, key: tuple) -> Node:
+        """n as the pack `key` computes it: its members, the elementwise nodes of its level they read, and the
+        members of the packs of its level that come after it (a pack reads only those before it: no cycle)."""
+        other = at.get(id(n), (key,))[0]
+        if other != key and (other[0] != key[0] or RANK[other[1]] < RANK[key[1]]) or n.op == INPUT or \
+                (n.op not in ELEMENTWISE and n.op not in VIEWS) or level[id(n)] > key[0] or \
+                (level[id(n)] != key[0] and id(n) not in at):
             return value(n)
         got = within.get(id(n))
         if got is None:
-            got = within[id(n)] = rebuild(n, tuple(inside(i, lev) for i in n.inputs))
+            got = within[id(n)] = rebuild(n, tuple(inside(i, key) for i in n.inputs))
         return got
 
     def value(n: Node) -> Node:
