@@ -417,6 +417,8 @@ class _Lowering:
         self.written: dict[int, Node] = {id(n.inputs[0].inputs[0]): n.inputs[0] for n in g.toposort()
                                          if n.op == "topk_ids" and n.inputs[0].op == "log_softmax" and
                                          id(n.inputs[0]) not in keep}
+        self.nan_free: set[int] = set()     # ids of new rows that hold no NaN (their maximum: a sort's place 0)
+        self.inner = set(then)      # the operands of penalties stages another penalties stage reads
         self.checked_later: dict[int, Node] = {}
         for n in checks.values():
             last = _operands(n)
@@ -599,7 +601,8 @@ class _Lowering:
         definition gathers the history's tokens, counts them pairwise and writes them back), then the penalty of
         spec §2 where the count is positive. The scatter (`counts`) adds ones at the window's ids and puts every other
         entry in a column past the row, so that where the ids go is one kernel and what they add none. The check
-        is one maximum of the penalized row with NaN read as +inf: where the logits are valid (their own check
+        is one maximum of the penalized row with NaN read as +inf (the row the chain reads: a row with a NaN
+        fails; where the chain sorts the row, its first place): where the logits are valid (their own check
         comes first) a +inf or NaN there is a penalty's overflow, and -inf a row with nothing left. In a run of
         penalties stages each reading the row the one before wrote, the run's last check is every stage's (one
         maximum for the run): a later stage keeps a +inf, NaN or -inf token non-finite (its division, product and
@@ -611,15 +614,21 @@ class _Lowering:
         if key not in self.dense:
             _, valid = history_window(hist, last_n, make("last_index", hist))
             counts = make("counts", x, hist, valid, name="counts")
-            self.dense[key] = where(make("gt", counts, const(0.0)), penalize(x, counts, rep, freq, pres), x,
-                                    name="x_pen")
+            pen = where(make("gt", counts, const(0.0)), penalize(x, counts, rep, freq, pres), x, name="x_pen")
+            if _operands(n) not in self.inner:
+                # (the row the chain reads with a NaN read as +inf: it holds no NaN, so its maximum is its sorted
+                # row's first place on any device; a row with a NaN fails this check, and its outputs are not read)
+                pen = where(make("isnan", pen), const(float("inf")), pen, name="x_pen")
+                self.nan_free.add(id(pen))
+            self.dense[key] = pen
         penalized = self.dense[key]
         if n.op == "penalties":
             self.dense[id(n)] = penalized
             return
         if id(n) in self.checked_later:     # (its flag is the run's last check's: set by lower_portable)
             return
-        top = make("reduce_max", where(make("isnan", penalized), const(float("inf")), penalized))
+        top = make("reduce_max", penalized if id(penalized) in self.nan_free else
+                   where(make("isnan", penalized), const(float("inf")), penalized))
         self.dense[id(n)] = make("squeeze", make("logical_not", make("isfinite", top)), name=n.name)
 
 
@@ -643,21 +652,27 @@ def lower_portable(g: Graph, keep: set = frozenset(), kept: dict | None = None) 
         low.dense[k] = low.dense[id(last)]
     out = g.replace({id(n): low.value(n) for n in g.roots()})
     new: dict[int, Node] = {}
-    out = _device_sums(out, {id(n) for n in g.toposort()}, new)
+    out = _device_sums(out, {id(n) for n in g.toposort()}, new, low.nan_free)
     if kept is not None:
         kept.update((k, new.get(id(low.dense[k]), low.dense[k])) for k in keep if k in low.dense)
     return out
 
 
-def _device_sums(g: Graph, old: set, new: dict | None = None) -> Graph:
+def _device_sums(g: Graph, old: set, new: dict | None = None, nan_free: set = frozenset()) -> Graph:
     """The lowering's own float sums (the dense definitions it applied to sorted rows included) as `sum`: one
-    reduction in the device's order; sums that were in g before stay the definitions' reduce_sum. `new` receives
-    id(node of g) -> its node in the result."""
+    reduction in the device's order; sums that were in g before stay the definitions' reduce_sum. The maximum of a
+    row without NaN (`nan_free`, ids) that is sorted anyway: the sorted row's first place. `new` receives id(node of
+    g) -> its node in the result."""
     new = {} if new is None else new
-    for n in g.toposort():
+    order = g.toposort()
+    sorts = {id(n.inputs[0]): n for n in order if n.op == "sort" and n.attr("descending")}
+    for n in order:
         ins = tuple(new.get(id(i), i) for i in n.inputs)
         m = rebuild(n, ins) if n.op != INPUT else n
         if m.op == "reduce_sum" and id(n) not in old:
             m = Node("sum", m.inputs, (), m.type, m.name)
+        elif n.op == "reduce_max" and id(n.inputs[0]) in nan_free and id(n.inputs[0]) in sorts and \
+                id(sorts[id(n.inputs[0])]) in new:
+            m = make("place", new[id(sorts[id(n.inputs[0])])], index=0, name=n.name)
         new[id(n)] = m
     return g.replace(new)
