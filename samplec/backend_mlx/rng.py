@@ -45,7 +45,9 @@ def threefry2x32(k0: mx.array, k1: mx.array, c0: mx.array, c1: mx.array) -> tupl
                 x0, x1 = (packed >> 32).astype(mx.uint32), packed.astype(mx.uint32)
         x0 = x0 + ks((i + 1) % 3)
         x1 = x1 + (ks((i + 2) % 3) + u(i + 1))
-    return x0, x1
+    # (the first word behind a view: the kernel that reads it -- the draw's noise, ~10 levels of its own -- starts
+    # there, and MLX's compile does not split the last injection's key words into a kernel of their own)
+    return x0.view(mx.int32).view(mx.uint32), x1
 
 
 def key_words(seed: mx.array) -> tuple[mx.array, mx.array]:
