@@ -16,7 +16,7 @@ import mlx.core as mx
 import numpy as np
 
 from samplec.backend_mlx import gpu, native
-from samplec.backend_mlx.kernels import KERNELS, bias_row
+from samplec.backend_mlx.kernels import KERNELS, bias_row, folded
 from samplec.backend_mlx.lowering import (MLX_RULES, RULES, TIE_MARGIN, log_softmax_parts, logprob_at_key,
                                          penalty_edits, softmax_pattern, unexpanded)
 from samplec.diagnostics import SamplecError
@@ -491,7 +491,9 @@ class Executable:
                     trace.append(("definition", node.op))
                     env[id(node)] = _run_expansion(node, [env[id(i)] for i in node.inputs])
                 else:
-                    env[id(node)] = KERNELS[node.op]([env[id(i)] for i in node.inputs], node.attr_dict)
+                    ins = [env[id(i)] for i in node.inputs]
+                    got = folded(node.op, ins, node.attr_dict)
+                    env[id(node)] = got if got is not None else KERNELS[node.op](ins, node.attr_dict)
             except Exception as e:
                 raise SamplecError(f"while executing %{Namer()(node)} = {node.op} ({node.type}): {e}") from e
         self.trace = trace

@@ -31,6 +31,22 @@ def constant(key: tuple, build) -> mx.array:
     return got
 
 
+# elementwise ops: of constants only (an index row compared with a literal), their value is a constant too
+FOLDABLE = frozenset({"add", "sub", "mul", "div", "maximum", "minimum", "neg", "abs", "lt", "le", "gt", "ge", "eq",
+                      "ne", "logical_and", "logical_or", "logical_not", "cast", "where", "filter"})
+
+
+def folded(op: str, ins: list, attrs: dict) -> mx.array | None:
+    """`op` of constants (`constant`'s arrays): a constant of the call itself (no kernel each call -- MLX's compile
+    folds no constants), or None where an operand is not one."""
+    if op not in FOLDABLE or not ins:
+        return None
+    keys = tuple(_KEYS.get(id(a)) for a in ins)
+    if None in keys or any(_CONSTANTS.get(k) is not a for k, a in zip(keys, ins)):
+        return None
+    return constant((op, repr(sorted(attrs.items())), keys), lambda: KERNELS[op](ins, attrs))
+
+
 def constant_as(a: mx.array, dtype) -> mx.array | None:
     """A constant's value in another dtype, itself a constant (no cast a call: what a GPU kernel's slot reads), or
     None where `a` is not one of `constant`'s."""

@@ -124,12 +124,13 @@ def flat(x: Node) -> Node:
                 k1 = const(True, BOOL) if k1 is None else k1
                 k2 = const(True, BOOL) if k2 is None else k2
                 got = (b1 if b1 is b2 else make("where", p, b1, b2), make("where", p, k1, k2))
-        elif n.op == "where" and n.inputs[0].op == "eq" and n.inputs[0].inputs[0] is n.inputs[1] and \
+        elif n.op == "where" and n.inputs[0].op in ("eq", "le") and n.inputs[0].inputs[0] is n.inputs[1] and \
                 n.inputs[0].inputs[1].is_const(NEG_INF):
             y = n.inputs[1]
             b, k = go(y)
             if k is not None:       # (a map that keeps -inf: where(y == -inf, y, f(y)))
-                got = (make("where", make("eq", b, n.inputs[0].inputs[1]), b, _reading(n.inputs[2], y, b)), k)
+                got = (make("where", make(n.inputs[0].op, b, n.inputs[0].inputs[1]), b, _reading(n.inputs[2], y, b)),
+                       k)
         memo[id(n)] = got
         return got
     b, k = go(x)
@@ -351,7 +352,9 @@ def temperature(r: Row, t: Node) -> Row:
 
     def form(row: Node, greedy_row: Node) -> Node:
         # (t = 1 needs no case of its own: x / 1 is x; where the row is greedy, row / t is not read)
-        scaled = where(make("eq", row, const(NEG_INF)), row, make("div", row, t))
+        # (-inf as x <= -inf: MLX's isfinite holds an x == -inf of its own, which its compile would merge with this
+        # one on the row's maximum, a value the checks read too -- a kernel of its own)
+        scaled = where(make("le", row, const(NEG_INF)), row, make("div", row, t))
         return where(zero, greedy_row, scaled, name="x_temp")
     first = r.first() if r.head else make("argmax", r.s)     # (the first maximum's place)
     s = form(r.s, keep(r.s, make("eq", make("iota", r.s), first)))
