@@ -120,7 +120,7 @@ def flat(x: Node) -> Node:
         elif n.op == "where" and n.type.dtype == F32 and n.inputs[0].type.shape[-1:] == (1,):
             (b1, k1), (b2, k2) = go(n.inputs[1]), go(n.inputs[2])
             if k1 is not None or k2 is not None:
-                p = n.inputs[0]
+                p = _mirrored(n.inputs[0])
                 k1 = const(True, BOOL) if k1 is None else k1
                 k2 = const(True, BOOL) if k2 is None else k2
                 got = (b1 if b1 is b2 else make("where", p, b1, b2), make("where", p, k1, k2))
@@ -135,6 +135,16 @@ def flat(x: Node) -> Node:
         return got
     b, k = go(x)
     return b if k is None else keep(b, k)
+
+
+MIRROR = {"le": "ge", "lt": "gt", "ge": "le", "gt": "lt", "eq": "eq", "ne": "ne"}
+
+
+def _mirrored(p: Node) -> Node:
+    """A comparison with its operands swapped (the same values): the id-order row's own copy of a per-row flag the
+    sorted row reads too -- MLX's compile would merge two equal nodes into one read by two kernels, a kernel of its
+    own."""
+    return make(MIRROR[p.op], p.inputs[1], p.inputs[0]) if p.op in MIRROR else p
 
 
 def _reading(n: Node, y: Node, b: Node) -> Node:
