@@ -107,18 +107,18 @@ def test_every_example_runs_its_targets_kernels(example, sampler):
 # (pinned): a ceiling per example that fails when a change adds kernels. benchmarks/bench_targets.py records them at
 # V = 152064.
 PORTABLE_LAUNCHES = {
-    "hf_generate.smp:hf_generate": 61,
-    "hf_generate.smp:hf_greedy": 18,
-    "llama.smp:llama": 34,
-    "llama.smp:nucleus": 35,
-    "llama_cpp_default.smp:llama_cpp_default": 91,
-    "llama_cpp_default.smp:llama_cpp_default_short": 27,
-    "mlx_lm_default.smp:mlx_lm": 49,
-    "mlx_lm_default.smp:mlx_lm_chat": 42,
-    "openai.smp:openai": 46,
-    "openai.smp:openai_constant_bias": 42,
-    "vllm.smp:vllm": 52,
-    "vllm.smp:vllm_constrained": 60,
+    "hf_generate.smp:hf_generate": 52,
+    "hf_generate.smp:hf_greedy": 14,
+    "llama.smp:llama": 28,
+    "llama.smp:nucleus": 32,
+    "llama_cpp_default.smp:llama_cpp_default": 81,
+    "llama_cpp_default.smp:llama_cpp_default_short": 24,
+    "mlx_lm_default.smp:mlx_lm": 22,
+    "mlx_lm_default.smp:mlx_lm_chat": 34,
+    "openai.smp:openai": 41,
+    "openai.smp:openai_constant_bias": 37,
+    "vllm.smp:vllm": 40,
+    "vllm.smp:vllm_constrained": 48,
 }
 
 
@@ -517,3 +517,45 @@ def test_portable_cuts_after_xtc_start_at_its_survivor(after):
     want = samplec.compile(src, opt_level=0, target="portable")(x, **kw)
     np.testing.assert_array_equal(np.array(got.token), np.array(want.token))
     np.testing.assert_allclose(np.array(got.logprob), np.array(want.logprob), atol=2e-4, rtol=1e-4)
+
+
+# The same at a server's call (benchmarks/bench_launches.py's arguments: every parameter at run time, one value per
+# row, MLX histories): the budget is 40 launches a call. The call runs without the stages its values leave
+# off in every row (typical_p 1, top_n_sigma -1, xtc's probability 0: samplec/passes/specialize.py).
+SERVER_VALUES = {"temperature": 0.7, "top_p": 0.9, "min_p": 0.05, "top_k": 50, "typical_p": 1.0,
+                 "repetition_penalty": 1.1, "presence_penalty": 0.1, "frequency_penalty": 0.1}
+SERVER_LAUNCHES = {
+    "hf_generate.smp:hf_generate": 36, "hf_generate.smp:hf_greedy": 15, "llama.smp:llama": 29,
+    "llama.smp:nucleus": 32, "llama_cpp_default.smp:llama_cpp_default": 37,
+    "llama_cpp_default.smp:llama_cpp_default_short": 24, "mlx_lm_default.smp:mlx_lm": 28,
+    "mlx_lm_default.smp:mlx_lm_chat": 35, "openai.smp:openai": 40, "openai.smp:openai_constant_bias": 38,
+    "vllm.smp:vllm": 42, "vllm.smp:vllm_constrained": 48,
+}
+
+
+@pytest.mark.parametrize("example,sampler", EXAMPLE_SAMPLERS, ids=[f"{e}:{s}" for e, s in EXAMPLE_SAMPLERS])
+def test_portable_launches_at_a_servers_call(example, sampler, monkeypatch):
+    import mlx.core as mx
+    from samplec.backend_mlx import kernels
+    from samplec.backend_mlx.launches import call_primitives, launches
+    monkeypatch.setenv("SAMPLEC_NATIVE", "0")
+    monkeypatch.setattr(kernels, "GPU_SUMS", True)
+    prog = samplec.compile((ROOT / "examples" / example).read_text(), sampler, target="portable")
+    V, B = 152064, 2
+    rng = np.random.default_rng(0)
+    kw = {}
+    for p in prog.params:
+        if p.kind == "tokens":
+            kw[p.name] = mx.array(rng.integers(0, V, (B, 64)).astype(np.int32))
+        elif p.kind == "seed":
+            kw[p.name] = [int(s) for s in rng.integers(0, 2 ** 63, B)]
+        elif p.kind == "mask":
+            kw[p.name] = mx.array(rng.random((B, V)) < 0.9)
+        elif p.kind == "bias":
+            kw[p.name] = mx.array((rng.standard_normal((B, V)) * 0.1).astype(np.float32))
+        elif p.name in SERVER_VALUES:
+            kw[p.name] = [SERVER_VALUES[p.name]] * B
+    x = mx.array(rng.standard_normal((B, V)).astype(np.float32))
+    counts = call_primitives(prog, x, **kw)
+    assert prog.queue_stats["short"] == 1
+    assert launches(counts) <= SERVER_LAUNCHES[f"{example}:{sampler}"], counts

@@ -1,0 +1,126 @@
+"""The portable target's kernel-count work, each piece against a reference of its own: `counts` (a history counted by
+one scatter) against numpy's count, `flat` (a chain row's cuts as one conjunction) against the nested row it
+replaces, `pack` (the shared per-row values one kernel a level) against the same program without it, bit for bit,
+and constants folded at trace time."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+import samplec
+from samplec.backend_mlx import kernels
+from samplec.backend_mlx.kernels import KERNELS
+from samplec.frontend.lower import const, where
+from samplec.ir.graph import INPUT, Graph, Node, make
+from samplec.ir.types import BOOL, F32, Type
+from samplec.passes.portable import flat
+
+ROOT = Path(__file__).resolve().parent.parent
+NEG_INF = float("-inf")
+
+
+def input_node(name: str, t: Type) -> Node:
+    return Node(INPUT, (), (), t, name)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_counts_equal_numpys(seed):
+    """Each token's count among the valid ids (padding, out-of-window entries and duplicates included)."""
+    rng = np.random.default_rng(seed)
+    B, V, H = 3, 50, 40
+    ids = rng.integers(-1, V, (B, H)).astype(np.int32)
+    ids[0, :5] = 7                       # (one token many times)
+    valid = (ids >= 0) & (rng.random((B, H)) < 0.8)
+    got = np.array(KERNELS["counts"]([mx.zeros((B, V)), mx.array(ids), mx.array(valid)], {}))
+    want = np.stack([np.bincount(ids[b][valid[b]], minlength=V) for b in range(B)]).astype(np.float32)
+    np.testing.assert_array_equal(got, want)
+
+
+def _run(root, env: dict) -> np.ndarray:
+    """A little IR expression evaluated by the kernels."""
+    g = Graph("e", (), (("out", root),))
+    vals = dict(env)
+    for n in g.toposort():
+        if id(n) not in vals:
+            vals[id(n)] = KERNELS[n.op]([vals[id(i)] for i in n.inputs], n.attr_dict)
+    return np.array(vals[id(root)])
+
+
+def test_flat_is_the_nested_row():
+    """filter(filter(b, c1), c2(...)) and a map that keeps -inf, nested as the lowering writes them, against their
+    one-conjunction form, on rows with -inf, ties and a per-row flag."""
+    rng = np.random.default_rng(0)
+    x = input_node("x", Type(F32, ("B", "V")))
+    t = input_node("t", Type(F32, ("B", 1)))
+    off = input_node("off", Type(BOOL, ("B", 1)))
+    a = make("filter", x, make("ge", x, const(-1.0)))
+    b = make("filter", a, make("lt", make("exp", a), const(5.0)))
+    scaled = where(make("le", b, const(NEG_INF)), b, make("div", b, t))
+    c = where(off, b, make("filter", scaled, make("ge", scaled, const(-0.5))))
+    row = rng.standard_normal((4, 30)).astype(np.float32) * 2
+    row[:, ::7] = NEG_INF
+    row[:, 3] = row[:, 4]
+    env = {id(x): mx.array(row), id(t): mx.array(np.array([[0.5], [1.0], [2.0], [0.7]], np.float32)),
+           id(off): mx.array(np.array([[True], [False], [False], [True]]))}
+    flattened = flat(c)
+    assert flattened is not c and sum(n.op == "filter" for n in Graph("e", (), (("o", flattened),)).toposort()) <= 2
+    np.testing.assert_array_equal(_run(flattened, env), _run(c, env))
+
+
+EXAMPLES = [("llama_cpp_default.smp", "llama_cpp_default"), ("mlx_lm_default.smp", "mlx_lm_chat"),
+            ("vllm.smp", "vllm"), ("openai.smp", "openai")]
+
+
+@pytest.mark.parametrize("example,sampler", EXAMPLES)
+def test_pack_changes_no_bit_and_saves_launches(example, sampler, monkeypatch):
+    """The program with its row values packed and the same program without the pass: the same outputs bit for bit,
+    and fewer launches with it."""
+    import samplec.passes.pack as pack
+    from samplec.backend_mlx.launches import call_primitives, launches
+    src = (ROOT / "examples" / example).read_text()
+    rng = np.random.default_rng(1)
+    B, V = 3, 2000
+    x = mx.array((rng.standard_normal((B, V)) * 3).astype(np.float32))
+    values = {"temperature": [0.7, 0.0, 1.3], "top_p": [0.9, 0.5, 1.0], "min_p": [0.05, 0.0, 0.1],
+              "top_k": [50, 0, 5], "repetition_penalty": [1.1, 1.0, 1.3], "frequency_penalty": [0.1, 0.0, 0.5],
+              "presence_penalty": [0.1, 0.2, 0.0], "temp": [0.7, 0.0, 1.3], "typical_p": [0.9, 1.0, 0.5],
+              "top_n_sigma": [1.0, -1.0, 2.0], "xtc_probability": [0.5, 0.0, 1.0], "xtc_threshold": [0.05] * 3}
+
+    def call(prog):
+        kw = {}
+        for p in prog.params:
+            if p.kind == "tokens":
+                kw[p.name] = mx.array(np.random.default_rng(2).integers(-1, V, (B, 16)).astype(np.int32))
+            elif p.kind == "seed":
+                kw[p.name] = [5, 6, 7]
+            elif p.kind == "bias":
+                kw[p.name] = mx.array(np.random.default_rng(3).standard_normal((B, V)).astype(np.float32))
+            elif p.name in values:
+                kw[p.name] = values[p.name]
+        return {k: np.array(v) for k, v in prog(x, **kw).to_dict().items()}, kw
+
+    packed = samplec.compile(src, sampler, target="portable")
+    assert "pack" in {n.op for n in packed.graph.toposort()}
+    monkeypatch.setattr(pack, "pack_row_values", lambda g: g)
+    plain = samplec.compile(src, sampler, target="portable")
+    assert "pack" not in {n.op for n in plain.graph.toposort()}
+    (a, kw), (b, _) = call(packed), call(plain)
+    for k in a:
+        np.testing.assert_array_equal(a[k], b[k], err_msg=k)
+    monkeypatch.setenv("SAMPLEC_NATIVE", "0")
+    monkeypatch.setattr(kernels, "GPU_SUMS", True)
+    assert launches(call_primitives(packed, x, **kw)) < launches(call_primitives(plain, x, **kw))
+
+
+def test_ops_of_constants_are_constants():
+    """An index row compared with a literal is made once, not a kernel each call."""
+    iota = kernels._iota(10)
+    zero = KERNELS["const"]([], {"value": 0, "dtype": "i32"})
+    got = kernels.folded("eq", [iota, zero], {})
+    assert got is not None and id(got) in kernels._KEYS
+    np.testing.assert_array_equal(np.array(got), np.arange(10) == 0)
+    assert kernels.folded("eq", [iota, zero], {}) is got
+    assert kernels.folded("eq", [mx.arange(10), zero], {}) is None       # (not a constant: left to the call)
