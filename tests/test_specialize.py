@@ -13,6 +13,7 @@ import samplec
 from samplec import stage_table
 from samplec.diagnostics import SamplecError
 from samplec.passes.specialize import switches
+from test_targets import run_time_arrays
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = [(p.name, name) for p in sorted((ROOT / "examples").glob("*.smp"))
@@ -37,18 +38,9 @@ def logits(B: int, seed: int) -> np.ndarray:
 def call_args(prog, B: int, rng, modes: dict) -> dict:
     """Every parameter at run time, one value per row (MLX arrays for histories, masks and biases: the short path):
     each switch's parameters off in every row, on in every row, or mixed, by `modes` (switch -> mode)."""
-    kw = {}
-    for p in prog.params:
-        if p.kind == "tokens":
-            kw[p.name] = mx.array(rng.integers(-1, V, (B, 24)).astype(np.int32))
-        elif p.kind == "seed":
-            kw[p.name] = [int(s) for s in rng.integers(0, 2 ** 63, B)]
-        elif p.kind == "mask":
-            kw[p.name] = mx.array(rng.random((B, V)) < 0.8)
-        elif p.kind == "bias":
-            kw[p.name] = mx.array((rng.standard_normal((B, V)) * 0.5).astype(np.float32))
-        elif p.kind == "int" and p.name in ("pos", "position"):
-            kw[p.name] = [int(v) for v in rng.integers(0, 4000, B)]
+    kw = run_time_arrays(prog, B, V, rng, history=24)
+    kw.update((p.name, [int(v) for v in rng.integers(0, 4000, B)]) for p in prog.params
+              if p.kind == "int" and p.name in ("pos", "position"))
     for sw in switches(prog.stage_graph, frozenset(p.name for p in prog.params)):
         mode = modes[sw]
         for operand, param in sw.reads:

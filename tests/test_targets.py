@@ -519,6 +519,23 @@ def test_portable_cuts_after_xtc_start_at_its_survivor(after):
     np.testing.assert_allclose(np.array(got.logprob), np.array(want.logprob), atol=2e-4, rtol=1e-4)
 
 
+def run_time_arrays(prog, B: int, V: int, rng, history: int = 64) -> dict:
+    """A server's arguments other than its numbers: MLX histories (padding included), per-row seeds, masks and biases
+    as MLX arrays -- what takes the short path of a repeated call."""
+    import mlx.core as mx
+    kw = {}
+    for p in prog.params:
+        if p.kind == "tokens":
+            kw[p.name] = mx.array(rng.integers(-1, V, (B, history)).astype(np.int32))
+        elif p.kind == "seed":
+            kw[p.name] = [int(s) for s in rng.integers(0, 2 ** 63, B)]
+        elif p.kind == "mask":
+            kw[p.name] = mx.array(rng.random((B, V)) < 0.9)
+        elif p.kind == "bias":
+            kw[p.name] = mx.array((rng.standard_normal((B, V)) * 0.1).astype(np.float32))
+    return kw
+
+
 # The same at a server's call (benchmarks/bench_launches.py's arguments: every parameter at run time, one value per
 # row, MLX histories): the issue's budget is 40 launches a call. The call runs without the stages its values leave
 # off in every row (typical_p 1, top_n_sigma -1, xtc's probability 0: samplec/passes/specialize.py).
@@ -543,18 +560,8 @@ def test_portable_launches_at_a_servers_call(example, sampler, monkeypatch):
     prog = samplec.compile((ROOT / "examples" / example).read_text(), sampler, target="portable")
     V, B = 152064, 2
     rng = np.random.default_rng(0)
-    kw = {}
-    for p in prog.params:
-        if p.kind == "tokens":
-            kw[p.name] = mx.array(rng.integers(0, V, (B, 64)).astype(np.int32))
-        elif p.kind == "seed":
-            kw[p.name] = [int(s) for s in rng.integers(0, 2 ** 63, B)]
-        elif p.kind == "mask":
-            kw[p.name] = mx.array(rng.random((B, V)) < 0.9)
-        elif p.kind == "bias":
-            kw[p.name] = mx.array((rng.standard_normal((B, V)) * 0.1).astype(np.float32))
-        elif p.name in SERVER_VALUES:
-            kw[p.name] = [SERVER_VALUES[p.name]] * B
+    kw = run_time_arrays(prog, B, V, rng)
+    kw.update((p.name, [SERVER_VALUES[p.name]] * B) for p in prog.params if p.name in SERVER_VALUES)
     x = mx.array(rng.standard_normal((B, V)).astype(np.float32))
     counts = call_primitives(prog, x, **kw)
     assert prog.queue_stats["short"] == 1
