@@ -119,7 +119,7 @@ class Program:
         self.stage_graph = graph
         self.graph = run_target(graph, self.target, after_pass)
         self.exe = Executable(self.graph, compile=compile, target=self.target)
-        self._compile, self._after_pass = compile, after_pass
+        self._compile = compile
         self._max_bias_id = max((max(n.attr("ids"), default=-1) for n in self.graph.toposort() if n.op == "sparse_add"),
                                 default=-1)
         self._known = {p.name for p in self.params}
@@ -287,8 +287,7 @@ class Program:
         call whose values leave those stages off in every row runs."""
         from samplec.passes import run_pipeline
         from samplec.passes.specialize import without
-        return Program(run_pipeline(without(self.stage_graph, off), 2), compile=self._compile, target=self.target,
-                       after_pass=self._after_pass)
+        return Program(run_pipeline(without(self.stage_graph, off), 2), compile=self._compile, target=self.target)
 
     def _program_for(self, values: list, keys: list, V: int) -> tuple:
         """(executable, its checks' messages) for a short call's scalar values (their bytes `keys`, None where a

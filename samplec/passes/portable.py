@@ -104,8 +104,8 @@ def flat(x: Node) -> Node:
     reading b where it read filter(b, k) (equal where k holds; elsewhere the token is removed either way) -- and a
     map that keeps -inf, where(eq(y, -inf), y, f(y)), moves inside the filter. Each stage's rule then reads the row
     before the cuts, and the row is one elementwise kernel of a depth that grows with the logarithm of the stages,
-    not with their number (MLX's compile stops fusing at depth 11: a nested row of five cuts was cut into kernels
-    that each wrote the row). The same values, token by token."""
+    not with their number (MLX's compile stops fusing at depth 11: a nested row of five cuts is cut into kernels
+    that each write the row). The same values, token by token."""
     memo: dict[int, tuple[Node, Node | None]] = {}
 
     def go(n: Node) -> tuple[Node, Node | None]:
