@@ -408,8 +408,10 @@ def _fmt(v) -> str:
 # ---- which kernels run it --------------------------------------------------------------------------------------
 
 def chain_of(ex: Explained, node: Node):
+    """The chain (the target pass's region) that runs `node`: the node itself, or the copy the target pass made of
+    it (same op and tagged name) where it rebuilt the chain over another input."""
     for i, c in enumerate(ex.chains):
-        if any(m is node for m in c.nodes()):
+        if any(m is node or (m.op == node.op and m.name is not None and m.name == node.name) for m in c.nodes()):
             return i, c
     return None
 
@@ -489,7 +491,7 @@ def render_text(ex: Explained) -> str:
            + (f"; no change: {' '.join(ex.unchanged)}" if ex.unchanged else "")]
     if ex.chains:
         for i, c in enumerate(ex.chains):
-            covered = sorted({ex.group_of[id(n)] for n in c.nodes()} - {LOGITS, OUTPUTS})
+            covered = sorted({ex.group_of.get(id(n), tag_of(n)) for n in c.nodes()} - {LOGITS, OUTPUTS, None})
             titles = [g.title for g in ex.groups if g.key in covered]
             how = "the CUDA chain kernel (region cuda.chain)" if ex.target == "cuda" else CHAIN_KERNEL \
                 if ex.chain_native else "no native kernel: each stage op runs its dense definition"

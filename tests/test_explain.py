@@ -316,3 +316,18 @@ def test_portable_claim_matches_the_interpreter(monkeypatch):
     prog = samplec.compile(source, target="portable")
     prog(np.random.default_rng(0).normal(size=(2, 300)).astype(np.float32))
     assert [t for t in prog.kernel_trace() if t[0] == "definition"] == []
+
+
+@pytest.mark.parametrize("terminal", ["mirostat(mu, 5.0, 0.1, seed = seed)", "mirostat_v2(mu, 5.0, 0.1, seed)"])
+@pytest.mark.parametrize("target", ["cpu", "portable", "metal", "cuda"])
+def test_explain_a_chain_the_target_pass_rebuilt(terminal, target):
+    """Mirostat's temperature is read by its s_hat as well as by the chain: the cuda target's pass rebuilds the
+    chain over the temperature's row (new nodes). explain names the chain kernel for the rebuilt chain's stage ops
+    and never fails on a node it did not tag."""
+    source = f"sampler m(mu: state, seed: seed) -> token, logprob, mu {{ temperature(0.8) {terminal} }}"
+    text = render_text(explain(source, target=target))
+    assert "runs as:" in text
+    if target == "cuda":
+        assert "chain #1: mirostat" in text
+        assert "sample: chain #1, the CUDA chain kernel" in text
+        assert "top_k_rank: its dense definition" not in text and "sample: its dense definition" not in text
