@@ -124,3 +124,66 @@ def test_ops_of_constants_are_constants():
     np.testing.assert_array_equal(np.array(got), np.arange(10) == 0)
     assert kernels.folded("eq", [iota, zero], {}) is got
     assert kernels.folded("eq", [mx.arange(10), zero], {}) is None       # (not a constant: left to the call)
+
+
+def _run_node(n: Node, env: dict) -> mx.array:
+    """n evaluated with MLX from the values of its inputs in `env` (by id)."""
+    if id(n) not in env:
+        env[id(n)] = KERNELS[n.op]([_run_node(i, env) for i in n.inputs], n.attr_dict)
+    return env[id(n)]
+
+
+def test_greedy_flag_forms_agree_on_every_float():
+    """Each form of `not isfinite(v)` that mirror_row_flags hands a reader is the same test on NaN, the infinities,
+    the largest finite floats, signed zeros and subnormals; no two share a node but v and constants."""
+    from samplec.passes.pack import forms
+    vals = np.array([np.nan, np.inf, -np.inf, 3.4028235e38, -3.4028235e38, 0.0, -0.0, 1e-45, -1e-45, 1.5, -3.0,
+                     1e30, -1e-30], dtype=np.float32)[:, None]
+    v = Node(INPUT, (), (("index", 0),), Type(F32, ("B", 1)), "v")
+    flag = make("logical_not", make("isfinite", v))
+    fs = forms(flag)
+    assert len(fs) >= 6
+    want = ~np.isfinite(vals)
+    for f in fs:
+        got = np.array(_run_node(f, {id(v): mx.array(vals)}))
+        np.testing.assert_array_equal(got, want, err_msg=str(f.op))
+    inner = [{id(m) for m in Graph("f", (), (("o", f),)).toposort() if m.op not in (INPUT, "const")} for f in fs]
+    assert all(not (a & b) for i, a in enumerate(inner) for b in inner[i + 1:])
+
+
+@pytest.mark.parametrize("example,sampler", [("llama.smp", "llama"), ("vllm.smp", "vllm"),
+                                             ("hf_generate.smp", "hf_generate")])
+def test_mirrored_greedy_flag_changes_no_bit_and_saves_a_launch(example, sampler, monkeypatch):
+    """The temperature's greedy flag computed inside each kernel that reads it (its own form each) and the same
+    program with the flag shared: the same outputs bit for bit, greedy rows (temperature 0) included, and one
+    launch fewer."""
+    import samplec.passes.pack as pack
+    from samplec.backend_mlx.launches import call_primitives, launches
+    src = (ROOT / "examples" / example).read_text()
+    rng = np.random.default_rng(4)
+    B, V = 4, 3000
+    x = rng.standard_normal((B, V)).astype(np.float32) * 2
+    x[3, :] = np.float32(-np.inf)
+    x[3, 7] = 1.0                     # (one finite entry: every temperature leaves its row greedy)
+    x = mx.array(x)
+    kw = {}
+    on = {"top_p": 0.9, "top_k": 50, "min_p": 0.05, "repetition_penalty": 1.1, "frequency_penalty": 0.1,
+          "presence_penalty": 0.1, "typical_p": 0.95}     # (no stage left off: no specialized variant)
+    for p in samplec.compile(src, sampler, target="portable").params:
+        if p.kind == "tokens":
+            kw[p.name] = mx.array(rng.integers(-1, V, (B, 24)).astype(np.int32))
+        elif p.kind == "seed":
+            kw[p.name] = [1, 2, 3, 4]
+        elif p.name in ("temperature", "temp"):
+            kw[p.name] = [0.7, 0.0, 1e-30, 1.0]
+        elif p.name in on:
+            kw[p.name] = [on[p.name]] * B
+    mirrored = samplec.compile(src, sampler, target="portable")
+    monkeypatch.setattr(pack, "mirror_row_flags", lambda g: g)
+    shared = samplec.compile(src, sampler, target="portable")
+    a, b = mirrored(x, **kw).to_dict(), shared(x, **kw).to_dict()
+    for k in a:
+        np.testing.assert_array_equal(np.array(a[k]), np.array(b[k]), err_msg=k)
+    monkeypatch.setenv("SAMPLEC_NATIVE", "0")
+    monkeypatch.setattr(kernels, "GPU_SUMS", True)
+    assert launches(call_primitives(mirrored, x, **kw)) == launches(call_primitives(shared, x, **kw)) - 1
