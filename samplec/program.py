@@ -30,6 +30,7 @@ from samplec.diagnostics import SamplecError
 from samplec.frontend.lower import OS_SEED
 from samplec.ir.graph import Graph, Param
 from samplec.ir.printer import print_graph
+from samplec.passes.checks import IMPLIES
 from samplec.passes.specialize import switches
 from samplec.stages import Range
 
@@ -105,9 +106,12 @@ class Program:
     """A compiled sampler: its graph and the MLX executable that runs it. A call is queued as one graph and read
     once: every per-row decision (which algorithm a row's chain needs, a row's error flags) is made inside it."""
 
-    def __init__(self, graph: Graph, compile: bool = True, target: str | None = None, after_pass=None):
+    def __init__(self, graph: Graph, compile: bool = True, target: str | None = None, after_pass=None,
+                 every_check: bool = False):
         """`graph`: the stage-level graph the pipelines give (what `.smpb` holds); the target pass lowers it for
-        `target` (samplec.passes.target: None or "auto" is the device MLX runs on)."""
+        `target` (samplec.passes.target: None or "auto" is the device MLX runs on). The portable target tests a
+        check that a later check implies through that one (samplec.passes.checks), and a call one of those flags
+        runs again with every check (`every_check=True`) to raise the one that fired."""
         from samplec.backend_mlx.interpreter import Executable
         from samplec.passes import run_target
         from samplec.passes.target import resolve
@@ -117,9 +121,11 @@ class Program:
         self._device = mx.default_device()
         self._cannot_run = self._device_error()
         self.stage_graph = graph
-        self.graph = run_target(graph, self.target, after_pass)
+        self.graph = run_target(graph, self.target, after_pass, every_check)
         self.exe = Executable(self.graph, compile=compile, target=self.target)
         self._compile = compile
+        self._every_check = every_check
+        self._checked: Program | None = None        # (this program with every check: `_with_every_check`)
         self._max_bias_id = max((max(n.attr("ids"), default=-1) for n in self.graph.toposort() if n.op == "sparse_add"),
                                 default=-1)
         self._known = {p.name for p in self.params}
@@ -203,7 +209,7 @@ class Program:
     def __getstate__(self):
         state = dict(self.__dict__)
         state.update(_shapes={}, _last=None, queue_stats=dict.fromkeys(self.queue_stats, 0), _device=None,
-                     _variants={}, _off={})
+                     _variants={}, _off={}, _checked=None)
         return state
 
     # ---- running ----
@@ -228,8 +234,21 @@ class Program:
         outs, checks = self.queue(logits, **params)
         evaluate((outs if want is None else [o for k, o in zip(self._names, outs) if k.split(".")[0] in want]) +
                  [f for _, f in checks])
-        self.raise_flagged(checks)
+        try:
+            self.raise_flagged(checks)
+        except SamplecError:
+            if not self._every_check and any(IMPLIES in m for message, _ in checks
+                                             for m in ((message,) if type(message) is str else message)):
+                # (a check that stands for others it implies fired: the call again with every check names the
+                # first that fired, and its rows, as a program without samplec.passes.checks would)
+                self._with_every_check()._evaluated(logits, params, want)
+            raise
         return Outputs(dict(zip(self._names, outs)), self._layout)
+
+    def _with_every_check(self) -> "Program":
+        if self._checked is None:
+            self._checked = Program(self.stage_graph, compile=self._compile, target=self.target, every_check=True)
+        return self._checked
 
     # A call's input checks that need the values of MLX arrays (a history id >= V, a NaN bias) do not read them back
     # while the call is prepared: each is a lazy [B] flag with its message, evaluated with the outputs, and the
@@ -287,7 +306,8 @@ class Program:
         call whose values leave those stages off in every row runs."""
         from samplec.passes import run_pipeline
         from samplec.passes.specialize import without
-        return Program(run_pipeline(without(self.stage_graph, off), 2), compile=self._compile, target=self.target)
+        return Program(run_pipeline(without(self.stage_graph, off), 2), compile=self._compile, target=self.target,
+                       every_check=self._every_check)
 
     def _program_for(self, values: list, keys: list, V: int) -> tuple:
         """(executable, its checks' messages) for a short call's scalar values (their bytes `keys`, None where a
@@ -607,9 +627,10 @@ def _prepare_param(p: Param, value, B: int, V: int, late: list) -> mx.array:
         if arr.shape[1] != V:
             raise SamplecError(f"{p.name}: expected shape [{B}, {V}], got {list(arr.shape)}")
         arr = arr.astype(mx.float32)
-        top = row_max(arr)          # (a NaN wins its row's maximum: one vectorized pass where native serves)
-        bad = mx.any(mx.isnan(arr) | mx.isposinf(arr), axis=-1, keepdims=True) if top is None else \
-            mx.isnan(top) | mx.isposinf(top)        # ([B, 1]: computed in the kernel that packs the flags)
+        top = row_max(arr)          # (a NaN wins its row's maximum: one vectorized pass where native serves;
+        if top is None:             # MLX's maximum too, one reduction of the bias as it is -- no kernel before it)
+            top = mx.max(arr, axis=-1, keepdims=True)
+        bad = mx.isnan(top) | mx.isposinf(top)      # ([B, 1]: computed in the kernel that packs the flags)
         late.append((_bias_message(p.name), bad))
         return arr
     raise SamplecError(f"{p.name}: unsupported parameter kind {p.kind}")

@@ -79,6 +79,30 @@ def test_int32_history_arrays_are_checked_in_the_call(prog, native_on, monkeypat
     assert call(p, h=mx.array(H)[:, ::-1]) == call(p, h=np.ascontiguousarray(H[:, ::-1]))   # (a strided view)
 
 
+@pytest.mark.parametrize("native_on", ["1", "0"])
+@pytest.mark.parametrize("target", ["portable", "cpu"])
+def test_mlx_bias_arrays_are_checked_in_the_call(native_on, target, monkeypatch):
+    """A float32 MLX bias is checked with the call's outputs (the row's maximum: one primitive where the native ones
+    serve, one MLX reduction of the bias otherwise): a NaN or +inf anywhere in a row names that row, the first and
+    the later call alike (the short path traces the check with the graph)."""
+    monkeypatch.setenv("SAMPLEC_NATIVE", native_on)
+    p = samplec.compile("sampler s(b: bias, seed: seed) -> token { logit_bias(b) sample(seed) }", target=target)
+    x = np.random.default_rng(0).standard_normal((4, 300)).astype(np.float32)
+    for row, col, value in [(1, 0, np.nan), (2, 299, np.inf), (3, 150, np.nan), (0, 7, -np.inf)]:
+        b = np.zeros((4, 300), np.float32)
+        b[row, col] = value
+        for _ in range(2):
+            try:
+                p(mx.array(x), b=mx.array(b), seed=1)
+                msg = ""
+            except samplec.SamplecError as e:
+                msg = str(e)
+            if np.isneginf(value):
+                assert msg == "", msg
+            else:
+                assert msg == f"b: NaN or +inf bias (row {row})", msg
+
+
 def test_the_whole_int32_range(prog):
     assert call(prog, k=-2 ** 31) == call(prog, k=0)              # (k <= 0: off)
     assert call(prog, k=[-2 ** 31, 2 ** 31 - 1]) == call(prog, k=0)

@@ -107,18 +107,18 @@ def test_every_example_runs_its_targets_kernels(example, sampler):
 # (pinned): a ceiling per example that fails when a change adds kernels. benchmarks/bench_targets.py records them at
 # V = 152064.
 PORTABLE_LAUNCHES = {
-    "hf_generate.smp:hf_generate": 52,
+    "hf_generate.smp:hf_generate": 50,
     "hf_generate.smp:hf_greedy": 14,
-    "llama.smp:llama": 28,
-    "llama.smp:nucleus": 32,
-    "llama_cpp_default.smp:llama_cpp_default": 81,
-    "llama_cpp_default.smp:llama_cpp_default_short": 24,
+    "llama.smp:llama": 26,
+    "llama.smp:nucleus": 31,
+    "llama_cpp_default.smp:llama_cpp_default": 80,
+    "llama_cpp_default.smp:llama_cpp_default_short": 23,
     "mlx_lm_default.smp:mlx_lm": 22,
-    "mlx_lm_default.smp:mlx_lm_chat": 34,
-    "openai.smp:openai": 41,
-    "openai.smp:openai_constant_bias": 37,
-    "vllm.smp:vllm": 40,
-    "vllm.smp:vllm_constrained": 48,
+    "mlx_lm_default.smp:mlx_lm_chat": 33,
+    "openai.smp:openai": 40,
+    "openai.smp:openai_constant_bias": 36,
+    "vllm.smp:vllm": 39,
+    "vllm.smp:vllm_constrained": 43,
 }
 
 
@@ -542,11 +542,11 @@ def run_time_arrays(prog, B: int, V: int, rng, history: int = 64) -> dict:
 SERVER_VALUES = {"temperature": 0.7, "top_p": 0.9, "min_p": 0.05, "top_k": 50, "typical_p": 1.0,
                  "repetition_penalty": 1.1, "presence_penalty": 0.1, "frequency_penalty": 0.1}
 SERVER_LAUNCHES = {
-    "hf_generate.smp:hf_generate": 36, "hf_generate.smp:hf_greedy": 15, "llama.smp:llama": 29,
-    "llama.smp:nucleus": 32, "llama_cpp_default.smp:llama_cpp_default": 37,
-    "llama_cpp_default.smp:llama_cpp_default_short": 24, "mlx_lm_default.smp:mlx_lm": 28,
-    "mlx_lm_default.smp:mlx_lm_chat": 35, "openai.smp:openai": 40, "openai.smp:openai_constant_bias": 38,
-    "vllm.smp:vllm": 42, "vllm.smp:vllm_constrained": 48,
+    "hf_generate.smp:hf_generate": 34, "hf_generate.smp:hf_greedy": 15, "llama.smp:llama": 27,
+    "llama.smp:nucleus": 31, "llama_cpp_default.smp:llama_cpp_default": 36,
+    "llama_cpp_default.smp:llama_cpp_default_short": 23, "mlx_lm_default.smp:mlx_lm": 27,
+    "mlx_lm_default.smp:mlx_lm_chat": 34, "openai.smp:openai": 38, "openai.smp:openai_constant_bias": 37,
+    "vllm.smp:vllm": 41, "vllm.smp:vllm_constrained": 42,
 }
 
 

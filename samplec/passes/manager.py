@@ -15,7 +15,7 @@ from samplec.passes.rewrite import rewrite
 @dataclass(frozen=True)
 class Pass:
     name: str
-    run: Callable[[Graph], Graph]
+    run: Callable[..., Graph]       # (graph) -> graph; a target pass takes every_check= too
     doc: str
 
 
@@ -50,10 +50,10 @@ PASSES: dict[str, Pass] = {p.name: p for p in [
     Pass("dce", dce, "dead-code elimination (dead nodes, constant-false checks)"),
 ]}
 
-def _target_pass(target: str) -> Callable[[Graph], Graph]:
-    def run(g: Graph) -> Graph:
+def _target_pass(target: str) -> Callable[..., Graph]:
+    def run(g: Graph, every_check: bool = False) -> Graph:
         from samplec.passes.target import lower
-        low = lower(g, target)
+        low = lower(g, target, every_check)
         if target == "cpu":
             return low
         tidy = dce(PASSES["cse"].run(PASSES["simplify"].run(Graph(low.name, low.params, low.outputs, low.checks))))
@@ -82,10 +82,12 @@ PIPELINES: dict[int, tuple[str, ...]] = {
 }
 
 
-def run_target(g: Graph, target: str, after: Callable[[str, Graph], None] | None = None) -> Graph:
-    """The target pass (after a pipeline): `target` is a concrete one (samplec.passes.target.resolve)."""
+def run_target(g: Graph, target: str, after: Callable[[str, Graph], None] | None = None,
+               every_check: bool = False) -> Graph:
+    """The target pass (after a pipeline): `target` is a concrete one (samplec.passes.target.resolve);
+    `every_check`: no check tested through a later one that implies it (samplec.passes.checks)."""
     p = TARGET_PASSES[f"target-{target}"]
-    g = p.run(g)
+    g = p.run(g, every_check=every_check)
     verify(g)
     if after:
         after(p.name, g)

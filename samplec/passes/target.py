@@ -64,13 +64,15 @@ def unavailable(target: str) -> str | None:
     return None
 
 
-def lower(g, target: str):
-    """The target pass: the stage ops of g rewritten into what `target` runs."""
+def lower(g, target: str, every_check: bool = False):
+    """The target pass: the stage ops of g rewritten into what `target` runs. The portable lowering tests a check
+    that a later one implies through that one (samplec.passes.checks), unless `every_check`."""
     from samplec.passes.chains import fuse_chains
+    from samplec.passes.checks import cover_checks
     from samplec.passes.pack import pack_row_values
     from samplec.passes.portable import lower_portable
     if target == "portable" or target == "metal" and not metal_kernel():
-        return pack_row_values(lower_portable(g))
+        return pack_row_values(lower_portable(g if every_check else cover_checks(g)))
     return fuse_chains(g, target)
 
 
