@@ -27,7 +27,7 @@ import numpy as np
 from samplec.backend_mlx.interpreter import FLAG_BITS, unpack_flags
 from samplec.backend_mlx.native import evaluate, history_check, release, row_max, wake
 from samplec.diagnostics import SamplecError
-from samplec.frontend.lower import OS_SEED
+from samplec.frontend.lower import OS_SEED, history_message
 from samplec.ir.graph import Graph, Param
 from samplec.ir.printer import print_graph
 from samplec.passes.checks import IMPLIES
@@ -150,8 +150,13 @@ class Program:
         self._array_names = tuple(p.name for _, p in arrays)
         self._versions = (2,) * len(scalars)   # (marshal's format 2: a value's bytes without back-references)
         self._os_drawn = tuple(k for k, p in enumerate(self._scalar_params) if p.default == "os")
-        self._pre = _PreStage(tuple(i for i, _ in scalars), tuple(arrays), len(self.params)) if arrays else None
         self._check_messages = tuple(c.message for c in self.graph.checks)
+        # histories whose range check the graph holds (the portable lowering's, from the penalties' scatter): an
+        # int32 MLX history is handed to it as it is
+        self._ids_in_graph = frozenset(p.name for p in self.params if p.kind == "tokens" and
+                                       history_message(p.name) in self._check_messages)
+        self._pre = _PreStage(tuple(i for i, _ in scalars), tuple(arrays), len(self.params),
+                              self._ids_in_graph) if arrays else None
         self._words: dict[tuple, tuple] = {}        # (see `_word_messages`)
         self._shapes: dict = {}     # (B, V) -> _Shape: what the full path accepted for that logits shape
         # the stages a call's values can turn off (samplec.passes.specialize): the short path runs the program
@@ -276,7 +281,7 @@ class Program:
             if exe is not self.exe:
                 self.queue_stats["specialized"] += 1
             outs, words = exe.queued(self._pre, args)
-            return outs, list(zip(self._word_messages(messages, checks), words))
+            return outs, list(zip(self._word_messages(messages, checks, logits.shape[1]), words))
         if self._scalars_only and not any(type(v) is mx.array for v in params.values()):
             wake()      # (preparing such a call never waits for MLX: the worker can wake meanwhile)
         late: list = []
@@ -288,17 +293,19 @@ class Program:
             raise
         self.queue_stats["full"] += 1
         outs, flags = self.exe(*args)
-        return outs, late + list(zip(self._word_messages((), self._check_messages), flags))
+        return outs, late + list(zip(self._word_messages((), self._check_messages, args[0].shape[1]), flags))
 
-    def _word_messages(self, first: tuple, checks: tuple) -> tuple[tuple[str, ...], ...]:
+    def _word_messages(self, first: tuple, checks: tuple, V: int) -> tuple[tuple[str, ...], ...]:
         """The messages of a call's packed check words, FLAG_BITS to a word, bit by bit: `first` (the short path's
-        argument checks, traced with the graph) and then the graph's `checks`."""
-        got = self._words.get((first, checks))
+        argument checks, traced with the graph) and then the graph's `checks` (a history's range check with the
+        call's V)."""
+        got = self._words.get((first, checks, V))
         if got is None:
-            every = first + checks
+            every = first + tuple(m.replace("{V}", str(V)) for m in checks)
             if len(self._words) > 64:
                 self._words.clear()
-            got = self._words[first, checks] = tuple(every[i:i + FLAG_BITS] for i in range(0, len(every), FLAG_BITS))
+            got = self._words[first, checks, V] = tuple(every[i:i + FLAG_BITS]
+                                                        for i in range(0, len(every), FLAG_BITS))
         return got
 
     def specialized(self, off: frozenset) -> "Program":
@@ -413,10 +420,11 @@ class Program:
         if known is None:
             if len(self._shapes) > 64:
                 self._shapes.clear()
-            known = self._shapes[shape] = _Shape(self._array_params, shape[1])
+            known = self._shapes[shape] = _Shape(self._array_params, shape[1], self._ids_in_graph)
         for p, ok in zip(self._array_params, known.accepted):
             v = params.get(p.name)
-            if type(v) is mx.array and (p.kind != "tokens" or v.size):
+            if type(v) is mx.array and (p.kind != "tokens" or v.size and
+                                        (p.name not in self._ids_in_graph or v.dtype == mx.int32)):
                 if len(ok) > 64:
                     ok.clear()
                 ok.add((v.shape, v.dtype))
@@ -428,9 +436,19 @@ class Program:
         if not any(any(_flagged(flag)) for _, flag in checks):    # (the common case: read as Python values)
             return
         named = named_flags(checks)
-        first = next(message for message, fired in named if fired.any())
+        first = min((message for message, fired in named if fired.any()), key=self._argument_first)
         rows = np.logical_or.reduce([fired for message, fired in named if message == first])
         raise SamplecError(f"{first} ({_rows(rows)})")
+
+    def _argument_first(self, message: str) -> int:
+        """The order in which a call's checks are raised: the arguments' (a history's range, a bias's values) in
+        the parameters' order -- wherever they are tested, the call's preparation or the graph -- then the graph's
+        in its order (min() keeps the first of equals)."""
+        for i, p in enumerate(self._array_params):
+            if message == _bias_message(p.name) or p.kind == "tokens" and \
+                    message.startswith(history_message(p.name, "").removesuffix(" among its tokens")):
+                return i
+        return len(self._array_params)
 
     def prepare(self, logits, params: dict, late: list | None = None) -> list[mx.array]:
         """Check and normalize the call's inputs into the executable's positional arguments. Checks that need
@@ -460,7 +478,8 @@ class Program:
                     raise SamplecError(f"missing required parameter '{p.name}' ({p.kind})")
                 value = _os_seeds(B) if p.default == "os" else p.default
             args.append(self._scalar(p, value, B) if p.kind in SCALAR_NP else
-                        _prepare_param(p, value, B, V, late if late is not None else checks_now))
+                        _prepare_param(p, value, B, V, late if late is not None else checks_now,
+                                       p.name in self._ids_in_graph))
         for message, flag in checks_now:
             flagged = np.array(flag)
             if flagged.any():
@@ -590,7 +609,10 @@ def _as_mx(value, name: str) -> mx.array:
     return mx.array(arr)
 
 
-def _prepare_param(p: Param, value, B: int, V: int, late: list) -> mx.array:
+def _prepare_param(p: Param, value, B: int, V: int, late: list, ids_in_graph: bool = False) -> mx.array:
+    """A parameter's value as the graph's argument; checks that need an MLX array's values go to `late` (message,
+    lazy flag). `ids_in_graph`: the graph checks this history's range itself (an int32 MLX history is its argument
+    as it is)."""
     if p.kind in SCALAR_NP:
         return mx.array(_scalar_param(p, value, B))
     host = None if isinstance(value, mx.array) else np.asarray(value) if isinstance(value, np.ndarray) else None
@@ -608,7 +630,7 @@ def _prepare_param(p: Param, value, B: int, V: int, late: list) -> mx.array:
             over = (host >= V).any(axis=-1)
             if over.any():
                 raise SamplecError(f"{message} ({_rows(over)})")
-        elif arr.shape[1]:
+        elif arr.shape[1] and not (ids_in_graph and arr.dtype == mx.int32):
             checked = history_check(arr, V)           # (one primitive where the native ones serve)
             if checked is None:     # (the flag from the row's largest id, a [B, 1] column: no kernel of its own
                 checked = mx.where(arr >= V, -1, arr), mx.max(arr, axis=-1, keepdims=True) >= V   # beside the word)
@@ -646,7 +668,7 @@ def _plain(v) -> bool:
 
 
 def _history_message(name: str, V: int) -> str:
-    return f"{name}: token id >= V = {V} among its tokens"
+    return history_message(name, V)
 
 
 def _bias_message(name: str) -> str:
@@ -658,10 +680,10 @@ class _Shape:
     dtype) of the MLX arrays it took, and the messages of the pre-stage's flags (each history's range check, then
     each bias's NaN check, in the parameters' order: `_prepare_param`'s `late`)."""
 
-    def __init__(self, params: tuple, V: int):
+    def __init__(self, params: tuple, V: int, ids_in_graph: frozenset = frozenset()):
         self.accepted = tuple(set() for _ in params)
         self.messages = tuple(_history_message(p.name, V) if p.kind == "tokens" else _bias_message(p.name)
-                              for p in params if p.kind in ("tokens", "bias"))
+                              for p in params if p.kind == "bias" or p.kind == "tokens" and p.name not in ids_in_graph)
 
 
 class _PreStage:
@@ -670,8 +692,8 @@ class _PreStage:
     parameters' checks -- `_prepare_param` on each, the full path's own code, run where it replays with the graph.
     The short path passes only arrays whose shape and dtype `_prepare_param` accepted, so it raises nothing here."""
 
-    def __init__(self, scalar_at: tuple, arrays: tuple, n: int):
-        self.scalar_at, self.arrays, self.n = scalar_at, arrays, n
+    def __init__(self, scalar_at: tuple, arrays: tuple, n: int, ids_in_graph: frozenset = frozenset()):
+        self.scalar_at, self.arrays, self.n, self.ids_in_graph = scalar_at, arrays, n, ids_in_graph
 
     def __call__(self, args) -> tuple[list, list]:
         x = args[0]
@@ -682,7 +704,7 @@ class _PreStage:
             out[i] = a
         late: list = []
         for (i, p), a in zip(self.arrays, args[1 + m:]):
-            out[i] = _prepare_param(p, a, B, V, late)
+            out[i] = _prepare_param(p, a, B, V, late, p.name in self.ids_in_graph)
         return out, [f for _, f in late]
 
 

@@ -537,16 +537,16 @@ def run_time_arrays(prog, B: int, V: int, rng, history: int = 64) -> dict:
 
 
 # The same at a server's call (benchmarks/bench_launches.py's arguments: every parameter at run time, one value per
-# row, MLX histories): the budget is 40 launches a call. The call runs without the stages its values leave
+# row, MLX histories): at most 40 launches a call, every shipped example. The call runs without the stages its values leave
 # off in every row (typical_p 1, top_n_sigma -1, xtc's probability 0: samplec/passes/specialize.py).
 SERVER_VALUES = {"temperature": 0.7, "top_p": 0.9, "min_p": 0.05, "top_k": 50, "typical_p": 1.0,
                  "repetition_penalty": 1.1, "presence_penalty": 0.1, "frequency_penalty": 0.1}
 SERVER_LAUNCHES = {
-    "hf_generate.smp:hf_generate": 34, "hf_generate.smp:hf_greedy": 15, "llama.smp:llama": 27,
-    "llama.smp:nucleus": 31, "llama_cpp_default.smp:llama_cpp_default": 36,
+    "hf_generate.smp:hf_generate": 33, "hf_generate.smp:hf_greedy": 14, "llama.smp:llama": 26,
+    "llama.smp:nucleus": 31, "llama_cpp_default.smp:llama_cpp_default": 35,
     "llama_cpp_default.smp:llama_cpp_default_short": 23, "mlx_lm_default.smp:mlx_lm": 27,
-    "mlx_lm_default.smp:mlx_lm_chat": 34, "openai.smp:openai": 38, "openai.smp:openai_constant_bias": 37,
-    "vllm.smp:vllm": 41, "vllm.smp:vllm_constrained": 42,
+    "mlx_lm_default.smp:mlx_lm_chat": 33, "openai.smp:openai": 37, "openai.smp:openai_constant_bias": 36,
+    "vllm.smp:vllm": 39, "vllm.smp:vllm_constrained": 40,
 }
 
 

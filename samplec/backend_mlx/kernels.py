@@ -320,15 +320,27 @@ def _pack(ins: list) -> mx.array:
     return out if out.shape[-1] == n else mx.broadcast_to(out, (*out.shape[:-1], n))
 
 
-def _counts(ins, a):
-    """`counts`: each valid id's column (clamped into the row), every other entry column V, in one elementwise kernel;
-    a scatter of ones (a constant) into a [B, V + 1] zero row; the first V columns (a view)."""
+def _count_row(ins) -> mx.array:
+    """[B, V + 2]: each valid id's column (clamped into the row), an id >= V column V + 1, every other entry column
+    V, in one elementwise kernel; a scatter of ones (a constant) into a zero row. `counts` and `ids_over` build the
+    same nodes, which MLX's compile merges: one scatter for both."""
     x, ids, valid = ins
     B, V = x.shape
     ids, valid = mx.broadcast_to(ids, (B, ids.shape[-1])), mx.broadcast_to(valid, (B, ids.shape[-1]))
-    at = mx.where(valid, mx.clip(ids, 0, V - 1), V)
+    at = mx.where(ids >= V, V + 1, mx.where(valid, mx.clip(ids, 0, V - 1), V))
     rows = constant(("rows", B, ids.shape[-1]), lambda: mx.broadcast_to(mx.arange(B)[:, None], ids.shape))
-    return _zeros((B, V + 1), mx.float32).at[rows, at].add(_one())[:, :V]
+    return _zeros((B, V + 2), mx.float32).at[rows, at].add(_one())
+
+
+def _counts(ins, a):
+    """`counts`: the first V columns of the scatter (a view)."""
+    return _count_row(ins)[:, :ins[0].shape[1]]
+
+
+def _ids_over(ins, a):
+    """`ids_over`: the scatter's last column, positive where an id >= V was counted there."""
+    V = ins[0].shape[1]
+    return _count_row(ins)[:, V + 1:] > 0
 
 
 def _one() -> mx.array:
@@ -496,6 +508,6 @@ KERNELS = {
         [mx.array([0xFFFFFFFF], dtype=mx.uint32), mx.arange(i[0].shape[-1], dtype=mx.uint32)])),
     "tail": lambda i, a: i[0][..., a["start"]:],
     "place": lambda i, a: i[0][..., min(a["index"], i[0].shape[-1] - 1):][..., :1],
-    "counts": _counts,
+    "counts": _counts, "ids_over": _ids_over,
     "pack": lambda i, a: _pack(i),
 }

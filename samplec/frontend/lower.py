@@ -76,6 +76,11 @@ def last_index(x: Node) -> Node:
     return make("reduce_max", make("iota", x))
 
 
+def history_message(name: str, V: int | str = "{V}") -> str:
+    """The message of a history's range check (a program's graph holds it with "{V}", filled in when raised)."""
+    return f"{name}: token id >= V = {V} among its tokens"
+
+
 def any_rows(flags: Node) -> Node:
     """bool[B,V] -> bool[B]: does the row hold any true entry."""
     return make("squeeze", make("reduce_any", flags))

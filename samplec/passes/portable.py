@@ -24,8 +24,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from samplec.frontend.expand import EXPAND, history_window
-from samplec.frontend.lower import NEG_INF, XTC_COUNTER, any_rows, const, gumbel, penalize, uniform, where
-from samplec.ir.graph import INPUT, Graph, Node, make
+from samplec.frontend.lower import NEG_INF, XTC_COUNTER, any_rows, const, gumbel, history_message, penalize, uniform, where
+from samplec.ir.graph import INPUT, Check, Graph, Node, make
 from samplec.ir.ops import STAGE_OPS
 from samplec.ir.types import BOOL, F32, I32, U32
 from samplec.passes.rewrite import rebuild
@@ -419,6 +419,7 @@ class _Lowering:
         self.noise: dict[int, Node] = {}        # id(old sample) -> its noise bits, where xtc's RandomBits made them
         self.totals: dict[int, tuple[Node, Node]] = {}      # id(row) -> (its maximum, its exponentials' sum)
         self.in_range: set[int] = set()     # ids of new index nodes in [0, V) by construction (draws, argmax)
+        self.ids_over: dict[int, Node] = {}     # id(old history) -> its ids >= V flag from a penalties' scatter
         # a penalties stage's check where another penalties stage reads its row: the check of the last stage of
         # the run (penalties_overflow by the operands' ids), whose flag holds its rows (`penalties`)
         stages = [n for n in g.toposort() if n.op in ("penalties", "penalties_overflow")]
@@ -627,6 +628,7 @@ class _Lowering:
         if key not in self.dense:
             _, valid = history_window(hist, last_n, make("last_index", hist))
             counts = make("counts", x, hist, valid, name="counts")
+            self.ids_over.setdefault(id(n.inputs[1]), make("ids_over", x, hist, valid))
             pen = where(make("gt", counts, const(0.0)), penalize(x, counts, rep, freq, pres), x, name="x_pen")
             if _operands(n) not in self.inner:
                 # (the row the chain reads with a NaN read as +inf: it holds no NaN, so its maximum is its sorted
@@ -645,6 +647,27 @@ class _Lowering:
         self.dense[id(n)] = make("squeeze", make("logical_not", make("isfinite", top)), name=n.name)
 
 
+def ids_checked(g: Graph, over: dict[int, Node]) -> tuple[Check, ...]:
+    """The range checks (an id >= V) of g's histories that only penalties stages read: a history's ids are then
+    the scatter's alone, which counts an id >= V in a column of its own (`ids_over`: no kernel), where the call's
+    preparation would take a reduction of the history (`Program` leaves these histories to the graph: those
+    whose check it holds). A history nothing reads (a penalties stage a call turned off) is checked by its maximum."""
+    users = g.users()
+    logits = g.params[0].node
+    out = []
+    for p in g.params:
+        readers = users.get(id(p.node), [])
+        if p.kind != "tokens" or any(u.op not in ("penalties", "penalties_overflow") or
+                                     [i is p.node for i in u.inputs] != [False, True, False, False, False, False]
+                                     for u in readers):
+            continue
+        flag = over.get(id(p.node))
+        if flag is None:
+            flag = make("gt", make("reduce_max", p.node), make("last_index", logits))
+        out.append(Check(make("squeeze", flag), history_message(p.name)))
+    return tuple(out)
+
+
 def _operands(n: Node) -> tuple[int, ...]:
     return tuple(id(i) for i in n.inputs)
 
@@ -654,16 +677,19 @@ def _expanded(n: Node, inputs: tuple[Node, ...]) -> Node:
     return out if out.name or not n.name else Node(out.op, out.inputs, out.attrs, out.type, n.name)
 
 
-def lower_portable(g: Graph, keep: set = frozenset(), kept: dict | None = None) -> Graph:
+def lower_portable(g: Graph, keep: set = frozenset(), kept: dict | None = None, check_ids: bool = False) -> Graph:
     """Every stage op of g as the sorted-order lowering (module doc); other ops (and those in `keep`, ids) as they
     are. `kept`, where given, receives id(old) -> its node in the result for each node of `keep` (rebuilt over
-    lowered inputs where those changed)."""
+    lowered inputs where those changed). `check_ids`: the range checks of the histories only penalties stages read
+    are the graph's (`ids_checked`)."""
     low = _Lowering(g, keep)
     for n in g.toposort():
         low.visit(n)
     for k, last in low.checked_later.items():
         low.dense[k] = low.dense[id(last)]
     out = g.replace({id(n): low.value(n) for n in g.roots()})
+    if check_ids:
+        out = Graph(out.name, out.params, out.outputs, ids_checked(g, low.ids_over) + out.checks)
     new: dict[int, Node] = {}
     out = _device_sums(out, {id(n) for n in g.toposort()}, new, low.nan_free)
     if kept is not None:

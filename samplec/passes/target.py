@@ -72,7 +72,7 @@ def lower(g, target: str, every_check: bool = False):
     from samplec.passes.pack import pack_row_values
     from samplec.passes.portable import lower_portable
     if target == "portable" or target == "metal" and not metal_kernel():
-        return pack_row_values(lower_portable(g if every_check else cover_checks(g)))
+        return pack_row_values(lower_portable(g if every_check else cover_checks(g), check_ids=True))
     return fuse_chains(g, target)
 
 

@@ -1,6 +1,7 @@
-"""Checks a later check implies (samplec.passes.checks): the portable target tests them through the penalties
-check, and a call that check flags runs again with every check -- the error names the same check and rows as -O0's
-program and the cpu target's, whatever mix of bad rows a batch holds."""
+"""The portable target's checks: those a later check implies are tested through it (samplec.passes.checks), and a
+call that check flags runs again with every check -- the error names the same check and rows as -O0's program and
+the cpu target's, whatever mix of bad rows a batch holds; a history that only penalties stages read is range-checked
+by their scatter (`ids_over`), not by a reduction of its own."""
 from __future__ import annotations
 
 import math
@@ -160,3 +161,53 @@ def test_what_a_bad_row_stays_through():
     assert row_test(make("logical_or", make("isnan", top), make("isposinf", top))) == (x, HOT)
     assert row_test(make("squeeze", make("isposinf", make("reduce_max", x)))) == (x, HOT)
     assert row_test(make("isnan", top)) is None       # (a NaN alone: not a test this pass knows)
+
+
+HISTORY_CHAINS = [
+    ("sampler s(h: tokens, g: tokens, r: float = 1.1, f: float = 0.1, seed: seed = 0) -> token, logprob "
+     "{ penalties(h, repeat = r) penalties(g, last_n = 4, frequency = f) top_k(20) sample(seed) }", {"h", "g"}),
+    # (g read by DRY too: its check stays the call's; h read by penalties alone: the graph's)
+    ("sampler s(h: tokens, g: tokens, seed: seed = 0) -> token "
+     "{ penalties(h, repeat = 1.2) dry(g, 0.8) top_k(20) sample(seed) }", {"h"}),
+]
+
+
+@pytest.mark.parametrize("src,in_graph", HISTORY_CHAINS)
+def test_history_range_checked_by_the_penalties_scatter(src, in_graph):
+    """An id >= V anywhere in a history (in the penalties' window or not, beside padding of any negative value): the
+    portable program names the history and its rows as the cpu target does -- int32 MLX histories on the short
+    path and the full path, int64 and numpy ones, and a call whose values turn the penalties off (its program reads
+    no history: the check is the history's maximum). The histories only penalties stages read are checked by the
+    graph (no reduction of their own); a clean call gives the cpu target's tokens."""
+    portable = samplec.compile(src, target="portable")
+    cpu = samplec.compile(src, target="cpu")
+    assert portable._ids_in_graph == in_graph and cpu._ids_in_graph == frozenset()
+    rng = np.random.default_rng(3)
+    x = mx.array(rng.standard_normal((4, V)).astype(np.float32))
+
+    def histories(bad: dict) -> dict:
+        out = {}
+        for name in ("h", "g"):
+            a = rng.integers(-3, V, (4, 10)).astype(np.int32)
+            for row, col in bad.get(name, []):
+                a[row, col] = V + row
+            out[name] = a
+        return out
+
+    cases = [{}, {"h": [(1, 9)]}, {"g": [(2, 0)]}, {"h": [(0, 0), (3, 5)], "g": [(3, 9)]}, {"g": [(0, 9), (1, 1)]}]
+    for bad in cases:
+        hs = histories(bad)
+        for kind in ("mlx", "mlx", "int64", "numpy"):
+            kw = {k: mx.array(v) if kind == "mlx" else mx.array(v.astype(np.int64)) if kind == "int64" else v
+                  for k, v in hs.items()}
+            for values in ({"seed": [1, 2, 3, 4]}, {"seed": [1, 2, 3, 4], "r": 1.0, "f": 0.0}):
+                if not values.keys() <= {p.name for p in portable.params}:
+                    continue
+                want, got = _error(cpu, x, {**kw, **values}), _error(portable, x, {**kw, **values})
+                assert got == want, (bad, kind, values)
+                if not bad:
+                    assert want is None
+                    np.testing.assert_array_equal(np.array(portable(x, **kw, **values).token),
+                                                  np.array(cpu(x, **kw, **values).token))
+    assert portable.queue_stats["short"] > 0
+    assert portable.queue_stats["specialized"] > 0 or "r" not in {p.name for p in portable.params}
