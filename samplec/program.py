@@ -652,7 +652,7 @@ def _prepare_param(p: Param, value, B: int, V: int, late: list, ids_in_graph: bo
         top = row_max(arr)          # (a NaN wins its row's maximum: one vectorized pass where native serves;
         if top is None:             # MLX's maximum too, one reduction of the bias as it is -- no kernel before it)
             top = mx.max(arr, axis=-1, keepdims=True)
-        bad = mx.isnan(top) | mx.isposinf(top)      # ([B, 1]: computed in the kernel that packs the flags)
+        bad = mx.logical_not(top < _INF)            # (NaN or +inf; [B, 1]: in the kernel that packs the flags)
         late.append((_bias_message(p.name), bad))
         return arr
     raise SamplecError(f"{p.name}: unsupported parameter kind {p.kind}")
@@ -728,6 +728,7 @@ def _mask(name: str, arr: mx.array, B: int, V: int) -> mx.array:
 
 
 _F32_MAX = float(np.finfo(np.float32).max)
+_INF = float("inf")
 _F32 = mx.float32
 
 
