@@ -29,7 +29,7 @@ import numpy as np
 from samplec.backend_mlx.interpreter import unpack_flags
 from samplec.diagnostics import SamplecError
 from samplec.ir.graph import INPUT
-from samplec.program import Outputs, Program
+from samplec.program import Outputs, Program, check_message
 
 __all__ = ["generate", "ProgramFeed", "position_params", "pad_history", "HISTORY_BLOCK"]
 
@@ -172,7 +172,7 @@ class ProgramFeed:
         checks = self.program.graph.checks
         for check, flag in zip(checks, unpack_flags(flags, len(checks))):
             if flag.any():
-                raise SamplecError(f"{check.message} ({where})")
+                raise SamplecError(f"{check_message(check.message)} ({where})")
 
 
 def _make_cache(model):
@@ -302,7 +302,7 @@ def generate(model, program: Program, prompt, max_tokens: int, *, chunk: int = 1
             for check, f in zip(program.graph.checks, host_flags):
                 if f.any():
                     at = first + int(np.nonzero(f.reshape(f.shape[0], -1).any(axis=1))[0][0])
-                    raise SamplecError(f"{check.message} (at position {at})")
+                    raise SamplecError(f"{check_message(check.message)} (at position {at})")
             for t in np.array(done).tolist():
                 out.append(int(t))
                 if t in eos:
@@ -459,7 +459,8 @@ def _generate_speculative(model, draft_model, feed: ProgramFeed, tokens: list[in
         for check, f in zip(checks, unpack_flags(flags, len(checks))):     # (rows past m: not on the emitted path)
             fired = f.reshape(rows, -1)[:m + 1].any(axis=1)
             if fired.any():
-                raise SamplecError(f"{check.message} (at position {length + int(np.nonzero(fired)[0][0])})")
+                raise SamplecError(f"{check_message(check.message)} "
+                                   f"(at position {length + int(np.nonzero(fired)[0][0])})")
         emitted = target[:m + 1]
         for t in emitted:
             out.append(t)

@@ -301,7 +301,7 @@ class Program:
         call's V)."""
         got = self._words.get((first, checks, V))
         if got is None:
-            every = first + tuple(m.replace("{V}", str(V)) for m in checks)
+            every = first + tuple(check_message(m, V) for m in checks)
             if len(self._words) > 64:
                 self._words.clear()
             got = self._words[first, checks, V] = tuple(every[i:i + FLAG_BITS]
@@ -665,6 +665,12 @@ def _plain(v) -> bool:
     """Whether marshal writes `v` with its type: a Python number, a list of them, or None (`Program._rebuild`)."""
     t = type(v)
     return t is float or t is int or v is None or (t is list and set(map(type, v)) <= _NUMBERS)
+
+
+def check_message(message: str, V: int | None = None) -> str:
+    """A graph check's message as raised: a history's range check ("... V = {V} ...") with the call's V where it
+    is known (a decode loop's raise: without it)."""
+    return message.replace(" = {V}", "" if V is None else f" = {V}")
 
 
 def _history_message(name: str, V: int) -> str:
