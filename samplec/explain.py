@@ -73,6 +73,7 @@ class Explained:
     changed: list[str]
     unchanged: list[str]
     target: str = "cpu"
+    switches: tuple = ()           # (stage, its off rule with the names it reads): samplec.passes.specialize
 
 
 # ---- tags ------------------------------------------------------------------------------------------------------
@@ -298,12 +299,34 @@ def explain(source: str, sampler: str | None = None, level: int = 2, bindings: d
     # (the chains are the target pass's regions: what runs, not a re-derivation)
     chains = [r.impl for r in run_target(g, target).regions] if target in ("cpu", "cuda") else []
     chain_native = target == "cuda" or use_native
+    from samplec import stage_table
+    from samplec.passes.specialize import switches
+    scalars = frozenset(p.name for p in stage_level.params[1:] if p.kind in ("float", "int"))
+    offs = tuple((sw.stage, rule) for sw in switches(stage_level, scalars)
+                 if (rule := _rule(stage_table.stage(sw.stage).off, sw.reads)) is not None)
     ex = Explained(checked.name, level, groups, g, stripped, names, attrs[-1], chains, use_native, chain_native, note,
-                   changed, unchanged, target)
+                   changed, unchanged, target, offs)
     for grp in groups:
         _became(grp, history, attrs, trace)
         _runs(grp, ex)
     return ex
+
+
+def _rule(rule: str, reads: tuple) -> str | None:
+    """A stage table's off rule with its operands' names replaced by what the stage reads (a parameter's name or a
+    constant's value), the tests of constants that hold left out -- None where one does not (the stage is never
+    off)."""
+    import re
+    got = dict(reads)
+    text = re.sub(r"\b([A-Za-z_]\w*)\b", lambda m: str(got.get(m.group(1), m.group(1))), rule)
+    if " or " in text:
+        return text
+    parts = text.split(" and ")
+    kept = [q for q in parts if re.search(r"[A-Za-z_]", q.replace("inf", ""))]
+    constant = [q for q in parts if q not in kept]
+    if not all(eval(q, {"__builtins__": {}}, {"inf": float("inf")}) for q in constant):   # (the table's own text)
+        return None         # (a constant that keeps the stage on: no call turns it off)
+    return " and ".join(kept or parts)
 
 
 # ---- what each stage became ------------------------------------------------------------------------------------
@@ -489,6 +512,9 @@ def render_text(ex: Explained) -> str:
            f"{ex.native_note}",
            f"passes that changed something: {' '.join(ex.changed) or '(none)'}"
            + (f"; no change: {' '.join(ex.unchanged)}" if ex.unchanged else "")]
+    if ex.switches:
+        out.append("stages a call runs without when its values leave them off in every row: " +
+                   ", ".join(f"{stage} ({rule})" for stage, rule in ex.switches))
     if ex.chains:
         for i, c in enumerate(ex.chains):
             covered = sorted({ex.group_of.get(id(n), tag_of(n)) for n in c.nodes()} - {LOGITS, OUTPUTS, None})

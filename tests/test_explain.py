@@ -331,3 +331,16 @@ def test_explain_a_chain_the_target_pass_rebuilt(terminal, target):
         assert "chain #1: mirostat" in text
         assert "sample: chain #1, the CUDA chain kernel" in text
         assert "top_k_rank: its dense definition" not in text and "sample: its dense definition" not in text
+
+
+def test_explain_names_the_stages_a_call_turns_off():
+    """explain lists the program's switches (samplec.passes.specialize) with their off rules over the names the
+    stage reads; a stage whose constant keeps it on is not listed; the list is the program's own."""
+    source = ("sampler s(h: tokens, t: float = 1.0, p: float = 1.0, r: float = 0.0) -> token "
+              "{ penalties(h, repeat = 1.1, presence = r) top_p(p) temperature(t) greedy() }")
+    text = render_text(explain(source, target="portable"))
+    line = next(ln for ln in text.splitlines() if ln.startswith("stages a call runs without"))
+    assert "top_p (p >= 1)" in line and "temperature (t == 1)" in line and "penalties" not in line
+    prog = samplec.compile(source, target="portable")
+    assert sorted(sw.stage for sw in prog._switches if sw.stage != "penalties") == ["temperature", "top_p"]
+    assert "stages a call runs without" not in render_text(explain("sampler s() -> token { top_p(0.9) greedy() }"))
