@@ -163,6 +163,7 @@ class Program:
         # without those off in every row -- (executable, its checks' messages) per set of them, made at first use
         self._switches = switches(graph, frozenset(self._scalar_names))
         self._scalar_at = {name: k for k, name in enumerate(self._scalar_names)}
+        self._switch_at = tuple(tuple(self._scalar_at[name] for name in sw.params) for sw in self._switches)
         self._whole = (self.exe, self._check_messages)
         self._variants: dict[frozenset, tuple] = {}
         self._off: dict[tuple, bool] = {}       # (switch, its values' bytes, V) -> off in every row
@@ -320,8 +321,7 @@ class Program:
         """(executable, its checks' messages) for a short call's scalar values (their bytes `keys`, None where a
         value is not plain): the program without the switches its values leave off in every row."""
         off = []
-        for k, sw in enumerate(self._switches):
-            at = [self._scalar_at[name] for name in sw.params]
+        for k, (sw, at) in enumerate(zip(self._switches, self._switch_at)):
             key = (k, tuple(keys[i] for i in at), V)
             got = self._off.get(key) if None not in key[1] else None
             if got is None:
