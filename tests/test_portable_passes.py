@@ -27,16 +27,42 @@ def input_node(name: str, t: Type) -> Node:
 
 
 @pytest.mark.parametrize("seed", range(4))
-def test_counts_equal_numpys(seed):
-    """Each token's count among the valid ids (padding, out-of-window entries and duplicates included)."""
+@pytest.mark.parametrize("form", range(5))
+def test_counts_equal_numpys(seed, form):
+    """Each token's count among the valid ids (padding, out-of-window entries and duplicates included), and
+    `ids_over`: whether a row holds an id >= V, valid or not -- in every form of the scatter's index."""
     rng = np.random.default_rng(seed)
-    B, V, H = 3, 50, 40
-    ids = rng.integers(-1, V, (B, H)).astype(np.int32)
+    B, V, H = 4, 50, 40
+    ids = rng.integers(-3, V, (B, H)).astype(np.int32)
     ids[0, :5] = 7                       # (one token many times)
+    ids[1, 3], ids[2, 39] = V, 2 ** 31 - 1      # (ids >= V: one valid, one not)
     valid = (ids >= 0) & (rng.random((B, H)) < 0.8)
-    got = np.array(KERNELS["counts"]([mx.zeros((B, V)), mx.array(ids), mx.array(valid)], {}))
-    want = np.stack([np.bincount(ids[b][valid[b]], minlength=V) for b in range(B)]).astype(np.float32)
-    np.testing.assert_array_equal(got, want)
+    valid[2, 39] = False
+    ins = [mx.zeros((B, V)), mx.array(ids), mx.array(valid)]
+    got = np.array(KERNELS["counts"](ins, {"form": form}))
+    want = np.stack([np.bincount(ids[b][valid[b] & (ids[b] < V)], minlength=V) for b in range(B)])
+    np.testing.assert_array_equal(got, want.astype(np.float32))
+    over = np.array(KERNELS["ids_over"](ins, {"form": form})).reshape(-1)
+    np.testing.assert_array_equal(over, (ids >= V).any(axis=1))
+
+
+def test_nested_selects_under_one_condition():
+    """where(c, where(c, a, b), d) is where(c, a, d), and where(c, a, where(c, b, d)) is where(c, a, d) (the same
+    values); a select that would change shape is left as it is."""
+    from samplec.passes.rules import where_nested
+    B, V = 3, 8
+    c = input_node("c", Type(BOOL, ("B", "V")))
+    a, b, d = (input_node(n, Type(F32, ("B", "V"))) for n in "abd")
+    col = input_node("col", Type(F32, ("B", 1)))
+    rng = np.random.default_rng(0)
+    env = {id(c): mx.array(rng.random((B, V)) < 0.5), id(col): mx.array(rng.standard_normal((B, 1)).astype(np.float32))}
+    env.update((id(n), mx.array(rng.standard_normal((B, V)).astype(np.float32))) for n in (a, b, d))
+    for n in (make("where", c, make("where", c, a, b), d), make("where", c, a, make("where", c, b, d))):
+        got = where_nested(n)
+        assert got is not None and got.op == "where" and got.inputs[1].op != "where" and got.inputs[2].op != "where"
+        np.testing.assert_array_equal(_run(got, env), _run(n, env))
+    narrow = input_node("cc", Type(BOOL, ("B", 1)))
+    assert where_nested(make("where", narrow, make("where", narrow, col, b), col)) is None
 
 
 def _run(root, env: dict) -> np.ndarray:
@@ -187,3 +213,27 @@ def test_mirrored_greedy_flag_changes_no_bit_and_saves_a_launch(example, sampler
     monkeypatch.setenv("SAMPLEC_NATIVE", "0")
     monkeypatch.setattr(kernels, "GPU_SUMS", True)
     assert launches(call_primitives(mirrored, x, **kw)) == launches(call_primitives(shared, x, **kw)) - 1
+
+
+@pytest.mark.parametrize("target", ["portable", "cpu"])
+@pytest.mark.parametrize("rep,freq,pres", [(1.3, 0.0, 0.0), (1.3, 0.0, -0.0), (1.3, -0.0, 0.0),
+                                           (1.0, 0.5, 0.0), (1.0, -0.0, 0.25)])
+def test_constant_penalty_parts_left_out_change_no_bit(target, rep, freq, pres):
+    """A penalties stage with constant values: the parts that change nothing (a repeat of 1; a frequency of 0 with a
+    presence of +0) are left out of the lowering, and the penalized row -- signed zeros and -inf included --
+    is the numpy reference's bit for bit (`candidates` returns it)."""
+    import sys
+    sys.path.insert(0, str(ROOT / "tests"))
+    import reference as ref
+    V, H = 12, 6
+    src = (f"sampler s(h: tokens) -> candidates({V}) {{ penalties(h, repeat = {rep!r}, frequency = {freq!r}, "
+           f"presence = {pres!r}) }}")
+    x = np.array([[-0.0, 0.0, 1.5, -2.0, 3e38, -np.inf, 3.0, -0.0, 0.5, -1e-30, 7.0, 0.0]] * 2, np.float32)
+    h = np.array([[0, 1, 4, 5, 9, -1], [7, 7, 11, -1, -1, 3]], np.int32)
+    prog = samplec.compile(src, target=target)
+    got = prog(x, h=h).candidates
+    for b in range(2):
+        want = ref.penalties(x[b], h[b], repeat=rep, frequency=freq, presence=pres)
+        ids, vals = np.array(got.ids[b]), np.array(got.values[b])
+        np.testing.assert_array_equal(vals, want[ids])
+        np.testing.assert_array_equal(np.signbit(vals), np.signbit(want[ids]))

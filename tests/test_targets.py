@@ -566,3 +566,23 @@ def test_portable_launches_at_a_servers_call(example, sampler, monkeypatch):
     counts = call_primitives(prog, x, **kw)
     assert prog.queue_stats["short"] == 1
     assert launches(counts) <= SERVER_LAUNCHES[f"{example}:{sampler}"], counts
+
+
+def test_portable_launches_of_samplec_serves_chain(monkeypatch):
+    """`samplec serve`'s chain (an allow, three penalties stages over two histories, every value at run time) at a
+    server's call: at most 41 launches (what it launches now)."""
+    import mlx.core as mx
+    from samplec.backend_mlx import kernels
+    from samplec.backend_mlx.launches import call_primitives, launches
+    from samplec.serve import SERVER_CHAIN, TOP
+    monkeypatch.setenv("SAMPLEC_NATIVE", "0")
+    monkeypatch.setattr(kernels, "GPU_SUMS", True)
+    prog = samplec.compile(SERVER_CHAIN.replace("TOP", str(TOP)), "mlx_lm_server", target="portable")
+    V, B = 152064, 2
+    rng = np.random.default_rng(0)
+    kw = run_time_arrays(prog, B, V, rng)
+    kw.update((p.name, [SERVER_VALUES[p.name]] * B) for p in prog.params if p.name in SERVER_VALUES)
+    kw["pos"] = [17, 4000]
+    counts = call_primitives(prog, mx.array(rng.standard_normal((B, V)).astype(np.float32)), **kw)
+    assert prog.queue_stats["short"] == 1
+    assert launches(counts) <= 41, counts

@@ -320,27 +320,38 @@ def _pack(ins: list) -> mx.array:
     return out if out.shape[-1] == n else mx.broadcast_to(out, (*out.shape[:-1], n))
 
 
-def _count_row(ins) -> mx.array:
+# a history's id >= V, and the id clamped into [0, V - 1], in equal forms no two of which share a node: the counts of
+# one history over several windows (their `form`s) each compute their index in a kernel of their own (MLX's compile
+# merges equal nodes, and a node two kernels read is a kernel of its own)
+_OVER = (lambda i, V: i >= V, lambda i, V: mx.less_equal(V, i), lambda i, V: i > V - 1,
+         lambda i, V: mx.logical_not(i < V))
+_CLAMP = (lambda i, V: mx.clip(i, 0, V - 1), lambda i, V: mx.maximum(mx.minimum(i, V - 1), 0),
+          lambda i, V: mx.where(i < 0, 0, mx.where(i > V - 1, V - 1, i)),
+          lambda i, V: mx.where(i >= V, V - 1, mx.maximum(i, 0)))
+
+
+def _count_row(ins, form: int = 0) -> mx.array:
     """[B, V + 2]: each valid id's column (clamped into the row), an id >= V column V + 1, every other entry column
-    V, in one elementwise kernel; a scatter of ones (a constant) into a zero row. `counts` and `ids_over` build the
-    same nodes, which MLX's compile merges: one scatter for both."""
+    V, in one elementwise kernel; a scatter of ones (a constant) into a zero row. `counts` and `ids_over` of one
+    form build the same nodes, which MLX's compile merges: one scatter for both."""
     x, ids, valid = ins
     B, V = x.shape
     ids, valid = mx.broadcast_to(ids, (B, ids.shape[-1])), mx.broadcast_to(valid, (B, ids.shape[-1]))
-    at = mx.where(ids >= V, V + 1, mx.where(valid, mx.clip(ids, 0, V - 1), V))
+    k = form % len(_OVER)
+    at = mx.where(_OVER[k](ids, V), V + 1, mx.where(valid, _CLAMP[k](ids, V), V))
     rows = constant(("rows", B, ids.shape[-1]), lambda: mx.broadcast_to(mx.arange(B)[:, None], ids.shape))
     return _zeros((B, V + 2), mx.float32).at[rows, at].add(_one())
 
 
 def _counts(ins, a):
     """`counts`: the first V columns of the scatter (a view)."""
-    return _count_row(ins)[:, :ins[0].shape[1]]
+    return _count_row(ins, a.get("form", 0))[:, :ins[0].shape[1]]
 
 
 def _ids_over(ins, a):
     """`ids_over`: the scatter's last column, positive where an id >= V was counted there."""
     V = ins[0].shape[1]
-    return _count_row(ins)[:, V + 1:] > 0
+    return _count_row(ins, a.get("form", 0))[:, V + 1:] > 0
 
 
 def _one() -> mx.array:
@@ -503,7 +514,8 @@ KERNELS = {
     # target-level ops (samplec/ir/ops.py's TARGET_OPS)
     "gather": lambda i, a: mx.take_along_axis(*_lead(i[0], i[1]), axis=-1),
     "sum": lambda i, a: _device_sum(i[0]),
-    "last_index": lambda i, a: mx.array([max(i[0].shape[-1] - 1, 0)], dtype=mx.int32),
+    "last_index": lambda i, a: constant(("last_index", i[0].shape[-1]),
+                                        lambda: mx.array([max(i[0].shape[-1] - 1, 0)], dtype=mx.int32)),
     "coin_ids": lambda i, a: constant(("coin_ids", i[0].shape[-1]), lambda: mx.concatenate(
         [mx.array([0xFFFFFFFF], dtype=mx.uint32), mx.arange(i[0].shape[-1], dtype=mx.uint32)])),
     "tail": lambda i, a: i[0][..., a["start"]:],

@@ -58,10 +58,15 @@ def gumbel(bits: Node) -> Node:
 
 
 def penalize(x: Node, counts: Node, rep: Node, freq: Node, pres: Node) -> Node:
-    """Where a token was seen (count > 0): x > 0 ? x / repeat : x * repeat, then minus count * frequency + presence."""
+    """Where a token was seen (count > 0): x > 0 ? x / repeat : x * repeat, then minus count * frequency + presence.
+    A constant part that changes no bit is left out: a repeat of 1 (x / 1 and x * 1 are x), a frequency of 0 with a
+    presence of +0 (a finite count times 0 plus +0 is +0, and x - +0 is x, -0 included)."""
     seen = make("gt", counts, const(0.0))
-    rep_x = where(make("gt", x, const(0.0)), make("div", x, rep), make("mul", x, rep))
-    x1 = where(seen, rep_x, x)
+    x1 = x
+    if not rep.is_const(1.0):
+        x1 = where(seen, where(make("gt", x, const(0.0)), make("div", x, rep), make("mul", x, rep)), x)
+    if freq.is_const(0.0) and pres.is_const(0.0) and not math.copysign(1.0, pres.attr("value")) < 0:
+        return x1
     return where(seen, make("sub", x1, make("add", make("mul", counts, freq), pres)), x1)
 
 

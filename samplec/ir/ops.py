@@ -403,11 +403,12 @@ TARGET_OPS: dict[str, OpDef] = {d.name: d for d in [
     OpDef("pack", -1, (), lambda ts, a: _pack(ts),
           "pack(a, b, ...): [B,1] values of one dtype side by side, [B,n] (any n >= 1): one kernel makes row values "
           "that several kernels read, each its column (a `place`)"),
-    OpDef("counts", 3, (), lambda ts, a: Type(F32, ts[0].shape),
+    OpDef("counts", 3, (("form", "int"),), lambda ts, a: Type(F32, ts[0].shape),
           "counts(x, ids, valid): per token of x's row, how many of the ids (i32 [B,H]) where valid (bool [B,H]) "
           "name it -- one scatter of ones; an entry not valid counts in a column past the row, an id >= V in the "
-          "one after it"),
-    OpDef("ids_over", 3, (), lambda ts, a: Type(BOOL, (ts[0].shape[0], 1)),
+          "one after it. `form`: which of equal ways the scatter's index is computed (the counts of one history "
+          "over several windows share no node, each fused into its own kernel)"),
+    OpDef("ids_over", 3, (("form", "int"),), lambda ts, a: Type(BOOL, (ts[0].shape[0], 1)),
           "ids_over(x, ids, valid): whether a row of ids names a token >= V, valid or not -- the column after the "
           "row of counts(x, ids, valid)'s scatter (the same scatter: no kernel of its own)"),
 ]}

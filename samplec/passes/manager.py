@@ -41,8 +41,8 @@ PASSES: dict[str, Pass] = {p.name: p for p in [
          "0 makes the rest of the chain greedy, cuts before greedy dropped, a 'no token left' check reads past the "
          "cuts"),
     Pass("expand-stages", _rules(R.expand_stage), "every stage op into its dense definition (what -O0 runs)"),
-    Pass("simplify", _rules(R.fold_constants, R.where_const, R.where_same, R.logical_const, R.arith_identity,
-                              R.reduce_one, R.empty_through_cuts),
+    Pass("simplify", _rules(R.fold_constants, R.where_const, R.where_same, R.where_nested, R.logical_const,
+                              R.arith_identity, R.reduce_one, R.empty_through_cuts),
          "constant folding (partial evaluation of bound parameters) and algebraic identities (an off stage's folded "
          "guard, a reduction over one entry, a 'no token left' check past the cuts)"),
     Pass("partition-topk", _rules(R.partition_top_k), "top_k with a constant k by partial selection"),

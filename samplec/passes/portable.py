@@ -420,6 +420,7 @@ class _Lowering:
         self.totals: dict[int, tuple[Node, Node]] = {}      # id(row) -> (its maximum, its exponentials' sum)
         self.in_range: set[int] = set()     # ids of new index nodes in [0, V) by construction (draws, argmax)
         self.ids_over: dict[int, Node] = {}     # id(old history) -> its ids >= V flag from a penalties' scatter
+        self.windows: dict[int, int] = {}       # id(old history) -> the windows of it counted so far, less one
         # a penalties stage's check where another penalties stage reads its row: the check of the last stage of
         # the run (penalties_overflow by the operands' ids), whose flag holds its rows (`penalties`)
         stages = [n for n in g.toposort() if n.op in ("penalties", "penalties_overflow")]
@@ -626,9 +627,12 @@ class _Lowering:
         x, hist, last_n, rep, freq, pres = (self.value(i) for i in n.inputs)
         key = ("penalties", *(id(i) for i in n.inputs))
         if key not in self.dense:
-            _, valid = history_window(hist, last_n, make("last_index", hist))
-            counts = make("counts", x, hist, valid, name="counts")
-            self.ids_over.setdefault(id(n.inputs[1]), make("ids_over", x, hist, valid))
+            # (the k-th window of one history: its own forms of the same tests, so that no node of its index is
+            # another window's -- each fuses into its scatter's index kernel)
+            form = self.windows[id(n.inputs[1])] = self.windows.get(id(n.inputs[1]), -1) + 1
+            valid = _window(hist, last_n, form)
+            counts = make("counts", x, hist, valid, form=form, name="counts")
+            self.ids_over.setdefault(id(n.inputs[1]), make("ids_over", x, hist, valid, form=form))
             pen = where(make("gt", counts, const(0.0)), penalize(x, counts, rep, freq, pres), x, name="x_pen")
             if _operands(n) not in self.inner:
                 # (the row the chain reads with a NaN read as +inf: it holds no NaN, so its maximum is its sorted
@@ -645,6 +649,16 @@ class _Lowering:
         top = make("reduce_max", penalized if id(penalized) in self.nan_free else
                    where(make("isnan", penalized), const(float("inf")), penalized))
         self.dense[id(n)] = make("squeeze", make("logical_not", make("isfinite", top)), name=n.name)
+
+
+def _window(hist: Node, last_n: Node, form: int) -> Node:
+    """history_window's `valid` (not padding, in the last last_n), its padding test in the form `form` of equal ones
+    (`le(0, h)`, `gt(h, -1)`, ...: no node shared with another window's)."""
+    zero, minus = const(0, I32), const(-1, I32)
+    nonneg = [lambda: make("ge", hist, zero), lambda: make("le", zero, hist), lambda: make("gt", hist, minus),
+              lambda: make("lt", minus, hist)][form % 4]()
+    _, valid = history_window(hist, last_n, make("last_index", hist))
+    return make("logical_and", nonneg, valid.inputs[1], name=valid.name)
 
 
 def ids_checked(g: Graph, over: dict[int, Node]) -> tuple[Check, ...]:

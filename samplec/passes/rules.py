@@ -84,6 +84,18 @@ def where_same(n: Node):
     return None
 
 
+def where_nested(n: Node):
+    """where(c, where(c, a, b), d) -> where(c, a, d); where(c, a, where(c, b, d)) -> where(c, a, d): the inner
+    select under the same condition picks the same side (a stage's rule guarded twice by its own test: the
+    penalties' `seen`). Two selects fewer in a row's kernel, whose depth MLX's compile limits."""
+    if n.op != "where":
+        return None
+    c, a, d = n.inputs
+    got = make("where", c, a.inputs[1], d, name=n.name) if a.op == "where" and a.inputs[0] is c else \
+        make("where", c, a, d.inputs[2], name=n.name) if d.op == "where" and d.inputs[0] is c else None
+    return got if got is not None and got.type == n.type else None     # (the shape the select had)
+
+
 def reduce_one(n: Node):
     """reduce(x) -> x where x's last axis holds one entry (its maximum, minimum, sum or any is that entry)."""
     if n.op in ("reduce_max", "reduce_min", "reduce_sum", "reduce_any", "sum") and n.inputs[0].type == n.type:
