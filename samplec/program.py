@@ -516,9 +516,9 @@ class Program:
             if hit is None:
                 if len(self._scalars) > 256:
                     self._scalars.clear()
-                hit = self._scalars[key] = mx.array(value)
+                hit = self._scalars[key] = _np_to_mx(value)
             return hit
-        return mx.array(_scalar_param(p, value, B))
+        return _np_to_mx(_scalar_param(p, value, B))
 
     def _plain_ok(self, p: Param, v) -> bool:
         """Whether a Python int or float is a valid value of scalar parameter p as is (the checks of
@@ -533,7 +533,7 @@ class Program:
 
     def _cache(self, key, arr) -> mx.array:
         if not isinstance(arr, mx.array):
-            arr = mx.array(arr)
+            arr = _np_to_mx(arr)
         if len(self._scalars) > 256:
             self._scalars.clear()
         self._scalars[key] = arr
@@ -604,8 +604,14 @@ def _as_mx(value, name: str) -> mx.array:
     if arr.dtype == np.float64:
         with np.errstate(over="ignore"):    # (past float32's range: +-inf, which the checks name)
             arr = arr.astype(np.float32)
+    return _np_to_mx(arr)
+
+
+def _np_to_mx(arr: np.ndarray) -> mx.array:
+    """A numpy array as an MLX array: a reversed or strided view copied first (MLX takes contiguous memory with
+    nonnegative strides -- numpy calls a view reversed along an axis of one entry contiguous, so the strides decide)."""
     if any(st < 0 for st in arr.strides) or not (arr.flags.c_contiguous or arr.flags.f_contiguous):
-        arr = np.ascontiguousarray(arr)    # (a reversed or strided view: MLX takes contiguous memory)
+        arr = np.array(arr, order="C", copy=True)
     return mx.array(arr)
 
 
@@ -614,7 +620,7 @@ def _prepare_param(p: Param, value, B: int, V: int, late: list, ids_in_graph: bo
     lazy flag). `ids_in_graph`: the graph checks this history's range itself (an int32 MLX history is its argument
     as it is)."""
     if p.kind in SCALAR_NP:
-        return mx.array(_scalar_param(p, value, B))
+        return _np_to_mx(_scalar_param(p, value, B))
     host = None if isinstance(value, mx.array) else np.asarray(value) if isinstance(value, np.ndarray) else None
     arr = value if isinstance(value, mx.array) else _as_mx(value, p.name)
     if arr.ndim == 1 and B == 1:            # (one row's value for a one-row call)

@@ -342,3 +342,20 @@ def test_a_program_pickles_and_copies_after_calls_from_threads():
     t.join()
     for other in (pickle.loads(pickle.dumps(prog)), copy.deepcopy(prog), copy.copy(prog)):
         assert np.array(other(x, t=0.9, seed=1).token).tolist() == want
+
+
+@pytest.mark.parametrize("target", ["cpu", "portable"])
+def test_arrays_reversed_along_an_axis_of_one_entry(target):
+    """numpy calls a view reversed along an axis of one entry contiguous, but its stride is negative, which MLX
+    refuses: every array argument (logits, history, mask, bias, per-row seeds and values) reversed that way reads as
+    its values -- the plain arrays' tokens, not an error."""
+    src = ("sampler s(h: tokens, seed: seed, m: mask, b: bias, t: float = 1.0) -> token "
+           "{ allow(m) logit_bias(b) penalties(h, repeat = 2.0) temperature(t) sample(seed) }")
+    p = samplec.compile(src, target=target)
+    x = np.array([[1.0, 2.0, 3.0]], np.float32)
+    h, m, b = np.array([[2, 1]], np.int32), np.ones((1, 3), bool), np.zeros((1, 3), np.float32)
+    seed, t = np.array([7], np.uint64), np.array([0.5], np.float32)
+    want = np.array(p(x, h=h, seed=seed, m=m, b=b, t=t).token)
+    for kw in ({"x": x[::-1]}, {"h": h[::-1]}, {"seed": seed[::-1]}, {"m": m[::-1]}, {"b": b[::-1]}, {"t": t[::-1]}):
+        args = {"x": x, "h": h, "seed": seed, "m": m, "b": b, "t": t, **kw}
+        np.testing.assert_array_equal(np.array(p(args.pop("x"), **args).token), want)
