@@ -92,9 +92,23 @@ def any_rows(flags: Node) -> Node:
 
 
 def entropy(x: Node) -> Node:
-    """H = -sum p log p over the kept tokens (p = 0 terms count 0), [B,1]."""
-    plogp = make("mul", softmax(x), log_softmax(x))
-    return make("neg", make("reduce_sum", where(make("isfinite", plogp), plogp, const(0.0))), name="entropy")
+    """H = -sum p log p over the kept tokens, [B,1], as ln Z - sum p d (d = x - max, Z = sum exp(d), removed tokens
+    count 0): on a peaked row the top tokens' -p log p is about the tail's mass, which a float32 sum of p log p loses
+    (ln Z rounds to 0 once the tail is below 2^-24 of the top's mass). Z = n + t (n tokens at the maximum, t the
+    tail's sum), ln Z = ln n + log1p(t / n), log1p(r) = log(u) * r / (u - 1) with u = 1 + r (r itself where u rounds
+    to 1): the tail survives in float32, as in the native kernel's double."""
+    m = make("reduce_max", x)
+    d = make("sub", x, m)
+    e = make("exp", d)
+    at_top = make("eq", x, m)
+    n = make("reduce_sum", make("cast", at_top, dtype=F32))
+    tail = make("reduce_sum", where(at_top, const(0.0), e))
+    r = make("div", tail, n)
+    u = make("add", const(1.0), r)
+    log1p = where(make("eq", u, const(1.0)), r, make("div", make("mul", make("log", u), r), make("sub", u, const(1.0))))
+    pd = make("mul", make("div", e, make("add", n, tail)), d)
+    mean_d = make("reduce_sum", where(make("isfinite", pd), pd, const(0.0)))
+    return make("sub", make("add", make("log", n), log1p), mean_d, name="entropy")
 
 
 def empty_rows(x: Node) -> Node:
