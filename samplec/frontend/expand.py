@@ -146,13 +146,16 @@ def logprob_at(x: Node, at: Node) -> Node:
     return make("take_along", log_softmax(x), at)
 
 
-def history_window(hist: Node, last_n: Node, last: Node | None = None) -> tuple[Node, Node]:
+def history_window(hist: Node, last_n: Node, last: Node | None = None,
+                   not_padding: Node | None = None) -> tuple[Node, Node]:
     """The history's ids (0 where not counted) and which entries count: not padding, in the last last_n. `last`:
-    H - 1 (default: the largest column index; a target may give it as a constant of the traced shape)."""
+    H - 1 (default: the largest column index; a target may give it as a constant of the traced shape).
+    `not_padding`: the test hist >= 0 (default), where a target writes it in a form of its own."""
     col = make("iota", hist)
     h = make("add", make("reduce_max", col) if last is None else last, const(1, I32))
     in_window = make("logical_or", make("eq", last_n, const(-1, I32)), make("ge", col, make("sub", h, last_n)))
-    valid = make("logical_and", make("ge", hist, const(0, I32)), in_window, name="hist_valid")
+    nonneg = make("ge", hist, const(0, I32)) if not_padding is None else not_padding
+    valid = make("logical_and", nonneg, in_window, name="hist_valid")
     return where(valid, hist, const(0, I32)), valid
 
 

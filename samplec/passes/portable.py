@@ -657,8 +657,7 @@ def _window(hist: Node, last_n: Node, form: int) -> Node:
     zero, minus = const(0, I32), const(-1, I32)
     nonneg = [lambda: make("ge", hist, zero), lambda: make("le", zero, hist), lambda: make("gt", hist, minus),
               lambda: make("lt", minus, hist)][form % 4]()
-    _, valid = history_window(hist, last_n, make("last_index", hist))
-    return make("logical_and", nonneg, valid.inputs[1], name=valid.name)
+    return history_window(hist, last_n, make("last_index", hist), nonneg)[1]
 
 
 def ids_checked(g: Graph, over: dict[int, Node]) -> tuple[Check, ...]:
