@@ -164,6 +164,7 @@ class Program:
         self._switches = switches(graph, frozenset(self._scalar_names))
         self._scalar_at = {name: k for k, name in enumerate(self._scalar_names)}
         self._switch_at = tuple(tuple(self._scalar_at[name] for name in sw.params) for sw in self._switches)
+        self._switched = frozenset(k for at in self._switch_at for k in at)    # (the values a switch reads)
         self._whole = (self.exe, self._check_messages)
         self._variants: dict[frozenset, tuple] = {}
         self._off: dict[tuple, bool] = {}       # (switch, its values' bytes, V) -> off in every row
@@ -389,9 +390,12 @@ class Program:
         self.queue_stats["scalars_rebuilt"] += 1
         B = shape[0]
         keys = list(map(marshal.dumps, values, self._versions))
+        same_switches = False
         if last is not None and last[0] == shape:
             arrays = list(last[2])
             todo = [*compress(range(len(keys)), map(ne, keys, last[3])), *self._os_drawn]
+            # (only values no switch reads changed -- a decode loop's position: the last call's program runs)
+            same_switches = self._switched.isdisjoint(todo)
         else:
             arrays = [None] * len(keys)
             todo = range(len(keys))
@@ -409,7 +413,8 @@ class Program:
                 arrays[k] = self._scalar(p, value, B)
             except Exception:  # noqa: BLE001 - the full path raises it, in the parameters' order
                 return None
-        run = self._program_for(values, keys, shape[1]) if self._switches else self._whole
+        run = last[4] if same_switches else \
+            self._program_for(values, keys, shape[1]) if self._switches else self._whole
         self._last = (shape, key if None not in keys else None, arrays, keys, run)
         return arrays
 

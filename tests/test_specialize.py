@@ -186,3 +186,23 @@ def test_errors_are_the_whole_programs(bad):
         errors.append(str(e.value))
     assert prog.queue_stats["specialized"] >= 1
     assert errors[0] == errors[1] and ("row 1" if bad == "nan" else "row 2") in errors[0], errors
+
+
+def test_a_switch_turned_on_between_moving_positions_takes_effect(monkeypatch):
+    """A decode loop's position changes every call: the switches are not read again for it (the last call's
+    program runs), and a call that changes a switch's value does read them: top_k turned on mid-loop cuts."""
+    src = "sampler s(k: int, seed: seed, pos: int) -> token, logprob { top_k(k) temperature(0.7) sample(seed, position = pos) }"
+    prog = samplec.compile(src, target="portable")
+    dense = samplec.compile(src, opt_level=0, target="portable")
+    read = []
+    program_for = prog._program_for
+    monkeypatch.setattr(prog, "_program_for", lambda *a: read.append(a[0]) or program_for(*a))
+    x = mx.array(logits(2, 5))
+    for step, k in enumerate([0, 0, 0, 2, 2, 0]):
+        kw = dict(k=[k, k], seed=[1, 2], pos=[step, step])
+        got = outputs(prog(x, **kw))
+        agree(got, outputs(dense(x, **kw)), ("step", step))
+        if k:
+            assert set(got["token"]) <= set(np.argsort(-np.array(x), axis=1)[:, :2].ravel())
+    # (the first call takes the full path; then the switch is read where k changed, and not where only pos did)
+    assert [v[0] for v in read] == [[0, 0], [2, 2], [0, 0]], read
