@@ -9,8 +9,10 @@ without them (the stood-in kernels independent of their inputs: what makes the i
     python benchmarks/bench_launches.py                    # V = 152064, B = 1 and 8: under a minute
 
 On a GPU each launch costs ~5-10 us of the device's time and ~1-4 us of the host's, whatever its work: the count is
-the cost proxy where no GPU runs (docs/performance.md). `metal` is the metal target with SAMPLEC_METAL_KERNEL=1 (the
-chain kernel's Metal build, opt-in: it has not run on Apple hardware).
+the cost proxy where no GPU runs (docs/performance.md). The portable target's nodes are every primitive of the
+call, views included: what the host replays to queue it (~0.5-1 us each on this machine's CPU). `metal` is the
+metal target with SAMPLEC_METAL_KERNEL=1 (the chain kernel's Metal build, opt-in: it has not run on Apple
+hardware).
 """
 from __future__ import annotations
 
@@ -55,7 +57,8 @@ def main() -> None:
     chains = [(p.name, name, p.read_text()) for p, name in examples()] + \
         [("samplec serve", "mlx_lm_server", SERVER_CHAIN.replace("TOP", str(TOP)))]
     print("| example | B | cuda: launches | cuda: queue us | cuda: queue us, inputs not made | "
-          "metal (SAMPLEC_METAL_KERNEL=1): launches | portable: launches |\n|---|---|---|---|---|---|---|")
+          "metal (SAMPLEC_METAL_KERNEL=1): launches | portable: launches | portable: nodes |\n"
+          "|---|---|---|---|---|---|---|---|")
     for B in [int(b) for b in args.batches.split(",")]:
         x = mx.array(chat_logits(B, V, seed=B))
         for where, name, src in chains:
@@ -63,9 +66,9 @@ def main() -> None:
             (cuda, queue_us, bare_us), (metal, _, _) = (gpu_call(src, name, t, B, x, rng, args.reps)
                                                         for t in ("cuda", "metal"))
             prog = samplec.compile(src, name, target="portable")
-            portable = launches(call_primitives(prog, x, **arguments(prog, B, rng)))
-            print(f"| {where}:{name} | {B} | {cuda} | {queue_us:.0f} | {bare_us:.0f} | {metal} | {portable} |",
-                  flush=True)
+            counts = call_primitives(prog, x, **arguments(prog, B, rng))
+            print(f"| {where}:{name} | {B} | {cuda} | {queue_us:.0f} | {bare_us:.0f} | {metal} | {launches(counts)} | "
+                  f"{sum(counts.values())} |", flush=True)
 
 
 if __name__ == "__main__":

@@ -150,6 +150,9 @@ class Program:
         self._array_names = tuple(p.name for _, p in arrays)
         self._versions = (2,) * len(scalars)   # (marshal's format 2: a value's bytes without back-references)
         self._os_drawn = tuple(k for k, p in enumerate(self._scalar_params) if p.default == "os")
+        # the scalar parameters (their places among them) the short path hands in as [B, 1]
+        wide = self.exe.wide_params()
+        self._wide = frozenset(k for k, p in enumerate(self._scalar_params) if p.name in wide)
         self._check_messages = tuple(c.message for c in self.graph.checks)
         # histories whose range check the graph holds (the portable lowering's, from the penalties' scatter): an
         # int32 MLX history is handed to it as it is
@@ -410,7 +413,7 @@ class Program:
                 if p.default == "os":
                     keys[k] = None
             try:
-                arrays[k] = self._scalar(p, value, B)
+                arrays[k] = self._scalar(p, value, B, k in self._wide)
             except Exception:  # noqa: BLE001 - the full path raises it, in the parameters' order
                 return None
         run = last[4] if same_switches else \
@@ -491,39 +494,43 @@ class Program:
                 raise SamplecError(f"{message} ({_rows(flagged)})")
         return args
 
-    def _scalar(self, p: Param, value, B: int) -> mx.array:
-        """A scalar parameter as an MLX array [B]. Plain Python numbers (the common case in a decode loop) and lists
-        of them, one per row (a server's batch), take a short path and are cached; everything else goes through
-        the full checks of `_scalar_param`."""
+    def _scalar(self, p: Param, value, B: int, wide: bool = False) -> mx.array:
+        """A scalar parameter as an MLX array [B] (`wide`: [B, 1], what an executable that reads it only as [B, 1]
+        takes without a view of its own: `Executable.wide_params`). Plain Python numbers (the common case in a
+        decode loop) and lists of them, one per row (a server's batch), take a short path and are cached;
+        everything else goes through the full checks of `_scalar_param`."""
         t = type(value)
+        shape = (B, 1) if wide else (B,)
         if t is int or t is float:
-            key = (p.name, t, value, B)
+            key = (p.name, t, value, shape)
             hit = self._scalars.get(key)
             if hit is not None:
                 return hit
             if self._plain_ok(p, value):
-                return self._cache(key, np.full((B,), value, dtype=np.uint64) if p.kind == "seed" else
-                                   mx.array([value] * B, dtype=mx.int32 if p.kind == "int" else mx.float32))
+                return self._cache(key, np.full(shape, value, dtype=np.uint64) if p.kind == "seed" else
+                                   mx.array([[value]] * B if wide else [value] * B,
+                                            dtype=mx.int32 if p.kind == "int" else mx.float32))
         elif t is list and len(value) == B and p.kind in SCALAR_NP and \
                 all(type(v) is float or type(v) is int for v in value):
-            key = (p.name, tuple(map(type, value)), tuple(value))
+            key = (p.name, tuple(map(type, value)), tuple(value), wide)
             hit = self._scalars.get(key)
             if hit is not None:
                 return hit
             if all(self._plain_ok(p, v) for v in value):
-                return self._cache(key, np.array(value, dtype=np.uint64) if p.kind == "seed" else
-                                   mx.array(value, dtype=mx.int32 if p.kind == "int" else mx.float32))
+                return self._cache(key, np.array(value, dtype=np.uint64).reshape(shape) if p.kind == "seed" else
+                                   mx.array([[v] for v in value] if wide else value,
+                                            dtype=mx.int32 if p.kind == "int" else mx.float32))
         if p.kind == "state" and type(value) is mx.array and value.dtype == mx.float32 and value.shape == (B,):
             return value        # (the previous step's state output, still lazy: no host round trip)
         if type(value) is np.ndarray and value.dtype == np.uint64 and value.shape == (B,) and p.kind == "seed":
-            key = (p.name, value.tobytes())     # (per-row seeds, passed again each step: keyed by their bytes)
+            key = (p.name, value.tobytes(), wide)   # (per-row seeds, passed again each step: keyed by their bytes)
             hit = self._scalars.get(key)
             if hit is None:
                 if len(self._scalars) > 256:
                     self._scalars.clear()
-                hit = self._scalars[key] = _np_to_mx(value)
+                hit = self._scalars[key] = _np_to_mx(value.reshape(shape))
             return hit
-        return _np_to_mx(_scalar_param(p, value, B))
+        return _np_to_mx(_scalar_param(p, value, B).reshape(shape))
 
     def _plain_ok(self, p: Param, v) -> bool:
         """Whether a Python int or float is a valid value of scalar parameter p as is (the checks of

@@ -336,3 +336,43 @@ def test_replayed_calls_name_the_rows_of_each_logits_check(target, opt, native, 
     with pytest.raises(samplec.SamplecError, match=r"^h: token id >= V = 64 among its tokens \(row 2\)$"):
         prog(mx.array(x), h=mx.array(far), t=0.7, seed=3)
     assert prog.queue_stats["short"] >= 4
+
+
+@pytest.mark.parametrize("path,name", list(_examples()), ids=lambda v: getattr(v, "name", v))
+def test_the_short_path_hands_the_portable_graph_its_scalars_as_columns(path, name):
+    """On the portable target every scalar parameter the graph reads only as [B, 1] comes in as [B, 1] on the
+    short path: the call's graph holds no view of a parameter of its own (no ExpandDims: a node less each for the
+    host to replay), and an executable handed [B, 1] for every scalar parameter -- also those it reads as [B] --
+    gives what it gives for [B] bit for bit."""
+    from samplec.backend_mlx.launches import call_primitives
+    from samplec.program import SCALAR_NP
+    prog = samplec.compile_file(path, sampler=name, target="portable")
+    rng = np.random.default_rng(3)
+    x = logits(2, 4)
+    kw = server_args(prog, 2, rng)
+    assert prog.exe.wide_params(), name
+    assert call_primitives(prog, x, **kw)["ExpandDims"] == 0
+    args = prog.prepare(x, dict(kw))
+    narrow, _ = prog.exe(*args)
+    wide = [args[0]] + [a.reshape(2, 1) if p.kind in SCALAR_NP and a.ndim == 1 else a
+                        for p, a in zip(prog.params, args[1:])]
+    got, _ = prog.exe(*wide)
+    for a, b in zip(narrow, got):
+        np.testing.assert_array_equal(np.array(a), np.array(b))
+
+
+def test_the_cpu_target_takes_its_scalars_as_they_are():
+    """Where native kernels read the parameters themselves (the cpu target), nothing is widened; handed [B, 1]
+    anyway, its executable reads each as [B] and gives the same bits."""
+    from samplec.backend_mlx import native
+    from samplec.program import SCALAR_NP
+    if not native.enabled():
+        pytest.skip("samplec-native is not built here")
+    prog = samplec.compile_file(ROOT / "examples" / "llama.smp", sampler="llama", target="cpu")
+    assert prog.exe.wide_params() == frozenset() and not prog._wide
+    x = logits(2, 5)
+    args = prog.prepare(x, server_args(prog, 2, np.random.default_rng(4)))
+    wide = [args[0]] + [a.reshape(2, 1) if p.kind in SCALAR_NP and a.ndim == 1 else a
+                        for p, a in zip(prog.params, args[1:])]
+    for a, b in zip(prog.exe(*args)[0], prog.exe(*wide)[0]):
+        np.testing.assert_array_equal(np.array(a), np.array(b))

@@ -452,13 +452,39 @@ class Executable:
         self.trace: list[tuple[str, str]] = []
         self._n_out = len(graph.outputs)
         self._per_thread = threading.local()
+        # a [B] parameter read only by `expand` nodes outside any region ([B] -> [B, 1]) can be handed in as [B, 1]
+        # (`run_eager`): the call's graph then has no view of its own for it (a node less for the host to replay)
+        users = graph.users()
+        self._expands = {}
+        for p in graph.params:
+            readers = users.get(id(p.node), [])
+            if len(p.node.type.shape) == 1 and readers and all(
+                    u.op == "expand" and id(u) not in self.covered for u in readers):
+                self._expands[id(p.node)] = tuple(readers)
+
+    def wide_params(self) -> frozenset:
+        """The names of the parameters this executable takes as [B, 1] as well as [B] (`run_eager`) and reads
+        only so: none where the target's rules (native kernels, a GPU chain kernel) read parameters themselves."""
+        if self._rules()[0]:
+            return frozenset()
+        return frozenset(p.name for p in self.graph.params if id(p.node) in self._expands)
+
+    def _rules(self) -> tuple[dict, bool]:
+        """(the rules that run nodes by native or GPU kernels here, whether a GPU chain kernel runs)"""
+        on_gpu = self.target == "cuda" and gpu.available() or self.target == "metal" and gpu.metal_status()[0]
+        return RULES if self.target == "cpu" and native.enabled() else MLX_RULES if on_gpu else {}, on_gpu
 
     def run_eager(self, *args: mx.array, first: list[mx.array] = ()) -> list[mx.array]:
         """The outputs, then the check flags -- `first` (the arguments' own checks), then the graph's -- packed
         into words (`pack_flags`)."""
-        env = {id(p.node): args[i] for i, p in enumerate(self.graph.params)}
-        on_gpu = self.target == "cuda" and gpu.available() or self.target == "metal" and gpu.metal_status()[0]
-        rules = RULES if self.target == "cpu" and native.enabled() else MLX_RULES if on_gpu else {}
+        env = {}
+        for p, a in zip(self.graph.params, args):
+            if a.ndim == 2 and len(p.node.type.shape) == 1:     # (a [B] parameter handed in as [B, 1])
+                for e in self._expands.get(id(p.node), ()):
+                    env[id(e)] = a
+                a = a.reshape(a.shape[0])       # (in the call's graph only where a node reads it)
+            env[id(p.node)] = a
+        rules, on_gpu = self._rules()
         users = self.graph.users() if rules else {}
         trace = []
         for node in self.order:

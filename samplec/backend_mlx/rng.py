@@ -54,6 +54,9 @@ def key_words(seed: mx.array) -> tuple[mx.array, mx.array]:
     """A uint64 seed -> the (hi, lo) uint32 key words: views of its two halves (little-endian), so no kernel of
     their own (the shifts and masks they replace were two launches on a GPU)."""
     seed = seed if seed.dtype == mx.uint64 else seed.astype(mx.uint64)
+    if seed.ndim and seed.shape[-1] == 1:   # (a seed per row [B, 1]: its words side by side, [B, 2] -- no reshape)
+        words = seed.view(mx.uint32)
+        return words[..., 1:2], words[..., 0:1]
     words = seed.reshape(*seed.shape, 1).view(mx.uint32)
     return words[..., 1], words[..., 0]
 
