@@ -8,7 +8,9 @@ is already queued with `mx.async_eval`.
 Position convention (the same in the mlx-lm adapter): the token at index `i` of the sequence (prompt length +
 tokens generated before it) is sampled with `position = i`, and the token history the program sees is the whole
 sequence before it (prompt + generated). A run is therefore reproducible from (prompt, seed) alone, and every
-`chunk` gives exactly the tokens of `chunk=1` and of `samplec.integrations.mlx_lm.Sampler`.
+`chunk` gives exactly the tokens of `chunk=1` and of `samplec.integrations.mlx_lm.Sampler`. A program whose draw
+has no position parameter (`sample(seed)` draws at position 0) is given the seed `step_seed(seed, i)` instead, so
+that it too draws fresh noise at each step (spec section 4: a loop passes the position or advances the seed).
 
 With `draft_model=` the loop decodes speculatively (`_generate_speculative`): the draft proposes tokens with the
 program on its own logits at the target's seed, positions and history, the target scores them in one forward pass
@@ -31,7 +33,8 @@ from samplec.diagnostics import SamplecError
 from samplec.ir.graph import INPUT
 from samplec.program import Outputs, Program, check_message
 
-__all__ = ["generate", "ProgramFeed", "position_params", "pad_history", "HISTORY_BLOCK"]
+__all__ = ["generate", "ProgramFeed", "position_params", "draws_at_fixed_positions", "step_seed", "pad_history",
+           "HISTORY_BLOCK"]
 
 HISTORY_BLOCK = 256      # the token history is left-padded with -1 to a multiple of this (fewer shapes to compile)
 PREFILL_STEP = 2048      # prompt tokens per prefill forward pass (mlx-lm's default, for identical logits)
@@ -52,6 +55,37 @@ def position_params(program: Program) -> list[str]:
         if p is not None and p.kind == "int" and p.name not in names:
             names.append(p.name)
     return names
+
+
+def draws_at_fixed_positions(program: Program) -> bool:
+    """Whether a draw of the program (`sample`, `xtc`, their random bits) reads a position that is no parameter (a
+    literal: `sample(seed)` draws at position 0): a decode loop then advances the seed instead (`step_seed`)."""
+    by_node = {id(p.node): p for p in program.params}
+    at = {"random_bits": 2, "sample": 2, "xtc": 4}
+    for node in program.graph.toposort():
+        if node.op not in at:
+            continue
+        src = node.inputs[at[node.op]]
+        while src.op in ("expand", "cast", "broadcast", "reshape", "squeeze") and src.inputs:
+            src = src.inputs[0]
+        p = by_node.get(id(src)) if src.op == INPUT else None
+        if p is None or p.kind != "int":
+            return True
+    return False
+
+
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+
+
+def step_seed(seed: mx.array, step: mx.array) -> mx.array:
+    """The seed a decode loop draws with at `step` (uint64 [B] each) for a program that draws at fixed positions:
+    splitmix64 of seed + golden * (step + 1) -- every step a seed of its own, and seeds s and s + 1 give unrelated
+    streams (not one stream shifted by a step). Spec section 4: a loop passes the position or advances the seed."""
+    u = lambda v: mx.array(np.uint64(v))     # (through numpy: MLX builds no uint64 scalar above 2**63 directly)
+    z = seed.astype(mx.uint64) + u(_GOLDEN) * (step.astype(mx.uint64) + u(1))
+    z = (z ^ (z >> u(30))) * u(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> u(27))) * u(0x94D049BB133111EB)
+    return z ^ (z >> u(31))
 
 
 def pad_history(seq: mx.array, length: int) -> mx.array:
@@ -102,6 +136,12 @@ class ProgramFeed:
                     self.params[name] = seed
         names_in_order = [p.name for p in program.params]
         self._pos_idx = [1 + names_in_order.index(n) for n in self.position_names]
+        # a draw at a fixed position (`sample(seed)`) would take the same noise at every step: the loop advances
+        # the seed instead, by the position (`step_seed`)
+        # (a seed drawn from the OS is drawn once, for the loop's first step: advanced too)
+        self._seed_idx = [1 + i for i, p in enumerate(program.params) if p.kind == "seed"] \
+            if draws_at_fixed_positions(program) else []
+        self.advanced_seeds = [program.params[i - 1].name for i in self._seed_idx]
         self._hist_idx = 1 + names_in_order.index(self.history_name) if self.history_name else None
         # state parameters (mirostat's mu): each step's updated value (the output of the same name) is the next
         # step's input; the first step gets the value passed in `params`, or the stage's start (NaN = start)
@@ -151,10 +191,12 @@ class ProgramFeed:
         B, V = logits.shape
         args = list(self._base_args(B, V))
         args[0] = logits
-        if self._pos_idx:
+        if self._pos_idx or self._seed_idx:
             pos = positions if isinstance(positions, mx.array) else mx.array(list(positions), dtype=mx.int32)
             for i in self._pos_idx:
                 args[i] = pos.astype(mx.int32)
+            for i in self._seed_idx:
+                args[i] = step_seed(args[i], pos)
         if self._hist_idx is not None:
             if history is None:
                 raise SamplecError(f"the sampler needs its token history '{self.history_name}'")

@@ -297,3 +297,57 @@ def test_a_state_follows_its_row_through_batch_generators_joins_and_leaves():
         for name, toks in got.items():
             assert toks == alone[name][:len(toks)] and len(toks) == dict((n, m) for _, n, m in plan)[name], \
                 (plan, name)
+
+
+def _splitmix(seed: int, step: int) -> int:
+    """splitmix64 of seed + golden * (step + 1), in Python integers (the reference for decode.step_seed)."""
+    m = 2 ** 64
+    z = (seed + 0x9E3779B97F4A7C15 * (step + 1)) % m
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) % m
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) % m
+    return z ^ (z >> 31)
+
+
+def test_step_seed_is_splitmix64():
+    from samplec.decode import step_seed
+    seeds = [0, 1, 7, 2 ** 63 + 5, 2 ** 64 - 1]
+    steps = [0, 3, 17, 4095, 2 ** 31 - 1]
+    got = np.array(step_seed(mx.array(np.array(seeds, dtype=np.uint64)), mx.array(steps, dtype=mx.int32)))
+    assert got.tolist() == [_splitmix(s, t) for s, t in zip(seeds, steps)]
+
+
+FIXED = "sampler fixed(seed: seed) -> token { temperature(1.0) sample(seed) }"
+
+
+def test_a_draw_at_a_fixed_position_takes_fresh_noise_at_every_step(model):
+    """`sample(seed)` draws at position 0: in a decode loop its seed advances by the position instead
+    (decode.step_seed), so steps on a flat row differ -- the same tokens in decode.generate and the adapter with its
+    processor (each step the direct call with the stepped seed), and fresh ones without the processor too."""
+    prog = samplec.compile(FIXED)
+    flat = mx.zeros((1, 512))
+    s = Sampler(prog, seed=7)
+    blind = [int(np.array(s(flat))[0]) for _ in range(20)]
+    assert len(set(blind)) >= 15, blind
+    assert blind == [int(np.array(prog(flat, seed=_splitmix(7, t)).token)[0]) for t in range(20)]
+    s.reset()
+    assert [int(np.array(s(flat))[0]) for _ in range(3)] == blind[:3]
+    toks = generate(model, prog, PROMPT, 12, seed=3)
+    assert toks == adapter_tokens(model, prog, PROMPT, 12, seed=3)[0]
+    # (the contract spelled out: at position i the program's own call with seed step_seed(3, i))
+    cache = make_prompt_cache(model)
+    model(mx.array(PROMPT[:-1])[None], cache=cache)
+    logits = model(mx.array(PROMPT[-1:])[None], cache=cache)[:, -1, :]
+    want = []
+    for i in range(len(PROMPT), len(PROMPT) + 12):
+        want.append(int(np.array(prog(logits, seed=_splitmix(3, i)).token)[0]))
+        logits = model(mx.array([want[-1]])[None], cache=cache)[:, -1, :]
+    assert toks == want
+
+
+def test_a_program_with_a_position_parameter_keeps_its_seed(model, nucleus_prog):
+    """Only draws at fixed positions advance the seed: a program with a position parameter is given the position
+    and its seed as it is (the reference calls it with the seed itself)."""
+    from samplec.decode import ProgramFeed
+    assert ProgramFeed(nucleus_prog, 3, {}).advanced_seeds == []
+    assert ProgramFeed(samplec.compile(FIXED), 3, {}).advanced_seeds == ["seed"]
+    assert generate(model, nucleus_prog, PROMPT, 6, seed=3) == reference_tokens(model, nucleus_prog, PROMPT, 6, 3)

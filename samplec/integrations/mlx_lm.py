@@ -24,6 +24,11 @@ Without the processor, the sampler runs the program on mlx-lm's log-probabilitie
 distribution for shift-invariant programs (every stage but `penalties`), so it is allowed only for programs that
 take neither a token history nor a position parameter.
 
+A program that draws at a fixed position (`sample(seed)`: position 0) would take the same noise at every step; the
+decode loops advance its seed instead (spec section 4), by the position with the processor and in
+`samplec.decode.generate` (`decode.step_seed`), and by the sampler calls since the `Sampler` was made or `reset()`
+without it (where mlx-lm hands no position).
+
 Speculative decoding (mlx-lm's `stream_generate(..., draft_model=...)`): pass `**sampler.speculative(prompt_ids)`
 instead of `sampler=` and `logits_processors=`. mlx-lm samples the draft's proposals and the target's rows through
 this one sampler, so both draw with the program's noise at the same positions and the target's tokens are plain
@@ -95,6 +100,7 @@ class Sampler:
         self._left: list[tuple] = []
         self._carried: dict[bytes, tuple[int, list]] = {}
         self._calls = 0
+        self._blind_calls = 0       # sampler calls without the processor (see __call__)
         self._unchecked: list[tuple[list[mx.array], tuple[int, ...]]] = []
         self._last_position: int | None = None
         self._draft: _DraftRun | None = None          # set by `speculative(prompt)`
@@ -174,7 +180,11 @@ class Sampler:
             self._state = None          # (another batch: its rows start afresh)
         if self._grammar is not None:
             self._grammar.before(self._feed, B, V)
-        outs, flags = self._feed(logits, [max(p, 0) for p in positions], history, state=self._state)
+        # (without the processor the positions are unknown: a program that draws at fixed positions advances its
+        # seed by the calls since the Sampler was made or reset -- fresh noise each step, `decode.step_seed`)
+        at = [max(p, 0) for p in positions] if captured else [self._blind_calls] * B
+        self._blind_calls += not captured
+        outs, flags = self._feed(logits, at, history, state=self._state)
         if self._grammar is not None:
             self._grammar.after(outs[self._feed.token_index])
         self._state = self._feed.next_state(outs)       # a state output (mirostat's mu) feeds the next step
@@ -336,6 +346,7 @@ class Sampler:
     def reset(self) -> None:
         """Forget the current generation (its steps and unread flags)."""
         self._captured, self._unchecked, self.steps, self._last_position = [], [], [], None
+        self._blind_calls = 0
         self._state, self._left, self._carried = None, [], {}
         self._draft = None
         if self._grammar is not None:
