@@ -351,3 +351,41 @@ def test_a_program_with_a_position_parameter_keeps_its_seed(model, nucleus_prog)
     assert ProgramFeed(nucleus_prog, 3, {}).advanced_seeds == []
     assert ProgramFeed(samplec.compile(FIXED), 3, {}).advanced_seeds == ["seed"]
     assert generate(model, nucleus_prog, PROMPT, 6, seed=3) == reference_tokens(model, nucleus_prog, PROMPT, 6, 3)
+
+
+def test_a_later_turn_over_a_prompt_cache_counts_the_earlier_turns():
+    """A chat over one prompt_cache hands the processor each turn's new tokens only: `reset(offset=...)` with the
+    tokens the cache held makes the turn's positions the whole conversation's -- fresh noise, not turn 1's again."""
+    V = 512
+
+    class Flat:     # the same uniform logits at every step: each draw is the noise's alone
+        layers = []
+
+        def __call__(self, x, cache=None):
+            return mx.zeros((1, x.shape[1], V))
+    nucleus = samplec.compile_file(EXAMPLES / "llama.smp", sampler="nucleus")
+    s = Sampler(nucleus, seed=7, temperature=1.0)
+    cache = make_prompt_cache(Flat())
+    first = [t for t, _ in generate_step(mx.array([1, 2, 3]), Flat(), max_tokens=8, prompt_cache=cache, sampler=s,
+                                         logits_processors=s.logits_processors)]
+    s.reset(offset=3 + len(first))
+    second = [t for t, _ in generate_step(mx.array([4, 5, 6]), Flat(), max_tokens=8, prompt_cache=cache,
+                                          sampler=s, logits_processors=s.logits_processors)]
+    at = [st.position[0] for st in s.steps][:8]
+    assert at == list(range(3 + len(first) + 3, 3 + len(first) + 11))
+    assert second != first
+    flat = mx.zeros((1, V))
+    assert second == [int(np.array(nucleus(flat, seed=7, temperature=1.0, pos=p).token)[0]) for p in at]
+    with pytest.raises(SamplecError, match="offset"):
+        s.reset(offset=-1)
+
+
+def test_values_one_per_row_name_the_batch_they_were_given_for(model):
+    """A Sampler given one value per row fixes the batch size; a call with another (BatchGenerator dropped a
+    finished request) says so and what to do, and a log-probability array that is not [B, V] is named."""
+    prog = samplec.compile_file(EXAMPLES / "llama.smp", sampler="nucleus")
+    s = Sampler(prog, seed=[1, 2, 3, 4], temperature=1.5)
+    with pytest.raises(SamplecError, match="one per row for a batch of 4 rows, but mlx-lm called it with 3"):
+        s(mx.zeros((3, 512)))
+    with pytest.raises(SamplecError, match=r"\[B, V\], got shape \[512\]"):
+        Sampler(prog, seed=1)(mx.zeros((512,)))

@@ -94,6 +94,9 @@ class Sampler:
             raise SamplecError(f"unknown parameter '{unknown[0]}' for the sampler '{program.name}' "
                                f"(parameters: {names})")
         self._captured: list[tuple[mx.array, mx.array]] = []
+        # values given one per row (a list): the batch size they fix (`__call__` checks each call's)
+        self._rows = {len(v) for k, v in [("seed", seed), *params.items()]
+                      if isinstance(v, (list, tuple)) or isinstance(v, np.ndarray) and v.ndim == 1}
         self._state: list[mx.array] | None = None     # the state outputs of the last step (mirostat's mu)
         # a state carried row by row: each call's (rows' sequences hashed, tokens, state), not yet read; and what
         # they left, by the sequence each row then has (its call's number and its state values)
@@ -101,6 +104,7 @@ class Sampler:
         self._carried: dict[bytes, tuple[int, list]] = {}
         self._calls = 0
         self._blind_calls = 0       # sampler calls without the processor (see __call__)
+        self._offset = 0            # tokens before the sequence mlx-lm hands the processor (`reset(offset=)`)
         self._unchecked: list[tuple[list[mx.array], tuple[int, ...]]] = []
         self._last_position: int | None = None
         self._draft: _DraftRun | None = None          # set by `speculative(prompt)`
@@ -143,7 +147,15 @@ class Sampler:
 
     # ---- the sampler ----
     def __call__(self, logprobs: mx.array) -> mx.array:
+        if logprobs.ndim != 2:
+            raise SamplecError(f"the sampler takes mlx-lm's log-probabilities [B, V], got shape "
+                               f"{list(logprobs.shape)}")
         B, V = logprobs.shape
+        if self._rows and B not in self._rows:
+            raise SamplecError(f"this Sampler was given values one per row for a batch of {min(self._rows)} rows, "
+                               f"but mlx-lm called it with {B} (BatchGenerator drops finished requests and adds "
+                               "new ones): give each request a Sampler of its own with plain values "
+                               "(BatchGenerator.insert(prompts, samplers=[...], logits_processors=[...]))")
         captured, self._captured = self._captured, []
         if self._draft is not None and captured and not self._on_draft_path(captured):
             self._draft = None      # (a plain generation after the speculative run: its sequence has the prompt)
@@ -294,7 +306,7 @@ class Sampler:
             raise SamplecError(f"the adapter's logits processor saw logits of shape {list(logits.shape)} but the "
                                f"sampler was called with [{B}, {V}]; was sampler.logits_processors passed to "
                                "this generation only?")
-        shift = 0 if self._draft is None else self._draft.first - len(self._draft.prompt)
+        shift = self._offset if self._draft is None else self._draft.first - len(self._draft.prompt)
         positions = tuple(int(t.shape[0]) + shift for t in rows_tokens)
         history = None
         if self._feed.needs_history:
@@ -343,10 +355,16 @@ class Sampler:
             vals = [v.ids if ids else v.values for v in vals]
         return mx.stack(vals)
 
-    def reset(self) -> None:
-        """Forget the current generation (its steps and unread flags)."""
+    def reset(self, offset: int = 0) -> None:
+        """Forget the current generation (its steps and unread flags). `offset`: how many tokens come before the
+        sequence mlx-lm will hand the processor -- a multi-turn chat over one `prompt_cache` hands only each turn's
+        new tokens, so give the tokens the cache held before the turn: positions then count them (the index of the
+        token in the whole conversation, as `samplec.decode.generate` on the whole sequence numbers it), and the
+        turn draws fresh noise. The history is still the sequence mlx-lm hands (the turn's tokens)."""
+        if isinstance(offset, bool) or not isinstance(offset, (int, np.integer)) or offset < 0:
+            raise SamplecError(f"reset: offset must be an integer >= 0, got {offset!r}")
         self._captured, self._unchecked, self.steps, self._last_position = [], [], [], None
-        self._blind_calls = 0
+        self._blind_calls, self._offset = 0, int(offset)
         self._state, self._left, self._carried = None, [], {}
         self._draft = None
         if self._grammar is not None:
