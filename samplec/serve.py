@@ -29,6 +29,8 @@ import logging
 import math
 import os
 import queue
+import select
+import socket
 import threading
 import time
 import uuid
@@ -78,8 +80,9 @@ MAX_DRAFT = 64              # the most tokens --num-draft may propose a round
 _WINDOW = lambda v: -1 if int(v) == 0 or int(v) >= 2**31 else int(v)      # noqa: E731  (past int32: every token)
 FIELDS = {
     "temperature": lambda v: float(v),
-    "top_p": lambda v: 1.0 if v >= 1 else float(v) if v > 0 else TOP_P_GREEDY,
-    "top_k": lambda v: max(0, int(v)),
+    # (a top_p below float32's smallest normal number keeps the most likely token alone, as 0 does)
+    "top_p": lambda v: 1.0 if v >= 1 else max(float(v), TOP_P_GREEDY),
+    "top_k": lambda v: max(0, int(v)),      # (-1 and 0: off, as vLLM takes them)
     "min_p": lambda v: float(v),
     "repetition_penalty": lambda v: float(v) if v > 0 else 1.0,
     "repetition_context_size": _WINDOW,
@@ -152,12 +155,13 @@ def _number(body: dict, name: str, lo=None, hi=None, integer=False, default=None
     if isinstance(v, bool) or not isinstance(v, (int, float)) or integer and not (
             isinstance(v, int) or float(v).is_integer()):
         raise BadRequest(f"{name} must be {'an integer' if integer else 'a number'}, got {json.dumps(v)}", name)
-    if not math.isfinite(v):
-        raise BadRequest(f"{name} must be a finite number", name)
+    if isinstance(v, float) and not math.isfinite(v):     # (an int is finite, however large: math.isfinite
+        raise BadRequest(f"{name} must be a finite number", name)   # would overflow converting it)
     if lo is not None and v < lo or hi is not None and v > hi:
         rng = f"[{lo}, {hi}]" if lo is not None and hi is not None else (f">= {lo}" if lo is not None
                                                                           else f"<= {hi}")
-        raise BadRequest(f"{name} must be {rng}, got {v}", name)
+        shown = str(v) if len(str(v)) <= 40 else f"{str(v)[:12]}... ({len(str(v))} digits)"
+        raise BadRequest(f"{name} must be {rng}, got {shown}", name)
     return int(v) if integer else v
 
 
@@ -211,6 +215,9 @@ class Parser:
         self._values(body, req)
         req.bias = self._bias(body)
         chain = body.get("samplec_sampler")
+        if chain is not None and not isinstance(chain, str):
+            raise BadRequest(f"samplec_sampler must be a string (a chain's name), got {json.dumps(chain)[:100]}",
+                             "samplec_sampler")
         if chain is not None and chain not in self.programs:
             raise BadRequest(f"samplec_sampler: no chain named {chain!r} (this server has: "
                              f"{', '.join(self.programs)})", "samplec_sampler")
@@ -355,10 +362,15 @@ class Parser:
         raw = dict(DEFAULTS)
         for name in FIELDS:
             if name in WINDOWS or name == "top_k":
-                v = _number(body, name, 0, None if name in WINDOWS else 2**31 - 1, integer=True)   # (top_k 0: off)
+                # (top_k 0 or -1: off -- -1 is vLLM's "disabled")
+                v = _number(body, name, 0 if name in WINDOWS else -1, None if name in WINDOWS else 2**31 - 1,
+                            integer=True)
             else:
                 lo, hi = ranges[name]
                 v = _number(body, name, lo, hi)
+                if name == "repetition_penalty" and v and not np.float32(v):
+                    raise BadRequest(f"repetition_penalty must be 0 (off) or at least float32's smallest positive "
+                                     f"number, got {v}", name)
             if v is not None:
                 raw[name] = v
         req.values = {name: FIELDS[name](raw[name]) for name in FIELDS}
@@ -1159,9 +1171,9 @@ class Formatter:
             if ids is not None:
                 for i, v in zip(ids[:top], vals[:top]):
                     d.setdefault(self.token_text(i)[0], float(v))
-                if top and raw is not None:     # (as OpenAI's: the sampled token too, so up to top + 1 entries)
-                    d.setdefault(self.token_text(tok)[0], raw)
-                    d = dict(sorted(d.items(), key=lambda kv: -kv[1]))
+            if raw is not None:     # (as OpenAI's: the sampled token too, so up to top + 1 entries -- logprobs 0: 1)
+                d.setdefault(self.token_text(tok)[0], raw)
+                d = dict(sorted(d.items(), key=lambda kv: -kv[1]))
             tops.append(d)
         return {"tokens": [self.token_text(r[0])[0] for r in recs],
                 "token_logprobs": [r[2] for r in recs],
@@ -1323,9 +1335,14 @@ class Handler(BaseHTTPRequestHandler):
                 body = json.loads(raw.decode("utf-8"))
             except (UnicodeDecodeError, ValueError) as e:
                 raise BadRequest(f"the request body is not UTF-8 JSON ({type(e).__name__}: {e})"[:300]) from None
+            except RecursionError:
+                raise BadRequest("the request body is JSON nested too deeply to read") from None
             req = self.app.parse(kind, body)
         except BadRequest as e:
             return self._error(e)
+        except Exception as e:  # noqa: BLE001 - a body no check foresaw: answered, never a dropped connection
+            logging.exception("samplec serve: a request the parser could not read")
+            return self._error(BadRequest(f"the request could not be read ({type(e).__name__}: {e})"[:300]))
         job = self.app.engine.submit(req)
         try:
             if req.stream:
@@ -1338,14 +1355,33 @@ class Handler(BaseHTTPRequestHandler):
             if any(r.finish is None for r in job.rows):
                 self.app.engine.cancel(job)
 
-    def _wait(self, job: Job):
-        """The next event of the job (raises if the engine is gone)."""
+    def _wait(self, job: Job, watch: bool = False):
+        """The next event of the job (raises if the engine is gone). `watch`: a client that closes its connection
+        meanwhile raises ConnectionResetError (the caller cancels the job: a non-streaming request whose client
+        timed out or gave up frees its rows, as a stream's does at its next write)."""
         while True:
+            if watch and time.monotonic() >= self._next_look:      # (a look at the socket 4 times a second)
+                self._next_look = time.monotonic() + 0.25
+                if self._client_gone():
+                    raise ConnectionResetError("the client closed the connection")
             try:
-                return job.events.get(timeout=1.0)
+                return job.events.get(timeout=0.25 if watch else 1.0)
             except queue.Empty:
                 if not self.app.engine.thread.is_alive():
                     raise BadRequest("the generation engine stopped", None, 500)
+
+    _next_look = 0.0
+
+    def _client_gone(self) -> bool:
+        """Whether the peer has closed the connection: readable with nothing to read (a request a client sent
+        after this one is data: still there)."""
+        try:
+            readable, _, _ = select.select([self.connection], [], [], 0)
+            return bool(readable) and self.connection.recv(1, socket.MSG_PEEK) == b""
+        except (BlockingIOError, InterruptedError):
+            return False
+        except (OSError, ValueError):
+            return True
 
     def _head(self, req: Request) -> dict:
         prefix = "chatcmpl" if req.kind == "chat" else "cmpl"
@@ -1368,7 +1404,7 @@ class Handler(BaseHTTPRequestHandler):
         req = job.req
         left = req.n
         while left:
-            ev, _, _ = self._wait(job)
+            ev, _, _ = self._wait(job, watch=True)
             if ev == "error":
                 return self._error(BadRequest(job.error or "generation failed", job.param, job.status))
             if ev == "done":
@@ -1415,7 +1451,8 @@ class Handler(BaseHTTPRequestHandler):
             if ev == "error":
                 kind = "invalid_request_error" if job.status < 500 else "server_error"
                 self.wfile.write(b"data: " + json.dumps({"error": {"message": job.error, "type": kind,
-                                                                    "param": job.param}}).encode() + b"\n\n")
+                                                                    "param": job.param, "code": None}}).encode()
+                                 + b"\n\n")
                 return
             r = job.rows[i]
             final = ev == "done"

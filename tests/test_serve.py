@@ -196,6 +196,19 @@ def test_top_p_0_keeps_the_most_likely_token(server):
     greedy = c.completions.create(**kw, temperature=0).choices[0].text
     assert c.completions.create(**kw, temperature=1.0, top_p=0, seed=3).choices[0].text == greedy
     assert c.completions.create(**kw, temperature=1.0, seed=3).choices[0].text != greedy
+    # (a top_p that float32 holds as 0 or a subnormal: the most likely token alone too, not a failed chain)
+    for tiny in (1e-40, 1e-46, 5e-324):
+        assert c.completions.create(**kw, temperature=1.0, top_p=tiny, seed=3).choices[0].text == greedy
+
+
+def test_top_k_minus_one_is_off_as_in_vllm(server):
+    c = server["client"]
+    kw = dict(model="demo", prompt="Quick brown foxes", max_tokens=8, temperature=1.0, seed=5)
+    off = c.completions.create(**kw).choices[0].text
+    assert c.completions.create(**kw, extra_body={"top_k": -1}).choices[0].text == off
+    assert c.completions.create(**kw, extra_body={"top_k": 0}).choices[0].text == off
+    with pytest.raises(openai.BadRequestError, match="top_k"):
+        c.completions.create(**kw, extra_body={"top_k": -2})
 
 
 def test_openai_penalties_count_the_generated_tokens_only(server):
@@ -234,6 +247,11 @@ def test_legacy_top_logprobs_hold_the_sampled_token_too(server):
     assert all(t in d and d[t] == v and len(d) <= 2 for t, v, d in zip(lp.tokens, lp.token_logprobs,
                                                                            lp.top_logprobs))
     assert any(len(d) == 2 for d in lp.top_logprobs)         # (at temperature 2, not always the most likely)
+    # (logprobs 0: the sampled token alone, as OpenAI's "always the logprob of the sampled token")
+    lp0 = c.completions.create(model="demo", prompt="Hello world", max_tokens=12, seed=4, temperature=2.0,
+                               logprobs=0).choices[0].logprobs
+    assert lp0.tokens == lp.tokens and [dict(d) for d in lp0.top_logprobs] == \
+        [{t: v} for t, v in zip(lp.tokens, lp.token_logprobs)]
 
 
 def test_a_value_that_fails_at_run_time_is_a_400_naming_it(server):
@@ -378,6 +396,20 @@ def test_an_unknown_model_is_404_and_malformed_bodies_are_400(server):
         status, answer = post(server["base"] + "/v1/completions", body)
         assert status == 400 and answer["error"]["message"], (body, status, answer)
     assert post(server["base"] + "/v1/nothing", {})[0] == 404
+    # (bodies no check foresaw once: an integer past float's range, a chain's name of another type, JSON nested
+    # past the parser's recursion -- each a 400 naming the field, never a dropped connection)
+    huge = 10 ** 400
+    for body, param in ((dict(prompt="x", n=huge), "n"), (dict(prompt="x", temperature=huge), "temperature"),
+                        (dict(prompt="x", seed=huge), "seed"), (dict(prompt="x", top_k=huge), "top_k"),
+                        (dict(prompt="x", max_tokens=-huge), "max_tokens"),
+                        (dict(prompt="x", samplec_sampler=[]), "samplec_sampler"),
+                        (dict(prompt="x", samplec_sampler={"a": 1}), "samplec_sampler"),
+                        (dict(prompt="x", repetition_penalty=5e-324), "repetition_penalty")):
+        status, answer = post(server["base"] + "/v1/completions", body)
+        assert status == 400 and answer["error"]["param"] == param and len(answer["error"]["message"]) < 200, \
+            (param, status, answer)
+    status, answer = post(server["base"] + "/v1/chat/completions", b'{"messages": ' + b"[" * 100000)
+    assert status == 400 and "nested" in answer["error"]["message"]
 
 
 # ---- batching
@@ -448,6 +480,28 @@ def test_disconnects_and_bursts_leave_the_others_unchanged(server):
     assert all(s in (200, 400) for s, _ in answers), [s for s, _ in answers]
     assert answers[-1][0] == 200 and answers[-1][1]["choices"][0]["text"] == want
     import time
+    for _ in range(600):                                 # (up to 30 s on a loaded machine)
+        if server["app"].engine.active == 0:
+            break
+        time.sleep(0.05)
+    assert server["app"].engine.active == 0
+
+
+def test_a_non_streaming_request_whose_client_left_frees_its_row(server):
+    """A client that sends a long non-streaming request and hangs up (a timeout, a retry) leaves no row behind:
+    the server looks at the connection while it waits and cancels the request."""
+    import time
+    host, port = server["httpd"].server_address[:2]
+    body = json.dumps(dict(prompt="A sampler chain", max_tokens=100000, temperature=0.9, seed=12)).encode()
+    s = socket.create_connection((host, port), timeout=30)
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+              b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+    for _ in range(400):                                 # (the request is generating)
+        if server["app"].engine.active:
+            break
+        time.sleep(0.05)
+    assert server["app"].engine.active
+    s.close()
     for _ in range(600):                                 # (up to 30 s on a loaded machine)
         if server["app"].engine.active == 0:
             break
