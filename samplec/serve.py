@@ -806,6 +806,13 @@ class Engine:
         self.spec: list[Row] = []            # rows decoded speculatively (with the draft), in admission order
         self.spec_waiting: list[Row] = []    # such rows past --max-batch, waiting for a place
         self.eos_ids = set(int(t) for t in (getattr(tokenizer, "eos_token_ids", None) or []))
+        # special tokens (a BOS, a chat template's markers) write no text, as vLLM's skip_special_tokens default:
+        # their names stay in the logprobs' token strings
+        try:
+            special = getattr(tokenizer, "all_special_ids", None) or []
+        except Exception:  # noqa: BLE001 - a tokenizer without the attribute
+            special = []
+        self.special_ids = set(int(t) for t in special) - self.eos_ids
         self.sampler = BatchSampler(programs, grammars, self.vocab_shard)
         self.token_bytes = token_bytes
         self.max_batch = max_batch
@@ -1046,7 +1053,7 @@ class Engine:
             row.text += row.decoder.decode(b"", final=True)      # (bytes of an unfinished character: U+FFFD)
             self._finish(row, "stop", ended is None)
             return True
-        b = self.token_bytes(token)
+        b = b"" if token in self.special_ids else self.token_bytes(token)
         pending = row.decoder.getstate()[0]
         # (bytes left pending by the previous token that this one does not continue become its U+FFFD: they
         # belong to the previous token, and this token's text starts after them)

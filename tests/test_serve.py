@@ -201,6 +201,17 @@ def test_top_p_0_keeps_the_most_likely_token(server):
         assert c.completions.create(**kw, temperature=1.0, top_p=tiny, seed=3).choices[0].text == greedy
 
 
+def test_special_tokens_write_no_text(server):
+    """A special token that does not end the sequence (the demo tokenizer's <s>, id 0) adds nothing to the text,
+    as vLLM's skip_special_tokens default; the logprobs still name it."""
+    c = server["client"]
+    r = c.chat.completions.create(model="demo", messages=MSG, max_tokens=3, temperature=0, logit_bias={"0": 100},
+                                  logprobs=True).choices[0]
+    assert r.message.content == "" and [e.token for e in r.logprobs.content] == ["<s>"] * 3
+    r = c.completions.create(model="demo", prompt="hi", max_tokens=3, temperature=0, logit_bias={"0": 100})
+    assert r.choices[0].text == "" and r.usage.completion_tokens == 3
+
+
 def test_top_k_minus_one_is_off_as_in_vllm(server):
     c = server["client"]
     kw = dict(model="demo", prompt="Quick brown foxes", max_tokens=8, temperature=1.0, seed=5)
