@@ -389,3 +389,21 @@ def test_values_one_per_row_name_the_batch_they_were_given_for(model):
         s(mx.zeros((3, 512)))
     with pytest.raises(SamplecError, match=r"\[B, V\], got shape \[512\]"):
         Sampler(prog, seed=1)(mx.zeros((512,)))
+
+
+def test_mlx_lms_speculative_loop_without_speculative_is_an_error(model, llama_prog):
+    """mlx-lm's speculative loop given the plain recipe (sampler=, logits_processors=) re-samples positions along
+    the same sequence: an error that names **sampler.speculative(prompt), not silently other tokens."""
+    from mlx_lm import stream_generate
+    from samplec.integrations.mlx_lm import noisy_copy
+    tok = local_tokenizer(512)
+    s = Sampler(llama_prog, seed=7)
+    with pytest.raises(SamplecError, match=r"speculative\(prompt\)"):
+        list(stream_generate(model, tok, PROMPT, max_tokens=20, draft_model=noisy_copy(model, 0.05),
+                             num_draft_tokens=3, sampler=s, logits_processors=s.logits_processors))
+    # (plain decoding twice over the same prompt, without reset: no error -- the first position again)
+    first = adapter_tokens(model, llama_prog, PROMPT, 6, seed=7)[0]
+    s = Sampler(llama_prog, seed=7)
+    for _ in range(2):
+        assert [t for t, _ in generate_step(mx.array(PROMPT), model, max_tokens=6, sampler=s,
+                                            logits_processors=s.logits_processors)] == first

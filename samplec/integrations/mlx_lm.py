@@ -95,8 +95,9 @@ class Sampler:
                                f"(parameters: {names})")
         self._captured: list[tuple[mx.array, mx.array]] = []
         # values given one per row (a list): the batch size they fix (`__call__` checks each call's)
-        self._rows = {len(v) for k, v in [("seed", seed), *params.items()]
-                      if isinstance(v, (list, tuple)) or isinstance(v, np.ndarray) and v.ndim == 1}
+        scalar = {p.name for p in program.params if p.kind in ("float", "int", "seed")}
+        self._rows = {len(v) for k, v in [("seed", seed), *params.items()] if (k == "seed" or k in scalar) and
+                      (isinstance(v, (list, tuple)) or isinstance(v, np.ndarray) and v.ndim == 1)}
         self._state: list[mx.array] | None = None     # the state outputs of the last step (mirostat's mu)
         # a state carried row by row: each call's (rows' sequences hashed, tokens, state), not yet read; and what
         # they left, by the sequence each row then has (its call's number and its state values)
@@ -107,6 +108,7 @@ class Sampler:
         self._offset = 0            # tokens before the sequence mlx-lm hands the processor (`reset(offset=)`)
         self._unchecked: list[tuple[list[mx.array], tuple[int, ...]]] = []
         self._last_position: int | None = None
+        self._sequence: np.ndarray | None = None     # the last call's sequence (one row: see `_resampled`)
         self._draft: _DraftRun | None = None          # set by `speculative(prompt)`
         self._history_last: int | None = None         # the history's last entries only (`speculative_request`)
         self.steps: list[Step] = []
@@ -172,9 +174,11 @@ class Sampler:
         if self._draft is not None:
             self._rewind(captured, positions)
         elif captured and B == 1 and (self._last_position is None or positions[0] != self._last_position + 1):
+            self._resampled(rows_tokens[0], positions[0])
             self._new_generation(captured)
             self._prompt_len = positions[0]
         self._last_position = positions[0] if B == 1 else None
+        self._sequence = np.array(rows_tokens[0]).reshape(-1) if captured and B == 1 else None
         if history is not None and not self.prompt_in_history:
             if B != 1:
                 raise SamplecError("prompt_in_history=False needs one sequence per Sampler (batch size 1)")
@@ -213,6 +217,21 @@ class Sampler:
         while self._draft is None and len(self._unchecked) > _CHECK_LAG:
             self._check_one(self._unchecked.pop(0))
         return outs[self._feed.token_index]
+
+    def _resampled(self, tokens: mx.array, p: int) -> None:
+        """A call at a position of the current generation after its first, along its sequence: mlx-lm's speculative
+        loop re-sampling what the draft sampled (plain decoding never goes back), here without `speculative()`,
+        whose positions and history would be wrong: an error that says what to pass instead."""
+        seq = self._sequence
+        if seq is None or self._last_position is None or not self._prompt_len < p <= self._last_position:
+            return
+        now = np.array(tokens).reshape(-1)
+        if now.size == p - self._offset and seq.size >= now.size - 1 and \
+                np.array_equal(now[:-1], seq[:now.size - 1]):
+            raise SamplecError("the sampler was called again at a position it sampled, along the same sequence: "
+                               "mlx-lm's speculative decoding (draft_model=) needs **sampler.speculative(prompt) "
+                               "in place of sampler= and logits_processors= (a new generation from part of the "
+                               "last one's sequence: call sampler.reset() before it)")
 
     def _rows_state(self, rows: list, B: int, V: int) -> list[mx.array] | None:
         """The state entering each row of this call: what an earlier call left to the row whose sequence then,
@@ -364,6 +383,7 @@ class Sampler:
         if isinstance(offset, bool) or not isinstance(offset, (int, np.integer)) or offset < 0:
             raise SamplecError(f"reset: offset must be an integer >= 0, got {offset!r}")
         self._captured, self._unchecked, self.steps, self._last_position = [], [], [], None
+        self._sequence = None
         self._blind_calls, self._offset = 0, int(offset)
         self._state, self._left, self._carried = None, [], {}
         self._draft = None
