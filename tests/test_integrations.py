@@ -407,3 +407,29 @@ def test_mlx_lms_speculative_loop_without_speculative_is_an_error(model, llama_p
     for _ in range(2):
         assert [t for t, _ in generate_step(mx.array(PROMPT), model, max_tokens=6, sampler=s,
                                             logits_processors=s.logits_processors)] == first
+
+
+def test_a_batch_that_shrinks_keeps_its_steps_and_output_says_why_it_cannot_stack(nucleus_prog):
+    """mlx-lm's BatchGenerator calls the processor once per row, then the sampler: rows that finish leave the
+    batch. A batch down to one row goes on (its steps kept); `output()` over steps of several widths names the
+    cause. Records the processor left while another sampler ran are dropped: the next call reads its own."""
+    s = Sampler(nucleus_prog, seed=3)
+    rng = np.random.default_rng(0)
+    seqs = [[5, 6, 7], [8, 9, 10], [11, 12, 13]]
+    for width in (3, 2, 1):
+        rows = seqs[:width]
+        logits = mx.array(rng.standard_normal((width, 64)).astype(np.float32))
+        for i, seq in enumerate(rows):
+            s.logits_processors[0](mx.array(seq), logits[i:i + 1])
+        tokens = np.array(s(logits)).tolist()
+        for seq, t in zip(rows, tokens):
+            seq.append(int(t))
+    assert [len(st.position) for st in s.steps] == [3, 2, 1]
+    with pytest.raises(SamplecError, match=r"batches of \[1, 2, 3\] rows"):
+        s.output("token")
+    s = Sampler(nucleus_prog, seed=3)
+    x = mx.array(rng.standard_normal((1, 64)).astype(np.float32))
+    for n in range(5):                   # (the processor with another sampler: records left behind)
+        s.logits_processors[0](mx.array([1, 2] + [3] * n), x)
+    s.logits_processors[0](mx.array([4, 5, 6]), x)
+    assert np.array(s(x)).tolist() == np.array(nucleus_prog(x, seed=3, pos=3).token).tolist()

@@ -43,6 +43,7 @@ tokenizer without downloading anything; tests, `examples/decode_loop.py` and `be
 from __future__ import annotations
 
 import hashlib
+import warnings
 from dataclasses import dataclass
 
 import mlx.core as mx
@@ -56,6 +57,7 @@ __all__ = ["Sampler", "Step", "speculative_request", "random_llama", "local_toke
 
 _CHECK_LAG = 2   # a step's check flags are read two sampler calls later, when mlx-lm has already synced on it
 _STATE_CALLS = 8    # calls a row's carried state waits for the row (a row that joins takes a step of its own)
+_MAX_CAPTURED = 1024    # the processor's records kept between two sampler calls (a batch's rows: one each)
 
 
 @dataclass(frozen=True)
@@ -94,6 +96,7 @@ class Sampler:
             raise SamplecError(f"unknown parameter '{unknown[0]}' for the sampler '{program.name}' "
                                f"(parameters: {names})")
         self._captured: list[tuple[mx.array, mx.array]] = []
+        self._warned = False
         # values given one per row (a list): the batch size they fix (`__call__` checks each call's)
         scalar = {p.name for p in program.params if p.kind in ("float", "int", "seed")}
         self._rows = {len(v) for k, v in [("seed", seed), *params.items()] if (k == "seed" or k in scalar) and
@@ -108,6 +111,7 @@ class Sampler:
         self._offset = 0            # tokens before the sequence mlx-lm hands the processor (`reset(offset=)`)
         self._unchecked: list[tuple[list[mx.array], tuple[int, ...]]] = []
         self._last_position: int | None = None
+        self._last_positions: frozenset = frozenset()
         self._sequence: np.ndarray | None = None     # the last call's sequence (one row: see `_resampled`)
         self._draft: _DraftRun | None = None          # set by `speculative(prompt)`
         self._history_last: int | None = None         # the history's last entries only (`speculative_request`)
@@ -144,6 +148,13 @@ class Sampler:
 
     # ---- the logits processor: record the raw logits and the sequence ----
     def _capture(self, tokens: mx.array, logits: mx.array) -> mx.array:
+        if len(self._captured) >= _MAX_CAPTURED:     # (the processor without its sampler: the oldest go)
+            if not self._warned:
+                self._warned = True
+                warnings.warn("samplec: the adapter's logits processor runs without its sampler (pass "
+                              "sampler=sampler with logits_processors=sampler.logits_processors); it keeps only "
+                              f"its last {_MAX_CAPTURED} records", stacklevel=2)
+            del self._captured[:len(self._captured) - _MAX_CAPTURED + 1]
         self._captured.append((tokens, logits))
         return logits
 
@@ -159,6 +170,8 @@ class Sampler:
                                "new ones): give each request a Sampler of its own with plain values "
                                "(BatchGenerator.insert(prompts, samplers=[...], logits_processors=[...]))")
         captured, self._captured = self._captured, []
+        if len(captured) > B:       # (records the processor left while another sampler ran: this call's are last)
+            captured = captured[-B:]
         if self._draft is not None and captured and not self._on_draft_path(captured):
             self._draft = None      # (a plain generation after the speculative run: its sequence has the prompt)
         rows_tokens = None
@@ -173,11 +186,14 @@ class Sampler:
             logits, positions, history = logprobs, (-1,) * B, None     # positions unknown (and unused)
         if self._draft is not None:
             self._rewind(captured, positions)
-        elif captured and B == 1 and (self._last_position is None or positions[0] != self._last_position + 1):
+        elif captured and B == 1 and positions[0] - 1 not in self._last_positions:
             self._resampled(rows_tokens[0], positions[0])
             self._new_generation(captured)
             self._prompt_len = positions[0]
         self._last_position = positions[0] if B == 1 else None
+        # (a batch that shrinks to one row -- BatchGenerator's other requests finished -- goes on: its position
+        # follows one of the last call's)
+        self._last_positions = frozenset(positions) if captured else frozenset()
         self._sequence = np.array(rows_tokens[0]).reshape(-1) if captured and B == 1 else None
         if history is not None and not self.prompt_in_history:
             if B != 1:
@@ -372,6 +388,10 @@ class Sampler:
         vals = [getattr(s.outputs, name) for s in self.steps]
         if hasattr(vals[0], "ids"):
             vals = [v.ids if ids else v.values for v in vals]
+        sizes = sorted({v.shape[0] for v in vals})
+        if len(sizes) > 1:
+            raise SamplecError(f"output('{name}'): the steps have batches of {sizes} rows (mlx-lm's BatchGenerator "
+                               "changed the batch): read each step's sampler.steps[i].outputs and its positions")
         return mx.stack(vals)
 
     def reset(self, offset: int = 0) -> None:
@@ -383,7 +403,7 @@ class Sampler:
         if isinstance(offset, bool) or not isinstance(offset, (int, np.integer)) or offset < 0:
             raise SamplecError(f"reset: offset must be an integer >= 0, got {offset!r}")
         self._captured, self._unchecked, self.steps, self._last_position = [], [], [], None
-        self._sequence = None
+        self._sequence, self._last_positions = None, frozenset()
         self._blind_calls, self._offset = 0, int(offset)
         self._state, self._left, self._carried = None, [], {}
         self._draft = None
