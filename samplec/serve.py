@@ -1265,6 +1265,9 @@ def _vocab_size(model, tokenizer) -> int:
 class Handler(BaseHTTPRequestHandler):
     server_version = "samplec"
     protocol_version = "HTTP/1.1"
+    # (a connection silent this long -- a body that stops coming, an idle keep-alive -- is closed: its thread
+    # does not wait forever; a request generating does not read the connection meanwhile)
+    timeout = 120.0
     app: Server = None              # set on the subclass made for each server
 
     def log_message(self, fmt, *args):   # (quiet: one line per request is noise for a benchmark)
@@ -1335,6 +1338,12 @@ class Handler(BaseHTTPRequestHandler):
         except BadRequest as e:
             self.close_connection = True
             return self._error(e)
+        except (TimeoutError, OSError):     # (the body stopped coming: 408, and the connection closes)
+            self.close_connection = True
+            try:
+                return self._error(BadRequest("the request body did not arrive in time", None, 408))
+            except OSError:
+                return None
         if kind is None:
             return self._error(BadRequest(f"no such endpoint: POST {path}", None, 404))
         try:

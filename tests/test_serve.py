@@ -520,6 +520,26 @@ def test_a_non_streaming_request_whose_client_left_frees_its_row(server):
     assert server["app"].engine.active == 0
 
 
+def test_a_body_that_stops_coming_is_a_408_and_frees_the_connection(server, monkeypatch):
+    """A client that promises more body than it sends: after the connection's silence limit the server answers
+    408 and closes it (its thread does not wait forever); the server keeps serving."""
+    monkeypatch.setattr(server["httpd"].RequestHandlerClass, "timeout", 1.0)
+    host, port = server["httpd"].server_address[:2]
+    s = socket.create_connection((host, port), timeout=30)
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+              b"Content-Length: 100\r\n\r\n{\"prompt\"")
+    answer = b""
+    while True:
+        got = s.recv(4096)
+        if not got:
+            break
+        answer += got
+    s.close()
+    assert answer.startswith(b"HTTP/1.1 408") and b"did not arrive" in answer, answer[:200]
+    monkeypatch.undo()
+    assert post(server["base"] + "/v1/completions", dict(prompt="x", max_tokens=2))[0] == 200
+
+
 def test_messages_go_through_the_tokenizers_chat_template(server):
     """With a chat template (here one set on the demo tokenizer), messages -- developer as system, text parts
     joined -- are the template's text; without one, `role: content` lines."""
