@@ -174,6 +174,7 @@ class Parser:
         self.grammars = grammars              # a samplec.structured.Tokenizer, or None (no engine / no tokenizer)
         self.grammars_off = grammars_off      # why there is none
         self.sharded = False                  # the model's LM head is split over ranks (logits slices)
+        self.context: int | None = None       # the model's context length, where known
 
     def __call__(self, kind: str, body) -> Request:
         if not isinstance(body, dict):
@@ -199,6 +200,22 @@ class Parser:
         name = "max_completion_tokens" if mct is not None else "max_tokens"
         req.max_tokens = _number(body, name, 1, MAX_TOKENS, integer=True, default=16 if kind == "completion"
                                  else 512)
+        if self.context is not None:
+            # (OpenAI's and vLLM's rule: the prompt and the completion within the context; a default max_tokens
+            # shrinks to the room left, one given is the request's and past the room a 400)
+            where = "prompt" if kind == "completion" else "messages"
+            room = self.context - len(req.prompt)
+            if room < 1:
+                raise BadRequest(f"This model's maximum context length is {self.context} tokens. However, your "
+                                 f"{where} hold {len(req.prompt)} tokens, which leaves no room for a completion.",
+                                 where)
+            if body.get(name) is None:
+                req.max_tokens = min(req.max_tokens, room)
+            elif req.max_tokens > room:
+                raise BadRequest(f"This model's maximum context length is {self.context} tokens. However, you "
+                                 f"requested {len(req.prompt) + req.max_tokens} tokens ({len(req.prompt)} in the "
+                                 f"{where}, {req.max_tokens} in the completion). Please reduce the length of the "
+                                 f"{where} or completion.", name)
         # (OpenAI's seed is any integer: a negative one is taken modulo 2^64, as its two's complement)
         seed = _number(body, "seed", -2**63, 2**64 - 1, integer=True)
         req.seed = None if seed is None else seed % 2**64
@@ -1227,6 +1244,9 @@ class Server:
         self.token_bytes = token_bytes
         self.programs = programs
         self.parse = Parser(tokenizer, vocab, programs, model_id, self.grammars, off)
+        # the model's context length where its config gives one (a request past it is a 400, as OpenAI's and vLLM's)
+        limit = getattr(getattr(model, "args", None), "max_position_embeddings", None)
+        self.parse.context = limit if isinstance(limit, int) and limit > 0 else None
         self.parse.sharded = shard is not None
         self.format = Formatter(token_bytes)
         self.engine = Engine(model, tokenizer, programs, token_bytes, self.grammars, max_batch, draft, num_draft,

@@ -540,6 +540,26 @@ def test_a_body_that_stops_coming_is_a_408_and_frees_the_connection(server, monk
     assert post(server["base"] + "/v1/completions", dict(prompt="x", max_tokens=2))[0] == 200
 
 
+def test_requests_past_the_models_context_length(server, monkeypatch):
+    """Where the model's config gives a context length: a max_tokens past the room the prompt leaves is a 400
+    naming it (OpenAI's and vLLM's message), a default one shrinks to the room, and a prompt that fills the
+    context is a 400 naming the prompt."""
+    c = server["client"]
+    prompt = server["app"].tokenizer.encode("A sampler chain turns logits into tokens")
+    monkeypatch.setattr(server["app"].parse, "context", len(prompt) + 5)
+    with pytest.raises(openai.BadRequestError, match="maximum context length") as e:
+        c.completions.create(model="demo", prompt=prompt, max_tokens=6)
+    assert e.value.body["param"] == "max_tokens"
+    r = c.completions.create(model="demo", prompt=prompt, max_tokens=5, temperature=0)
+    assert r.usage.completion_tokens <= 5
+    r = c.completions.create(model="demo", prompt=prompt, temperature=0, logit_bias={"1": -100})   # (default 16)
+    assert r.usage.completion_tokens == 5 and r.choices[0].finish_reason == "length"
+    monkeypatch.setattr(server["app"].parse, "context", len(prompt))
+    with pytest.raises(openai.BadRequestError, match="no room") as e:
+        c.completions.create(model="demo", prompt=prompt)
+    assert e.value.body["param"] == "prompt"
+
+
 def test_messages_go_through_the_tokenizers_chat_template(server):
     """With a chat template (here one set on the demo tokenizer), messages -- developer as system, text parts
     joined -- are the template's text; without one, `role: content` lines."""
