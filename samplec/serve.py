@@ -72,6 +72,7 @@ TOP_P_GREEDY = 1.1754944e-38    # top_p 0 (OpenAI: the most likely token alone) 
 F32_MAX = 3.4028234663852886e38
 MAX_N = 16                  # the most choices one request may ask for
 MAX_STOP = 16               # the most stop strings
+MAX_STOP_IDS = 256          # the most stop_token_ids
 MAX_TOKENS = 1 << 20
 MAX_BODY = 16 << 20
 MAX_DRAFT = 64              # the most tokens --num-draft may propose a round
@@ -120,6 +121,8 @@ class Request:
     seed: int | None = None
     bias: dict = field(default_factory=dict)
     stop: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)     # (vLLM's: token ids that end a choice too)
+    min_tokens: int = 0                # (vLLM's: no end-of-sequence or stop token before this many)
     stream: bool = False
     include_usage: bool = False
     logprobs: bool = False
@@ -144,7 +147,7 @@ COMPLETION_ONLY = {"prompt", "best_of", "echo", "suffix"}
 COMMON = {"model", "max_tokens", "n", "seed", "stop", "stream", "stream_options", "logprobs", "logit_bias",
           "temperature", "top_p", "presence_penalty", "frequency_penalty", "user", "metadata", "service_tier",
           "safety_identifier", "prompt_cache_key", "samplec_sampler", "grammar", "response_format",
-          *FIELDS}
+          "stop_token_ids", "min_tokens", *FIELDS}
 INFORMATIONAL = {"user", "metadata", "safety_identifier", "prompt_cache_key"}   # accepted; they change no token
 
 
@@ -228,6 +231,14 @@ class Parser:
                 raise BadRequest("stream_options is only allowed with stream: true", "stream_options")
             req.include_usage = self._bool(so, "include_usage", "stream_options.include_usage")
         req.stop = self._stop(body)
+        ids = body.get("stop_token_ids")
+        if ids is not None:
+            if not isinstance(ids, list) or len(ids) > MAX_STOP_IDS or not all(
+                    isinstance(t, int) and not isinstance(t, bool) and 0 <= t < self.vocab for t in ids):
+                raise BadRequest(f"stop_token_ids must be a list of at most {MAX_STOP_IDS} token ids in "
+                                 f"[0, {self.vocab})", "stop_token_ids")
+            req.stop_token_ids = sorted(set(ids))
+        req.min_tokens = _number(body, "min_tokens", 0, req.max_tokens, integer=True, default=0)
         self._logprobs(kind, body, req)
         self._values(body, req)
         req.bias = self._bias(body)
@@ -460,6 +471,11 @@ class Row:
         self.job, self.index, self.seed, self.eos = job, index, seed, eos
         req = job.req
         self.chain, self.values, self.bias = req.chain, req.values, req.bias
+        # the ids that end the choice (end-of-sequence, the request's stop_token_ids), held off by a -inf bias
+        # until `min_tokens` samples are drawn
+        self.stop_ids = set(job.eos_ids) | set(req.stop_token_ids)
+        self.held = sorted(self.stop_ids) if req.min_tokens else []
+        self.min_tokens = req.min_tokens
         # (how many tokens each history holds, -1: all; in a chain with a generated-tokens history the presence
         # and frequency windows read that one, and its other histories the repetition window alone)
         seq = WINDOWS[:1] if split_history else WINDOWS
@@ -495,14 +511,24 @@ class Row:
         self.step += 1
         return draw[0]
 
+    @property
+    def biased(self) -> bool:
+        """Whether the row's logits take a bias this step (its logit_bias, its stop ids held off)."""
+        return bool(self.bias) or self.step < self.min_tokens and bool(self.held)
+
     def bias_entries(self, width: int) -> tuple[np.ndarray, np.ndarray]:
-        """The row's logit_bias on the logits it sees (`width` ids from `vocab_start`: a rank's slice of them):
-        (columns int64, values float32), ascending; made once per slice."""
-        key = (self.vocab_start, width)
+        """The row's logit_bias on the logits it sees (`width` ids from `vocab_start`: a rank's slice of them),
+        and -inf on its stop ids while fewer than `min_tokens` samples are drawn: (columns int64, values float32),
+        ascending; made once per slice and phase."""
+        holding = self.step < self.min_tokens
+        key = (self.vocab_start, width, holding)
         if self._bias_at != key:
             lo = self.vocab_start
-            ids = sorted(i for i in self.bias if lo <= i < lo + width)
-            self._bias_cols = (np.array([i - lo for i in ids], np.int64), np.array([self.bias[i] for i in ids],
+            bias = dict(self.bias)
+            if holding:
+                bias.update((i, -np.inf) for i in self.held)
+            ids = sorted(i for i in bias if lo <= i < lo + width)
+            self._bias_cols = (np.array([i - lo for i in ids], np.int64), np.array([bias[i] for i in ids],
                                                                                    np.float32))
             self._bias_at = key
         return self._bias_cols
@@ -538,7 +564,7 @@ def add_bias(x: mx.array, rows: list[Row]) -> mx.array:
     R, V = x.shape
     cols, vals = [], []
     for i, r in enumerate(rows):
-        if r.bias:
+        if r.biased:
             c, v = r.bias_entries(V)
             if c.size:
                 cols.append(c + i * V)
@@ -611,7 +637,7 @@ class BatchSampler:
             tok = r.record(d)
             tokens.append(tok)
             ok = not isinstance(d, SamplecError)
-            if ok and r.matcher is not None and r.grammar_error is None and tok not in r.job.eos_ids:
+            if ok and r.matcher is not None and r.grammar_error is None and tok not in r.stop_ids:
                 if not r.matcher.consume(tok):
                     r.grammar_error = r.matcher.error or f"token {tok} not allowed"
         self.grammar_seconds += time.perf_counter() - t0
@@ -1066,7 +1092,7 @@ class Engine:
         """Hand the row its next token; `ended`: the generator's finish reason with it ("length", "stop"; None: the
         row goes on). Whether the row finished."""
         row.delivered += 1
-        if token in self.eos_ids:
+        if token in row.stop_ids:       # (end-of-sequence, or one of the request's stop_token_ids)
             row.text += row.decoder.decode(b"", final=True)      # (bytes of an unfinished character: U+FFFD)
             self._finish(row, "stop", ended is None)
             return True

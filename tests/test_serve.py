@@ -212,6 +212,30 @@ def test_special_tokens_write_no_text(server):
     assert r.choices[0].text == "" and r.usage.completion_tokens == 3
 
 
+def test_vllms_stop_token_ids_and_min_tokens(server):
+    """stop_token_ids end a choice as end-of-sequence does (finish "stop", the token counted, no text of it);
+    min_tokens holds end-of-sequence and the stop ids off until that many tokens are drawn."""
+    c = server["client"]
+    kw = dict(model="demo", prompt="Quick brown foxes", temperature=1.0, seed=8)
+    first = c.completions.create(**kw, max_tokens=6, logprobs=0).choices[0]
+    tokens = first.logprobs.tokens
+    assert first.finish_reason == "length" and len(tokens) == 6
+    k = next(k for k in range(1, 6) if tokens[k] not in tokens[:k])
+    fmt = server["app"].format
+    ids = [i for i in range(512) if fmt.token_text(i)[0] == tokens[k]]
+    r = c.completions.create(**kw, max_tokens=6, extra_body={"stop_token_ids": ids}).choices[0]
+    assert r.finish_reason == "stop" and r.text == "".join(tokens[:k])
+    eos = {"1": 100}                                       # (</s>, the demo's end-of-sequence, at every step)
+    assert c.completions.create(**kw, max_tokens=6, logit_bias=eos).usage.completion_tokens == 1
+    r = c.completions.create(**kw, max_tokens=9, logit_bias=eos, extra_body={"min_tokens": 4})
+    assert r.usage.completion_tokens == 5 and r.choices[0].finish_reason == "stop"
+    for bad, param in (({"stop_token_ids": [-1]}, "stop_token_ids"), ({"stop_token_ids": "3"}, "stop_token_ids"),
+                       ({"min_tokens": 10}, "min_tokens")):
+        with pytest.raises(openai.BadRequestError) as e:
+            c.completions.create(**kw, max_tokens=6, extra_body=bad)
+        assert e.value.body["param"] == param
+
+
 def test_top_k_minus_one_is_off_as_in_vllm(server):
     c = server["client"]
     kw = dict(model="demo", prompt="Quick brown foxes", max_tokens=8, temperature=1.0, seed=5)
@@ -672,9 +696,11 @@ def test_the_batchs_logit_bias_is_one_scatter_equal_to_each_rows_addition():
 
     class R:            # (the fields of serve.Row that add_bias reads)
         bias_entries = serve.Row.bias_entries
+        biased = serve.Row.biased
 
         def __init__(self, bias, start=0):
             self.bias, self.vocab_start, self._bias_at, self._bias_cols = bias, start, None, ()
+            self.step, self.min_tokens, self.held = 0, 0, []
     a = R({3: 1.5, 999: -100.0, 17: 0.25})
     b = R({})
     c = R({1200: 2.0, 1000: -1.0, 5: 7.0}, start=1000)      # (a second rank's slice: ids 1000..1999)
