@@ -178,6 +178,7 @@ class Parser:
         self.grammars_off = grammars_off      # why there is none
         self.sharded = False                  # the model's LM head is split over ranks (logits slices)
         self.context: int | None = None       # the model's context length, where known
+        self.speculative = False              # the server decodes with a draft model
 
     def __call__(self, kind: str, body) -> Request:
         if not isinstance(body, dict):
@@ -239,6 +240,9 @@ class Parser:
                                  f"[0, {self.vocab})", "stop_token_ids")
             req.stop_token_ids = sorted(set(ids))
         req.min_tokens = _number(body, "min_tokens", 0, req.max_tokens, integer=True, default=0)
+        if req.min_tokens and self.speculative:
+            # (a round of proposals shares one bias: positions past min_tokens would stay held)
+            raise BadRequest("min_tokens: not supported by a server with a draft model", "min_tokens")
         self._logprobs(kind, body, req)
         self._values(body, req)
         req.bias = self._bias(body)
@@ -1273,6 +1277,7 @@ class Server:
         # the model's context length where its config gives one (a request past it is a 400, as OpenAI's and vLLM's)
         limit = getattr(getattr(model, "args", None), "max_position_embeddings", None)
         self.parse.context = limit if isinstance(limit, int) and limit > 0 else None
+        self.parse.speculative = draft is not None
         self.parse.sharded = shard is not None
         self.format = Formatter(token_bytes)
         self.engine = Engine(model, tokenizer, programs, token_bytes, self.grammars, max_batch, draft, num_draft,

@@ -245,3 +245,13 @@ def test_the_cli_reports_a_bad_num_draft(drafts):
                         drafts["own"], "--num-draft", "0"], capture_output=True, text=True, timeout=120)
     assert p.returncode != 0
     assert "--num-draft 0: must be an integer in 1..64" in p.stderr, p.stderr[-2000:]
+
+
+def test_min_tokens_is_refused_with_a_draft_model(servers):
+    """A round of proposals shares one bias, so min_tokens (held stop ids) is a 400 naming it with a draft;
+    stop_token_ids need no bias and are served."""
+    with pytest.raises(openai.BadRequestError) as e:
+        chat(servers["own"], extra_body={"min_tokens": 2})
+    assert e.value.body["param"] == "min_tokens"
+    assert chat(servers["plain"], extra_body={"min_tokens": 2}).choices[0].message.content is not None
+    assert chat(servers["own"], extra_body={"stop_token_ids": [7]}).choices[0].finish_reason in ("stop", "length")
