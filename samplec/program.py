@@ -815,7 +815,11 @@ def _scalar_param(p: Param, value, B: int) -> np.ndarray:
         bad = ok & np.array([not r.contains(float(v)) for v in arr], dtype=bool)
         if bad.any():
             vals = ", ".join(list(dict.fromkeys(_show(v, p.kind) for v in arr[bad]))[:4])    # (each value once)
-            problems.append(f"{p.name} = {vals} is out of range {p.range} ({_rows(bad)})")
+            hint = ""
+            if r.lo == 0 and r.lo_open and r.hi == 1 and not r.hi_open and (arr[bad] == 0).any():
+                # (top_p's range: mlx-lm and vLLM's servers read 0 as "off", OpenAI's as the most likely token)
+                hint = "; top_p's off value is 1 (mlx-lm's top_p = 0), and top_k(1) keeps the most likely token alone"
+            problems.append(f"{p.name} = {vals} is out of range {p.range} ({_rows(bad)}){hint}")
         ok &= ~bad
     if p.kind == "int":
         wide = ok & ((arr < -2 ** 31) | (arr > 2 ** 31 - 1))

@@ -359,3 +359,11 @@ def test_arrays_reversed_along_an_axis_of_one_entry(target):
     for kw in ({"x": x[::-1]}, {"h": h[::-1]}, {"seed": seed[::-1]}, {"m": m[::-1]}, {"b": b[::-1]}, {"t": t[::-1]}):
         args = {"x": x, "h": h, "seed": seed, "m": m, "b": b, "t": t, **kw}
         np.testing.assert_array_equal(np.array(p(args.pop("x"), **args).token), want)
+
+
+def test_top_p_zero_names_the_off_value():
+    """mlx-lm's and vLLM's servers read top_p = 0 as off: samplec's error says 1 is the off value."""
+    nucleus = samplec.compile("sampler s(a: float, s: seed) -> token { top_p(a) sample(s) }")
+    with pytest.raises(samplec.SamplecError) as e:
+        nucleus(np.zeros((2, 5), np.float32), a=[0.0, 0.5], s=1)
+    assert str(e.value).startswith("a = 0 is out of range (0, 1] (row 0); top_p's off value is 1")
