@@ -22,6 +22,8 @@ SOURCES = {
     "mirostat_v2": "sampler s(seed: seed, pos: int, mu: state) -> token, mu "
                    "{ mirostat_v2(mu, 5.0, 0.1, seed, position = pos) }",
     "greedy_dry": "sampler s(h: tokens) -> token { dry(h, 0.8) greedy() }",
+    # (a draw at a fixed position: the loop advances the seed by the position, decode.step_seed)
+    "fixed_position": "sampler s(seed: seed) -> token { top_k(40) temperature(1.5) sample(seed) }",
 }
 
 
