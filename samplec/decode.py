@@ -33,8 +33,8 @@ from samplec.diagnostics import SamplecError
 from samplec.ir.graph import INPUT
 from samplec.program import Outputs, Program, check_message
 
-__all__ = ["generate", "ProgramFeed", "position_params", "draws_at_fixed_positions", "step_seed", "pad_history",
-           "HISTORY_BLOCK"]
+__all__ = ["generate", "ProgramFeed", "position_params", "draws_at_fixed_positions", "step_seed", "step_seeds",
+           "pad_history", "HISTORY_BLOCK"]
 
 HISTORY_BLOCK = 256      # the token history is left-padded with -1 to a multiple of this (fewer shapes to compile)
 PREFILL_STEP = 2048      # prompt tokens per prefill forward pass (mlx-lm's default, for identical logits)
@@ -86,6 +86,18 @@ def step_seed(seed: mx.array, step: mx.array) -> mx.array:
     z = (z ^ (z >> u(30))) * u(0xBF58476D1CE4E5B9)
     z = (z ^ (z >> u(27))) * u(0x94D049BB133111EB)
     return z ^ (z >> u(31))
+
+
+def step_seeds(seeds, steps) -> np.ndarray:
+    """`step_seed` on the host: uint64 [B] from Python integers (seeds in [0, 2**64), steps), no MLX op."""
+    m = (1 << 64) - 1
+    out = []
+    for seed, step in zip(seeds, steps):
+        z = (int(seed) + 0x9E3779B97F4A7C15 * (int(step) + 1)) & m
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & m
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & m
+        out.append(z ^ (z >> 31))
+    return np.array(out, dtype=np.uint64)
 
 
 def pad_history(seq: mx.array, length: int) -> mx.array:

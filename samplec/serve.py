@@ -41,6 +41,7 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 
+from samplec.decode import step_seeds
 from samplec.diagnostics import SamplecError
 from samplec.program import Program
 
@@ -591,6 +592,7 @@ class BatchSampler:
         self.vocab_shard = vocab_shard
         self.sharded: dict[str, object] = {}
         self.readers: dict[str, dict] = {}     # chain -> `history_readers` of its program
+        self.drives: dict[str, tuple] = {}     # chain -> (its position parameters, draws at a fixed position)
         self.rows: list = []
         self.calls = 0              # program calls so far (one per chain per step)
         self.widest = 0             # the most rows one call sampled
@@ -660,6 +662,11 @@ class BatchSampler:
         readers = self.readers.get(prog.name)
         if readers is None:
             readers = self.readers[prog.name] = history_readers(prog)
+        drives = self.drives.get(prog.name)
+        if drives is None:      # (its position parameters, and whether a draw's position is none: seeds step)
+            from samplec.decode import draws_at_fixed_positions, position_params
+            drives = self.drives[prog.name] = (set(position_params(prog)) | {"pos", "position"},
+                                               draws_at_fixed_positions(prog))
         for p in prog.params:
             if p.kind == "tokens":
                 # (a row whose penalties over this history are all neutral reads none of it: an empty one;
@@ -673,10 +680,13 @@ class BatchSampler:
                 kw[p.name] = mx.array(np.stack([np.pad(h.astype(np.int32), (width - len(h), 0), constant_values=-1)
                                                 for h in which]))
             elif p.kind == "seed":
-                kw[p.name] = np.array([r.seed for r in rows], dtype=np.uint64)
+                # (a draw at a fixed position -- a chain's `sample(seed)` -- takes the seed advanced by the
+                # position instead, as the decode loops do: fresh noise at each step, decode.step_seed)
+                seeds = [r.seed for r in rows]
+                kw[p.name] = step_seeds(seeds, positions) if drives[1] else np.array(seeds, dtype=np.uint64)
             elif p.kind == "mask":
                 kw[p.name] = mx.array(self._masks(rows, V))
-            elif p.name in ("pos", "position") and p.kind == "int":
+            elif p.name in drives[0] and p.kind == "int":
                 kw[p.name] = list(positions)
             elif p.name in FIELDS:
                 kw[p.name] = [r.values[p.name] for r in rows]

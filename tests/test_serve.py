@@ -776,3 +776,36 @@ def test_a_history_no_stage_reads_for_a_row_is_sent_empty():
     dry = samplec.compile("sampler d(h: tokens, r: float, seed: seed) -> token { penalties(h, repeat = r) "
                           "dry(h, 0.8) sample(seed) }")
     assert serve.history_readers(dry) == {"h": None}
+
+
+def test_a_served_chain_that_draws_at_a_fixed_position_takes_fresh_noise(tmp_path):
+    """A `--sampler` chain whose draw has no position (`sample(seed)`) takes the row's seed advanced by the
+    position each step (decode.step_seed, as the decode loops): the steps of a flat-ish row are not one token
+    repeated, and a seeded request is reproducible."""
+    from samplec.decode import step_seeds
+    src = tmp_path / "fixed.smp"
+    src.write_text("sampler fixed(seed: seed, temperature: float) -> token, logprob "
+                   "{ temperature(temperature) sample(seed) }\n")
+    ready = threading.Event()
+    box = {}
+
+    def on_ready(httpd, app):
+        box.update(httpd=httpd, app=app)
+        ready.set()
+    t = threading.Thread(target=serve.serve, args=(["--host", "127.0.0.1", "--port", "0"], [str(src)], True,
+                                                   on_ready), daemon=True)
+    t.start()
+    assert ready.wait(120)
+    try:
+        host, port = box["httpd"].server_address[:2]
+        c = openai.OpenAI(base_url=f"http://{host}:{port}/v1", api_key="none", max_retries=0, timeout=60)
+        kw = dict(model="demo", prompt="A sampler chain", max_tokens=16, temperature=2.0, seed=4,
+                  logit_bias={"1": -100})
+        first = c.completions.create(**kw, logprobs=0).choices[0]
+        assert len(set(first.logprobs.tokens)) > 8, first.logprobs.tokens
+        assert c.completions.create(**kw).choices[0].text == first.text
+        assert box["app"].sampler.drives["fixed"][1]
+        assert step_seeds([4], [0])[0] != 4
+    finally:
+        box["httpd"].shutdown()
+        t.join(60)
