@@ -87,11 +87,11 @@ def measure(prog, x, kw, reps: int) -> dict:
     def parts(which):
         def step():
             t0 = clock()
-            args, _ = prog._arguments(x, kw)
+            args, _, (exe, _) = prog._arguments(x, kw)
             t1 = clock()
-            outs, flags, pre = prog.exe.queued(prog._pre, args)
+            outs, words = exe.queued(prog._pre, args)
             t2 = clock()
-            return (t1 - t0 if which == "args" else t2 - t1), outs + flags + pre
+            return (t1 - t0 if which == "args" else t2 - t1), outs + words
         return step
     a = _timed(parts("args"), reps)
     r = _timed(parts("replay"), reps)
