@@ -146,6 +146,7 @@ class ProgramFeed:
             for name, kind in kinds.items():
                 if kind == "seed" and name not in self.params:
                     self.params[name] = seed
+        self._check_scalars(program)
         names_in_order = [p.name for p in program.params]
         self._pos_idx = [1 + names_in_order.index(n) for n in self.position_names]
         # a draw at a fixed position (`sample(seed)`) would take the same noise at every step: the loop advances
@@ -165,6 +166,23 @@ class ProgramFeed:
                                f"(add it: -> token, {lost[0]})")
         self.state_slots = [(1 + names_in_order.index(n), names.index(n)) for n in states]
         self._base: dict[tuple[int, int], list[mx.array]] = {}
+
+    def _check_scalars(self, program: Program) -> None:
+        """The scalar parameters' values checked now, as a call checks them (a missing one, NaN, out of range,
+        not an integer): an error when the loop is set up, not at its first step after the prompt's prefill."""
+        from samplec.program import SCALAR_NP, _scalar_param
+        driven = set(self.position_names)
+        for p in program.params:
+            if p.kind not in SCALAR_NP or p.name in driven or p.kind == "state":
+                continue
+            value = self.params.get(p.name)
+            if value is None:
+                if p.default is None:
+                    raise SamplecError(f"missing required parameter '{p.name}' ({p.kind})")
+                continue
+            rows = len(value) if isinstance(value, (list, tuple)) else \
+                value.shape[0] if isinstance(value, (np.ndarray, mx.array)) and value.ndim == 1 else 1
+            _scalar_param(p, value, max(rows, 1))
 
     @property
     def needs_history(self) -> bool:

@@ -433,3 +433,20 @@ def test_a_batch_that_shrinks_keeps_its_steps_and_output_says_why_it_cannot_stac
         s.logits_processors[0](mx.array([1, 2] + [3] * n), x)
     s.logits_processors[0](mx.array([4, 5, 6]), x)
     assert np.array(s(x)).tolist() == np.array(nucleus_prog(x, seed=3, pos=3).token).tolist()
+
+
+def test_bad_values_are_errors_when_the_sampler_is_made(model):
+    """A missing, NaN, out-of-range or mistyped value is an error when the Sampler (or the decode loop) is set up,
+    not at mlx-lm's first step after the prompt's prefill; the messages are a call's."""
+    prog = samplec.compile_file(EXAMPLES / "mlx_lm_default.smp", sampler="mlx_lm")
+    for kw, message in ((dict(top_p=0.0), "top_p = 0 is out of range"), (dict(temp=-1.0), "temp = -1"),
+                        (dict(seed="abc"), "seed"), (dict(temp=[0.5, float("nan")]), r"temp: NaN \(row 1\)")):
+        with pytest.raises(SamplecError, match=message):
+            Sampler(prog, **kw)
+    needs = samplec.compile("sampler s(t: float, seed: seed, pos: int) -> token "
+                            "{ temperature(t) sample(seed, position = pos) }")
+    with pytest.raises(SamplecError, match="missing required parameter 't'"):
+        Sampler(needs, seed=1)
+    with pytest.raises(SamplecError, match="missing required parameter 't'"):
+        generate(model, needs, PROMPT, 4, seed=1)
+    assert Sampler(needs, seed=1, t=mx.array([0.5, 0.7])) is not None     # (an MLX array of per-row values)
