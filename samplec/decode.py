@@ -40,11 +40,12 @@ HISTORY_BLOCK = 256      # the token history is left-padded with -1 to a multipl
 PREFILL_STEP = 2048      # prompt tokens per prefill forward pass (mlx-lm's default, for identical logits)
 
 
-def position_params(program: Program) -> list[str]:
-    """Names of the `int` parameters that reach a random-bits counter (the `position` of `sample` / `xtc`)."""
+def _draw_positions(program: Program) -> list:
+    """What each draw of the program (`sample`, `xtc`, their random bits) reads as its counter's position: the
+    `int` parameter it comes from (through views and casts), or None (a literal)."""
     by_node = {id(p.node): p for p in program.params}
-    names: list[str] = []
     at = {"random_bits": 2, "sample": 2, "xtc": 4}      # the operand that is the counter's position
+    out = []
     for node in program.graph.toposort():
         if node.op not in at:
             continue
@@ -52,26 +53,19 @@ def position_params(program: Program) -> list[str]:
         while src.op in ("expand", "cast", "broadcast", "reshape", "squeeze") and src.inputs:
             src = src.inputs[0]
         p = by_node.get(id(src)) if src.op == INPUT else None
-        if p is not None and p.kind == "int" and p.name not in names:
-            names.append(p.name)
-    return names
+        out.append(p if p is not None and p.kind == "int" else None)
+    return out
+
+
+def position_params(program: Program) -> list[str]:
+    """Names of the `int` parameters that reach a random-bits counter (the `position` of `sample` / `xtc`)."""
+    return list(dict.fromkeys(p.name for p in _draw_positions(program) if p is not None))
 
 
 def draws_at_fixed_positions(program: Program) -> bool:
-    """Whether a draw of the program (`sample`, `xtc`, their random bits) reads a position that is no parameter (a
-    literal: `sample(seed)` draws at position 0): a decode loop then advances the seed instead (`step_seed`)."""
-    by_node = {id(p.node): p for p in program.params}
-    at = {"random_bits": 2, "sample": 2, "xtc": 4}
-    for node in program.graph.toposort():
-        if node.op not in at:
-            continue
-        src = node.inputs[at[node.op]]
-        while src.op in ("expand", "cast", "broadcast", "reshape", "squeeze") and src.inputs:
-            src = src.inputs[0]
-        p = by_node.get(id(src)) if src.op == INPUT else None
-        if p is None or p.kind != "int":
-            return True
-    return False
+    """Whether a draw of the program reads a position that is no parameter (a literal: `sample(seed)` draws at
+    position 0): a decode loop then advances the seed instead (`step_seed`)."""
+    return None in _draw_positions(program)
 
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
