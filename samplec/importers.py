@@ -129,7 +129,9 @@ class _Sampler:
 
 
 def _number(name: str, value, kind: type = float, lo: float = -math.inf, hi: float = math.inf,
-            lo_open: bool = False):
+            lo_open: bool = False, wide: bool = False):
+    """A field's number, checked (`kind` int: an integer that fits the 32-bit int a stage takes, unless `wide`:
+    a seed)."""
     if isinstance(value, bool) or not isinstance(value, (int, float, str)):
         raise SamplecError(f"{name}: expected a number, got {value!r}")
     try:
@@ -146,6 +148,8 @@ def _number(name: str, value, kind: type = float, lo: float = -math.inf, hi: flo
     except (TypeError, ValueError, OverflowError):
         raise SamplecError(f"{name}: expected {'an integer' if kind is int else 'a number'}, got {value!r}") \
             from None
+    if kind is int and not wide and not -2 ** 31 <= v < 2 ** 31:
+        raise SamplecError(f"{name} = {value!r} does not fit in a 32-bit int")
     if v != v or v < lo or v > hi or (lo_open and v == lo):
         lo_b = "(" if lo_open else "["
         raise SamplecError(f"{name} = {value!r} is out of range {lo_b}{_num(lo)}, {_num(hi)}]")
@@ -336,22 +340,37 @@ _LLAMA_REFUSED = {   # flags that constrain or change sampling in ways a sampler
     "--ignore-eos": "--ignore-eos (it biases the model's EOS token to -inf; use allow(mask) with your model's "
                     "EOS id)",
 }
-LLAMA_CPP_FLAGS = {"mapped": tuple(_LLAMA_FLAGS) + tuple(_LLAMA_SWITCHES), "refused": tuple(_LLAMA_REFUSED)}
+LLAMA_CPP_FLAGS = {"mapped": tuple(_LLAMA_FLAGS) + tuple(_LLAMA_SWITCHES) + ("--min-keep",),
+                   "refused": tuple(_LLAMA_REFUSED)}
 
 
 def _llama_unknown_flag(flag: str) -> SamplecError | None:
     """An unknown flag that looks like a misspelt sampling flag (`--top_k`, `--temprature`) is an error; any other
     unknown flag is taken as one of llama.cpp's many non-sampling flags (model, context, threads, ...)."""
-    known = [*_LLAMA_FLAGS, *_LLAMA_SWITCHES, *_LLAMA_REFUSED]
+    known = [*_LLAMA_FLAGS, *_LLAMA_SWITCHES, *_LLAMA_REFUSED, "--min-keep"]
     if not flag.startswith("--"):
         return None
     norm = flag.lower().replace("_", "-")
     if norm != flag and norm in known:
         return SamplecError(f"unknown flag '{flag}' (did you mean '{norm}'?)")
-    close = difflib.get_close_matches(norm, [k for k in known if k.startswith("--")], n=1, cutoff=0.85)
+    close = difflib.get_close_matches(norm, [k for k in known if k.startswith("--")], n=1, cutoff=0.85) or \
+        [k for k in known if k.startswith("--") and _one_edit(norm, k)][:1]
     if close:
         return SamplecError(f"unknown flag '{flag}' (did you mean '{close[0]}'?)")
     return None
+
+
+def _one_edit(a: str, b: str) -> bool:
+    """Whether a and b differ by one edit: a letter changed, added or dropped, or two neighbours swapped
+    (`--tmep` for `--temp`)."""
+    if a == b or abs(len(a) - len(b)) > 1:
+        return False
+    if len(a) == len(b):
+        diff = [i for i in range(len(a)) if a[i] != b[i]]
+        return len(diff) == 1 or len(diff) == 2 and diff[1] == diff[0] + 1 and \
+            a[diff[0]] == b[diff[1]] and a[diff[1]] == b[diff[0]]
+    short, long_ = (a, b) if len(a) < len(b) else (b, a)
+    return any(long_[:i] + long_[i + 1:] == short for i in range(len(long_)))
 
 
 def _llama_argv(text: str) -> list[str]:
@@ -420,6 +439,15 @@ def from_llama_cpp(argv: list[str] | str, name: str = "llama_cpp") -> str:
         if flag in _LLAMA_SWITCHES:
             i += 1
             continue
+        if flag == "--min-keep":    # (every stage keeps at least its most likely token: a minimum of 0 or 1 is that)
+            value = inline if eq else args[i + 1] if i + 1 < len(args) else None
+            if value is None:
+                raise SamplecError(f"{flag}: missing value")
+            if _number(flag, value, int) > 1:
+                raise SamplecError(f"{flag} {value}: samplec's stages keep at least the most likely token, and no "
+                                   "larger minimum (spec section 2): it cannot be imported into a sampler chain")
+            i += 1 if eq else 2
+            continue
         if flag not in _LLAMA_FLAGS:
             if not tok.startswith("-"):
                 raise SamplecError(f"unexpected argument {tok!r} (expected llama.cpp flags)")
@@ -456,7 +484,7 @@ def from_llama_cpp(argv: list[str] | str, name: str = "llama_cpp") -> str:
             tid, bias = _llama_bias(value)
             biases[tid] = biases.get(tid, 0.0) + bias
         elif key == "seed":
-            s["seed"] = _number(flag, value, int) & 0xFFFFFFFF     # llama.cpp keeps a uint32 (-1: random)
+            s["seed"] = _number(flag, value, int, wide=True) & 0xFFFFFFFF     # llama.cpp keeps a uint32 (-1: random)
         elif key == "dry_sequence_breakers":
             s[key] = [*(s[key] or []), value]                        # strings; used with DRY only
         else:
@@ -639,7 +667,7 @@ def from_openai(body: dict, name: str = "openai_chat") -> str:
     p = body.get("top_p")
     _top_p(out, "top_p", 1.0 if p is None else _number("top_p", p, lo=0.0, hi=1.0), "OpenAI")
     if body.get("seed") is not None:
-        seed = _number("seed", body["seed"], int)
+        seed = _number("seed", body["seed"], int, wide=True)
         out.seed = seed % 2 ** 64
     n_top = body.get("top_logprobs")
     if body.get("logprobs"):
@@ -857,7 +885,7 @@ def from_vllm(params: dict, name: str = "vllm") -> str:
             out.stage("top_p", top_p)
     seed = p["seed"]
     if seed is not None and seed != -1:
-        out.seed = _number("seed", seed, int) % 2 ** 64
+        out.seed = _number("seed", seed, int, wide=True) % 2 ** 64
     if p["logprobs"] is not None:
         nl = _number("logprobs", 1 if p["logprobs"] is True else p["logprobs"], int, lo=-1)   # (True: 1, as vLLM)
         if nl == -1:

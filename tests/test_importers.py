@@ -655,6 +655,7 @@ def test_openai_off_values():
 # ---- llama.cpp: every sampling flag of common/arg.cpp ----
 
 LLAMA_FLAG_EXAMPLES = {   # flag -> (value, whether the chain changes)
+    "--min-keep": ("1", False),     # (0 or 1: what every stage keeps anyway; more is refused, below)
     "--temp": ("0.5", True), "--temperature": ("0.5", True), "--top-k": ("7", True), "--top-p": ("0.5", True),
     "--min-p": ("0.2", True), "--top-nsigma": ("1.5", True), "--top-n-sigma": ("1.5", True),
     "--xtc-probability": ("0.5", True), "--xtc-threshold": ("0.2", False), "--typical": ("0.9", True),
@@ -682,6 +683,19 @@ def test_llama_cpp_every_sampling_flag():
         with pytest.raises(SamplecError, match=re.escape(flag)):
             from_llama_cpp([flag, "x"])
     assert "seed: seed = 5" in from_llama_cpp("-s 5")
+
+
+def test_llama_cpp_flags_one_edit_from_a_sampling_flag_and_min_keep_are_errors():
+    """A flag one edit from a sampling flag (a letter swapped, dropped, added or changed) is a misspelling, not one
+    of llama.cpp's other flags; --min-keep above 1 has no equivalent."""
+    for typo, meant in (("--tmep", "--temp"), ("--top-kk", "--top-k"), ("--min-q", "--min-p"),
+                        ("--mirostta", "--mirostat")):
+        with pytest.raises(SamplecError, match=f"did you mean '{meant}'"):
+            from_llama_cpp(f"{typo} 0.5")
+    with pytest.raises(SamplecError, match="--min-keep 5"):
+        from_llama_cpp("--min-keep 5")
+    assert "outside the sampler (not sampling flags): --foo 1 --ctx-size 4096" in \
+        from_llama_cpp("--foo 1 --ctx-size 4096")
 
 
 def test_llama_cpp_other_flags_are_listed():
@@ -950,3 +964,13 @@ def test_llama_cpp_flags_split_as_a_shell_would():
     src = from_llama_cpp('--samplers "temperature;dry" --dry-multiplier 0.8 --temp 0')
     assert "dry_breakers: tokens" not in src and stage_lines(src) == ["temperature(0.0)", "greedy()"]
     samplec.compile(src)
+
+
+def test_integers_past_32_bits_are_import_errors_not_programs_that_do_not_compile():
+    """An integer field a stage takes as a 32-bit int is checked at import (the program would not compile); seeds
+    take 64 bits."""
+    with pytest.raises(SamplecError, match="top_k = 99999999999999999999 does not fit in a 32-bit int"):
+        from_hf({"do_sample": True, "top_k": 99999999999999999999})
+    with pytest.raises(SamplecError, match="--top-k = '4294967296' does not fit"):
+        from_llama_cpp("--top-k 4294967296")
+    assert "seed: seed = 18446744073709551615" in from_openai({"seed": 2 ** 64 - 1})
