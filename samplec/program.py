@@ -664,6 +664,8 @@ def _prepare_param(p: Param, value, B: int, V: int, late: list, ids_in_graph: bo
     if p.kind == "mask":
         return _mask(p.name, arr, B, V)
     if p.kind == "bias":
+        if arr.dtype == mx.bool_:       # (a mask given for the bias: its trues would add 1, silently)
+            raise SamplecError(f"{p.name}: expected a float bias [{B}, {V}], got bool (a mask?)")
         if arr.shape[1] != V:
             raise SamplecError(f"{p.name}: expected shape [{B}, {V}], got {list(arr.shape)}")
         arr = arr.astype(mx.float32)

@@ -1588,6 +1588,15 @@ def load_programs(specs: list[str], top: int = TOP) -> dict[str, Program]:
             raise SamplecError(f"--sampler {spec}: the chain '{prog.name}' has no token output")
         if sum(p.kind == "mask" for p in prog.params) > 1:
             raise SamplecError(f"--sampler {spec}: a served chain has at most one mask parameter")
+        from samplec.decode import position_params
+        driven = set(position_params(prog)) | {"pos", "position"}
+        for p in prog.params:       # (what no request fills must have a default: else every request would fail)
+            filled = p.kind in ("tokens", "seed", "mask") or p.kind == "int" and p.name in driven or \
+                p.kind in ("float", "int") and p.name in FIELDS
+            if not filled and p.required:
+                raise SamplecError(f"--sampler {spec}: no request field fills the chain's parameter '{p.name}' "
+                                   f"({p.kind}) and it has no default (the fields a chain reads: "
+                                   f"{', '.join(FIELDS)}; a seed, a mask, token histories and the position)")
         programs[prog.name] = prog
     return programs
 

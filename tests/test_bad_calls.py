@@ -367,3 +367,15 @@ def test_top_p_zero_names_the_off_value():
     with pytest.raises(samplec.SamplecError) as e:
         nucleus(np.zeros((2, 5), np.float32), a=[0.0, 0.5], s=1)
     assert str(e.value).startswith("a = 0 is out of range (0, 1] (row 0); top_p's off value is 1")
+
+
+@pytest.mark.parametrize("target", ["cpu", "portable"])
+def test_a_bool_bias_is_an_error_naming_it(target):
+    """A mask given for a bias (numpy or MLX, on the full path and after good calls) would add 1 where it is true:
+    an error naming the parameter."""
+    prog = samplec.compile("sampler s(b: bias, seed: seed) -> token { logit_bias(b) sample(seed) }", target=target)
+    x = np.zeros((2, 8), np.float32)
+    prog(mx.array(x), b=mx.array(np.zeros((2, 8), np.float32)), seed=[1, 2])
+    for mask in (np.ones((2, 8), bool), mx.array(np.ones((2, 8), bool))):
+        with pytest.raises(samplec.SamplecError, match="b: expected a float bias .* got bool"):
+            prog(mx.array(x), b=mask, seed=[1, 2])

@@ -675,6 +675,21 @@ def test_start_up_errors_are_one_samplec_error(argv, message):
     assert message in str(err.value)
 
 
+def test_a_chain_with_a_parameter_no_request_fills_is_refused_at_start_up(tmp_path):
+    """A `--sampler` chain whose required parameter no request field fills (a bias, a float of another name) would
+    fail every request: the server refuses it before it listens, naming the parameter."""
+    from samplec.diagnostics import SamplecError
+    for decl, name in (("b: bias", "b"), ("t: float", "t")):
+        src = tmp_path / f"{name}.smp"
+        src.write_text(f"sampler c(seed: seed, {decl}) -> token {{ temperature(0.7) sample(seed) }}\n")
+        with pytest.raises(SamplecError, match=f"parameter '{name}'"):
+            serve.load_programs([str(src)])
+    ok = tmp_path / "ok.smp"
+    ok.write_text("sampler c(seed: seed, t: float = 0.7, temperature: float, step: int) -> token "
+                  "{ temperature(temperature) sample(seed, position = step) }\n")
+    assert list(serve.load_programs([str(ok)])) == ["c"]
+
+
 def test_a_port_in_use_exits_at_once_with_one_line(server):
     """The CLI: one line, exit 1, before anything listens (the port is bound before the model loads)."""
     import subprocess
