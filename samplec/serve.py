@@ -664,9 +664,8 @@ class BatchSampler:
             readers = self.readers[prog.name] = history_readers(prog)
         drives = self.drives.get(prog.name)
         if drives is None:      # (its position parameters, and whether a draw's position is none: seeds step)
-            from samplec.decode import draws_at_fixed_positions, position_params
-            drives = self.drives[prog.name] = (set(position_params(prog)) | {"pos", "position"},
-                                               draws_at_fixed_positions(prog))
+            from samplec.decode import draws_at_fixed_positions
+            drives = self.drives[prog.name] = (positions_of(prog), draws_at_fixed_positions(prog))
         for p in prog.params:
             if p.kind == "tokens":
                 # (a row whose penalties over this history are all neutral reads none of it: an empty one;
@@ -1575,6 +1574,13 @@ class HTTPServer(ThreadingHTTPServer):
 # ---------------------------------------------------------------------------------------------------------------
 # start-up
 
+def positions_of(prog: Program) -> set[str]:
+    """The parameters a served chain is given the position in: those a draw takes as its position, and any named
+    `pos` or `position`."""
+    from samplec.decode import position_params
+    return set(position_params(prog)) | {"pos", "position"}
+
+
 def load_programs(specs: list[str], top: int = TOP) -> dict[str, Program]:
     """`--sampler FILE.smp[:NAME]` values (none: SERVER_CHAIN) as name -> program."""
     import samplec
@@ -1588,8 +1594,7 @@ def load_programs(specs: list[str], top: int = TOP) -> dict[str, Program]:
             raise SamplecError(f"--sampler {spec}: the chain '{prog.name}' has no token output")
         if sum(p.kind == "mask" for p in prog.params) > 1:
             raise SamplecError(f"--sampler {spec}: a served chain has at most one mask parameter")
-        from samplec.decode import position_params
-        driven = set(position_params(prog)) | {"pos", "position"}
+        driven = positions_of(prog)
         for p in prog.params:       # (what no request fills must have a default: else every request would fail)
             filled = p.kind in ("tokens", "seed", "mask") or p.kind == "int" and p.name in driven or \
                 p.kind in ("float", "int") and p.name in FIELDS

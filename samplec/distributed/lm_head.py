@@ -103,7 +103,7 @@ def generate_sharded(model, program, tokens: list[int], max_tokens: int, *, seed
     """`samplec.decode.generate` for a model whose LM head `shard_lm_head` split: the same positions, history
     and state as the one-process loop, each step's logits slice sampled through `shard(program)`; one host
     synchronization per token (the next forward pass needs the token that every rank agreed on)."""
-    from samplec.decode import PREFILL_STEP, ProgramFeed, _make_cache, pad_history, step_seed
+    from samplec.decode import PREFILL_STEP, ProgramFeed, _make_cache, pad_history, step_seeds
     where: VocabShard = model.samplec_vocab
     feed = ProgramFeed(program, seed, params)
     sharded = shard(program, where.group, timeout=timeout)
@@ -131,8 +131,8 @@ def generate_sharded(model, program, tokens: list[int], max_tokens: int, *, seed
         call = dict(fixed, **{n: length for n in feed.position_names}, **state)
         for n in feed.advanced_seeds:       # (a draw at a fixed position: the seed advances by the position)
             if n in fixed:
-                seed = mx.array(np.asarray(fixed[n], dtype=np.uint64).reshape(-1))
-                call[n] = np.array(step_seed(seed, mx.array([length], dtype=mx.int32)))
+                seeds = np.asarray(fixed[n], dtype=np.uint64).reshape(-1).tolist()
+                call[n] = step_seeds(seeds, [length] * len(seeds))
         if feed.history_name:
             hist = mx.array(np.array(history, dtype=np.int32)[None]) if history else mx.zeros((1, 0), mx.int32)
             call[feed.history_name] = pad_history(hist, len(history))
