@@ -31,6 +31,7 @@ from samplec.frontend.lower import OS_SEED, history_message
 from samplec.ir.graph import Graph, Param
 from samplec.ir.printer import print_graph
 from samplec.passes.checks import IMPLIES
+from samplec.passes.portable import UNCOVERED
 from samplec.passes.specialize import switches
 from samplec.stages import Range
 
@@ -174,6 +175,9 @@ class Program:
         # (shape, bytes of the values, arrays, bytes of each value, the program they run): the last short call's
         self._last = None
         self.queue_stats = {"short": 0, "full": 0, "scalars_rebuilt": 0, "specialized": 0}
+        # calls run again with their rows sorted: the portable target's candidates on the CPU did not hold a row's
+        # kept tokens (samplec/passes/portable.py)
+        self.sorted_again = 0
 
     def _device_error(self) -> str | None:
         from samplec.passes.target import unavailable
@@ -218,7 +222,7 @@ class Program:
 
     def __getstate__(self):
         state = dict(self.__dict__)
-        state.update(_shapes={}, _last=None, queue_stats=dict.fromkeys(self.queue_stats, 0), _device=None,
+        state.update(_shapes={}, _last=None, queue_stats=dict.fromkeys(self.queue_stats, 0), sorted_again=0, _device=None,
                      _variants={}, _off={}, _checked=None)
         return state
 
@@ -244,6 +248,12 @@ class Program:
         outs, checks = self.queue(logits, **params)
         evaluate((outs if want is None else [o for k, o in zip(self._names, outs) if k.split(".")[0] in want]) +
                  [f for _, f in checks])
+        if not any(any(_flagged(flag)) for _, flag in checks):     # (the common case: read as Python values)
+            return Outputs(dict(zip(self._names, outs)), self._layout)
+        if not self._every_check and any(m == UNCOVERED and f.any() for m, f in named_flags(checks)):
+            # (a row whose kept tokens the CPU's candidates may not hold: the call again with the rows sorted)
+            self.sorted_again += 1
+            return self._with_every_check()._evaluated(logits, params, want)
         try:
             self.raise_flagged(checks)
         except SamplecError:

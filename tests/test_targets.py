@@ -8,10 +8,13 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from unittest import mock
 
+import mlx.core as mx
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import reference as R
 import samplec
@@ -58,17 +61,24 @@ def example_args(prog, B: int = 2, V: int = 1000, seed: int = 0) -> tuple[np.nda
     return x, kw
 
 
-@pytest.mark.parametrize("target", ["cpu", "cuda", "metal", "portable"])
+@pytest.mark.parametrize("target", ["cpu", "cuda", "metal", "portable", "portable-on-cpu"])
 @pytest.mark.parametrize("example,sampler", EXAMPLE_SAMPLERS, ids=[f"{e}:{s}" for e, s in EXAMPLE_SAMPLERS])
-def test_golden_target_ir(example, sampler, target):
-    """The IR each target runs, pinned for every shipped example (re-bless: SAMPLEC_UPDATE_GOLDENS=1)."""
+def test_golden_target_ir(example, sampler, target, monkeypatch):
+    """The IR each target runs, pinned for every shipped example (re-bless: SAMPLEC_UPDATE_GOLDENS=1): the portable
+    target as a GPU lowers it (one sort a chain) and as the CPU does (`portable-on-cpu`: candidates where a chain
+    allows them), whichever device this runs on."""
+    from samplec.passes import target as target_pass
+    monkeypatch.setattr(target_pass, "partitions", lambda: target == "portable-on-cpu")
     graph, _ = lower_source((ROOT / "examples" / example).read_text(), sampler, filename=example)
-    text = str(run_target(run_pipeline(graph, 2), target))
+    text = str(run_target(run_pipeline(graph, 2), target.removesuffix("-on-cpu")))
     assert_golden(GOLDEN / f"{Path(example).stem}.{sampler}.{target}.ir", text)
 
 
 @pytest.mark.parametrize("example,sampler", EXAMPLE_SAMPLERS, ids=[f"{e}:{s}" for e, s in EXAMPLE_SAMPLERS])
-def test_portable_ir_has_no_selection_rounds_and_sorts_a_chain_once(example, sampler):
+def test_portable_ir_has_no_selection_rounds_and_sorts_a_chain_once(example, sampler, monkeypatch):
+    """As a GPU lowers it: one sort of values a chain."""
+    from samplec.passes import target as target_pass
+    monkeypatch.setattr(target_pass, "partitions", lambda: False)
     prog = samplec.compile_file(ROOT / "examples" / example, sampler=sampler, target="portable")
     ops = [n.op for n in prog.graph.toposort()]
     assert not set(ops) & set(SELECTIONS), prog.ir()
@@ -78,6 +88,26 @@ def test_portable_ir_has_no_selection_rounds_and_sorts_a_chain_once(example, sam
     assert ops.count("sort") <= max(1, chains)              # (one sort of values a chain, no argsort of the row)
     assert ops.count("argsort") <= stages.count("typical_p") + ops.count("slice")   # (scores; top_logprobs)
     assert "put_along" not in ops                            # (the id-order form is made, never written back)
+
+
+# the shipped chains the CPU's portable lowering runs on candidates as they stand (the others do once a call's values
+# leave their xtc, typical_p and top_n_sigma off, or not at all: hf_generate's `probs` reads the whole row)
+ON_CANDIDATES = {"llama", "nucleus", "llama_cpp_default_short", "mlx_lm_chat", "openai", "openai_constant_bias",
+                 "vllm", "vllm_constrained"}
+
+
+@pytest.mark.parametrize("example,sampler", EXAMPLE_SAMPLERS, ids=[f"{e}:{s}" for e, s in EXAMPLE_SAMPLERS])
+def test_portable_on_the_cpu_partitions_rather_than_sorts(example, sampler, monkeypatch):
+    """As the CPU lowers it: a chain of value cuts, the temperature and a draw runs on candidates (a partition, no
+    sort of the row, no argsort of the row: top_logprobs from the candidates too); the others sort once."""
+    from samplec.passes import target as target_pass
+    monkeypatch.setattr(target_pass, "partitions", lambda: True)
+    prog = samplec.compile_file(ROOT / "examples" / example, sampler=sampler, target="portable")
+    ops = [n.op for n in prog.graph.toposort()]
+    assert (sampler in ON_CANDIDATES) == ("candidates" in ops), prog.ir()
+    if sampler in ON_CANDIDATES:
+        assert "sort" not in ops, prog.ir()
+        assert ops.count("argsort") == 2 * ops.count("slice"), prog.ir()    # (top_logprobs' two sorts of N)
 
 
 @pytest.mark.parametrize("example,sampler", EXAMPLE_SAMPLERS, ids=[f"{e}:{s}" for e, s in EXAMPLE_SAMPLERS])
@@ -194,7 +224,32 @@ def test_a_declined_kernel_shows_in_the_trace(monkeypatch):
 @given(cases())
 def test_portable_equals_O0_equals_reference(case):
     """The portable lowering on random chains in random orders, literal and per-row values, every logits family
-    (ties at every boundary, -inf-heavy, flat, tiny V): -O0's tokens and the reference's."""
+    (ties at every boundary, -inf-heavy, flat, tiny V): -O0's tokens and the reference's -- as a GPU lowers it (one
+    sort a chain)."""
+    from samplec.passes import target as target_pass
+    with mock.patch.object(target_pass, "partitions", lambda: False):
+        portable_case(case)
+
+
+@pytest.mark.uncompiled
+@settings(max_examples=max(EXAMPLES // 2, 10), deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(st.data())
+def test_portable_on_candidates_equals_O0_equals_reference(data):
+    """The same as the CPU lowers it, with 8 candidates a row (V >= 8 here): chains of value cuts run on the
+    candidates, and a call whose kept tokens they may not hold runs again with its rows sorted -- either way -O0's
+    tokens, ids and log-probabilities."""
+    from samplec.passes import portable
+    from samplec.passes import target as target_pass
+    rng, V, B, _, _, terminal, penalties, kinds, _, edits, split = data.draw(cases())
+    stages = data.draw(st.lists(st.sampled_from(sorted(portable.CANDIDATE_STAGES)), min_size=1, max_size=4))
+    modes = [data.draw(st.sampled_from(["literal", "scalar", "rows"])) for _ in stages]
+    case = rng, V, B, stages, modes, terminal, penalties, kinds, False, edits, min(split, len(stages))
+    with mock.patch.object(target_pass, "partitions", lambda: True), mock.patch.object(portable, "PLACES", 8):
+        portable_case(case)
+
+
+def portable_case(case):
     rng, V, B, stages, modes, terminal, penalties, kinds, probs, edits, split = case
     src, kw, per_row = build(V, B, stages, modes, terminal, penalties, rng, probs, edits, split)
     x = np.stack([family_row(k, V, rng) for k in kinds])
@@ -304,7 +359,9 @@ def test_cli_target_and_emit_ir(tmp_path):
                               cwd=ROOT, env={**os.environ, **(env or {})}, timeout=120)
     r = cli("compile", "examples/llama.smp", "--target", "portable", "--emit", "ir")
     assert r.returncode == 0, r.stderr
-    assert " = sort " in r.stdout and "region" not in r.stdout
+    # (the portable target as this machine's device lowers it: on the CPU the chain runs on candidates)
+    assert (" = candidates " if mx.default_device() == mx.cpu else " = sort ") in r.stdout
+    assert "region" not in r.stdout
     r = cli("compile", "examples/llama.smp", "--target", "cpu", "--emit", "ir")
     assert r.returncode == 0 and "region cpu.chain" in r.stdout, r.stderr
     r = cli("compile", "examples/llama.smp", "-o", str(tmp_path / "l.smpb"), env={"SAMPLEC_TARGET": "portable"})

@@ -75,6 +75,18 @@ def _argsort(ins, a):
     return mx.argsort(-x if a["descending"] else x, axis=-1).view(mx.int32)
 
 
+def _candidates(ins, a):
+    """The ids of the row's `places` largest values (N = min(places, V); a NaN or +inf first), by value descending
+    and equal values by id: a partition of the row (linear on the CPU) and a sort of the N it keeps."""
+    x = ins[0]
+    n = min(a["places"], x.shape[-1])
+    key = mx.where(mx.isnan(x), -np.inf, -x)       # (ascending on the negation: a stable sort keeps ids in order)
+    if n == x.shape[-1]:
+        return mx.argsort(key, axis=-1).view(mx.int32)
+    ids = mx.sort(mx.argpartition(key, n - 1, axis=-1)[..., :n], axis=-1)
+    return mx.take_along_axis(ids, mx.argsort(mx.take_along_axis(key, ids, axis=-1), axis=-1), axis=-1).view(mx.int32)
+
+
 def _iota(n: int) -> mx.array:
     return constant(("iota", n), lambda: mx.arange(n, dtype=mx.int32))
 
@@ -503,7 +515,7 @@ KERNELS = {
     "slice": lambda i, a: i[0][..., a["start"]:a["stop"]],
     "reduce_max": _red(mx.max), "reduce_min": _red(mx.min), "reduce_sum": _reduce_sum, "reduce_any": _red(mx.any),
     "argmax": lambda i, a: mx.argmax(i[0], axis=-1, keepdims=True).view(mx.int32),
-    "sort": _sort, "argsort": _argsort, "topk": _topk, "topk_ids": _topk_ids,
+    "sort": _sort, "argsort": _argsort, "candidates": _candidates, "topk": _topk, "topk_ids": _topk_ids,
     "cumsum": lambda i, a: _cumsum(i[0]),
     "kth_largest": _kth_largest, "kth_largest_static": _kth_largest_static, "mass_threshold": _mass_threshold,
     "filter": lambda i, a: mx.where(i[1], i[0], mx.array(-np.inf, dtype=mx.float32)),

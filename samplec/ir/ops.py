@@ -392,6 +392,9 @@ def _pack(ts: list[Type]) -> Type:
 TARGET_OPS: dict[str, OpDef] = {d.name: d for d in [
     OpDef("gather", 2, (), _take_along,
           "take_along at indices the target pass made (in range by construction: no clamp)"),
+    OpDef("candidates", 1, (("places", "int"),), lambda ts, a: Type(I32, ts[0].shape[:-1] + ("N",)),
+          "the ids of the row's N = min(places, V) largest values (NaN first), by value descending and equal values "
+          "by id: a partition and a sort of N (the portable lowering on the CPU)"),
     OpDef("sum", 1, (), _reduce((F32, I32)), "sum over the last axis in the device's order: one reduction"),
     OpDef("place", 1, (("index", "int"),), lambda ts, a: Type(ts[0].dtype, ts[0].shape[:-1] + (1,)),
           "x[..., min(index, V - 1)] as [..., 1]: a view (index >= 0)"),

@@ -21,7 +21,7 @@ xtc's survivor the lowest id among the least probable targets.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from samplec.frontend.expand import EXPAND, history_window
 from samplec.frontend.lower import NEG_INF, XTC_COUNTER, any_rows, const, gumbel, history_message, penalize, uniform, where
@@ -60,6 +60,27 @@ class Row:
     # denominator), which a reader of the row's normalizer (raw_logprob, top_logprobs) takes instead of a sum of its own
     made: dict = field(default_factory=dict, compare=False, repr=False)
     start: Node | None = None
+    # the candidates form (`places`: the CPU's, module doc): `s` holds the first N places only, `ids` their ids;
+    # `whole` ([B,1] bool) where they are the whole row (V <= places), `bad` ([B,1]) where a stage read a sum over
+    # the candidates while they may not have held every kept token; `fresh`: no cut yet (`x` is a whole row: its
+    # sums are exact)
+    ids: Node | None = None
+    places: int = 0
+    whole: Node | None = None
+    bad: Node | None = None
+    fresh: bool = False
+
+    def held(self) -> Node:
+        """[B,1] bool: where the candidates hold every kept token -- they are the whole row, or a cut removed the
+        last place. Every cut on candidates is a threshold on the value (a token past the last place holds a value
+        no larger than it) whose rule they decide exactly, and a removed place stays removed."""
+        return make("logical_or", self.whole, make("le", make("place", self.s, index=self.places - 1),
+                                                   const(NEG_INF)))
+
+    def uncovered(self) -> Node:
+        """[B,1] bool: where a draw from the candidates may not be the whole row's."""
+        out = make("logical_not", self.held())
+        return out if self.bad is None else make("logical_or", out, self.bad)
 
     def exact(self) -> Node:
         """The id-order row as the dense definitions hold it (where `greedy`: the first maximum alone)."""
@@ -96,7 +117,8 @@ class Row:
             greedy = make("logical_or", self.greedy, greedy)
         return Row(s, flat(reroot(s, self.s, self.x) if x is None else x), self.last,
                    self.prefix if prefix is None else prefix, head, top, self.greedy if greedy is None else greedy,
-                   start=self.start if start is None else start)
+                   start=self.start if start is None else start, ids=self.ids, places=self.places,
+                   whole=self.whole, bad=self.bad, fresh=self.fresh and not cut)
 
 
 def flat(x: Node) -> Node:
@@ -203,10 +225,18 @@ def reroot(out: Node, s: Node, x: Node) -> Node:
     return go(out)
 
 
-def sort_row(x: Node) -> Row:
+def sort_row(x: Node, places: int = 0) -> Row:
     """The row's values sorted descending (a view of MLX's ascending sort, reversed: what reads it is elementwise,
-    a view of a place or a gather)."""
-    return Row(make("sort", x, descending=True, name="s"), x, make("last_index", x))
+    a view of a place or a gather); with `places`, its candidates: the first N = min(places, V) places and their
+    ids (a partition and a sort of N), contained from the start where V <= places."""
+    if not places:
+        return Row(make("sort", x, descending=True, name="s"), x, make("last_index", x))
+    ids = make("candidates", x, places=places, name="candidate_ids")
+    s = make("gather", x, ids, name="s")
+    # (V <= places, [1], as a [B,1] flag: ids are never negative)
+    whole = make("logical_and", make("lt", make("last_index", x), const(places, I32)),
+                 make("ge", make("place", ids, index=0), const(0, I32)))
+    return Row(s, x, make("last_index", s), ids=ids, places=places, whole=whole, fresh=True)
 
 
 def kept(s: Node) -> Node:
@@ -221,7 +251,8 @@ def probs_of(r: Row) -> Node:
     got = r.made.get("probs")
     if got is None:
         e = make("exp", make("sub", r.s, r.top()))
-        total = make("sum", e)
+        # (the candidates of a row no cut touched: the sum of the whole row, in id order)
+        total = make("sum", make("exp", make("sub", r.x, r.top())) if r.ids is not None and r.fresh else e)
         got = r.made["probs"] = (make("div", e, total, name="p"), total)
     return got[0]
 
@@ -284,7 +315,11 @@ def top_p(r: Row, p: Node) -> Row:
     if p.op != "const":     # (p >= 1 is off: every place counts, the floor is the row's least probability)
         open_ = make("logical_or", open_, make("ge", p, const(1.0)))
     floor = make("reduce_min", where(open_, q, const(float("inf"))), name="p_min")
-    return r.then(keep(r.s, make("ge", q, floor), name="x_topp"))
+    out = r.then(keep(r.s, make("ge", q, floor), name="x_topp"))
+    if r.ids is not None and not r.fresh:   # (a running mass over the candidates: exact where they hold the row)
+        unheld = make("logical_not", r.held())
+        out = replace(out, bad=unheld if r.bad is None else make("logical_or", r.bad, unheld))
+    return out
 
 
 def typical_p(r: Row, m: Node) -> Row:
@@ -409,8 +444,42 @@ def _substitute(root: Node, swap) -> Node:
 
 # ---- the pass ----------------------------------------------------------------------------------------------------
 
+# the check of the rows whose kept tokens the candidates may not hold: `Program` runs such a call again with the
+# row sorted (it is never an error)
+UNCOVERED = "the candidates may not hold every kept token"
+
+
+class NotCandidates(Exception):
+    """Something reads a candidates row other than the stages and draws that run on them."""
+
+
+# what runs on a row's candidates (the CPU's portable lowering): cuts by a value threshold the candidates decide
+# (top_k, top_p, min_p), the temperature, the draws and the drawn token's log-probability; a chain with any other
+# stage, or another reader of its rows (the probabilities, top_logprobs of the chain's row), sorts its row
+CANDIDATE_STAGES = frozenset({"top_k", "top_p", "min_p", "temperature"})
+CANDIDATE_DRAWS = frozenset({"sample", "argmax"})
+# N: 4096 places hold the kept tokens of every cut but a wide top_k or top_p on a flat row (those are run again
+# with the sort); a partition of 152064 floats and a sort of 4096 take ~2 ms on one core, a sort of the row ~17 ms
+PLACES = 4096
+
+
+def candidates_fit(g: Graph) -> bool:
+    """Whether every chain of g runs on candidates: its stages CANDIDATE_STAGES, read by each other and the draws
+    alone."""
+    users = g.users()
+    stages = [n for n in g.toposort() if n.op in STAGE_OPS]
+    def reads(u: Node, n: Node) -> bool:
+        if u.op == "logprob_at":        # (the drawn token's log-probability)
+            return u.inputs[0] is n and u.inputs[1].op in CANDIDATE_DRAWS and u.inputs[1].inputs[0] is n
+        return u.op in CANDIDATE_STAGES | CANDIDATE_DRAWS and u.inputs[0] is n and n not in u.inputs[1:]
+    return bool(stages) and all(n.op in CANDIDATE_STAGES and all(reads(u, n) for u in users.get(id(n), []))
+                                for n in stages)
+
+
 class _Lowering:
-    def __init__(self, g: Graph, keep: set = frozenset()):
+    def __init__(self, g: Graph, keep: set = frozenset(), places: int = 0):
+        self.places = places                    # the candidates form where > 0 (module doc)
+        self.uncovered: list[Node] = []         # its draws' flags: where the row is drawn again from a sort
         self.keep = keep                        # ids of nodes kept as they are (a kernel's region)
         self.users = g.users()
         self.dense: dict[int, Node] = {}        # id(old) -> the new node in id order
@@ -431,7 +500,7 @@ class _Lowering:
         # the log-softmax of x at some ids gathers from the written row (the same bits; no kernel of its own)
         self.written: dict[int, Node] = {id(n.inputs[0].inputs[0]): n.inputs[0] for n in g.toposort()
                                          if n.op == "topk_ids" and n.inputs[0].op == "log_softmax" and
-                                         id(n.inputs[0]) not in keep}
+                                         id(n.inputs[0]) not in keep and not places}
         self.nan_free: set[int] = set()     # ids of new rows that hold no NaN (their maximum: a sort's place 0)
         self.inner = set(then)      # the operands of penalties stages another penalties stage reads
         self.checked_later: dict[int, Node] = {}
@@ -446,6 +515,8 @@ class _Lowering:
         """n in id order (of a chain's row: its id-order form as the dense definitions hold it)."""
         got = self.dense.get(id(n))
         if got is None:
+            if self.sorted[id(n)].ids is not None:
+                raise NotCandidates(n.op)
             got = self.dense[id(n)] = self.sorted[id(n)].exact()
         return got
 
@@ -470,7 +541,10 @@ class _Lowering:
         if got is None:
             top = r.top()
             made = r.made.get("probs") if r.greedy is None else None     # (a stage summed the row already)
-            got = self.totals[id(r)] = (top, made[1] if made else make("sum", make("exp", make("sub", r.x, top))))
+            # (a chain's row on candidates: their sum, the row's where they hold every kept token -- what the draw's
+            # flag tests)
+            row = r.s if r.ids is not None and not r.fresh else r.x
+            got = self.totals[id(r)] = (top, made[1] if made else make("sum", make("exp", make("sub", row, top))))
         return got
 
     def softmax_of(self, n: Node) -> Node | None:
@@ -509,7 +583,7 @@ class _Lowering:
     def row(self, n: Node) -> Row:
         r = self.sorted.get(id(n))
         if r is None:
-            r = self.sorted[id(n)] = sort_row(self.value(n))
+            r = self.sorted[id(n)] = sort_row(self.value(n), self.places)
         return r
 
     def visit(self, n: Node) -> None:
@@ -543,21 +617,39 @@ class _Lowering:
         elif n.op == "sample" and in_sorted:
             r = self.sorted[id(x)]
             seed, position = (self.value(i) for i in n.inputs[1:])
+            if r.ids is not None:
+                # on the candidates: the noise of each id, the lowest id among the largest noisy values
+                bits = make("random_bits", seed, make("cast", r.ids, dtype=U32), make("cast", position, dtype=U32),
+                            name="bits")
+                g = gumbel(bits) if r.greedy is None else where(r.greedy, const(0.0), gumbel(bits))
+                noisy = make("add", r.s, g, name="noisy")
+                best = make("eq", noisy, make("reduce_max", noisy))
+                token = make("reduce_min", where(best, r.ids, const(BIG_ID, I32)), name=n.name)
+                self.uncovered.append(r.uncovered())
+                self.drawn[id(n)] = (token, r)
+                self.dense[id(n)] = token
+                return
             bits = self.noise.get(id(n)) or noise_bits(r.x, seed, position)[0]
             # the dense definition on the id-order row: ties between noisy values go to the lowest id
             g = gumbel(bits) if r.greedy is None else where(r.greedy, const(0.0), gumbel(bits))
             token = make("argmax", make("add", r.x, g, name="noisy"), name=n.name)
             self.drawn[id(n)] = (token, r)
             self.dense[id(n)] = token
-        elif n.op == "argmax" and in_sorted:
+        elif n.op == "argmax" and in_sorted and (self.sorted[id(x)].ids is None or x.op in STAGE_OPS):
             r = self.sorted[id(x)]
-            self.dense[id(n)] = make("argmax", r.x, name=n.name)       # (the lowest id at the maximum)
+            if r.ids is not None:   # (equal values in id order: place 0 holds the lowest id at the maximum)
+                self.uncovered.append(r.uncovered())
+                self.dense[id(n)] = make("place", r.ids, index=0, name=n.name)
+                self.drawn[id(n)] = (None, r)
+            else:
+                self.dense[id(n)] = make("argmax", r.x, name=n.name)       # (the lowest id at the maximum)
             self.drawn[id(n)] = (None, r)
         elif n.op == "logprob_at" and in_sorted and id(n.inputs[1]) in self.drawn and \
                 self.drawn[id(n.inputs[1])][1] is self.sorted[id(x)]:
             token, r = self.drawn[id(n.inputs[1])]
             top, lse = self.normalizer(x)
-            value = top if token is None else make("gather", r.x, token)
+            value = top if token is None else make("gather", r.x, token) if r.ids is None else \
+                make("reduce_max", where(make("eq", r.ids, token), r.s, const(NEG_INF)))
             self.dense[id(n)] = make("sub", make("sub", value, top), lse, name=n.name)
         elif n.op == "logprob_at" or n.op == "take_along" and n.inputs[0].op == "log_softmax" and \
                 id(n.inputs[0]) not in self.keep:     # (a kernel's log-softmax: its parts come from the kernel)
@@ -597,6 +689,8 @@ class _Lowering:
                 x.type.dtype == "f32":
             # x at its argmax (the logits checks' maximum): the maximum itself (a NaN anywhere is the maximum)
             self.dense[id(n)] = self.top_of(x)
+        elif n.op == "topk_ids" and self.candidates_of(x) is not None:
+            self.dense[id(n)] = self.top_ids(n, x)
         elif n.op == "topk_ids":
             # the n largest, lowest id first on ties: a stable sort of the row (MLX partitions by a sort on a GPU)
             ids = make("argsort", self.value(x), descending=True)
@@ -605,6 +699,34 @@ class _Lowering:
             new = tuple(self.value(i) for i in n.inputs)
             self.dense[id(n)] = rebuild(n, new) if n.op not in EXPAND else _expanded(n, new)
 
+
+    def candidates_of(self, n: Node) -> Row | None:
+        """The candidates of the whole row x where n is log_softmax(x) (not a chain's row: a chain's input, or a row
+        no chain reads)."""
+        if not self.places or n.op != "log_softmax" or id(n) in self.keep or n.inputs[0].op in STAGE_OPS:
+            return None
+        r = self.sorted.get(id(n.inputs[0]))
+        if r is None:       # (a row no chain reads: the raw logits' top_logprobs)
+            r = self.sorted[id(n.inputs[0])] = sort_row(self.value(n.inputs[0]), self.places)
+        return r if r.ids is not None and r.fresh else None
+
+    def top_ids(self, n: Node, x: Node) -> Node:
+        """topk_ids(log_softmax(row)) from the row's candidates: their log-softmax values ordered by value (equal
+        values by id: a log-softmax can make unequal logits equal) -- exact, and flagged otherwise, where the k-th
+        value is above the last candidate's."""
+        k = n.attr("k")
+        if k >= self.places:
+            raise NotCandidates("topk_ids")
+        r = self.candidates_of(x)
+        top, lse = self.normalizer(x.inputs[0])
+        f = make("sub", make("sub", r.s, top), lse)
+        by_id = make("argsort", r.ids, descending=False)
+        f_id = make("gather", f, by_id)
+        order = make("argsort", f_id, descending=True)
+        kth = make("gather", f_id, make("gather", order, make("minimum", const(k - 1, I32), r.last)))
+        held = make("logical_or", r.whole, make("gt", kth, make("place", f, index=self.places - 1)))
+        self.uncovered.append(make("logical_not", held))
+        return make("slice", make("gather", make("gather", r.ids, by_id), order), start=0, stop=k, name=n.name)
 
     def top_of(self, n: Node) -> Node:
         """n's row maximum: place 0 of its sorted row where the lowering sorted it, else a reduction."""
@@ -690,19 +812,37 @@ def _expanded(n: Node, inputs: tuple[Node, ...]) -> Node:
     return out if out.name or not n.name else Node(out.op, out.inputs, out.attrs, out.type, n.name)
 
 
-def lower_portable(g: Graph, keep: set = frozenset(), kept: dict | None = None, check_ids: bool = False) -> Graph:
+def _lowered(g: Graph, keep: set, places: int) -> "_Lowering":
+    """The lowering of every node of g: on candidates where `places` (falling back to the sort where something
+    reads their rows otherwise)."""
+    low = _Lowering(g, keep, places)
+    try:
+        for n in g.toposort():
+            low.visit(n)
+        for k, last in low.checked_later.items():
+            low.dense[k] = low.dense[id(last)]
+        for n in g.roots():
+            low.value(n)
+    except NotCandidates:
+        return _lowered(g, keep, 0)
+    return low
+
+
+def lower_portable(g: Graph, keep: set = frozenset(), kept: dict | None = None, check_ids: bool = False,
+                   places: int = 0) -> Graph:
     """Every stage op of g as the sorted-order lowering (module doc); other ops (and those in `keep`, ids) as they
     are. `kept`, where given, receives id(old) -> its node in the result for each node of `keep` (rebuilt over
     lowered inputs where those changed). `check_ids`: the range checks of the histories only penalties stages read
     are the graph's (`ids_checked`)."""
-    low = _Lowering(g, keep)
-    for n in g.toposort():
-        low.visit(n)
-    for k, last in low.checked_later.items():
-        low.dense[k] = low.dense[id(last)]
+    low = _lowered(g, keep, places if places and not keep and candidates_fit(g) else 0)
     out = g.replace({id(n): low.value(n) for n in g.roots()})
     if check_ids:
         out = Graph(out.name, out.params, out.outputs, ids_checked(g, low.ids_over) + out.checks)
+    if low.uncovered:
+        flag = low.uncovered[0]
+        for f in low.uncovered[1:]:
+            flag = make("logical_or", flag, f)
+        out = Graph(out.name, out.params, out.outputs, out.checks + (Check(make("squeeze", flag), UNCOVERED),))
     new: dict[int, Node] = {}
     out = _device_sums(out, {id(n) for n in g.toposort()}, new, low.nan_free)
     if kept is not None:
