@@ -20,7 +20,7 @@ median us:
   shape, or with numpy arrays, and the path every call took before the short path existed (it opened a hold on
   MLX's CPU worker as well, for scalar-only programs: not counted here);
 - short: whether the timed calls took the short path (`Program.queue_stats`).
-The portable target is traced as a GPU runs it (bench_targets.measure's settings) and timed over fewer calls (its
+The portable target is lowered and traced as a GPU runs it (bench_targets.measure's settings) and timed over fewer calls (its
 evaluation on the CPU takes ~0.1 s). Not a test: figures depend on the machine and its load.
 """
 from __future__ import annotations
@@ -44,7 +44,7 @@ from bench_targets import V, arguments, command_line, rows_to_measure, traced_as
 
 def _traced(prog, x, kw) -> None:
     """Trace both paths of `prog` (the full one, then the short one) as bench_targets does."""
-    with traced_as_its_device(prog):
+    with traced_as_its_device(prog.target):
         for _ in range(3):
             prog(x, **kw)
 
@@ -126,7 +126,8 @@ def main() -> None:
     rows = []
     for B, x, path, name in rows_to_measure(args):
         for target in targets:
-            prog = samplec.compile_file(path, sampler=name, target=target)
+            with traced_as_its_device(target):      # (the portable target as a GPU lowers it)
+                prog = samplec.compile_file(path, sampler=name, target=target)
             n = reps if target not in ("portable", "metal") else max(15, reps // 8)
             row = {"example": f"{path.name}:{name}", "B": B, "target": target,
                    **measure(prog, x, arguments(prog, B, rng), n)}

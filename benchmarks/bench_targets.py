@@ -8,10 +8,12 @@ Recipe: V = 152064 (Qwen's vocabulary); chat-shaped logits (a Zipf head carrying
 1-30% spread over the vocabulary, ids shuffled: benchmarks/bench_real.py's `chat_logits`); every parameter passed
 at run time as one value per row (a server's call), a 64-token history, per-row seeds and positions.
 - launches: the primitives of one call's lazy outputs that are not views (samplec.backend_mlx.launches); the portable
-  target is traced as a GPU runs it (its sums one reduction each, RandomBits in MLX ops rather than the native CPU
-  primitive), so its counts are a GPU's and its CPU times include the MLX-ops RandomBits; on a GPU each is a launch;
-- queue: the host's time for `Program.queue` (argument checks and the lazy graph, nothing evaluated): median us;
-- call: a whole call (queue, evaluation, the token read back): median ms;
+  target is lowered and traced as a GPU runs it (one sort a chain, its sums one reduction each, RandomBits in MLX ops
+  rather than the native CPU primitive), so its counts are a GPU's; on a GPU each is a launch;
+- queue: the host's time for `Program.queue` (argument checks and the lazy graph, nothing evaluated): median us --
+  for the portable target both the GPU's program (as a GPU lowers it) and this CPU's (candidates where a chain
+  allows: samplec/passes/portable.py);
+- call: a whole call (queue, evaluation, the token read back) as this machine runs it: median ms;
 - mlx-lm: `make_sampler(temp=0.7, top_p=0.9, min_p=0.05)` on log-probabilities, one call per row as mlx-lm's
   BatchGenerator samples per-request samplers, against samplec's portable target on the same chain (MLX_LM_CHAIN:
   top_p, min_p, temperature, sample; the token alone) with the same values at run time, one per row (ratio =
@@ -80,10 +82,10 @@ def median_us(fn, reps: int) -> float:
 
 
 @contextlib.contextmanager
-def traced_as_its_device(prog):
-    """While `prog` is traced: the portable and metal targets as a GPU runs them (their sums one reduction each,
-    RandomBits in MLX ops rather than the native CPU primitive)."""
-    gpu_like = prog.target in ("portable", "metal")
+def traced_as_its_device(target: str):
+    """While a program is compiled and traced: the portable and metal targets as a GPU lowers and runs them (one
+    sort a chain, their sums one reduction each, RandomBits in MLX ops rather than the native CPU primitive)."""
+    gpu_like = target in ("portable", "metal")
     kernels.GPU_SUMS = gpu_like
     before = os.environ.get("SAMPLEC_NATIVE")
     if gpu_like:
@@ -98,21 +100,33 @@ def traced_as_its_device(prog):
             os.environ["SAMPLEC_NATIVE"] = before
 
 
-def measure(prog, x, kw, reps: int) -> dict:
-    """Launches, queue time and call time of `prog`. The portable target is traced as a GPU runs it: its sums one
-    reduction each, RandomBits in MLX ops (not the native CPU primitive) -- so its CPU times include that too."""
-    with traced_as_its_device(prog):
-        n = launches(call_primitives(prog, x, **kw))
-        for _ in range(3):          # (the traced call is cached: every later call runs the same graph)
-            prog(x, **kw)
+def queue_us(prog, x, kw, reps: int) -> float:
     pending = []
 
     def queue():
         pending.append(prog.queue(x, **kw))
     q = median_us(queue, reps)
     mx.eval(*[a for outs, checks in pending for a in outs])
-    call = median_us(lambda: np.array(prog(x, **kw).token), reps) / 1e3
-    return {"launches": n, "queue_us": q, "call_ms": call}
+    return q
+
+
+def measure(path, name: str, target: str, x, rng, reps: int) -> dict:
+    """Launches, queue time and call time of the example on `target`. The portable target is lowered and traced as a
+    GPU runs it for its launches and queue time (one sort a chain, its sums one reduction each, RandomBits in MLX
+    ops), and its call is timed as this CPU runs it (`cpu_queue_us`, `call_ms`: candidates where a chain allows)."""
+    with traced_as_its_device(target):
+        prog = samplec.compile_file(path, sampler=name, target=target)
+        kw = arguments(prog, x.shape[0], rng)
+        n = launches(call_primitives(prog, x, **kw))
+        for _ in range(3):          # (the traced call is cached: every later call runs the same graph)
+            prog(x, **kw)
+    out = {"launches": n, "queue_us": queue_us(prog, x, kw, reps)}
+    if target in ("portable", "metal"):
+        prog = samplec.compile_file(path, sampler=name, target=target)
+        prog(x, **kw)
+        out["cpu_queue_us"] = queue_us(prog, x, kw, reps)
+    out["call_ms"] = median_us(lambda: np.array(prog(x, **kw).token), reps) / 1e3
+    return out
 
 
 # the chain mlx-lm's make_sampler(temp, top_p, min_p) builds (top_p, then min_p, then a categorical draw of
@@ -187,12 +201,12 @@ def main() -> None:
     for B, x, path, name in rows_to_measure(args):
         row = {"example": f"{path.name}:{name}", "B": B}
         for target in targets:
-            prog = samplec.compile_file(path, sampler=name, target=target)
-            row[target] = measure(prog, x, arguments(prog, B, rng), reps)
+            row[target] = measure(path, name, target, x, rng, reps)
         rows.append(row)
         print(f"B={B} {row['example']:40s} " + "  ".join(
-            f"{t}: {row[t]['launches']:4d} launches, queue {row[t]['queue_us']:7.1f} us, "
-            f"call {row[t]['call_ms']:7.3f} ms" for t in targets), flush=True)
+            f"{t}: {row[t]['launches']:4d} launches, queue {row[t]['queue_us']:7.1f} us"
+            + (f" (on this CPU {row[t]['cpu_queue_us']:.1f} us)" if "cpu_queue_us" in row[t] else "")
+            + f", call {row[t]['call_ms']:7.3f} ms" for t in targets), flush=True)
     peers = [r for r in (mlx_lm_ratio(int(B), reps, rng) for B in args.batches.split(",")) if r is not None]
     for r in peers:
         print(f"mlx-lm's sampler on its chain, B = {r['B']}: mlx-lm {r['mlx_lm_ms']:.3f} ms, samplec portable "
@@ -201,11 +215,21 @@ def main() -> None:
         out = Path(args.out)
         out.with_suffix(".json").write_text(json.dumps({"device": str(mx.default_device()), "mlx": mx.__version__,
                                                         "rows": rows, "mlx_lm": peers}, indent=1))
-        head = "| example | B | " + " | ".join(f"{t}: launches | {t}: queue us | {t}: call ms" for t in targets) + " |"
-        lines = [head, "|" + "---|" * (2 + 3 * len(targets))]
+        def cols(t):
+            if t in ("portable", "metal"):
+                return [f"{t} (as a GPU runs it): launches", f"{t} (as a GPU runs it): queue us",
+                        f"{t} on this CPU: queue us", f"{t} on this CPU: call ms"]
+            return [f"{t}: launches", f"{t}: queue us", f"{t}: call ms"]
+
+        def cells(r, t):
+            got = r[t]
+            return [str(got["launches"]), f"{got['queue_us']:.0f}"] + \
+                ([f"{got['cpu_queue_us']:.0f}"] if "cpu_queue_us" in got else []) + [f"{got['call_ms']:.3f}"]
+        head = ["example", "B"] + [c for t in targets for c in cols(t)]
+        lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         for r in rows:
-            lines.append(f"| {r['example']} | {r['B']} | " + " | ".join(
-                f"{r[t]['launches']} | {r[t]['queue_us']:.0f} | {r[t]['call_ms']:.3f}" for t in targets) + " |")
+            lines.append("| " + " | ".join([r["example"], str(r["B"])] + [c for t in targets for c in cells(r, t)])
+                         + " |")
         lines += ["", "| B | mlx-lm's sampler ms | samplec portable ms | mlx-lm / samplec |", "|---|---|---|---|"]
         lines += [f"| {r['B']} | {r['mlx_lm_ms']:.3f} | {r['samplec_portable_ms']:.3f} | {r['ratio']:.2f}x |"
                   for r in peers]

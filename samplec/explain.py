@@ -241,13 +241,30 @@ PORTABLE = {
     "dry": "its dense definition: a stable sort of the history, the repeat lengths (every pair of its positions "
            "compared), the penalties at the window's tokens put back into the row",
 }
+# ... where the CPU's lowering runs the chain on candidates (samplec/passes/portable.py: CANDIDATE_STAGES)
+ON_CANDIDATES = {
+    "top_k": "the k-th of the candidates (the row's N largest by a partition and a sort of N): the row's k-th "
+             "value where k <= N",
+    "top_p": "a running sum of the candidates' probabilities over the row's sum (one cumsum of N) and one min",
+    "min_p": "max + log m, the maximum the first candidate",
+    "temperature": "a map of the candidates (t = 0 keeps the first: the lowest id at the maximum)",
+    "sample": "Gumbel-max over the candidates with each id's noise, the lowest id among equal noisy values; a "
+              "row whose kept tokens they may not hold (its last candidate kept) runs the call again sorted",
+    "argmax": "the first candidate (equal values in id order)",
+}
 COST = {"cpu": "selection without a sort: a sort of 152k floats costs ~14 ms on MLX's CPU, the chain kernel's "
                "block bound ~0.1 ms",
-        "portable": "one sort of values a chain: on a GPU a sort of the row is one cheap kernel, while each "
-                    "selection round is several launches",
+        "portable": "one sort of values a chain (on a GPU a sort of the row is one cheap kernel, while each "
+                    "selection round is several launches); on the CPU, where a sort of 152k floats costs ~17 ms and a "
+                    "partition ~2 ms, a chain of value cuts, the temperature and a draw runs on its row's 4096 "
+                    "largest (candidates)",
         "metal": "the portable lowering; with SAMPLEC_METAL_KERNEL=1 the chain kernel's Metal build where it covers "
                  "the chain",
         "cuda": "the CUDA chain kernel where it covers the chain, the portable lowering elsewhere"}
+
+
+def _on_candidates(g: Graph) -> bool:
+    return any(n.op == "candidates" for n in g.toposort())
 
 
 def explain(source: str, sampler: str | None = None, level: int = 2, bindings: dict | None = None,
@@ -487,6 +504,9 @@ def _runs(grp: Group, ex: Explained) -> None:
             grp.runs.append(f"{name} = dry: one block a row beside the chain kernel writes the penalized row (gpu.dry: "
                             "the history's window gathered, each position walked back while its tokens repeat the "
                             "window's end, the penalties of the tokens that would extend a repeat)")
+        elif ex.target == "portable" and n.op in ON_CANDIDATES and _on_candidates(ex.stripped) and chain is None \
+                and (n.op != "argmax" or n.inputs[0].op in STAGE_OPS):
+            grp.runs.append(f"{name} = {n.op}: the portable lowering on the CPU's candidates: {ON_CANDIDATES[n.op]}")
         elif ex.target in ("portable", "metal") and n.op in PORTABLE and chain is None:
             grp.runs.append(f"{name} = {n.op}: the portable lowering: {PORTABLE[n.op]}")
         elif n.op in DENSE_OPS:

@@ -70,15 +70,15 @@ def peaked(V: int, rng) -> np.ndarray:
     return (-2.0 * np.log(rng.permutation(V) + 1.0) + rng.normal(0, 0.1, V)).astype(np.float32)
 
 
-ON_CANDIDATES = {"llama", "nucleus", "llama_cpp_default", "llama_cpp_default_short", "mlx_lm", "mlx_lm_chat",
-                 "openai", "openai_constant_bias", "vllm", "vllm_constrained"}
+ON_CANDIDATES = {"hf_generate", "llama", "nucleus", "llama_cpp_default", "llama_cpp_default_short", "mlx_lm",
+                 "mlx_lm_chat", "openai", "openai_constant_bias", "vllm", "vllm_constrained"}
 
 
 @pytest.mark.parametrize("example,sampler", EXAMPLES, ids=[f"{e}:{s}" for e, s in EXAMPLES])
 def test_shipped_chains_run_on_candidates_at_a_servers_call(example, sampler):
     """Chat-shaped rows (V = 32000, tails of 1-10% of the mass) and a server's values: every shipped chain of value
     cuts draws from its candidates -- no call runs again -- and gives -O0's tokens, log-probabilities and
-    top_logprobs. (hf_generate returns the whole row's probabilities; hf_greedy has no cut: neither sorts.)"""
+    top_logprobs (hf_generate's probabilities of the whole row too). hf_greedy has no cut: it never sorts."""
     source = (ROOT / "examples" / example).read_text()
     prog = samplec.compile(source, sampler, target="portable")
     dense = samplec.compile(source, sampler, opt_level=0, target="portable")

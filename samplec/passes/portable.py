@@ -13,6 +13,19 @@ form (module functions below); the few stages whose rule names a place (the firs
 survivor) are given both forms. The draw is the dense definition on `x`: a Gumbel-max with the noise of each id (no
 permutation and no gather of the ids: MLX's sort of values is the only sort).
 
+On the CPU (`places`: `target.partitions()`), where a sort of 152064 floats costs ~17 ms and a partition ~2 ms, a chain
+whose stages are value cuts the candidates decide (top_k, top_p, min_p), the temperature and a draw -- read by nothing
+but each other, the draw and the drawn token's log-probability -- runs on its row's candidates instead: the ids of its
+N = 4096 largest values (`candidates`: a partition of the row and a sort of N; equal values by id) and `s` their
+values. Every cut is a threshold on the value found on them as above; a sum a stage takes of the row before any cut
+is the whole row's (in id order), after a cut the candidates'. A removed token past the last candidate holds a value
+no larger than the last one's, so where a cut removed the last candidate every kept token is among them (`held`);
+the draw (Gumbel-max over the candidates with each id's noise, the lowest id among equal noisy values), the drawn
+token's log-probability and top_logprobs of a whole row (ordered by the log-softmax's value, equal values by id) are
+then the dense definitions'. A row where that does not hold -- a cut past the candidates, a sum over a row the
+candidates may not have held -- is flagged by a check (`UNCOVERED`): `Program` runs such a call again with its rows
+sorted. On a GPU, whose partition is a sort, the lowering sorts.
+
 Exactness: every threshold is the dense definition's, taken over the same values; sums are taken in another order
 (a running sum in sorted order where the definitions sum a masked row), so a boundary can move only where a mass
 lies within float32 rounding of `p`. Ties keep id order where a rule picks among them: the draw and the greedy
@@ -446,7 +459,8 @@ def _substitute(root: Node, swap) -> Node:
 
 # the check of the rows whose kept tokens the candidates may not hold: `Program` runs such a call again with the
 # row sorted (it is never an error)
-UNCOVERED = "the candidates may not hold every kept token"
+UNCOVERED = ("the CPU's candidates may not hold every kept token: calling the program runs such a call again with "
+             "the rows sorted (a caller of Program.queue calls the program for these rows)")
 
 
 class NotCandidates(Exception):
@@ -454,8 +468,9 @@ class NotCandidates(Exception):
 
 
 # what runs on a row's candidates (the CPU's portable lowering): cuts by a value threshold the candidates decide
-# (top_k, top_p, min_p), the temperature, the draws and the drawn token's log-probability; a chain with any other
-# stage, or another reader of its rows (the probabilities, top_logprobs of the chain's row), sorts its row
+# (top_k, top_p, min_p), the temperature and the draws; the drawn row's other readers (its log-probability, `probs`)
+# read it exact where the draw's flag holds; a chain with any other stage, or a reader of a row before the draw,
+# sorts its row
 CANDIDATE_STAGES = frozenset({"top_k", "top_p", "min_p", "temperature"})
 CANDIDATE_DRAWS = frozenset({"sample", "argmax"})
 # N: 4096 places hold the kept tokens of every cut but a wide top_k or top_p on a flat row (those are run again
@@ -463,14 +478,21 @@ CANDIDATE_DRAWS = frozenset({"sample", "argmax"})
 PLACES = 4096
 
 
+def drawn_rows(g: Graph) -> set[int]:
+    """ids of g's stage nodes a draw reads: the rows whose draw's flag covers every reader."""
+    return {id(n.inputs[0]) for n in g.toposort() if n.op in CANDIDATE_DRAWS and n.inputs[0].op in STAGE_OPS}
+
+
 def candidates_fit(g: Graph) -> bool:
-    """Whether every chain of g runs on candidates: its stages CANDIDATE_STAGES, read by each other and the draws
-    alone."""
+    """Whether every chain of g runs on candidates: its stages CANDIDATE_STAGES, each read by the next stage and a
+    draw alone -- the drawn row by anything (its id-order form, exact where the draw's flag holds: `probs`)."""
     users = g.users()
     stages = [n for n in g.toposort() if n.op in STAGE_OPS]
+    drawn = drawn_rows(g)
+
     def reads(u: Node, n: Node) -> bool:
-        if u.op == "logprob_at":        # (the drawn token's log-probability)
-            return u.inputs[0] is n and u.inputs[1].op in CANDIDATE_DRAWS and u.inputs[1].inputs[0] is n
+        if id(n) in drawn:
+            return True
         return u.op in CANDIDATE_STAGES | CANDIDATE_DRAWS and u.inputs[0] is n and n not in u.inputs[1:]
     return bool(stages) and all(n.op in CANDIDATE_STAGES and all(reads(u, n) for u in users.get(id(n), []))
                                 for n in stages)
@@ -479,6 +501,7 @@ def candidates_fit(g: Graph) -> bool:
 class _Lowering:
     def __init__(self, g: Graph, keep: set = frozenset(), places: int = 0):
         self.places = places                    # the candidates form where > 0 (module doc)
+        self.drawn_rows = drawn_rows(g)         # (on candidates: the rows whose id-order form may be read)
         self.uncovered: list[Node] = []         # its draws' flags: where the row is drawn again from a sort
         self.keep = keep                        # ids of nodes kept as they are (a kernel's region)
         self.users = g.users()
@@ -515,7 +538,7 @@ class _Lowering:
         """n in id order (of a chain's row: its id-order form as the dense definitions hold it)."""
         got = self.dense.get(id(n))
         if got is None:
-            if self.sorted[id(n)].ids is not None:
+            if self.sorted[id(n)].ids is not None and id(n) not in self.drawn_rows:
                 raise NotCandidates(n.op)
             got = self.dense[id(n)] = self.sorted[id(n)].exact()
         return got

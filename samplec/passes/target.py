@@ -7,7 +7,8 @@
 | `metal` | the chain kernel's Metal build where it is asked for (SAMPLEC_METAL_KERNEL=1: `chain` ops for the chains it |
 |          covers, as on `cuda`), else the portable lowering (`metal_kernel`) |
 | `portable` | the portable lowering (samplec/passes/portable.py): one sort a chain, every cut a threshold on it; |
-|          | the per-row values several kernels read made a level at a time (samplec/passes/pack.py) |
+|          | the per-row values several kernels read made a level at a time (samplec/passes/pack.py); on the CPU a |
+|          | chain of value cuts, the temperature and a draw runs on its row's 4096 largest values (`partitions()`) |
 | `auto` | the device MLX runs on: `cpu` (the portable lowering where the native kernels are not installed or are
 |          switched off), `cuda` on a CUDA GPU, `metal` on an Apple GPU |
 
