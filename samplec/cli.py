@@ -432,13 +432,19 @@ def doctor_report() -> list[str]:
                 lines.append(f"  spin-wait     {'on' if native._polling() else 'off'} (off on one core, off the "
                              "CPU, or with SAMPLEC_SPIN=0); while it waits the caller takes parts of the kernels' "
                              f"work ({native.helped()} so far in this process)")
-            chains = "the native chain kernel (sample_chain), per row" if native.enabled() else \
-                "their dense definitions in MLX ops"
+            from samplec.passes.target import partitions, resolve
             if native.enabled():
+                chains = "the native chain kernel (sample_chain), per row"
                 unknown = [s for s in native.CHAIN_STAGES if not native.knows_stages([s])]
                 chains += f" (this build predates {', '.join(unknown)}: those run by their dense definitions; " \
                           "rebuild samplec-native)" if unknown else f" ({', '.join(native.CHAIN_STAGES)})"
-            lines.append(f"stage chains    {chains}; elsewhere top_k/top_p/typical_p/top_logprobs select without a "
+            elif resolve() == "portable" and partitions():
+                chains = "the portable lowering in MLX ops: on this CPU a chain of top_k, top_p, min_p and " \
+                         "temperature and its draw on the row's 4096 largest values (a partition; a call they may " \
+                         "not hold runs again sorted), any other chain one sort of its row"
+            else:
+                chains = "the portable lowering in MLX ops: one sort of values a chain, every cut a threshold on it"
+            lines.append(f"stage chains    {chains}; at -O1, top_k/top_p/typical_p/top_logprobs select without a "
                          "sort (kth_largest, mass_threshold: rounds of a comparison and a reduction in MLX ops, one "
                          "key bit a round on the CPU, several on a GPU)")
         except Exception as e:  # noqa: BLE001

@@ -171,14 +171,26 @@ def targets(name: str) -> str:
     not views), the host's queue time and the call's time; then the portable target against mlx-lm's sampler."""
     rec = _load(name)
     names = [k for k in rec["rows"][0] if k not in ("example", "B")] if rec["rows"] else []
-    header = ["example", "B"] + [f"{t}: {what}" for t in names for what in ("launches", "queue µs", "call ms")]
-    rows = [[r["example"], str(r["B"])] + [v for t in names for v in (str(r[t]["launches"]), f"{r[t]['queue_us']:.0f}",
-                                                                        _ms(r[t]["call_ms"]))] for r in rec["rows"]]
+    # (the portable target: launches and queue time as a GPU lowers and runs it, queue and call as this CPU does)
+    two = {t for t in names if "cpu_queue_us" in rec["rows"][0][t]}
+
+    def cols(t: str) -> list[str]:
+        if t in two:
+            return [f"{t} (GPU): launches", f"{t} (GPU): queue µs", f"{t} on this CPU: queue µs",
+                    f"{t} on this CPU: call ms"]
+        return [f"{t}: {what}" for what in ("launches", "queue µs", "call ms")]
+
+    def cells(got: dict) -> list[str]:
+        return [str(got["launches"]), f"{got['queue_us']:.0f}"] + \
+            ([f"{got['cpu_queue_us']:.0f}"] if "cpu_queue_us" in got else []) + [_ms(got["call_ms"])]
+    header = ["example", "B"] + [c for t in names for c in cols(t)]
+    rows = [[r["example"], str(r["B"])] + [c for t in names for c in cells(r[t])] for r in rec["rows"]]
     out = f"{rec['device']}, MLX {rec['mlx']}\n\n" + _table(header, rows)
     if rec.get("mlx_lm"):
-        out += "\n\n" + _table(["B", "mlx-lm's sampler ms", "samplec portable ms", "mlx-lm ÷ samplec"],
-                                [[str(r["B"]), _ms(r["mlx_lm_ms"]), _ms(r["samplec_portable_ms"]), _x(r["ratio"])]
-                                 for r in rec["mlx_lm"]])
+        out += "\n\n" + _table(["B", "mlx-lm's sampler ms", "samplec portable ms", "mlx-lm ÷ samplec",
+                                 "portable as a GPU lowers it ms", "mlx-lm ÷ that"],
+                                [[str(r["B"]), _ms(r["mlx_lm_ms"]), _ms(r["samplec_portable_ms"]), _x(r["ratio"]),
+                                  _ms(r["gpu_form_ms"]), _x(r["gpu_form_ratio"])] for r in rec["mlx_lm"]])
     return out
 
 
