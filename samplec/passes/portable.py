@@ -14,8 +14,8 @@ survivor) are given both forms. The draw is the dense definition on `x`: a Gumbe
 permutation and no gather of the ids: MLX's sort of values is the only sort).
 
 On the CPU (`places`: `target.partitions()`), where a sort of 152064 floats costs ~17 ms and a partition ~2 ms, a chain
-whose stages are value cuts the candidates decide (top_k, top_p, min_p), the temperature and a draw -- read by nothing
-but each other, the draw and the drawn token's log-probability -- runs on its row's candidates instead: the ids of its
+whose stages are value cuts the candidates decide (top_k, top_p, min_p), the temperature and a draw -- each stage
+read by the next alone, the drawn row by anything (`candidates_fit`) -- runs on its row's candidates instead: the ids of its
 N = 4096 largest values (`candidates`: a partition of the row and a sort of N; equal values by id) and `s` their
 values. Every cut is a threshold on the value found on them as above; a sum a stage takes of the row before any cut
 is the whole row's (in id order), after a cut the candidates'. A removed token past the last candidate holds a value
@@ -663,7 +663,6 @@ class _Lowering:
             if r.ids is not None:   # (equal values in id order: place 0 holds the lowest id at the maximum)
                 self.uncovered.append(r.uncovered())
                 self.dense[id(n)] = make("place", r.ids, index=0, name=n.name)
-                self.drawn[id(n)] = (None, r)
             else:
                 self.dense[id(n)] = make("argmax", r.x, name=n.name)       # (the lowest id at the maximum)
             self.drawn[id(n)] = (None, r)
