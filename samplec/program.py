@@ -250,10 +250,25 @@ class Program:
                  [f for _, f in checks])
         if not any(any(_flagged(flag)) for _, flag in checks):     # (the common case: read as Python values)
             return Outputs(dict(zip(self._names, outs)), self._layout)
-        if not self._every_check and any(m == UNCOVERED and f.any() for m, f in named_flags(checks)):
-            # (a row whose kept tokens the CPU's candidates may not hold: the call again with the rows sorted)
+        named = named_flags(checks)
+        unheld = [fired for message, fired in named if message == UNCOVERED]
+        if not self._every_check and unheld and np.logical_or.reduce(unheld).any():
+            # (rows whose kept tokens the CPU's candidates may not hold: those rows again, sorted -- the whole call
+            # where another check fired too, whose error the program with every check raises)
             self.sorted_again += 1
-            return self._with_every_check()._evaluated(logits, params, want)
+            rows = np.flatnonzero(np.logical_or.reduce(unheld))
+            again = self._with_every_check()
+            cut = None if any(fired.any() for message, fired in named if message != UNCOVERED) else \
+                _rows_of(logits, params, rows)
+            if cut is None:
+                return again._evaluated(logits, params, want)
+            part = again._evaluated(*cut, want).to_dict()
+            B = outs[0].shape[0]
+            order = np.arange(B)
+            order[rows] = B + np.arange(len(rows))
+            order = mx.array(order.astype(np.int32))
+            return Outputs({k: mx.take(mx.concatenate([v, part[k]]), order, axis=0)
+                            for k, v in zip(self._names, outs)}, self._layout)
         try:
             self.raise_flagged(checks)
         except SamplecError:
@@ -584,6 +599,25 @@ def named_flags(checks: list[tuple[str | tuple[str, ...], mx.array]]) -> list[tu
         else:
             out.append((message, np.array(_flagged(flag), dtype=bool)))
     return out
+
+
+def _rows_of(logits, params: dict, rows: np.ndarray) -> tuple | None:
+    """The call's logits and parameters at the rows `rows` alone (None where that is the whole batch, or the logits
+    are not an array): what is one value a row (an array or a list with B entries) is cut, the rest kept."""
+    if type(logits) not in (mx.array, np.ndarray) or logits.ndim != 2 or len(rows) == logits.shape[0]:
+        return None
+    B = logits.shape[0]
+    at = mx.array(rows.astype(np.int32))
+
+    def cut(v):
+        if type(v) is mx.array:
+            return v[at] if v.ndim and v.shape[0] == B else v
+        if isinstance(v, np.ndarray):
+            return v[rows] if v.ndim and v.shape[0] == B else v
+        if isinstance(v, (list, tuple)) and len(v) == B:
+            return [v[i] for i in rows]
+        return v
+    return cut(logits), {k: cut(v) for k, v in params.items()}
 
 
 def _flagged(flag: mx.array) -> list:

@@ -100,8 +100,8 @@ def test_shipped_chains_run_on_candidates_at_a_servers_call(example, sampler):
     ("temperature(t) top_p(p) min_p(m)", dict(t=[2.0, 1.0], p=[0.95, 0.95], m=[0.0, 0.5])),
 ])
 def test_a_call_the_candidates_may_not_hold_runs_again_sorted(chain, values, monkeypatch):
-    """Row 0 keeps more tokens than the candidates hold (16 here), row 1 fewer: the call runs again with its rows
-    sorted, and both rows draw -O0's tokens."""
+    """Row 0 keeps more tokens than the candidates hold (16 here), row 1 fewer: row 0 runs again sorted (alone),
+    and both rows draw -O0's tokens."""
     monkeypatch.setattr(portable, "PLACES", 16)
     names = ", ".join(f"{k}: {'int' if k == 'k' else 'float'}" for k in values)
     src = f"sampler s({names}, seed: seed, pos: int) -> token, logprob {{ {chain} sample(seed, position = pos) }}"
@@ -110,8 +110,12 @@ def test_a_call_the_candidates_may_not_hold_runs_again_sorted(chain, values, mon
     rng = np.random.default_rng(0)
     x = np.stack([rng.normal(0, 0.01, 500), peaked(500, rng)]).astype(np.float32)
     kw = dict(values, seed=[11, 12], pos=[3, 4])
+    again = prog._with_every_check()
+    ran = []
+    monkeypatch.setattr(again, "_evaluated", lambda x, kw, want, f=again._evaluated: ran.append(x.shape) or
+                        f(x, kw, want))
     got = prog(x, **kw)
-    assert prog.sorted_again == 1
+    assert prog.sorted_again == 1 and ran == [(1, 500)]
     same(got, samplec.compile(src, opt_level=0, target="portable")(x, **kw), ["token", "logprob"])
     kw = {**kw, **{k: [v[1], v[1]] for k, v in values.items()}}     # (row 1's values in both rows: held)
     x2 = np.stack([x[1], x[1]])
@@ -187,3 +191,33 @@ def test_top_logprobs_ids_where_the_log_softmax_makes_unequal_logits_equal(monke
     assert np.array(want.top_logprobs.ids).tolist() == [[2, 5, 9]] * 2       # (the case this pins: 2 before 5)
     same(got, want, ["token", "top_logprobs"])
     assert prog.sorted_again == 0
+
+
+def test_the_rows_the_candidates_may_not_hold_run_again_alone(monkeypatch):
+    """A batch mixing rows the candidates hold and rows they may not, every kind of argument one a row (lists,
+    numpy and MLX arrays, a history, a mask) or shared: the rows they may not hold run again sorted, alone, and
+    every row's outputs are -O0's."""
+    monkeypatch.setattr(portable, "PLACES", 16)
+    src = ("sampler s(p: float, t: float, h: tokens, m: mask, seed: seed, pos: int) -> token, logprob, "
+           "top_logprobs(2), probs { allow(m) penalties(h, last_n = 4, repeat = 1.2) top_p(p) temperature(t) "
+           "sample(seed, position = pos) }")
+    prog = samplec.compile(src, target="portable")
+    dense = samplec.compile(src, opt_level=0, target="portable")
+    rng = np.random.default_rng(4)
+    V = 300
+    x = np.stack([rng.normal(0, 0.01, V) if r in (0, 3) else peaked(V, rng) for r in range(5)]).astype(np.float32)
+    for args in (dict(p=[0.99, 0.9, 0.9, 0.99, 0.5], t=0.8, h=rng.integers(0, V, (5, 6)).astype(np.int32),
+                      m=rng.random((5, V)) < 0.9, seed=[1, 2, 3, 4, 5], pos=[0, 1, 2, 3, 4]),
+                 dict(p=np.array([0.99, 0.9, 0.9, 0.99, 0.5], np.float32), t=[0.8, 1.0, 1.2, 0.7, 1.0],
+                      h=mx.array(rng.integers(0, V, (5, 6)).astype(np.int32)), m=mx.array(rng.random((5, V)) < 0.9),
+                      seed=7, pos=9)):
+        again = prog._with_every_check()
+        ran = []
+        monkeypatch.setattr(again, "_evaluated", lambda x, kw, want, f=again._evaluated: ran.append(x.shape) or
+                            f(x, kw, want))
+        before = prog.sorted_again
+        got = prog(x, **args)
+        assert prog.sorted_again == before + 1 and ran == [(2, V)]
+        same(got, dense(x, **args), ["token", "logprob", "top_logprobs", "probs"])
+        monkeypatch.undo()
+        monkeypatch.setattr(portable, "PLACES", 16)
