@@ -440,7 +440,7 @@ def doctor_report() -> list[str]:
                           "rebuild samplec-native)" if unknown else f" ({', '.join(native.CHAIN_STAGES)})"
             elif resolve() == "portable" and partitions():
                 chains = "the portable lowering in MLX ops: on this CPU a chain of top_k, top_p, min_p and " \
-                         "temperature and its draw on the row's 4096 largest values (a partition; a call they may " \
+                         "temperature and its draw on the row's 4096 largest values (a partition; a row they may " \
                          "not hold runs again sorted), any other chain one sort of its row"
             else:
                 chains = "the portable lowering in MLX ops: one sort of values a chain, every cut a threshold on it"

@@ -23,8 +23,8 @@ no larger than the last one's, so where a cut removed the last candidate every k
 the draw (Gumbel-max over the candidates with each id's noise, the lowest id among equal noisy values), the drawn
 token's log-probability and top_logprobs of a whole row (ordered by the log-softmax's value, equal values by id) are
 then the dense definitions'. A row where that does not hold -- a cut past the candidates, a sum over a row the
-candidates may not have held -- is flagged by a check (`UNCOVERED`): `Program` runs such a call again with its rows
-sorted. On a GPU, whose partition is a sort, the lowering sorts.
+candidates may not have held -- is flagged by a check (`UNCOVERED`): `Program` runs such rows again, alone, with the
+row sorted. On a GPU, whose partition is a sort, the lowering sorts.
 
 Exactness: every threshold is the dense definition's, taken over the same values; sums are taken in another order
 (a running sum in sorted order where the definitions sum a masked row), so a boundary can move only where a mass
