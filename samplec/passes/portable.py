@@ -78,7 +78,6 @@ class Row:
     # the candidates while they may not have held every kept token; `fresh`: no cut yet (`x` is a whole row: its
     # sums are exact)
     ids: Node | None = None
-    places: int = 0
     whole: Node | None = None
     bad: Node | None = None
     fresh: bool = False
@@ -87,8 +86,8 @@ class Row:
         """[B,1] bool: where the candidates hold every kept token -- they are the whole row, or a cut removed the
         last place. Every cut on candidates is a threshold on the value (a token past the last place holds a value
         no larger than it) whose rule they decide exactly, and a removed place stays removed."""
-        return make("logical_or", self.whole, make("le", make("place", self.s, index=self.places - 1),
-                                                   const(NEG_INF)))
+        last = make("place", self.s, index=self.ids.attr("places") - 1)
+        return make("logical_or", self.whole, make("le", last, const(NEG_INF)))
 
     def uncovered(self) -> Node:
         """[B,1] bool: where a draw from the candidates may not be the whole row's."""
@@ -130,8 +129,7 @@ class Row:
             greedy = make("logical_or", self.greedy, greedy)
         return Row(s, flat(reroot(s, self.s, self.x) if x is None else x), self.last,
                    self.prefix if prefix is None else prefix, head, top, self.greedy if greedy is None else greedy,
-                   start=self.start if start is None else start, ids=self.ids, places=self.places,
-                   whole=self.whole, bad=self.bad, fresh=self.fresh and not cut)
+                   start=self.start if start is None else start, ids=self.ids, whole=self.whole, bad=self.bad, fresh=self.fresh and not cut)
 
 
 def flat(x: Node) -> Node:
@@ -249,7 +247,7 @@ def sort_row(x: Node, places: int = 0) -> Row:
     # (V <= places, [1], as a [B,1] flag: ids are never negative)
     whole = make("logical_and", make("lt", make("last_index", x), const(places, I32)),
                  make("ge", make("place", ids, index=0), const(0, I32)))
-    return Row(s, x, make("last_index", s), ids=ids, places=places, whole=whole, fresh=True)
+    return Row(s, x, make("last_index", s), ids=ids, whole=whole, fresh=True)
 
 
 def kept(s: Node) -> Node:
@@ -356,13 +354,15 @@ def typical_p(r: Row, m: Node) -> Row:
     return r.then(where(make("ge", m, const(1.0)), r.s, keep(r.s, flag), name="x_typical"), prefix=False)
 
 
-def noise_bits(x: Node, seed: Node, position: Node, with_coin: bool = False) -> tuple[Node, Node | None]:
-    """RandomBits at (id, position) for every id of the row -- the draw's noise -- and, with `with_coin`, at
-    (0xFFFFFFFF, position) too -- xtc's coin -- from one RandomBits over both counters (20 Threefry rounds are ~10
-    kernels: one set for the two)."""
+def noise_bits(x: Node, seed: Node, position: Node, with_coin: bool = False,
+               ids: bool = False) -> tuple[Node, Node | None]:
+    """RandomBits at (id, position) for every id of the row -- the draw's noise (`ids`: x is the ids themselves, a
+    row's candidates) -- and, with `with_coin`, at (0xFFFFFFFF, position) too -- xtc's coin -- from one RandomBits
+    over both counters (20 Threefry rounds are ~10 kernels: one set for the two)."""
     pos = make("cast", position, dtype=U32)
     if not with_coin:
-        return make("random_bits", seed, make("cast", make("iota", x), dtype=U32), pos, name="bits"), None
+        return make("random_bits", seed, make("cast", x if ids else make("iota", x), dtype=U32), pos,
+                    name="bits"), None
     both = make("random_bits", seed, make("coin_ids", x), pos, name="bits")
     return make("tail", both, start=1), make("place", both, index=0, name="xtc_bits")
 
@@ -491,11 +491,9 @@ def candidates_fit(g: Graph) -> bool:
     drawn = drawn_rows(g)
 
     def reads(u: Node, n: Node) -> bool:
-        if id(n) in drawn:
-            return True
         return u.op in CANDIDATE_STAGES | CANDIDATE_DRAWS and u.inputs[0] is n and n not in u.inputs[1:]
-    return bool(stages) and all(n.op in CANDIDATE_STAGES and all(reads(u, n) for u in users.get(id(n), []))
-                                for n in stages)
+    return bool(stages) and all(n.op in CANDIDATE_STAGES and (id(n) in drawn or all(
+        reads(u, n) for u in users.get(id(n), []))) for n in stages)
 
 
 class _Lowering:
@@ -640,22 +638,18 @@ class _Lowering:
         elif n.op == "sample" and in_sorted:
             r = self.sorted[id(x)]
             seed, position = (self.value(i) for i in n.inputs[1:])
+            bits = noise_bits(r.ids, seed, position, ids=True)[0] if r.ids is not None else \
+                self.noise.get(id(n)) or noise_bits(r.x, seed, position)[0]
+            g = gumbel(bits) if r.greedy is None else where(r.greedy, const(0.0), gumbel(bits))
             if r.ids is not None:
-                # on the candidates: the noise of each id, the lowest id among the largest noisy values
-                bits = make("random_bits", seed, make("cast", r.ids, dtype=U32), make("cast", position, dtype=U32),
-                            name="bits")
-                g = gumbel(bits) if r.greedy is None else where(r.greedy, const(0.0), gumbel(bits))
+                # on the candidates: the lowest id among the largest noisy values
                 noisy = make("add", r.s, g, name="noisy")
                 best = make("eq", noisy, make("reduce_max", noisy))
                 token = make("reduce_min", where(best, r.ids, const(BIG_ID, I32)), name=n.name)
                 self.uncovered.append(r.uncovered())
-                self.drawn[id(n)] = (token, r)
-                self.dense[id(n)] = token
-                return
-            bits = self.noise.get(id(n)) or noise_bits(r.x, seed, position)[0]
-            # the dense definition on the id-order row: ties between noisy values go to the lowest id
-            g = gumbel(bits) if r.greedy is None else where(r.greedy, const(0.0), gumbel(bits))
-            token = make("argmax", make("add", r.x, g, name="noisy"), name=n.name)
+            else:
+                # the dense definition on the id-order row: ties between noisy values go to the lowest id
+                token = make("argmax", make("add", r.x, g, name="noisy"), name=n.name)
             self.drawn[id(n)] = (token, r)
             self.dense[id(n)] = token
         elif n.op == "argmax" and in_sorted and (self.sorted[id(x)].ids is None or x.op in STAGE_OPS):
@@ -712,7 +706,7 @@ class _Lowering:
             # x at its argmax (the logits checks' maximum): the maximum itself (a NaN anywhere is the maximum)
             self.dense[id(n)] = self.top_of(x)
         elif n.op == "topk_ids" and self.candidates_of(x) is not None:
-            self.dense[id(n)] = self.top_ids(n, x)
+            self.dense[id(n)] = self.top_ids(n, x, self.candidates_of(x))
         elif n.op == "topk_ids":
             # the n largest, lowest id first on ties: a stable sort of the row (MLX partitions by a sort on a GPU)
             ids = make("argsort", self.value(x), descending=True)
@@ -732,14 +726,13 @@ class _Lowering:
             r = self.sorted[id(n.inputs[0])] = sort_row(self.value(n.inputs[0]), self.places)
         return r if r.ids is not None and r.fresh else None
 
-    def top_ids(self, n: Node, x: Node) -> Node:
+    def top_ids(self, n: Node, x: Node, r: Row) -> Node:
         """topk_ids(log_softmax(row)) from the row's candidates: their log-softmax values ordered by value (equal
         values by id: a log-softmax can make unequal logits equal) -- exact, and flagged otherwise, where the k-th
         value is above the last candidate's."""
         k = n.attr("k")
         if k >= self.places:
             raise NotCandidates("topk_ids")
-        r = self.candidates_of(x)
         top, lse = self.normalizer(x.inputs[0])
         f = make("sub", make("sub", r.s, top), lse)
         by_id = make("argsort", r.ids, descending=False)
