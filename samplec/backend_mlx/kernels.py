@@ -317,6 +317,11 @@ def _positions64(n: int) -> mx.array:
     return _POSITIONS64[n]
 
 
+def _place(x: mx.array, j: int) -> mx.array:
+    """`place`: column `j` of `x`, [B, 1] -- one slice (one node for the host to replay)."""
+    return x[..., j:j + 1]
+
+
 def _pack(ins: list) -> mx.array:
     """`pack`: [B,1] values side by side, [B,n] -- a balanced tree of selections on the column (constants), so that
     MLX's compile fuses it and the values' own elementwise ops into one kernel (log2(n) levels deep)."""
@@ -531,7 +536,7 @@ KERNELS = {
     "coin_ids": lambda i, a: constant(("coin_ids", i[0].shape[-1]), lambda: mx.concatenate(
         [mx.array([0xFFFFFFFF], dtype=mx.uint32), mx.arange(i[0].shape[-1], dtype=mx.uint32)])),
     "tail": lambda i, a: i[0][..., a["start"]:],
-    "place": lambda i, a: i[0][..., min(a["index"], i[0].shape[-1] - 1):][..., :1],
+    "place": lambda i, a: _place(i[0], min(a["index"], i[0].shape[-1] - 1)),
     "counts": _counts, "ids_over": _ids_over,
     "pack": lambda i, a: _pack(i),
 }
