@@ -180,17 +180,28 @@ def targets(name: str) -> str:
                     f"{t} on this CPU: call ms"]
         return [f"{t}: {what}" for what in ("launches", "queue µs", "call ms")]
 
+    def queue(got: dict, key: str) -> str:
+        # (the least-disturbed round's median, and the median round's where the record has it: bench_targets'
+        # settled_queue_us)
+        typical = got.get(key.replace("_us", "_median_round_us"))
+        return f"{got[key]:.0f}" + (f" ({typical:.0f})" if typical is not None else "")
+
     def cells(got: dict) -> list[str]:
-        return [str(got["launches"]), f"{got['queue_us']:.0f}"] + \
-            ([f"{got['cpu_queue_us']:.0f}"] if "cpu_queue_us" in got else []) + [_ms(got["call_ms"])]
+        return [str(got["launches"]), queue(got, "queue_us")] + \
+            ([queue(got, "cpu_queue_us")] if "cpu_queue_us" in got else []) + [_ms(got["call_ms"])]
     header = ["example", "B"] + [c for t in names for c in cols(t)]
     rows = [[r["example"], str(r["B"])] + [c for t in names for c in cells(r[t])] for r in rec["rows"]]
     out = f"{rec['device']}, MLX {rec['mlx']}\n\n" + _table(header, rows)
     if rec.get("mlx_lm"):
+        host = all("queue_ratio" in r for r in rec["mlx_lm"])
         out += "\n\n" + _table(["B", "mlx-lm's sampler ms", "samplec portable ms", "mlx-lm ÷ samplec",
-                                 "portable as a GPU lowers it ms", "mlx-lm ÷ that"],
+                                 "portable as a GPU lowers it ms", "mlx-lm ÷ that"] +
+                                (["host queue µs: mlx-lm", "host queue µs: portable (GPU)", "mlx-lm ÷ that"]
+                                 if host else []),
                                 [[str(r["B"]), _ms(r["mlx_lm_ms"]), _ms(r["samplec_portable_ms"]), _x(r["ratio"]),
-                                  _ms(r["gpu_form_ms"]), _x(r["gpu_form_ratio"])] for r in rec["mlx_lm"]])
+                                  _ms(r["gpu_form_ms"]), _x(r["gpu_form_ratio"])] +
+                                 ([f"{r['mlx_lm_queue_us']:.0f}", f"{r['gpu_form_queue_us']:.0f}",
+                                   _x(r["queue_ratio"])] if host else []) for r in rec["mlx_lm"]])
     return out
 
 
