@@ -9,7 +9,9 @@ Recipe: bench_targets' (V = 152064, chat-shaped logits, every parameter passed a
 a 64-token history, per-row seeds, masks and biases as MLX arrays), B = 1 unless --batches says otherwise. Columns,
 median us:
 - back to back: `Program.queue` called again and again with nothing evaluated in between (bench_targets' queue
-  column measures this way): the host's own cost with warm caches;
+  column measures this way): the host's own cost with warm caches, over rounds that each time every program in turn
+  (bench_targets.settled_queue_us: the least-disturbed round's median, and the median round's); and the same with the
+  position moving every call (a decode loop's pattern);
 - queue: `Program.queue` in a loop of whole calls (queue, then the evaluation, with the calls' outputs and flags
   evaluated before the next call is queued), as a decode loop runs it; the evaluation in between leaves the
   host's caches cold, so this is the larger figure;
@@ -39,7 +41,19 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import samplec  # noqa: E402
 from samplec.backend_mlx import native  # noqa: E402
-from bench_targets import V, arguments, command_line, rows_to_measure, traced_as_its_device  # noqa: E402
+from bench_targets import (QUEUE_REPS, V, arguments, command_line, rows_to_measure, settled_queue_us,  # noqa: E402
+                           traced_as_its_device)
+
+
+class _MovingPos:
+    """`prog` whose position parameter moves every call (a decode loop's pattern), in settled_queue_us' shape."""
+
+    def __init__(self, prog, name: str, B: int):
+        self.prog, self.name, self.B, self.target = prog, name, B, prog.target
+        self.step = iter(range(10**9))
+
+    def queue(self, x, **kw):
+        return self.prog.queue(x, **{**kw, self.name: [next(self.step)] * self.B})
 
 
 def _traced(prog, x, kw) -> None:
@@ -61,19 +75,9 @@ def _timed(step, reps: int) -> float:
 
 def measure(prog, x, kw, reps: int) -> dict:
     _traced(prog, x, kw)
+    """The columns of a loop of whole calls (each call evaluated before the next is queued); the back-to-back
+    columns are main's, over rounds of every program (bench_targets.settled_queue_us)."""
     clock = time.perf_counter
-    pending = []
-
-    def back_to_back():
-        pending.append(prog.queue(x, **kw))
-    times = []
-    for _ in range(reps):
-        t0 = clock()
-        back_to_back()
-        times.append(clock() - t0)
-    native.evaluate([a for outs, checks in pending for a in outs + [f for _, f in checks]])
-    pending.clear()
-    warm = statistics.median(times) * 1e6
     stats = dict(prog.queue_stats)
 
     def queue(args=kw):
@@ -114,7 +118,7 @@ def measure(prog, x, kw, reps: int) -> dict:
         return clock() - t0, outs + flags + [f for _, f in late]
     _timed(full, 3)
     f = _timed(full, reps)
-    return {"back_to_back_us": warm, "queue_us": q, "args_us": a, "replay_us": r, "moving_pos_us": moving,
+    return {"queue_us": q, "args_us": a, "replay_us": r, "moving_pos_us": moving,
             "full_us": f, "short": short, "inputs": 1 + len(prog.params)}
 
 
@@ -123,20 +127,36 @@ def main() -> None:
     reps = 100 if args.quick else 300
     rng = np.random.default_rng(0)
     print(f"MLX {mx.__version__} on {mx.default_device()}; targets {', '.join(targets)}; V = {V}; {reps} calls each")
-    rows = []
+    rows, entries = [], []
     for B, x, path, name in rows_to_measure(args):
         for target in targets:
             with traced_as_its_device(target):      # (the portable target as a GPU lowers it)
                 prog = samplec.compile_file(path, sampler=name, target=target)
             n = reps if target not in ("portable", "metal") else max(15, reps // 8)
-            row = {"example": f"{path.name}:{name}", "B": B, "target": target,
-                   **measure(prog, x, arguments(prog, B, rng), n)}
+            kw = arguments(prog, B, rng)
+            row = {"example": f"{path.name}:{name}", "B": B, "target": target, **measure(prog, x, kw, n)}
+            form = "gpu" if target in ("portable", "metal") else "cpu"
+            entries.append(((len(rows), "fixed", form), prog, x, kw))
+            pos = [p.name for p in prog.params if p.kind == "int" and p.name in ("pos", "position")]
+            if pos:
+                entries.append(((len(rows), "moving", form), _MovingPos(prog, pos[0], B), x, kw))
             rows.append(row)
             mp = "-" if row["moving_pos_us"] is None else f"{row['moving_pos_us']:.1f}"
-            print(f"B={B} {row['example']:40s} {target:9s} back to back {row['back_to_back_us']:5.1f}, "
+            print(f"B={B} {row['example']:40s} {target:9s} "
                   f"queue {row['queue_us']:6.1f} us (args "
                   f"{row['args_us']:5.1f}, replay {row['replay_us']:5.1f}; moving pos {mp}); full "
                   f"{row['full_us']:6.1f} us; short path {'yes' if row['short'] else 'NO'}", flush=True)
+    rounds = 15 if args.quick else 40
+    for (i, which, _), (least, typical) in settled_queue_us(entries, rounds, QUEUE_REPS).items():
+        key = "back_to_back_us" if which == "fixed" else "back_to_back_moving_us"
+        rows[i][key], rows[i][key.replace("_us", "_median_round_us")] = least, typical
+    print(f"back to back ({rounds} rounds of {QUEUE_REPS} calls: the least-disturbed round's median, the median "
+          "round's), fixed and moving position:")
+    for r in rows:
+        mp = "-" if "back_to_back_moving_us" not in r else \
+            f"{r['back_to_back_moving_us']:.1f} ({r['back_to_back_moving_median_round_us']:.1f})"
+        print(f"B={r['B']} {r['example']:40s} {r['target']:9s} {r['back_to_back_us']:5.1f} "
+              f"({r['back_to_back_median_round_us']:.1f}) us; moving pos {mp}", flush=True)
     if args.out:
         out = Path(args.out)
         out.with_suffix(".json").write_text(json.dumps({"device": str(mx.default_device()), "mlx": mx.__version__,
@@ -146,8 +166,10 @@ def main() -> None:
                  f"{args.out}` (MLX {mx.__version__} on {mx.default_device()}, V = {V}; median of {reps} calls, "
                  f"{max(15, reps // 8)} on the portable target). Every parameter is passed at run time as one "
                  "value per row, with a 64-token MLX history, per-row seeds, MLX masks and biases.", "",
-                 "- back to back: `Program.queue` again and again, nothing evaluated in between (warm caches: the "
-                 "host's own cost; bench_targets' queue column);",
+                 f"- back to back: `Program.queue` again and again, nothing evaluated in between (warm caches: the "
+                 f"host's own cost; bench_targets' queue column), over {rounds} rounds of {QUEUE_REPS} calls that "
+                 "each time every program in turn: the least-disturbed round's median and, in parentheses, the "
+                 "median round's; and the same with the position changing every call (a decode loop's pattern);",
                  "- queue: `Program.queue` in a loop of whole calls, each evaluated before the next is queued (as a "
                  "decode loop runs it: the evaluation leaves the host's caches cold); args and replay are its two "
                  "parts, the argument checks and the compiled graph's replay; moving pos: the same with the "
@@ -157,11 +179,15 @@ def main() -> None:
                  "- the portable target's whole-call columns follow a ~0.1 s evaluation of MLX ops on both cores of "
                  "this machine (the coldest caches); on a GPU the device runs it and the host's caches stay warmer: "
                  "back to back is the closer figure there.", "",
-                 "| example | B | target | inputs | back to back us | queue us | args us | replay us | "
-                 "queue us, moving pos | full path us | short path |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+                 "| example | B | target | inputs | back to back us | back to back us, moving pos | queue us | args us "
+                 "| replay us | queue us, moving pos | full path us | short path |",
+                 "|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in rows:
             mp = "-" if r["moving_pos_us"] is None else f"{r['moving_pos_us']:.0f}"
-            lines.append(f"| {r['example']} | {r['B']} | {r['target']} | {r['inputs']} | {r['back_to_back_us']:.0f} | "
+            bm = "-" if "back_to_back_moving_us" not in r else \
+                f"{r['back_to_back_moving_us']:.0f} ({r['back_to_back_moving_median_round_us']:.0f})"
+            lines.append(f"| {r['example']} | {r['B']} | {r['target']} | {r['inputs']} | {r['back_to_back_us']:.0f} "
+                         f"({r['back_to_back_median_round_us']:.0f}) | {bm} | "
                          f"{r['queue_us']:.0f} | {r['args_us']:.0f} | {r['replay_us']:.0f} | {mp} | "
                          f"{r['full_us']:.0f} | {'yes' if r['short'] else 'no'} |")
         out.with_suffix(".md").write_text("\n".join(lines) + "\n")

@@ -172,7 +172,8 @@ class Program:
         self._whole = (self.exe, self._check_messages)
         self._variants: dict[frozenset, tuple] = {}
         self._off: dict[tuple, bool] = {}       # (switch, its values' bytes, V) -> off in every row
-        # (shape, bytes of the values, arrays, bytes of each value, the program they run): the last short call's
+        # (shape, bytes of the values, arrays, bytes of each value, the program they run, the values): the last short
+        # call's
         self._last = None
         self.queue_stats = {"short": 0, "full": 0, "scalars_rebuilt": 0, "specialized": 0}
         # calls run again with their rows sorted: the portable target's candidates on the CPU did not hold a row's
@@ -417,14 +418,17 @@ class Program:
         seed array by its bytes). Bytes kept only from plain values cannot equal those of any other value."""
         self.queue_stats["scalars_rebuilt"] += 1
         B = shape[0]
-        keys = list(map(marshal.dumps, values, self._versions))
         same_switches = False
         if last is not None and last[0] == shape:
+            # (a number that is the very object the last call had -- a decode loop's constants -- has its bytes)
+            keys = [lk if v is lv and lk is not None and (type(v) is int or type(v) is float) else marshal.dumps(v, 2)
+                    for v, lv, lk in zip(values, last[5], last[3])]
             arrays = list(last[2])
             todo = [*compress(range(len(keys)), map(ne, keys, last[3])), *self._os_drawn]
             # (only values no switch reads changed -- a decode loop's position: the last call's program runs)
             same_switches = self._switched.isdisjoint(todo)
         else:
+            keys = list(map(marshal.dumps, values, self._versions))
             arrays = [None] * len(keys)
             todo = range(len(keys))
         for k in todo:
@@ -443,7 +447,7 @@ class Program:
                 return None
         run = last[4] if same_switches else \
             self._program_for(values, keys, shape[1]) if self._switches else self._whole
-        self._last = (shape, key if None not in keys else None, arrays, keys, run)
+        self._last = (shape, key if None not in keys else None, arrays, keys, run, values)
         return arrays
 
     def _accepted(self, shape: tuple, params: dict) -> None:
@@ -536,12 +540,12 @@ class Program:
                                    mx.array([[value]] * B if wide else [value] * B,
                                             dtype=mx.int32 if p.kind == "int" else mx.float32))
         elif t is list and len(value) == B and p.kind in SCALAR_NP and \
-                all(type(v) is float or type(v) is int for v in value):
-            key = (p.name, tuple(map(type, value)), tuple(value), wide)
+                _NUMBERS.issuperset(types := tuple(map(type, value))):
+            key = (p.name, types, tuple(value), wide)
             hit = self._scalars.get(key)
             if hit is not None:
                 return hit
-            if all(self._plain_ok(p, v) for v in value):
+            if self._plain_all(p, value, types):
                 return self._cache(key, np.array(value, dtype=np.uint64).reshape(shape) if p.kind == "seed" else
                                    mx.array([[v] for v in value] if wide else value,
                                             dtype=mx.int32 if p.kind == "int" else mx.float32))
@@ -568,11 +572,20 @@ class Program:
         return v == v and abs(v) <= _F32_MAX and \
             (p.name not in self._ranges or self._ranges[p.name].contains(float(np.float32(v))))
 
+    def _plain_all(self, p: Param, value: list, types: tuple) -> bool:
+        """`_plain_ok` of every number of a list (one a row), an integer list's bounds by its extremes."""
+        if p.kind in ("seed", "int"):
+            lo, hi = (0, 2 ** 64) if p.kind == "seed" else (-2 ** 31, 2 ** 31)
+            r = self._ranges.get(p.name)
+            return float not in types and lo <= min(value) and max(value) < hi and \
+                (r is None or all(map(r.contains, value)))
+        return all(self._plain_ok(p, v) for v in value)
+
     def _cache(self, key, arr) -> mx.array:
         if not isinstance(arr, mx.array):
             arr = _np_to_mx(arr)
-        if len(self._scalars) > 256:
-            self._scalars.clear()
+        if len(self._scalars) > 256:     # (the oldest goes: a moving position never frees 256 arrays at once)
+            del self._scalars[next(iter(self._scalars))]
         self._scalars[key] = arr
         return arr
 
@@ -723,6 +736,9 @@ def _prepare_param(p: Param, value, B: int, V: int, late: list, ids_in_graph: bo
 
 
 _NUMBERS = frozenset({int, float})
+
+
+_NUMBERS = frozenset((int, float))
 
 
 def _plain(v) -> bool:

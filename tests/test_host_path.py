@@ -107,6 +107,9 @@ BAD = {
     "a string": dict(t="0.7"),
     "too few rows": dict(t=[0.7]),
     "a negative seed": dict(seed=[-1, 2]),
+    "a seed past 64 bits": dict(seed=[1, 2 ** 64]),
+    "an int past int32": dict(k=[5, 2 ** 31]),
+    "an int below int32": dict(k=[-2 ** 31 - 1, 5]),
     "a missing parameter": dict(t=None),
     "an unknown parameter": dict(temperature=0.7),
     "an id >= V": dict(h=mx.array(np.array([[1, 2, 3], [4, V, 5]], np.int32))),
@@ -173,6 +176,27 @@ def test_a_list_changed_in_place_is_read_anew():
     assert_same(wide, outcome(samplec.compile(SRC), k=[1, 50]))
     assert one["logprob"][0] == wide["logprob"][0] and one["logprob"][1] != wide["logprob"][1]
     assert prog.queue_stats["short"] == 1
+
+
+def test_a_decode_loop_moves_its_position_with_the_full_paths_results():
+    """A decode loop's call: the same number objects each step (its constants) and a position that moves. Each step
+    rebuilds the position alone and gives a fresh program's results; the cache of built values stays bounded, the
+    oldest going first (no step frees them all at once)."""
+    src = ("sampler s(t: float, k: int, seed: seed, pos: int) -> token, logprob "
+           "{ top_k(k) temperature(t) sample(seed, position = pos) }")
+    prog, fresh = samplec.compile(src), samplec.compile(src)
+    x = logits(1, 3)
+    t, k, seed = 0.7, 40, 12345
+    for step in range(300):
+        got = values(prog(x, t=t, k=k, seed=seed, pos=step))
+        if step % 75 == 0 or step == 299:
+            assert_same(got, values(fresh(x, t=t, k=k, seed=seed, pos=step)))
+    assert prog.queue_stats["short"] == 299 and prog.queue_stats["scalars_rebuilt"] == 299
+    assert 256 <= len(prog._scalars) <= 257
+    assert ("pos", int, 299, (1,)) in prog._scalars or ("pos", int, 299, (1, 1)) in prog._scalars
+    # a constant changed to an equal value of another type is another value (1 is not 1.0): the full path's error
+    with pytest.raises(samplec.SamplecError, match="k"):
+        prog(x, t=t, k=40.5, seed=seed, pos=300)
 
 
 def test_seeds_drawn_from_the_os_are_new_each_call():
