@@ -520,6 +520,9 @@ def run(
         result = runner.draws(prog, x, values, draws)
         _echo(json.dumps(result) if as_json else runner.format_draws(result))
         return
+    drawn = runner.os_seed_drawn(prog, values, x.shape[0] if x.ndim == 2 else 1)
+    if drawn is not None:       # (`sample()` without a seed: the run says the seed it drew, to be run again)
+        print(f"seed drawn from the OS: {drawn} (--seed {drawn} runs this draw again)", file=sys.stderr)
     out = prog(x, **values)
     _echo(json.dumps(runner.to_json(out)) if as_json else runner.format_outputs(out))
 

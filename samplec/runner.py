@@ -93,6 +93,18 @@ def parse_value(prog: Program, name: str, text: str, flag: str | None = None):
     return vals[0] if len(vals) == 1 else vals
 
 
+def os_seed_drawn(prog: Program, values: dict, B: int) -> str | None:
+    """Where `prog` draws from `sample()` without a seed and `values` gives none: seeds drawn from the OS now, one a
+    row, put into `values`, and the --seed text that gives them again; else None."""
+    from samplec.frontend.lower import OS_SEED
+    from samplec.program import _os_seeds
+    if OS_SEED not in {p.name for p in prog.params} or OS_SEED in values:
+        return None
+    seeds = [int(s) for s in _os_seeds(B)]
+    values[OS_SEED] = seeds[0] if B == 1 else seeds
+    return ",".join(map(str, seeds))
+
+
 def parse_params(prog: Program, pairs: dict[str, str]) -> dict:
     return {name: parse_value(prog, name, value) for name, value in pairs.items()}
 

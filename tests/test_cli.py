@@ -599,3 +599,22 @@ def test_explain_and_import_refuse_to_overwrite_their_input(tmp_path):
     cfg.write_text('{"do_sample": true, "temperature": 0.7}')
     r = cli("import", "--from", "hf", cfg, "-o", cfg)
     assert r.exit_code == 1 and "it is the input file" in r.output and "0.7" in cfg.read_text()
+
+
+def test_an_unseeded_draw_says_its_seeds_and_runs_again_with_them(files):
+    """`sample()` without a seed draws one a row from the OS: `run` prints them (stderr: --json stays one object),
+    and `--seed` with them gives the same tokens and values again; two runs without it draw other seeds."""
+    tmp, _, _ = files
+    src = tmp / "u.smp"
+    src.write_text("sampler u(t: float = 1.0) -> token, logprob {\n    temperature(t)\n    sample()\n}\n")
+    first = cli("run", src, "--logits", tmp / "x.npy", "--json")
+    assert first.exit_code == 0, first.output
+    said = [line for line in first.stderr.splitlines() if line.startswith("seed drawn from the OS: ")]
+    assert len(said) == 1, first.stderr
+    seeds = said[0].split("--seed ")[1].split()[0]
+    assert len(seeds.split(",")) == 3 and all(s.isdigit() for s in seeds.split(","))
+    again = cli("run", src, "--logits", tmp / "x.npy", "--json", "--seed", seeds)
+    assert again.exit_code == 0 and "seed drawn" not in again.stderr
+    assert json.loads(again.stdout) == json.loads(first.stdout)
+    other = cli("run", src, "--logits", tmp / "x.npy", "--json")
+    assert other.stderr != first.stderr
