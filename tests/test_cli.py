@@ -618,3 +618,21 @@ def test_an_unseeded_draw_says_its_seeds_and_runs_again_with_them(files):
     assert json.loads(again.stdout) == json.loads(first.stdout)
     other = cli("run", src, "--logits", tmp / "x.npy", "--json")
     assert other.stderr != first.stderr
+
+
+def test_a_switch_variable_with_another_value_warns_and_reads_as_its_default(monkeypatch):
+    """SAMPLEC_NATIVE and the other switches take 1/on/true/yes and 0/off/false/no in any case; anything else warns
+    once, naming the variable and the words, and reads as the switch's default (not silently as on)."""
+    from samplec.backend_mlx import gpu, native
+    from samplec.diagnostics import SamplecWarning
+    for value, off in (("OFF", True), (" no ", True), ("0", True), ("Yes", False), ("1", False), ("", False)):
+        monkeypatch.setenv("SAMPLEC_NATIVE", value)
+        assert native.switched_off("SAMPLEC_NATIVE") is off, value
+    monkeypatch.setenv("SAMPLEC_NATIVE", "maybe")
+    with pytest.warns(SamplecWarning, match=r"SAMPLEC_NATIVE='maybe' is not a switch value \(1, on, .*read as on"):
+        assert not native.switched_off("SAMPLEC_NATIVE")
+    monkeypatch.setenv("SAMPLEC_METAL_KERNEL", "2")
+    with pytest.warns(SamplecWarning, match="SAMPLEC_METAL_KERNEL='2'.*read as off"):
+        assert not gpu._on("SAMPLEC_METAL_KERNEL")
+    monkeypatch.setenv("SAMPLEC_METAL_KERNEL", "TRUE")
+    assert gpu._on("SAMPLEC_METAL_KERNEL")

@@ -614,7 +614,7 @@ def _metal_chain(x: mx.array, params: list[mx.array], stages: list[str], termina
 
 
 def _on(var: str) -> bool:
-    return os.environ.get(var, "0").strip().lower() in ("1", "on", "true", "yes")
+    return native.switch(var, False)
 
 
 def metal_requested() -> bool:

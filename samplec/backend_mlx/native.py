@@ -21,9 +21,29 @@ except (ImportError, OSError):   # not built (or built against another MLX): the
     _native = None
 
 
+_OFF, _ON = ("0", "off", "false", "no"), ("1", "on", "true", "yes")
+_unread: set = set()     # (variable, value) pairs already warned of
+
+
+def switch(var: str, default: bool) -> bool:
+    """The environment variable read as a switch: 1, on, true, yes or 0, off, false, no (any case); unset or empty,
+    `default`. Any other value warns once, naming the words it takes, and reads as `default`."""
+    raw = os.environ.get(var, "")
+    value = raw.strip().lower()
+    if value in _ON or value in _OFF:
+        return value in _ON
+    if value and (var, raw) not in _unread:
+        _unread.add((var, raw))
+        import warnings
+        from samplec.diagnostics import SamplecWarning
+        warnings.warn(f"{var}={raw!r} is not a switch value ({', '.join(_ON)} or {', '.join(_OFF)}): read as "
+                      f"{'on' if default else 'off'}", SamplecWarning, stacklevel=2)
+    return default
+
+
 def switched_off(var: str) -> bool:
-    """Whether the environment variable turns a feature off: 0, off, false or no (any case)."""
-    return os.environ.get(var, "1").strip().lower() in ("0", "off", "false", "no")
+    """Whether the environment variable turns a feature off (on by default: `switch`)."""
+    return not switch(var, True)
 
 
 def enabled() -> bool:
