@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import marshal
 import os
+from collections import OrderedDict
 import sys
 from dataclasses import dataclass
 from itertools import compress
@@ -135,7 +136,8 @@ class Program:
         self._names = [k for k, _ in graph.outputs]
         self._layout = _layout(self._names)
         self._ranges = {p.name: Range.parse(p.range) for p in self.params if p.range and p.kind != "seed"}
-        self._scalars: dict = {}    # (name, value, B) or (name, seed bytes) -> a prepared MLX array
+        # (name, value, B) or (name, seed bytes) -> a prepared MLX array; at most 256, the oldest dropped first
+        self._scalars: OrderedDict = OrderedDict()
         self._scalars_only = all(p.kind in SCALAR_NP for p in self.params)
         # outputs with a count (top_logprobs(n), candidates(k)): checked against V before a call allocates
         self._counts = sorted({(key.split(".")[0], n.type.shape[-1]) for key, n in graph.outputs
@@ -172,8 +174,7 @@ class Program:
         self._whole = (self.exe, self._check_messages)
         self._variants: dict[frozenset, tuple] = {}
         self._off: dict[tuple, bool] = {}       # (switch, its values' bytes, V) -> off in every row
-        # (shape, bytes of the values, arrays, bytes of each value, the program they run, the values): the last short
-        # call's
+        # (shape, bytes of the values, arrays, bytes of each value, the program they run): the last short call's
         self._last = None
         self.queue_stats = {"short": 0, "full": 0, "scalars_rebuilt": 0, "specialized": 0}
         # calls run again with their rows sorted: the portable target's candidates on the CPU did not hold a row's
@@ -418,17 +419,14 @@ class Program:
         seed array by its bytes). Bytes kept only from plain values cannot equal those of any other value."""
         self.queue_stats["scalars_rebuilt"] += 1
         B = shape[0]
+        keys = list(map(marshal.dumps, values, self._versions))
         same_switches = False
         if last is not None and last[0] == shape:
-            # (a number that is the very object the last call had -- a decode loop's constants -- has its bytes)
-            keys = [lk if v is lv and lk is not None and (type(v) is int or type(v) is float) else marshal.dumps(v, 2)
-                    for v, lv, lk in zip(values, last[5], last[3])]
             arrays = list(last[2])
             todo = [*compress(range(len(keys)), map(ne, keys, last[3])), *self._os_drawn]
             # (only values no switch reads changed -- a decode loop's position: the last call's program runs)
             same_switches = self._switched.isdisjoint(todo)
         else:
-            keys = list(map(marshal.dumps, values, self._versions))
             arrays = [None] * len(keys)
             todo = range(len(keys))
         for k in todo:
@@ -447,7 +445,7 @@ class Program:
                 return None
         run = last[4] if same_switches else \
             self._program_for(values, keys, shape[1]) if self._switches else self._whole
-        self._last = (shape, key if None not in keys else None, arrays, keys, run, values)
+        self._last = (shape, key if None not in keys else None, arrays, keys, run)
         return arrays
 
     def _accepted(self, shape: tuple, params: dict) -> None:
@@ -555,9 +553,7 @@ class Program:
             key = (p.name, value.tobytes(), wide)   # (per-row seeds, passed again each step: keyed by their bytes)
             hit = self._scalars.get(key)
             if hit is None:
-                if len(self._scalars) > 256:
-                    self._scalars.clear()
-                hit = self._scalars[key] = _np_to_mx(value.reshape(shape))
+                hit = self._cache(key, _np_to_mx(value.reshape(shape)))
             return hit
         return _np_to_mx(_scalar_param(p, value, B).reshape(shape))
 
@@ -585,7 +581,7 @@ class Program:
         if not isinstance(arr, mx.array):
             arr = _np_to_mx(arr)
         if len(self._scalars) > 256:     # (the oldest goes: a moving position never frees 256 arrays at once)
-            del self._scalars[next(iter(self._scalars))]
+            self._scalars.popitem(last=False)
         self._scalars[key] = arr
         return arr
 
