@@ -74,9 +74,9 @@ def _timed(step, reps: int) -> float:
 
 
 def measure(prog, x, kw, reps: int) -> dict:
-    _traced(prog, x, kw)
     """The columns of a loop of whole calls (each call evaluated before the next is queued); the back-to-back
     columns are main's, over rounds of every program (bench_targets.settled_queue_us)."""
+    _traced(prog, x, kw)
     clock = time.perf_counter
     stats = dict(prog.queue_stats)
 

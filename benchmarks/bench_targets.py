@@ -118,9 +118,10 @@ def queue_us(prog, x, kw, reps: int) -> float:
 
 def settled_queue_us(entries: list, rounds: int, reps: int) -> dict:
     """{key: (least-disturbed, median round)} over `rounds` rounds that each time every entry (key, program, logits,
-    arguments; the key's last item "gpu" where the program was traced as a GPU runs it) once (`queue_us`): the rounds spread each entry's samples over the whole run, so that a burst of this
-    shared machine's other work lands in some rounds of every entry rather than in all of one. The least-disturbed
-    round's median is the host's own cost; the median round's is what the machine gave in this run."""
+    arguments; the key's last item "gpu" where the program was traced as a GPU runs it) once (`queue_us`): the
+    rounds spread each entry's samples over the whole run, so that a burst of this shared machine's other work lands
+    in some rounds of every entry rather than in all of one. The least-disturbed round's median is the host's own
+    cost; the median round's is what the machine gave in this run."""
     got = {key: [] for key, *_ in entries}
     for _ in range(rounds):
         for key, prog, x, kw in entries:

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import marshal
 import os
-from collections import OrderedDict
 import sys
+from collections import OrderedDict
 from dataclasses import dataclass
 from itertools import compress
 from operator import ne
@@ -732,9 +732,6 @@ def _prepare_param(p: Param, value, B: int, V: int, late: list, ids_in_graph: bo
 
 
 _NUMBERS = frozenset({int, float})
-
-
-_NUMBERS = frozenset((int, float))
 
 
 def _plain(v) -> bool:
