@@ -176,6 +176,7 @@ class Program:
         self._off: dict[tuple, bool] = {}       # (switch, its values' bytes, V) -> off in every row
         # (shape, bytes of the values, arrays, bytes of each value, the program they run): the last short call's
         self._last = None
+        self._moved: frozenset = frozenset()    # (the scalar values that changed at the last call: `_rebuild`)
         self.queue_stats = {"short": 0, "full": 0, "scalars_rebuilt": 0, "specialized": 0}
         # calls run again with their rows sorted: the portable target's candidates on the CPU did not hold a row's
         # kept tokens (samplec/passes/portable.py)
@@ -389,15 +390,22 @@ class Program:
         if known is None or x.dtype != _F32 or not params.keys() <= self._known:
             return None
         values = list(map(params.get, self._scalar_names))
-        try:
-            key = marshal.dumps(values, 2)      # (see `_rebuild`)
+        moved = self._moved
+        try:        # (see `_rebuild`; the values that moved the last call are compared one by one: `_move`)
+            key = marshal.dumps(_masked(values, moved) if moved else values, 2)
         except ValueError:                      # (MLX arrays, and objects of other types, do not marshal)
             return None
         last = self._last
         if last is not None and last[1] == key and last[0] == shape:
-            args, run = [x, *last[2]], last[4]
+            if moved:
+                scalars = self._move(shape, values, last)
+                if scalars is None:
+                    return None
+                args, run = [x, *scalars], self._last[4]
+            else:
+                args, run = [x, *last[2]], last[4]
         else:
-            scalars = self._rebuild(shape, values, key, last)
+            scalars = self._rebuild(shape, values, last)
             if scalars is None:
                 return None
             args, run = [x, *scalars], self._last[4]
@@ -407,7 +415,7 @@ class Program:
             args.append(v)
         return args, known.messages, run
 
-    def _rebuild(self, shape: tuple, values: list, key: bytes, last) -> list | None:
+    def _rebuild(self, shape: tuple, values: list, last) -> list | None:
         """The scalar parameters' arrays where the call's values are not the last call's: the last call's array
         where a value's bytes are the same, else built (None where a value needs the full path: missing, or not
         valid). A seed drawn from the OS is drawn anew.
@@ -416,37 +424,80 @@ class Program:
         bytes), which say each value's type too (True is not 1, 1.0 is not 1) -- for plain values: Python numbers,
         lists of them and None. Marshal writes any object with a buffer (a numpy array or scalar, bytes) as bytes,
         so such a value's bytes are never kept: the value is built again each call (`_scalar` keeps a numpy
-        seed array by its bytes). Bytes kept only from plain values cannot equal those of any other value."""
+        seed array by its bytes). Bytes kept only from plain values cannot equal those of any other value.
+
+        The values that changed (and the seeds drawn from the OS) are `_moved`: the next call's key leaves them
+        out and `_move` compares them one by one -- a decode loop's position, new every call, costs that value's
+        array and not a comparison of every value."""
         self.queue_stats["scalars_rebuilt"] += 1
-        B = shape[0]
         keys = list(map(marshal.dumps, values, self._versions))
-        same_switches = False
         if last is not None and last[0] == shape:
             arrays = list(last[2])
-            todo = [*compress(range(len(keys)), map(ne, keys, last[3])), *self._os_drawn]
+            todo = (*compress(range(len(keys)), map(ne, keys, last[3])), *self._os_drawn)
             # (only values no switch reads changed -- a decode loop's position: the last call's program runs)
-            same_switches = self._switched.isdisjoint(todo)
+            run = last[4] if self._switched.isdisjoint(todo) else None
         else:
-            arrays = [None] * len(keys)
-            todo = range(len(keys))
-        for k in todo:
-            p, value = self._scalar_params[k], values[k]
-            if not _plain(value):
-                keys[k] = None
-            if value is None:
-                if p.default is None:
-                    return None
-                value = _os_seeds(B) if p.default == "os" else p.default
-                if p.default == "os":
-                    keys[k] = None
-            try:
-                arrays[k] = self._scalar(p, value, B, k in self._wide)
-            except Exception:  # noqa: BLE001 - the full path raises it, in the parameters' order
+            arrays, todo, run = [None] * len(keys), tuple(range(len(keys))), None
+        for k in todo:      # (a value that moved the last call too -- a decode loop's position -- is not cached)
+            if not self._build(k, values[k], shape[0], arrays, keys, k not in self._moved):
                 return None
-        run = last[4] if same_switches else \
-            self._program_for(values, keys, shape[1]) if self._switches else self._whole
-        self._last = (shape, key if None not in keys else None, arrays, keys, run)
+        if run is None:
+            run = self._program_for(values, keys, shape[1]) if self._switches else self._whole
+        self._moved = frozenset(todo) if last is not None and last[0] == shape else frozenset()
+        self._remember(shape, values, arrays, keys, run)
         return arrays
+
+    def _move(self, shape: tuple, values: list, last) -> list | None:
+        """`_rebuild` where the values other than the last call's `_moved` are the last call's: the moved ones are
+        compared one by one and built again where they changed (not cached: they move on)."""
+        arrays, keys = list(last[2]), list(last[3])
+        todo = []
+        for k in self._moved:
+            try:
+                now = marshal.dumps(values[k], 2)
+            except ValueError:
+                return None
+            if keys[k] is None or now != keys[k]:
+                todo.append(k)
+                if not self._build(k, values[k], shape[0], arrays, keys, False, now):
+                    return None
+        self.queue_stats["scalars_rebuilt"] += bool(todo)
+        run = last[4] if self._switched.isdisjoint(todo) else \
+            self._program_for(values, keys, shape[1]) if self._switches else self._whole
+        if len(todo) == len(self._moved):       # (they all moved again: the key stays)
+            self._last = (shape, last[1], arrays, keys, run)
+        else:
+            self._moved = frozenset(todo)
+            self._remember(shape, values, arrays, keys, run)
+        return arrays
+
+    def _build(self, k: int, value, B: int, arrays: list, keys: list, keep: bool, now: bytes | None = None) -> bool:
+        """Scalar parameter k's array for `value` into arrays[k], its bytes (`now` where known) into keys[k] (None
+        where the value is not plain or is drawn from the OS); False where the value needs the full path (missing,
+        or not valid)."""
+        p = self._scalar_params[k]
+        keys[k] = (now or marshal.dumps(value, 2)) if _plain(value) else None
+        if value is None:
+            if p.default is None:
+                return False
+            value = _os_seeds(B) if p.default == "os" else p.default
+            if p.default == "os":
+                keys[k], keep = None, False     # (drawn anew every call)
+        elif keys[k] is None:
+            keep = True     # (a numpy seed array: `_scalar` keeps it by its bytes)
+        try:
+            arrays[k] = self._scalar(p, value, B, k in self._wide, keep)
+        except Exception:  # noqa: BLE001 - the full path raises it, in the parameters' order
+            return False
+        return True
+
+    def _remember(self, shape: tuple, values: list, arrays: list, keys: list, run) -> None:
+        """The short path's state after a call: the key of its values (`_moved` left out; None where a value
+        that is compared by the key is not plain), its arrays and each value's bytes, and what it runs."""
+        moved = self._moved
+        plain = all(b is not None for k, b in enumerate(keys) if k not in moved)
+        key = marshal.dumps(_masked(values, moved) if moved else values, 2) if plain else None
+        self._last = (shape, key, arrays, keys, run)
 
     def _accepted(self, shape: tuple, params: dict) -> None:
         """After the full path accepted a call: its logits shape and the shapes and dtypes of its MLX arrays are
@@ -521,41 +572,44 @@ class Program:
                 raise SamplecError(f"{message} ({_rows(flagged)})")
         return args
 
-    def _scalar(self, p: Param, value, B: int, wide: bool = False) -> mx.array:
+    def _scalar(self, p: Param, value, B: int, wide: bool = False, keep: bool = True) -> mx.array:
         """A scalar parameter as an MLX array [B] (`wide`: [B, 1], what an executable that reads it only as [B, 1]
         takes without a view of its own: `Executable.wide_params`). Plain Python numbers (the common case in a
-        decode loop) and lists of them, one per row (a server's batch), take a short path and are cached;
-        everything else goes through the full checks of `_scalar_param`."""
+        decode loop) and lists of them, one per row (a server's batch), take a short path and are cached (unless
+        not `keep`: a value that moves every call); everything else goes through the full checks of
+        `_scalar_param`."""
         t = type(value)
-        shape = (B, 1) if wide else (B,)
         if t is int or t is float:
-            key = (p.name, t, value, shape)
-            hit = self._scalars.get(key)
+            key = (p.name, t, value, B, wide)
+            hit = self._scalars.get(key) if keep else None
             if hit is not None:
                 return hit
             if self._plain_ok(p, value):
-                return self._cache(key, np.full(shape, value, dtype=np.uint64) if p.kind == "seed" else
-                                   mx.array([[value]] * B if wide else [value] * B,
-                                            dtype=mx.int32 if p.kind == "int" else mx.float32))
+                arr = _np_to_mx(np.full((B, 1) if wide else (B,), value, dtype=np.uint64)) if p.kind == "seed" else \
+                    mx.array([[value]] * B if wide else [value] * B, dtype=mx.int32 if p.kind == "int" else _F32)
+                return self._cache(key, arr) if keep else arr
         elif t is list and len(value) == B and p.kind in SCALAR_NP and \
                 _NUMBERS.issuperset(types := tuple(map(type, value))):
-            key = (p.name, types, tuple(value), wide)
-            hit = self._scalars.get(key)
+            key = (p.name, types, tuple(value), wide) if keep else None
+            hit = self._scalars.get(key) if keep else None
             if hit is not None:
                 return hit
             if self._plain_all(p, value, types):
-                return self._cache(key, np.array(value, dtype=np.uint64).reshape(shape) if p.kind == "seed" else
-                                   mx.array([[v] for v in value] if wide else value,
-                                            dtype=mx.int32 if p.kind == "int" else mx.float32))
+                arr = _np_to_mx(np.array(value, dtype=np.uint64).reshape((B, 1) if wide else (B,))) \
+                    if p.kind == "seed" else \
+                    mx.array([[v] for v in value] if wide else value, dtype=mx.int32 if p.kind == "int" else _F32)
+                return self._cache(key, arr) if keep else arr
         if p.kind == "state" and type(value) is mx.array and value.dtype == mx.float32 and value.shape == (B,):
             return value        # (the previous step's state output, still lazy: no host round trip)
         if type(value) is np.ndarray and value.dtype == np.uint64 and value.shape == (B,) and p.kind == "seed":
             key = (p.name, value.tobytes(), wide)   # (per-row seeds, passed again each step: keyed by their bytes)
-            hit = self._scalars.get(key)
+            hit = self._scalars.get(key) if keep else None
+            if hit is None and not keep:
+                return _np_to_mx(value.reshape((B, 1) if wide else (B,)))
             if hit is None:
-                hit = self._cache(key, _np_to_mx(value.reshape(shape)))
+                hit = self._cache(key, _np_to_mx(value.reshape((B, 1) if wide else (B,))))
             return hit
-        return _np_to_mx(_scalar_param(p, value, B).reshape(shape))
+        return _np_to_mx(_scalar_param(p, value, B).reshape((B, 1) if wide else (B,)))
 
     def _plain_ok(self, p: Param, v) -> bool:
         """Whether a Python int or float is a valid value of scalar parameter p as is (the checks of
@@ -577,9 +631,7 @@ class Program:
                 (r is None or all(map(r.contains, value)))
         return all(self._plain_ok(p, v) for v in value)
 
-    def _cache(self, key, arr) -> mx.array:
-        if not isinstance(arr, mx.array):
-            arr = _np_to_mx(arr)
+    def _cache(self, key, arr: mx.array) -> mx.array:
         if len(self._scalars) > 256:     # (the oldest goes: a moving position never frees 256 arrays at once)
             self._scalars.popitem(last=False)
         self._scalars[key] = arr
@@ -732,6 +784,14 @@ def _prepare_param(p: Param, value, B: int, V: int, late: list, ids_in_graph: bo
 
 
 _NUMBERS = frozenset({int, float})
+
+
+def _masked(values: list, moved: frozenset) -> list:
+    """`values` with those at the places `moved` left out (None): what `Program._arguments`' key compares."""
+    values = values.copy()
+    for k in moved:
+        values[k] = None
+    return values
 
 
 def _plain(v) -> bool:

@@ -450,3 +450,32 @@ def test_bad_values_are_errors_when_the_sampler_is_made(model):
     with pytest.raises(SamplecError, match="missing required parameter 't'"):
         generate(model, needs, PROMPT, 4, seed=1)
     assert Sampler(needs, seed=1, t=mx.array([0.5, 0.7])) is not None     # (an MLX array of per-row values)
+
+
+def test_a_step_reads_nothing_back_but_earlier_steps_check_words(model, llama_prog, monkeypatch):
+    """mlx-lm queues a step while the last one runs; a step that read the sequence (whose last token is the last
+    step's, still running) would wait for it. The adapter reads only the check words of steps a few calls back
+    (uint32), never a token sequence after the first step (which checks the prompt's ids), and gives the same
+    tokens."""
+    import samplec.integrations.mlx_lm as adapter
+
+    real = np.array
+    read = []
+
+    class _Numpy:
+        def __getattr__(self, name):
+            return getattr(np, name)
+
+        @staticmethod
+        def array(a, *args, **kw):
+            if isinstance(a, mx.array) and s.steps:
+                read.append(a.dtype)
+            return real(a, *args, **kw)
+
+    expected, _ = adapter_tokens(model, llama_prog, PROMPT, 16, seed=5)
+    monkeypatch.setattr(adapter, "np", _Numpy())
+    s = Sampler(llama_prog, seed=5)
+    steps = generate_step(mx.array(PROMPT), model, max_tokens=16, sampler=s, logits_processors=s.logits_processors)
+    got = [t for t, _ in steps]
+    assert got == expected
+    assert read and set(read) == {mx.uint32}, read

@@ -112,7 +112,9 @@ class Sampler:
         self._unchecked: list[tuple[list[mx.array], tuple[int, ...]]] = []
         self._last_position: int | None = None
         self._last_positions: frozenset = frozenset()
-        self._sequence: np.ndarray | None = None     # the last call's sequence (one row: see `_resampled`)
+        # the last call's sequence (one row, lazy: read only by `_resampled`, so that a step never waits for the
+        # last step's token -- mlx-lm queues the next step while the last one runs)
+        self._sequence: mx.array | None = None
         self._draft: _DraftRun | None = None          # set by `speculative(prompt)`
         self._history_last: int | None = None         # the history's last entries only (`speculative_request`)
         self.steps: list[Step] = []
@@ -194,7 +196,7 @@ class Sampler:
         # (a batch that shrinks to one row -- BatchGenerator's other requests finished -- goes on: its position
         # follows one of the last call's)
         self._last_positions = frozenset(positions) if captured else frozenset()
-        self._sequence = np.array(rows_tokens[0]).reshape(-1) if captured and B == 1 else None
+        self._sequence = rows_tokens[0] if captured and B == 1 else None
         if history is not None and not self.prompt_in_history:
             if B != 1:
                 raise SamplecError("prompt_in_history=False needs one sequence per Sampler (batch size 1)")
@@ -241,7 +243,7 @@ class Sampler:
         seq = self._sequence
         if seq is None or self._last_position is None or not self._prompt_len < p <= self._last_position:
             return
-        now = np.array(tokens).reshape(-1)
+        now, seq = np.array(tokens).reshape(-1), np.array(seq).reshape(-1)
         if now.size == p - self._offset and seq.size >= now.size - 1 and \
                 np.array_equal(now[:-1], seq[:now.size - 1]):
             raise SamplecError("the sampler was called again at a position it sampled, along the same sequence: "
