@@ -17,21 +17,22 @@ program on its own logits at the target's seed, positions and history, the targe
 and the program runs once over those positions; the emitted tokens are the ones plain decoding emits, whatever the
 draft (spec section 7; docs/inference.md, Speculative decoding).
 
-`ProgramFeed` is the small piece both share: it finds which program parameters a decode loop drives (the seed,
-the position, the token history), checks the other parameters once, and afterwards calls the executable directly,
-with no host synchronization.
+`ProgramFeed` is the small piece the loops share (and the mlx-lm adapter): it finds which program parameters a
+decode loop drives (the seed, the position, the token history), checks the other parameters once, and calls the
+program with `Program.queue` -- after the first step, its short path: the stages the values leave off removed, the
+position a small array of its own, no host synchronization.
 """
 from __future__ import annotations
 
-from typing import Iterable, Sequence
+import os
+from typing import Sequence
 
 import mlx.core as mx
 import numpy as np
 
-from samplec.backend_mlx.interpreter import unpack_flags
 from samplec.diagnostics import SamplecError
 from samplec.ir.graph import INPUT
-from samplec.program import Outputs, Program, check_message
+from samplec.program import Outputs, Program, named_flags
 
 __all__ = ["generate", "ProgramFeed", "position_params", "draws_at_fixed_positions", "step_seed", "step_seeds",
            "pad_history", "HISTORY_BLOCK"]
@@ -103,7 +104,17 @@ def pad_history(seq: mx.array, length: int) -> mx.array:
     seq = seq.astype(mx.int32)
     if cap == length:
         return seq
-    return mx.concatenate([mx.full((seq.shape[0], cap - length), -1, dtype=mx.int32), seq], axis=1)
+    B = seq.shape[0]
+    pad = _PADDING.get(B)
+    if pad is None:     # (one evaluated block of -1 a batch size, sliced: no op of its own each step)
+        if len(_PADDING) > 64:
+            _PADDING.clear()
+        pad = _PADDING[B] = mx.full((B, HISTORY_BLOCK), -1, dtype=mx.int32)
+        mx.eval(pad)
+    return mx.concatenate([pad[:, :cap - length], seq], axis=1)
+
+
+_PADDING: dict[int, mx.array] = {}
 
 
 class ProgramFeed:
@@ -141,15 +152,17 @@ class ProgramFeed:
                 if kind == "seed" and name not in self.params:
                     self.params[name] = seed
         self._check_scalars(program)
-        names_in_order = [p.name for p in program.params]
-        self._pos_idx = [1 + names_in_order.index(n) for n in self.position_names]
+        from samplec.program import SCALAR_NP, _as_mx
+        self._kinds = kinds
+        for p in program.params:     # (an array value converted once, not at every step)
+            if p.kind not in SCALAR_NP and p.name in self.params and not isinstance(self.params[p.name], mx.array):
+                self.params[p.name] = _as_mx(self.params[p.name], p.name)
         # a draw at a fixed position (`sample(seed)`) would take the same noise at every step: the loop advances
         # the seed instead, by the position (`step_seed`)
         # (a seed drawn from the OS is drawn once, for the loop's first step: advanced too)
-        self._seed_idx = [1 + i for i, p in enumerate(program.params) if p.kind == "seed"] \
+        self.advanced_seeds = [p.name for p in program.params if p.kind == "seed"] \
             if draws_at_fixed_positions(program) else []
-        self.advanced_seeds = [program.params[i - 1].name for i in self._seed_idx]
-        self._hist_idx = 1 + names_in_order.index(self.history_name) if self.history_name else None
+        self._drawn_seeds = [p for p in program.params if p.kind == "seed" and p.default == "os"]
         # state parameters (mirostat's mu): each step's updated value (the output of the same name) is the next
         # step's input; the first step gets the value passed in `params`, or the stage's start (NaN = start)
         states = [p.name for p in program.params if p.kind == "state"]
@@ -158,8 +171,9 @@ class ProgramFeed:
             raise SamplecError(f"the sampler '{program.name}' has the state parameter '{lost[0]}' but no output "
                                f"'{lost[0]}': a decode loop carries a state from step to step through its output "
                                f"(add it: -> token, {lost[0]})")
-        self.state_slots = [(1 + names_in_order.index(n), names.index(n)) for n in states]
-        self._base: dict[tuple[int, int], list[mx.array]] = {}
+        self.state_names = states
+        self.state_outputs = [names.index(n) for n in states]
+        self._drawn: dict[int, list[int]] = {}      # B -> the seeds drawn from the OS for B rows (once a loop)
 
     def _check_scalars(self, program: Program) -> None:
         """The scalar parameters' values checked now, as a call checks them (a missing one, NaN, out of range,
@@ -182,18 +196,6 @@ class ProgramFeed:
     def needs_history(self) -> bool:
         return self.history_name is not None
 
-    def _base_args(self, B: int, V: int) -> list[mx.array]:
-        """The checked, normalized arguments for a batch of B rows over V tokens (computed once per shape)."""
-        key = (B, V)
-        if key not in self._base:
-            values = dict(self.params)
-            if self.history_name:
-                values[self.history_name] = np.full((B, 1), -1, dtype=np.int32)
-            for n in self.position_names:
-                values[n] = 0
-            self._base[key] = self.program.prepare(mx.zeros((B, V), dtype=mx.float32), values)
-        return self._base[key]
-
     def check_history(self, tokens, V: int) -> None:
         """Host check (once, on the prompt) that the history holds no id >= V."""
         arr = np.asarray(tokens)
@@ -202,43 +204,86 @@ class ProgramFeed:
 
     def next_state(self, outs: list[mx.array]) -> list[mx.array] | None:
         """The state values the next step takes (None when the sampler has no state)."""
-        return [outs[o] for _, o in self.state_slots] or None
+        return [outs[o] for o in self.state_outputs] or None
 
-    def __call__(self, logits: mx.array, positions: Sequence[int] | mx.array, history: mx.array | None = None,
-                 state: list[mx.array] | None = None) -> tuple[list[mx.array], list[mx.array]]:
-        """One lazy call: logits [B, V], positions [B], history int32 [B, H] (already padded, or None), state:
-        the previous step's `next_state` (None: the first step)."""
+    def state_starts(self, B: int) -> list[np.ndarray]:
+        """Each state parameter's value for a row that starts: the value passed, else NaN (the stage's start),
+        float32 [B]."""
+        out = []
+        for name in self.state_names:
+            value = self.params.get(name)
+            value = np.array(value, dtype=np.float32).reshape(-1) if value is not None else np.full(1, np.nan)
+            out.append(np.broadcast_to(value.astype(np.float32), (B,)))
+        return out
+
+    def __call__(self, logits: mx.array, positions: Sequence[int], history: mx.array | None = None,
+                 state: list[mx.array] | None = None, *, one_sequence: bool = False) \
+            -> tuple[list[mx.array], list[tuple]]:
+        """One lazy call (`Program.queue`: after a loop's first steps, its short path): logits [B, V], positions
+        [B] (Python integers), history int32 [B, H] (already padded, or None), state: the previous step's
+        `next_state` (None: the first step). `one_sequence`: the B rows are positions of one sequence (speculative
+        verification), so a value given for one row holds on every row. (outputs, checks: `Program.queue`'s,
+        read with `first_fired`)."""
         if logits.ndim == 1:
             logits = logits[None]
         if logits.dtype != mx.float32:
             logits = logits.astype(mx.float32)
-        B, V = logits.shape
-        args = list(self._base_args(B, V))
-        args[0] = logits
-        if self._pos_idx or self._seed_idx:
-            pos = positions if isinstance(positions, mx.array) else mx.array(list(positions), dtype=mx.int32)
-            for i in self._pos_idx:
-                args[i] = pos.astype(mx.int32)
-            for i in self._seed_idx:
-                args[i] = step_seed(args[i], pos)
-        if self._hist_idx is not None:
+        B = logits.shape[0]
+        call = dict(self.params) if not one_sequence else \
+            {k: _one_row_on(v, B, self._kinds[k]) for k, v in self.params.items()}
+        for p in self._drawn_seeds:
+            if p.name not in call:      # (drawn from the OS once: the loop's draws share it, as a seed passed)
+                call[p.name] = self._drawn_for(1 if one_sequence else B) * (B if one_sequence else 1)
+        if self.position_names or self.advanced_seeds:
+            at = list(map(int, positions))
+            for n in self.position_names:
+                call[n] = at
+            for n in self.advanced_seeds:
+                seed = call[n]
+                rows = seed.tolist() if isinstance(seed, np.ndarray) else seed if isinstance(seed, list) else \
+                    [seed] * B
+                call[n] = step_seeds(rows, at).tolist()
+        if self.history_name is not None:
             if history is None:
                 raise SamplecError(f"the sampler needs its token history '{self.history_name}'")
-            args[self._hist_idx] = history
+            call[self.history_name] = history
         if state is not None:
-            for (i, _), value in zip(self.state_slots, state):
-                args[i] = value
-        return self.program.exe(*args)
+            call.update(zip(self.state_names, state))
+        return self.program.queue(logits, **call)
+
+    def _drawn_for(self, B: int) -> list[int]:
+        got = self._drawn.get(B)
+        if got is None:
+            got = self._drawn[B] = [int(s) for s in np.frombuffer(os.urandom(8 * B), dtype=np.uint64)]
+        return got
+
+    def first_fired(self, checks: list[tuple], rows: int | None = None) -> tuple[str, int] | None:
+        """(message, row) of the first check that fired in a call's `checks` (evaluated): the first row where one
+        did (among the first `rows`), the program's first check there; None where none fired."""
+        fired = [(m, f.reshape(-1)[:rows]) for m, f in named_flags(checks)]
+        fired = [(m, f) for m, f in fired if f.any()]
+        if not fired:
+            return None
+        row = min(int(np.flatnonzero(f)[0]) for _, f in fired)
+        first = min((m for m, f in fired if f[row]), key=self.program._argument_first)
+        return first, row
 
     def outputs(self, outs: list[mx.array]) -> Outputs:
-        return Outputs(dict(zip(self.output_names, outs)))
+        return Outputs(dict(zip(self.output_names, outs)), self.program._layout)
 
-    def raise_flags(self, flags: Iterable[np.ndarray], where: str) -> None:
-        """Raise the first fired run-time check: flags are the executable's words (`pack_flags`), any shape."""
-        checks = self.program.graph.checks
-        for check, flag in zip(checks, unpack_flags(flags, len(checks))):
-            if flag.any():
-                raise SamplecError(f"{check_message(check.message)} ({where})")
+
+def _one_row_on(value, B: int, kind: str):
+    """A value given for one sequence, on B rows of it: one row's value (a number, a list or vector of one entry;
+    a [V] or [1, V] array) on every row."""
+    if isinstance(value, mx.array):         # (an array parameter's: made an MLX array with the feed)
+        if kind in ("float", "int", "seed", "state"):
+            return value if value.ndim == 0 else mx.broadcast_to(value.reshape(-1)[:1], (B,))
+        return mx.broadcast_to(value.reshape(1, -1), (B, value.shape[-1]))
+    if isinstance(value, (list, tuple)) and len(value) == 1:
+        return list(value) * B
+    if isinstance(value, np.ndarray) and value.ndim == 1 and value.shape[0] == 1:
+        return np.repeat(value, B)
+    return value
 
 
 def _make_cache(model):
@@ -348,7 +393,7 @@ def generate(model, program: Program, prompt, max_tokens: int, *, chunk: int = 1
                 if y is not None:
                     logits = model(y[None], cache=cache)[:, -1, :]
                 history = pad_history(hist, hist_len) if feed.needs_history else None
-                outs, fl = feed(logits, [length], history, state=state)
+                outs, checks = feed(logits, [length], history, state=state)
                 state = feed.next_state(outs)
                 y = outs[feed.token_index].astype(mx.int32)
                 if feed.needs_history:
@@ -357,18 +402,16 @@ def generate(model, program: Program, prompt, max_tokens: int, *, chunk: int = 1
                 length += 1
                 step += 1
                 toks.append(y)
-                flags.append(fl)
+                flags.append(checks)
             chunk_tokens = mx.concatenate(toks)
-            chunk_flags = [mx.stack([fl[c] for fl in flags]) for c in range(len(flags[0]))]
-            mx.async_eval(chunk_tokens, *chunk_flags)
-            launched = (chunk_tokens, chunk_flags, first)
+            mx.async_eval(chunk_tokens, *(f for checks in flags for _, f in checks))
+            launched = (chunk_tokens, flags, first)
         if pending is not None:
             done, done_flags, first = pending
-            host_flags = unpack_flags([np.array(f) for f in done_flags], len(program.graph.checks))
-            for check, f in zip(program.graph.checks, host_flags):
-                if f.any():
-                    at = first + int(np.nonzero(f.reshape(f.shape[0], -1).any(axis=1))[0][0])
-                    raise SamplecError(f"{check_message(check.message)} (at position {at})")
+            for j, checks in enumerate(done_flags):
+                fired = feed.first_fired(checks)
+                if fired is not None:
+                    raise SamplecError(f"{fired[0]} (at position {first + j})")
             for t in np.array(done).tolist():
                 out.append(int(t))
                 if t in eos:
@@ -430,14 +473,6 @@ def _row_histories(hist: mx.array, drafts: mx.array, rows: int) -> mx.array:
     return mx.where(idx >= 0, picked, -1).astype(mx.int32) if width else picked
 
 
-def _rows_of_one(feed: ProgramFeed, rows: int, V: int) -> None:
-    """Give `feed` arguments for `rows` rows that repeat its one-row arguments: the values passed for the one
-    sequence (a [V] mask or bias, a length-1 vector) then hold on every verified position."""
-    if (rows, V) not in feed._base:
-        feed._base[(rows, V)] = [mx.broadcast_to(a, (rows, *a.shape[1:])) if isinstance(a, mx.array)
-                                 else np.repeat(np.asarray(a), rows, axis=0) for a in feed._base_args(1, V)]
-
-
 def _generate_speculative(model, draft_model, feed: ProgramFeed, tokens: list[int], max_tokens: int, k: int,
                           eos: set[int], prompt_in_history: bool, stats: dict | None) -> list[int]:
     """Speculative decoding whose tokens are plain decoding's (spec section 7).
@@ -493,26 +528,24 @@ def _generate_speculative(model, draft_model, feed: ProgramFeed, tokens: list[in
             feed.check_history(tokens, V)
             checked_vocab = True
         rows = kk + 1
-        _rows_of_one(feed, rows, logits.shape[-1])
         histories = None
         if feed.needs_history:
             histories = pad_history(_row_histories(hist, proposed, rows), hist.shape[1] + kk)
-        if not feed.state_slots:
-            outs, flags = feed(logits, mx.arange(length, length + rows), histories)
+        if not feed.state_names:
+            outs, checks = feed(logits, range(length, length + rows), histories, one_sequence=True)
             picked = outs[feed.token_index].astype(mx.int32)
-            states = None
+            states, per_row = None, [checks]
         else:
             picks, per_row, states, s = [], [], [], state
             for j in range(rows):
-                o, f = feed(logits[j:j + 1], [length + j],
-                            histories[j:j + 1] if histories is not None else None, state=s)
+                o, checks = feed(logits[j:j + 1], [length + j],
+                                 histories[j:j + 1] if histories is not None else None, state=s)
                 s = feed.next_state(o)
                 states.append(s)
                 picks.append(o[feed.token_index].astype(mx.int32))
-                per_row.append(f)
+                per_row.append(checks)
             picked = mx.concatenate(picks)
-            flags = [mx.concatenate([f[c].reshape(1, -1) for f in per_row]) for c in range(len(per_row[0]))]
-        mx.eval(picked, proposed, *flags)
+        mx.eval(picked, proposed, *(f for checks in per_row for _, f in checks))
         counts["target_forwards"] += 1
         counts["draft_forwards"] += kk
         counts["draft_tokens"] += kk
@@ -521,12 +554,12 @@ def _generate_speculative(model, draft_model, feed: ProgramFeed, tokens: list[in
         while m < kk and target[m] == guess[m]:
             m += 1
         counts["accepted_tokens"] += m
-        checks = feed.program.graph.checks
-        for check, f in zip(checks, unpack_flags(flags, len(checks))):     # (rows past m: not on the emitted path)
-            fired = f.reshape(rows, -1)[:m + 1].any(axis=1)
-            if fired.any():
-                raise SamplecError(f"{check_message(check.message)} "
-                                   f"(at position {length + int(np.nonzero(fired)[0][0])})")
+        # (rows past m: not on the emitted path; one call over the rows, or one call a row)
+        calls = [(0, per_row[0], m + 1)] if states is None else [(j, c, 1) for j, c in enumerate(per_row[:m + 1])]
+        for j, checks, n in calls:
+            fired = feed.first_fired(checks, n)
+            if fired is not None:
+                raise SamplecError(f"{fired[0]} (at position {length + j + fired[1]})")
         emitted = target[:m + 1]
         for t in emitted:
             out.append(t)

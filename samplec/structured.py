@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import mlx.core as mx
 import numpy as np
 
 from samplec.diagnostics import SamplecError
@@ -215,8 +216,6 @@ def generate_constrained(model, program, tokens: list[int], max_tokens: int, *, 
                          prompt_in_history: bool, params: dict, grammar: Grammar) -> list[int]:
     """`samplec.decode.generate(..., grammar=...)`: one token per step (the next mask needs the token), each step a
     call of the program with the grammar's packed mask as its `mask` parameter; prefill as `decode.generate`'s."""
-    import mlx.core as mx
-
     from samplec.decode import pad_history, position_params, prefill
     masks = [mask_param(program, grammar, params)]
     if "token" not in [k for k, _ in program.graph.outputs]:
@@ -276,8 +275,7 @@ class FeedGrammar:
             self.matcher = self.grammar.matcher()
         bits = np.zeros((1, (V + 31) // 32), dtype=np.int32)
         self.matcher.fill(bits, 0)
-        feed.params[self.name] = bits
-        feed._base.pop((B, V), None)           # (the prepared arguments hold the mask: prepare them again)
+        feed.params[self.name] = mx.array(bits)
 
     def after(self, token) -> None:
         t = int(np.array(token).reshape(-1)[0])

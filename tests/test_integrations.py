@@ -454,13 +454,16 @@ def test_bad_values_are_errors_when_the_sampler_is_made(model):
 
 def test_a_step_reads_nothing_back_but_earlier_steps_check_words(model, llama_prog, monkeypatch):
     """mlx-lm queues a step while the last one runs; a step that read the sequence (whose last token is the last
-    step's, still running) would wait for it. The adapter reads only the check words of steps a few calls back
-    (uint32), never a token sequence after the first step (which checks the prompt's ids), and gives the same
-    tokens."""
+    step's, still running) would wait for it. After the first step (which checks the prompt's ids) the adapter
+    reads only the check flags of steps a few calls back (packed uint32 words, or bools), never a token sequence,
+    and gives the same tokens."""
+    import samplec.decode
     import samplec.integrations.mlx_lm as adapter
+    import samplec.program
 
-    real = np.array
+    real, flagged = np.array, samplec.program._flagged
     read = []
+    s = None
 
     class _Numpy:
         def __getattr__(self, name):
@@ -468,14 +471,38 @@ def test_a_step_reads_nothing_back_but_earlier_steps_check_words(model, llama_pr
 
         @staticmethod
         def array(a, *args, **kw):
-            if isinstance(a, mx.array) and s.steps:
+            if isinstance(a, mx.array) and s is not None and s.steps:
                 read.append(a.dtype)
             return real(a, *args, **kw)
 
+    def _flagged(flag):
+        if s is not None and s.steps:
+            read.append(flag.dtype)
+        return flagged(flag)
+
     expected, _ = adapter_tokens(model, llama_prog, PROMPT, 16, seed=5)
-    monkeypatch.setattr(adapter, "np", _Numpy())
+    for module in (adapter, samplec.decode, samplec.program):
+        monkeypatch.setattr(module, "np", _Numpy())
+    monkeypatch.setattr(samplec.program, "_flagged", _flagged)
     s = Sampler(llama_prog, seed=5)
     steps = generate_step(mx.array(PROMPT), model, max_tokens=16, sampler=s, logits_processors=s.logits_processors)
-    got = [t for t, _ in steps]
-    assert got == expected
-    assert read and set(read) == {mx.uint32}, read
+    assert [t for t, _ in steps] == expected
+    assert read and set(read) <= {mx.uint32, mx.bool_}, read
+
+
+@pytest.mark.parametrize("loop", ["adapter", "generate"])
+def test_a_decode_loops_steps_take_the_programs_short_path(model, loop):
+    """Each step of a decode loop is a `Program.queue` call on its short path (the values checked once, the stages
+    the values leave off removed, the arguments' checks replayed with the graph), not a slower path beside it: only
+    the first step and the first at each new history width take the full path."""
+    prog = samplec.compile_file(EXAMPLES / "mlx_lm_default.smp", sampler="mlx_lm")
+    n = 20
+    if loop == "adapter":
+        toks, _ = adapter_tokens(model, prog, PROMPT, n, seed=3)
+    else:
+        toks = generate(model, prog, PROMPT, n, seed=3, chunk=4)
+    assert len(toks) == n
+    stats = prog.queue_stats
+    # (mlx-lm's loop samples one step past the last token it yields)
+    assert stats["full"] == 1 and stats["short"] == n - (loop == "generate"), stats
+    assert stats["specialized"] == stats["short"], stats      # (mlx_lm's defaults leave stages off)

@@ -352,12 +352,12 @@ def test_one_program_call_per_target_pass(exact_target):
     """The k + 1 verified rows are one program call (a stateful program: one call per row, chained)."""
     for chain, rows_per_call in (("penalties", 4), ("mirostat", 1)):
         prog = samplec.compile(CHAINS[chain][0])
-        widths, exe = [], prog.exe
+        widths, queue = [], prog.queue
 
-        def counting(*args, exe=exe, widths=widths):
-            widths.append(args[0].shape[0])
-            return exe(*args)
-        prog.exe = counting
+        def counting(logits, queue=queue, widths=widths, **params):
+            widths.append(logits.shape[0])
+            return queue(logits, **params)
+        prog.queue = counting
         stats = {}
         generate(exact_target, prog, PROMPT, 12, seed=1, draft_model=exact_target, num_draft=3, stats=stats)
         assert stats["target_forwards"] == 3 and stats["draft_forwards"] == 9

@@ -206,7 +206,7 @@ class Sampler:
             history = pad_history(history[:, history.shape[1] - self._history_last:], self._history_last)
         # (a state carried row by row -- mlx-lm's BatchGenerator joins and drops rows between steps -- each row
         # finds the state its own previous step left by its sequence; a speculative run keeps its own by position)
-        by_row = bool(self._feed.state_slots) and self._draft is None and rows_tokens is not None
+        by_row = bool(self._feed.state_names) and self._draft is None and rows_tokens is not None
         if by_row:
             rows = [hashlib.blake2b(np.array(t).astype(np.int64).tobytes(), digest_size=16) for t in rows_tokens]
             self._state = self._rows_state(rows, B, V)
@@ -229,7 +229,7 @@ class Sampler:
             if self._state is not None:
                 self._draft.states[positions[0]] = self._state
         # materialize every output with the token: a kept step then holds small arrays, not a graph over [B, V]
-        mx.async_eval(*outs, *flags)
+        mx.async_eval(*outs, *(f for _, f in flags))
         self._unchecked.append((flags, positions))
         self.steps.append(Step(positions, self._feed.outputs(outs)))
         while self._draft is None and len(self._unchecked) > _CHECK_LAG:
@@ -270,10 +270,8 @@ class Sampler:
         self._carried = {k: v for k, v in self._carried.items() if self._calls - v[0] <= _STATE_CALLS}
         if all(f is None for f in found):
             return None
-        starts = self._feed._base_args(B, V)
         out = []
-        for j, (slot, _) in enumerate(self._feed.state_slots):
-            start = np.broadcast_to(np.array(starts[slot]).reshape(-1), (B,))
+        for j, start in enumerate(self._feed.state_starts(B)):
             out.append(mx.array(np.array([start[r] if f is None else f[j] for r, f in enumerate(found)],
                                          dtype=np.float32)))
         return out
@@ -333,10 +331,13 @@ class Sampler:
             logits = logits if logits.ndim == 2 else logits[None]
             if self._draft is not None:     # (mlx-lm's speculative loop hands the sequence from the prompt's end)
                 tokens = mx.concatenate([self._draft.prefix, tokens.reshape(-1).astype(mx.int32)])
+            rows_logits.append(logits)
+            if tokens.ndim == 1 and logits.shape[0] == 1:       # (mlx-lm's generate_step: one sequence)
+                rows_tokens.append(tokens)
+                continue
             tokens = tokens if tokens.ndim == 2 else tokens[None]
             if tokens.shape[0] != logits.shape[0]:
                 tokens = mx.broadcast_to(tokens, (logits.shape[0], tokens.shape[1]))
-            rows_logits.append(logits)
             rows_tokens.extend(tokens[i] for i in range(tokens.shape[0]))
         logits = rows_logits[0] if len(rows_logits) == 1 else mx.concatenate(rows_logits, axis=0)
         if logits.shape != (B, V):
@@ -346,7 +347,9 @@ class Sampler:
         shift = self._offset if self._draft is None else self._draft.first - len(self._draft.prompt)
         positions = tuple(int(t.shape[0]) + shift for t in rows_tokens)
         history = None
-        if self._feed.needs_history:
+        if self._feed.needs_history and len(rows_tokens) == 1:     # (one sequence: its row as it is)
+            history = pad_history(rows_tokens[0][None], rows_tokens[0].shape[0])
+        elif self._feed.needs_history:
             width = max(positions)
             rows = [mx.concatenate([mx.full((width - p,), -1, dtype=mx.int32), t.astype(mx.int32)])
                     if p < width else t.astype(mx.int32) for t, p in zip(rows_tokens, positions)]
@@ -364,9 +367,13 @@ class Sampler:
                 self._feed.check_history(np.array(tokens), logits.shape[-1])
 
     def _check_one(self, entry) -> None:
-        flags, positions = entry
-        where = f"at position {positions[0]}" if len(positions) == 1 else f"at positions {list(positions)}"
-        self._feed.raise_flags([np.array(f) for f in flags], where)
+        checks, positions = entry
+        fired = self._feed.first_fired(checks)
+        if fired is not None:
+            message, row = fired
+            where = f"at position {positions[row]}" if len(positions) == 1 else \
+                f"at position {positions[row]} (row {row} of {len(positions)})"
+            raise SamplecError(f"{message} ({where})")
 
     # ---- results ----
     def check(self) -> None:
