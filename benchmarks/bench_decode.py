@@ -86,7 +86,10 @@ def bench(model_name: str, vocab: int, program, tokens: int, repeats: int, chunk
     feed = ProgramFeed(program, seed, {})
     history = pad_history(mx.array([prompt + list(range(64))], dtype=mx.int32), len(prompt) + 64)
     t_argmax = sampler_seconds(lambda: mx.eval(mx.argmax(logprobs, axis=-1)))
-    t_samplec = sampler_seconds(lambda: mx.eval(*[a for part in feed(logits, [96], history) for a in part]))
+    def samplec_step():
+        outs, checks = feed(logits, [96], history)
+        mx.eval(*outs, *(flag for _, flag in checks))
+    t_samplec = sampler_seconds(samplec_step)
     seq = mx.array(prompt + list(range(64)))
     t_chain = sampler_seconds(lambda: mx.eval(chain(_normalized(chain_procs[0](seq, logits)))))
     tps = {k: tokens / v for k, v in best.items()}

@@ -27,6 +27,7 @@ evaluation on the CPU takes ~0.1 s). Not a test: figures depend on the machine a
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import statistics
 import sys
@@ -41,8 +42,10 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import samplec  # noqa: E402
 from samplec.backend_mlx import native  # noqa: E402
+from bench_real import chat_logits  # noqa: E402
 from bench_targets import (QUEUE_REPS, V, arguments, command_line, rows_to_measure, settled_queue_us,  # noqa: E402
                            traced_as_its_device)
+from samplec.backend_mlx.launches import launches, primitives  # noqa: E402
 
 
 class _MovingPos:
@@ -54,6 +57,110 @@ class _MovingPos:
 
     def queue(self, x, **kw):
         return self.prog.queue(x, **{**kw, self.name: [next(self.step)] * self.B})
+
+
+# mlx-lm's decode step (mlx_lm.generate.generate_step: the processors on the logits, log-probabilities, the sampler)
+# with samplec's adapter on an example and with mlx-lm's own processors and sampler on the same chain
+MLX_LM_STEPS = [
+    ("mlx_lm_default.smp:mlx_lm", dict(temp=0.7, top_p=0.9, min_p=0.05), {}),
+    ("mlx_lm_default.smp:mlx_lm_chat", dict(temp=0.7, top_p=0.9, min_p=0.05, top_k=50),
+     dict(repetition_penalty=1.1, repetition_context_size=20)),
+]
+
+
+class _Step:
+    """One mlx-lm decode step in `settled_queue_us`' shape: `queue` runs the processors and the sampler on the next
+    of a run of growing sequences (evaluated beforehand) and hands back the step's lazy arrays, nothing evaluated.
+    samplec's adapter reads a step's check words a few steps later, once mlx-lm has evaluated it: back to back
+    nothing is, so that read (of a few evaluated bytes) is left out; and it starts the step's evaluation itself
+    (`mx.async_eval`, as mlx-lm's loop does after the sampler), which is left out too (`_no_async_eval`)."""
+    target = "portable"
+
+    def __init__(self, processors, sampler, adapter=None):
+        self.processors, self.sampler, self.adapter = processors, sampler, adapter
+        rng = np.random.default_rng(1)
+        prompt = [int(t) for t in rng.integers(0, V, 64)]
+        self.seqs = [mx.array(prompt + [int(t) for t in rng.integers(0, V, n)], dtype=mx.int32) for n in range(400)]
+        mx.eval(self.seqs)
+        self.at = 0
+
+    def queue(self, x, **kw):
+        tokens = self.seqs[self.at]
+        self.at = (self.at + 1) % len(self.seqs)
+        logits = x
+        for proc in self.processors:
+            logits = proc(tokens, logits)
+        logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+        if self.adapter is not None:
+            with _no_async_eval():
+                token = self.sampler(logprobs)
+        else:
+            token = self.sampler(logprobs)
+        out = [token, logprobs]
+        if self.adapter is not None:        # (the step's other outputs and check words, which it evaluates)
+            out += list(self.adapter.steps[-1].outputs.to_dict().values())
+            out += [f for _, f in self.adapter._unchecked[-1][0]]
+            self.adapter.steps.clear()
+            self.adapter._unchecked.clear()
+        return out
+
+
+@contextlib.contextmanager
+def _no_async_eval():
+    """The adapter's `mx.async_eval` as a no-op meanwhile: its step is only queued (mlx-lm's loop starts the
+    evaluation of each step after the sampler, on both sides alike)."""
+    import samplec.integrations.mlx_lm as adapter
+
+    class _Mx:
+        def __getattr__(self, name):
+            return getattr(mx, name)
+
+        @staticmethod
+        def async_eval(*arrays):
+            pass
+    adapter.mx = _Mx()
+    try:
+        yield
+    finally:
+        adapter.mx = mx
+
+
+def mlx_lm_step_rows(rounds: int) -> list[dict]:
+    """Launches and back-to-back host time of a decode step in mlx-lm's loop: samplec's adapter (the portable target
+    as a GPU lowers it) against mlx-lm's own processors and sampler on the same chain."""
+    try:
+        from mlx_lm.sample_utils import make_logits_processors, make_sampler
+    except ImportError:
+        return []
+    from samplec.integrations.mlx_lm import Sampler
+    x = mx.array(chat_logits(1, V, seed=1))
+    mx.eval(x)
+    rows, entries = [], []
+    for example, sampling, processing in MLX_LM_STEPS:
+        path, name = example.split(":")
+        with traced_as_its_device("portable"):
+            prog = samplec.compile_file(ROOT / "examples" / path, sampler=name, target="portable")
+            adapter = Sampler(prog, seed=0, **sampling, **({"repetition_penalty": processing["repetition_penalty"]}
+                                                           if processing else {}))
+        steps = {"samplec": _Step(adapter.logits_processors, adapter, adapter),
+                 "mlx-lm": _Step(make_logits_processors(**processing), make_sampler(**sampling))}
+        row = {"example": example, "mlx_lm": f"make_sampler({_kw(sampling)})" +
+               (f", make_logits_processors({_kw(processing)})" if processing else "")}
+        for who, step in steps.items():
+            with traced_as_its_device("portable"):
+                for _ in range(3):
+                    mx.eval(step.queue(x))
+                row[f"{who}_launches"] = launches(primitives(step.queue(x)))
+            entries.append(((len(rows), who, "gpu"), step, x, {}))
+        row["short"] = prog.queue_stats["short"] >= 3
+        rows.append(row)
+    for (i, who, _), (least, typical) in settled_queue_us(entries, rounds, QUEUE_REPS).items():
+        rows[i][f"{who}_us"], rows[i][f"{who}_median_round_us"] = least, typical
+    return rows
+
+
+def _kw(values: dict) -> str:
+    return ", ".join(f"{k}={v}" for k, v in values.items())
 
 
 def _traced(prog, x, kw) -> None:
@@ -157,10 +264,17 @@ def main() -> None:
             f"{r['back_to_back_moving_us']:.1f} ({r['back_to_back_moving_median_round_us']:.1f})"
         print(f"B={r['B']} {r['example']:40s} {r['target']:9s} {r['back_to_back_us']:5.1f} "
               f"({r['back_to_back_median_round_us']:.1f}) us; moving pos {mp}", flush=True)
+    steps = mlx_lm_step_rows(rounds)
+    for r in steps:
+        print(f"mlx-lm's decode step, {r['example']}: samplec's adapter {r['samplec_launches']} launches, "
+              f"{r['samplec_us']:.1f} ({r['samplec_median_round_us']:.1f}) us; mlx-lm's {r['mlx_lm']} "
+              f"{r['mlx-lm_launches']} launches, {r['mlx-lm_us']:.1f} ({r['mlx-lm_median_round_us']:.1f}) us",
+              flush=True)
     if args.out:
         out = Path(args.out)
         out.with_suffix(".json").write_text(json.dumps({"device": str(mx.default_device()), "mlx": mx.__version__,
-                                                        "V": V, "reps": reps, "rows": rows}, indent=1))
+                                                        "V": V, "reps": reps, "rows": rows, "mlx_lm_steps": steps},
+                                                       indent=1))
         lines = ["# The host's share of a call", "",
                  f"Generated by `python benchmarks/bench_host.py{' --quick' if args.quick else ''} --out "
                  f"{args.out}` (MLX {mx.__version__} on {mx.default_device()}, V = {V}; median of {reps} calls, "
@@ -190,6 +304,22 @@ def main() -> None:
                          f"({r['back_to_back_median_round_us']:.0f}) | {bm} | "
                          f"{r['queue_us']:.0f} | {r['args_us']:.0f} | {r['replay_us']:.0f} | {mp} | "
                          f"{r['full_us']:.0f} | {'yes' if r['short'] else 'no'} |")
+        if steps:
+            lines += ["", "## A decode step in mlx-lm's loop", "",
+                      "mlx-lm's `generate_step` runs, each step, its logits processors, log-probabilities and its "
+                      "sampler. With samplec's adapter (`samplec.integrations.mlx_lm.Sampler`, the portable target as a "
+                      "GPU lowers it) and with mlx-lm's own processors and sampler on the same chain: the step's "
+                      "launches (non-view primitives, log-probabilities included) and the host's time to queue it "
+                      f"back to back over a run of growing sequences ({rounds} rounds of {QUEUE_REPS} steps: the "
+                      "least-disturbed round's median, and in parentheses the median round's).", "",
+                      "| example | mlx-lm's processors and sampler | launches samplec | launches mlx-lm | host us "
+                      "samplec | host us mlx-lm | samplec's short path |",
+                      "|---|---|---|---|---|---|---|"]
+            for r in steps:
+                lines.append(f"| {r['example']} | `{r['mlx_lm']}` | {r['samplec_launches']} | "
+                             f"{r['mlx-lm_launches']} | {r['samplec_us']:.0f} ({r['samplec_median_round_us']:.0f}) | "
+                             f"{r['mlx-lm_us']:.0f} ({r['mlx-lm_median_round_us']:.0f}) | "
+                             f"{'yes' if r['short'] else 'no'} |")
         out.with_suffix(".md").write_text("\n".join(lines) + "\n")
 
 

@@ -32,7 +32,7 @@ import numpy as np
 
 from samplec.diagnostics import SamplecError
 from samplec.ir.graph import INPUT
-from samplec.program import Outputs, Program, named_flags
+from samplec.program import Outputs, Program, _flagged, named_flags
 
 __all__ = ["generate", "ProgramFeed", "position_params", "draws_at_fixed_positions", "step_seed", "step_seeds",
            "pad_history", "HISTORY_BLOCK"]
@@ -69,30 +69,20 @@ def draws_at_fixed_positions(program: Program) -> bool:
     return None in _draw_positions(program)
 
 
-_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
-
-
-def step_seed(seed: mx.array, step: mx.array) -> mx.array:
-    """The seed a decode loop draws with at `step` (uint64 [B] each) for a program that draws at fixed positions:
-    splitmix64 of seed + golden * (step + 1) -- every step a seed of its own, and seeds s and s + 1 give unrelated
+def step_seed(seed: int, step: int) -> int:
+    """The seed a decode loop draws with at `step` for a program that draws at fixed positions: splitmix64 of
+    seed + golden * (step + 1) mod 2**64 -- every step a seed of its own, and seeds s and s + 1 give unrelated
     streams (not one stream shifted by a step). Spec section 4: a loop passes the position or advances the seed."""
-    u = lambda v: mx.array(np.uint64(v))     # (through numpy: MLX builds no uint64 scalar above 2**63 directly)
-    z = seed.astype(mx.uint64) + u(_GOLDEN) * (step.astype(mx.uint64) + u(1))
-    z = (z ^ (z >> u(30))) * u(0xBF58476D1CE4E5B9)
-    z = (z ^ (z >> u(27))) * u(0x94D049BB133111EB)
-    return z ^ (z >> u(31))
+    m = (1 << 64) - 1
+    z = (int(seed) + 0x9E3779B97F4A7C15 * (int(step) + 1)) & m
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & m
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & m
+    return z ^ (z >> 31)
 
 
 def step_seeds(seeds, steps) -> np.ndarray:
-    """`step_seed` on the host: uint64 [B] from Python integers (seeds in [0, 2**64), steps), no MLX op."""
-    m = (1 << 64) - 1
-    out = []
-    for seed, step in zip(seeds, steps):
-        z = (int(seed) + 0x9E3779B97F4A7C15 * (int(step) + 1)) & m
-        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & m
-        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & m
-        out.append(z ^ (z >> 31))
-    return np.array(out, dtype=np.uint64)
+    """`step_seed` of each (seed, step) pair: uint64 [B]."""
+    return np.array([step_seed(seed, step) for seed, step in zip(seeds, steps)], dtype=np.uint64)
 
 
 def pad_history(seq: mx.array, length: int) -> mx.array:
@@ -207,13 +197,14 @@ class ProgramFeed:
         return [outs[o] for o in self.state_outputs] or None
 
     def state_starts(self, B: int) -> list[np.ndarray]:
-        """Each state parameter's value for a row that starts: the value passed, else NaN (the stage's start),
-        float32 [B]."""
+        """Each state parameter's value for a row that starts: the value passed, else its default (NaN: the
+        stage's start), float32 [B]."""
+        defaults = {p.name: p.default for p in self.program.params}
         out = []
         for name in self.state_names:
-            value = self.params.get(name)
-            value = np.array(value, dtype=np.float32).reshape(-1) if value is not None else np.full(1, np.nan)
-            out.append(np.broadcast_to(value.astype(np.float32), (B,)))
+            value = self.params.get(name, defaults[name])
+            value = np.array(np.nan if value is None else value, dtype=np.float32).reshape(-1)
+            out.append(np.broadcast_to(value, (B,)))
         return out
 
     def __call__(self, logits: mx.array, positions: Sequence[int], history: mx.array | None = None,
@@ -260,6 +251,8 @@ class ProgramFeed:
     def first_fired(self, checks: list[tuple], rows: int | None = None) -> tuple[str, int] | None:
         """(message, row) of the first check that fired in a call's `checks` (evaluated): the first row where one
         did (among the first `rows`), the program's first check there; None where none fired."""
+        if not any(any(_flagged(f)) for _, f in checks):     # (the common case: read as Python values)
+            return None
         fired = [(m, f.reshape(-1)[:rows]) for m, f in named_flags(checks)]
         fired = [(m, f) for m, f in fired if f.any()]
         if not fired:

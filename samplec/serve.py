@@ -681,8 +681,10 @@ class BatchSampler:
             elif p.kind == "seed":
                 # (a draw at a fixed position -- a chain's `sample(seed)` -- takes the seed advanced by the
                 # position instead, as the decode loops do: fresh noise at each step, decode.step_seed)
-                seeds = [r.seed for r in rows]
-                kw[p.name] = step_seeds(seeds, positions) if drives[1] else np.array(seeds, dtype=np.uint64)
+                # (Python integers: the program's short path compares them by their bytes, and builds a seed that
+                # moves every step without keeping it)
+                seeds = [int(r.seed) for r in rows]
+                kw[p.name] = step_seeds(seeds, positions).tolist() if drives[1] else seeds
             elif p.kind == "mask":
                 kw[p.name] = mx.array(self._masks(rows, V))
             elif p.name in drives[0] and p.kind == "int":

@@ -309,11 +309,14 @@ def _splitmix(seed: int, step: int) -> int:
 
 
 def test_step_seed_is_splitmix64():
-    from samplec.decode import step_seed
+    from samplec.decode import step_seed, step_seeds
     seeds = [0, 1, 7, 2 ** 63 + 5, 2 ** 64 - 1]
     steps = [0, 3, 17, 4095, 2 ** 31 - 1]
-    got = np.array(step_seed(mx.array(np.array(seeds, dtype=np.uint64)), mx.array(steps, dtype=mx.int32)))
-    assert got.tolist() == [_splitmix(s, t) for s, t in zip(seeds, steps)]
+    expected = [_splitmix(s, t) for s, t in zip(seeds, steps)]
+    assert [step_seed(s, t) for s, t in zip(seeds, steps)] == expected
+    assert step_seeds(seeds, steps).tolist() == expected
+    # splitmix64's published first outputs from state 0 (step i is the generator's output i + 1)
+    assert [step_seed(0, i) for i in range(2)] == [0xE220A8397B1DCDAF, 0x6E789E6AA1B965F4]
 
 
 FIXED = "sampler fixed(seed: seed) -> token { temperature(1.0) sample(seed) }"
@@ -483,7 +486,8 @@ def test_a_step_reads_nothing_back_but_earlier_steps_check_words(model, llama_pr
     expected, _ = adapter_tokens(model, llama_prog, PROMPT, 16, seed=5)
     for module in (adapter, samplec.decode, samplec.program):
         monkeypatch.setattr(module, "np", _Numpy())
-    monkeypatch.setattr(samplec.program, "_flagged", _flagged)
+    for module in (samplec.decode, samplec.program):
+        monkeypatch.setattr(module, "_flagged", _flagged)
     s = Sampler(llama_prog, seed=5)
     steps = generate_step(mx.array(PROMPT), model, max_tokens=16, sampler=s, logits_processors=s.logits_processors)
     assert [t for t, _ in steps] == expected
