@@ -73,7 +73,7 @@ class _Step:
     of a run of growing sequences (evaluated beforehand) and hands back the step's lazy arrays, nothing evaluated.
     samplec's adapter reads a step's check words a few steps later, once mlx-lm has evaluated it: back to back
     nothing is, so that read (of a few evaluated bytes) is left out; and it starts the step's evaluation itself
-    (`mx.async_eval`, as mlx-lm's loop does after the sampler), which is left out too (`_no_async_eval`)."""
+    (`mx.async_eval`, as mlx-lm's loop does after the sampler), which is left out too (`_QueueOnly`)."""
     target = "portable"
 
     def __init__(self, processors, sampler, adapter=None):
@@ -91,11 +91,7 @@ class _Step:
         for proc in self.processors:
             logits = proc(tokens, logits)
         logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
-        if self.adapter is not None:
-            with _no_async_eval():
-                token = self.sampler(logprobs)
-        else:
-            token = self.sampler(logprobs)
+        token = self.sampler(logprobs)
         out = [token, logprobs]
         if self.adapter is not None:        # (the step's other outputs and check words, which it evaluates)
             out += list(self.adapter.steps[-1].outputs.to_dict().values())
@@ -105,20 +101,22 @@ class _Step:
         return out
 
 
+class _QueueOnly:
+    """MLX as the adapter sees it while a step is timed: `mx.async_eval` a no-op (its step is only queued; mlx-lm's
+    loop starts the evaluation of each step after the sampler, on both sides alike)."""
+
+    def __getattr__(self, name):
+        return getattr(mx, name)
+
+    @staticmethod
+    def async_eval(*arrays):
+        pass
+
+
 @contextlib.contextmanager
 def _no_async_eval():
-    """The adapter's `mx.async_eval` as a no-op meanwhile: its step is only queued (mlx-lm's loop starts the
-    evaluation of each step after the sampler, on both sides alike)."""
     import samplec.integrations.mlx_lm as adapter
-
-    class _Mx:
-        def __getattr__(self, name):
-            return getattr(mx, name)
-
-        @staticmethod
-        def async_eval(*arrays):
-            pass
-    adapter.mx = _Mx()
+    adapter.mx = _QueueOnly()
     try:
         yield
     finally:
@@ -147,14 +145,16 @@ def mlx_lm_step_rows(rounds: int) -> list[dict]:
         row = {"example": example, "mlx_lm": f"make_sampler({_kw(sampling)})" +
                (f", make_logits_processors({_kw(processing)})" if processing else "")}
         for who, step in steps.items():
-            with traced_as_its_device("portable"):
+            with traced_as_its_device("portable"), _no_async_eval():
                 for _ in range(3):
                     mx.eval(step.queue(x))
                 row[f"{who}_launches"] = launches(primitives(step.queue(x)))
             entries.append(((len(rows), who, "gpu"), step, x, {}))
         row["short"] = prog.queue_stats["short"] >= 3
         rows.append(row)
-    for (i, who, _), (least, typical) in settled_queue_us(entries, rounds, QUEUE_REPS).items():
+    with _no_async_eval():
+        times = settled_queue_us(entries, rounds, QUEUE_REPS)
+    for (i, who, _), (least, typical) in times.items():
         rows[i][f"{who}_us"], rows[i][f"{who}_median_round_us"] = least, typical
     return rows
 
