@@ -230,10 +230,7 @@ class ProgramFeed:
             for n in self.position_names:
                 call[n] = at
             for n in self.advanced_seeds:
-                seed = call[n]
-                rows = seed.tolist() if isinstance(seed, np.ndarray) else seed if isinstance(seed, list) else \
-                    [seed] * B
-                call[n] = step_seeds(rows, at).tolist()
+                call[n] = step_seeds(_seed_rows(call[n], B), at).tolist()
         if self.history_name is not None:
             if history is None:
                 raise SamplecError(f"the sampler needs its token history '{self.history_name}'")
@@ -263,6 +260,16 @@ class ProgramFeed:
 
     def outputs(self, outs: list[mx.array]) -> Outputs:
         return Outputs(dict(zip(self.output_names, outs)), self.program._layout)
+
+
+def _seed_rows(seed, B: int) -> list[int]:
+    """A seed parameter's value (a number, or one a row: a list, tuple, numpy or MLX array) as B Python integers
+    (checked when the feed was made)."""
+    if isinstance(seed, mx.array):
+        seed = np.array(seed)
+    rows = [int(v) for v in np.asarray(seed, dtype=object).reshape(-1)] \
+        if isinstance(seed, (list, tuple, np.ndarray)) else [int(seed)]
+    return rows * B if len(rows) == 1 else rows
 
 
 def _one_row_on(value, B: int, kind: str):

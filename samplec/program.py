@@ -19,8 +19,6 @@ import os
 import sys
 from collections import OrderedDict
 from dataclasses import dataclass
-from itertools import compress
-from operator import ne
 
 import mlx.core as mx
 import numpy as np
@@ -151,8 +149,6 @@ class Program:
         self._scalar_names = tuple(p.name for _, p in scalars)
         self._array_params = tuple(p for _, p in arrays)
         self._array_names = tuple(p.name for _, p in arrays)
-        self._versions = (2,) * len(scalars)   # (marshal's format 2: a value's bytes without back-references)
-        self._os_drawn = tuple(k for k, p in enumerate(self._scalar_params) if p.default == "os")
         # the scalar parameters (their places among them) the short path hands in as [B, 1]
         wide = self.exe.wide_params()
         self._wide = frozenset(k for k, p in enumerate(self._scalar_params) if p.name in wide)
@@ -175,8 +171,10 @@ class Program:
         self._variants: dict[frozenset, tuple] = {}
         self._off: dict[tuple, bool] = {}       # (switch, its values' bytes, V) -> off in every row
         # (shape, bytes of the values, arrays, bytes of each value, the program they run): the last short call's
-        self._last = None
-        self._moved: frozenset = frozenset()    # (the scalar values that changed at the last call: `_rebuild`)
+        # the short path's record of the last call at each logits shape (`_rebuild`); the states, whose values are
+        # a decode loop's lazy outputs, are compared one by one, never by the key
+        self._lasts: dict[tuple, _Last] = {}
+        self._lazy = frozenset(k for k, p in enumerate(self._scalar_params) if p.kind == "state")
         self.queue_stats = {"short": 0, "full": 0, "scalars_rebuilt": 0, "specialized": 0}
         # calls run again with their rows sorted: the portable target's candidates on the CPU did not hold a row's
         # kept tokens (samplec/passes/portable.py)
@@ -225,7 +223,7 @@ class Program:
 
     def __getstate__(self):
         state = dict(self.__dict__)
-        state.update(_shapes={}, _last=None, queue_stats=dict.fromkeys(self.queue_stats, 0), sorted_again=0, _device=None,
+        state.update(_shapes={}, _lasts={}, queue_stats=dict.fromkeys(self.queue_stats, 0), sorted_again=0, _device=None,
                      _variants={}, _off={}, _checked=None)
         return state
 
@@ -390,85 +388,86 @@ class Program:
         if known is None or x.dtype != _F32 or not params.keys() <= self._known:
             return None
         values = list(map(params.get, self._scalar_names))
-        moved = self._moved
+        last = self._lasts.get(shape)
+        moved = last.moved if last is not None else self._lazy
         try:        # (see `_rebuild`; the values that moved the last call are compared one by one: `_move`)
             key = marshal.dumps(_masked(values, moved) if moved else values, 2)
-        except ValueError:                      # (MLX arrays, and objects of other types, do not marshal)
+        except ValueError:                      # (objects marshal cannot write)
             return None
-        last = self._last
-        if last is not None and last[1] == key and last[0] == shape:
-            if moved:
-                scalars = self._move(shape, values, last)
-                if scalars is None:
-                    return None
-                args, run = [x, *scalars], self._last[4]
-            else:
-                args, run = [x, *last[2]], last[4]
-        else:
+        if last is None or last.key != key:
             scalars = self._rebuild(shape, values, last)
-            if scalars is None:
-                return None
-            args, run = [x, *scalars], self._last[4]
+        elif moved:
+            scalars = self._move(shape, values, last)
+        else:
+            scalars = last.arrays
+        if scalars is None:
+            return None
+        args = [x, *scalars]
         for v, ok in zip(map(params.get, self._array_names), known.accepted):
             if type(v) is not mx.array or (v.shape, v.dtype) not in ok:
                 return None
             args.append(v)
-        return args, known.messages, run
+        return args, known.messages, self._lasts[shape].run
 
-    def _rebuild(self, shape: tuple, values: list, last) -> list | None:
-        """The scalar parameters' arrays where the call's values are not the last call's: the last call's array
-        where a value's bytes are the same, else built (None where a value needs the full path: missing, or not
-        valid). A seed drawn from the OS is drawn anew.
+    def _rebuild(self, shape: tuple, values: list, last: "_Last | None") -> list | None:
+        """The scalar parameters' arrays where the call's values are not the last call's of the same logits shape:
+        the last call's array where a value's bytes are the same, else built (None where a value needs the full
+        path: missing, or not valid). A seed drawn from the OS is drawn anew.
 
         The values are compared by their bytes in marshal's format 2 (no back-references: equal values, equal
         bytes), which say each value's type too (True is not 1, 1.0 is not 1) -- for plain values: Python numbers,
         lists of them and None. Marshal writes any object with a buffer (a numpy array or scalar, bytes) as bytes,
         so such a value's bytes are never kept: the value is built again each call (`_scalar` keeps a numpy
-        seed array by its bytes). Bytes kept only from plain values cannot equal those of any other value.
+        seed array by its bytes). Bytes kept only from plain values cannot equal those of any other value. An MLX
+        array is never marshalled (marshal would evaluate it: a state that is the last step's lazy output would
+        make the host wait for that step): it is built again each call.
 
-        The values that changed (and the seeds drawn from the OS) are `_moved`: the next call's key leaves them
-        out and `_move` compares them one by one -- a decode loop's position, new every call, costs that value's
-        array and not a comparison of every value."""
+        The values that changed (the seeds drawn from the OS and the states among them) are the record's `moved`:
+        the next call's key leaves them out and `_move` compares them one by one -- a decode loop's position, new
+        every call, costs that value's array and not a comparison of every value."""
         self.queue_stats["scalars_rebuilt"] += 1
-        keys = list(map(marshal.dumps, values, self._versions))
-        if last is not None and last[0] == shape:
-            arrays = list(last[2])
-            todo = (*compress(range(len(keys)), map(ne, keys, last[3])), *self._os_drawn)
+        try:
+            keys = list(map(_bytes, values))
+        except ValueError:
+            return None
+        if last is not None:
+            arrays = list(last.arrays)
+            todo = tuple(k for k, (now, then) in enumerate(zip(keys, last.keys)) if now is None or now != then)
             # (only values no switch reads changed -- a decode loop's position: the last call's program runs)
-            run = last[4] if self._switched.isdisjoint(todo) else None
+            run = last.run if self._switched.isdisjoint(todo) else None
+            moved = frozenset(todo) | self._lazy
         else:
-            arrays, todo, run = [None] * len(keys), tuple(range(len(keys))), None
+            arrays, todo, run, moved = [None] * len(keys), tuple(range(len(keys))), None, self._lazy
         for k in todo:      # (a value that moved the last call too -- a decode loop's position -- is not cached)
-            if not self._build(k, values[k], shape[0], arrays, keys, k not in self._moved):
+            if not self._build(k, values[k], shape[0], arrays, keys, last is None or k not in last.moved):
                 return None
         if run is None:
             run = self._program_for(values, keys, shape[1]) if self._switches else self._whole
-        self._moved = frozenset(todo) if last is not None and last[0] == shape else frozenset()
-        self._remember(shape, values, arrays, keys, run)
+        self._remember(shape, _Last(None, arrays, keys, run, moved), values)
         return arrays
 
-    def _move(self, shape: tuple, values: list, last) -> list | None:
-        """`_rebuild` where the values other than the last call's `_moved` are the last call's: the moved ones are
+    def _move(self, shape: tuple, values: list, last: "_Last") -> list | None:
+        """`_rebuild` where the values other than the last call's `moved` are the last call's: the moved ones are
         compared one by one and built again where they changed (not cached: they move on)."""
-        arrays, keys = list(last[2]), list(last[3])
+        arrays, keys = list(last.arrays), list(last.keys)
         todo = []
-        for k in self._moved:
+        for k in last.moved:
             try:
-                now = marshal.dumps(values[k], 2)
+                now = _bytes(values[k])
             except ValueError:
                 return None
-            if keys[k] is None or now != keys[k]:
+            if now is None or keys[k] is None or now != keys[k]:
                 todo.append(k)
                 if not self._build(k, values[k], shape[0], arrays, keys, False, now):
                     return None
         self.queue_stats["scalars_rebuilt"] += bool(todo)
-        run = last[4] if self._switched.isdisjoint(todo) else \
+        run = last.run if self._switched.isdisjoint(todo) else \
             self._program_for(values, keys, shape[1]) if self._switches else self._whole
-        if len(todo) == len(self._moved):       # (they all moved again: the key stays)
-            self._last = (shape, last[1], arrays, keys, run)
+        moved = frozenset(todo) | self._lazy
+        if moved == last.moved:       # (they all moved again: the key stays)
+            self._lasts[shape] = _Last(last.key, arrays, keys, run, moved)
         else:
-            self._moved = frozenset(todo)
-            self._remember(shape, values, arrays, keys, run)
+            self._remember(shape, _Last(None, arrays, keys, run, moved), values)
         return arrays
 
     def _build(self, k: int, value, B: int, arrays: list, keys: list, keep: bool, now: bytes | None = None) -> bool:
@@ -484,20 +483,23 @@ class Program:
             if p.default == "os":
                 keys[k], keep = None, False     # (drawn anew every call)
         elif keys[k] is None:
-            keep = True     # (a numpy seed array: `_scalar` keeps it by its bytes)
+            keep = type(value) is not mx.array     # (a numpy seed array: `_scalar` keeps it by its bytes)
         try:
             arrays[k] = self._scalar(p, value, B, k in self._wide, keep)
         except Exception:  # noqa: BLE001 - the full path raises it, in the parameters' order
             return False
         return True
 
-    def _remember(self, shape: tuple, values: list, arrays: list, keys: list, run) -> None:
-        """The short path's state after a call: the key of its values (`_moved` left out; None where a value
-        that is compared by the key is not plain), its arrays and each value's bytes, and what it runs."""
-        moved = self._moved
-        plain = all(b is not None for k, b in enumerate(keys) if k not in moved)
-        key = marshal.dumps(_masked(values, moved) if moved else values, 2) if plain else None
-        self._last = (shape, key, arrays, keys, run)
+    def _remember(self, shape: tuple, record: "_Last", values: list) -> None:
+        """The short path's record of a logits shape after a call, with the key of its values (`moved` left out;
+        None where a value that the key compares is not plain): at most 16 shapes (a speculative loop alternates
+        two, its draft's and its verification's)."""
+        moved = record.moved
+        if all(b is not None for k, b in enumerate(record.keys) if k not in moved):
+            record.key = marshal.dumps(_masked(values, moved) if moved else values, 2)
+        if len(self._lasts) >= 16 and shape not in self._lasts:
+            self._lasts.clear()
+        self._lasts[shape] = record
 
     def _accepted(self, shape: tuple, params: dict) -> None:
         """After the full path accepted a call: its logits shape and the shapes and dtypes of its MLX arrays are
@@ -784,6 +786,21 @@ def _prepare_param(p: Param, value, B: int, V: int, late: list, ids_in_graph: bo
 
 
 _NUMBERS = frozenset({int, float})
+
+
+class _Last:
+    """The short path's record of the last call at a logits shape: the key of its scalar values (None: never
+    equal), their arrays, each value's bytes (None where it is not plain), the executable it ran and its checks'
+    messages, and the values it changed (compared one by one at the next call)."""
+    __slots__ = ("key", "arrays", "keys", "run", "moved")
+
+    def __init__(self, key, arrays, keys, run, moved):
+        self.key, self.arrays, self.keys, self.run, self.moved = key, arrays, keys, run, moved
+
+
+def _bytes(value) -> bytes | None:
+    """A scalar value's bytes in marshal's format 2, None for an MLX array (marshal would evaluate it)."""
+    return None if type(value) is mx.array else marshal.dumps(value, 2)
 
 
 def _masked(values: list, moved: frozenset) -> list:

@@ -215,44 +215,40 @@ def mask_param(program, grammar, params: dict) -> str:
 def generate_constrained(model, program, tokens: list[int], max_tokens: int, *, seed, eos: set[int],
                          prompt_in_history: bool, params: dict, grammar: Grammar) -> list[int]:
     """`samplec.decode.generate(..., grammar=...)`: one token per step (the next mask needs the token), each step a
-    call of the program with the grammar's packed mask as its `mask` parameter; prefill as `decode.generate`'s."""
-    from samplec.decode import pad_history, position_params, prefill
-    masks = [mask_param(program, grammar, params)]
-    if "token" not in [k for k, _ in program.graph.outputs]:
-        raise SamplecError(f"the sampler '{program.name}' has no 'token' output; a decode loop needs one")
-    kw = dict(params)
-    for p in program.params:
-        if p.kind == "seed" and p.name not in kw:
-            kw[p.name] = seed
-    pos_names = position_params(program)
-    hist = [p.name for p in program.params if p.kind == "tokens"]
-    states = [p.name for p in program.params if p.kind == "state"]
+    call of the program (`ProgramFeed`: position, history, state and a fixed-position draw's seed as in
+    `decode.generate`) with the grammar's packed mask as its `mask` parameter; prefill as `decode.generate`'s."""
+    from samplec.decode import ProgramFeed, pad_history, prefill
+    name = mask_param(program, grammar, params)
+    feed = ProgramFeed(program, seed, params)
     matcher = grammar.matcher()
     cache, logits = prefill(model, mx.array(tokens, dtype=mx.int32))
     V = logits.shape[-1]
     if grammar.tokenizer.vocab_size > ((V + 31) // 32) * 32:
         raise SamplecError(f"grammar: the tokenizer has {grammar.tokenizer.vocab_size} tokens, the model {V}")
-    history = list(tokens) if prompt_in_history else []
+    feed.check_history(tokens, V)
+    hist = mx.array(tokens, dtype=mx.int32)[None] if prompt_in_history else mx.zeros((1, 0), dtype=mx.int32)
     out: list[int] = []
+    state = None
     bitmask = np.zeros((1, (V + 31) // 32), dtype=np.int32)
     for step in range(max_tokens):
         matcher.fill(bitmask, 0)
-        kw[masks[0]] = bitmask
-        for n in pos_names:
-            kw[n] = len(tokens) + step
-        if hist:
-            h = mx.array(np.array(history, dtype=np.int32)[None]) if history else mx.zeros((1, 0), mx.int32)
-            kw[hist[0]] = pad_history(h, len(history))
-        res = program(logits, **kw)
-        for s in states:
-            kw[s] = getattr(res, s)
-        t = int(np.array(res.token).reshape(-1)[0])
+        feed.params[name] = mx.array(bitmask)
+        history = pad_history(hist, hist.shape[1]) if feed.needs_history else None
+        outs, checks = feed(logits, [len(tokens) + step], history, state=state)
+        token = outs[feed.token_index]
+        mx.eval(token, *(flag for _, flag in checks))
+        fired = feed.first_fired(checks)
+        if fired is not None:
+            raise SamplecError(f"{fired[0]} (at position {len(tokens) + step})")
+        state = feed.next_state(outs)
+        t = int(np.array(token).reshape(-1)[0])
         out.append(t)
         if t in eos or t in grammar.tokenizer.eos:
             return out
         if not matcher.consume(t):
             raise SamplecError(f"grammar: the sampled token {t} is not allowed ({matcher.error})")
-        history.append(t)
+        if feed.needs_history:
+            hist = mx.concatenate([hist, mx.array([[t]], dtype=mx.int32)], axis=1)
         logits = model(mx.array([[t]], dtype=mx.int32), cache=cache)[:, -1, :]
     return out
 

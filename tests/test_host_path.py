@@ -192,7 +192,7 @@ def test_a_decode_loop_moves_its_position_with_the_full_paths_results():
         if step % 75 == 0 or step == 299:
             assert_same(got, values(fresh(x, t=t, k=k, seed=seed, pos=step)))
     assert prog.queue_stats["short"] == 299 and prog.queue_stats["scalars_rebuilt"] == 299
-    assert len(prog._scalars) <= 6 and prog._moved == {prog._scalar_names.index("pos")}
+    assert len(prog._scalars) <= 6 and prog._lasts[x.shape].moved == {prog._scalar_names.index("pos")}
     # a constant changed to an equal value of another type is another value (1 is not 1.0): the full path's error
     with pytest.raises(samplec.SamplecError, match="k"):
         prog(x, t=t, k=40.5, seed=seed, pos=300)

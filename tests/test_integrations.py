@@ -347,6 +347,42 @@ def test_a_draw_at_a_fixed_position_takes_fresh_noise_at_every_step(model):
     assert toks == want
 
 
+def test_a_fixed_position_draw_advances_a_seed_given_in_any_form(model):
+    """The seed of a `sample(seed)` program advances on the host, whatever form it was given in (a number, a list
+    or tuple of one, a numpy or MLX array), in plain and speculative decoding alike."""
+    from samplec.integrations.mlx_lm import noisy_copy
+    prog = samplec.compile(FIXED)
+    want = generate(model, prog, PROMPT, 8, seed=5)
+    draft = noisy_copy(model, 0.05)
+    for seed in ([5], (5,), np.array([5], dtype=np.uint64), mx.array([5], dtype=mx.uint64)):
+        assert generate(model, prog, PROMPT, 8, seed=seed) == want, seed
+        assert generate(model, prog, PROMPT, 8, seed=seed, draft_model=draft, num_draft=3) == want, seed
+
+
+def test_a_state_from_the_last_step_is_not_read_while_a_step_is_queued(model, monkeypatch):
+    """mirostat's mu is the last step's lazy output: the short path compares it without marshalling it (marshal
+    would evaluate it, and a chunk of steps would wait on the host at every step), and still takes the short path."""
+    import samplec.program
+    src = ("sampler m(mu: state, seed: seed, pos: int = 0) -> token, mu { temperature(1.5) "
+           "mirostat_v2(mu, 3.0, 1.0, seed, position = pos) }")
+    want = generate(model, samplec.compile(src), PROMPT, 12, seed=4, chunk=1)
+    prog = samplec.compile(src)
+    real = samplec.program.marshal.dumps
+    marshalled = []
+
+    class _Marshal:
+        @staticmethod
+        def dumps(value, *args):
+            marshalled.append(type(value) is mx.array or
+                              isinstance(value, list) and any(type(v) is mx.array for v in value))
+            return real(value, *args)
+    monkeypatch.setattr(samplec.program, "marshal", _Marshal())
+    before = dict(prog.queue_stats)
+    assert generate(model, prog, PROMPT, 12, seed=4, chunk=4) == want
+    assert marshalled and not any(marshalled)
+    assert prog.queue_stats["short"] - before["short"] >= 11
+
+
 def test_a_program_with_a_position_parameter_keeps_its_seed(model, nucleus_prog):
     """Only draws at fixed positions advance the seed: a program with a position parameter is given the position
     and its seed as it is (the reference calls it with the seed itself)."""

@@ -95,13 +95,20 @@ def test_errors_name_what_is_wrong(demo):
         generate(model, prog, [3, 4], 4, grammar=g, allowed=np.full((1, 16), -1, np.int32))
 
 
-def test_the_mlx_lm_adapter_with_a_grammar_draws_what_decode_generate_draws(demo):
+FIXED = "sampler fixed(allowed: mask, seed: seed) -> token { allow(allowed) temperature(2.0) sample(seed) }"
+
+
+@pytest.mark.parametrize("chain", ["positions", "fixed"])
+def test_the_mlx_lm_adapter_with_a_grammar_draws_what_decode_generate_draws(demo, chain):
     """`Sampler(program, grammar=g)` inside mlx-lm's own loop: the grammar's mask each step, the same tokens as
-    `decode.generate(..., grammar=g)` (same positions and history), a second run starting afresh."""
+    `decode.generate(..., grammar=g)` (same positions and history; a draw at a fixed position with its seed
+    advanced by the position in both), a second run starting afresh."""
     from mlx_lm.generate import generate_step
 
     from samplec.integrations.mlx_lm import Sampler
     model, tok, gt, prog = demo
+    if chain == "fixed":
+        prog = samplec.compile(FIXED)
     g = Grammar.regex(gt, "[a-z]{2,5}@[0-9]{1,3}")
     prompt = tok.encode("counting")
     want = generate(model, prog, prompt, 30, seed=9, eos_token_id=tok.eos_token_ids, grammar=g)
