@@ -368,10 +368,12 @@ class Program:
         off = frozenset(off)
         got = self._variants.get(off)
         if got is None:
-            if len(self._variants) >= 32:
-                self._variants.clear()
+            if len(self._variants) >= 64:      # (the least recently used goes: a compile costs ~0.3 s)
+                del self._variants[next(iter(self._variants))]
             prog = self.specialized(off)
             got = self._variants[off] = (prog.exe, prog._check_messages)
+        else:
+            self._variants[off] = self._variants.pop(off)
         return got
 
     def _arguments(self, logits, params: dict) -> tuple[list, tuple] | None:
@@ -908,7 +910,10 @@ def _scalar_param(p: Param, value, B: int) -> np.ndarray:
             raise SamplecError(f"{p.name}: seeds must be integers, got {value!r}")
         arr = np.vectorize(int, otypes=[object])(arr) if arr.size else arr.astype(object)
     else:
-        raw = np.asarray(value) if not isinstance(value, (str, bytes)) else None
+        try:
+            raw = np.asarray(value) if not isinstance(value, (str, bytes)) else None
+        except ValueError:      # (a ragged list)
+            raw = None
         if raw is None or raw.dtype.kind not in "iuf":     # ('0.7' is a string, True a flag: not numbers)
             raise SamplecError(f"{p.name}: expected a number or one number per row, got {value!r}")
         arr = raw.astype(np.float64)
