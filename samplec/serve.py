@@ -71,7 +71,9 @@ TOP = 20                    # the most top_logprobs a request may ask for (OpenA
 GENERATED = ("generated", "output")
 TOP_P_GREEDY = 1.1754944e-38    # top_p 0 (OpenAI: the most likely token alone) as the chain's smallest positive p
 F32_MAX = 3.4028234663852886e38
-MAX_N = 16                  # the most choices one request may ask for
+MAX_N = 16                  # the most choices one request may ask for per prompt
+MAX_PROMPTS = 64            # the most prompts one /v1/completions request may hold
+MAX_CHOICES = 256           # the most choices (prompts x n) of one request
 MAX_STOP = 16               # the most stop strings
 MAX_STOP_IDS = 256          # the most stop_token_ids
 MAX_TOKENS = 1 << 20
@@ -115,8 +117,8 @@ class BadRequest(Exception):
 @dataclass
 class Request:
     kind: str                          # "chat" or "completion"
-    prompt: list[int]
-    n: int = 1
+    prompts: list[list[int]]           # one (chat, and most completions), or several (completions: a list of them)
+    n: int = 1                         # choices per prompt
     max_tokens: int = 16
     values: dict = field(default_factory=dict)
     seed: int | None = None
@@ -131,13 +133,20 @@ class Request:
     chain: str | None = None
     grammar: object = None             # a samplec.structured.Grammar
     model: str = ""
+    echo: bool = False                 # (completions) each choice's text and logprobs begin with its prompt's
+    prompt_texts: list = field(default_factory=list)    # per prompt: the string given, or None (token ids)
     body: dict | None = None           # the request as received (what rank 0 sends the other ranks)
 
+    @property
+    def choices(self) -> int:
+        return len(self.prompts) * self.n
+
     def seeds(self) -> list[int]:
-        """Choice i samples with seed (seed + i) mod 2**64; without a seed, each choice draws one from the OS."""
+        """Choice i of each prompt samples with seed (seed + i) mod 2**64 (so a prompt gives, among several, what
+        it gives alone); without a seed, each choice draws one from the OS."""
         if self.seed is None:
-            return [int.from_bytes(os.urandom(8), "little") for _ in range(self.n)]
-        return [(self.seed + i) % 2**64 for i in range(self.n)]
+            return [int.from_bytes(os.urandom(8), "little") for _ in range(self.choices)]
+        return [(self.seed + i) % 2**64 for _ in self.prompts for i in range(self.n)]
 
 
 # fields each endpoint accepts; the values are what is checked
@@ -190,35 +199,44 @@ class Parser:
                 other = "/v1/completions" if name in COMPLETION_ONLY else "/v1/chat/completions"
                 hint = f" (a field of {other})" if name in CHAT_ONLY | COMPLETION_ONLY else ""
                 raise BadRequest(f"unrecognized request argument supplied: {name}{hint}", name)
-        req = Request(kind=kind, prompt=[])
+        req = Request(kind=kind, prompts=[])
         model = body.get("model")
         if model is not None and model != self.model_id:
             raise BadRequest(f"model: '{model}' is not served here (this server serves '{self.model_id}')",
                              "model", 404, "model_not_found")
         req.model = self.model_id
         self._refusals(kind, body)
-        req.prompt = self._prompt(kind, body)
+        req.prompts, req.prompt_texts = self._prompts(kind, body)
         req.n = _number(body, "n", 1, MAX_N, integer=True, default=1)
+        if req.choices > MAX_CHOICES:
+            raise BadRequest(f"n: {len(req.prompts)} prompts of {req.n} choices each make {req.choices} choices; "
+                             f"the limit is {MAX_CHOICES}", "n")
+        req.echo = kind == "completion" and self._bool(body, "echo")
         mt, mct = body.get("max_tokens"), body.get("max_completion_tokens")
         if mt is not None and mct is not None and mt != mct:
             raise BadRequest("max_tokens and max_completion_tokens differ: give one", "max_completion_tokens")
         name = "max_completion_tokens" if mct is not None else "max_tokens"
-        req.max_tokens = _number(body, name, 1, MAX_TOKENS, integer=True, default=16 if kind == "completion"
-                                 else 512)
+        # (max_tokens 0: the prompt alone, scored -- only with echo, as OpenAI's and vLLM's)
+        if body.get(name) == 0 and not req.echo:
+            raise BadRequest(f"{name} must be >= 1 (0 only with echo: the prompt alone), got 0", name)
+        req.max_tokens = _number(body, name, 0 if req.echo else 1, MAX_TOKENS, integer=True,
+                                 default=16 if kind == "completion" else 512)
         if self.context is not None:
             # (OpenAI's and vLLM's rule: the prompt and the completion within the context; a default max_tokens
             # shrinks to the room left, one given is the request's and past the room a 400)
-            where = "prompt" if kind == "completion" else "messages"
-            room = self.context - len(req.prompt)
-            if room < 1:
+            longest = max(range(len(req.prompts)), key=lambda i: len(req.prompts[i]))
+            size = len(req.prompts[longest])
+            where = "messages" if kind == "chat" else "prompt" if len(req.prompts) == 1 else f"prompt[{longest}]"
+            room = self.context - size
+            if room < (1 if req.max_tokens else 0):
                 raise BadRequest(f"This model's maximum context length is {self.context} tokens. However, your "
-                                 f"{where} hold {len(req.prompt)} tokens, which leaves no room for a completion.",
-                                 where)
+                                 f"{where} hold {size} tokens, which leaves no room for a completion.",
+                                 where.split("[")[0])
             if body.get(name) is None:
                 req.max_tokens = min(req.max_tokens, room)
             elif req.max_tokens > room:
                 raise BadRequest(f"This model's maximum context length is {self.context} tokens. However, you "
-                                 f"requested {len(req.prompt) + req.max_tokens} tokens ({len(req.prompt)} in the "
+                                 f"requested {size + req.max_tokens} tokens ({size} in the "
                                  f"{where}, {req.max_tokens} in the completion). Please reduce the length of the "
                                  f"{where} or completion.", name)
         # (OpenAI's seed is any integer: a negative one is taken modulo 2^64, as its two's complement)
@@ -262,6 +280,9 @@ class Parser:
                 raise BadRequest(f"logprobs: the chain '{req.chain}' has no raw_logprob and top_logprobs outputs, "
                                  "which a server with a vocabulary-sharded LM head needs for log-probabilities",
                                  "logprobs")
+        if req.echo and req.logprobs and self.sharded:
+            raise BadRequest("echo: the prompt's log-probabilities are not available on a server with a "
+                             "vocabulary-sharded LM head", "echo")
         req.body = body
         return req
 
@@ -287,7 +308,6 @@ class Parser:
             off(name)
         off("modalities", lambda v: v is None or v == ["text"])
         off("store", lambda v: v in (None, False))
-        off("echo", lambda v: v in (None, False))
         off("best_of", lambda v: v is None or v == body.get("n", 1) or v == 1)
         off("service_tier", lambda v: v in (None, "auto", "default"))
         for name in INFORMATIONAL:     # (accepted as they are typed; a value of another type is a bad request)
@@ -296,26 +316,21 @@ class Parser:
                 raise BadRequest(f"{name} must be {what}, got {json.dumps(body[name])[:100]}", name)
         off("chat_template_kwargs", lambda v: v is None or isinstance(v, dict))
 
-    def _prompt(self, kind, body) -> list[int]:
+    def _prompts(self, kind, body) -> tuple[list[list[int]], list]:
+        """The prompts' tokens, and per prompt the string given (None: given as token ids, or chat's messages)."""
         if kind == "completion":
             if "prompt" not in body:
                 raise BadRequest("prompt is required", "prompt")
             p = body["prompt"]
-            if isinstance(p, list) and len(p) == 1 and isinstance(p[0], (str, list)):
-                p = p[0]
-            if isinstance(p, str):
-                if not p:
-                    raise BadRequest("prompt must be a non-empty string", "prompt")
-                tokens = list(self.tokenizer.encode(p))
-            elif isinstance(p, list) and p and all(isinstance(t, int) and not isinstance(t, bool) for t in p):
-                if any(not 0 <= t < self.vocab for t in p):
-                    raise BadRequest(f"prompt: token ids must lie in [0, {self.vocab})", "prompt")
-                tokens = list(p)
-            elif isinstance(p, list) and len(p) > 1:
-                raise BadRequest("prompt: several prompts in one request are not supported (send one request "
-                                 "each, or use n)", "prompt")
-            else:
-                raise BadRequest("prompt must be a non-empty string or a list of token ids", "prompt")
+            several = isinstance(p, list) and p and all(isinstance(x, (str, list)) for x in p)
+            if several and len(p) > MAX_PROMPTS:
+                raise BadRequest(f"prompt: {len(p)} prompts in one request; the limit is {MAX_PROMPTS}", "prompt")
+            prompts, texts = [], []
+            for i, one in enumerate(p if several else [p]):
+                where = f"prompt[{i}]" if several and len(p) > 1 else "prompt"
+                prompts.append(self._completion_prompt(one, where))
+                texts.append(one if isinstance(one, str) else None)
+            return prompts, texts
         else:
             msgs = body.get("messages")
             if not isinstance(msgs, list) or not msgs:
@@ -357,8 +372,23 @@ class Parser:
                 text = "".join(f"{m['role']}: {m['content']}\n" for m in plain) + "assistant:"
                 tokens = list(self.tokenizer.encode(text))
         if not tokens:
-            raise BadRequest(f"{'prompt' if kind == 'completion' else 'messages'}: no tokens to start from",
-                             "prompt" if kind == "completion" else "messages")
+            raise BadRequest("messages: no tokens to start from", "messages")
+        return [tokens], [None]
+
+    def _completion_prompt(self, p, where: str) -> list[int]:
+        """One prompt of /v1/completions: a non-empty string, or a non-empty list of token ids."""
+        if isinstance(p, str):
+            if not p:
+                raise BadRequest(f"{where} must be a non-empty string", "prompt")
+            tokens = list(self.tokenizer.encode(p))
+        elif isinstance(p, list) and p and all(isinstance(t, int) and not isinstance(t, bool) for t in p):
+            if any(not 0 <= t < self.vocab for t in p):
+                raise BadRequest(f"{where}: token ids must lie in [0, {self.vocab})", "prompt")
+            tokens = list(p)
+        else:
+            raise BadRequest(f"{where} must be a non-empty string or a list of token ids", "prompt")
+        if not tokens:
+            raise BadRequest(f"{where}: no tokens to start from", "prompt")
         return tokens
 
     @staticmethod
@@ -472,9 +502,10 @@ class Parser:
 class Row:
     """One choice being generated: its values, its record of each sample, its text."""
 
-    def __init__(self, job: "Job", index: int, seed: int, eos: int, split_history: bool = False):
-        self.job, self.index, self.seed, self.eos = job, index, seed, eos
+    def __init__(self, job: "Job", index: int, seed: int, eos: int, prompt: list[int], split_history: bool = False):
+        self.job, self.index, self.seed, self.eos, self.prompt = job, index, seed, eos, prompt
         req = job.req
+        self.echo: Echo | None = None        # its prompt's text and logprobs, with echo
         self.chain, self.values, self.bias = req.chain, req.values, req.bias
         # the ids that end the choice (end-of-sequence, the request's stop_token_ids), held off by a -inf bias
         # until `min_tokens` samples are drawn
@@ -761,6 +792,59 @@ def model_logprobs(x: mx.array, tokens: list[int]):
     return raw, ids, np.take_along_axis(lp, ids, axis=1)
 
 
+PROMPT_CHUNK = 64            # prompt positions scored per forward pass (echo's log-probabilities)
+
+
+@dataclass
+class Echo:
+    """A prompt as `echo` gives it back: its text (the string sent, or its tokens' text), each token's offset in
+    it, and with logprobs each token's entry as a sample's (`Row.records`): its log-probability under the model
+    given the tokens before it and the most likely tokens there (None for the first token, which has no context)."""
+    text: str
+    offsets: list[int]
+    records: list
+
+
+def _top(row: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """The k largest of a row, descending, lowest id first on ties (exact: every value tied with the k-th is a
+    candidate)."""
+    k = min(k, row.size)
+    if k == 0:
+        return np.zeros(0, np.int32), np.zeros(0, np.float32)
+    kth = np.partition(row, row.size - k)[row.size - k]
+    cand = np.flatnonzero(row >= kth)
+    ids = cand[np.lexsort((cand, -row[cand]))][:k]
+    return ids.astype(np.int32), row[ids]
+
+
+def prompt_logprobs(model, tokens: list[int], bias: dict, top: int) -> list:
+    """Each prompt token's entry (token, None, log-probability, top ids, top values) under the model's
+    distribution given the tokens before it -- log_softmax of its logits after the request's logit_bias, as the
+    samples' entries -- PROMPT_CHUNK positions a forward pass; the first token's is (token, None, None, None,
+    None)."""
+    from samplec.decode import _make_cache
+    cache = _make_cache(model)
+    seq = mx.array(tokens, dtype=mx.int32)
+    out = [(tokens[0], None, None, None, None)]
+    dense = None
+    for lo in range(0, len(tokens) - 1, PROMPT_CHUNK):
+        hi = min(len(tokens) - 1, lo + PROMPT_CHUNK)
+        x = model(seq[lo:hi][None], cache=cache)[0].astype(mx.float32)       # (predicts tokens lo+1 .. hi)
+        if bias:
+            if dense is None:
+                b = np.zeros(x.shape[-1], np.float32)
+                for t, v in bias.items():
+                    if t < b.size:
+                        b[t] = v
+                dense = mx.array(b)
+            x = x + dense
+        lp = np.array(x - mx.logsumexp(x, axis=-1, keepdims=True), dtype=np.float32)
+        for j, t in enumerate(tokens[lo + 1:hi + 1]):
+            ids, vals = _top(lp[j], top)
+            out.append((t, None, float(lp[j, t]), ids, vals))
+    return out
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # the engine: one thread drives mlx-lm's BatchGenerator
 
@@ -897,7 +981,8 @@ class Engine:
         job = Job(req, self.eos_ids)
         eos = min(self.eos_ids) if self.eos_ids else 0
         split = any(p.kind == "tokens" and p.name in GENERATED for p in self.sampler.programs[req.chain].params)
-        job.rows = [Row(job, i, s, eos, split) for i, s in enumerate(seeds)]
+        prompts = [p for p in req.prompts for _ in range(req.n)]      # (choice i: prompt i // n)
+        job.rows = [Row(job, i, s, eos, p, split) for i, (s, p) in enumerate(zip(seeds, prompts))]
         for r in job.rows:
             r.sampler = self.sampler
             r.vocab_start = self.vocab_shard.start if self.vocab_shard is not None else 0
@@ -1063,14 +1148,55 @@ class Engine:
 
     def _admit(self, job: Job):
         req = job.req
+        if req.echo:
+            try:
+                self._echo(job)
+            except Exception as e:  # noqa: BLE001 - the prompt's forward pass failed: this request fails, alone
+                logging.exception("samplec serve: the prompt's log-probabilities failed")
+                job.error = f"echo: the prompt's log-probabilities failed: {type(e).__name__}: {e}"
+                for r in job.rows:
+                    r.finish = "error"
+                job.events.put(("error", 0, None))
+                return
+            job.events.put(("echo", 0, None))
+        if req.max_tokens == 0:             # (echo alone: every choice is its prompt)
+            for r in job.rows:
+                r.finish = "length"
+                job.events.put(("done", r.index, None))
+            return
         if self.draft is not None and req.grammar is None:
             self.spec_waiting.extend(job.rows)
             return
-        uids = self.gen.insert([list(req.prompt)] * req.n, max_tokens=[req.max_tokens] * req.n,
-                               samplers=[self.sampler] * req.n, logits_processors=[[r.process] for r in job.rows])
+        k = len(job.rows)
+        uids = self.gen.insert([list(r.prompt) for r in job.rows], max_tokens=[req.max_tokens] * k,
+                               samplers=[self.sampler] * k, logits_processors=[[r.process] for r in job.rows])
         for r, uid in zip(job.rows, uids):
             r.uid = uid
             self.rows[uid] = r
+
+    def _echo(self, job: Job) -> None:
+        """Each row's `Echo` of its prompt (computed once per prompt)."""
+        req = job.req
+        echoes = []
+        for tokens, given in zip(req.prompts, req.prompt_texts):
+            text, offsets = self._decode(tokens)
+            recs = prompt_logprobs(self.model, tokens, req.bias, req.top_logprobs) if req.logprobs else []
+            echoes.append(Echo(given if given is not None else text, offsets, recs))
+        for r in job.rows:
+            r.echo = echoes[r.index // req.n]
+
+    def _decode(self, tokens: list[int]) -> tuple[str, list[int]]:
+        """Tokens' text and each token's offset in it, by the rules of a choice's text (`_emit`): special tokens
+        write none, bytes that are not whole UTF-8 write U+FFFD."""
+        dec = codecs.getincrementaldecoder("utf-8")("replace")
+        text, offsets = "", []
+        for t in tokens:
+            b = b"" if t in self.special_ids or t in self.eos_ids else self.token_bytes(t)
+            pending = dec.getstate()[0]
+            early = len(pending.decode("utf-8", "replace")) if pending and b and b[0] & 0xC0 != 0x80 else 0
+            offsets.append(len(text) + early)
+            text += dec.decode(b)
+        return text + dec.decode(b"", final=True), offsets
 
     def _drop_cancelled(self, numbers: set[int]):
         """Drop the rows of the requests whose clients went away (by number: what rank 0 decided)."""
@@ -1147,7 +1273,7 @@ class Engine:
         """Prefill the waiting speculative rows while there is room (--max-batch rows at once)."""
         while self.spec_waiting and len(self.spec) < self.max_batch:
             row = self.spec_waiting.pop(0)
-            row.spec = Speculation(self.model, self.draft, row.job.req.prompt)
+            row.spec = Speculation(self.model, self.draft, row.prompt)
             self.spec.append(row)
 
     def _speculate(self, row: Row):
@@ -1228,8 +1354,16 @@ class Formatter:
         return out
 
     def legacy(self, row: Row, lo: int, hi: int, top: int) -> dict:
-        """The completions endpoint's logprobs (tokens, token_logprobs, top_logprobs as dicts, text_offset)."""
-        recs = row.records[lo:hi]
+        """The completions endpoint's logprobs (tokens, token_logprobs, top_logprobs as dicts, text_offset) of the
+        row's samples lo..hi-1 (with echo, their offsets count from the start of the prompt's text)."""
+        shift = len(row.echo.text) if row.echo is not None else 0
+        return self._legacy(row.records[lo:hi], [o + shift for o in row.offsets[lo:hi]], top)
+
+    def echoed(self, row: Row, top: int) -> dict:
+        """The legacy logprobs of the row's prompt (echo)."""
+        return self._legacy(row.echo.records, row.echo.offsets, top)
+
+    def _legacy(self, recs: list, offsets: list[int], top: int) -> dict:
         tops = []
         for tok, _, raw, ids, vals in recs:
             d = {}
@@ -1239,12 +1373,17 @@ class Formatter:
             if raw is not None:     # (as OpenAI's: the sampled token too, so up to top + 1 entries -- logprobs 0: 1)
                 d.setdefault(self.token_text(tok)[0], raw)
                 d = dict(sorted(d.items(), key=lambda kv: -kv[1]))
-            tops.append(d)
+            tops.append(d if raw is not None or ids is not None else None)   # (a prompt's first token: null)
         return {"tokens": [self.token_text(r[0])[0] for r in recs],
                 "token_logprobs": [r[2] for r in recs],
                 "top_logprobs": tops,
-                "text_offset": row.offsets[lo:hi],
+                "text_offset": offsets,
                 "processed_logprobs": [r[1] for r in recs]}
+
+
+def _joined(a: dict, b: dict) -> dict:
+    """Two legacy logprobs, one after the other."""
+    return {k: a[k] + b[k] for k in a}
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -1469,8 +1608,8 @@ class Handler(BaseHTTPRequestHandler):
 
     def _usage(self, job: Job) -> dict:
         done = sum(r.delivered for r in job.rows)
-        usage = {"prompt_tokens": len(job.req.prompt), "completion_tokens": done,
-                 "total_tokens": len(job.req.prompt) + done}
+        prompt = sum(len(p) for p in job.req.prompts)
+        usage = {"prompt_tokens": prompt, "completion_tokens": done, "total_tokens": prompt + done}
         spec = [r.spec for r in job.rows if r.spec is not None]
         if spec:        # (decoded with the draft model: its proposals and how many the target kept)
             total = {k: sum(s.usage()[k] for s in spec) for k in spec[0].usage()}
@@ -1480,7 +1619,7 @@ class Handler(BaseHTTPRequestHandler):
 
     def _complete(self, job: Job):
         req = job.req
-        left = req.n
+        left = len(job.rows)
         while left:
             ev, _, _ = self._wait(job, watch=True)
             if ev == "error":
@@ -1495,9 +1634,11 @@ class Handler(BaseHTTPRequestHandler):
                      "logprobs": {"content": fmt.chat_entries(r, 0, n, req.top_logprobs)} if req.logprobs
                      else None, "finish_reason": r.finish}
             else:
-                c = {"index": r.index, "text": r.text,
-                     "logprobs": fmt.legacy(r, 0, n, req.top_logprobs) if req.logprobs else None,
-                     "finish_reason": r.finish}
+                lp = fmt.legacy(r, 0, n, req.top_logprobs) if req.logprobs else None
+                if r.echo is not None and lp is not None:
+                    lp = _joined(fmt.echoed(r, req.top_logprobs), lp)
+                c = {"index": r.index, "text": (r.echo.text if r.echo is not None else "") + r.text,
+                     "logprobs": lp, "finish_reason": r.finish}
             choices.append(c)
         self._send(200, {**self._head(req), "choices": choices, "usage": self._usage(job)})
 
@@ -1523,7 +1664,7 @@ class Handler(BaseHTTPRequestHandler):
             send([{"index": r.index, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                    "finish_reason": None} for r in job.rows])
         hold = max((len(s) for s in req.stop), default=1) - 1
-        left = req.n
+        left = len(job.rows)
         while left:
             ev, i, _ = self._wait(job)
             if ev == "error":
@@ -1532,6 +1673,12 @@ class Handler(BaseHTTPRequestHandler):
                                                                     "param": job.param, "code": None}}).encode()
                                  + b"\n\n")
                 return
+            if ev == "echo":        # (each choice's first chunk: its prompt)
+                for r in job.rows:
+                    send([{"index": r.index, "text": r.echo.text,
+                           "logprobs": fmt.echoed(r, req.top_logprobs) if req.logprobs else None,
+                           "finish_reason": None}])
+                continue
             r = job.rows[i]
             final = ev == "done"
             upto = len(r.text) if final else max(r.emitted, len(r.text) - hold)

@@ -130,6 +130,138 @@ def test_completions_integer_logprobs_have_the_legacy_shape(server):
             assert ch.text[off:off + len(tok)] == tok
 
 
+# ---- several prompts, echo (lm-eval-harness's loglikelihood requests)
+
+def _model_logprobs(app, ids: list[int]) -> np.ndarray:
+    """log_softmax of the model's logits at every position of `ids`, one forward pass without a cache (an
+    independent computation of what echo reports)."""
+    logits = app.engine.model(mx.array([ids]))[0].astype(mx.float32)
+    return np.array(logits - mx.logsumexp(logits, axis=-1, keepdims=True))
+
+
+def test_several_prompts_give_what_each_gives_alone_in_prompt_order(server):
+    c = server["client"]
+    prompts = ["A sampler chain", [5, 6, 7, 8], "The cat"]
+    kw = dict(model="demo", max_tokens=6, temperature=1.0, seed=21)
+    r = c.completions.create(prompt=prompts, n=2, **kw)
+    assert [ch.index for ch in r.choices] == list(range(6))
+    for i, ch in enumerate(r.choices):          # (choice i: prompt i // n at seed + i % n)
+        alone = c.completions.create(prompt=prompts[i // 2], **{**kw, "seed": 21 + i % 2}).choices[0]
+        assert (ch.text, ch.finish_reason) == (alone.text, alone.finish_reason), i
+    tok = server["app"].tokenizer
+    assert r.usage.prompt_tokens == len(tok.encode(prompts[0])) + 4 + len(tok.encode(prompts[2]))
+    assert r.usage.completion_tokens == 36
+    streamed = {}
+    for chunk in c.completions.create(prompt=prompts, stream=True, **kw):
+        for ch in chunk.choices:
+            streamed[ch.index] = streamed.get(ch.index, "") + ch.text
+    assert streamed == {i: ch.text for i, ch in enumerate(c.completions.create(prompt=prompts, **kw).choices)}
+
+
+def test_echo_scores_the_prompt_under_the_model(server):
+    """lm-eval-harness's loglikelihood request (token ids, echo, max_tokens 1, logprobs 1, several prompts): each
+    prompt token's logprob and top alternatives are log_softmax of the model's logits given the tokens before it,
+    computed here by one forward pass; the first token's are null; the text is the prompt's then the completion's."""
+    app, c = server["app"], server["client"]
+    prompts = [[3, 70, 71, 200, 9, 44, 300, 12], [400, 1, 2], list(range(100, 100 + 150))]   # (past a chunk)
+    r = c.completions.create(model="demo", prompt=prompts, max_tokens=1, logprobs=1, echo=True, temperature=0,
+                             seed=1234)
+    for ids, ch in zip(prompts, r.choices):
+        lp = ch.logprobs
+        want = _model_logprobs(app, ids)
+        assert len(lp.token_logprobs) == len(ids) + 1 and lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+        got = np.array(lp.token_logprobs[1:len(ids)])
+        assert np.allclose(got, want[np.arange(len(ids) - 1), ids[1:]], atol=1e-4)
+        for j in range(1, len(ids)):
+            best = int(np.argmax(want[j - 1]))
+            top = lp.top_logprobs[j]
+            assert app.format.token_text(best)[0] in top and max(top.values()) == pytest.approx(
+                float(want[j - 1, best]), abs=1e-4)
+            assert lp.tokens[j] == app.format.token_text(ids[j])[0]
+        # (the completion's token: what the same prompt gives without echo)
+        alone = c.completions.create(model="demo", prompt=ids, max_tokens=1, logprobs=1, temperature=0).choices[0]
+        assert ch.text.endswith(alone.text) and lp.token_logprobs[-1] == alone.logprobs.token_logprobs[0]
+        text = app.engine._decode(ids)[0]
+        assert ch.text == text + alone.text and lp.text_offset[len(ids)] == len(text)
+        assert lp.text_offset == sorted(lp.text_offset)
+    # lm-eval-harness's reading of it (ctxlen: the context's tokens; the continuation's logprobs and greediness)
+    ctx, cont = [3, 70, 71, 200], [9, 44, 300, 12]
+    ch = c.completions.create(model="demo", prompt=[ctx + cont], max_tokens=1, logprobs=1, echo=True,
+                              temperature=0).choices[0]
+    want = _model_logprobs(app, ctx + cont)
+    total = sum(ch.logprobs.token_logprobs[len(ctx):-1])
+    assert total == pytest.approx(sum(float(want[len(ctx) - 1 + j, t]) for j, t in enumerate(cont)), abs=1e-3)
+
+
+def test_echo_with_max_tokens_0_is_the_prompt_alone_and_streams_the_same(server):
+    app, c = server["app"], server["client"]
+    kw = dict(model="demo", prompt=["The cat sat", [7, 8, 9]], max_tokens=0, echo=True, logprobs=3,
+              extra_body={"logit_bias": {"65": 5.0}})
+    r = c.completions.create(**kw)
+    tok = app.tokenizer
+    assert [ch.text for ch in r.choices] == ["The cat sat", app.engine._decode([7, 8, 9])[0]]
+    assert [ch.finish_reason for ch in r.choices] == ["length", "length"]
+    assert r.usage.completion_tokens == 0 and r.usage.prompt_tokens == len(tok.encode("The cat sat")) + 3
+    ids = list(tok.encode("The cat sat"))
+    bias = np.zeros(app.engine.model(mx.array([[1]])).shape[-1], np.float32)
+    bias[65] = 5.0          # (the request's logit_bias: the same distribution as a sample's entry)
+    logits = app.engine.model(mx.array([ids]))[0].astype(mx.float32) + mx.array(bias)
+    want = np.array(logits - mx.logsumexp(logits, axis=-1, keepdims=True))
+    lp = r.choices[0].logprobs
+    assert np.allclose(lp.token_logprobs[1:], want[np.arange(len(ids) - 1), ids[1:]], atol=1e-4)
+    assert all(len(d) <= 4 for d in lp.top_logprobs[1:])
+    chunks = list(c.completions.create(**kw, stream=True))
+    got = {}
+    for chunk in chunks:
+        for ch in chunk.choices:
+            e = got.setdefault(ch.index, ["", [], None])
+            e[0] += ch.text
+            e[1] += ch.logprobs.token_logprobs if ch.logprobs else []
+            e[2] = ch.finish_reason or e[2]
+    assert got == {i: [ch.text, ch.logprobs.token_logprobs, "length"] for i, ch in enumerate(r.choices)}
+
+
+def test_echo_streams_the_prompt_first_then_the_completion(server):
+    c = server["client"]
+    kw = dict(model="demo", prompt="A sampler chain", max_tokens=5, temperature=1.0, seed=4, echo=True, logprobs=2)
+    whole = c.completions.create(**kw).choices[0]
+    chunks = [ch.choices[0] for ch in c.completions.create(**kw, stream=True) if ch.choices]
+    assert chunks[0].text == "A sampler chain"
+    assert "".join(ch.text for ch in chunks) == whole.text
+    assert sum((ch.logprobs.text_offset for ch in chunks), []) == whole.logprobs.text_offset
+    plain = c.completions.create(**{**kw, "echo": False}).choices[0]
+    assert whole.text == "A sampler chain" + plain.text
+    assert whole.logprobs.token_logprobs[-5:] == plain.logprobs.token_logprobs
+
+
+def test_echo_logprobs_are_refused_by_a_vocabulary_sharded_server(server):
+    import copy
+    parse = copy.copy(server["app"].parse)
+    parse.sharded = True        # (the prompt's distribution would need every rank's slice of the logits)
+    with pytest.raises(serve.BadRequest) as err:
+        parse("completion", {"prompt": "x", "echo": True, "logprobs": 1})
+    assert err.value.param == "echo"
+    assert parse("completion", {"prompt": ["x", "y"], "echo": True}).echo       # (the text alone: served)
+
+
+@pytest.mark.parametrize("body,param", [
+    (dict(prompt="x", max_tokens=0), "max_tokens"),
+    (dict(prompt=["x"] * 65), "prompt"),
+    (dict(prompt=["x"] * 20, n=16), "n"),
+    (dict(prompt=[[1, 2], []]), "prompt"),
+    (dict(prompt=["x", ""]), "prompt"),
+    (dict(prompt=[[1, 2], [99999]]), "prompt"),
+    (dict(prompt=["x", 3]), "prompt"),
+    (dict(prompt="x", echo="yes"), "echo"),
+])
+def test_bad_prompts_and_echo_are_400_naming_the_field(server, body, param):
+    status, answer = post(server["base"] + "/v1/completions", {"model": "demo", **body})
+    assert status == 400 and answer["error"]["param"] == param, answer
+    status, answer = post(server["base"] + "/v1/chat/completions", {"model": "demo", "messages": MSG,
+                                                                     "echo": True})
+    assert status == 400 and answer["error"]["param"] == "echo", answer
+
+
 # ---- n, seeds, stop, usage
 
 def test_n_choices_are_rows_of_one_request_with_derived_seeds(server):
@@ -405,7 +537,7 @@ def test_regex_and_cfg_grammars(server, grammar, check):
     ("chat", dict(extra_body={"samplec_sampler": "nope"}), "samplec_sampler"),
     ("chat", dict(extra_body={"frobnicate": 1}), "frobnicate"),
     ("completion", dict(suffix="x"), "suffix"),
-    ("completion", dict(echo=True), "echo"),
+    ("completion", dict(max_tokens=0), "max_tokens"),
     ("completion", dict(best_of=3), "best_of"),
     ("completion", dict(logprobs=21), "logprobs"),
     ("completion", dict(extra_body={"top_k": 2.5}), "top_k"),
@@ -589,16 +721,16 @@ def test_messages_go_through_the_tokenizers_chat_template(server):
     joined -- are the template's text; without one, `role: content` lines."""
     from mlx_lm.tokenizer_utils import TokenizerWrapper
     hf = server["app"].tokenizer._tokenizer
-    plain = serve.Parser(server["app"].tokenizer, 512, {"c": None}, "demo")._prompt("chat", {"messages": MSG})
+    plain = serve.Parser(server["app"].tokenizer, 512, {"c": None}, "demo")._prompts("chat", {"messages": MSG})[0][0]
     assert server["app"].tokenizer.decode(plain) == "user: Count the tokens\nassistant:"
     saved = hf.chat_template
     try:
         hf.chat_template = ("{% for m in messages %}<{{ m['role'] }}> {{ m['content'] }}\n{% endfor %}"
                             "{% if add_generation_prompt %}<assistant>{% endif %}")
         tok = TokenizerWrapper(hf)
-        ids = serve.Parser(tok, 512, {"c": None}, "demo")._prompt("chat", {"messages": [
+        ids = serve.Parser(tok, 512, {"c": None}, "demo")._prompts("chat", {"messages": [
             {"role": "developer", "content": "be brief"},
-            {"role": "user", "content": [{"type": "text", "text": "hi "}, {"type": "text", "text": "there"}]}]})
+            {"role": "user", "content": [{"type": "text", "text": "hi "}, {"type": "text", "text": "there"}]}]})[0][0]
         assert tok.decode(ids) == "<system> be brief\n<user> hi there\n<assistant>"
     finally:
         hf.chat_template = saved
@@ -626,7 +758,7 @@ def test_server_chain_is_mlx_lms_processors_and_sampler(fields):
     logits = mx.array(np.random.default_rng(0).normal(size=(1, V)).astype(np.float32) * 2)
     tokens = mx.array(np.r_[np.arange(30, 60), np.arange(0, 10)].astype(np.int32))
     body = {"temperature": 1.0, **fields}
-    req = serve.Request(kind="completion", prompt=[1])
+    req = serve.Request(kind="completion", prompts=[[1]])
     serve.Parser(None, V, {}, "demo")._values(body, req)
     # (every token of the history taken as generated: the repetition penalty reads the sequence, the presence and
     # frequency penalties the generated tokens, each history as long as its windows read)

@@ -174,6 +174,14 @@ def test_n_stop_and_completions(servers):
         assert got.choices[0].text == want.choices[0].text
         assert got.choices[0].logprobs.token_logprobs == want.choices[0].logprobs.token_logprobs
         assert got.choices[0].logprobs.top_logprobs == want.choices[0].logprobs.top_logprobs
+        # several prompts, echoed: each choice decodes speculatively from its own prompt
+        kw = dict(prompt=["A sampler chain", [5, 6, 7]], n=2, max_tokens=9, temperature=0.9, seed=4, logprobs=1,
+                  echo=True)
+        want = servers["plain"]["client"].completions.create(model="demo", **kw)
+        got = servers[box]["client"].completions.create(model="demo", **kw)
+        assert [(c.text, c.logprobs.token_logprobs) for c in got.choices] == \
+            [(c.text, c.logprobs.token_logprobs) for c in want.choices]
+        assert len({c.text for c in got.choices}) == 4
 
 
 def test_streaming_gives_the_same_text(servers):

@@ -1,6 +1,6 @@
 """The requests the sharded-server test sends (tests/distributed/worker_serve.py) and the plain server answers in
 one process (tests/test_distributed_serve.py): seeded chat and completions, logprobs, n, stop, logit_bias on ids
-of both ranks' slices, penalties, xtc, greedy, streaming and a structured request."""
+of both ranks' slices, penalties, xtc, greedy, several prompts echoed, streaming and a structured request."""
 from __future__ import annotations
 
 MSG = [{"role": "user", "content": "Count the tokens"}]
@@ -19,12 +19,15 @@ REQUESTS = {
     "completion_n": ("completion", dict(prompt="A sampler chain", max_tokens=10, temperature=0.9, seed=4, n=2,
                                         logprobs=2)),
     "stop": ("completion", dict(prompt="The compiler reads", max_tokens=16, temperature=1.0, seed=6, stop=["a"])),
+    "prompts_echo": ("completion", dict(prompt=["A sampler chain", [5, 6, 7]], n=2, max_tokens=8, temperature=1.0,
+                                        seed=3, echo=True)),
     "structured": ("chat", dict(messages=MSG, max_tokens=16, temperature=1.0, seed=6,
                                 response_format={"type": "json_schema",
                                                  "json_schema": {"name": "n", "schema": SCHEMA}})),
 }
 STREAMED = ("sampled", "completion_n")      # sent again with stream: true
-CONCURRENT = ("sampled", "penalties", "hot", "completion_n", "greedy")   # sent again all at once (one batch)
+# sent again all at once (one batch)
+CONCURRENT = ("sampled", "penalties", "hot", "completion_n", "greedy", "prompts_echo")
 
 
 def send(client, name: str, stream: bool = False) -> dict:
