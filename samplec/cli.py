@@ -518,13 +518,13 @@ def run(
     _check_required(prog, values, seeds_given_by_draws=bool(draws))
     if draws:
         result = runner.draws(prog, x, values, draws)
-        _echo(json.dumps(result) if as_json else runner.format_draws(result))
+        _echo(json.dumps(result, allow_nan=False) if as_json else runner.format_draws(result))
         return
     drawn = runner.os_seed_drawn(prog, values, x.shape[0] if x.ndim == 2 else 1)
     if drawn is not None:       # (`sample()` without a seed: the run says the seed it drew, to be run again)
         print(f"seed drawn from the OS: {drawn} (--seed {drawn} runs this draw again)", file=sys.stderr)
     out = prog(x, **values)
-    _echo(json.dumps(runner.to_json(out)) if as_json else runner.format_outputs(out))
+    _echo(json.dumps(runner.to_json(out), allow_nan=False) if as_json else runner.format_outputs(out))
 
 
 _FLAG_OF_KIND = {"seed": "--seed N", "tokens": "--history FILE.npy", "mask": "--mask FILE.npy",

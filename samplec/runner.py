@@ -109,20 +109,31 @@ def parse_params(prog: Program, pairs: dict[str, str]) -> dict:
     return {name: parse_value(prog, name, value) for name, value in pairs.items()}
 
 
-def to_json(out: Outputs) -> dict:
+def _strict(v) -> list:
+    """An array as JSON lists; -inf (a removed token's log-probability) as null: strict JSON has no infinities."""
+    a = np.array(v)
+    if a.dtype.kind == "f" and not np.isfinite(a).all():
+        return np.where(np.isfinite(a), a.astype(np.float64), None).tolist()
+    return a.tolist()
+
+
+def to_json(out: Outputs, strict: bool = True) -> dict:
+    """The outputs as lists by name (`top_logprobs`, `candidates`: {"ids", "values"}); `strict`: JSON values,
+    which `json.dumps(..., allow_nan=False)` writes (-inf as null)."""
+    listed = _strict if strict else (lambda v: np.array(v).tolist())
     res = {}
     for name in out.names():
         v = getattr(out, name)
         if name in ("top_logprobs", "candidates"):
-            res[name] = {"ids": np.array(v.ids).tolist(), "values": np.array(v.values).tolist()}
+            res[name] = {"ids": listed(v.ids), "values": listed(v.values)}
         else:
-            res[name] = np.array(v).tolist()
+            res[name] = listed(v)
     return res
 
 
 def format_outputs(out: Outputs) -> str:
     lines = []
-    data = to_json(out)
+    data = to_json(out, strict=False)
     rows = len(next(iter(data.values()))["ids"] if isinstance(next(iter(data.values())), dict)
                else next(iter(data.values())))
     for r in range(rows):

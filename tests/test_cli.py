@@ -125,6 +125,22 @@ def test_run_json_text_and_per_row_params(files):
     assert text.exit_code == 0 and "row 2:" in text.stdout
 
 
+def test_run_json_is_strict_json_with_null_for_removed_candidates(files):
+    """Strict JSON (no -Infinity, which JavaScript's and jq's parsers refuse): a removed candidate's -inf is null;
+    the text table still prints it as -inf."""
+    d, _, x = files
+    src = d / "cut.smp"
+    src.write_text("sampler s(seed: seed = 0) -> token, candidates(4) {\n    top_k(2)\n    sample(seed)\n}\n")
+    r = cli("run", src, "--logits", d / "x.npy", "--seed", "3", "--json")
+    assert r.exit_code == 0, r.output
+    data = json.loads(r.stdout, parse_constant=lambda c: pytest.fail(f"non-standard JSON constant {c}"))
+    for ids, values in zip(data["candidates"]["ids"], data["candidates"]["values"]):
+        assert values[2:] == [None, None] and all(isinstance(v, float) for v in values[:2])
+    assert data["candidates"]["ids"][0][:2] == list(np.argsort(-x[0], kind="stable")[:2])
+    text = cli("run", src, "--logits", d / "x.npy", "--seed", "3")
+    assert text.exit_code == 0 and ":-inf" in text.stdout
+
+
 def test_run_smpb_equals_source(files):
     d, src, _ = files
     cli("compile", src, "-o", d / "s.smpb")
