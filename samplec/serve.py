@@ -839,8 +839,10 @@ def prompt_logprobs(model, tokens: list[int], bias: dict, top: int) -> list:
                 dense = mx.array(b)
             x = x + dense
         lp = np.array(x - mx.logsumexp(x, axis=-1, keepdims=True), dtype=np.float32)
+        best = np.argmax(lp, axis=1) if top == 1 else None     # (lm-eval-harness's logprobs 1: the first maximum)
         for j, t in enumerate(tokens[lo + 1:hi + 1]):
-            ids, vals = _top(lp[j], top)
+            ids, vals = (best[j:j + 1].astype(np.int32), lp[j, best[j:j + 1]]) if best is not None else \
+                _top(lp[j], top)
             out.append((t, None, float(lp[j, t]), ids, vals))
     return out
 

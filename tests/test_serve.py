@@ -193,6 +193,20 @@ def test_echo_scores_the_prompt_under_the_model(server):
     assert total == pytest.approx(sum(float(want[len(ctx) - 1 + j, t]) for j, t in enumerate(cont)), abs=1e-3)
 
 
+def test_a_prompt_positions_top_is_the_k_largest_lowest_id_first():
+    """(echo's top_logprobs: exact at ties, -inf rows included, k past V; checked against a full lexsort)"""
+    rng = np.random.default_rng(0)
+    for _ in range(2000):
+        V = int(rng.integers(1, 40))
+        row = rng.integers(-3, 3, size=V).astype(np.float32)
+        if rng.random() < 0.3:
+            row[rng.random(V) < 0.3] = -np.inf
+        k = int(rng.integers(0, V + 2))
+        ids, vals = serve._top(row, k)
+        want = np.lexsort((np.arange(V), -row))[:min(k, V)]
+        assert ids.tolist() == want.tolist() and vals.tolist() == row[want].tolist()
+
+
 def test_echo_with_max_tokens_0_is_the_prompt_alone_and_streams_the_same(server):
     app, c = server["app"], server["client"]
     kw = dict(model="demo", prompt=["The cat sat", [7, 8, 9]], max_tokens=0, echo=True, logprobs=3,
