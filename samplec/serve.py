@@ -126,6 +126,7 @@ class Request:
     stop: list[str] = field(default_factory=list)
     stop_token_ids: list[int] = field(default_factory=list)     # (vLLM's: token ids that end a choice too)
     min_tokens: int = 0                # (vLLM's: no end-of-sequence or stop token before this many)
+    ignore_eos: bool = False           # (vLLM's: end-of-sequence does not end a choice; stop_token_ids still do)
     stream: bool = False
     include_usage: bool = False
     logprobs: bool = False
@@ -157,7 +158,7 @@ COMPLETION_ONLY = {"prompt", "best_of", "echo", "suffix"}
 COMMON = {"model", "max_tokens", "n", "seed", "stop", "stream", "stream_options", "logprobs", "logit_bias",
           "temperature", "top_p", "presence_penalty", "frequency_penalty", "user", "metadata", "service_tier",
           "safety_identifier", "prompt_cache_key", "samplec_sampler", "grammar", "response_format",
-          "stop_token_ids", "min_tokens", *FIELDS}
+          "stop_token_ids", "min_tokens", "ignore_eos", *FIELDS}
 INFORMATIONAL = {"user", "metadata", "safety_identifier", "prompt_cache_key"}   # accepted; they change no token
 
 
@@ -259,6 +260,7 @@ class Parser:
                                  f"[0, {self.vocab})", "stop_token_ids")
             req.stop_token_ids = sorted(set(ids))
         req.min_tokens = _number(body, "min_tokens", 0, req.max_tokens, integer=True, default=0)
+        req.ignore_eos = self._bool(body, "ignore_eos")
         if req.min_tokens and self.speculative:
             # (a round of proposals shares one bias: positions past min_tokens would stay held)
             raise BadRequest("min_tokens: not supported by a server with a draft model", "min_tokens")
@@ -509,7 +511,7 @@ class Row:
         self.chain, self.values, self.bias = req.chain, req.values, req.bias
         # the ids that end the choice (end-of-sequence, the request's stop_token_ids), held off by a -inf bias
         # until `min_tokens` samples are drawn
-        self.stop_ids = set(job.eos_ids) | set(req.stop_token_ids)
+        self.stop_ids = (set() if req.ignore_eos else set(job.eos_ids)) | set(req.stop_token_ids)
         self.held = sorted(self.stop_ids) if req.min_tokens else []
         self.min_tokens = req.min_tokens
         # (how many tokens each history holds, -1: all; in a chain with a generated-tokens history the presence
@@ -520,6 +522,7 @@ class Row:
         self.matcher = req.grammar.matcher() if req.grammar is not None else None
         self.sampler: BatchSampler | None = None
         self.step = 0                        # samples drawn (the position of the next)
+        self.failed = False                  # a sample's call failed: the row ends (its request fails)
         self.records: list = []              # per sample: (token, processed, raw, top ids, top values)
         self.delivered = 0
         self.decoder = codecs.getincrementaldecoder("utf-8")("replace")
@@ -542,6 +545,7 @@ class Row:
         request) and move to the next position. The token."""
         if isinstance(draw, SamplecError):
             self.job.fail(draw, self.index)
+            self.failed = True
             draw = (self.eos, None, None, None, None)
         self.records.append(draw)
         self.step += 1
@@ -960,8 +964,9 @@ class Engine:
         self.sampler = BatchSampler(programs, grammars, self.vocab_shard)
         self.token_bytes = token_bytes
         self.max_batch = max_batch
-        self._make = lambda: BatchGenerator(model, stop_tokens=[[t] for t in sorted(self.eos_ids)],
-                                            sampler=self.sampler, completion_batch_size=max_batch,
+        # (no stop tokens of the generator's own: each row ends at its own stop ids, `_emit`, so that a request
+        # may ignore end-of-sequence)
+        self._make = lambda: BatchGenerator(model, sampler=self.sampler, completion_batch_size=max_batch,
                                             prefill_batch_size=min(8, max_batch))
         self.gen = self._make()
         self.inbox: queue.Queue = queue.Queue()
@@ -1235,11 +1240,12 @@ class Engine:
         """Hand the row its next token; `ended`: the generator's finish reason with it ("length", "stop"; None: the
         row goes on). Whether the row finished."""
         row.delivered += 1
-        if token in row.stop_ids:       # (end-of-sequence, or one of the request's stop_token_ids)
+        if token in row.stop_ids or row.failed:     # (end-of-sequence, one of the request's stop_token_ids)
             row.text += row.decoder.decode(b"", final=True)      # (bytes of an unfinished character: U+FFFD)
             self._finish(row, "stop", ended is None)
             return True
-        b = b"" if token in self.special_ids else self.token_bytes(token)
+        # (an end-of-sequence a request ignores writes no text either, as vLLM's skip_special_tokens)
+        b = b"" if token in self.special_ids or token in self.eos_ids else self.token_bytes(token)
         pending = row.decoder.getstate()[0]
         # (bytes left pending by the previous token that this one does not continue become its U+FFFD: they
         # belong to the previous token, and this token's text starts after them)

@@ -267,6 +267,7 @@ def test_echo_logprobs_are_refused_by_a_vocabulary_sharded_server(server):
     (dict(prompt=[[1, 2], [99999]]), "prompt"),
     (dict(prompt=["x", 3]), "prompt"),
     (dict(prompt="x", echo="yes"), "echo"),
+    (dict(prompt="x", ignore_eos=1), "ignore_eos"),
 ])
 def test_bad_prompts_and_echo_are_400_naming_the_field(server, body, param):
     status, answer = post(server["base"] + "/v1/completions", {"model": "demo", **body})
@@ -323,6 +324,33 @@ def test_a_stop_string_that_ends_in_a_replaced_byte_is_found(server):
         stop = full[i - 2:i + 1]
         r = c.completions.create(**kw, stop=stop).choices[0]
         assert r.text == full[:full.index(stop)] and r.finish_reason == "stop", (stop, r.text)
+
+
+def test_ignore_eos_decodes_past_end_of_sequence(server):
+    """vLLM's ignore_eos: end-of-sequence (here made certain by a logit_bias) no longer ends the choice, writes no
+    text and is counted; stop_token_ids still end it."""
+    c = server["client"]
+    eos = min(server["app"].engine.eos_ids)
+    kw = dict(model="demo", prompt="A sampler chain", max_tokens=7, temperature=1.0, seed=3, logprobs=0,
+              logit_bias={str(eos): 100})
+    r = c.completions.create(**kw)
+    assert (r.choices[0].text, r.choices[0].finish_reason, r.usage.completion_tokens) == ("", "stop", 1)
+    for stream in (False, True):
+        r = c.completions.create(**kw, extra_body={"ignore_eos": True}, stream=stream)
+        if stream:
+            r = list(r)
+            assert "".join(ch.choices[0].text for ch in r if ch.choices) == ""
+            assert [ch.choices[0].finish_reason for ch in r if ch.choices][-1] == "length"
+            continue
+        assert (r.choices[0].text, r.choices[0].finish_reason, r.usage.completion_tokens) == ("", "length", 7)
+        assert len(r.choices[0].logprobs.tokens) == 7
+    r = c.completions.create(**kw, extra_body={"ignore_eos": True, "stop_token_ids": [eos]})
+    assert (r.choices[0].finish_reason, r.usage.completion_tokens) == ("stop", 1)
+    # (without the bias: what the request gives without ignore_eos, up to where end-of-sequence would end it)
+    kw = dict(model="demo", prompt="The cat", max_tokens=40, temperature=1.0, seed=12)
+    plain = c.completions.create(**kw).choices[0]
+    longer = c.completions.create(**kw, extra_body={"ignore_eos": True}).choices[0]
+    assert longer.text.startswith(plain.text) and longer.finish_reason == "length"
 
 
 def test_openai_seed_and_stop_forms(server):
