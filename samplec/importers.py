@@ -913,6 +913,17 @@ def _kind(kind: str) -> str:
     return k
 
 
+def _no_repeats(pairs: list) -> dict:
+    """A JSON object whose keys are given once (a repeated key is an error: which value was meant is not known)."""
+    out = {}
+    for k, v in pairs:
+        if k in out:
+            raise SamplecError(f"the key {k!r} is given twice (with {json.dumps(out[k])[:40]} and "
+                               f"{json.dumps(v)[:40]}): give it once")
+        out[k] = v
+    return out
+
+
 def import_text(kind: str, text: str, where: str = "<input>") -> str:
     """The `.smp` source equivalent to the settings in `text` (what a file of that kind holds)."""
     kind = _kind(kind)
@@ -920,7 +931,7 @@ def import_text(kind: str, text: str, where: str = "<input>") -> str:
         if kind == "llama-cpp":
             return from_llama_cpp(text)
         try:
-            data = json.loads(text)
+            data = json.loads(text, object_pairs_hook=_no_repeats)
         except json.JSONDecodeError as e:
             raise SamplecError(f"invalid JSON: {e}") from None
         return _IMPORTERS[kind](data)

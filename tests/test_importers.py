@@ -859,6 +859,12 @@ def test_import_text_entry_point():
     assert import_text("llama.cpp", "--top-k 3") == from_llama_cpp("--top-k 3")
     with pytest.raises(SamplecError, match=r"^<input>: invalid JSON"):
         import_text("vllm", "{")
+    # (a key given twice: which value was meant is not known -- an error, not the last one silently)
+    for kind in ("hf", "openai", "mlx-lm", "vllm"):
+        with pytest.raises(SamplecError, match=r"^<input>: the key 'temperature' is given twice"):
+            import_text(kind, '{"temperature": 0.5, "top_p": 0.9, "temperature": 1.5}')
+    with pytest.raises(SamplecError, match=r"the key 'a' is given twice"):
+        import_text("openai", '{"logit_bias": {"a": 1, "a": 2}}')
 
 
 # ---- each mapped field changes the chain (or is refused as pending); each refused vLLM field is named ----
