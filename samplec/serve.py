@@ -120,6 +120,7 @@ class Request:
     prompts: list[list[int]]           # one (chat, and most completions), or several (completions: a list of them)
     n: int = 1                         # choices per prompt
     max_tokens: int = 16
+    limits: list[int] = field(default_factory=list)     # per prompt: its max_tokens (a default one: the room it leaves)
     values: dict = field(default_factory=dict)
     seed: int | None = None
     bias: dict = field(default_factory=dict)
@@ -222,24 +223,25 @@ class Parser:
             raise BadRequest(f"{name} must be >= 1 (0 only with echo: the prompt alone), got 0", name)
         req.max_tokens = _number(body, name, 0 if req.echo else 1, MAX_TOKENS, integer=True,
                                  default=16 if kind == "completion" else 512)
+        req.limits = [req.max_tokens] * len(req.prompts)
         if self.context is not None:
             # (OpenAI's and vLLM's rule: the prompt and the completion within the context; a default max_tokens
-            # shrinks to the room left, one given is the request's and past the room a 400)
-            longest = max(range(len(req.prompts)), key=lambda i: len(req.prompts[i]))
-            size = len(req.prompts[longest])
-            where = "messages" if kind == "chat" else "prompt" if len(req.prompts) == 1 else f"prompt[{longest}]"
-            room = self.context - size
-            if room < (1 if req.max_tokens else 0):
-                raise BadRequest(f"This model's maximum context length is {self.context} tokens. However, your "
-                                 f"{where} hold {size} tokens, which leaves no room for a completion.",
-                                 where.split("[")[0])
-            if body.get(name) is None:
-                req.max_tokens = min(req.max_tokens, room)
-            elif req.max_tokens > room:
-                raise BadRequest(f"This model's maximum context length is {self.context} tokens. However, you "
-                                 f"requested {size + req.max_tokens} tokens ({size} in the "
-                                 f"{where}, {req.max_tokens} in the completion). Please reduce the length of the "
-                                 f"{where} or completion.", name)
+            # shrinks to the room each prompt leaves, one given is the request's and past the room a 400)
+            for i, prompt in enumerate(req.prompts):
+                size = len(prompt)
+                where = "messages" if kind == "chat" else "prompt" if len(req.prompts) == 1 else f"prompt[{i}]"
+                room = self.context - size
+                if room < (1 if req.max_tokens else 0):
+                    raise BadRequest(f"This model's maximum context length is {self.context} tokens. However, "
+                                     f"your {where} hold {size} tokens, which leaves no room for a completion.",
+                                     where.split("[")[0])
+                if body.get(name) is None:
+                    req.limits[i] = min(req.max_tokens, room)
+                elif req.max_tokens > room:
+                    raise BadRequest(f"This model's maximum context length is {self.context} tokens. However, you "
+                                     f"requested {size + req.max_tokens} tokens ({size} in the "
+                                     f"{where}, {req.max_tokens} in the completion). Please reduce the length of "
+                                     f"the {where} or completion.", name)
         # (OpenAI's seed is any integer: a negative one is taken modulo 2^64, as its two's complement)
         seed = _number(body, "seed", -2**63, 2**64 - 1, integer=True)
         req.seed = None if seed is None else seed % 2**64
@@ -507,6 +509,7 @@ class Row:
     def __init__(self, job: "Job", index: int, seed: int, eos: int, prompt: list[int], split_history: bool = False):
         self.job, self.index, self.seed, self.eos, self.prompt = job, index, seed, eos, prompt
         req = job.req
+        self.max_tokens = req.limits[index // req.n] if req.limits else req.max_tokens
         self.echo: Echo | None = None        # its prompt's text and logprobs, with echo
         self.chain, self.values, self.bias = req.chain, req.values, req.bias
         # the ids that end the choice (end-of-sequence, the request's stop_token_ids), held off by a -inf bias
@@ -528,6 +531,8 @@ class Row:
         self.decoder = codecs.getincrementaldecoder("utf-8")("replace")
         self.text = ""
         self.offsets: list[int] = []         # each delivered token's offset in text
+        self.cut = False                     # a stop string ended the text (the tokens after its start are not kept)
+        self.stop_token = False              # a stop id ended the row (its last token: no text of its own)
         self.emitted = 0                     # characters of text already streamed
         self.entries_sent = 0
         self.finish: str | None = None
@@ -821,33 +826,46 @@ def _top(row: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     return ids.astype(np.int32), row[ids]
 
 
-def prompt_logprobs(model, tokens: list[int], bias: dict, top: int) -> list:
-    """Each prompt token's entry (token, None, log-probability, top ids, top values) under the model's
-    distribution given the tokens before it -- log_softmax of its logits after the request's logit_bias, as the
-    samples' entries -- PROMPT_CHUNK positions a forward pass; the first token's is (token, None, None, None,
-    None)."""
+def _tops(lp: mx.array, k: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Per row of lp [R, V]: its k largest values and their ids, descending, lowest id first on ties -- a
+    partition on the device, the k found sorted on the host; a row with ties at the k-th value (more than k values
+    at least as large) is sorted whole on the host (`_top`): exact either way."""
+    R, V = lp.shape
+    k = min(k, V)
+    if k == 0:
+        return [(np.zeros(0, np.int32), np.zeros(0, np.float32))] * R
+    ids = mx.argpartition(-lp, kth=k - 1, axis=1)[:, :k]
+    vals = mx.take_along_axis(lp, ids, axis=1)
+    tied = mx.sum(lp >= mx.min(vals, axis=1, keepdims=True), axis=1) > k
+    ids, vals, tied = np.array(ids), np.array(vals), np.array(tied)
+    out = []
+    for r in range(R):
+        if tied[r]:
+            out.append(_top(np.array(lp[r]), k))
+        else:
+            order = np.lexsort((ids[r], -vals[r]))
+            out.append((ids[r][order].astype(np.int32), vals[r][order]))
+    return out
+
+
+def prompt_logprobs(model, tokens: list[int], top: int):
+    """A prompt's entries as a sample's (`Row.records`): each token's log-probability under the model given the
+    tokens before it -- log_softmax of its logits, no logit_bias (the model's own distribution of the prompt, as
+    vLLM's prompt_logprobs) -- and its `top` most likely tokens there; the first token's entry is (token, None,
+    None, None, None). A generator: it scores PROMPT_CHUNK positions a forward pass and yields after each (the
+    engine runs the batch's steps in between), and returns the entries."""
     from samplec.decode import _make_cache
     cache = _make_cache(model)
     seq = mx.array(tokens, dtype=mx.int32)
     out = [(tokens[0], None, None, None, None)]
-    dense = None
     for lo in range(0, len(tokens) - 1, PROMPT_CHUNK):
         hi = min(len(tokens) - 1, lo + PROMPT_CHUNK)
         x = model(seq[lo:hi][None], cache=cache)[0].astype(mx.float32)       # (predicts tokens lo+1 .. hi)
-        if bias:
-            if dense is None:
-                b = np.zeros(x.shape[-1], np.float32)
-                for t, v in bias.items():
-                    if t < b.size:
-                        b[t] = v
-                dense = mx.array(b)
-            x = x + dense
-        lp = np.array(x - mx.logsumexp(x, axis=-1, keepdims=True), dtype=np.float32)
-        best = np.argmax(lp, axis=1) if top == 1 else None     # (lm-eval-harness's logprobs 1: the first maximum)
-        for j, t in enumerate(tokens[lo + 1:hi + 1]):
-            ids, vals = (best[j:j + 1].astype(np.int32), lp[j, best[j:j + 1]]) if best is not None else \
-                _top(lp[j], top)
-            out.append((t, None, float(lp[j, t]), ids, vals))
+        lp = x - mx.logsumexp(x, axis=-1, keepdims=True)
+        own = np.array(mx.take_along_axis(lp, seq[lo + 1:hi + 1, None], axis=1))[:, 0]
+        for t, v, (ids, vals) in zip(tokens[lo + 1:hi + 1], own, _tops(lp, top)):
+            out.append((t, None, float(v), ids, vals))
+        yield
     return out
 
 
@@ -907,6 +925,7 @@ class Job:
         self.status = 500                  # the HTTP status of an error (503: a rank of a sharded server stopped)
         self.param: str | None = None      # the request field an error names
         self.number = 0                    # its number in admission order (the same on every rank)
+        self.scoring = None                # (echo with logprobs) the generator scoring its prompts
 
 
     def fail(self, e: SamplecError, index: int) -> None:
@@ -953,6 +972,7 @@ class Engine:
         self.draft, self.num_draft = draft, num_draft
         self.spec: list[Row] = []            # rows decoded speculatively (with the draft), in admission order
         self.spec_waiting: list[Row] = []    # such rows past --max-batch, waiting for a place
+        self.scoring: list[Job] = []         # echo requests whose prompts are being scored, a chunk a step
         self.eos_ids = set(int(t) for t in (getattr(tokenizer, "eos_token_ids", None) or []))
         # special tokens (a BOS, a chat template's markers) write no text, as vLLM's skip_special_tokens default:
         # their names stay in the logprobs' token strings
@@ -1007,7 +1027,7 @@ class Engine:
 
     @property
     def active(self) -> int:
-        return len(self.rows) + len(self.spec)
+        return len(self.rows) + len(self.spec) + len(self.scoring)
 
     def _loop(self):
         from samplec.distributed.follow import HEARTBEAT, rank_failure
@@ -1050,6 +1070,7 @@ class Engine:
                 self._start_waiting()
                 for row in list(self.spec):       # (one round each, in turn with the batch's steps)
                     self._speculate(row)
+                self._score()
                 self.live = {i: job for i, job in self.live.items() if any(r.finish is None for r in job.rows)}
                 if self.watch is not None:
                     self.watch.disarm()
@@ -1062,9 +1083,13 @@ class Engine:
                 for row in [*self.rows.values(), *self.spec, *self.spec_waiting]:
                     row.job.error = f"generation failed: {type(e).__name__}: {e}"
                     row.job.events.put(("error", row.index, None))
+                for job in self.scoring:
+                    job.error = f"generation failed: {type(e).__name__}: {e}"
+                    job.events.put(("error", 0, None))
                 self.rows.clear()
                 self.spec.clear()
                 self.spec_waiting.clear()
+                self.scoring.clear()
                 self.sampler.rows = []
                 self.live.clear()
                 self.gen = self._make()
@@ -1156,16 +1181,45 @@ class Engine:
     def _admit(self, job: Job):
         req = job.req
         if req.echo:
-            try:
-                self._echo(job)
-            except Exception as e:  # noqa: BLE001 - the prompt's forward pass failed: this request fails, alone
-                logging.exception("samplec serve: the prompt's log-probabilities failed")
-                job.error = f"echo: the prompt's log-probabilities failed: {type(e).__name__}: {e}"
-                for r in job.rows:
-                    r.finish = "error"
-                job.events.put(("error", 0, None))
+            echoes = [self._echo_text(tokens, given) for tokens, given in zip(req.prompts, req.prompt_texts)]
+            for r in job.rows:
+                r.echo = echoes[r.index // req.n]
+            if req.logprobs:        # (scored a chunk at a time between the batch's steps: `_score`)
+                job.scoring = self._scoring(job, echoes)
+                self.scoring.append(job)
                 return
             job.events.put(("echo", 0, None))
+        self._start(job)
+
+    def _scoring(self, job: Job, echoes: list):
+        """Score each prompt (`prompt_logprobs`), a chunk a step."""
+        for echo, tokens in zip(echoes, job.req.prompts):
+            echo.records = yield from prompt_logprobs(self.model, tokens, job.req.top_logprobs)
+
+    def _score(self) -> None:
+        """One chunk of the first request being scored (echo); a request scored whole starts decoding."""
+        if not self.scoring:
+            return
+        job = self.scoring[0]
+        try:
+            next(job.scoring)
+            return
+        except StopIteration:
+            self.scoring.pop(0)
+        except Exception as e:  # noqa: BLE001 - the prompt's forward pass failed: this request fails, alone
+            self.scoring.pop(0)
+            logging.exception("samplec serve: the prompt's log-probabilities failed")
+            job.error = f"echo: the prompt's log-probabilities failed: {type(e).__name__}: {e}"
+            for r in job.rows:
+                r.finish = "error"
+            job.events.put(("error", 0, None))
+            return
+        job.events.put(("echo", 0, None))
+        self._start(job)
+
+    def _start(self, job: Job) -> None:
+        """Its rows begin decoding (or, with max_tokens 0, end at once)."""
+        req = job.req
         if req.max_tokens == 0:             # (echo alone: every choice is its prompt)
             for r in job.rows:
                 r.finish = "length"
@@ -1175,30 +1229,31 @@ class Engine:
             self.spec_waiting.extend(job.rows)
             return
         k = len(job.rows)
-        uids = self.gen.insert([list(r.prompt) for r in job.rows], max_tokens=[req.max_tokens] * k,
+        uids = self.gen.insert([list(r.prompt) for r in job.rows], max_tokens=[r.max_tokens for r in job.rows],
                                samplers=[self.sampler] * k, logits_processors=[[r.process] for r in job.rows])
         for r, uid in zip(job.rows, uids):
             r.uid = uid
             self.rows[uid] = r
 
-    def _echo(self, job: Job) -> None:
-        """Each row's `Echo` of its prompt (computed once per prompt)."""
-        req = job.req
-        echoes = []
-        for tokens, given in zip(req.prompts, req.prompt_texts):
-            text, offsets = self._decode(tokens)
-            recs = prompt_logprobs(self.model, tokens, req.bias, req.top_logprobs) if req.logprobs else []
-            echoes.append(Echo(given if given is not None else text, offsets, recs))
-        for r in job.rows:
-            r.echo = echoes[r.index // req.n]
+    def _echo_text(self, tokens: list[int], given: str | None) -> Echo:
+        """A prompt's text as echo gives it back, and its tokens' offsets in it: the string sent where its tokens
+        write it back (special tokens written or not: a beginning-of-sequence the tokenizer added writes nothing,
+        a `<s>` typed in the string writes itself), else -- token ids, or a tokenizer that does not give the
+        string back (SentencePiece's leading space) -- the tokens' text, as a completion's (`_emit`)."""
+        for specials in (False, True):
+            text, offsets = self._decode(tokens, specials)
+            if given is None or text == given:
+                return Echo(text, offsets, [])
+        return Echo(*self._decode(tokens, False), [])
 
-    def _decode(self, tokens: list[int]) -> tuple[str, list[int]]:
+    def _decode(self, tokens: list[int], specials: bool = False) -> tuple[str, list[int]]:
         """Tokens' text and each token's offset in it, by the rules of a choice's text (`_emit`): special tokens
-        write none, bytes that are not whole UTF-8 write U+FFFD."""
+        write none (`specials`: their own text), bytes that are not whole UTF-8 write U+FFFD."""
         dec = codecs.getincrementaldecoder("utf-8")("replace")
         text, offsets = "", []
+        quiet = set() if specials else self.special_ids | self.eos_ids
         for t in tokens:
-            b = b"" if t in self.special_ids or t in self.eos_ids else self.token_bytes(t)
+            b = b"" if t in quiet else self.token_bytes(t)
             pending = dec.getstate()[0]
             early = len(pending.decode("utf-8", "replace")) if pending and b and b[0] & 0xC0 != 0x80 else 0
             offsets.append(len(text) + early)
@@ -1215,6 +1270,7 @@ class Engine:
             for uid in gone:
                 del self.rows[uid]
         self.spec = [r for r in self.spec if r.job.number not in numbers]
+        self.scoring = [j for j in self.scoring if j.number not in numbers]
         self.spec_waiting = [r for r in self.spec_waiting if r.job.number not in numbers]
         for n in numbers:
             self.live.pop(n, None)
@@ -1242,6 +1298,8 @@ class Engine:
         row.delivered += 1
         if token in row.stop_ids or row.failed:     # (end-of-sequence, one of the request's stop_token_ids)
             row.text += row.decoder.decode(b"", final=True)      # (bytes of an unfinished character: U+FFFD)
+            row.offsets.append(len(row.text))                    # (its entry: no text of its own)
+            row.stop_token = True
             self._finish(row, "stop", ended is None)
             return True
         # (an end-of-sequence a request ignores writes no text either, as vLLM's skip_special_tokens)
@@ -1263,6 +1321,7 @@ class Engine:
         row.offsets.append(before + early)
         row.text = text[:min(hits)] if hits else text
         if hits:
+            row.cut = True
             self._finish(row, "stop", ended is None)
             return True
         if row.grammar_error is not None and not row.grammar_logged:
@@ -1294,7 +1353,7 @@ class Engine:
         would give the row (docs/serve.md, Speculative decoding)."""
         sp, req = row.spec, row.job.req
         prog = self.sampler.programs[row.chain]
-        kk = min(self.num_draft, req.max_tokens - row.delivered - 1)
+        kk = min(self.num_draft, row.max_tokens - row.delivered - 1)
         drafts: list[int] = []
         inp = sp.dpending
         for j in range(kk):
@@ -1319,7 +1378,7 @@ class Engine:
         for j in range(m + 1):
             tok = row.record(draws[j])
             sp.tokens.append(tok)
-            ended = "length" if row.delivered + 1 >= req.max_tokens else None
+            ended = "length" if row.delivered + 1 >= row.max_tokens else None
             if self._emit(row, tok, ended):
                 return
         sp.advance(target, kk, m)
@@ -1341,12 +1400,14 @@ class Formatter:
         except UnicodeDecodeError:
             return "bytes:" + "".join(f"\\x{c:02x}" for c in b), list(b)
 
-    def kept(self, row: Row, upto: int | None) -> int:
-        """How many delivered tokens belong to the text (those starting before its end)."""
-        n = len(row.offsets)
-        if upto is None:
-            return n
-        return sum(1 for o in row.offsets if o < upto) if row.finish == "stop" and row.job.req.stop else n
+    def kept(self, row: Row, upto: int, stop_entry: bool) -> int:
+        """How many delivered tokens have an entry: where a stop string cut the text, those starting before `upto`;
+        a stop token (end-of-sequence, a stop_token_ids id: no text of its own) only with `stop_entry` -- the
+        completions endpoint lists it, as vLLM's (lm-eval-harness reads a request's one generated entry), chat's
+        entries are the message's tokens."""
+        if row.cut:
+            return sum(1 for o in row.offsets if o < upto)
+        return len(row.offsets) - (1 if row.stop_token and not stop_entry else 0)
 
     def chat_entries(self, row: Row, lo: int, hi: int, top: int) -> list[dict]:
         """Chat's `logprobs.content` entries for the row's tokens lo..hi-1."""
@@ -1636,7 +1697,7 @@ class Handler(BaseHTTPRequestHandler):
                 left -= 1
         fmt, choices = self.app.format, []
         for r in job.rows:
-            n = fmt.kept(r, len(r.text))
+            n = fmt.kept(r, len(r.text), req.kind == "completion")
             if req.kind == "chat":
                 c = {"index": r.index, "message": {"role": "assistant", "content": r.text},
                      "logprobs": {"content": fmt.chat_entries(r, 0, n, req.top_logprobs)} if req.logprobs
@@ -1690,7 +1751,7 @@ class Handler(BaseHTTPRequestHandler):
             r = job.rows[i]
             final = ev == "done"
             upto = len(r.text) if final else max(r.emitted, len(r.text) - hold)
-            n = fmt.kept(r, upto) if final else sum(1 for o in r.offsets if o < upto)
+            n = fmt.kept(r, upto, req.kind == "completion") if final else sum(1 for o in r.offsets if o < upto)
             n = max(n, r.entries_sent)
             delta, lo = r.text[r.emitted:upto], r.entries_sent
             r.emitted, r.entries_sent = upto, n

@@ -193,6 +193,92 @@ def test_echo_scores_the_prompt_under_the_model(server):
     assert total == pytest.approx(sum(float(want[len(ctx) - 1 + j, t]) for j, t in enumerate(cont)), abs=1e-3)
 
 
+def test_echo_text_offsets_index_the_echoed_text(server):
+    """A string whose tokens write it back only with their special tokens' text (`<s>` typed in it) is echoed as
+    sent; token ids are echoed as their text; either way each token's offset points at its text."""
+    c, tok = server["client"], server["app"].tokenizer
+    for prompt in ("<s>hello</s> world", "plain words", [0, *tok.encode("hi"), 1, *tok.encode(" there")]):
+        ch = c.completions.create(model="demo", prompt=prompt, echo=True, max_tokens=0, logprobs=0).choices[0]
+        if isinstance(prompt, str):
+            assert ch.text == prompt
+        lp = ch.logprobs
+        quiet = server["app"].engine.special_ids | server["app"].engine.eos_ids
+        ids = prompt if isinstance(prompt, list) else list(server["app"].tokenizer.encode(prompt))
+        for t, tok, off in zip(ids, lp.tokens, lp.text_offset):
+            if isinstance(prompt, str) or t not in quiet:
+                assert ch.text[off:off + len(tok)] == tok, (prompt, tok, off)
+
+
+def test_a_generated_stop_token_has_its_completions_entry(server):
+    """lm-eval-harness reads one generated entry after the prompt's: an end-of-sequence (or a stop_token_ids id)
+    that ends the choice is listed on the completions endpoint (no text of its own), as vLLM does; chat's entries
+    are the message's tokens."""
+    c, eos = server["client"], min(server["app"].engine.eos_ids)
+    ctx = [3, 70, 71, 200, 9, 44]
+    for stream in (False, True):
+        kw = dict(model="demo", prompt=[ctx], echo=True, max_tokens=1, logprobs=1, temperature=0,
+                  logit_bias={str(eos): 100})
+        if stream:
+            chunks = [ch.choices[0] for ch in c.completions.create(**kw, stream=True) if ch.choices]
+            lps = sum((ch.logprobs.token_logprobs for ch in chunks if ch.logprobs), [])
+            assert chunks[-1].finish_reason == "stop" and len(lps) == len(ctx) + 1
+            continue
+        r = c.completions.create(**kw)
+        lp = r.choices[0].logprobs
+        assert r.choices[0].finish_reason == "stop" and r.usage.completion_tokens == 1
+        assert len(lp.token_logprobs) == len(ctx) + 1 and lp.text_offset[-1] == len(r.choices[0].text)
+        assert max(lp.top_logprobs[-1].values()) == lp.token_logprobs[-1]       # (greedy: it is the top one)
+    r = c.completions.create(model="demo", prompt="The cat", max_tokens=5, temperature=1.0, seed=2, logprobs=0,
+                             extra_body={"stop_token_ids": [65], "logit_bias": {"65": 100}})
+    assert r.choices[0].finish_reason == "stop" and len(r.choices[0].logprobs.tokens) == 1
+    chat = c.chat.completions.create(model="demo", messages=MSG, max_tokens=5, logprobs=True,
+                                     logit_bias={str(eos): 100})
+    assert chat.choices[0].finish_reason == "stop" and chat.choices[0].logprobs.content == []
+
+
+def test_a_default_max_tokens_shrinks_to_each_prompts_own_room(server):
+    """With a context length, a default max_tokens is the room each prompt leaves: a short prompt among long ones
+    gives what it gives alone."""
+    parse = server["app"].parse
+    saved, parse.context = parse.context, 40
+    try:
+        short, long = [5, 6, 7], list(range(10, 40))
+        alone = post(server["base"] + "/v1/completions", {"model": "demo", "temperature": 0, "prompt": short})[1]
+        both = post(server["base"] + "/v1/completions", {"model": "demo", "temperature": 0,
+                                                          "prompt": [short, long]})[1]
+        assert alone["usage"]["completion_tokens"] == 16
+        assert [c["text"] for c in both["choices"]][0] == alone["choices"][0]["text"]
+        assert both["usage"]["completion_tokens"] == 16 + 10
+        status, err = post(server["base"] + "/v1/completions", {"model": "demo", "prompt": [short, long],
+                                                                 "max_tokens": 11})
+        assert status == 400 and err["error"]["param"] == "max_tokens" and "prompt[1]" in err["error"]["message"]
+    finally:
+        parse.context = saved
+
+
+def test_a_long_echo_is_scored_between_the_batchs_steps(server):
+    """A prompt's scoring runs a chunk at a time between the batch's decode steps: a request sent while a long
+    prompt is scored is answered before it, and a scored request whose client leaves is dropped."""
+    c, app = server["client"], server["app"]
+    long = [int(t) for t in np.random.default_rng(3).integers(2, 500, size=1500)]
+    done = []
+    with ThreadPoolExecutor(2) as pool:
+        slow = pool.submit(lambda: (c.completions.create(model="demo", prompt=[long] * 3, echo=True, max_tokens=0,
+                                                         logprobs=5), done.append("long")))
+        import time
+        deadline = time.monotonic() + 30
+        while not app.engine.scoring and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert app.engine.scoring, "the long request was not being scored"
+        short = c.completions.create(model="demo", prompt="quick", max_tokens=2, temperature=0)
+        done.append("short")
+        r = slow.result()[0]
+    assert done == ["short", "long"] and short.usage.completion_tokens == 2
+    assert len(r.choices) == 3 and len(r.choices[0].logprobs.token_logprobs) == 1500
+    want = _model_logprobs(app, long[:300])
+    assert np.allclose(r.choices[2].logprobs.token_logprobs[1:300], want[np.arange(299), long[1:300]], atol=1e-4)
+
+
 def test_a_prompt_positions_top_is_the_k_largest_lowest_id_first():
     """(echo's top_logprobs: exact at ties, -inf rows included, k past V; checked against a full lexsort)"""
     rng = np.random.default_rng(0)
@@ -205,6 +291,13 @@ def test_a_prompt_positions_top_is_the_k_largest_lowest_id_first():
         ids, vals = serve._top(row, k)
         want = np.lexsort((np.arange(V), -row))[:min(k, V)]
         assert ids.tolist() == want.tolist() and vals.tolist() == row[want].tolist()
+    # (the device's form, rows at once: ties at the k-th value go to the whole-row sort)
+    rows = rng.integers(-4, 4, size=(64, 37)).astype(np.float32)
+    rows[rng.random(rows.shape) < 0.2] = -np.inf
+    for k in (0, 1, 2, 5, 36, 37, 40):
+        for r, (ids, vals) in enumerate(serve._tops(mx.array(rows), k)):
+            want = np.lexsort((np.arange(37), -rows[r]))[:min(k, 37)]
+            assert ids.tolist() == want.tolist() and vals.tolist() == rows[r][want].tolist(), (k, r)
 
 
 def test_echo_with_max_tokens_0_is_the_prompt_alone_and_streams_the_same(server):
@@ -217,10 +310,7 @@ def test_echo_with_max_tokens_0_is_the_prompt_alone_and_streams_the_same(server)
     assert [ch.finish_reason for ch in r.choices] == ["length", "length"]
     assert r.usage.completion_tokens == 0 and r.usage.prompt_tokens == len(tok.encode("The cat sat")) + 3
     ids = list(tok.encode("The cat sat"))
-    bias = np.zeros(app.engine.model(mx.array([[1]])).shape[-1], np.float32)
-    bias[65] = 5.0          # (the request's logit_bias: the same distribution as a sample's entry)
-    logits = app.engine.model(mx.array([ids]))[0].astype(mx.float32) + mx.array(bias)
-    want = np.array(logits - mx.logsumexp(logits, axis=-1, keepdims=True))
+    want = _model_logprobs(app, ids)        # (the model's own distribution: the request's logit_bias is not in it)
     lp = r.choices[0].logprobs
     assert np.allclose(lp.token_logprobs[1:], want[np.arange(len(ids) - 1), ids[1:]], atol=1e-4)
     assert all(len(d) <= 4 for d in lp.top_logprobs[1:])
