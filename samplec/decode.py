@@ -194,7 +194,9 @@ class ProgramFeed:
 
     def next_state(self, outs: list[mx.array]) -> list[mx.array] | None:
         """The state values the next step takes (None when the sampler has no state)."""
-        return [outs[o] for o in self.state_outputs] or None
+        if not self.state_outputs:
+            return None
+        return [outs[o] for o in self.state_outputs]
 
     def state_starts(self, B: int) -> list[np.ndarray]:
         """Each state parameter's value for a row that starts: the value passed, else its default (NaN: the

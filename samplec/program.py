@@ -15,6 +15,7 @@ value -- takes the full path, which raises the errors.
 from __future__ import annotations
 
 import marshal
+import math
 import os
 import sys
 from collections import OrderedDict
@@ -175,6 +176,10 @@ class Program:
         # a decode loop's lazy outputs, are compared one by one, never by the key
         self._lasts: dict[tuple, _Last] = {}
         self._lazy = frozenset(k for k, p in enumerate(self._scalar_params) if p.kind == "state")
+        # each `int` parameter's valid Python ints, [lo, hi] (the int32 range within its own): a moving position's
+        # new array is built from its value without the general checks (`_moved_int`)
+        self._int_bounds = tuple(_int_bounds(self._ranges.get(p.name)) if p.kind == "int" else None
+                                 for p in self._scalar_params)
         self.queue_stats = {"short": 0, "full": 0, "scalars_rebuilt": 0, "specialized": 0}
         # calls run again with their rows sorted: the portable target's candidates on the CPU did not hold a row's
         # kept tokens (samplec/passes/portable.py)
@@ -454,23 +459,48 @@ class Program:
         arrays, keys = list(last.arrays), list(last.keys)
         todo = []
         for k in last.moved:
+            value = values[k]
             try:
-                now = _bytes(values[k])
+                now = _bytes(value)
             except ValueError:
                 return None
             if now is None or keys[k] is None or now != keys[k]:
                 todo.append(k)
-                if not self._build(k, values[k], shape[0], arrays, keys, False, now):
+                arr = self._moved_int(k, value, shape[0]) if self._int_bounds[k] is not None else None
+                if arr is not None:
+                    arrays[k], keys[k] = arr, now
+                elif not self._build(k, value, shape[0], arrays, keys, False, now):
                     return None
-        self.queue_stats["scalars_rebuilt"] += bool(todo)
+        if todo:
+            self.queue_stats["scalars_rebuilt"] += 1
         run = last.run if self._switched.isdisjoint(todo) else \
             self._program_for(values, keys, shape[1]) if self._switches else self._whole
-        moved = frozenset(todo) | self._lazy
+        # (the lazy values are among the last call's `moved` and always move: all of them moved again, the same set)
+        moved = last.moved if len(todo) == len(last.moved) else frozenset(todo) | self._lazy
         if moved == last.moved:       # (they all moved again: the key stays)
             self._lasts[shape] = _Last(last.key, arrays, keys, run, moved)
         else:
             self._remember(shape, _Last(None, arrays, keys, run, moved), values)
         return arrays
+
+    def _moved_int(self, k: int, value, B: int) -> mx.array | None:
+        """Integer parameter k's array for a value that moved (a decode loop's position): a Python int or a list of
+        B of them within the parameter's bounds, as `_scalar` builds it (not cached); None for anything else
+        (`_build` then takes it, and the full path any error)."""
+        lo, hi = self._int_bounds[k]
+        wide = k in self._wide
+        if type(value) is list and len(value) == B:
+            if B == 1:
+                v = value[0]
+                if type(v) is not int or not lo <= v <= hi:
+                    return None
+                return mx.array([[v]] if wide else value, dtype=mx.int32)
+            if not all(type(v) is int for v in value) or not (lo <= min(value) and max(value) <= hi):
+                return None
+            return mx.array([[v] for v in value] if wide else value, dtype=mx.int32)
+        if type(value) is int and lo <= value <= hi:
+            return mx.array([[value]] * B if wide else [value] * B, dtype=mx.int32)
+        return None
 
     def _build(self, k: int, value, B: int, arrays: list, keys: list, keep: bool, now: bytes | None = None) -> bool:
         """Scalar parameter k's array for `value` into arrays[k], its bytes (`now` where known) into keys[k] (None
@@ -798,6 +828,17 @@ class _Last:
 
     def __init__(self, key, arrays, keys, run, moved):
         self.key, self.arrays, self.keys, self.run, self.moved = key, arrays, keys, run, moved
+
+
+def _int_bounds(r: Range | None) -> tuple[int, int]:
+    """The Python ints an `int` parameter with range `r` takes, [lo, hi]: the int32 range within `r`'s."""
+    lo, hi = -2 ** 31, 2 ** 31 - 1
+    if r is not None:
+        if r.lo > -_INF:
+            lo = max(lo, math.floor(r.lo) + 1 if r.lo_open else math.ceil(r.lo))
+        if r.hi < _INF:
+            hi = min(hi, math.ceil(r.hi) - 1 if r.hi_open else math.floor(r.hi))
+    return lo, hi
 
 
 def _bytes(value) -> bytes | None:

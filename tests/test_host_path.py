@@ -200,6 +200,36 @@ def test_a_decode_loop_moves_its_position_with_the_full_paths_results():
         prog(x, t=t, k=40.5, seed=seed, pos=300)
 
 
+@pytest.mark.parametrize("target", ["cpu", "portable"])     # (the portable target takes them as [B, 1] columns)
+def test_a_moving_integer_out_of_its_range_takes_the_full_paths_error(target):
+    """A value that moves every call is built from the Python ints given (`Program._moved_int`) only within its
+    parameter's range and int32's: a moving `last_n` that leaves [-1, inf), a position past int32, a bool, a numpy
+    integer -- the full path's error, or the results of a fresh program (which reads a bool in a list as 1)."""
+    src = ("sampler s(h: tokens, n: int, seed: seed, pos: int) -> token, logprob "
+           "{ penalties(h, last_n = n, repeat = 1.3) sample(seed, position = pos) }")
+    prog, fresh = samplec.compile(src, target=target), samplec.compile(src, target=target)
+    x = logits(2, 9)
+    h = mx.array(np.random.default_rng(3).integers(0, V, (2, 40)).astype(np.int32))
+    for step in range(6):       # (both move: each call's values are built by `_moved_int`)
+        kw = dict(h=h, n=[step - 1, 2 * step], seed=5, pos=[step, step + 7])
+        assert_same(values(prog(x, **kw)), values(fresh(x, **kw)))
+    assert prog._lasts[x.shape].moved == {prog._scalar_names.index("n"), prog._scalar_names.index("pos")}
+    with pytest.raises(samplec.SamplecError, match=r"n = -2 is out of range \[-1"):
+        prog(x, h=h, n=[3, -2], seed=5, pos=[6, 13])
+    with pytest.raises(samplec.SamplecError, match="pos: integer out of the int32 range"):
+        prog(x, h=h, n=[3, 4], seed=5, pos=[2 ** 31, 13])
+    for kw in (dict(h=h, n=[3, 4], seed=5, pos=[True, 13]), dict(h=h, n=[3, 4], seed=5, pos=[np.int64(8), 15]),
+               dict(h=h, n=5, seed=5, pos=9),
+               dict(h=h, n=6, seed=5, pos=2 ** 31 - 1)):
+        assert_same(values(prog(x, **kw)), values(fresh(x, **kw)))
+    x, h = x[:1], h[:1]         # (one row: a decode loop's list of one position)
+    for step in range(5):
+        kw = dict(h=h, n=4, seed=5, pos=[step * 1000])
+        assert_same(values(prog(x, **kw)), values(fresh(x, **kw)))
+    with pytest.raises(samplec.SamplecError, match="pos: integer out of the int32 range"):
+        prog(x, h=h, n=4, seed=5, pos=[-2 ** 31 - 1])
+
+
 def test_calls_that_change_any_values_any_way_give_a_fresh_programs_results():
     """A run of calls, each changing some scalar values from the last call's -- a value that moves every call, one
     that stops moving, one that moves again, a type that changes (1 to 1.0), per-row lists, numpy seeds, a value

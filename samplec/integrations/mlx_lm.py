@@ -229,7 +229,7 @@ class Sampler:
             if self._state is not None:
                 self._draft.states[positions[0]] = self._state
         # materialize every output with the token: a kept step then holds small arrays, not a graph over [B, V]
-        mx.async_eval(*outs, *(f for _, f in flags))
+        mx.async_eval(*outs, *[f for _, f in flags])
         self._unchecked.append((flags, positions))
         self.steps.append(Step(positions, self._feed.outputs(outs)))
         while self._draft is None and len(self._unchecked) > _CHECK_LAG:
@@ -326,6 +326,12 @@ class Sampler:
         self._state = run.states.get(p - 1)              # None before the first position: the stage's start
 
     def _from_captured(self, captured, B: int, V: int):
+        if B == 1 and len(captured) == 1 and self._draft is None:     # (mlx-lm's generate_step: one sequence)
+            tokens, logits = captured[0]
+            if tokens.ndim == 1 and logits.shape == (1, V):
+                n = tokens.shape[0]
+                history = pad_history(tokens[None], n) if self._feed.needs_history else None
+                return logits, (n + self._offset,), history, [tokens]
         rows_logits, rows_tokens = [], []
         for tokens, logits in captured:
             logits = logits if logits.ndim == 2 else logits[None]
