@@ -107,15 +107,23 @@ def pad_history(seq: mx.array, length: int) -> mx.array:
 _PADDING: dict[int, mx.array] = {}
 
 
+# `tokens` parameters that get only the tokens generated so far (OpenAI's and vLLM's "output": what their presence and
+# frequency penalties count) where a program has two histories; any other gets the prompt and the generated tokens
+GENERATED = ("generated", "output")
+
+
 class ProgramFeed:
     """Feeds one compiled program step after step: logits, position and history change, the rest is fixed.
 
     `seed` is given to the program's `seed` parameters (unless one is passed by name in `params`); the positions
-    go to the `int` parameters that reach `sample`/`xtc` positions (`position_params`); the history goes to its
-    one `tokens` parameter. Those driven parameters may not be passed in `params`.
+    go to the `int` parameters that reach `sample`/`xtc` positions (`position_params`); the histories go to its
+    `tokens` parameters: one takes the sequence (prompt and generated tokens; the generated ones alone with
+    `prompt_in_history=False`), and a second one, named `generated` or `output` (vLLM's two histories: its
+    repetition penalty reads the prompt and the output, its presence and frequency penalties the output), the
+    generated tokens. Those driven parameters may not be passed in `params`.
     """
 
-    def __init__(self, program: Program, seed: int | None, params: dict):
+    def __init__(self, program: Program, seed: int | None, params: dict, prompt_in_history: bool = True):
         if not isinstance(program, Program):
             raise SamplecError(f"expected a samplec Program, got {type(program).__name__}")
         self.program = program
@@ -128,10 +136,16 @@ class ProgramFeed:
         kinds = {p.name: p.kind for p in program.params}
         self.position_names = position_params(program)
         hist = [p.name for p in program.params if p.kind == "tokens"]
-        if len(hist) > 1:
+        output = [n for n in hist if n in GENERATED]
+        if len(hist) > 2 or len(hist) == 2 and len(output) != 1:
             raise SamplecError(f"the sampler '{program.name}' has {len(hist)} token-history parameters "
-                               f"({', '.join(hist)}); a decode loop feeds exactly one")
-        self.history_name = hist[0] if hist else None
+                               f"({', '.join(hist)}); a decode loop feeds one, or two where one of them is named "
+                               f"{' or '.join(GENERATED)} (the generated tokens; the other: the whole sequence)")
+        # the sequence's history, and the generated tokens' (its name; None where the program has one history)
+        self.history_name = next((n for n in hist if n not in output), None) if len(hist) == 2 else \
+            (hist[0] if hist else None)
+        self.generated_name = output[0] if len(hist) == 2 else None
+        self.prompt_in_history = prompt_in_history
         driven = [n for n in self.position_names + hist if n in params]
         if driven:
             raise SamplecError(f"parameter '{driven[0]}' is set by the decode loop (the position / token history "
@@ -186,6 +200,34 @@ class ProgramFeed:
     def needs_history(self) -> bool:
         return self.history_name is not None
 
+    @property
+    def needs_generated(self) -> bool:
+        """Whether a call needs how many of each row's history tokens were generated (a history of generated
+        tokens: the second history, or the one with `prompt_in_history=False`)."""
+        return self.generated_name is not None or self.needs_history and not self.prompt_in_history
+
+    def histories(self, history: mx.array, generated) -> dict[str, mx.array]:
+        """The `tokens` parameters' values from the sequence's history [B, H] (prompt and generated tokens,
+        left-padded with -1) and how many of each row's last tokens were generated (`generated`: an int, or one
+        per row): the generated ones' history is the last of them, padded as `pad_history` pads."""
+        if not self.needs_generated:
+            return {self.history_name: history}
+        if generated is None:
+            raise SamplecError("the decode loop did not say how many of the history's tokens were generated")
+        B, H = history.shape
+        counts = [min(int(g), H) for g in (generated if isinstance(generated, (list, tuple, range)) else
+                                            [generated] * B)]
+        W = max(counts, default=0)
+        tail = history[:, H - W:]
+        if any(c != W for c in counts):       # (rows generated different counts: the older tokens masked out)
+            lo = mx.array(np.array([W - c for c in counts], dtype=np.int32))[:, None]
+            tail = mx.where(mx.arange(W, dtype=mx.int32)[None] >= lo, tail, -1)
+        gen = pad_history(tail, W)
+        out = {self.history_name: history if self.prompt_in_history else gen}
+        if self.generated_name is not None:
+            out[self.generated_name] = gen
+        return out
+
     def check_history(self, tokens, V: int) -> None:
         """Host check (once, on the prompt) that the history holds no id >= V."""
         arr = np.asarray(tokens)
@@ -210,13 +252,14 @@ class ProgramFeed:
         return out
 
     def __call__(self, logits: mx.array, positions: Sequence[int], history: mx.array | None = None,
-                 state: list[mx.array] | None = None, *, one_sequence: bool = False) \
+                 state: list[mx.array] | None = None, *, one_sequence: bool = False, generated=None) \
             -> tuple[list[mx.array], list[tuple]]:
         """One lazy call (`Program.queue`: after a loop's first steps, its short path): logits [B, V], positions
-        [B] (Python integers), history int32 [B, H] (already padded, or None), state: the previous step's
-        `next_state` (None: the first step). `one_sequence`: the B rows are positions of one sequence (speculative
-        verification), so a value given for one row holds on every row. (outputs, checks: `Program.queue`'s,
-        read with `first_fired`)."""
+        [B] (Python integers), history int32 [B, H] (the sequence's: prompt and generated tokens, already padded;
+        or None), `generated`: how many of each row's history tokens were generated (where `needs_generated`),
+        state: the previous step's `next_state` (None: the first step). `one_sequence`: the B rows are positions of
+        one sequence (speculative verification), so a value given for one row holds on every row. (outputs,
+        checks: `Program.queue`'s, read with `first_fired`)."""
         if logits.ndim == 1:
             logits = logits[None]
         if logits.dtype != mx.float32:
@@ -236,7 +279,7 @@ class ProgramFeed:
         if self.history_name is not None:
             if history is None:
                 raise SamplecError(f"the sampler needs its token history '{self.history_name}'")
-            call[self.history_name] = history
+            call.update(self.histories(history, generated))
         if state is not None:
             call.update(zip(self.state_names, state))
         return self.program.queue(logits, **call)
@@ -362,7 +405,7 @@ def generate(model, program: Program, prompt, max_tokens: int, *, chunk: int = 1
         from samplec.structured import generate_constrained
         return generate_constrained(model, program, tokens, max_tokens, seed=seed, eos=_eos_set(eos_token_id),
                                     prompt_in_history=prompt_in_history, params=params, grammar=grammar)
-    feed = ProgramFeed(program, seed, params)
+    feed = ProgramFeed(program, seed, params, prompt_in_history)
     eos = _eos_set(eos_token_id)
     counts = {"target_forwards": 0, "draft_forwards": 0, "draft_tokens": 0, "accepted_tokens": 0, "tokens": 0}
     if stats is not None:
@@ -370,15 +413,14 @@ def generate(model, program: Program, prompt, max_tokens: int, *, chunk: int = 1
     if max_tokens == 0:
         return []
     if draft_model is not None:
-        return _generate_speculative(model, draft_model, feed, tokens, max_tokens, int(num_draft), eos,
-                                     prompt_in_history, stats)
+        return _generate_speculative(model, draft_model, feed, tokens, max_tokens, int(num_draft), eos, stats)
 
     seq = mx.array(tokens, dtype=mx.int32)
     cache, logits = prefill(model, seq)
     V = logits.shape[-1]
     feed.check_history(tokens, V)
 
-    hist = seq[None] if prompt_in_history else mx.zeros((1, 0), dtype=mx.int32)   # [1, n] lazy
+    hist = seq[None]                   # the sequence so far, [1, n] lazy
     hist_len = hist.shape[1]
     length = len(tokens)
     y = None
@@ -395,7 +437,7 @@ def generate(model, program: Program, prompt, max_tokens: int, *, chunk: int = 1
                 if y is not None:
                     logits = model(y[None], cache=cache)[:, -1, :]
                 history = pad_history(hist, hist_len) if feed.needs_history else None
-                outs, checks = feed(logits, [length], history, state=state)
+                outs, checks = feed(logits, [length], history, state=state, generated=step)
                 state = feed.next_state(outs)
                 y = outs[feed.token_index].astype(mx.int32)
                 if feed.needs_history:
@@ -476,7 +518,7 @@ def _row_histories(hist: mx.array, drafts: mx.array, rows: int) -> mx.array:
 
 
 def _generate_speculative(model, draft_model, feed: ProgramFeed, tokens: list[int], max_tokens: int, k: int,
-                          eos: set[int], prompt_in_history: bool, stats: dict | None) -> list[int]:
+                          eos: set[int], stats: dict | None) -> list[int]:
     """Speculative decoding whose tokens are plain decoding's (spec section 7).
 
     Each round: the draft model proposes up to `k` tokens, drawing each with the program on *its* logits at the
@@ -499,7 +541,7 @@ def _generate_speculative(model, draft_model, feed: ProgramFeed, tokens: list[in
     _check_trimmable(dcache, "draft")
 
     counts = {"target_forwards": 0, "draft_forwards": 0, "draft_tokens": 0, "accepted_tokens": 0, "tokens": 0}
-    hist = seq[None] if prompt_in_history else mx.zeros((1, 0), dtype=mx.int32)    # the history before `length`
+    hist = seq[None]                  # the sequence before `length`
     length = len(tokens)              # the position of the next token
     pending = [tokens[-1]]            # the target's input next round (the last token, not yet in its cache)
     dpending = [tokens[-1]]           # the draft's input next round (one or two tokens)
@@ -513,7 +555,8 @@ def _generate_speculative(model, draft_model, feed: ProgramFeed, tokens: list[in
         for j in range(kk):
             dlogits = draft_model(inp[None], cache=dcache)[:, -1, :]
             history = pad_history(dhist, dhist.shape[1]) if feed.needs_history else None
-            outs, _ = feed(dlogits, [length + j], history, state=dstate)     # (its checks: the draft's business)
+            outs, _ = feed(dlogits, [length + j], history, state=dstate,     # (its checks: the draft's business)
+                           generated=len(out) + j)
             dstate = feed.next_state(outs)
             inp = outs[feed.token_index].astype(mx.int32)
             drafts.append(inp)
@@ -534,14 +577,16 @@ def _generate_speculative(model, draft_model, feed: ProgramFeed, tokens: list[in
         if feed.needs_history:
             histories = pad_history(_row_histories(hist, proposed, rows), hist.shape[1] + kk)
         if not feed.state_names:
-            outs, checks = feed(logits, range(length, length + rows), histories, one_sequence=True)
+            outs, checks = feed(logits, range(length, length + rows), histories, one_sequence=True,
+                                generated=[len(out) + j for j in range(rows)])
             picked = outs[feed.token_index].astype(mx.int32)
             states, per_row = None, [checks]
         else:
             picks, per_row, states, s = [], [], [], state
             for j in range(rows):
                 o, checks = feed(logits[j:j + 1], [length + j],
-                                 histories[j:j + 1] if histories is not None else None, state=s)
+                                 histories[j:j + 1] if histories is not None else None, state=s,
+                                 generated=len(out) + j)
                 s = feed.next_state(o)
                 states.append(s)
                 picks.append(o[feed.token_index].astype(mx.int32))

@@ -41,7 +41,7 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 
-from samplec.decode import step_seeds
+from samplec.decode import GENERATED, step_seeds
 from samplec.diagnostics import SamplecError
 from samplec.program import Program
 
@@ -66,9 +66,9 @@ sampler mlx_lm_server(h: tokens, generated: tokens, seed: seed, pos: int, allowe
 }
 """
 TOP = 20                    # the most top_logprobs a request may ask for (OpenAI's limit)
-# `tokens` parameters that get the tokens the choice has generated so far (OpenAI's "sampled so far": what its
-# presence and frequency penalties count); any other `tokens` parameter gets the prompt and the generated tokens
-GENERATED = ("generated", "output")
+# (`tokens` parameters named in GENERATED get the tokens the choice has generated so far -- OpenAI's "sampled so far":
+# what its presence and frequency penalties count; any other `tokens` parameter gets the prompt and the generated
+# tokens, as in samplec's decode loops)
 TOP_P_GREEDY = 1.1754944e-38    # top_p 0 (OpenAI: the most likely token alone) as the chain's smallest positive p
 F32_MAX = 3.4028234663852886e38
 MAX_N = 16                  # the most choices one request may ask for per prompt

@@ -219,14 +219,14 @@ def generate_constrained(model, program, tokens: list[int], max_tokens: int, *, 
     `decode.generate`) with the grammar's packed mask as its `mask` parameter; prefill as `decode.generate`'s."""
     from samplec.decode import ProgramFeed, pad_history, prefill
     name = mask_param(program, grammar, params)
-    feed = ProgramFeed(program, seed, params)
+    feed = ProgramFeed(program, seed, params, prompt_in_history)
     matcher = grammar.matcher()
     cache, logits = prefill(model, mx.array(tokens, dtype=mx.int32))
     V = logits.shape[-1]
     if grammar.tokenizer.vocab_size > ((V + 31) // 32) * 32:
         raise SamplecError(f"grammar: the tokenizer has {grammar.tokenizer.vocab_size} tokens, the model {V}")
     feed.check_history(tokens, V)
-    hist = mx.array(tokens, dtype=mx.int32)[None] if prompt_in_history else mx.zeros((1, 0), dtype=mx.int32)
+    hist = mx.array(tokens, dtype=mx.int32)[None]      # the sequence so far
     out: list[int] = []
     state = None
     bitmask = np.zeros((1, (V + 31) // 32), dtype=np.int32)
@@ -234,7 +234,7 @@ def generate_constrained(model, program, tokens: list[int], max_tokens: int, *, 
         matcher.fill(bitmask, 0)
         feed.params[name] = mx.array(bitmask)
         history = pad_history(hist, hist.shape[1]) if feed.needs_history else None
-        outs, checks = feed(logits, [len(tokens) + step], history, state=state)
+        outs, checks = feed(logits, [len(tokens) + step], history, state=state, generated=step)
         token = outs[feed.token_index]
         mx.eval(token, *(flag for _, flag in checks))
         fired = feed.first_fired(checks)

@@ -215,6 +215,44 @@ def test_history_without_the_prompt(model):
     assert gen == expected
 
 
+def test_vllms_two_histories(model):
+    """vLLM's chain (`samplec import --from vllm`): its repetition penalty reads the prompt and the generated
+    tokens (`prompt_and_output`), its presence and frequency penalties the generated ones (`output`). The adapter
+    in mlx-lm's loop and `decode.generate` (any chunk, with a grammar's loop too) feed both, as the contract
+    spelled out step by step."""
+    from samplec.importers import from_vllm
+    src = from_vllm({"repetition_penalty": 1.05, "presence_penalty": 1.5, "frequency_penalty": 1.2,
+                     "temperature": 0.8, "top_k": 40, "seed": 3})
+    prog = samplec.compile(src)
+    assert sorted(p.name for p in prog.params if p.kind == "tokens") == ["output", "prompt_and_output"]
+    # (a prompt of what the model likes -- its own greedy continuation -- so that penalizing it matters)
+    prompt = PROMPT + generate(model, samplec.compile("sampler g() -> token { greedy() }"), PROMPT, 16)
+    cache = make_prompt_cache(model)
+    model(mx.array(prompt[:-1])[None], cache=cache)
+    logits = model(mx.array(prompt[-1:])[None], cache=cache)[:, -1, :]
+    gen: list[int] = []
+    for _ in range(24):
+        tok = int(prog(logits, seed=3, pos=len(prompt) + len(gen), prompt_and_output=np.array(prompt + gen),
+                       output=np.array(gen, dtype=np.int32)).token[0])
+        gen.append(tok)
+        logits = model(mx.array([tok])[None], cache=cache)[:, -1, :]
+    for chunk in (1, 5):
+        assert generate(model, prog, prompt, 24, chunk=chunk, seed=3) == gen
+    toks, _ = adapter_tokens(model, prog, prompt, 24, seed=3)
+    assert toks == gen
+    # (the penalties matter here: the tokens differ where the output history is the whole sequence)
+    both = samplec.compile(src.replace(", output: tokens", "").replace("penalties(output,",
+                                                                       "penalties(prompt_and_output,"))
+    assert generate(model, both, prompt, 24, seed=3) != gen
+
+
+def test_histories_a_decode_loop_cannot_tell_apart_are_an_error():
+    two = samplec.compile("sampler s(a: tokens, b: tokens) -> token { penalties(a, repeat = 1.2) "
+                          "penalties(b, presence = 1.0) greedy() }")
+    with pytest.raises(SamplecError, match=r"2 token-history parameters \(a, b\).*named generated or output"):
+        Sampler(two)
+
+
 def adapter_tokens_no_prompt(model, prog, prompt, n, seed):
     s = Sampler(prog, seed=seed, prompt_in_history=False)
     toks = [t for t, _ in generate_step(mx.array(prompt), model, max_tokens=n, sampler=s,

@@ -44,6 +44,10 @@ CHAINS = {
     "temperature_0": ("""sampler s(h: tokens) -> token {
         penalties(h, last_n = 8, repeat = 1.5) temperature(0) sample() }""", {}),
     "greedy": ("sampler s() -> token { greedy() }", {}),
+    # vLLM's two histories: the repetition penalty over the prompt and the output, presence/frequency the output
+    "two_histories": ("""sampler s(seed: seed, pos: int = 0, prompt_and_output: tokens, output: tokens) -> token {
+        penalties(prompt_and_output, repeat = 1.6) penalties(output, frequency = 1.5, presence = 1.0)
+        top_k(50) temperature(0.8) sample(seed, position = pos) }""", {}),
 }
 
 

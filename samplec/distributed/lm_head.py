@@ -105,7 +105,7 @@ def generate_sharded(model, program, tokens: list[int], max_tokens: int, *, seed
     synchronization per token (the next forward pass needs the token that every rank agreed on)."""
     from samplec.decode import PREFILL_STEP, ProgramFeed, _make_cache, pad_history, step_seeds
     where: VocabShard = model.samplec_vocab
-    feed = ProgramFeed(program, seed, params)
+    feed = ProgramFeed(program, seed, params, prompt_in_history)
     sharded = shard(program, where.group, timeout=timeout)
     if stats is not None:
         stats.update({"target_forwards": 0, "draft_forwards": 0, "draft_tokens": 0, "accepted_tokens": 0,
@@ -123,7 +123,7 @@ def generate_sharded(model, program, tokens: list[int], max_tokens: int, *, seed
         mx.eval([c.state for c in cache])
         rest = rest[n:]
     logits = model(rest[None], cache=cache)[:, -1, :]
-    history = list(tokens) if prompt_in_history else []
+    history = list(tokens)          # the sequence so far
     length, out = len(tokens), []
     state: dict = {}
     fixed = dict(feed.params)
@@ -134,8 +134,8 @@ def generate_sharded(model, program, tokens: list[int], max_tokens: int, *, seed
                 seeds = np.asarray(fixed[n], dtype=np.uint64).reshape(-1).tolist()
                 call[n] = step_seeds(seeds, [length] * len(seeds))
         if feed.history_name:
-            hist = mx.array(np.array(history, dtype=np.int32)[None]) if history else mx.zeros((1, 0), mx.int32)
-            call[feed.history_name] = pad_history(hist, len(history))
+            call.update(feed.histories(pad_history(mx.array(np.array(history, dtype=np.int32)[None]), len(history)),
+                                       len(out)))
         res = sharded(logits, vocab_start=where.start, vocab_size=where.vocab, **call)
         state = {p.name: res.to_dict()[p.name] for p in program.params if p.kind == "state"}
         token = int(np.array(res.token)[0])

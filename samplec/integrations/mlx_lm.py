@@ -72,9 +72,10 @@ class Sampler:
     """A compiled samplec program usable as mlx-lm's `sampler=`; pass `logits_processors=s.logits_processors`.
 
     `seed` goes to the program's `seed` parameter(s); `params` are its other run-time parameters. The program's
-    position parameters (the `int` parameters used as `position =` of `sample`/`xtc`) and its one `tokens`
-    parameter are driven by the adapter: the history is the whole sequence before the token (prompt + generated),
-    or only the generated tokens with `prompt_in_history=False`. `steps` lists the program's outputs for every
+    position parameters (the `int` parameters used as `position =` of `sample`/`xtc`) and its `tokens`
+    parameters are driven by the adapter: the history is the whole sequence before the token (prompt + generated),
+    or only the generated tokens with `prompt_in_history=False`; a second history named `generated` or `output`
+    gets the generated tokens (vLLM's chain). `steps` lists the program's outputs for every
     sampler call of the current generation (mlx-lm samples one token ahead, so there may be one more step than
     tokens it yielded); a new generation (a position that does not follow the last one) starts a new list.
     """
@@ -84,7 +85,7 @@ class Sampler:
         self.program = program
         self.prompt_in_history = prompt_in_history
         self._prompt_len = 0
-        self._feed = ProgramFeed(program, seed, params)
+        self._feed = ProgramFeed(program, seed, params, prompt_in_history)
         # a samplec.structured.Grammar: its mask is the program's `mask` parameter at each call (docs/serve.md)
         self._grammar = None
         if grammar is not None:
@@ -197,11 +198,13 @@ class Sampler:
         # follows one of the last call's)
         self._last_positions = frozenset(positions) if captured else frozenset()
         self._sequence = rows_tokens[0] if captured and B == 1 else None
-        if history is not None and not self.prompt_in_history:
+        generated = None
+        if history is not None and self._feed.needs_generated:
             if B != 1:
-                raise SamplecError("prompt_in_history=False needs one sequence per Sampler (batch size 1)")
-            kept = positions[0] - self._prompt_len
-            history = pad_history(history[:, history.shape[1] - kept:], kept)
+                raise SamplecError("a history of the generated tokens alone (prompt_in_history=False, or a "
+                                   f"'{self._feed.generated_name}' history) needs one sequence per Sampler (batch "
+                                   "size 1): mlx-lm's batch does not say where each row's prompt ends")
+            generated = positions[0] - self._prompt_len
         if history is not None and self._history_last is not None and history.shape[1] > self._history_last:
             history = pad_history(history[:, history.shape[1] - self._history_last:], self._history_last)
         # (a state carried row by row -- mlx-lm's BatchGenerator joins and drops rows between steps -- each row
@@ -218,7 +221,7 @@ class Sampler:
         # seed by the calls since the Sampler was made or reset -- fresh noise each step, `decode.step_seed`)
         at = [max(p, 0) for p in positions] if captured else [self._blind_calls] * B
         self._blind_calls += not captured
-        outs, flags = self._feed(logits, at, history, state=self._state)
+        outs, flags = self._feed(logits, at, history, state=self._state, generated=generated)
         if self._grammar is not None:
             self._grammar.after(outs[self._feed.token_index])
         self._state = self._feed.next_state(outs)       # a state output (mirostat's mu) feeds the next step
