@@ -32,7 +32,7 @@ import numpy as np
 
 from samplec.diagnostics import SamplecError
 from samplec.ir.graph import INPUT
-from samplec.program import Outputs, Program, _flagged, named_flags
+from samplec.program import Outputs, Program
 
 __all__ = ["generate", "ProgramFeed", "position_params", "draws_at_fixed_positions", "step_seed", "step_seeds",
            "pad_history", "HISTORY_BLOCK"]
@@ -293,15 +293,11 @@ class ProgramFeed:
     def first_fired(self, checks: list[tuple], rows: int | None = None) -> tuple[str, int] | None:
         """(message, row) of the first check that fired in a call's `checks` (evaluated): the first row where one
         did (among the first `rows`), the program's first check there; None where none fired."""
-        if not any(any(_flagged(f)) for _, f in checks):     # (the common case: read as Python values)
-            return None
-        fired = [(m, f.reshape(-1)[:rows]) for m, f in named_flags(checks)]
-        fired = [(m, f) for m, f in fired if f.any()]
+        fired = self.program.fired(checks, rows)
         if not fired:
             return None
         row = min(int(np.flatnonzero(f)[0]) for _, f in fired)
-        first = min((m for m, f in fired if f[row]), key=self.program._argument_first)
-        return first, row
+        return next(m for m, f in fired if f[row]), row
 
     def outputs(self, outs: list[mx.array]) -> Outputs:
         return Outputs(dict(zip(self.output_names, outs)), self.program._layout)

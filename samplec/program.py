@@ -549,16 +549,24 @@ class Program:
                     ok.clear()
                 ok.add((v.shape, v.dtype))
 
+    def fired(self, checks: list[tuple[str | tuple[str, ...], mx.array]], rows: int | None = None) \
+            -> list[tuple[str, np.ndarray]]:
+        """The checks of a call (`queue`'s, evaluated) that fired among its first `rows` rows: (message, bool
+        [rows]) in the order they are raised (`_argument_first`; a message may come more than once: several
+        stages of one kind, such as a run of penalties stages, are one check to the caller). [] where none did."""
+        if not any(any(_flagged(flag)) for _, flag in checks):    # (the common case: read as Python values)
+            return []
+        named = [(m, f.reshape(-1)[:rows]) for m, f in named_flags(checks)]
+        return sorted([(m, f) for m, f in named if f.any()], key=lambda mf: self._argument_first(mf[0]))
+
     def raise_flagged(self, checks: list[tuple[str | tuple[str, ...], mx.array]]) -> None:
         """Raise the first check that fired (after evaluation), naming its rows -- every row that a check of the
-        same message flagged (several stages of one kind, such as a run of penalties stages, are one check to
-        the caller, whichever of them a target tests)."""
-        if not any(any(_flagged(flag)) for _, flag in checks):    # (the common case: read as Python values)
-            return
-        named = named_flags(checks)
-        first = min((message for message, fired in named if fired.any()), key=self._argument_first)
-        rows = np.logical_or.reduce([fired for message, fired in named if message == first])
-        raise SamplecError(f"{first} ({_rows(rows)})")
+        same message flagged."""
+        fired = self.fired(checks)
+        if fired:
+            first = fired[0][0]
+            rows = np.logical_or.reduce([f for m, f in fired if m == first])
+            raise SamplecError(f"{first} ({_rows(rows)})")
 
     def _argument_first(self, message: str) -> int:
         """The order in which a call's checks are raised: the arguments' (a history's range, a bias's values) in
