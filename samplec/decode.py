@@ -206,12 +206,17 @@ class ProgramFeed:
         tokens: the second history, or the one with `prompt_in_history=False`)."""
         return self.generated_name is not None or self.needs_history and not self.prompt_in_history
 
-    def histories(self, history: mx.array, generated) -> dict[str, mx.array]:
+    def histories(self, history: mx.array, generated, last: int | None = None) -> dict[str, mx.array]:
         """The `tokens` parameters' values from the sequence's history [B, H] (prompt and generated tokens,
         left-padded with -1) and how many of each row's last tokens were generated (`generated`: an int, or one
-        per row): the generated ones' history is the last of them, padded as `pad_history` pads."""
+        per row): the generated ones' history is the last of them, padded as `pad_history` pads. `last`: the
+        sequence's history keeps its last `last` tokens only (the generated tokens' history is not cut)."""
+        if last is not None and history.shape[1] > last:
+            cut = pad_history(history[:, history.shape[1] - last:], last)
+        else:
+            cut = history
         if not self.needs_generated:
-            return {self.history_name: history}
+            return {self.history_name: cut}
         if generated is None:
             raise SamplecError("the decode loop did not say how many of the history's tokens were generated")
         B, H = history.shape
@@ -223,7 +228,7 @@ class ProgramFeed:
             lo = mx.array(np.array([W - c for c in counts], dtype=np.int32))[:, None]
             tail = mx.where(mx.arange(W, dtype=mx.int32)[None] >= lo, tail, -1)
         gen = pad_history(tail, W)
-        out = {self.history_name: history if self.prompt_in_history else gen}
+        out = {self.history_name: cut if self.prompt_in_history else gen}
         if self.generated_name is not None:
             out[self.generated_name] = gen
         return out
@@ -252,14 +257,16 @@ class ProgramFeed:
         return out
 
     def __call__(self, logits: mx.array, positions: Sequence[int], history: mx.array | None = None,
-                 state: list[mx.array] | None = None, *, one_sequence: bool = False, generated=None) \
+                 state: list[mx.array] | None = None, *, one_sequence: bool = False, generated=None,
+                 last: int | None = None) \
             -> tuple[list[mx.array], list[tuple]]:
         """One lazy call (`Program.queue`: after a loop's first steps, its short path): logits [B, V], positions
         [B] (Python integers), history int32 [B, H] (the sequence's: prompt and generated tokens, already padded;
         or None), `generated`: how many of each row's history tokens were generated (where `needs_generated`),
         state: the previous step's `next_state` (None: the first step). `one_sequence`: the B rows are positions of
-        one sequence (speculative verification), so a value given for one row holds on every row. (outputs,
-        checks: `Program.queue`'s, read with `first_fired`)."""
+        one sequence (speculative verification), so a value given for one row holds on every row. `last`: the
+        sequence's history keeps its last `last` tokens (`histories`). (outputs, checks: `Program.queue`'s, read
+        with `first_fired`)."""
         if logits.ndim == 1:
             logits = logits[None]
         if logits.dtype != mx.float32:
@@ -279,7 +286,7 @@ class ProgramFeed:
         if self.history_name is not None:
             if history is None:
                 raise SamplecError(f"the sampler needs its token history '{self.history_name}'")
-            call.update(self.histories(history, generated))
+            call.update(self.histories(history, generated, last))
         if state is not None:
             call.update(zip(self.state_names, state))
         return self.program.queue(logits, **call)

@@ -1735,7 +1735,7 @@ class Handler(BaseHTTPRequestHandler):
         hold = max((len(s) for s in req.stop), default=1) - 1
         left = len(job.rows)
         while left:
-            ev, i, _ = self._wait(job)
+            ev, i, _ = self._wait(job, watch=True)     # (a client that leaves before a chunk is due: noticed)
             if ev == "error":
                 kind = "invalid_request_error" if job.status < 500 else "server_error"
                 self.wfile.write(b"data: " + json.dumps({"error": {"message": job.error, "type": kind,

@@ -279,6 +279,33 @@ def test_a_long_echo_is_scored_between_the_batchs_steps(server):
     assert np.allclose(r.choices[2].logprobs.token_logprobs[1:300], want[np.arange(299), long[1:300]], atol=1e-4)
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_client_that_leaves_stops_its_prompts_scoring(server, stream):
+    """A request whose client closes the connection while its prompt is scored (nothing written yet, streaming or
+    not) is dropped within a look at the socket, not scored to the end."""
+    import time
+    eng = server["app"].engine
+    host, port = server["httpd"].server_address[:2]
+    body = json.dumps(dict(model="demo", prompt=[(i * 7) % 500 + 2 for i in range(6000)], echo=True, logprobs=1,
+                           max_tokens=5, stream=stream)).encode()
+    s = socket.create_connection((host, port))
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+              b"Content-Length: %d\r\n\r\n" % len(body) + body)
+    deadline = time.monotonic() + 30
+    while not eng.scoring and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert eng.scoring
+    job = eng.scoring[0]
+    s.close()
+    while eng.scoring and time.monotonic() < deadline + 120:
+        time.sleep(0.02)
+    assert not eng.scoring
+    # (dropped part of the way -- its prompt's scores never completed, no row started -- where a scoring that went
+    # on after its client left would have completed them: ~2-5 s of scoring on this model)
+    assert job.rows[0].echo.records == [] and all(r.uid is None for r in job.rows), \
+        "the scoring went on after its client left"
+
+
 def test_a_prompt_positions_top_is_the_k_largest_lowest_id_first():
     """(echo's top_logprobs: exact at ties, -inf rows included, k past V; checked against a full lexsort)"""
     rng = np.random.default_rng(0)

@@ -350,6 +350,21 @@ def test_speculative_request_follows_the_servers_conventions(target, exact_targe
                                                            num_draft_tokens=3, max_tokens=10, **kw)]
     assert got == expected
     assert [s.position[0] for s in kw["sampler"].steps[:10]] == list(range(10))
+    # two histories (the server's chain, vLLM's): `context` cuts the sequence's, never the generated tokens'
+    prog = programs["two_histories"]
+    cache, seq, gen = make_prompt_cache(target), list(PROMPT), []
+    target(mx.array(seq[:-1])[None], cache=cache)
+    logits = target(mx.array(seq[-1:])[None], cache=cache)[:, -1, :]
+    for i in range(10):
+        tok = int(prog(logits, seed=21, pos=i, prompt_and_output=np.array(seq[-context:], dtype=np.int32),
+                       output=np.array(gen, dtype=np.int32)).token[0])
+        seq.append(tok)
+        gen.append(tok)
+        logits = target(mx.array([tok])[None], cache=cache)[:, -1, :]
+    kw = speculative_request(prog, PROMPT, 21, context=context)
+    got = [int(t) for t, _, _ in speculative_generate_step(mx.array(PROMPT), exact_target, drafts["close"],
+                                                           num_draft_tokens=3, max_tokens=10, **kw)]
+    assert got == gen
 
 
 def test_one_program_call_per_target_pass(exact_target):

@@ -205,8 +205,6 @@ class Sampler:
                                    f"'{self._feed.generated_name}' history) needs one sequence per Sampler (batch "
                                    "size 1): mlx-lm's batch does not say where each row's prompt ends")
             generated = positions[0] - self._prompt_len
-        if history is not None and self._history_last is not None and history.shape[1] > self._history_last:
-            history = pad_history(history[:, history.shape[1] - self._history_last:], self._history_last)
         # (a state carried row by row -- mlx-lm's BatchGenerator joins and drops rows between steps -- each row
         # finds the state its own previous step left by its sequence; a speculative run keeps its own by position)
         by_row = bool(self._feed.state_names) and self._draft is None and rows_tokens is not None
@@ -221,7 +219,8 @@ class Sampler:
         # seed by the calls since the Sampler was made or reset -- fresh noise each step, `decode.step_seed`)
         at = [max(p, 0) for p in positions] if captured else [self._blind_calls] * B
         self._blind_calls += not captured
-        outs, flags = self._feed(logits, at, history, state=self._state, generated=generated)
+        outs, flags = self._feed(logits, at, history, state=self._state, generated=generated,
+                                 last=self._history_last)
         if self._grammar is not None:
             self._grammar.after(outs[self._feed.token_index])
         self._state = self._feed.next_state(outs)       # a state output (mirostat's mu) feeds the next step
@@ -462,7 +461,8 @@ def speculative_request(program: Program, prompt, seed: int, *, params: dict | N
     `prompt` is the request's whole token sequence before the first generated token (the cached part and the
     part mlx-lm still prefills), `seed` the request's seed, `params` the program's other parameters by name;
     `logit_bias` ({id: bias}) is added to the raw logits before the program sees them (ids >= V are ignored);
-    `context` keeps only the last `context` tokens of the history (-1: all); `first_position` is the position of
+    `context` keeps only the last `context` tokens of the sequence's history (-1: all; a history of the generated
+    tokens is not cut); `first_position` is the position of
     the first generated token (0: a server's count of the tokens generated; `len(prompt)`: samplec's decode
     loop). `result["sampler"].steps[i].outputs` holds the program's outputs for the i-th generated token (its
     `logprob`, ...). The tokens are those the same program draws for the request without a draft model.
