@@ -793,12 +793,20 @@ def history_readers(prog: Program) -> dict[str, tuple[tuple[str, float], ...] | 
 
 def model_logprobs(x: mx.array, tokens: list[int]):
     """The model's log-probabilities (for chains without raw_logprob / top_logprobs outputs): the sampled
-    tokens' and the TOP largest, descending, lowest id first on ties."""
-    lp = np.array(x - mx.logsumexp(x, axis=-1, keepdims=True), dtype=np.float32)
-    raw = [float(lp[i, t]) for i, t in enumerate(tokens)]
-    k = min(TOP, lp.shape[1])
-    ids = np.stack([np.lexsort((np.arange(lp.shape[1]), -row))[:k] for row in lp]).astype(np.int32)
-    return raw, ids, np.take_along_axis(lp, ids, axis=1)
+    tokens' and the TOP largest, descending, lowest id first on ties (`_tops`)."""
+    lp = (x - mx.logsumexp(x, axis=-1, keepdims=True)).astype(mx.float32)
+    raw = np.array(mx.take_along_axis(lp, mx.array(tokens, dtype=mx.int32)[:, None], axis=1))[:, 0].tolist()
+    tops = _tops(lp, TOP)
+    return raw, np.stack([i for i, _ in tops]), np.stack([v for _, v in tops])
+
+
+def _piece(decoder, b: bytes) -> tuple[int, str]:
+    """A token's bytes through a choice's incremental UTF-8 decoder: (where its text starts, counted from the
+    text before it; the text it adds). Bytes the previous token left pending that this one does not continue
+    become their U+FFFD before its text: they belong to the previous token."""
+    pending = decoder.getstate()[0]
+    early = len(pending.decode("utf-8", "replace")) if pending and b and b[0] & 0xC0 != 0x80 else 0
+    return early, decoder.decode(b)
 
 
 PROMPT_CHUNK = 64            # prompt positions scored per forward pass (echo's log-probabilities)
@@ -1254,10 +1262,9 @@ class Engine:
         quiet = set() if specials else self.special_ids | self.eos_ids
         for t in tokens:
             b = b"" if t in quiet else self.token_bytes(t)
-            pending = dec.getstate()[0]
-            early = len(pending.decode("utf-8", "replace")) if pending and b and b[0] & 0xC0 != 0x80 else 0
+            early, piece = _piece(dec, b)
             offsets.append(len(text) + early)
-            text += dec.decode(b)
+            text += piece
         return text + dec.decode(b"", final=True), offsets
 
     def _drop_cancelled(self, numbers: set[int]):
@@ -1304,12 +1311,9 @@ class Engine:
             return True
         # (an end-of-sequence a request ignores writes no text either, as vLLM's skip_special_tokens)
         b = b"" if token in self.special_ids or token in self.eos_ids else self.token_bytes(token)
-        pending = row.decoder.getstate()[0]
-        # (bytes left pending by the previous token that this one does not continue become its U+FFFD: they
-        # belong to the previous token, and this token's text starts after them)
-        early = len(pending.decode("utf-8", "replace")) if pending and b and b[0] & 0xC0 != 0x80 else 0
+        early, piece = _piece(row.decoder, b)
         before = len(row.text)
-        text = row.text + row.decoder.decode(b)
+        text = row.text + piece
         stop = row.job.req.stop
         # (the text changes in one assignment, cut before a stop string that came: a handler thread streaming it
         # meanwhile never reads the stop string's first characters)

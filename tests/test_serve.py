@@ -327,6 +327,20 @@ def test_a_prompt_positions_top_is_the_k_largest_lowest_id_first():
             assert ids.tolist() == want.tolist() and vals.tolist() == rows[r][want].tolist(), (k, r)
 
 
+def test_the_servers_model_logprobs_for_a_chain_without_them():
+    """(a --sampler chain without raw_logprob / top_logprobs: the server's own, against log_softmax and a full sort;
+    rows with ties at the TOP-th value)"""
+    rng = np.random.default_rng(1)
+    x = rng.integers(-5, 5, size=(4, 300)).astype(np.float32)
+    tokens = [3, 0, 299, 17]
+    raw, ids, vals = serve.model_logprobs(mx.array(x), tokens)
+    lp = np.array(mx.array(x) - mx.logsumexp(mx.array(x), axis=-1, keepdims=True))
+    assert np.allclose(raw, lp[np.arange(4), tokens])
+    for r in range(4):
+        want = np.lexsort((np.arange(300), -lp[r]))[:serve.TOP]
+        assert ids[r].tolist() == want.tolist() and vals[r].tolist() == lp[r][want].tolist()
+
+
 def test_echo_with_max_tokens_0_is_the_prompt_alone_and_streams_the_same(server):
     app, c = server["app"], server["client"]
     kw = dict(model="demo", prompt=["The cat sat", [7, 8, 9]], max_tokens=0, echo=True, logprobs=3,
