@@ -59,12 +59,11 @@ def metal_attributes(body: str) -> list[str]:
     return [f"{dtype} {name}" for name, dtype in names if name in body]
 
 
-def metal_signature(sizes: dict[str, int], ftypes: tuple = ()) -> str:
+def metal_signature(sizes: dict[str, int]) -> str:
     """The parameters MLX's metal_kernel writes for the chain kernel (write_signature): an input of fewer than eight
-    elements in the constant address space, else device memory, each of its array's type (`ftypes`: the float
-    slots', float by default); x's shape; the outputs; the attributes."""
-    ftypes = ftypes or ("float",) * gpu.CHAIN_FLOAT_SLOTS
-    dtypes = {"x": "float", "S": "int", **{f"F{i}": ftypes[i] for i in range(gpu.CHAIN_FLOAT_SLOTS)},
+    elements in the constant address space, else device memory, each of its array's type; x's shape; the outputs;
+    the attributes."""
+    dtypes = {"x": "float", "S": "int", **{f"F{i}": "float" for i in range(gpu.CHAIN_FLOAT_SLOTS)},
               **{f"K{i}": "uint64_t" for i in range(gpu.CHAIN_KEY_SLOTS)},
               **{f"Q{i}": "int" for i in range(gpu.CHAIN_KEY_SLOTS)}, **EDIT_TYPES}
     params = []
@@ -77,12 +76,10 @@ def metal_signature(sizes: dict[str, int], ftypes: tuple = ()) -> str:
     return ", ".join(params + metal_attributes(gpu.chain_entry("metal")))
 
 
-def source(dialect: str, threads: int, defines: str = "", sizes: dict | None = None, ftypes: tuple = ()) -> str:
+def source(dialect: str, threads: int, defines: str = "", sizes: dict | None = None) -> str:
     """The kernel as a C++ translation unit over the emulation of `dialect`: the header and body MLX would compile,
-    as sc_body, and run(...) launching it on the CPU. `ftypes`: the float slots' C types as MLX writes them from the
-    arrays passed (an integer operand goes in as it is: int)."""
-    ftypes = ftypes or ("float",) * gpu.CHAIN_FLOAT_SLOTS
-    slots = ", ".join([f"const {ftypes[i]}* F{i}" for i in range(gpu.CHAIN_FLOAT_SLOTS)] +
+    as sc_body, and run(...) launching it on the CPU (every float slot float: an integer operand comes as its bits)."""
+    slots = ", ".join([f"const float* F{i}" for i in range(gpu.CHAIN_FLOAT_SLOTS)] +
                       [f"const uint64_t* K{i}" for i in range(gpu.CHAIN_KEY_SLOTS)] +
                       [f"const int* Q{i}" for i in range(gpu.CHAIN_KEY_SLOTS)] +
                       [f"const {EDIT_TYPES[n]}* {n}" + (", const int* PH_shape" if n == "PH" else "")
@@ -93,7 +90,7 @@ def source(dialect: str, threads: int, defines: str = "", sizes: dict | None = N
                      "bool* pf, float* rs, int* ws")
         call = f"sc_body(x, shape, {names}, S, tok, lp, xo, pf, rs, ws)"
     else:
-        signature = metal_signature(sizes or {name: 8 for name in INPUTS}, ftypes)
+        signature = metal_signature(sizes or {name: 8 for name in INPUTS})
         call = (f"sc_body(x, shape, {names}, S, tok, lp, xo, pf, rs, ws, uint3{{threadIdx.x, 0, 0}}, "
                 "uint3{blockIdx.x, 0, 0}, 32u)")
     head = (f"#define SC_T {threads}\n{defines}#include \"{dialect}_emulation.h\"\n{gpu.chain_header(dialect)}\n"
@@ -138,9 +135,8 @@ def emulated(threads: int = 64, defines: str = "", dialect: str = "cuda"):
     def run(x: np.ndarray, inputs: list):
         x = np.ascontiguousarray(x.astype(np.float32))
         ins = [np.ascontiguousarray(np.array(a)) for a in inputs]
-        ftypes = tuple({np.dtype(np.float32): "float", np.dtype(np.int32): "int"}[a.dtype]
-                       for a in ins[:gpu.CHAIN_FLOAT_SLOTS])
-        fn = built(source(dialect, threads, defines, ftypes=ftypes), "gpu_chain")
+        assert all(a.dtype == np.float32 for a in ins[:gpu.CHAIN_FLOAT_SLOTS])     # (MLX's signature: one kernel)
+        fn = built(source(dialect, threads, defines), "gpu_chain")
         B, V = x.shape
         S = ins[-1]
         out_x, split = int(S[5]), (int(S[6]), int(S[7]))
@@ -429,21 +425,23 @@ def test_chain_supports_and_body():
 
 
 def test_chain_inputs_pass_operands_as_they_are():
-    """The operands go to the kernel as the program holds them: an f32 value per row or one value, top_k's i32 k (a
-    float slot reads it as its own type: the kernel's name says which slots hold one), a u64 seed and an i32 position
-    without an op; another dtype is cast; S flags which slots hold one value per row."""
+    """The operands go to the kernel as the program holds them: an f32 value per row or one value, top_k's i32 k
+    (its bits viewed as f32: every slot float, one kernel for every chain), a u64 seed and an i32 position without
+    an op; another dtype is cast; S flags which slots hold one value per row and which hold an integer's bits."""
     k, p, seed, pos = (mx.array([5, 7, 9], dtype=mx.int32), mx.array([0.9, 0.5, 1.0], dtype=mx.float32),
                        mx.array(np.array([1, 2, 3], dtype=np.uint64)), mx.array(4, dtype=mx.int32))
     t = mx.array(0.7, dtype=mx.float32)
     ins = gpu.chain_inputs([t, k, p, seed, pos], ["temperature", "top_k", "top_p"], "sample", False, 0, 3)
     assert ins[0] is t and ins[2] is p and ins[gpu.CHAIN_FLOAT_SLOTS] is seed
     assert ins[gpu.CHAIN_FLOAT_SLOTS + gpu.CHAIN_KEY_SLOTS] is pos
-    assert ins[1] is k and gpu.slot_types(ins) == "_fi" + "f" * (gpu.CHAIN_FLOAT_SLOTS - 2)
+    assert all(a.dtype == mx.float32 for a in ins[:gpu.CHAIN_FLOAT_SLOTS])
+    assert np.array(ins[1].view(mx.int32)).tolist() == [5, 7, 9]
     f64 = mx.array([5, 7, 9], dtype=mx.int64)
     cast = gpu.chain_inputs([t, f64, p, seed, pos], ["temperature", "top_k", "top_p"], "sample", False, 0, 3)
-    assert cast[1].dtype == mx.float32 and np.array(cast[1]).tolist() == [5.0, 7.0, 9.0] and gpu.slot_types(cast) == ""
+    assert cast[1].dtype == mx.float32 and np.array(cast[1]).tolist() == [5.0, 7.0, 9.0]
     S = np.array(ins[-1]).tolist()
-    assert S[11:] == [0, 1, 1] + [0] * 7 + [1, 0] + [0, 0] + [0] * gpu.EDIT_CODES + [0]
+    assert S[11:] == [0, 1 | gpu.INT_BITS, 1] + [0] * 7 + [1, 0] + [0, 0] + [0] * gpu.EDIT_CODES + [0]
+    assert np.array(cast[-1]).tolist()[12] == 1        # (a cast operand: floats)
     assert gpu.chain_inputs([mx.array([[1.0, 2.0]])], ["temperature"], "greedy", False, 0, 3) is None
 
 

@@ -166,7 +166,7 @@ def _kernel(name: str, inputs: list[str], source: str, outputs: tuple = ("out",)
     """MLX's CUDA kernel object for a source, made once a process. Its name carries a digest of the source: MLX
     keeps compiled kernels on disk by name alone (MLX_PTX_CACHE_DIR, else $TMPDIR/mlx/<version>/ptx), so a kernel
     an upgrade changed must not load the old one. (The name does not follow the inputs' dtypes: callers cast each
-    input to the one dtype its kernel is written for, or name each combination apart: `slot_types`.)"""
+    input to the one dtype its kernel is written for: `_slot`.)"""
     if name not in _kernels:
         digest = hashlib.sha256("\0".join([header, source, *inputs, *outputs]).encode()).hexdigest()[:12]
         _kernels[name] = mx.fast.cuda_kernel(name=f"{name}_{digest}", input_names=inputs,
@@ -247,7 +247,7 @@ def chain_codes(stages: list[str], terminal: str, want_logprob: bool, out_x: int
     serves every chain: one NVRTC compile per process)."""
     nf = max(1, sum(CHAIN_STAGES[s] for s in stages))
     nu = max(1, 3 * (stages.count("xtc") + (terminal == "sample")))
-    strides = [int(bool(f)) for f in per_row] + [0] * (len(_SLOTS) - len(per_row))
+    strides = [int(f) for f in per_row] + [0] * (len(_SLOTS) - len(per_row))
     return [len(stages), int(terminal == "sample"), int(want_logprob), nf, nu, out_x, *split] + \
         [STAGE_CODES[s] for s in stages] + strides + list(edits) + [int(raw)]
 
@@ -370,16 +370,24 @@ def _placeholder(dtype, n: int = 1, rows: int = 0) -> mx.array:
     return _PLACEHOLDERS[dtype, n, rows]
 
 
-def _slot(p: mx.array, B: int, dtype, ints: bool = False) -> tuple[mx.array, bool] | None:
-    """An operand as the kernel reads it (one value, or one a row) and whether it is one a row; None otherwise.
-    `ints`: an int32 operand goes in as it is (a float slot's reader converts it: MLX writes each input's type in the
-    kernel's signature), where a cast would be a launch a call."""
+INT_BITS = 2                    # a float slot's stride word: bit 0 one value a row, bit 1 an integer's bits
+
+
+def _slot(p: mx.array, B: int, dtype, ints: bool = False, bits: bool = False) -> tuple[mx.array, int] | None:
+    """An operand as the kernel reads it (one value, or one a row) and its stride word (1 where it is one a row);
+    None otherwise. Where a cast would be a launch a call, an int32 operand goes in as it is (`ints`: an elementwise
+    kernel converts it as it reads it) or as its bits viewed as float32 (`bits`: the stride word's INT_BITS tells the
+    chain kernel's float slot to convert them -- MLX writes each input's type in a kernel's signature, and keeps
+    one compiled kernel a name: the slots stay float, so every chain runs one kernel, compiled once)."""
     from samplec.backend_mlx.kernels import constant_as
     if not (p.ndim <= 2 and p.size in (1, B) and (p.ndim < 2 or p.shape[-1] == 1)):
         return None
+    word = int(p.size == B and B > 1)
+    if bits and dtype == mx.float32 and p.dtype == mx.int32:
+        return p.view(mx.float32), word | INT_BITS
     if p.dtype != dtype and not (ints and p.dtype == mx.int32):
         p = constant_as(p, dtype) or p.astype(dtype)    # (a literal's cast is a constant of the call too)
-    return p, p.size == B and B > 1
+    return p, word
 
 
 PV_STAGE = 6                    # PV's values a penalties stage: last_n, repeat, frequency, presence, the offset and
@@ -499,7 +507,7 @@ def chain_inputs(params: list[mx.array], stages: list[str], terminal: str, want_
         return None
     floats, keys, poss, it = [], [], [], iter(params)
     for s in stages + (["sample"] if terminal == "sample" else []):
-        floats += [_slot(next(it), B, mx.float32, ints=True) for _ in range(CHAIN_STAGES.get(s, 0))]
+        floats += [_slot(next(it), B, mx.float32, bits=True) for _ in range(CHAIN_STAGES.get(s, 0))]
         if s in ("xtc", "sample"):
             keys.append(_slot(next(it), B, mx.uint64))
             poss.append(_slot(next(it), B, mx.int32))
@@ -507,7 +515,7 @@ def chain_inputs(params: list[mx.array], stages: list[str], terminal: str, want_
               (poss, CHAIN_KEY_SLOTS, mx.int32))
     if any(o is None for got, _, _ in groups for o in got) or any(len(got) > n for got, n, _ in groups):
         return None
-    slots = [o for got, n, dtype in groups for o in got + [(_placeholder(dtype), False)] * (n - len(got))]
+    slots = [o for got, n, dtype in groups for o in got + [(_placeholder(dtype), 0)] * (n - len(got))]
     per_row = tuple(flag for _, flag in slots)
     key = (tuple(stages), terminal, bool(want_logprob), out_x, per_row, split, edit[1], bool(raw))
     if key not in _CODES:
@@ -537,8 +545,7 @@ def sample_chain(x: mx.array, params: list[mx.array], stages: list[str], termina
     if inputs is None:
         return None
     nb = split[0]
-    tok, lp, xo, pf, rs, _ = _kernel("samplec_chain" + slot_types(inputs), INPUT_NAMES, CHAIN_BODY, CHAIN_OUTPUTS,
-                                     chain_header())(
+    tok, lp, xo, pf, rs, _ = _kernel("samplec_chain", INPUT_NAMES, CHAIN_BODY, CHAIN_OUTPUTS, chain_header())(
         inputs=[x, *inputs],
         output_shapes=[(B,), (B,), x.shape if out_x else (B, 1), _flags_shape(B, edits), (B, 4),
                        (scratch_size(B, split, V if edits else 0, raw),)],
@@ -572,25 +579,17 @@ def _flags_shape(B: int, edits) -> tuple[int, int]:
 _METAL: dict = {}
 
 
-def slot_types(inputs: list[mx.array]) -> str:
-    """The chain kernel's name suffix for the float slots' input types ("" where all are float; else "_" and an f or
-    an i a slot): MLX writes each input's type in the signature but keeps a compiled kernel by its name, so each
-    combination of integer operands (top_k's k, passed as it is) is a kernel of its own name."""
-    kinds = "".join("i" if a.dtype == mx.int32 else "f" for a in inputs[:CHAIN_FLOAT_SLOTS])
-    return "" if "i" not in kinds else f"_{kinds}"
-
-
-def _metal_kernel(suffix: str = ""):
-    if "kernel" + suffix not in _METAL:
+def _metal_kernel():
+    if "kernel" not in _METAL:
         source, header = chain_entry("metal"), chain_header("metal")
         digest = hashlib.sha256("\0".join([header, source]).encode()).hexdigest()[:12]
-        args = dict(name=f"samplec_chain{suffix}_{digest}", input_names=INPUT_NAMES,
+        args = dict(name=f"samplec_chain_{digest}", input_names=INPUT_NAMES,
                     output_names=list(CHAIN_OUTPUTS), source=source, header=header, ensure_row_contiguous=True)
         try:        # (MLX's "safe" math mode: no fast math, as the dense definitions round)
-            _METAL["kernel" + suffix] = mx.fast.metal_kernel(**args, compile_options={"math_mode": "safe"})
+            _METAL["kernel"] = mx.fast.metal_kernel(**args, compile_options={"math_mode": "safe"})
         except TypeError:       # (an MLX without compile_options compiles without fast math too)
-            _METAL["kernel" + suffix] = mx.fast.metal_kernel(**args)
-    return _METAL["kernel" + suffix]
+            _METAL["kernel"] = mx.fast.metal_kernel(**args)
+    return _METAL["kernel"]
 
 
 def _metal_chain(x: mx.array, params: list[mx.array], stages: list[str], terminal: str, want_logprob: bool,
@@ -604,7 +603,7 @@ def _metal_chain(x: mx.array, params: list[mx.array], stages: list[str], termina
     if inputs is None:
         return None
     inputs = [a.reshape(1) if a.ndim == 0 else a for a in inputs]     # (a 0-d input would be a reference)
-    tok, lp, xo, pf, rs, _ = _metal_kernel(slot_types(inputs))(
+    tok, lp, xo, pf, rs, _ = _metal_kernel()(
         inputs=[x, *inputs],
         output_shapes=[(B,), (B,), x.shape if out_x else (B, 1), _flags_shape(B, edits), (B, 4),
                        (scratch_size(B, (0, 0), V if edits else 0, raw),)],

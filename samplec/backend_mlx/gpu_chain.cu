@@ -66,12 +66,16 @@ struct ScRow {
 static_assert(SC_NMAX <= SC_CAP, "the sorted maxima live in cand_raw");
 static_assert(SC_NMAX >= 10 * SC_WARPS, "top_p's histogram counts live in tmax");
 
-// An operand slot's value for a row (`stride` 1: one value a row; 0: one value). A template over the pointer: MLX
-// passes a Metal input of fewer than eight elements in the constant address space, a larger one in device memory,
-// and writes each input's own type (a float slot holding an integer operand, top_k's k, converts it here, rounding
-// as MLX's cast does: no cast kernel a call).
+// An operand slot's value for a row (`stride` bit 0 -- 1: one value a row; 0: one value). A template over the
+// pointer: MLX passes a Metal input of fewer than eight elements in the constant address space, a larger one in
+// device memory. A float slot is float in the signature whatever it holds (one kernel, one compile, for every
+// chain): an integer operand, top_k's k, comes as its int32 bits (a view, no cast kernel a call), which `stride`
+// bit 1 flags, and converts here, rounding as MLX's cast does.
 template <class P>
-SC_INLINE float sc_operand_f(P p, int stride, int row) { return p[stride ? row : 0]; }
+SC_INLINE float sc_operand_f(P p, int stride, int row) {
+  const float v = p[(stride & 1) ? row : 0];
+  return (stride & 2) ? (float)sc_f2i(v) : v;
+}
 template <class P>
 SC_INLINE sc_u64 sc_operand_u64(P p, int stride, int row) { return p[stride ? row : 0]; }
 template <class P>
