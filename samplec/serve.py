@@ -262,6 +262,13 @@ class Parser:
                                  f"[0, {self.vocab})", "stop_token_ids")
             req.stop_token_ids = sorted(set(ids))
         req.min_tokens = _number(body, "min_tokens", 0, req.max_tokens, integer=True, default=0)
+        for i, limit in enumerate(req.limits):
+            # (vLLM's rule: min_tokens within the effective max_tokens -- a default one shrunk to a prompt's room)
+            if req.min_tokens > limit:
+                where = "messages" if kind == "chat" else "prompt" if len(req.prompts) == 1 else f"prompt[{i}]"
+                raise BadRequest(f"min_tokens must be <= max_tokens, got {req.min_tokens}: the {where} leaves room "
+                                 f"for {limit} tokens in the model's context length of {self.context}, so a "
+                                 "default max_tokens is at most that", "min_tokens")
         req.ignore_eos = self._bool(body, "ignore_eos")
         if req.min_tokens and self.speculative:
             # (a round of proposals shares one bias: positions past min_tokens would stay held)

@@ -256,6 +256,30 @@ def test_a_default_max_tokens_shrinks_to_each_prompts_own_room(server):
         parse.context = saved
 
 
+def test_min_tokens_past_a_default_max_tokens_shrunk_to_the_room_is_a_400(server):
+    """vLLM checks min_tokens against the effective max_tokens: a default one that shrinks to the room a prompt
+    leaves in the context bounds min_tokens too (a 400 naming it, and the prompt whose room is short), not the
+    default 16 it shrank from."""
+    parse = server["app"].parse
+    saved, parse.context = parse.context, 40
+    try:
+        short, long = [5, 6, 7], list(range(10, 40))          # (rooms of 37 and 10 tokens)
+        url = server["base"] + "/v1/completions"
+        for prompt, where in ((long, "prompt"), ([short, long], "prompt[1]")):
+            status, err = post(url, {"model": "demo", "prompt": prompt, "min_tokens": 12})
+            assert status == 400 and err["error"]["param"] == "min_tokens", err
+            assert where in err["error"]["message"] and "10" in err["error"]["message"]
+        status, r = post(url, {"model": "demo", "prompt": [short, long], "min_tokens": 10, "temperature": 0,
+                               "logit_bias": {"1": 100}})          # (end-of-sequence held off 10 tokens)
+        assert status == 200 and r["usage"]["completion_tokens"] == 11 + 10, r
+        assert [c["finish_reason"] for c in r["choices"]] == ["stop", "length"]
+        status, err = post(server["base"] + "/v1/chat/completions", {"model": "demo", "min_tokens": 30,
+                                                                     "messages": [{"role": "user", "content": "hi"}]})
+        assert status == 400 and err["error"]["param"] == "min_tokens" and "messages" in err["error"]["message"]
+    finally:
+        parse.context = saved
+
+
 def test_a_long_echo_is_scored_between_the_batchs_steps(server):
     """A prompt's scoring runs a chunk at a time between the batch's decode steps: a request sent while a long
     prompt is scored is answered before it, and a scored request whose client leaves is dropped."""
