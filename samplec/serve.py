@@ -369,18 +369,26 @@ class Parser:
                     raise BadRequest(f"{where}.content must be a string or a list of text parts",
                                      f"{where}.content")
                 plain.append({"role": "system" if m["role"] == "developer" else m["role"], "content": c})
-            kwargs = body.get("chat_template_kwargs") or {}
+            # (as vLLM's: the request's chat_template_kwargs over the server's own arguments -- add_generation_prompt
+            # false continues the last message -- except those the server must set itself)
+            kwargs = {"add_generation_prompt": True, **(body.get("chat_template_kwargs") or {})}
+            fixed = sorted(set(kwargs) & {"tokenize", "conversation", "messages", "chat_template"})
+            if fixed:
+                raise BadRequest(f"chat_template_kwargs: {fixed[0]} is set by the server", "chat_template_kwargs")
+            if not isinstance(kwargs["add_generation_prompt"], bool):
+                raise BadRequest("chat_template_kwargs.add_generation_prompt must be true or false",
+                                 "chat_template_kwargs")
             if getattr(self.tokenizer, "has_chat_template", False):
                 try:
-                    tokens = self.tokenizer.apply_chat_template(plain, add_generation_prompt=True, tokenize=True,
-                                                                **kwargs)
+                    tokens = self.tokenizer.apply_chat_template(plain, tokenize=True, **kwargs)
                 except Exception as e:  # noqa: BLE001 - a template's own errors (jinja)
                     raise BadRequest(f"messages: the chat template failed: {e}"[:500], "messages") from None
                 if isinstance(tokens, dict) or hasattr(tokens, "input_ids"):
                     tokens = tokens["input_ids"]
                 tokens = list(tokens)
             else:
-                text = "".join(f"{m['role']}: {m['content']}\n" for m in plain) + "assistant:"
+                text = "".join(f"{m['role']}: {m['content']}\n" for m in plain) + \
+                    ("assistant:" if kwargs["add_generation_prompt"] else "")
                 tokens = list(self.tokenizer.encode(text))
         if not tokens:
             raise BadRequest("messages: no tokens to start from", "messages")

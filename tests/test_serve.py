@@ -913,7 +913,7 @@ def test_requests_past_the_models_context_length(server, monkeypatch):
     assert e.value.body["param"] == "prompt"
 
 
-def test_messages_go_through_the_tokenizers_chat_template(server):
+def test_messages_go_through_the_tokenizers_chat_template(server, monkeypatch):
     """With a chat template (here one set on the demo tokenizer), messages -- developer as system, text parts
     joined -- are the template's text; without one, `role: content` lines."""
     from mlx_lm.tokenizer_utils import TokenizerWrapper
@@ -921,6 +921,8 @@ def test_messages_go_through_the_tokenizers_chat_template(server):
     plain = serve.Parser(server["app"].tokenizer, 512, {"c": None}, "demo")._prompts("chat", {"messages": MSG})[0][0]
     assert server["app"].tokenizer.decode(plain) == "user: Count the tokens\nassistant:"
     saved = hf.chat_template
+    # (a TokenizerWrapper stores has_chat_template on the tokenizer it wraps: the server's wrapper reads it too)
+    monkeypatch.setattr(hf, "has_chat_template", hf.has_chat_template)
     try:
         hf.chat_template = ("{% for m in messages %}<{{ m['role'] }}> {{ m['content'] }}\n{% endfor %}"
                             "{% if add_generation_prompt %}<assistant>{% endif %}")
@@ -931,6 +933,31 @@ def test_messages_go_through_the_tokenizers_chat_template(server):
         assert tok.decode(ids) == "<system> be brief\n<user> hi there\n<assistant>"
     finally:
         hf.chat_template = saved
+
+
+def test_chat_template_kwargs_override_the_templates_defaults(server, monkeypatch):
+    """As vLLM's, chat_template_kwargs are passed to the template over the server's own arguments:
+    add_generation_prompt false leaves the assistant's header out; a key the server must set itself (tokenize,
+    the conversation) is a 400 naming chat_template_kwargs, not a Python error blamed on messages."""
+    from mlx_lm.tokenizer_utils import TokenizerWrapper
+    plain = serve.Parser(server["app"].tokenizer, 512, {"c": None}, "demo")._prompts("chat", {
+        "messages": MSG, "chat_template_kwargs": {"add_generation_prompt": False}})[0][0]
+    assert server["app"].tokenizer.decode(plain) == "user: Count the tokens\n"       # (no template: the lines)
+    hf = server["app"].tokenizer._tokenizer
+    monkeypatch.setattr(hf, "has_chat_template", hf.has_chat_template)     # (a wrapper writes it on hf)
+    monkeypatch.setattr(hf, "chat_template", "{% for m in messages %}<{{ m['role'] }}> {{ m['content'] }}\n"
+                                             "{% endfor %}{% if add_generation_prompt %}<assistant>{% endif %}")
+    tok = TokenizerWrapper(hf)
+    monkeypatch.setattr(server["app"].parse, "tokenizer", tok)
+    url = server["base"] + "/v1/chat/completions"
+    body = {"model": "demo", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
+    for kwargs, text in (({}, "<user> hi\n<assistant>"), ({"add_generation_prompt": True}, "<user> hi\n<assistant>"),
+                         ({"add_generation_prompt": False}, "<user> hi\n")):
+        status, r = post(url, {**body, "chat_template_kwargs": kwargs})
+        assert status == 200 and r["usage"]["prompt_tokens"] == len(tok.encode(text)), (kwargs, r)
+    for bad in ({"tokenize": False}, {"conversation": []}, {"add_generation_prompt": "no"}):
+        status, err = post(url, {**body, "chat_template_kwargs": bad})
+        assert status == 400 and err["error"]["param"] == "chat_template_kwargs", (bad, err)
 
 
 # ---- the chain
