@@ -128,6 +128,8 @@ class Request:
     stop_token_ids: list[int] = field(default_factory=list)     # (vLLM's: token ids that end a choice too)
     min_tokens: int = 0                # (vLLM's: no end-of-sequence or stop token before this many)
     ignore_eos: bool = False           # (vLLM's: end-of-sequence does not end a choice; stop_token_ids still do)
+    include_stop: bool = False         # (vLLM's include_stop_str_in_output: the stop string / stop token's text kept)
+    skip_special: bool = True          # (vLLM's skip_special_tokens: special tokens write no text)
     stream: bool = False
     include_usage: bool = False
     logprobs: bool = False
@@ -159,7 +161,8 @@ COMPLETION_ONLY = {"prompt", "best_of", "echo", "suffix"}
 COMMON = {"model", "max_tokens", "n", "seed", "stop", "stream", "stream_options", "logprobs", "logit_bias",
           "temperature", "top_p", "presence_penalty", "frequency_penalty", "user", "metadata", "service_tier",
           "safety_identifier", "prompt_cache_key", "samplec_sampler", "grammar", "response_format",
-          "stop_token_ids", "min_tokens", "ignore_eos", *FIELDS}
+          "stop_token_ids", "min_tokens", "ignore_eos", "include_stop_str_in_output", "skip_special_tokens",
+          *FIELDS}
 INFORMATIONAL = {"user", "metadata", "safety_identifier", "prompt_cache_key"}   # accepted; they change no token
 
 
@@ -270,6 +273,8 @@ class Parser:
                                  f"for {limit} tokens in the model's context length of {self.context}, so a "
                                  "default max_tokens is at most that", "min_tokens")
         req.ignore_eos = self._bool(body, "ignore_eos")
+        req.include_stop = self._bool(body, "include_stop_str_in_output")
+        req.skip_special = body.get("skip_special_tokens") is None or self._bool(body, "skip_special_tokens")
         if req.min_tokens and self.speculative:
             # (a round of proposals shares one bias: positions past min_tokens would stay held)
             raise BadRequest("min_tokens: not supported by a server with a draft model", "min_tokens")
@@ -1204,7 +1209,8 @@ class Engine:
     def _admit(self, job: Job):
         req = job.req
         if req.echo:
-            echoes = [self._echo_text(tokens, given) for tokens, given in zip(req.prompts, req.prompt_texts)]
+            echoes = [self._echo_text(tokens, given, req.skip_special)
+                      for tokens, given in zip(req.prompts, req.prompt_texts)]
             for r in job.rows:
                 r.echo = echoes[r.index // req.n]
             if req.logprobs:        # (scored a chunk at a time between the batch's steps: `_score`)
@@ -1258,16 +1264,17 @@ class Engine:
             r.uid = uid
             self.rows[uid] = r
 
-    def _echo_text(self, tokens: list[int], given: str | None) -> Echo:
+    def _echo_text(self, tokens: list[int], given: str | None, skip_special: bool = True) -> Echo:
         """A prompt's text as echo gives it back, and its tokens' offsets in it: the string sent where its tokens
         write it back (special tokens written or not: a beginning-of-sequence the tokenizer added writes nothing,
         a `<s>` typed in the string writes itself), else -- token ids, or a tokenizer that does not give the
-        string back (SentencePiece's leading space) -- the tokens' text, as a completion's (`_emit`)."""
-        for specials in (False, True):
+        string back (SentencePiece's leading space) -- the tokens' text, as a completion's (`_emit`: special
+        tokens write theirs with `skip_special_tokens: false`)."""
+        for specials in ((False, True) if skip_special else (True, False)):
             text, offsets = self._decode(tokens, specials)
             if given is None or text == given:
                 return Echo(text, offsets, [])
-        return Echo(*self._decode(tokens, False), [])
+        return Echo(*self._decode(tokens, not skip_special), [])
 
     def _decode(self, tokens: list[int], specials: bool = False) -> tuple[str, list[int]]:
         """Tokens' text and each token's offset in it, by the rules of a choice's text (`_emit`): special tokens
@@ -1318,27 +1325,37 @@ class Engine:
         """Hand the row its next token; `ended`: the generator's finish reason with it ("length", "stop"; None: the
         row goes on). Whether the row finished."""
         row.delivered += 1
+        req = row.job.req
+        # (special tokens -- an end-of-sequence a request ignores too -- write no text, as vLLM's
+        # skip_special_tokens default; with it false, their own text)
+        quiet = req.skip_special and (token in self.special_ids or token in self.eos_ids)
         if token in row.stop_ids or row.failed:     # (end-of-sequence, one of the request's stop_token_ids)
-            row.text += row.decoder.decode(b"", final=True)      # (bytes of an unfinished character: U+FFFD)
-            row.offsets.append(len(row.text))                    # (its entry: no text of its own)
-            row.stop_token = True
+            # (its text only with include_stop_str_in_output, as vLLM's)
+            b = self.token_bytes(token) if req.include_stop and not quiet and not row.failed else b""
+            early, piece = _piece(row.decoder, b)
+            before = len(row.text)
+            row.text += piece + row.decoder.decode(b"", final=True)   # (an unfinished character's bytes: U+FFFD)
+            row.offsets.append(before + early if b else len(row.text))
+            row.stop_token = not b                               # (an entry of no text of its own)
             self._finish(row, "stop", ended is None)
             return True
-        # (an end-of-sequence a request ignores writes no text either, as vLLM's skip_special_tokens)
-        b = b"" if token in self.special_ids or token in self.eos_ids else self.token_bytes(token)
+        b = b"" if quiet else self.token_bytes(token)
         early, piece = _piece(row.decoder, b)
         before = len(row.text)
         text = row.text + piece
-        stop = row.job.req.stop
-        # (the text changes in one assignment, cut before a stop string that came: a handler thread streaming it
-        # meanwhile never reads the stop string's first characters)
+        stop = req.stop
+        # (the text changes in one assignment, cut before a stop string that came -- after it with
+        # include_stop_str_in_output: a handler thread streaming it meanwhile never reads a character past the cut)
         hits = []
         if stop:
             # (from before the text this token added: a pending byte's U+FFFD, added now, may begin a stop string)
             start = max(0, before - max(len(s) for s in stop) + 1)
-            hits = [i for i in (text.find(s, start) for s in stop) if i >= 0]
+            hits = [(i, k) for k, i in enumerate(text.find(s, start) for s in stop) if i >= 0]
         row.offsets.append(before + early)
-        row.text = text[:min(hits)] if hits else text
+        if hits:
+            i, k = min(hits)
+            text = text[:i + len(stop[k]) if req.include_stop else i]
+        row.text = text
         if hits:
             row.cut = True
             self._finish(row, "stop", ended is None)
@@ -1751,7 +1768,9 @@ class Handler(BaseHTTPRequestHandler):
         if req.kind == "chat":
             send([{"index": r.index, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                    "finish_reason": None} for r in job.rows])
-        hold = max((len(s) for s in req.stop), default=1) - 1
+        # (the characters that could begin a stop string are held back; with include_stop_str_in_output none:
+        # the text is cut after the stop string, never before a character already sent)
+        hold = 0 if req.include_stop else max((len(s) for s in req.stop), default=1) - 1
         left = len(job.rows)
         while left:
             ev, i, _ = self._wait(job, watch=True)     # (a client that leaves before a chunk is due: noticed)

@@ -467,6 +467,65 @@ def test_stop_ends_the_text_before_a_stop_string_that_spans_tokens(server):
         assert [ch.choices[0].finish_reason for ch in streamed if ch.choices][-1] == "stop"
 
 
+def test_vllms_include_stop_str_in_output_keeps_the_stop_string_and_stop_token(server):
+    """vLLM's include_stop_str_in_output: the text ends just after the first stop string (streamed alike, nothing
+    held back past it), and a stop_token_ids token that ends a choice writes its text."""
+    c = server["client"]
+    kw = dict(model="demo", prompt="Quick brown foxes", max_tokens=30, temperature=1.0, seed=12, logprobs=0)
+    full = c.completions.create(**kw).choices[0]
+    offs = full.logprobs.text_offset
+    cut = next(o for o in offs[3:] if o > 2)
+    stop = full.text[cut - 2:cut + 1]                       # (spans two tokens)
+    want = full.text[:full.text.index(stop) + len(stop)]
+    on = {"include_stop_str_in_output": True}
+    r = c.completions.create(**kw, stop=[stop, "\u2603never"], extra_body=on).choices[0]
+    assert r.text == want and r.finish_reason == "stop"
+    assert len(r.logprobs.tokens) == sum(1 for o in offs if o < len(want))
+    streamed = [ch.choices[0] for ch in c.completions.create(**kw, stop=stop, stream=True, extra_body=on)]
+    assert "".join(x.text for x in streamed) == want and streamed[-1].finish_reason == "stop"
+    chat = dict(model="demo", messages=MSG, max_tokens=20, temperature=1.0, seed=3)
+    text = c.chat.completions.create(**chat).choices[0].message.content
+    stop = text[4:6]
+    r = c.chat.completions.create(**chat, stop=stop, logprobs=True, extra_body=on).choices[0]
+    assert r.message.content == text[:text.index(stop) + 2] and r.finish_reason == "stop"
+    assert text_of(r.logprobs.content).startswith(r.message.content)
+    # a stop token's text: kept with the field, left out without it
+    k = next(k for k in range(1, 6) if full.logprobs.tokens[k] not in full.logprobs.tokens[:k])
+    fmt = server["app"].format
+    ids = [i for i in range(512) if fmt.token_text(i)[0] == full.logprobs.tokens[k]]
+    upto = "".join(full.logprobs.tokens[:k])
+    for extra, text in (({}, upto), (on, upto + full.logprobs.tokens[k])):
+        r = c.completions.create(**kw, extra_body={"stop_token_ids": ids, **extra}).choices[0]
+        assert r.finish_reason == "stop" and r.text == text and len(r.logprobs.tokens) == k + 1
+
+
+def test_vllms_skip_special_tokens_false_writes_special_tokens(server):
+    """vLLM's skip_special_tokens (default true: special tokens write no text); false: they write their text --
+    an end-of-sequence that ends the choice still writes none unless include_stop_str_in_output."""
+    c = server["client"]
+    off = {"skip_special_tokens": False}
+    r = c.chat.completions.create(model="demo", messages=MSG, max_tokens=3, temperature=0, logit_bias={"0": 100},
+                                  logprobs=True, extra_body=off).choices[0]
+    assert r.message.content == "<s>" * 3 and text_of(r.logprobs.content) == r.message.content
+    kw = dict(model="demo", prompt="hi", max_tokens=3, temperature=0)
+    assert c.completions.create(**kw, logit_bias={"0": 100}, extra_body={"skip_special_tokens": True}) \
+        .choices[0].text == ""
+    streamed = c.completions.create(**kw, logit_bias={"0": 100}, extra_body=off, stream=True)
+    assert "".join(ch.choices[0].text for ch in streamed) == "<s>" * 3
+    r = c.completions.create(**kw, logit_bias={"1": 100}, extra_body=off).choices[0]         # (</s>: it ends)
+    assert r.text == "" and r.finish_reason == "stop"
+    r = c.completions.create(**kw, logit_bias={"1": 100}, extra_body={**off, "include_stop_str_in_output": True})
+    assert r.choices[0].text == "</s>" and r.choices[0].finish_reason == "stop"
+    r = c.completions.create(**kw, logit_bias={"1": 100}, extra_body={**off, "ignore_eos": True}).choices[0]
+    assert r.text == "</s>" * 3 and r.finish_reason == "length"
+    r = c.completions.create(model="demo", prompt=[0, 104, 105], max_tokens=0, echo=True, extra_body=off)
+    assert r.choices[0].text.startswith("<s>")
+    for bad in ({"skip_special_tokens": 1}, {"include_stop_str_in_output": "yes"}):
+        with pytest.raises(openai.BadRequestError) as e:
+            c.completions.create(**kw, extra_body=bad)
+        assert e.value.body["param"] == next(iter(bad))
+
+
 def test_a_stop_string_that_ends_in_a_replaced_byte_is_found(server):
     """A token that ends a pending UTF-8 sequence early adds its U+FFFD before its own text: a stop string that
     ends there is found too."""
