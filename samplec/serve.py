@@ -1347,10 +1347,11 @@ class Engine:
         # (the text changes in one assignment, cut before a stop string that came -- after it with
         # include_stop_str_in_output: a handler thread streaming it meanwhile never reads a character past the cut)
         hits = []
-        if stop:
-            # (from before the text this token added: a pending byte's U+FFFD, added now, may begin a stop string)
-            start = max(0, before - max(len(s) for s in stop) + 1)
-            hits = [(i, k) for k, i in enumerate(text.find(s, start) for s in stop) if i >= 0]
+        if stop and row.delivered > req.min_tokens:
+            # (each stop string where it ends in the text this token added -- it may begin before, and a pending
+            # byte's U+FFFD, added now, may begin it; none before the choice has more than min_tokens tokens, as
+            # vLLM's detokenizer: one that ends in the first min_tokens tokens' text does not stop it)
+            hits = [(i, k) for k, i in enumerate(text.find(s, max(0, before - len(s) + 1)) for s in stop) if i >= 0]
         row.offsets.append(before + early)
         if hits:
             i, k = min(hits)

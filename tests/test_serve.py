@@ -467,6 +467,30 @@ def test_stop_ends_the_text_before_a_stop_string_that_spans_tokens(server):
         assert [ch.choices[0].finish_reason for ch in streamed if ch.choices][-1] == "stop"
 
 
+def test_min_tokens_holds_stop_strings_off_too_as_vllms(server):
+    """vLLM looks for stop strings only once a choice has more than min_tokens tokens (its detokenizer: a stop
+    string that ends in the first min_tokens tokens' text does not stop it): the text ends at the first one
+    that ends past them, streamed alike."""
+    c = server["client"]
+    k = 4
+    for seed in range(20):
+        kw = dict(model="demo", prompt="Quick brown foxes", max_tokens=30, temperature=1.0, seed=seed,
+                  extra_body={"min_tokens": k})
+        base = c.completions.create(**kw, logprobs=0).choices[0]
+        held = base.text[:base.logprobs.text_offset[k]]
+        later = base.text[base.logprobs.text_offset[k]:]
+        stop = next((ch for ch in held if ch in later and ch != "\ufffd"), None)
+        if stop is not None:
+            break
+    want = base.text[:base.text.index(stop, base.logprobs.text_offset[k])]
+    r = c.completions.create(**kw, stop=stop).choices[0]
+    assert r.text == want and r.finish_reason == "stop"
+    streamed = [ch.choices[0] for ch in c.completions.create(**kw, stop=stop, stream=True)]
+    assert "".join(x.text for x in streamed) == want and streamed[-1].finish_reason == "stop"
+    kw["extra_body"] = {}                                   # (without min_tokens: the first one stops it)
+    assert c.completions.create(**kw, stop=stop).choices[0].text == base.text[:base.text.index(stop)]
+
+
 def test_vllms_include_stop_str_in_output_keeps_the_stop_string_and_stop_token(server):
     """vLLM's include_stop_str_in_output: the text ends just after the first stop string (streamed alike, nothing
     held back past it), and a stop_token_ids token that ends a choice writes its text."""
