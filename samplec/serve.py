@@ -1593,6 +1593,25 @@ class Handler(BaseHTTPRequestHandler):
         kind = "invalid_request_error" if e.status < 500 else "server_error"
         self._send(e.status, {"error": {"message": str(e), "type": kind, "param": e.param, "code": e.code}})
 
+    def send_error(self, code, message=None, explain=None):
+        """The standard library's own refusals (a method no endpoint serves, a malformed request line, a header
+        too long) in OpenAI's error shape, as every other answer -- not its HTML page; the connection closes."""
+        code = int(code)
+        message = message or self.responses.get(code, ("error",))[0]
+        kind = "invalid_request_error" if code < 500 else "server_error"
+        data = json.dumps({"error": {"message": message, "type": kind, "param": None, "code": None}}).encode()
+        self.log_error("code %d, message %s", code, message)
+        self.send_response(code, message)
+        self.send_header("Connection", "close")
+        self.close_connection = True
+        if code >= 200 and code not in (204, 205, 304) and self.command != "HEAD":
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+        else:
+            self.end_headers()
+
     def do_GET(self):
         path = self.path.split("?")[0].rstrip("/")
         if path in ("/v1/models", "/models"):

@@ -1263,3 +1263,21 @@ def test_a_served_chain_that_draws_at_a_fixed_position_takes_fresh_noise(tmp_pat
     finally:
         box["httpd"].shutdown()
         t.join(60)
+
+
+def test_the_http_layers_own_refusals_are_json_errors(server):
+    """What the HTTP layer refuses before a handler runs -- a method no endpoint serves, a header line too long --
+    is answered in OpenAI's error shape (JSON, as every other answer), not an HTML page."""
+    import http.client
+    host, port = server["httpd"].server_address[:2]
+    for method, path, headers in (("DELETE", "/v1/models", {}), ("PUT", "/v1/completions", {}),
+                                  ("GET", "/v1/models", {"X-Long": "x" * 70000})):
+        conn = http.client.HTTPConnection(host, port, timeout=60)
+        conn.request(method, path, headers=headers)
+        r = conn.getresponse()
+        status, kind, body = r.status, r.getheader("Content-Type"), r.read()
+        conn.close()
+        assert 400 <= status < 600 and kind == "application/json", (method, status, kind, body[:200])
+        err = json.loads(body)["error"]
+        assert err["type"] in ("invalid_request_error", "server_error") and err["message"]
+    assert post(server["base"] + "/v1/completions", dict(prompt="x", max_tokens=2))[0] == 200
