@@ -1798,7 +1798,8 @@ class Handler(BaseHTTPRequestHandler):
                 kind = "invalid_request_error" if job.status < 500 else "server_error"
                 self.wfile.write(b"data: " + json.dumps({"error": {"message": job.error, "type": kind,
                                                                     "param": job.param, "code": None}}).encode()
-                                 + b"\n\n")
+                                 + b"\n\ndata: [DONE]\n\n")      # (the end every stream has, as vLLM's)
+                self.wfile.flush()
                 return
             if ev == "echo":        # (each choice's first chunk: its prompt)
                 for r in job.rows:

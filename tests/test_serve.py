@@ -714,6 +714,13 @@ def test_a_value_that_fails_at_run_time_is_a_400_naming_it(server):
                                                            "repetition_context_size": 0})
     with pytest.raises(openai.APIError, match="overflow"):
         list(stream)
+    # (a plain SSE reader: the error event, then data: [DONE] as every stream ends -- vLLM's too)
+    req = urllib.request.Request(server["base"] + "/v1/completions", data=json.dumps(dict(
+        prompt="A sampler chain", max_tokens=4, seed=1, stream=True, repetition_penalty=1e-40,
+        repetition_context_size=0)).encode(), headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=60) as answer:
+        events = [line[6:] for line in answer.read().decode().split("\n") if line.startswith("data: ")]
+    assert json.loads(events[-2])["error"]["param"] == "repetition_penalty" and events[-1] == "[DONE]"
     r = c.completions.create(model="demo", prompt="still here", max_tokens=3, temperature=0.5, seed=9)
     assert r.usage.completion_tokens == 3
 
