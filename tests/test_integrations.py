@@ -489,7 +489,8 @@ def test_mlx_lms_speculative_loop_without_speculative_is_an_error(model, llama_p
 def test_a_batch_that_shrinks_keeps_its_steps_and_output_says_why_it_cannot_stack(nucleus_prog):
     """mlx-lm's BatchGenerator calls the processor once per row, then the sampler: rows that finish leave the
     batch. A batch down to one row goes on (its steps kept); `output()` over steps of several widths names the
-    cause. Records the processor left while another sampler ran are dropped: the next call reads its own."""
+    cause. A call takes the step's first records; one the step's calls left (a row another sampler sampled) is an
+    error at the next step."""
     s = Sampler(nucleus_prog, seed=3)
     rng = np.random.default_rng(0)
     seqs = [[5, 6, 7], [8, 9, 10], [11, 12, 13]]
@@ -505,11 +506,12 @@ def test_a_batch_that_shrinks_keeps_its_steps_and_output_says_why_it_cannot_stac
     with pytest.raises(SamplecError, match=r"batches of \[1, 2, 3\] rows"):
         s.output("token")
     s = Sampler(nucleus_prog, seed=3)
-    x = mx.array(rng.standard_normal((1, 64)).astype(np.float32))
-    for n in range(5):                   # (the processor with another sampler: records left behind)
-        s.logits_processors[0](mx.array([1, 2] + [3] * n), x)
-    s.logits_processors[0](mx.array([4, 5, 6]), x)
-    assert np.array(s(x)).tolist() == np.array(nucleus_prog(x, seed=3, pos=3).token).tolist()
+    x = mx.array(rng.standard_normal((2, 64)).astype(np.float32))
+    s.logits_processors[0](mx.array([4, 5, 6]), x[:1])
+    s.logits_processors[0](mx.array([1, 2]), x[1:])      # (a row another sampler samples)
+    assert np.array(s(x[:1])).tolist() == np.array(nucleus_prog(x[:1], seed=3, pos=3).token).tolist()
+    with pytest.raises(SamplecError, match="ran on 1 row"):
+        s.logits_processors[0](mx.array([4, 5, 6, 7]), x[:1])
 
 
 def test_bad_values_are_errors_when_the_sampler_is_made(model):
@@ -583,3 +585,52 @@ def test_a_decode_loops_steps_take_the_programs_short_path(model, loop):
     # (mlx-lm's loop samples one step past the last token it yields)
     assert stats["full"] == 1 and stats["short"] == n - (loop == "generate"), stats
     assert stats["specialized"] == stats["short"], stats      # (mlx_lm's defaults leave stages off)
+
+
+def _batch_tokens(g, uids, steps=40):
+    out = {u: [] for u in uids}
+    for _ in range(steps):
+        for r in g.next_generated():
+            out[r.uid].append(int(r.token))
+    g.close()
+    return [out[u] for u in uids]
+
+
+@pytest.mark.parametrize("src", ["nucleus", FIXED])
+def test_a_shared_sampler_beside_a_request_with_another_sampler(model, src):
+    """BatchGenerator's default Sampler for some requests and another sampler (with its own processors) for
+    another: mlx-lm then calls each row's sampler on its own row, after every row's processors. Each call of the
+    shared Sampler takes its own row's record (in row order), so its rows draw decode.generate's tokens alone."""
+    from mlx_lm.generate import BatchGenerator
+    from mlx_lm.sample_utils import make_sampler
+    prog = samplec.compile_file(EXAMPLES / "llama.smp", sampler=src) if src == "nucleus" else samplec.compile(src)
+    prompts = [[5, 17, 300], [9, 9, 9, 9, 9], [100, 200]]
+    s = Sampler(prog, seed=2, temperature=1.5) if src == "nucleus" else Sampler(prog, seed=2)
+    for other_first in (False, True):
+        s.reset()
+        g = BatchGenerator(model, stop_tokens=[], sampler=s, logits_processors=s.logits_processors)
+        greedy = g.insert([prompts[2]], max_tokens=[8], samplers=[make_sampler(temp=0.0)],
+                          logits_processors=[[]]) if other_first else []
+        uids = g.insert(prompts[:2], max_tokens=[8, 8])
+        if not other_first:
+            greedy = g.insert([prompts[2]], max_tokens=[8], samplers=[make_sampler(temp=0.0)],
+                              logits_processors=[[]])
+        got = _batch_tokens(g, uids + greedy)
+        params = dict(temperature=1.5) if src == "nucleus" else {}
+        for p, toks in zip(prompts[:2], got[:2]):
+            assert toks == generate(model, prog, p, 8, seed=2, **params), other_first
+        assert got[2] == [t for t, _ in generate_step(mx.array(prompts[2]), model, max_tokens=8)]
+
+
+def test_the_processor_on_a_row_another_sampler_samples_is_an_error(model, nucleus_prog):
+    """A request inserted with another sampler but BatchGenerator's default processors (the shared Sampler's)
+    gives the adapter a record of a row it does not sample: an error that says to give that request its own
+    logits_processors, not another row's logits for one of the Sampler's rows."""
+    from mlx_lm.generate import BatchGenerator
+    from mlx_lm.sample_utils import make_sampler
+    s = Sampler(nucleus_prog, seed=2)
+    g = BatchGenerator(model, stop_tokens=[], sampler=s, logits_processors=s.logits_processors)
+    g.insert([[5, 17, 300], [9, 9, 9, 9]], max_tokens=[8, 8])
+    g.insert([[100, 200]], max_tokens=[8], samplers=[make_sampler(temp=0.0)])
+    with pytest.raises(SamplecError, match=r"did not sample.*logits_processors=\[\[\]\]"):
+        _batch_tokens(g, [])

@@ -58,6 +58,9 @@ __all__ = ["Sampler", "Step", "speculative_request", "random_llama", "local_toke
 _CHECK_LAG = 2   # a step's check flags are read two sampler calls later, when mlx-lm has already synced on it
 _STATE_CALLS = 8    # calls a row's carried state waits for the row (a row that joins takes a step of its own)
 _MAX_CAPTURED = 1024    # the processor's records kept between two sampler calls (a batch's rows: one each)
+_OWN_PROCESSORS = ("give a request inserted with another sampler its own logits processors "
+                   "(BatchGenerator.insert(prompts, samplers=[other], logits_processors=[[]]), or that sampler's), "
+                   "or give every request a Sampler of its own with its processors")
 
 
 @dataclass(frozen=True)
@@ -96,7 +99,12 @@ class Sampler:
             names = ", ".join(p.name for p in program.params) or "none"
             raise SamplecError(f"unknown parameter '{unknown[0]}' for the sampler '{program.name}' "
                                f"(parameters: {names})")
+        # the processor's records of this step not yet taken by a sampler call: mlx-lm runs every row's processors,
+        # then the samplers (BatchGenerator: one call for the batch, or one call per row, in row order, where the
+        # rows' samplers differ); a call takes the first B records left
         self._captured: list[tuple[mx.array, mx.array]] = []
+        self._sampled = False       # whether the sampler was called since the processor's last record
+        self._step_calls = 0        # the sampler's calls on this step's records so far
         self._warned = False
         # values given one per row (a list): the batch size they fix (`__call__` checks each call's)
         scalar = {p.name for p in program.params if p.kind in ("float", "int", "seed")}
@@ -151,6 +159,13 @@ class Sampler:
 
     # ---- the logits processor: record the raw logits and the sequence ----
     def _capture(self, tokens: mx.array, logits: mx.array) -> mx.array:
+        if self._sampled:       # a new step: the last one's records were all taken, one per row sampled
+            self._sampled, self._step_calls = False, 0
+            if self._captured:
+                n, self._captured = len(self._captured), []
+                raise SamplecError(f"the adapter's logits processor ran on {n} row(s) that this Sampler did not "
+                                   "sample (mlx-lm's BatchGenerator gives a request inserted with samplers= but "
+                                   "without logits_processors= the default processors): " + _OWN_PROCESSORS)
         if len(self._captured) >= _MAX_CAPTURED:     # (the processor without its sampler: the oldest go)
             if not self._warned:
                 self._warned = True
@@ -172,9 +187,11 @@ class Sampler:
                                f"but mlx-lm called it with {B} (BatchGenerator drops finished requests and adds "
                                "new ones): give each request a Sampler of its own with plain values "
                                "(BatchGenerator.insert(prompts, samplers=[...], logits_processors=[...]))")
-        captured, self._captured = self._captured, []
-        if len(captured) > B:       # (records the processor left while another sampler ran: this call's are last)
-            captured = captured[-B:]
+        # (this call's rows are the step's first B records left: BatchGenerator samples row by row, in row order,
+        # where its rows' samplers differ; a call that leaves records, or follows one, is one row of such a step)
+        captured, self._captured = self._captured[:B], self._captured[B:]
+        row_by_row = bool(self._step_calls or self._captured)
+        self._sampled, self._step_calls = True, self._step_calls + 1
         if self._draft is not None and captured and not self._on_draft_path(captured):
             self._draft = None      # (a plain generation after the speculative run: its sequence has the prompt)
         rows_tokens = None
@@ -185,22 +202,29 @@ class Sampler:
                 needs = [*self._feed.position_names, *([self._feed.history_name] if self._feed.needs_history else [])]
                 raise SamplecError(f"the sampler '{self.program.name}' needs the token history / position "
                                    f"({', '.join(needs)}): pass logits_processors=sampler.logits_processors "
-                                   "to mlx-lm together with sampler=sampler")
+                                   "to mlx-lm together with sampler=sampler (BatchGenerator.insert: "
+                                   "logits_processors=[sampler.logits_processors] for each request it samples)")
             logits, positions, history = logprobs, (-1,) * B, None     # positions unknown (and unused)
         if self._draft is not None:
             self._rewind(captured, positions)
-        elif captured and B == 1 and positions[0] - 1 not in self._last_positions:
+        elif captured and B == 1 and not row_by_row and positions[0] - 1 not in self._last_positions:
             self._resampled(rows_tokens[0], positions[0])
             self._new_generation(captured)
             self._prompt_len = positions[0]
-        self._last_position = positions[0] if B == 1 else None
+        one = B == 1 and not row_by_row         # (one sequence)
+        self._last_position = positions[0] if one else None
         # (a batch that shrinks to one row -- BatchGenerator's other requests finished -- goes on: its position
-        # follows one of the last call's)
-        self._last_positions = frozenset(positions) if captured else frozenset()
-        self._sequence = rows_tokens[0] if captured and B == 1 else None
+        # follows one of the last step's)
+        if not captured:
+            self._last_positions = frozenset()
+        elif self._step_calls == 1:
+            self._last_positions = frozenset(positions)
+        else:
+            self._last_positions |= frozenset(positions)
+        self._sequence = rows_tokens[0] if captured and one else None
         generated = None
         if history is not None and self._feed.needs_generated:
-            if B != 1:
+            if not one:
                 raise SamplecError("a history of the generated tokens alone (prompt_in_history=False, or a "
                                    f"'{self._feed.generated_name}' history) needs one sequence per Sampler (batch "
                                    "size 1): mlx-lm's batch does not say where each row's prompt ends")
@@ -210,7 +234,7 @@ class Sampler:
         by_row = bool(self._feed.state_names) and self._draft is None and rows_tokens is not None
         if by_row:
             rows = [hashlib.blake2b(np.array(t).astype(np.int64).tobytes(), digest_size=16) for t in rows_tokens]
-            self._state = self._rows_state(rows, B, V)
+            self._state = self._rows_state(rows, B, V, new_step=self._step_calls == 1)
         elif self._state is not None and self._state[0].shape[0] != B:
             self._state = None          # (another batch: its rows start afresh)
         if self._grammar is not None:
@@ -253,7 +277,7 @@ class Sampler:
                                "in place of sampler= and logits_processors= (a new generation from part of the "
                                "last one's sequence: call sampler.reset() before it)")
 
-    def _rows_state(self, rows: list, B: int, V: int) -> list[mx.array] | None:
+    def _rows_state(self, rows: list, B: int, V: int, new_step: bool = True) -> list[mx.array] | None:
         """The state entering each row of this call: what an earlier call left to the row whose sequence then,
         with the token it drew, is this row's (`rows`: each row's sequence hashed; a row that joins a batch takes
         its first step in a call of its own); a row new to the batch starts where a first step does (the value
@@ -266,7 +290,7 @@ class Sampler:
                 h.update(drawn[i:i + 1].tobytes())
                 self._carried[h.digest()] = (self._calls, [v[i] for v in values])
         self._left = []
-        self._calls += 1
+        self._calls += new_step       # (steps: a step sampled row by row is several calls)
         found = [self._carried.pop(h.digest(), (0, None))[1] for h in rows]
         # (a row that left the batch: its state is dropped a few calls later)
         self._carried = {k: v for k, v in self._carried.items() if self._calls - v[0] <= _STATE_CALLS}
@@ -420,6 +444,7 @@ class Sampler:
         if isinstance(offset, bool) or not isinstance(offset, (int, np.integer)) or offset < 0:
             raise SamplecError(f"reset: offset must be an integer >= 0, got {offset!r}")
         self._captured, self._unchecked, self.steps, self._last_position = [], [], [], None
+        self._sampled, self._step_calls = False, 0
         self._sequence, self._last_positions = None, frozenset()
         self._blind_calls, self._offset = 0, int(offset)
         self._state, self._left, self._carried = None, [], {}
