@@ -634,3 +634,16 @@ def test_the_processor_on_a_row_another_sampler_samples_is_an_error(model, nucle
     g.insert([[100, 200]], max_tokens=[8], samplers=[make_sampler(temp=0.0)])
     with pytest.raises(SamplecError, match=r"did not sample.*logits_processors=\[\[\]\]"):
         _batch_tokens(g, [])
+
+
+def test_a_history_of_generated_tokens_in_a_shared_batch_names_itself(model):
+    """One Sampler for BatchGenerator's rows cannot tell where each row's prompt ends: a program reading the
+    generated tokens alone is an error that names the history and how it reads them, and what to do."""
+    from mlx_lm.generate import BatchGenerator
+    prog = samplec.compile("sampler o(seed: seed = 0, pos: int = 0, history: tokens) -> token {"
+                           " penalties(history, presence = 2.0) sample(seed, position = pos) }")
+    s = Sampler(prog, prompt_in_history=False)
+    g = BatchGenerator(model, stop_tokens=[], sampler=s, logits_processors=s.logits_processors)
+    g.insert([[5, 17, 300], [9, 9, 9, 9]], max_tokens=[4, 4])
+    with pytest.raises(SamplecError, match=r"'history' with prompt_in_history=False\).*samplers=\[\.\.\.\]"):
+        _batch_tokens(g, [])

@@ -225,9 +225,12 @@ class Sampler:
         generated = None
         if history is not None and self._feed.needs_generated:
             if not one:
-                raise SamplecError("a history of the generated tokens alone (prompt_in_history=False, or a "
-                                   f"'{self._feed.generated_name}' history) needs one sequence per Sampler (batch "
-                                   "size 1): mlx-lm's batch does not say where each row's prompt ends")
+                which = f"the '{self._feed.generated_name}' history" if self._feed.generated_name else \
+                    f"'{self._feed.history_name}' with prompt_in_history=False"
+                raise SamplecError(f"the sampler '{self.program.name}' reads the generated tokens alone ({which}), "
+                                   "which needs one sequence per Sampler: mlx-lm's batch does not say where each "
+                                   "row's prompt ends; give each request a Sampler of its own "
+                                   "(BatchGenerator.insert(prompts, samplers=[...], logits_processors=[...]))")
             generated = positions[0] - self._prompt_len
         # (a state carried row by row -- mlx-lm's BatchGenerator joins and drops rows between steps -- each row
         # finds the state its own previous step left by its sequence; a speculative run keeps its own by position)
