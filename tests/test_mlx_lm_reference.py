@@ -1,0 +1,175 @@
+"""The adapter's tokens inside mlx-lm's own loops against an independent numpy computation of the spec.
+
+Each step's logits are recorded as mlx-lm hands them over (a logits processor placed before the adapter's, which
+sees the raw logits, and a wrapper around the sampler, which sees mlx-lm's log-probabilities). The expected token
+is then computed here from those logits alone, in numpy, with the language's definitions (LANGUAGE.md sections 2
+and 4): the stages in the program's order and a Gumbel-max draw whose noise is Threefry-2x32-20 at counter
+(token id, position), position = the index of the token in the sequence. Nothing of samplec is used for the
+expectation, so a wrong position, history, seed or order of rows in the adapter shows up as other tokens.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+pytest.importorskip("mlx_lm")
+
+import mlx.core as mx  # noqa: E402
+from mlx_lm.generate import BatchGenerator, generate_step  # noqa: E402
+
+import samplec  # noqa: E402
+from samplec.integrations.mlx_lm import Sampler, random_llama  # noqa: E402
+
+M32 = 0xFFFFFFFF
+
+
+def threefry(seed: int, c0: np.ndarray, c1: int) -> np.ndarray:
+    """Threefry-2x32 with 20 rounds, key = (seed >> 32, seed & M32): the first output word for each counter."""
+    rot = ((13, 15, 26, 6), (17, 29, 16, 24))
+    k = [seed >> 32 & M32, seed & M32]
+    k.append(k[0] ^ k[1] ^ 0x1BD11BDA)
+    x0 = (np.asarray(c0, dtype=np.uint64) + k[0]) & M32
+    x1 = (np.full_like(x0, c1) + k[1]) & M32
+    for i in range(5):
+        for r in rot[i % 2]:
+            x0 = (x0 + x1) & M32
+            x1 = (((x1 << r) | (x1 >> (32 - r))) & M32) ^ x0
+        x0 = (x0 + k[(i + 1) % 3]) & M32
+        x1 = (x1 + k[(i + 2) % 3] + i + 1) & M32
+    return x0.astype(np.uint32)
+
+
+def test_threefry_known_answers():
+    assert int(threefry(0, np.array([0]), 0)[0]) == 0x6B200159
+    assert int(threefry(2 ** 64 - 1, np.array([M32]), M32)[0]) == 0x1CB996FC
+
+
+def gumbel(seed: int, position: int, V: int) -> np.ndarray:
+    bits = threefry(seed, np.arange(V), position)
+    u = ((bits >> 9).astype(np.float32) + np.float32(0.5)) * np.float32(2.0 ** -23)
+    return -np.log(-np.log(u))
+
+
+def expected_token(logits, *, seed, position, temperature=1.0, top_p=1.0, min_p=0.0, top_k=0, history=(),
+                   repeat=1.0, last_n=-1, cut=None):
+    """temperature, top_p, min_p, top_k (this order), then sample(seed, position): one row, numpy. With `history`,
+    a repetition penalty first (`penalties(history, last_n, repeat)`). `cut`: a dict counting what each stage
+    removed (to show the test exercises every stage)."""
+    x = np.asarray(logits, dtype=np.float32).copy()
+    if repeat != 1.0:
+        window = list(history)[-last_n:] if last_n > 0 else list(history)
+        for t in set(window):
+            x[t] = x[t] / np.float32(repeat) if x[t] > 0 else x[t] * np.float32(repeat)
+    x = x / np.float32(temperature)
+
+    def keep(mask, name):
+        mask = mask | (x == x.max())
+        if cut is not None:
+            cut[name] = cut.get(name, 0) + int((np.isfinite(x) & ~mask).sum())
+        return np.where(mask, x, -np.inf).astype(np.float32)
+
+    p = np.exp(x.astype(np.float64) - x.max())
+    p /= p.sum()
+    mass_above = np.array([p[p > q].sum() for q in p])
+    x = keep(mass_above < top_p, "top_p")
+    p = np.exp(x.astype(np.float64) - x.max())
+    x = keep(p >= min_p * p.max(), "min_p")
+    kth = np.sort(x)[::-1][top_k - 1] if 0 < top_k < x.size else -np.inf
+    x = keep(x >= kth, "top_k")
+    return int(np.argmax(x + gumbel(seed, position, x.size)))
+
+
+CHAIN = ("sampler c(t: float, p: float, m: float, k: int, seed: seed, pos: int) -> token {"
+         " temperature(t) top_p(p) min_p(m) top_k(k) sample(seed, position = pos) }")
+VALUES = dict(t=0.9, p=0.9, m=0.05, k=30)
+REFERENCE = dict(temperature=0.9, top_p=0.9, min_p=0.05, top_k=30)
+
+
+@pytest.fixture(scope="module")
+def model():
+    return random_llama(3, layers=2, hidden=64, vocab=512)
+
+
+class Recorder:
+    """What mlx-lm hands the processors (sequence, raw logits) and the sampler (log-probabilities), per call."""
+
+    def __init__(self, sampler):
+        self.sampler, self.seen, self.logprobs = sampler, [], []
+
+    def processor(self, tokens, logits):
+        self.seen.append((np.array(tokens).reshape(-1).tolist(), np.array(logits.astype(mx.float32))))
+        return logits
+
+    def __call__(self, logprobs):
+        self.logprobs.append(np.array(logprobs.astype(mx.float32)))
+        return self.sampler(logprobs)
+
+
+def test_generate_step_tokens_are_the_specs_draws(model):
+    prompt = [5, 17, 300, 42, 7, 9]
+    s = Sampler(samplec.compile(CHAIN), seed=11, **VALUES)
+    rec = Recorder(s)
+    toks = [t for t, _ in generate_step(mx.array(prompt), model, max_tokens=40, sampler=rec,
+                                        logits_processors=[rec.processor, *s.logits_processors])]
+    cut = {}
+    for i, tok in enumerate(toks):
+        seq, _ = rec.seen[i]
+        assert seq == prompt + toks[:i]                    # the sequence mlx-lm hands: prompt and tokens so far
+        want = expected_token(rec.logprobs[i][0], seed=11, position=len(prompt) + i, cut=cut, **REFERENCE)
+        assert tok == want, i
+    assert all(cut[name] > 0 for name in ("top_p", "min_p", "top_k")), cut
+
+
+def test_a_penalty_reads_the_raw_logits_and_the_whole_sequence(model):
+    """`penalties` is not shift-invariant: the expected token is computed from the raw logits (what the
+    processor sees), with the history = prompt + generated tokens, in order."""
+    prog = samplec.compile("sampler r(seed: seed, pos: int, h: tokens) -> token { penalties(h, last_n = 8, "
+                           "repeat = 3.0) temperature(0.9) top_p(0.9) min_p(0.05) top_k(30) "
+                           "sample(seed, position = pos) }")
+    prompt = [5, 17, 300, 42, 7, 9, 5, 17]
+    s = Sampler(prog, seed=4)
+    rec = Recorder(s)
+    toks = [t for t, _ in generate_step(mx.array(prompt), model, max_tokens=40, sampler=rec,
+                                        logits_processors=[rec.processor, *s.logits_processors])]
+    for i, tok in enumerate(toks):
+        seq, raw = rec.seen[i]
+        assert seq == prompt + toks[:i]
+        assert tok == expected_token(raw[0], seed=4, position=len(seq), history=seq, repeat=3.0, last_n=8,
+                                     **REFERENCE), i
+
+
+def test_batch_generator_rows_are_the_specs_draws(model):
+    """One Sampler for the batch (values one per row) and one Sampler per request: each row's token is the draw
+    at that row's position with that row's seed, from that row's logits."""
+    prompts = [[5, 17, 300, 42], [9, 9, 9, 9, 9, 9, 9], [100, 200]]
+    seeds = [3, 8, 21]
+    for shared in (True, False):
+        rows: dict[int, list] = {}
+
+        def record(uid):
+            def processor(tokens, logits):
+                rows.setdefault(uid, []).append((np.array(tokens).reshape(-1).tolist(),
+                                                 np.array(logits.astype(mx.float32))[0]))
+                return logits
+            return processor
+        if shared:
+            s = Sampler(samplec.compile(CHAIN), seed=seeds, **VALUES)
+            g = BatchGenerator(model, stop_tokens=[], sampler=s)
+            samplers = None
+        else:
+            samplers = [Sampler(samplec.compile(CHAIN), seed=seed, **VALUES) for seed in seeds]
+            g = BatchGenerator(model, stop_tokens=[])
+        uids = list(range(len(prompts)))
+        procs = [[record(u), *(s if shared else samplers[u]).logits_processors] for u in uids]
+        assert g.insert(prompts, max_tokens=[16] * 3, samplers=samplers, logits_processors=procs) == uids
+        out = {u: [] for u in uids}
+        while responses := g.next_generated():
+            for r in responses:
+                out[r.uid].append(r.token)
+        g.close()
+        for u in uids:
+            assert len(out[u]) == 16
+            for i, tok in enumerate(out[u]):
+                seq, raw = rows[u][i]
+                assert seq == prompts[u] + out[u][:i]
+                assert tok == expected_token(raw, seed=seeds[u], position=len(seq), **REFERENCE), (shared, u, i)
