@@ -196,6 +196,14 @@ class ProgramFeed:
                 value.shape[0] if isinstance(value, (np.ndarray, mx.array)) and value.ndim == 1 else 1
             _scalar_param(p, value, max(rows, 1))
 
+    def check_arrays(self, set_by=()) -> None:
+        """A required array parameter (a `mask`, a `bias`) not given is an error when the loop is set up, not at its
+        first step after the prompt's prefill; `set_by`: the names the loop sets at each step (a grammar's mask)."""
+        for p in self.program.params:
+            if p.kind in ("mask", "bias") and p.default is None and self.params.get(p.name) is None and \
+                    p.name not in set_by:
+                raise SamplecError(f"missing required parameter '{p.name}' ({p.kind})")
+
     @property
     def needs_history(self) -> bool:
         return self.history_name is not None
@@ -409,6 +417,7 @@ def generate(model, program: Program, prompt, max_tokens: int, *, chunk: int = 1
         return generate_constrained(model, program, tokens, max_tokens, seed=seed, eos=_eos_set(eos_token_id),
                                     prompt_in_history=prompt_in_history, params=params, grammar=grammar)
     feed = ProgramFeed(program, seed, params, prompt_in_history)
+    feed.check_arrays()
     eos = _eos_set(eos_token_id)
     counts = {"target_forwards": 0, "draft_forwards": 0, "draft_tokens": 0, "accepted_tokens": 0, "tokens": 0}
     if stats is not None:

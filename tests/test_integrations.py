@@ -529,6 +529,14 @@ def test_bad_values_are_errors_when_the_sampler_is_made(model):
     with pytest.raises(SamplecError, match="missing required parameter 't'"):
         generate(model, needs, PROMPT, 4, seed=1)
     assert Sampler(needs, seed=1, t=mx.array([0.5, 0.7])) is not None     # (an MLX array of per-row values)
+    masked = samplec.compile("sampler a(m: mask, b: bias, seed: seed = 0, pos: int = 0) -> token { logit_bias(b) "
+                             "allow(m) sample(seed, position = pos) }")
+    ones, zeros = np.ones(512, dtype=bool), np.zeros(512, dtype=np.float32)
+    for given, missing in (({"b": zeros}, "m"), ({"m": ones}, "b")):
+        with pytest.raises(SamplecError, match=f"missing required parameter '{missing}'"):
+            Sampler(masked, **given)
+        with pytest.raises(SamplecError, match=f"missing required parameter '{missing}'"):
+            generate(model, masked, PROMPT, 4, **given)
 
 
 def test_a_step_reads_nothing_back_but_earlier_steps_check_words(model, llama_prog, monkeypatch):

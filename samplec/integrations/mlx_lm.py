@@ -94,6 +94,7 @@ class Sampler:
         if grammar is not None:
             from samplec.structured import FeedGrammar
             self._grammar = FeedGrammar(program, grammar, params)
+        self._feed.check_arrays(set_by=(self._grammar.name,) if self._grammar is not None else ())
         unknown = sorted(set(params) - {p.name for p in program.params})
         if unknown:      # (found here, when the adapter is built, not at mlx-lm's first step)
             names = ", ".join(p.name for p in program.params) or "none"
