@@ -191,7 +191,7 @@ class Sampler:
         # (this call's rows are the step's first B records left: BatchGenerator samples row by row, in row order,
         # where its rows' samplers differ; a call that leaves records, or follows one, is one row of such a step)
         captured, self._captured = self._captured[:B], self._captured[B:]
-        row_by_row = bool(self._step_calls or self._captured)
+        row_by_row = bool(captured) and bool(self._step_calls or self._captured)
         self._sampled, self._step_calls = True, self._step_calls + 1
         if self._draft is not None and captured and not self._on_draft_path(captured):
             self._draft = None      # (a plain generation after the speculative run: its sequence has the prompt)
