@@ -655,3 +655,23 @@ def test_a_history_of_generated_tokens_in_a_shared_batch_names_itself(model):
     g.insert([[5, 17, 300], [9, 9, 9, 9]], max_tokens=[4, 4])
     with pytest.raises(SamplecError, match=r"'history' with prompt_in_history=False\).*samplers=\[\.\.\.\]"):
         _batch_tokens(g, [])
+
+
+def test_the_python_blocks_of_docs_inference_run(model, monkeypatch, capsys):
+    """Every ```python block of docs/inference.md runs as written, each on its own, with the names its prose
+    leaves to the reader (the model and tokenizer `load` would give, a program, prompt ids, a draft model) and
+    `mlx_lm.load` returning the small local model."""
+    import re
+
+    from samplec.integrations.mlx_lm import noisy_copy
+    text = (EXAMPLES.parent / "docs" / "inference.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", text, re.S)
+    assert len(blocks) >= 4
+    tok = local_tokenizer(512)
+    monkeypatch.setattr(mlx_lm, "load", lambda *a, **k: (model, tok))
+    monkeypatch.chdir(EXAMPLES.parent)            # (the blocks name examples/*.smp from the checkout's root)
+    given = dict(model=model, tokenizer=tok, tok=tok, prompt_ids=tok.encode("A sampler chain"),
+                 program=samplec.compile_file(EXAMPLES / "llama.smp"), draft=noisy_copy(model, 0.05))
+    for block in blocks:
+        exec(compile(block, "docs/inference.md", "exec"), dict(given))
+    assert capsys.readouterr().out
