@@ -675,3 +675,13 @@ def test_the_python_blocks_of_docs_inference_run(model, monkeypatch, capsys):
     for block in blocks:
         exec(compile(block, "docs/inference.md", "exec"), dict(given))
     assert capsys.readouterr().out
+
+
+def test_the_decode_loop_example_runs(monkeypatch, capsys):
+    """examples/decode_loop.py as the README runs it (smaller): the adapter and the multi-step loop agree."""
+    import runpy
+    import sys
+    monkeypatch.setattr(sys, "argv", ["decode_loop.py", "--tokens", "8", "--layers", "1", "--hidden", "32",
+                                      "--vocab", "512"])
+    runpy.run_path(str(EXAMPLES / "decode_loop.py"), run_name="__main__")
+    assert "agree token for token: True" in capsys.readouterr().out
