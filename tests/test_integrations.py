@@ -599,7 +599,7 @@ def _batch_tokens(g, uids, steps=40):
     out = {u: [] for u in uids}
     for _ in range(steps):
         for r in g.next_generated():
-            out[r.uid].append(int(r.token))
+            out.setdefault(r.uid, []).append(int(r.token))
     g.close()
     return [out[u] for u in uids]
 
@@ -685,3 +685,45 @@ def test_the_decode_loop_example_runs(monkeypatch, capsys):
                                       "--vocab", "512"])
     runpy.run_path(str(EXAMPLES / "decode_loop.py"), run_name="__main__")
     assert "agree token for token: True" in capsys.readouterr().out
+
+
+def test_rows_sampled_one_by_one_read_check_flags_of_finished_steps_only(model, nucleus_prog):
+    """Sampled row by row (a shared Sampler beside a request with another sampler), a step is several calls; the
+    flags read after a call are those of steps two model steps back (mlx-lm has synced on them), not of an
+    earlier row of the step still queued."""
+    from mlx_lm.generate import BatchGenerator
+    from mlx_lm.sample_utils import make_sampler
+
+    class Counted:                   # counts the decode steps (one-token forward passes) mlx-lm has run
+        def __init__(self, inner):
+            self.inner, self.steps = inner, 0
+            self.layers = inner.layers
+
+        def __call__(self, x, cache=None):
+            self.steps += x.shape[1] == 1
+            return self.inner(x, cache=cache)
+    counted = Counted(model)
+    s = Sampler(nucleus_prog, seed=1)
+    made, read = {}, []
+
+    class Watched:                   # the adapter's ProgramFeed: when each call's flags were made and read
+        def __init__(self, feed):
+            self.feed = feed
+
+        def __getattr__(self, name):
+            return getattr(self.feed, name)
+
+        def __call__(self, *a, **k):
+            outs, checks = self.feed(*a, **k)
+            made[id(checks)] = (checks, counted.steps)
+            return outs, checks
+
+        def first_fired(self, checks, *a):
+            read.append(counted.steps - made[id(checks)][1])
+            return self.feed.first_fired(checks, *a)
+    s._feed = Watched(s._feed)
+    g = BatchGenerator(counted, stop_tokens=[], sampler=s, logits_processors=s.logits_processors)
+    g.insert([[5, 17, 300, 4], [9, 9, 9, 9, 9], [1, 2, 3, 4]], max_tokens=[10] * 3)
+    g.insert([[100, 200, 7]], max_tokens=[10], samplers=[make_sampler(temp=0.0)], logits_processors=[[]])
+    _batch_tokens(g, [])
+    assert read and min(read) >= 2, read

@@ -55,7 +55,7 @@ from samplec.program import Outputs, Program
 
 __all__ = ["Sampler", "Step", "speculative_request", "random_llama", "local_tokenizer", "noisy_copy"]
 
-_CHECK_LAG = 2   # a step's check flags are read two sampler calls later, when mlx-lm has already synced on it
+_CHECK_LAG = 2   # a step's check flags are read two steps later, when mlx-lm has already synced on it
 _STATE_CALLS = 8    # calls a row's carried state waits for the row (a row that joins takes a step of its own)
 _MAX_CAPTURED = 1024    # the processor's records kept between two sampler calls (a batch's rows: one each)
 _OWN_PROCESSORS = ("give a request inserted with another sampler its own logits processors "
@@ -119,7 +119,8 @@ class Sampler:
         self._calls = 0
         self._blind_calls = 0       # sampler calls without the processor (see __call__)
         self._offset = 0            # tokens before the sequence mlx-lm hands the processor (`reset(offset=)`)
-        self._unchecked: list[tuple[list[mx.array], tuple[int, ...]]] = []
+        self._unchecked: list[tuple[list[mx.array], tuple[int, ...], int]] = []    # (flags, positions, step)
+        self._step_no = 0           # the sampler's steps (a step sampled row by row is several calls)
         self._last_position: int | None = None
         self._last_positions: frozenset = frozenset()
         # the last call's sequence (one row, lazy: read only by `_resampled`, so that a step never waits for the
@@ -193,6 +194,7 @@ class Sampler:
         captured, self._captured = self._captured[:B], self._captured[B:]
         row_by_row = bool(captured) and bool(self._step_calls or self._captured)
         self._sampled, self._step_calls = True, self._step_calls + 1
+        self._step_no += not captured or self._step_calls == 1
         if self._draft is not None and captured and not self._on_draft_path(captured):
             self._draft = None      # (a plain generation after the speculative run: its sequence has the prompt)
         rows_tokens = None
@@ -260,9 +262,9 @@ class Sampler:
                 self._draft.states[positions[0]] = self._state
         # materialize every output with the token: a kept step then holds small arrays, not a graph over [B, V]
         mx.async_eval(*outs, *[f for _, f in flags])
-        self._unchecked.append((flags, positions))
+        self._unchecked.append((flags, positions, self._step_no))
         self.steps.append(Step(positions, self._feed.outputs(outs)))
-        while self._draft is None and len(self._unchecked) > _CHECK_LAG:
+        while self._draft is None and self._unchecked and self._unchecked[0][2] <= self._step_no - _CHECK_LAG:
             self._check_one(self._unchecked.pop(0))
         return outs[self._feed.token_index]
 
@@ -403,7 +405,7 @@ class Sampler:
                 self._feed.check_history(np.array(tokens), logits.shape[-1])
 
     def _check_one(self, entry) -> None:
-        checks, positions = entry
+        checks, positions = entry[:2]
         fired = self._feed.first_fired(checks)
         if fired is not None:
             message, row = fired
