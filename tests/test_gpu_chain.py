@@ -1187,3 +1187,22 @@ def test_emulated_penalties_over_two_histories_equal_O0(split, shared_first):
     assert tok.tolist() == np.array(o0.token).tolist(), src
     np.testing.assert_allclose(lp, np.array(o0.logprob), atol=2e-4, rtol=1e-4, err_msg=src)
     assert flags.shape == (B, 2) and not flags.any()
+
+
+def test_the_chain_kernels_first_compile_is_announced_once_and_named_as_mlx_keeps_it(tmp_path, monkeypatch, capsys):
+    """NVRTC takes minutes over the chain kernel: where MLX's cache (MLX_PTX_CACHE_DIR) does not hold it under the
+    name the kernel is made with, its first use says so on stderr (and `samplec doctor` says whether it is built);
+    once the cache holds it, nothing is said."""
+    monkeypatch.setenv("MLX_PTX_CACHE_DIR", str(tmp_path))
+    made = {}
+    monkeypatch.setattr(gpu, "_kernels", {})
+    monkeypatch.setattr(mx.fast, "cuda_kernel", lambda **kw: made.update(kw) or "kernel", raising=False)
+    gpu._kernel("samplec_chain", gpu.INPUT_NAMES, gpu.CHAIN_BODY, gpu.CHAIN_OUTPUTS, gpu.chain_header())
+    gpu._kernel("samplec_chain", gpu.INPUT_NAMES, gpu.CHAIN_BODY, gpu.CHAIN_OUTPUTS, gpu.chain_header())
+    assert made["name"] == gpu.chain_kernel_name()
+    err = capsys.readouterr().err
+    assert err.count("compiling the CUDA chain kernel with NVRTC") == 1 and str(tmp_path) in err
+    (tmp_path / f"custom_kernel_{made['name']}.ptx").write_bytes(b"")
+    monkeypatch.setattr(gpu, "_kernels", {})
+    gpu._kernel("samplec_chain", gpu.INPUT_NAMES, gpu.CHAIN_BODY, gpu.CHAIN_OUTPUTS, gpu.chain_header())
+    assert capsys.readouterr().err == "" and gpu.first_compile_notice(made["name"]) is None

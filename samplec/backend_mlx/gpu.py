@@ -68,6 +68,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import os
+import sys
 from pathlib import Path
 
 import mlx.core as mx
@@ -162,14 +163,43 @@ def available() -> bool:
         return False
 
 
+def ptx_cache_dir() -> Path:
+    """Where MLX's CUDA backend keeps the kernels NVRTC compiled (its jit_module's rule): MLX_PTX_CACHE_DIR, else
+    $TMPDIR (or /tmp)/mlx/<MLX's version>/ptx."""
+    given = os.environ.get("MLX_PTX_CACHE_DIR")
+    return Path(given) if given else Path(os.environ.get("TMPDIR") or "/tmp") / "mlx" / mx.__version__ / "ptx"
+
+
+def first_compile_notice(kernel_name: str) -> str | None:
+    """What to tell a user whose call waits for NVRTC (the chain kernel takes it minutes), or None where MLX has
+    the kernel compiled already: the first use on a machine, or after an upgrade changed the kernel."""
+    path = ptx_cache_dir() / f"custom_kernel_{kernel_name}.ptx"
+    if path.exists():
+        return None
+    return (f"samplec: compiling the CUDA chain kernel with NVRTC (its first use on this machine or since an upgrade: "
+            f"a few minutes, once); MLX keeps it in {path.parent} (MLX_PTX_CACHE_DIR sets the folder)")
+
+
+def _kernel_name(name: str, inputs: list[str], source: str, outputs: tuple, header: str) -> str:
+    return f"{name}_" + hashlib.sha256("\0".join([header, source, *inputs, *outputs]).encode()).hexdigest()[:12]
+
+
+def chain_kernel_name() -> str:
+    """The chain kernel's name as MLX keeps it compiled (`_kernel`)."""
+    return _kernel_name("samplec_chain", INPUT_NAMES, CHAIN_BODY, CHAIN_OUTPUTS, chain_header())
+
+
 def _kernel(name: str, inputs: list[str], source: str, outputs: tuple = ("out",), header: str = ""):
     """MLX's CUDA kernel object for a source, made once a process. Its name carries a digest of the source: MLX
     keeps compiled kernels on disk by name alone (MLX_PTX_CACHE_DIR, else $TMPDIR/mlx/<version>/ptx), so a kernel
     an upgrade changed must not load the old one. (The name does not follow the inputs' dtypes: callers cast each
     input to the one dtype its kernel is written for: `_slot`.)"""
     if name not in _kernels:
-        digest = hashlib.sha256("\0".join([header, source, *inputs, *outputs]).encode()).hexdigest()[:12]
-        _kernels[name] = mx.fast.cuda_kernel(name=f"{name}_{digest}", input_names=inputs,
+        full = _kernel_name(name, inputs, source, outputs, header)
+        notice = first_compile_notice(full) if name == "samplec_chain" else None
+        if notice:
+            print(notice, file=sys.stderr, flush=True)
+        _kernels[name] = mx.fast.cuda_kernel(name=full, input_names=inputs,
                                              output_names=list(outputs), source=source, header=header)
     return _kernels[name]
 
@@ -850,4 +880,7 @@ def path_report() -> str:
         chain = f"{', '.join(CHAIN_STAGES)} -> sample/greedy, {mode}, with a logit_bias, an allow and up " \
             "to four penalties stages before them, with their checks; beside it one kernel each for " \
             "top_logprobs' selection and DRY"
-    return f"active (CUDA): kth_largest by one radix-select block a row; the chain kernel: {chain}"
+    built = first_compile_notice(chain_kernel_name())
+    built = f"; {built[len('samplec: '):]} at its first chain" if built else \
+        f"; compiled, in {ptx_cache_dir()}"
+    return f"active (CUDA): kth_largest by one radix-select block a row; the chain kernel: {chain}{built}"
