@@ -53,6 +53,11 @@ def _layout(names) -> tuple:
     return tuple((a, (a + ".ids", a + ".values") if a in ("top_logprobs", "candidates") else a) for a in attrs)
 
 
+class NoOutput(SamplecError, AttributeError):
+    """An output the program does not have, asked of a call's Outputs: a SamplecError, as every user-facing
+    failure, and an AttributeError, as Python's `hasattr` and `getattr(out, name, default)` expect."""
+
+
 class Outputs:
     """The outputs of one call, as attributes named like the sampler's outputs (MLX arrays)."""
 
@@ -63,7 +68,7 @@ class Outputs:
             attrs[attr] = values[key] if type(key) is str else IdsValues(values[key[0]], values[key[1]])
 
     def __getattr__(self, name):
-        raise AttributeError(f"this program has no output '{name}' (it has: {', '.join(self.names())})")
+        raise NoOutput(f"this program has no output '{name}' (it has: {', '.join(self.names())})")
 
     def names(self) -> list[str]:
         return list(dict.fromkeys(k.split(".")[0] for k in self._values))

@@ -220,6 +220,7 @@ def generate_constrained(model, program, tokens: list[int], max_tokens: int, *, 
     from samplec.decode import ProgramFeed, pad_history, prefill
     name = mask_param(program, grammar, params)
     feed = ProgramFeed(program, seed, params, prompt_in_history)
+    feed.check_arrays(set_by=(name,))
     matcher = grammar.matcher()
     cache, logits = prefill(model, mx.array(tokens, dtype=mx.int32))
     V = logits.shape[-1]

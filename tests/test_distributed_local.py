@@ -66,7 +66,7 @@ def test_shard_refuses_what_is_not_a_program(group):
         shard(samplec.compile("sampler s() { greedy() }"), group, on_timeout="wait")
 
 
-def test_shard_lm_head_refusals(group):
+def test_shard_lm_head_refusals(group, monkeypatch):
     import mlx.nn as nn
     with pytest.raises(samplec.SamplecError, match="found no LM head"):
         shard_lm_head(nn.Linear(4, 4), group)
@@ -86,3 +86,9 @@ def test_shard_lm_head_refusals(group):
     with pytest.raises(samplec.SamplecError, match="without grammar= or draft_model="):
         generate(model, prog, [1, 2], 3, draft_model=model)
     assert len(generate(model, prog, [1, 2], 3)) == 3
+    biased = samplec.compile("sampler b(bias: bias, seed: seed) -> token { logit_bias(bias) sample(seed) }")
+    calls, forward = [], type(model).__call__
+    monkeypatch.setattr(type(model), "__call__", lambda self, *a, **k: calls.append(1) or forward(self, *a, **k))
+    with pytest.raises(samplec.SamplecError, match="missing required parameter 'bias'"):
+        generate(model, biased, [1, 2], 3)
+    assert not calls        # (an error when the loop is set up: the model never ran the prompt)

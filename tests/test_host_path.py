@@ -488,3 +488,13 @@ def test_the_cpu_target_takes_its_scalars_as_they_are():
                         for p, a in zip(prog.params, args[1:])]
     for a, b in zip(prog.exe(*args)[0], prog.exe(*wide)[0]):
         np.testing.assert_array_equal(np.array(a), np.array(b))
+
+
+def test_an_output_the_program_lacks_is_a_samplec_error_and_an_attribute_error():
+    """`out.probs` of a program without a probs output: a SamplecError naming the outputs it has (as every user-facing
+    failure), which `hasattr` and `getattr(out, name, default)` still read as a missing attribute."""
+    prog = samplec.compile(SRC)
+    out = prog(X, **GOOD)
+    with pytest.raises(samplec.SamplecError, match=r"no output 'probs' \(it has: token, logprob\)"):
+        out.probs
+    assert not hasattr(out, "probs") and getattr(out, "probs", None) is None and hasattr(out, "logprob")

@@ -140,3 +140,17 @@ def test_a_batch_of_masks_on_the_thread_pool_equals_one_at_a_time(demo):
     fill_batch([(m, i + 1) for i, m in enumerate(matchers)], pool)
     np.testing.assert_array_equal(pool, one)
     assert len({one[i].tobytes() for i in (1, 2, 3)}) == 3 and (one[0] == -1).all()
+
+
+def test_a_missing_bias_is_an_error_before_the_prompts_prefill(demo, monkeypatch):
+    """The grammar sets the mask each step; any other required array (a bias) not given is an error when the loop
+    is set up, before the model runs the prompt."""
+    model, tok, gt, _ = demo
+    prog = samplec.compile("sampler c(allowed: mask, b: bias, seed: seed, pos: int) -> token "
+                           "{ allow(allowed) logit_bias(b) sample(seed, position = pos) }")
+    from samplec import decode
+    ran = []
+    monkeypatch.setattr(decode, "prefill", lambda *a, **k: ran.append(1))
+    with pytest.raises(samplec.SamplecError, match="missing required parameter 'b'"):
+        generate(model, prog, tok.encode("counting"), 8, seed=1, grammar=Grammar.regex(gt, "[a-z]+"))
+    assert not ran

@@ -106,6 +106,7 @@ def generate_sharded(model, program, tokens: list[int], max_tokens: int, *, seed
     from samplec.decode import PREFILL_STEP, ProgramFeed, _make_cache, pad_history, step_seeds
     where: VocabShard = model.samplec_vocab
     feed = ProgramFeed(program, seed, params, prompt_in_history)
+    feed.check_arrays()
     sharded = shard(program, where.group, timeout=timeout)
     if stats is not None:
         stats.update({"target_forwards": 0, "draft_forwards": 0, "draft_tokens": 0, "accepted_tokens": 0,
