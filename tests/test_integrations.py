@@ -539,14 +539,23 @@ def test_bad_values_are_errors_when_the_sampler_is_made(model):
             generate(model, masked, PROMPT, 4, **given)
 
 
-def test_a_step_reads_nothing_back_but_earlier_steps_check_words(model, llama_prog, monkeypatch):
+MIROSTAT = ("sampler m(mu: state, seed: seed, pos: int = 0) -> token, mu { temperature(1.5) "
+            "mirostat_v2(mu, 3.0, 1.0, seed, position = pos) }")
+
+
+@pytest.mark.parametrize("stateful", [False, True], ids=["llama", "mirostat"])
+def test_a_step_reads_nothing_back_but_earlier_steps_check_words(model, llama_prog, monkeypatch, stateful):
     """mlx-lm queues a step while the last one runs; a step that read the sequence (whose last token is the last
     step's, still running) would wait for it. After the first step (which checks the prompt's ids) the adapter
     reads only the check flags of steps a few calls back (packed uint32 words, or bools), never a token sequence,
-    and gives the same tokens."""
+    and gives the same tokens -- a program with a state (mirostat's mu) too: one sequence's state follows it by a
+    comparison on the device, and its tokens are decode.generate's."""
     import samplec.decode
     import samplec.integrations.mlx_lm as adapter
     import samplec.program
+
+    if stateful:
+        llama_prog = samplec.compile(MIROSTAT)
 
     real, flagged = np.array, samplec.program._flagged
     read = []
@@ -568,6 +577,8 @@ def test_a_step_reads_nothing_back_but_earlier_steps_check_words(model, llama_pr
         return flagged(flag)
 
     expected, _ = adapter_tokens(model, llama_prog, PROMPT, 16, seed=5)
+    if stateful:
+        assert expected == generate(model, samplec.compile(MIROSTAT), PROMPT, 16, seed=5)
     for module in (adapter, samplec.decode, samplec.program):
         monkeypatch.setattr(module, "np", _Numpy())
     monkeypatch.setattr(samplec.program, "_flagged", _flagged)
@@ -727,3 +738,30 @@ def test_rows_sampled_one_by_one_read_check_flags_of_finished_steps_only(model, 
     g.insert([[100, 200, 7]], max_tokens=[10], samplers=[make_sampler(temp=0.0)], logits_processors=[[]])
     _batch_tokens(g, [])
     assert read and min(read) >= 2, read
+
+
+def test_one_sequences_state_follows_only_the_sequence_it_drew_for():
+    """A state carried from one call of one sequence to the next (mirostat's mu): where the next sequence is the
+    last one and the token drawn for it, the state it left; where it is any other sequence one token longer (another
+    request's, a token the caller chose), the start -- as a fresh Sampler gives."""
+    prog = samplec.compile(MIROSTAT)
+    V = 64
+    x = mx.array(np.random.default_rng(3).standard_normal((1, V)).astype(np.float32) * 3)
+    lp = x - mx.logsumexp(x, axis=-1, keepdims=True)
+
+    def call(s, seq):
+        s.logits_processors[0](mx.array(seq, dtype=mx.int32), x)
+        token = int(np.array(s(lp)).reshape(-1)[0])
+        return token, float(np.array(s.steps[-1].outputs.mu).reshape(-1)[0])
+
+    first = [5, 9, 1, 7]
+    s = Sampler(prog, seed=2)
+    drawn, mu = call(s, first)
+    followed = call(s, first + [drawn])
+    for other in ([5, 9, 1, 8, drawn], first + [(drawn + 1) % V]):
+        s = Sampler(prog, seed=2)
+        assert call(s, first)[0] == drawn
+        assert call(s, other) == call(Sampler(prog, seed=2), other), other     # (the start: a fresh Sampler's)
+    s = Sampler(prog, seed=2)
+    call(s, first)
+    assert call(s, first + [drawn]) == followed != call(Sampler(prog, seed=2), first + [drawn])

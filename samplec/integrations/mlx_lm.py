@@ -112,6 +112,7 @@ class Sampler:
         self._rows = {len(v) for k, v in [("seed", seed), *params.items()] if (k == "seed" or k in scalar) and
                       (isinstance(v, (list, tuple)) or isinstance(v, np.ndarray) and v.ndim == 1)}
         self._state: list[mx.array] | None = None     # the state outputs of the last step (mirostat's mu)
+        self._one: tuple | None = None  # (sequence, state after) of the last call where it was one sequence
         # a state carried row by row: each call's (rows' sequences hashed, tokens, state), not yet read; and what
         # they left, by the sequence each row then has (its call's number and its state values)
         self._left: list[tuple] = []
@@ -238,7 +239,19 @@ class Sampler:
         # (a state carried row by row -- mlx-lm's BatchGenerator joins and drops rows between steps -- each row
         # finds the state its own previous step left by its sequence; a speculative run keeps its own by position)
         by_row = bool(self._feed.state_names) and self._draft is None and rows_tokens is not None
-        if by_row:
+        # (one sequence one token longer than the last call's, which was one sequence too: the state the last call
+        # left, where the sequence is that one and the token it drew -- compared on the device: the token is still
+        # being computed, which hashing the sequence would wait for -- else the start)
+        follows = by_row and one and self._one is not None and \
+            rows_tokens[0].shape[0] == self._one[0].shape[0] + 1
+        if follows:
+            seq, drawn, state = self._one
+            same = mx.logical_and(mx.array_equal(rows_tokens[0][:seq.shape[0]], seq),
+                                  mx.all(rows_tokens[0][-1:] == drawn.reshape(-1)))
+            self._state = [mx.where(same, v, mx.array(start.reshape(v.shape)))
+                           for v, start in zip(state, self._feed.state_starts(1))]
+            rows = rows_tokens
+        elif by_row:
             rows = [hashlib.blake2b(np.array(t).astype(np.int64).tobytes(), digest_size=16) for t in rows_tokens]
             self._state = self._rows_state(rows, B, V, new_step=self._step_calls == 1)
         elif self._state is not None and self._state[0].shape[0] != B:
@@ -255,7 +268,10 @@ class Sampler:
             self._grammar.after(outs[self._feed.token_index])
         self._state = self._feed.next_state(outs)       # a state output (mirostat's mu) feeds the next step
         if by_row:
-            self._left.append((rows, outs[self._feed.token_index], self._state))
+            # (a row's sequences as they are, or hashed where this call hashed them: `_rows_state` reads a row's
+            # entry when a later call needs it, by then long evaluated; a run of one sequence keeps its last few)
+            self._left = self._left[-_STATE_CALLS:] + [(rows, outs[self._feed.token_index], self._state)]
+        self._one = (rows_tokens[0], outs[self._feed.token_index], self._state) if by_row and one else None
         if self._draft is not None:
             self._draft.drawn.setdefault(positions[0], []).append(outs[self._feed.token_index])
             if self._state is not None:
@@ -292,7 +308,8 @@ class Sampler:
             drawn = np.array(token).reshape(-1).astype(np.int64)
             values = [np.array(v).reshape(-1) for v in state]
             for i, h in enumerate(before):
-                h = h.copy()
+                h = h.copy() if not isinstance(h, mx.array) else \
+                    hashlib.blake2b(np.array(h).astype(np.int64).tobytes(), digest_size=16)
                 h.update(drawn[i:i + 1].tobytes())
                 self._carried[h.digest()] = (self._calls, [v[i] for v in values])
         self._left = []
@@ -453,7 +470,7 @@ class Sampler:
         self._sampled, self._step_calls = False, 0
         self._sequence, self._last_positions = None, frozenset()
         self._blind_calls, self._offset = 0, int(offset)
-        self._state, self._left, self._carried = None, [], {}
+        self._state, self._left, self._carried, self._one = None, [], {}, None
         self._draft = None
         if self._grammar is not None:
             self._grammar.restart()
