@@ -556,6 +556,7 @@ class Row:
         self.emitted = 0                     # characters of text already streamed
         self.entries_sent = 0
         self.finish: str | None = None
+        self.stop_reason: str | int | None = None   # (vLLM's: the stop string or stop token id that ended it)
         self.uid: int | None = None
         self.grammar_error: str | None = None
         self.grammar_logged = False
@@ -1002,6 +1003,10 @@ class Engine:
         self.spec_waiting: list[Row] = []    # such rows past --max-batch, waiting for a place
         self.scoring: list[Job] = []         # echo requests whose prompts are being scored, a chunk a step
         self.eos_ids = set(int(t) for t in (getattr(tokenizer, "eos_token_ids", None) or []))
+        # (the tokenizer's own end-of-sequence: a choice it ends has no stop_reason, as vLLM's; the model's other
+        # end-of-sequence ids -- its generation config's -- are stop token ids there, named in stop_reason)
+        primary = getattr(tokenizer, "eos_token_id", None)
+        self.primary_eos = int(primary) if isinstance(primary, int) and not isinstance(primary, bool) else None
         # special tokens (a BOS, a chat template's markers) write no text, as vLLM's skip_special_tokens default:
         # their names stay in the logprobs' token strings
         try:
@@ -1337,6 +1342,8 @@ class Engine:
             row.text += piece + row.decoder.decode(b"", final=True)   # (an unfinished character's bytes: U+FFFD)
             row.offsets.append(before + early if b else len(row.text))
             row.stop_token = not b                               # (an entry of no text of its own)
+            if not row.failed:
+                row.stop_reason = None if token == self.primary_eos and not req.ignore_eos else token
             self._finish(row, "stop", ended is None)
             return True
         b = b"" if quiet else self.token_bytes(token)
@@ -1359,6 +1366,7 @@ class Engine:
         row.text = text
         if hits:
             row.cut = True
+            row.stop_reason = stop[k]
             self._finish(row, "stop", ended is None)
             return True
         if row.grammar_error is not None and not row.grammar_logged:
@@ -1757,13 +1765,13 @@ class Handler(BaseHTTPRequestHandler):
             if req.kind == "chat":
                 c = {"index": r.index, "message": {"role": "assistant", "content": r.text},
                      "logprobs": {"content": fmt.chat_entries(r, 0, n, req.top_logprobs)} if req.logprobs
-                     else None, "finish_reason": r.finish}
+                     else None, "finish_reason": r.finish, "stop_reason": r.stop_reason}
             else:
                 lp = fmt.legacy(r, 0, n, req.top_logprobs) if req.logprobs else None
                 if r.echo is not None and lp is not None:
                     lp = _joined(fmt.echoed(r, req.top_logprobs), lp)
                 c = {"index": r.index, "text": (r.echo.text if r.echo is not None else "") + r.text,
-                     "logprobs": lp, "finish_reason": r.finish}
+                     "logprobs": lp, "finish_reason": r.finish, "stop_reason": r.stop_reason}
             choices.append(c)
         self._send(200, {**self._head(req), "choices": choices, "usage": self._usage(job)})
 
@@ -1805,7 +1813,7 @@ class Handler(BaseHTTPRequestHandler):
                 for r in job.rows:
                     send([{"index": r.index, "text": r.echo.text,
                            "logprobs": fmt.echoed(r, req.top_logprobs) if req.logprobs else None,
-                           "finish_reason": None}])
+                           "finish_reason": None, "stop_reason": None}])
                 continue
             r = job.rows[i]
             final = ev == "done"
@@ -1819,12 +1827,15 @@ class Handler(BaseHTTPRequestHandler):
                 if req.logprobs:
                     lp = {"content": fmt.chat_entries(r, lo, n, req.top_logprobs)} if req.kind == "chat" \
                         else fmt.legacy(r, lo, n, req.top_logprobs)
+                # (stop_reason as vLLM's: on every completions chunk, on chat's last one)
                 if req.kind == "chat":
-                    send([{"index": r.index, "delta": {"content": delta} if delta else {}, "logprobs": lp,
-                           "finish_reason": r.finish if final else None}])
+                    c = {"index": r.index, "delta": {"content": delta} if delta else {}, "logprobs": lp,
+                         "finish_reason": r.finish if final else None}
+                    send([{**c, "stop_reason": r.stop_reason} if final else c])
                 else:
                     send([{"index": r.index, "text": delta, "logprobs": lp,
-                           "finish_reason": r.finish if final else None}])
+                           "finish_reason": r.finish if final else None,
+                           "stop_reason": r.stop_reason if final else None}])
             if final:
                 left -= 1
         if req.include_usage:

@@ -648,6 +648,49 @@ def test_vllms_stop_token_ids_and_min_tokens(server):
         assert e.value.body["param"] == param
 
 
+def _stop_reasons(c, kind: str, **kw) -> list:
+    """The choice's (finish_reason, stop_reason): answered whole, then streamed (the last chunk's; on the
+    completions endpoint every earlier chunk says null)."""
+    create = c.chat.completions.create if kind == "chat" else c.completions.create
+    ch = create(**kw).choices[0]
+    out = [(ch.finish_reason, ch.model_extra["stop_reason"])]
+    chunks = [x.choices[0] for x in create(**kw, stream=True) if x.choices]
+    if kind == "completion":
+        assert all(x.model_extra["stop_reason"] is None for x in chunks[:-1])
+    return out + [(chunks[-1].finish_reason, chunks[-1].model_extra["stop_reason"])]
+
+
+def test_vllms_stop_reason_names_the_stop_string_or_token_id(server):
+    """vLLM's stop_reason on each choice: the stop string that ended it, or the stop_token_ids id; null for the
+    tokenizer's end-of-sequence and for length (vLLM's check_stop sets it for stop ids only). A model's other
+    end-of-sequence id (its generation config's: a stop token id in vLLM) is named too."""
+    c, app = server["client"], server["app"]
+    eos = min(app.engine.eos_ids)
+    ck = dict(model="demo", prompt="Quick brown foxes", max_tokens=12, temperature=1.0, seed=8)
+    text = c.completions.create(**ck).choices[0].text
+    for kind, kw in (("completion", ck), ("chat", dict(model="demo", messages=MSG, max_tokens=12,
+                                                         temperature=1.0, seed=8))):
+        plain = (c.chat.completions.create(**kw).choices[0].message.content if kind == "chat" else text)
+        assert _stop_reasons(c, kind, **kw) == [("length", None)] * 2
+        s = plain[4:6]
+        assert len(s) == 2
+        assert _stop_reasons(c, kind, **kw, stop=["zzzq", s]) == [("stop", s)] * 2
+        assert _stop_reasons(c, kind, **kw, stop=s, extra_body={"include_stop_str_in_output": True}) == \
+            [("stop", s)] * 2
+        assert _stop_reasons(c, kind, **kw, logit_bias={str(eos): 100}) == [("stop", None)] * 2
+        assert _stop_reasons(c, kind, **kw, extra_body={"stop_token_ids": [65], "logit_bias": {"65": 100}}) == \
+            [("stop", 65)] * 2
+        # (with ignore_eos, end-of-sequence among stop_token_ids ends the choice as a stop id: named)
+        assert _stop_reasons(c, kind, **kw, extra_body={"ignore_eos": True, "stop_token_ids": [eos],
+                                                        "logit_bias": {str(eos): 100}}) == [("stop", eos)] * 2
+    saved = app.engine.primary_eos
+    try:
+        app.engine.primary_eos = None        # (as a model whose end-of-sequence is its generation config's)
+        assert _stop_reasons(c, "completion", **ck, logit_bias={str(eos): 100}) == [("stop", eos)] * 2
+    finally:
+        app.engine.primary_eos = saved
+
+
 def test_top_k_minus_one_is_off_as_in_vllm(server):
     c = server["client"]
     kw = dict(model="demo", prompt="Quick brown foxes", max_tokens=8, temperature=1.0, seed=5)
