@@ -137,6 +137,7 @@ class Request:
     chain: str | None = None
     grammar: object = None             # a samplec.structured.Grammar
     model: str = ""
+    role: str = "assistant"            # (chat) the answer's role: the last message's without a generation prompt
     echo: bool = False                 # (completions) each choice's text and logprobs begin with its prompt's
     prompt_texts: list = field(default_factory=list)    # per prompt: the string given, or None (token ids)
     body: dict | None = None           # the request as received (what rank 0 sends the other ranks)
@@ -156,7 +157,8 @@ class Request:
 # fields each endpoint accepts; the values are what is checked
 CHAT_ONLY = {"messages", "max_completion_tokens", "top_logprobs", "response_format", "tools", "tool_choice",
              "parallel_tool_calls", "functions", "function_call", "audio", "modalities", "prediction",
-             "reasoning_effort", "verbosity", "web_search_options", "store", "chat_template_kwargs"}
+             "reasoning_effort", "verbosity", "web_search_options", "store", "chat_template_kwargs",
+             "add_generation_prompt", "continue_final_message"}
 COMPLETION_ONLY = {"prompt", "best_of", "echo", "suffix"}
 COMMON = {"model", "max_tokens", "n", "seed", "stop", "stream", "stream_options", "logprobs", "logit_bias",
           "temperature", "top_p", "presence_penalty", "frequency_penalty", "user", "metadata", "service_tier",
@@ -212,6 +214,8 @@ class Parser:
         req.model = self.model_id
         self._refusals(kind, body)
         req.prompts, req.prompt_texts = self._prompts(kind, body)
+        if kind == "chat" and not self._template_flags(body)[1]["add_generation_prompt"]:
+            req.role = body["messages"][-1]["role"]     # (as vLLM's: the message the prompt leaves open)
         req.n = _number(body, "n", 1, MAX_N, integer=True, default=1)
         if req.choices > MAX_CHOICES:
             raise BadRequest(f"n: {len(req.prompts)} prompts of {req.n} choices each make {req.choices} choices; "
@@ -374,15 +378,7 @@ class Parser:
                     raise BadRequest(f"{where}.content must be a string or a list of text parts",
                                      f"{where}.content")
                 plain.append({"role": "system" if m["role"] == "developer" else m["role"], "content": c})
-            # (as vLLM's: the request's chat_template_kwargs over the server's own arguments -- add_generation_prompt
-            # false continues the last message -- except those the server must set itself)
-            kwargs = {"add_generation_prompt": True, **(body.get("chat_template_kwargs") or {})}
-            fixed = sorted(set(kwargs) & {"tokenize", "conversation", "messages", "chat_template"})
-            if fixed:
-                raise BadRequest(f"chat_template_kwargs: {fixed[0]} is set by the server", "chat_template_kwargs")
-            if not isinstance(kwargs["add_generation_prompt"], bool):
-                raise BadRequest("chat_template_kwargs.add_generation_prompt must be true or false",
-                                 "chat_template_kwargs")
+            cont, kwargs = self._template_flags(body)
             if getattr(self.tokenizer, "has_chat_template", False):
                 try:
                     tokens = self.tokenizer.apply_chat_template(plain, tokenize=True, **kwargs)
@@ -392,12 +388,46 @@ class Parser:
                     tokens = tokens["input_ids"]
                 tokens = list(tokens)
             else:
-                text = "".join(f"{m['role']}: {m['content']}\n" for m in plain) + \
+                lines = [f"{m['role']}: {m['content']}" for m in plain]
+                # (continue_final_message: the last line left open -- no newline after it)
+                text = "\n".join(lines) if cont else "".join(f"{line}\n" for line in lines) + \
                     ("assistant:" if kwargs["add_generation_prompt"] else "")
                 tokens = list(self.tokenizer.encode(text))
         if not tokens:
             raise BadRequest("messages: no tokens to start from", "messages")
         return [tokens], [None]
+
+    @staticmethod
+    def _template_flags(body) -> tuple[bool, dict]:
+        """(continue_final_message, the chat template's keyword arguments): the request's chat_template_kwargs with
+        add_generation_prompt and continue_final_message resolved. A top-level field given wins over
+        chat_template_kwargs (vLLM's renderer merges its own fields over them); left out, chat_template_kwargs'
+        value applies (as vLLM passed them over its own arguments before its renderer), else the default:
+        add_generation_prompt true -- false with continue_final_message, which leaves the last message open."""
+        user = body.get("chat_template_kwargs") or {}
+        fixed = sorted(set(user) & {"tokenize", "conversation", "messages", "chat_template"})
+        if fixed:
+            raise BadRequest(f"chat_template_kwargs: {fixed[0]} is set by the server", "chat_template_kwargs")
+        flags = {}
+        for name in ("continue_final_message", "add_generation_prompt"):
+            for where, values in ((name, body), (f"chat_template_kwargs.{name}", user)):
+                v = values.get(name)
+                if v is not None and not isinstance(v, bool):
+                    raise BadRequest(f"{where} must be true or false, got {json.dumps(v)[:100]}",
+                                     where.split(".")[0])
+            top = body.get(name)
+            flags[name] = top if top is not None else user.get(name)
+        cont = bool(flags["continue_final_message"])
+        gen = flags["add_generation_prompt"]
+        if cont and gen:
+            raise BadRequest("continue_final_message and add_generation_prompt cannot both be true: "
+                             "continue_final_message continues the last message, add_generation_prompt begins a "
+                             "new one", "continue_final_message")
+        kwargs = {**user, "add_generation_prompt": not cont if gen is None else gen}
+        kwargs.pop("continue_final_message", None)
+        if cont:        # (passed only when asked: a tokenizer's own template function may not take it)
+            kwargs["continue_final_message"] = True
+        return cont, kwargs
 
     def _completion_prompt(self, p, where: str) -> list[int]:
         """One prompt of /v1/completions: a non-empty string, or a non-empty list of token ids."""
@@ -1763,7 +1793,7 @@ class Handler(BaseHTTPRequestHandler):
         for r in job.rows:
             n = fmt.kept(r, len(r.text), req.kind == "completion")
             if req.kind == "chat":
-                c = {"index": r.index, "message": {"role": "assistant", "content": r.text},
+                c = {"index": r.index, "message": {"role": req.role, "content": r.text},
                      "logprobs": {"content": fmt.chat_entries(r, 0, n, req.top_logprobs)} if req.logprobs
                      else None, "finish_reason": r.finish, "stop_reason": r.stop_reason}
             else:
@@ -1794,7 +1824,7 @@ class Handler(BaseHTTPRequestHandler):
             self.wfile.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
             self.wfile.flush()
         if req.kind == "chat":
-            send([{"index": r.index, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+            send([{"index": r.index, "delta": {"role": req.role, "content": ""}, "logprobs": None,
                    "finish_reason": None} for r in job.rows])
         # (the characters that could begin a stop string are held back; with include_stop_str_in_output none:
         # the text is cut after the stop string, never before a character already sent)

@@ -1093,6 +1093,61 @@ def test_chat_template_kwargs_override_the_templates_defaults(server, monkeypatc
         assert status == 400 and err["error"]["param"] == "chat_template_kwargs", (bad, err)
 
 
+def test_vllms_add_generation_prompt_and_continue_final_message(server, monkeypatch):
+    """vLLM's top-level add_generation_prompt (default true) and continue_final_message (the last message left
+    open, no generation prompt): through a chat template (Hugging Face cuts the text after the last message's
+    content) and through the `role: content` lines; a top-level field given wins over chat_template_kwargs; both
+    true is a 400, as vLLM's check. Without a generation prompt the answer's role is the last message's, as vLLM's.
+    The continued chat gives what the completions endpoint gives for the same text."""
+    from mlx_lm.tokenizer_utils import TokenizerWrapper
+    c, app = server["client"], server["app"]
+    url = server["base"] + "/v1/chat/completions"
+    chat = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Count the"}]
+    kw = dict(model="demo", max_tokens=6, temperature=1.0, seed=4)
+    # no template: the lines, the last one left open
+    r = c.chat.completions.create(**kw, messages=chat, extra_body={"continue_final_message": True})
+    alone = c.completions.create(**kw, prompt="user: hi\nassistant: Count the").choices[0]
+    assert (r.choices[0].message.content, r.choices[0].message.role) == (alone.text, "assistant")
+    assert r.usage.prompt_tokens == len(app.tokenizer.encode("user: hi\nassistant: Count the"))
+    r = c.chat.completions.create(**kw, messages=MSG, extra_body={"add_generation_prompt": False})
+    assert r.usage.prompt_tokens == len(app.tokenizer.encode("user: Count the tokens\n"))
+    assert r.choices[0].message.role == "user"
+    first = next(iter(c.chat.completions.create(**kw, messages=MSG, stream=True,
+                                                extra_body={"add_generation_prompt": False})))
+    assert first.choices[0].delta.role == "user"
+    # a chat template
+    hf = app.tokenizer._tokenizer
+    monkeypatch.setattr(hf, "has_chat_template", hf.has_chat_template)     # (a wrapper writes it on hf)
+    monkeypatch.setattr(hf, "chat_template", "{% for m in messages %}<{{ m['role'] }}> {{ m['content'] }}\n"
+                                             "{% endfor %}{% if add_generation_prompt %}<assistant>{% endif %}")
+    tok = TokenizerWrapper(hf)
+    monkeypatch.setattr(app.parse, "tokenizer", tok)
+    body = {"model": "demo", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
+    for fields, text in (({"add_generation_prompt": False}, "<user> hi\n"),
+                         ({"add_generation_prompt": True, "chat_template_kwargs": {"add_generation_prompt": False}},
+                          "<user> hi\n<assistant>"),
+                         ({"add_generation_prompt": False, "chat_template_kwargs": {"add_generation_prompt": True}},
+                          "<user> hi\n"),
+                         ({"messages": chat, "continue_final_message": True}, "<user> hi\n<assistant> Count the"),
+                         ({"messages": chat, "chat_template_kwargs": {"continue_final_message": True}},
+                          "<user> hi\n<assistant> Count the"),
+                         ({"messages": chat, "continue_final_message": True, "add_generation_prompt": False},
+                          "<user> hi\n<assistant> Count the")):
+        status, r = post(url, {**body, **fields})
+        assert status == 200 and r["usage"]["prompt_tokens"] == len(tok.encode(text)), (fields, r)
+    for fields, param in (({"continue_final_message": True, "add_generation_prompt": True}, "continue_final_message"),
+                          ({"continue_final_message": True, "chat_template_kwargs": {"add_generation_prompt": True}},
+                           "continue_final_message"),
+                          ({"continue_final_message": "yes"}, "continue_final_message"),
+                          ({"add_generation_prompt": 1}, "add_generation_prompt"),
+                          ({"chat_template_kwargs": {"continue_final_message": 1}}, "chat_template_kwargs")):
+        status, err = post(url, {**body, "messages": chat, **fields})
+        assert status == 400 and err["error"]["param"] == param, (fields, err)
+    status, err = post(server["base"] + "/v1/completions", {"model": "demo", "prompt": "x",
+                                                             "continue_final_message": True})
+    assert status == 400 and err["error"]["param"] == "continue_final_message"
+
+
 # ---- the chain
 
 @pytest.mark.parametrize("fields", [
