@@ -377,7 +377,12 @@ class Parser:
                 if not isinstance(c, str):
                     raise BadRequest(f"{where}.content must be a string or a list of text parts",
                                      f"{where}.content")
-                plain.append({"role": "system" if m["role"] == "developer" else m["role"], "content": c})
+                name = m.get("name")
+                if name is not None and not isinstance(name, str):
+                    raise BadRequest(f"{where}.name must be a string, got {json.dumps(name)[:100]}",
+                                     f"{where}.name")
+                plain.append({"role": "system" if m["role"] == "developer" else m["role"], "content": c,
+                              **({"name": name} if name is not None else {})})
             cont, kwargs = self._template_flags(body)
             if getattr(self.tokenizer, "has_chat_template", False):
                 try:

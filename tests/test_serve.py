@@ -1148,6 +1148,26 @@ def test_vllms_add_generation_prompt_and_continue_final_message(server, monkeypa
     assert status == 400 and err["error"]["param"] == "continue_final_message"
 
 
+def test_a_messages_name_is_a_string_passed_to_the_template(server, monkeypatch):
+    """A message's name (OpenAI's participant name) must be a string (400 naming messages[i].name); the chat template
+    reads it, as vLLM passes it on."""
+    from mlx_lm.tokenizer_utils import TokenizerWrapper
+    url = server["base"] + "/v1/chat/completions"
+    for name in (5, ["x"], {"a": 1}, True):
+        status, err = post(url, {"model": "demo", "max_tokens": 1,
+                                 "messages": [{"role": "system", "content": "s"},
+                                              {"role": "user", "content": "hi", "name": name}]})
+        assert status == 400 and err["error"]["param"] == "messages[1].name", (name, err)
+    hf = server["app"].tokenizer._tokenizer
+    monkeypatch.setattr(hf, "has_chat_template", hf.has_chat_template)
+    monkeypatch.setattr(hf, "chat_template", "{% for m in messages %}<{{ m['name'] or m['role'] }}> "
+                                             "{{ m['content'] }}\n{% endfor %}")
+    tok = TokenizerWrapper(hf)
+    ids = serve.Parser(tok, 512, {"c": None}, "demo")._prompts("chat", {"messages": [
+        {"role": "user", "content": "hi", "name": "ada"}, {"role": "user", "content": "yo"}]})[0][0]
+    assert tok.decode(ids) == "<ada> hi\n<user> yo\n"
+
+
 # ---- the chain
 
 @pytest.mark.parametrize("fields", [
