@@ -132,6 +132,7 @@ class Request:
     skip_special: bool = True          # (vLLM's skip_special_tokens: special tokens write no text)
     stream: bool = False
     include_usage: bool = False
+    continuous_usage: bool = False     # (vLLM's continuous_usage_stats: every chunk carries its choice's usage)
     logprobs: bool = False
     top_logprobs: int = 0
     chain: str | None = None
@@ -255,11 +256,17 @@ class Parser:
         req.stream = self._bool(body, "stream")
         so = body.get("stream_options")
         if so is not None:
-            if not isinstance(so, dict) or set(so) - {"include_usage", "include_obfuscation"}:
-                raise BadRequest("stream_options: only {\"include_usage\": bool} is supported", "stream_options")
+            if not isinstance(so, dict) or set(so) - {"include_usage", "include_obfuscation",
+                                                      "continuous_usage_stats"}:
+                raise BadRequest("stream_options: only {\"include_usage\": bool, \"continuous_usage_stats\": bool} "
+                                 "is supported", "stream_options")
             if not req.stream:
                 raise BadRequest("stream_options is only allowed with stream: true", "stream_options")
             req.include_usage = self._bool(so, "include_usage", "stream_options.include_usage")
+            continuous = self._bool(so, "continuous_usage_stats", "stream_options.continuous_usage_stats")
+            # (vLLM's: usage on every chunk too; its include_usage defaults to true then -- false turns both off)
+            req.include_usage = req.include_usage or continuous and so.get("include_usage") is None
+            req.continuous_usage = req.include_usage and continuous
         req.stop = self._stop(body)
         ids = body.get("stop_token_ids")
         if ids is not None:
@@ -1828,9 +1835,17 @@ class Handler(BaseHTTPRequestHandler):
                 chunk["usage"] = usage
             self.wfile.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
             self.wfile.flush()
+        def so_far(r: Row | None = None):
+            """With continuous_usage_stats, a chunk's usage: its choice's prompt and the tokens generated for it so
+            far, as vLLM's (None: a chunk of every choice, nothing generated yet)."""
+            if not req.continuous_usage:
+                return None
+            prompt = len(req.prompts[r.index // req.n if r is not None else 0])
+            done = r.delivered if r is not None else 0
+            return {"prompt_tokens": prompt, "completion_tokens": done, "total_tokens": prompt + done}
         if req.kind == "chat":
             send([{"index": r.index, "delta": {"role": req.role, "content": ""}, "logprobs": None,
-                   "finish_reason": None} for r in job.rows])
+                   "finish_reason": None} for r in job.rows], so_far())
         # (the characters that could begin a stop string are held back; with include_stop_str_in_output none:
         # the text is cut after the stop string, never before a character already sent)
         hold = 0 if req.include_stop else max((len(s) for s in req.stop), default=1) - 1
@@ -1848,7 +1863,7 @@ class Handler(BaseHTTPRequestHandler):
                 for r in job.rows:
                     send([{"index": r.index, "text": r.echo.text,
                            "logprobs": fmt.echoed(r, req.top_logprobs) if req.logprobs else None,
-                           "finish_reason": None, "stop_reason": None}])
+                           "finish_reason": None, "stop_reason": None}], so_far(r))
                 continue
             r = job.rows[i]
             final = ev == "done"
@@ -1866,11 +1881,11 @@ class Handler(BaseHTTPRequestHandler):
                 if req.kind == "chat":
                     c = {"index": r.index, "delta": {"content": delta} if delta else {}, "logprobs": lp,
                          "finish_reason": r.finish if final else None}
-                    send([{**c, "stop_reason": r.stop_reason} if final else c])
+                    send([{**c, "stop_reason": r.stop_reason} if final else c], so_far(r))
                 else:
                     send([{"index": r.index, "text": delta, "logprobs": lp,
                            "finish_reason": r.finish if final else None,
-                           "stop_reason": r.stop_reason if final else None}])
+                           "stop_reason": r.stop_reason if final else None}], so_far(r))
             if final:
                 left -= 1
         if req.include_usage:

@@ -787,6 +787,45 @@ def test_streaming_gives_the_same_text_logprobs_and_usage(server):
         whole.logprobs.token_logprobs
 
 
+
+def test_vllms_continuous_usage_stats_put_each_choices_usage_on_every_chunk(server):
+    """vLLM's stream_options.continuous_usage_stats: every chunk carries usage -- its choice's prompt tokens and the
+    tokens generated for that choice so far (0 on chat's first, role chunk) -- and the last chunk the request's
+    whole usage, as without it. Alone it implies include_usage (vLLM's default there); include_usage false turns
+    both off."""
+    c, app = server["client"], server["app"]
+    both = {"include_usage": True, "continuous_usage_stats": True}
+    kw = dict(model="demo", messages=MSG, max_tokens=6, temperature=1.0, seed=3, n=2)
+    whole = c.chat.completions.create(**kw)
+    chunks = list(c.chat.completions.create(**kw, stream=True, stream_options=both))
+    assert chunks[-1].choices == [] and chunks[-1].usage == whole.usage
+    assert chunks[0].usage.completion_tokens == 0 and chunks[0].usage.prompt_tokens == whole.usage.prompt_tokens
+    last = {}
+    for ch in chunks[1:-1]:
+        (choice,) = ch.choices
+        u = ch.usage
+        assert u.prompt_tokens == whole.usage.prompt_tokens and u.total_tokens == u.prompt_tokens + u.completion_tokens
+        assert u.completion_tokens >= last.get(choice.index, 0)
+        last[choice.index] = u.completion_tokens
+    assert sorted(last) == [0, 1] and sum(last.values()) == whole.usage.completion_tokens
+    prompts = ["A b", "A longer prompt of several words"]
+    ck = dict(model="demo", prompt=prompts, max_tokens=5, temperature=1.0, seed=3)
+    counts = {ch.index: len(ch.logprobs.tokens) for ch in c.completions.create(**ck, logprobs=0).choices}
+    for so in (both, {"continuous_usage_stats": True}):
+        chunks = list(c.completions.create(**ck, stream=True, stream_options=so))
+        seen = {}
+        for ch in chunks[:-1]:
+            (choice,) = ch.choices
+            assert ch.usage.prompt_tokens == len(app.tokenizer.encode(prompts[choice.index]))
+            seen[choice.index] = ch.usage.completion_tokens
+        assert seen == counts and chunks[-1].usage.completion_tokens == sum(counts.values())
+    chunks = list(c.completions.create(**ck, stream=True, stream_options={"include_usage": False,
+                                                                        "continuous_usage_stats": True}))
+    assert all(ch.usage is None for ch in chunks) and all(ch.choices for ch in chunks)
+    with pytest.raises(openai.BadRequestError) as e:
+        c.completions.create(**ck, stream=True, stream_options={"continuous_usage_stats": "yes"})
+    assert e.value.body["param"] == "stream_options.continuous_usage_stats"
+
 # ---- structured outputs
 
 SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean"}, "n": {"enum": [1, 2, 3]},
