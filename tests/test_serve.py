@@ -691,6 +691,21 @@ def test_vllms_stop_reason_names_the_stop_string_or_token_id(server):
         app.engine.primary_eos = saved
 
 
+def test_logit_bias_keys_are_read_as_vllm_reads_them(server):
+    """vLLM reads a logit_bias key with Python's int(): " 5" and "+5" are token 5, so they bias what "5" biases;
+    a key that is no integer is a 400 naming logit_bias."""
+    c = server["client"]
+    kw = dict(model="demo", prompt="Quick brown foxes", max_tokens=4, temperature=0)
+    plain = c.completions.create(**kw, logit_bias={"65": 100}).choices[0].text
+    assert plain != c.completions.create(**kw).choices[0].text
+    for key in (" 65", "+65", "65 "):
+        assert c.completions.create(**kw, logit_bias={key: 100}).choices[0].text == plain, key
+    for key in ("65.0", "x", "", "0x41"):
+        with pytest.raises(openai.BadRequestError) as e:
+            c.completions.create(**kw, logit_bias={key: 1})
+        assert e.value.body["param"] == "logit_bias", key
+
+
 def test_top_k_minus_one_is_off_as_in_vllm(server):
     c = server["client"]
     kw = dict(model="demo", prompt="Quick brown foxes", max_tokens=8, temperature=1.0, seed=5)
