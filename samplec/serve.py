@@ -124,6 +124,7 @@ class Request:
     values: dict = field(default_factory=dict)
     seed: int | None = None
     bias: dict = field(default_factory=dict)
+    allowed: np.ndarray | None = None  # (vLLM's allowed_token_ids) the tokens a choice may draw: a packed bitmask
     stop: list[str] = field(default_factory=list)
     stop_token_ids: list[int] = field(default_factory=list)     # (vLLM's: token ids that end a choice too)
     min_tokens: int = 0                # (vLLM's: no end-of-sequence or stop token before this many)
@@ -165,7 +166,7 @@ COMMON = {"model", "max_tokens", "n", "seed", "stop", "stream", "stream_options"
           "temperature", "top_p", "presence_penalty", "frequency_penalty", "user", "metadata", "service_tier",
           "safety_identifier", "prompt_cache_key", "samplec_sampler", "grammar", "response_format",
           "stop_token_ids", "min_tokens", "ignore_eos", "include_stop_str_in_output", "skip_special_tokens",
-          *FIELDS}
+          "allowed_token_ids", *FIELDS}
 INFORMATIONAL = {"user", "metadata", "safety_identifier", "prompt_cache_key"}   # accepted; they change no token
 
 
@@ -301,6 +302,7 @@ class Parser:
                              f"{', '.join(self.programs)})", "samplec_sampler")
         req.chain = chain or next(iter(self.programs))
         req.grammar = self._grammar(body, req.chain)
+        req.allowed = self._allowed(body, req.chain)
         if req.logprobs and self.sharded:
             names = {k.split(".")[0] for k, _ in self.programs[req.chain].graph.outputs}
             if "raw_logprob" not in names or "top_logprobs" not in names:
@@ -524,6 +526,23 @@ class Parser:
             out[t] = float(v)
         return out
 
+    def _allowed(self, body, chain: str) -> np.ndarray | None:
+        """vLLM's allowed_token_ids: the only tokens a choice may draw, as the packed bitmask the chain's mask takes
+        (bit j of word w: token 32 w + j), which a grammar's mask narrows further."""
+        ids = body.get("allowed_token_ids")
+        if ids is None:
+            return None
+        if not isinstance(ids, list) or not ids or not all(
+                isinstance(t, int) and not isinstance(t, bool) and 0 <= t < self.vocab for t in ids):
+            raise BadRequest(f"allowed_token_ids must be a non-empty list of token ids in [0, {self.vocab})",
+                             "allowed_token_ids")
+        if not any(p.kind == "mask" for p in self.programs[chain].params):
+            raise BadRequest(f"allowed_token_ids: the chain '{chain}' has no mask parameter (add `allowed: mask` and "
+                             "`allow(allowed)` to it)", "allowed_token_ids")
+        bits = np.zeros(-(-self.vocab // 32) * 32, dtype=bool)
+        bits[ids] = True
+        return np.packbits(bits, bitorder="little").view("<i4").astype(np.int32)
+
     def _grammar(self, body, chain: str):
         rf, g = body.get("response_format"), body.get("grammar")
         spec = None
@@ -573,7 +592,7 @@ class Row:
         req = job.req
         self.max_tokens = req.limits[index // req.n] if req.limits else req.max_tokens
         self.echo: Echo | None = None        # its prompt's text and logprobs, with echo
-        self.chain, self.values, self.bias = req.chain, req.values, req.bias
+        self.chain, self.values, self.bias, self.allowed = req.chain, req.values, req.bias, req.allowed
         # the ids that end the choice (end-of-sequence, the request's stop_token_ids), held off by a -inf bias
         # until `min_tokens` samples are drawn
         self.stop_ids = (set() if req.ignore_eos else set(job.eos_ids)) | set(req.stop_token_ids)
@@ -732,6 +751,9 @@ class BatchSampler:
             mask[:, -1] = (1 << (V % 32)) - 1
         from samplec.structured import fill_batch
         fill_batch([(r.matcher, i) for i, r in enumerate(rows) if r.matcher is not None], mask)
+        for i, r in enumerate(rows):        # (allowed_token_ids: within the grammar's mask too)
+            if r.allowed is not None:
+                mask[i] &= r.allowed
         self.grammar_seconds += time.perf_counter() - t0
         return mask
 

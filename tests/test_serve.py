@@ -706,6 +706,37 @@ def test_logit_bias_keys_are_read_as_vllm_reads_them(server):
         assert e.value.body["param"] == "logit_bias", key
 
 
+def test_vllms_allowed_token_ids_keep_the_draws_to_those_tokens(server):
+    """vLLM's allowed_token_ids: every token drawn is one of them (end-of-sequence too: left out, the choice runs
+    to max_tokens), the tokens a logit_bias of -100 on every other token gives at the same seed; with a grammar, both
+    hold. An empty list or an id past the vocabulary is a 400 naming the field."""
+    c, fmt = server["client"], server["app"].format
+    allowed = [65, 70, 200, 300, 301]
+    kw = dict(model="demo", prompt="Quick brown foxes", max_tokens=12, temperature=1.0, seed=6, logprobs=0)
+    for stream in (False, True):
+        r = c.completions.create(**kw, extra_body={"allowed_token_ids": allowed}, stream=stream)
+        if stream:
+            r = [ch for ch in r if ch.choices]
+            tokens = sum((ch.choices[0].logprobs.tokens for ch in r), [])
+            finish = r[-1].choices[0].finish_reason
+        else:
+            tokens, finish = r.choices[0].logprobs.tokens, r.choices[0].finish_reason
+        assert finish == "length" and len(tokens) == 12
+        assert set(tokens) <= {fmt.token_text(t)[0] for t in allowed}
+        if not stream:
+            others = {str(t): -100 for t in range(512) if t not in allowed}
+            assert c.completions.create(**kw, logit_bias=others).choices[0].text == r.choices[0].text
+    r = c.chat.completions.create(model="demo", messages=MSG, max_tokens=8, temperature=1.0, seed=2, logprobs=True,
+                                  extra_body={"allowed_token_ids": allowed,
+                                              "grammar": {"type": "regex", "value": "[a-z ]*"}})
+    assert re.fullmatch("[a-z ]*", r.choices[0].message.content)
+    assert {e.token for e in r.choices[0].logprobs.content} <= {fmt.token_text(t)[0] for t in allowed}
+    for bad in ([], [512], [-1], "65", [True]):
+        with pytest.raises(openai.BadRequestError) as e:
+            c.completions.create(**kw, extra_body={"allowed_token_ids": bad})
+        assert e.value.body["param"] == "allowed_token_ids", bad
+
+
 def test_top_k_minus_one_is_off_as_in_vllm(server):
     c = server["client"]
     kw = dict(model="demo", prompt="Quick brown foxes", max_tokens=8, temperature=1.0, seed=5)
