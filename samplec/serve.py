@@ -168,6 +168,14 @@ COMMON = {"model", "max_tokens", "n", "seed", "stop", "stream", "stream_options"
           "stop_token_ids", "min_tokens", "ignore_eos", "include_stop_str_in_output", "skip_special_tokens",
           "allowed_token_ids", *FIELDS}
 INFORMATIONAL = {"user", "metadata", "safety_identifier", "prompt_cache_key"}   # accepted; they change no token
+# vLLM's request fields this server does not take (answered 400 naming the field, saying whose it is)
+VLLM_ONLY = {"truncate_prompt_tokens", "truncation_side", "prompt_logprobs", "bad_words",
+             "spaces_between_special_tokens", "return_tokens_as_token_ids", "return_token_ids", "use_beam_search",
+             "length_penalty", "add_special_tokens", "structured_outputs", "guided_json", "guided_regex",
+             "guided_choice", "guided_grammar", "guided_decoding_backend", "logprob_token_ids", "documents",
+             "chat_template", "mm_processor_kwargs", "media_io_kwargs", "priority", "cache_salt",
+             "kv_transfer_params", "vllm_xargs", "thinking_token_budget", "include_reasoning", "repetition_detection",
+             "prompt_embeds", "watermarking", "stream_interval"}
 
 
 def _number(body: dict, name: str, lo=None, hi=None, integer=False, default=None):
@@ -206,7 +214,8 @@ class Parser:
         for name in body:
             if name not in allowed:
                 other = "/v1/completions" if name in COMPLETION_ONLY else "/v1/chat/completions"
-                hint = f" (a field of {other})" if name in CHAT_ONLY | COMPLETION_ONLY else ""
+                hint = f" (a field of {other})" if name in CHAT_ONLY | COMPLETION_ONLY else \
+                    " (a field of vLLM's that samplec serve does not support)" if name in VLLM_ONLY else ""
                 raise BadRequest(f"unrecognized request argument supplied: {name}{hint}", name)
         req = Request(kind=kind, prompts=[])
         model = body.get("model")

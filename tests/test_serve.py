@@ -951,6 +951,9 @@ def test_regex_and_cfg_grammars(server, grammar, check):
     ("chat", dict(extra_body={"grammar": {"type": "prolog", "value": "x"}}), "grammar"),
     ("chat", dict(extra_body={"samplec_sampler": "nope"}), "samplec_sampler"),
     ("chat", dict(extra_body={"frobnicate": 1}), "frobnicate"),
+    ("chat", dict(extra_body={"prompt_logprobs": 1}), "prompt_logprobs"),
+    ("completion", dict(extra_body={"truncate_prompt_tokens": 4}), "truncate_prompt_tokens"),
+    ("completion", dict(extra_body={"bad_words": ["x"]}), "bad_words"),
     ("completion", dict(suffix="x"), "suffix"),
     ("completion", dict(max_tokens=0), "max_tokens"),
     ("completion", dict(best_of=3), "best_of"),
@@ -966,6 +969,8 @@ def test_refused_fields_are_400_naming_the_field_and_the_server_keeps_serving(se
         else:
             c.completions.create(**{"model": "demo", "prompt": "x", "max_tokens": 4, **fields})
     assert err.value.body["param"] == param and param.split(".")[0] in err.value.body["message"], err.value.body
+    if param in serve.VLLM_ONLY:        # (a vLLM client learns the field is vLLM's, not misspelt)
+        assert "vLLM" in err.value.body["message"]
     r = c.completions.create(model="demo", prompt="still here", max_tokens=3, temperature=0.5, seed=9)
     assert r.usage.completion_tokens == 3
 
