@@ -506,7 +506,8 @@ def run(
     pairs = _pairs(list(param or []) + list(more_params or []), "--param")
     arrays = {n: v for n, v in pairs.items() if n in _array_params(prog)}   # --param NAME=FILE.npy
     values = runner.parse_params(prog, {n: v for n, v in pairs.items() if n not in arrays})
-    values.update({n: runner.load_array(Path(v), f"--param {n}") for n, v in arrays.items()})
+    kinds = {p.name: p.kind for p in prog.params}
+    values.update({n: _array_value(runner.load_array(Path(v), f"--param {n}"), kinds[n]) for n, v in arrays.items()})
     for flag, kind, value in (("--seed", "seed", seed), ("--history", "tokens", history),
                               ("--mask", "mask", mask), ("--bias", "bias", bias)):
         if value is not None:
@@ -514,7 +515,7 @@ def run(
             if name in values:
                 raise SamplecError(f"{flag} and --param {name} give the same parameter: pass one")
             values[name] = runner.parse_value(prog, name, value, flag=flag) if kind == "seed" else \
-                runner.load_array(value, flag)
+                _array_value(runner.load_array(value, flag), kind)
     _check_required(prog, values, seeds_given_by_draws=bool(draws))
     if draws:
         result = runner.draws(prog, x, values, draws)
@@ -529,6 +530,12 @@ def run(
 
 _FLAG_OF_KIND = {"seed": "--seed N", "tokens": "--history FILE.npy", "mask": "--mask FILE.npy",
                  "bias": "--bias FILE.npy"}
+
+
+def _array_value(arr, kind: str):
+    """An array read for a parameter of `kind`: a token history of any integer dtype as its ids."""
+    from samplec import runner
+    return runner.token_ids(arr) if kind == "tokens" else arr
 
 
 def _array_params(prog) -> set[str]:

