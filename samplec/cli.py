@@ -523,7 +523,9 @@ def run(
         return
     drawn = runner.os_seed_drawn(prog, values, x.shape[0] if x.ndim == 2 else 1)
     if drawn is not None:       # (`sample()` without a seed: the run says the seed it drew, to be run again)
-        print(f"seed drawn from the OS: {drawn} (--seed {drawn} runs this draw again)", file=sys.stderr)
+        flag, seeds = drawn
+        print(f"seed drawn from the OS: {seeds} ({flag}{'' if flag.endswith('=') else ' '}{seeds} runs this draw "
+              "again)", file=sys.stderr)
     out = prog(x, **values)
     _echo(json.dumps(runner.to_json(out), allow_nan=False) if as_json else runner.format_outputs(out))
 

@@ -76,10 +76,17 @@ def _reader_error(e: Exception, path: Path) -> str:
 
 
 def param_of_kind(prog: Program, kind: str, flag: str) -> str:
+    """The sampler's one parameter of `kind`, which --seed/--history/--mask/--bias give (spec §5); none, or more than
+    one, is an error naming the --param of each (the seed `sample()` draws from the OS is one of the seeds)."""
+    from samplec.frontend.lower import OS_SEED
     names = [p.name for p in prog.params if p.kind == kind]
     if len(names) != 1:
-        what = "no" if not names else f"{len(names)} ({', '.join(names)})"
-        raise SamplecError(f"{flag}: the sampler has {what} parameters of type {kind}; use --param NAME=VALUE")
+        value = "N" if kind == "seed" else "FILE.npy"
+        each = ", ".join(f"--param {n}={value}" + (" for the seed of sample()" if n == OS_SEED else "")
+                         for n in names)
+        what = f"no parameter of type {kind}" if not names else f"{len(names)} parameters of type {kind}: pass " \
+               f"each by name ({each})"
+        raise SamplecError(f"{flag}: the sampler has {what}" + ("; use --param NAME=VALUE" if not names else ""))
     return names[0]
 
 
@@ -102,16 +109,18 @@ def parse_value(prog: Program, name: str, text: str, flag: str | None = None):
     return vals[0] if len(vals) == 1 else vals
 
 
-def os_seed_drawn(prog: Program, values: dict, B: int) -> str | None:
+def os_seed_drawn(prog: Program, values: dict, B: int) -> tuple[str, str] | None:
     """Where `prog` draws from `sample()` without a seed and `values` gives none: seeds drawn from the OS now, one a
-    row, put into `values`, and the --seed text that gives them again; else None."""
+    row, put into `values`, and the flag and text that give them again (`--seed`, or `--param _os_seed=` beside
+    another seed parameter); else None."""
     from samplec.frontend.lower import OS_SEED
     from samplec.program import _os_seeds
     if OS_SEED not in {p.name for p in prog.params} or OS_SEED in values:
         return None
     seeds = [int(s) for s in _os_seeds(B)]
     values[OS_SEED] = seeds[0] if B == 1 else seeds
-    return ",".join(map(str, seeds))
+    flag = "--seed" if [p.kind for p in prog.params].count("seed") == 1 else f"--param {OS_SEED}="
+    return flag, ",".join(map(str, seeds))
 
 
 def parse_params(prog: Program, pairs: dict[str, str]) -> dict:

@@ -64,3 +64,30 @@ def test_unsigned_history_ids_past_the_vocabulary_are_an_error_naming_the_rows(l
     np.save(d / "h.npy", np.array([[1, 2], [3, 1], [2**64 - 1, 0]], dtype=np.uint64))
     r = cli("run", d / "pen.smp", "--logits", d / "x.npy", "--param", f"h={d / 'h.npy'}")
     assert r.exit_code == 1 and "row 2" in r.output, r.output
+
+
+@pytest.mark.parametrize("source", [
+    "sampler u(t: float = 1.0) -> token, logprob { temperature(t) sample() }",
+    "sampler mix(s: seed = 5) -> token, logprob { xtc(0.02, 0.5, s) sample() }",
+])
+def test_the_os_seed_hint_runs_the_same_draw_again(logits, source):
+    """`sample()` without a seed draws from the OS and `run` prints how to run that draw again. Beside another seed
+    parameter `--seed` is ambiguous (an error, spec §5), so the hint must name a flag that works."""
+    d, _ = logits
+    (d / "u.smp").write_text(source)
+    first = cli("run", d / "u.smp", "--logits", d / "x.npy", "--json")
+    assert first.exit_code == 0, first.output
+    said = [line for line in first.stderr.splitlines() if line.startswith("seed drawn from the OS: ")]
+    assert len(said) == 1, first.stderr
+    flag, value = said[0].split("(", 1)[1].removesuffix(" runs this draw again)").split()
+    again = cli("run", d / "u.smp", "--logits", d / "x.npy", "--json", flag, value)
+    assert again.exit_code == 0, again.output
+    assert json.loads(again.stdout) == json.loads(first.stdout) and "seed drawn" not in again.stderr
+
+
+def test_seed_beside_the_implicit_seed_of_sample_is_an_error_that_says_what_to_pass(logits):
+    d, _ = logits
+    (d / "u.smp").write_text("sampler mix(s: seed) { xtc(0.02, 0.5, s) sample() }")
+    r = cli("run", d / "u.smp", "--logits", d / "x.npy", "--seed", "3")
+    assert r.exit_code == 1
+    assert "--param s=N" in r.output and "--param _os_seed=N" in r.output and "sample()" in r.output, r.output
