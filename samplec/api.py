@@ -90,7 +90,7 @@ def _check_bindings(checked, bindings: dict) -> dict:
         if kind not in SCALAR_TYPES:
             raise SamplecError(f"binding {name}: a {kind} parameter cannot be bound at compile time")
         try:
-            num = float(value) if kind == "float" else int(str(value), 0) if isinstance(value, str) else int(value)
+            num = float(value) if kind == "float" else _integer(value) if isinstance(value, str) else int(value)
         except (TypeError, ValueError):
             raise SamplecError(f"binding {name}: expected {article} {kind}, got {value!r}") from None
         if kind == "int" and not -2**31 <= num < 2**31 or kind == "seed" and not 0 <= num < 2**64:
@@ -103,3 +103,9 @@ def _check_bindings(checked, bindings: dict) -> dict:
             raise SamplecError(f"binding {name}={value}: out of range {ranges[name].describe()}")
         out[name] = num
     return out
+
+
+def _integer(text: str) -> int:
+    """An integer as written: decimal (a leading zero too: `007` is 7), or 0x/0o/0b-prefixed."""
+    text = text.strip()
+    return int(text, 10) if text.lstrip("+-").isdigit() else int(text, 0)

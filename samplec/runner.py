@@ -6,6 +6,7 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 
+from samplec.api import _integer
 from samplec.diagnostics import SamplecError
 from samplec.files import check_regular
 from samplec.ir.graph import Graph
@@ -102,7 +103,7 @@ def parse_value(prog: Program, name: str, text: str, flag: str | None = None):
         raise SamplecError(f"{label}: a {p.kind} parameter takes a .npy file (--history/--mask/--bias)")
     items = [t.strip() for t in str(text).split(",")]
     try:
-        vals = [float(t) if p.kind in ("float", "state") else int(t, 0) for t in items]
+        vals = [float(t) if p.kind in ("float", "state") else _integer(t) for t in items]
     except ValueError:
         raise SamplecError(f"{label}: expected {'numbers' if p.kind in ('float', 'state') else 'integers'}, "
                            f"got {text!r}") from None
@@ -229,7 +230,8 @@ def draws(prog: Program, logits: mx.array, values: dict, n: int) -> dict:
     probs = None
     from rich.console import Console
     from rich.progress import Progress
-    with Progress(transient=True, disable=n <= chunk, console=Console(stderr=True)) as bar:
+    console = Console(stderr=True)      # (a progress display only on a terminal: elsewhere it leaves a blank line)
+    with Progress(transient=True, disable=n <= chunk or not console.is_terminal, console=console) as bar:
         task = bar.add_task("drawing", total=n)
         for start in range(0, n, chunk):
             c = min(chunk, n - start)

@@ -91,3 +91,30 @@ def test_seed_beside_the_implicit_seed_of_sample_is_an_error_that_says_what_to_p
     r = cli("run", d / "u.smp", "--logits", d / "x.npy", "--seed", "3")
     assert r.exit_code == 1
     assert "--param s=N" in r.output and "--param _os_seed=N" in r.output and "sample()" in r.output, r.output
+
+
+def test_seed_and_integer_values_with_leading_zeros_are_decimal(logits):
+    """`--seed 007` is seed 7 and `--param pos=010` position 10 (decimal, as every sampler CLI reads them; Python's
+    int(text, 0) refused a leading zero); 0x10 stays hexadecimal."""
+    d, x = logits
+    (d / "s.smp").write_text("sampler s(seed: seed, pos: int = 0) { top_k(20) sample(seed, position = pos) }")
+    outs = [cli("run", d / "s.smp", "--logits", d / "x.npy", "--seed", seed, "--param", f"pos={pos}", "--json")
+            for seed, pos in (("007", "010"), ("7", "10"), ("0x7", "0xa"))]
+    assert all(r.exit_code == 0 for r in outs), [r.output for r in outs]
+    want = [R.run_chain(x[b], [("top_k", dict(k=20))], ("sample", dict(seed=7, position=10)))["token"]
+            for b in range(3)]
+    assert [json.loads(r.stdout)["token"] for r in outs] == [want] * 3
+    bound = cli("compile", d / "s.smp", "--set", "seed=007", "--set", "pos=010", "-o", d / "s.smpb")
+    assert bound.exit_code == 0, bound.output
+    r = cli("run", d / "s.smpb", "--logits", d / "x.npy", "--json")
+    assert r.exit_code == 0 and json.loads(r.stdout)["token"] == want, r.output
+
+
+def test_draws_in_sequence_leave_standard_error_empty(logits):
+    """A stateful sampler draws one step at a time; its progress display must not leave a stray blank line on a
+    standard error that is not a terminal (scripts read it for errors)."""
+    d, _ = logits
+    (d / "m.smp").write_text("sampler m(mu: state, seed: seed) -> token, mu { mirostat_v2(mu, 5.0, 0.1, seed) }")
+    r = cli("run", d / "m.smp", "--logits", d / "x.npy", "--seed", "3", "--draws", "4", "--json")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["draws"] == 4 and r.stderr == ""
