@@ -118,3 +118,22 @@ def test_draws_in_sequence_leave_standard_error_empty(logits):
     r = cli("run", d / "m.smp", "--logits", d / "x.npy", "--seed", "3", "--draws", "4", "--json")
     assert r.exit_code == 0, r.output
     assert json.loads(r.stdout)["draws"] == 4 and r.stderr == ""
+
+
+@pytest.mark.parametrize("decl, first", [("seed: seed = 5", 5), ("seed: seed", 0)])
+def test_draws_without_seed_start_at_the_default_and_count_the_specs_tokens(logits, decl, first):
+    """--draws N uses seeds N0..N0+N-1 (spec §5); without --seed N0 is the parameter's default (0 for a required
+    one). The counts are those of the spec's draws at those seeds, beside the exact probabilities."""
+    d, x = logits
+    (d / "d.smp").write_text(f"sampler d({decl}) {{ top_k(6) temperature(1.5) sample(seed, position = 2) }}")
+    r = cli("run", d / "d.smp", "--logits", d / "x.npy", "--draws", "40", "--json")
+    assert r.exit_code == 0, r.output
+    rows = json.loads(r.stdout)["rows"]
+    for b in range(3):
+        chain = [("top_k", dict(k=6)), ("temperature", dict(t=np.float32(1.5)))]
+        toks = [R.run_chain(x[b], chain, ("sample", dict(seed=first + i, position=2)))["token"] for i in range(40)]
+        ids, counts = np.unique(toks, return_counts=True)
+        got = {t: c for t, c in zip(rows[b]["tokens"], rows[b]["counts"]) if c}
+        assert got == dict(zip(ids.tolist(), counts.tolist()))
+        probs = R.run_chain(x[b], chain)["probs"]
+        np.testing.assert_allclose(rows[b]["probability"], probs[rows[b]["tokens"]], rtol=1e-5)
