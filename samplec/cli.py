@@ -122,7 +122,7 @@ def _load_program(path: Path, sampler: str | None, opt: int | None, bindings: di
     import samplec
     if not path.exists():
         raise SamplecError(f"{path}: no such file")
-    if path.suffix == ".smpb":
+    if _is_compiled(path):
         if sampler or bindings or opt is not None:
             given = "--sampler" if sampler else "--set" if bindings else "-O"
             raise SamplecError(f"{given} applies to a .smp source; {path} is a compiled program (.smpb): its "
@@ -130,6 +130,20 @@ def _load_program(path: Path, sampler: str | None, opt: int | None, bindings: di
         return samplec.load(path, target=target)
     return samplec.compile_file(path, sampler=sampler, opt_level=2 if opt is None else opt, bindings=bindings,
                                 target=target)
+
+
+def _is_compiled(path: Path) -> bool:
+    """A compiled program: a .smpb, or a file of another name that starts as one (a flatbuffer's identifier)."""
+    if path.suffix == ".smpb":
+        return True
+    try:
+        if not path.is_file():          # (a FIFO or a device is never opened here)
+            return False
+        with open(path, "rb") as f:
+            head = f.read(8)
+    except OSError:
+        return False
+    return head[4:8] == b"SMPB" and b"\x00" in head[:4]      # (as read_source tells one from a source)
 
 
 @app.command("compile")

@@ -137,3 +137,17 @@ def test_draws_without_seed_start_at_the_default_and_count_the_specs_tokens(logi
         assert got == dict(zip(ids.tolist(), counts.tolist()))
         probs = R.run_chain(x[b], chain)["probs"]
         np.testing.assert_allclose(rows[b]["probability"], probs[rows[b]["tokens"]], rtol=1e-5)
+
+
+def test_run_takes_a_compiled_program_by_its_contents_whatever_its_name(logits):
+    """A .smpb saved under another name (`prog.bin`) was refused by `run` with "`samplec run` takes it"; run reads a
+    compiled program by what the file holds (as inspect does), and gives the tokens of the source."""
+    d, _ = logits
+    (d / "s.smp").write_text("sampler s(seed: seed = 4) { top_k(9) sample(seed) }")
+    assert cli("compile", d / "s.smp", "-o", d / "prog.bin").exit_code == 0
+    via_bin = cli("run", d / "prog.bin", "--logits", d / "x.npy", "--json")
+    via_src = cli("run", d / "s.smp", "--logits", d / "x.npy", "--json")
+    assert via_bin.exit_code == 0, via_bin.output
+    assert json.loads(via_bin.stdout) == json.loads(via_src.stdout)
+    r = cli("run", d / "prog.bin", "--logits", d / "x.npy", "-O", "1")
+    assert r.exit_code == 1 and "compiled program" in r.output
