@@ -19,14 +19,15 @@ DRAW_CHUNK_FLOATS = 1 << 23   # logits entries per batched call during --draws
 def load_array(path: Path, flag: str) -> mx.array:
     """A .npy, .npz or .safetensors file holding one array (or one named 'logits')."""
     path = Path(path)
-    if path.suffix not in (".npy", ".npz", ".safetensors"):
+    suffix = path.suffix.lower()                # (X.NPY is a .npy file)
+    if suffix not in (".npy", ".npz", ".safetensors"):
         raise SamplecError(f"{flag}: {path}: expected a .npy, .npz or .safetensors file")
     try:
         check_regular(path)                 # (a FIFO would block the reader)
     except SamplecError as e:
         raise SamplecError(f"{flag}: {e}") from None
     try:
-        data = mx.load(str(path))
+        data = mx.load(str(path), format=suffix[1:])
     except Exception as e:  # noqa: BLE001 - any reader failure is a bad file
         raise SamplecError(f"{flag}: cannot read {path}: {_reader_error(e, path)}") from None
     if isinstance(data, dict):
@@ -62,7 +63,7 @@ def _reader_error(e: Exception, path: Path) -> str:
         kind = kind.strip("'\"|<>=")
         what = "Python objects (dtype object)" if kind == "O" else f"items of dtype {kind!r}"
         return f"its array holds {what}; numbers are needed (float32, float16, bfloat16, integers, bool)"
-    magic = {".npy": b"\x93NUMPY", ".npz": b"PK", }.get(path.suffix)
+    magic = {".npy": b"\x93NUMPY", ".npz": b"PK", }.get(path.suffix.lower())
     if magic is not None:
         try:
             with open(path, "rb") as f:
@@ -71,6 +72,8 @@ def _reader_error(e: Exception, path: Path) -> str:
             head = magic
         if head != magic:
             return f"not a {path.suffix} file (it does not start as one)"
+    if "python stream" in text or "python file object" in text:   # (MLX's words for an .npz member that is no .npy)
+        return "an array in it is not a .npy array (a damaged or hand-made .npz?)"
     if text.startswith("Unable to read") or text.startswith("[read] Unable to read"):
         return "the file ends before its data does (truncated?)"
     return text.removeprefix("[read] ").removeprefix("[load] ")

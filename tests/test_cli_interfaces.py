@@ -151,3 +151,20 @@ def test_run_takes_a_compiled_program_by_its_contents_whatever_its_name(logits):
     assert json.loads(via_bin.stdout) == json.loads(via_src.stdout)
     r = cli("run", d / "prog.bin", "--logits", d / "x.npy", "-O", "1")
     assert r.exit_code == 1 and "compiled program" in r.output
+
+
+def test_array_files_by_suffix_in_any_case_and_a_broken_npz_says_so(logits):
+    """`X.NPY` (a suffix in capitals, as some tools write it) is a .npy file; an .npz whose member is not an array
+    is a clear error naming the flag and the file, not MLX's "python stream" message."""
+    import zipfile
+    d, x = logits
+    np.save(d / "x.npy", x)
+    (d / "x.npy").rename(d / "X.NPY")
+    (d / "g.smp").write_text("sampler g() { greedy() }")
+    r = cli("run", d / "g.smp", "--logits", d / "X.NPY", "--json")
+    assert r.exit_code == 0 and json.loads(r.stdout)["token"] == np.argmax(x, axis=-1).tolist(), r.output
+    with zipfile.ZipFile(d / "junk.npz", "w") as z:
+        z.writestr("logits.npy", b"not an array")
+    r = cli("run", d / "g.smp", "--logits", d / "junk.npz")
+    assert r.exit_code == 1 and "--logits" in r.output and "junk.npz" in r.output
+    assert "python stream" not in r.output and ".npy" in r.output, r.output
