@@ -796,6 +796,9 @@ def _prepare_param(p: Param, value, B: int, V: int, late: list, ids_in_graph: bo
         if not mx.issubdtype(arr.dtype, mx.integer):
             raise SamplecError(f"{p.name}: token history must be integers, got {dtype_name(arr.dtype)}")
         message = _history_message(p.name, V)
+        if mx.issubdtype(arr.dtype, mx.unsignedinteger):
+            # (no padding in an unsigned history: its ids as int32, one past int32's range kept >= V for the check)
+            arr = mx.minimum(arr, mx.array(2 ** 31 - 1, dtype=arr.dtype)).astype(mx.int32)
         if host is not None and host.ndim == 2:      # (a host array: checked here, without MLX)
             over = (host >= V).any(axis=-1)
             if over.any():

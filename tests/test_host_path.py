@@ -498,3 +498,17 @@ def test_an_output_the_program_lacks_is_a_samplec_error_and_an_attribute_error()
     with pytest.raises(samplec.SamplecError, match=r"no output 'probs' \(it has: token, logprob\)"):
         out.probs
     assert not hasattr(out, "probs") and getattr(out, "probs", None) is None and hasattr(out, "logprob")
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "uint16", "uint32", "uint64"])
+def test_an_unsigned_mlx_history_reads_as_its_ids(dtype):
+    """An MLX history of an unsigned dtype (no padding in it) gives the int32 history's results, and an id >= V --
+    past int32's range too -- the error naming its row, never MLX's own error."""
+    prog = samplec.compile(SRC)
+    h = np.array([[1, 2, 3], [4, 9, 5]])
+    want = outcome(prog, h=mx.array(h.astype(np.int32)))
+    assert_same(outcome(prog, h=mx.array(h.astype(dtype))), want)
+    for bad in (V, 2 ** 40):
+        if bad <= np.iinfo(dtype).max:      # (uint8 holds no id >= V = 3000)
+            got = outcome(prog, h=mx.array(np.array([[1, 2, 3], [4, bad, 5]], dtype=np.uint64).astype(dtype)))
+            assert isinstance(got, str) and "token id >= V" in got and "row 1" in got, (bad, got)
