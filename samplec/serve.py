@@ -166,13 +166,22 @@ COMMON = {"model", "max_tokens", "n", "seed", "stop", "stream", "stream_options"
           "temperature", "top_p", "presence_penalty", "frequency_penalty", "user", "metadata", "service_tier",
           "safety_identifier", "prompt_cache_key", "samplec_sampler", "grammar", "response_format",
           "stop_token_ids", "min_tokens", "ignore_eos", "include_stop_str_in_output", "skip_special_tokens",
-          "allowed_token_ids", *FIELDS}
+          "allowed_token_ids", "guided_json", "guided_regex", "guided_choice", "guided_grammar",
+          "guided_decoding_backend", "structured_outputs", *FIELDS}
 INFORMATIONAL = {"user", "metadata", "safety_identifier", "prompt_cache_key"}   # accepted; they change no token
+# vLLM's structured-output fields (its older guided_* ones and the keys of its structured_outputs object) -> the
+# grammar kind each becomes (`Parser._grammar`); guided_grammar and structured_outputs.grammar are Lark or GBNF text,
+# which llguidance tells apart (the gbnf kind converts GBNF to Lark and takes Lark as it is, as vLLM's llguidance
+# backend reads them)
+GUIDED = {"guided_json": "json_schema", "guided_regex": "regex", "guided_choice": "choice", "guided_grammar": "gbnf"}
+STRUCTURED = {"json": "json_schema", "regex": "regex", "choice": "choice", "grammar": "gbnf",
+              "json_object": "json_object"}
+STRUCTURED_OPTIONS = {"disable_any_whitespace", "disable_fallback"}   # accepted: JSON is compact, nothing falls back
+GUIDED_BACKENDS = ("auto", "guidance")     # the guided_decoding_backend names that are this server's (llguidance)
 # vLLM's request fields this server does not take (answered 400 naming the field, saying whose it is)
 VLLM_ONLY = {"truncate_prompt_tokens", "truncation_side", "prompt_logprobs", "bad_words",
              "spaces_between_special_tokens", "return_tokens_as_token_ids", "return_token_ids", "use_beam_search",
-             "length_penalty", "add_special_tokens", "structured_outputs", "guided_json", "guided_regex",
-             "guided_choice", "guided_grammar", "guided_decoding_backend", "logprob_token_ids", "documents",
+             "length_penalty", "add_special_tokens", "guided_whitespace_pattern", "logprob_token_ids", "documents",
              "chat_template", "mm_processor_kwargs", "media_io_kwargs", "priority", "cache_salt",
              "kv_transfer_params", "vllm_xargs", "thinking_token_budget", "include_reasoning", "repetition_detection",
              "prompt_embeds", "watermarking", "stream_interval"}
@@ -553,41 +562,106 @@ class Parser:
         return np.packbits(bits, bitorder="little").view("<i4").astype(np.int32)
 
     def _grammar(self, body, chain: str):
-        rf, g = body.get("response_format"), body.get("grammar")
-        spec = None
-        if rf is not None:
-            if not isinstance(rf, dict) or rf.get("type") not in ("text", "json_object", "json_schema"):
-                raise BadRequest("response_format: type must be text, json_object or json_schema", "response_format")
-            if rf["type"] == "json_object":
-                spec = ("json_object", None, "response_format")
-            elif rf["type"] == "json_schema":
-                js = rf.get("json_schema")
-                if not isinstance(js, dict) or "schema" not in js and "name" not in js:
-                    raise BadRequest("response_format.json_schema must be an object with a name and a schema",
-                                     "response_format.json_schema")
-                spec = ("json_schema", js.get("schema", {}), "response_format.json_schema")
-        if g is not None:
-            if spec is not None:
-                raise BadRequest("grammar and a JSON response_format cannot both be given", "grammar")
-            if not isinstance(g, dict) or g.get("type") not in ("regex", "lark", "gbnf", "json_schema") or \
-                    "value" not in g or set(g) - {"type", "value"}:
-                raise BadRequest("grammar must be {\"type\": \"regex\" | \"lark\" | \"gbnf\" | \"json_schema\", "
-                                 "\"value\": ...}", "grammar")
-            spec = (g["type"], g["value"], "grammar")
-        if spec is None:
+        """The request's grammar, from whichever field asks for one: response_format (json_object, json_schema),
+        samplec's `grammar`, vLLM's guided_* fields or its structured_outputs object -- one of them at most (vLLM
+        refuses two kinds of constraint in one request too)."""
+        specs = self._grammar_specs(body)
+        if len(specs) > 1:
+            (_, _, first), (_, _, second) = specs[:2]
+            raise BadRequest(f"{second}: only one kind of structured output per request, and {first} is given too",
+                             second)
+        backend = body.get("guided_decoding_backend")
+        if backend is not None and not isinstance(backend, str):
+            raise BadRequest(f"guided_decoding_backend must be a string, got {json.dumps(backend)[:100]}",
+                             "guided_decoding_backend")
+        if not specs:
             return None
-        kind, value, name = spec
+        if backend is not None and backend.split(":")[0] not in GUIDED_BACKENDS:
+            # (vLLM refuses a backend other than the one it was started with; this server's is llguidance)
+            raise BadRequest(f"guided_decoding_backend: request-level backend selection is not supported: the request "
+                             f"names {backend!r}, this server's structured outputs run on llguidance (vLLM's "
+                             f"'guidance'); leave the field out", "guided_decoding_backend")
+        kind, value, name = specs[0]
         if self.grammars is None:
             raise BadRequest(f"{name}: structured outputs are unavailable on this server ({self.grammars_off})",
                              name)
         if not any(p.kind == "mask" for p in self.programs[chain].params):
             raise BadRequest(f"{name}: the chain '{chain}' has no mask parameter (add `allowed: mask` and "
                              "`allow(allowed)` to it)", name)
+        if kind == "choice":        # (exactly one of the strings: the alternatives of a Lark start rule)
+            kind, value = "lark", "start: " + " | ".join(json.dumps(c) for c in value)
         from samplec.structured import Grammar, GrammarError
         try:
             return Grammar.build(self.grammars, kind, value, name)
         except GrammarError as e:
             raise BadRequest(str(e), e.field) from None
+
+    @staticmethod
+    def _grammar_specs(body) -> list[tuple[str, object, str]]:
+        """Each structured-output constraint the request gives: (kind, value, the field that gave it)."""
+        specs = []
+        rf, g = body.get("response_format"), body.get("grammar")
+        if rf is not None:
+            if not isinstance(rf, dict) or rf.get("type") not in ("text", "json_object", "json_schema"):
+                raise BadRequest("response_format: type must be text, json_object or json_schema", "response_format")
+            if rf["type"] == "json_object":
+                specs.append(("json_object", None, "response_format"))
+            elif rf["type"] == "json_schema":
+                js = rf.get("json_schema")
+                if not isinstance(js, dict) or "schema" not in js and "name" not in js:
+                    raise BadRequest("response_format.json_schema must be an object with a name and a schema",
+                                     "response_format.json_schema")
+                specs.append(("json_schema", js.get("schema", {}), "response_format.json_schema"))
+        if g is not None:
+            if not isinstance(g, dict) or g.get("type") not in ("regex", "lark", "gbnf", "json_schema") or \
+                    "value" not in g or set(g) - {"type", "value"}:
+                raise BadRequest("grammar must be {\"type\": \"regex\" | \"lark\" | \"gbnf\" | \"json_schema\", "
+                                 "\"value\": ...}", "grammar")
+            specs.append((g["type"], g["value"], "grammar"))
+        for name, kind in GUIDED.items():
+            if body.get(name) is not None:
+                specs.append((kind, _guided_value(kind, body[name], name), name))
+        so = body.get("structured_outputs")
+        if so is not None:
+            if not isinstance(so, dict):
+                raise BadRequest("structured_outputs must be an object: {\"json\" | \"regex\" | \"choice\" | "
+                                 "\"grammar\" | \"json_object\": ...}", "structured_outputs")
+            for key in so:
+                if key not in STRUCTURED and key not in STRUCTURED_OPTIONS:
+                    raise BadRequest(f"structured_outputs.{key}: not supported by samplec serve (it takes json, regex, "
+                                     "choice, grammar, json_object, disable_any_whitespace and disable_fallback)",
+                                     f"structured_outputs.{key}")
+                if key in STRUCTURED_OPTIONS and so[key] is not None and not isinstance(so[key], bool):
+                    raise BadRequest(f"structured_outputs.{key} must be true or false", f"structured_outputs.{key}")
+            given = [(kind, so[key], f"structured_outputs.{key}") for key, kind in STRUCTURED.items()
+                     if so.get(key) is not None]
+            if not given:
+                raise BadRequest("structured_outputs: give one kind of constraint (json, regex, choice, grammar or "
+                                 "json_object)", "structured_outputs")
+            for kind, value, name in given:
+                if kind == "json_object" and value is not True:
+                    raise BadRequest(f"{name} must be true (leave it out for no constraint)", name)
+                specs.append((kind, _guided_value(kind, value, name), name))
+        return specs
+
+
+def _guided_value(kind: str, value, name: str):
+    """A vLLM structured-output field's value checked for its kind (BadRequest names the field): a JSON schema is an
+    object or its JSON text, a choice a non-empty list of strings, a regex or grammar a non-empty string."""
+    param = name
+    if kind == "json_object":
+        return None
+    if kind == "json_schema":
+        if not isinstance(value, (dict, str)):
+            raise BadRequest(f"{name} must be a JSON schema: an object, or its JSON text", param)
+        return value
+    if kind == "choice":
+        if not isinstance(value, list) or not value or not all(isinstance(c, str) for c in value):
+            raise BadRequest(f"{name} must be a non-empty list of strings", param)
+        return value
+    if not isinstance(value, str) or not value:
+        raise BadRequest(f"{name} must be a non-empty string", param)
+    return value
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -918,6 +918,121 @@ def test_regex_and_cfg_grammars(server, grammar, check):
         assert ch.finish_reason == "length" or check(ch.text), ch.text
 
 
+# vLLM's structured-output fields, each checked against the constraint it names: (extra_body, check of the text)
+ARRAY = {"type": "array", "items": {"type": "boolean"}, "maxItems": 3}
+VLLM_STRUCTURED = [
+    ({"guided_json": SCHEMA}, lambda t: jsonschema.validate(json.loads(t), SCHEMA) is None),
+    ({"guided_json": json.dumps(ARRAY)}, lambda t: jsonschema.validate(json.loads(t), ARRAY) is None),
+    ({"guided_regex": "[a-z]{2,4}-[0-9]{2}"}, lambda t: re.fullmatch("[a-z]{2,4}-[0-9]{2}", t)),
+    ({"guided_grammar": 'start: "yes" | "no" | "maybe " NUM\nNUM: /[0-9]/'},
+     lambda t: re.fullmatch("yes|no|maybe [0-9]", t)),
+    ({"guided_grammar": 'root ::= "(" [a-c]+ ")"', "guided_decoding_backend": "guidance"},
+     lambda t: re.fullmatch(r"\([a-c]+\)", t)),
+    ({"structured_outputs": {"json": SCHEMA}}, lambda t: jsonschema.validate(json.loads(t), SCHEMA) is None),
+    ({"structured_outputs": {"regex": "[0-9]{3}"}}, lambda t: re.fullmatch("[0-9]{3}", t)),
+    ({"structured_outputs": {"grammar": 'root ::= "x" "-"? "y"'}}, lambda t: t in ("xy", "x-y")),
+    ({"structured_outputs": {"json_object": True, "disable_any_whitespace": True}},
+     lambda t: isinstance(json.loads(t), dict)),
+]
+
+
+@pytest.mark.parametrize("kind", ["chat", "completion"])
+@pytest.mark.parametrize("extra, check", VLLM_STRUCTURED)
+def test_vllm_structured_output_fields_constrain_the_text(server, kind, extra, check):
+    """vLLM's guided_* fields and its structured_outputs object become the grammar response_format and `grammar`
+    give: a completion that ends by itself (finish "stop") parses, validates, matches -- streamed and not."""
+    c = server["client"]
+    stopped = 0
+    for seed in range(3):
+        for stream in (False, True):
+            kw = dict(model="demo", max_tokens=60, temperature=0.7, seed=seed, extra_body=extra, stream=stream)
+            r = c.chat.completions.create(messages=MSG, **kw) if kind == "chat" else \
+                c.completions.create(prompt="answer:", **kw)
+            if stream:
+                chunks = [ch for ch in r if ch.choices]
+                text = "".join((ch.choices[0].delta.content if kind == "chat" else ch.choices[0].text) or ""
+                               for ch in chunks)
+                finish = chunks[-1].choices[0].finish_reason
+            else:
+                ch = r.choices[0]
+                text, finish = ch.message.content if kind == "chat" else ch.text, ch.finish_reason
+            if finish == "stop":
+                assert check(text), (extra, text)
+                stopped += 1
+    assert stopped >= 3
+
+
+@pytest.mark.parametrize("field", ["guided_choice", "structured_outputs"])
+def test_guided_choice_gives_exactly_one_of_the_choices(server, field):
+    choices = ["red", "green", "blue", "x y", "quote\"d"]
+    extra = {"guided_choice": choices} if field == "guided_choice" else {"structured_outputs": {"choice": choices}}
+    c = server["client"]
+    seen = set()
+    for seed in range(6):
+        for stream in (False, True):
+            kw = dict(model="demo", max_tokens=30, temperature=1.5, seed=seed, n=2, extra_body=extra)
+            if stream:
+                parts = {}
+                for ch in c.chat.completions.create(messages=MSG, stream=True, **kw):
+                    for x in ch.choices:
+                        parts[x.index] = parts.get(x.index, "") + (x.delta.content or "")
+                texts = list(parts.values())
+            else:
+                r = c.completions.create(prompt="Pick one:", **kw)
+                assert [x.finish_reason for x in r.choices] == ["stop", "stop"]
+                texts = [x.text for x in r.choices]
+            assert len(texts) == 2 and all(t in choices for t in texts), texts
+            seen.update(texts)
+    assert len(seen) >= 2           # (the sampler picks among them: not a fixed one)
+
+
+@pytest.mark.parametrize("extra, param", [
+    ({"guided_json": SCHEMA, "guided_regex": "[a-z]+"}, "guided_regex"),
+    ({"guided_choice": ["a", "b"], "guided_grammar": 'start: "a"'}, "guided_grammar"),
+    ({"guided_regex": "[a-z]+", "structured_outputs": {"regex": "[0-9]+"}}, "structured_outputs.regex"),
+    ({"structured_outputs": {"regex": "[a-z]+", "choice": ["a"]}}, "structured_outputs.choice"),
+    ({"grammar": {"type": "regex", "value": "a"}, "guided_regex": "b"}, "guided_regex"),
+    ({"structured_outputs": {}}, "structured_outputs"),
+    ({"structured_outputs": {"disable_any_whitespace": True}}, "structured_outputs"),
+    ({"structured_outputs": {"json_object": False}}, "structured_outputs.json_object"),
+    ({"structured_outputs": {"regex": "a", "whitespace_pattern": " "}}, "structured_outputs.whitespace_pattern"),
+    ({"structured_outputs": ["regex"]}, "structured_outputs"),
+    ({"guided_choice": []}, "guided_choice"),
+    ({"guided_choice": ["a", 1]}, "guided_choice"),
+    ({"guided_regex": "[a-"}, "guided_regex"),
+    ({"guided_regex": ""}, "guided_regex"),
+    ({"guided_json": 5}, "guided_json"),
+    ({"guided_json": "{not json"}, "guided_json"),
+    ({"guided_grammar": "?start: x"}, "guided_grammar"),
+    ({"structured_outputs": {"json": {"type": "object", "properties": {"a": {"$ref": "#/nope"}}}}},
+     "structured_outputs.json"),
+    ({"guided_regex": "[a-z]+", "guided_decoding_backend": "xgrammar"}, "guided_decoding_backend"),
+    ({"guided_regex": "[a-z]+", "guided_decoding_backend": 3}, "guided_decoding_backend"),
+])
+def test_vllm_structured_output_refusals_name_the_field(server, extra, param):
+    """One kind of constraint per request (vLLM's rule), a constraint with a JSON response_format too, a backend other
+    than this server's, and values the engine cannot compile: a 400 naming the field."""
+    c = server["client"]
+    for kind in ("chat", "completion"):
+        with pytest.raises(openai.BadRequestError) as err:
+            if kind == "chat":
+                c.chat.completions.create(model="demo", messages=MSG, max_tokens=4, extra_body=extra)
+            else:
+                c.completions.create(model="demo", prompt="x", max_tokens=4, extra_body=extra)
+        assert err.value.body["param"] == param and param in err.value.body["message"], err.value.body
+    with pytest.raises(openai.BadRequestError) as err:
+        c.chat.completions.create(model="demo", messages=MSG, max_tokens=4, extra_body={"guided_regex": "[a-z]+"},
+                                  response_format={"type": "json_schema",
+                                                   "json_schema": {"name": "t", "schema": SCHEMA}})
+    assert err.value.body["param"] == "guided_regex" and "response_format" in err.value.body["message"]
+    # (a text response_format is no constraint; a backend named without a constraint is what vLLM ignores)
+    r = c.chat.completions.create(model="demo", messages=MSG, max_tokens=8, seed=1, response_format={"type": "text"},
+                                  extra_body={"guided_regex": "[a-z]{3}"})
+    assert r.choices[0].finish_reason == "length" or re.fullmatch("[a-z]{3}", r.choices[0].message.content)
+    assert c.completions.create(model="demo", prompt="x", max_tokens=2,
+                                extra_body={"guided_decoding_backend": "xgrammar"}).usage.completion_tokens == 2
+
+
 # ---- refusals
 
 @pytest.mark.parametrize("kind, fields, param", [
