@@ -167,7 +167,7 @@ COMMON = {"model", "max_tokens", "n", "seed", "stop", "stream", "stream_options"
           "safety_identifier", "prompt_cache_key", "samplec_sampler", "grammar", "response_format",
           "stop_token_ids", "min_tokens", "ignore_eos", "include_stop_str_in_output", "skip_special_tokens",
           "allowed_token_ids", "guided_json", "guided_regex", "guided_choice", "guided_grammar",
-          "guided_decoding_backend", "structured_outputs", *FIELDS}
+          "guided_decoding_backend", "structured_outputs", "truncate_prompt_tokens", *FIELDS}
 INFORMATIONAL = {"user", "metadata", "safety_identifier", "prompt_cache_key"}   # accepted; they change no token
 # vLLM's structured-output fields (its older guided_* ones and the keys of its structured_outputs object) -> the
 # grammar kind each becomes (`Parser._grammar`); guided_grammar and structured_outputs.grammar are Lark or GBNF text,
@@ -179,7 +179,7 @@ STRUCTURED = {"json": "json_schema", "regex": "regex", "choice": "choice", "gram
 STRUCTURED_OPTIONS = {"disable_any_whitespace", "disable_fallback"}   # accepted: JSON is compact, nothing falls back
 GUIDED_BACKENDS = ("auto", "guidance")     # the guided_decoding_backend names that are this server's (llguidance)
 # vLLM's request fields this server does not take (answered 400 naming the field, saying whose it is)
-VLLM_ONLY = {"truncate_prompt_tokens", "truncation_side", "prompt_logprobs", "bad_words",
+VLLM_ONLY = {"truncation_side", "prompt_logprobs", "bad_words",
              "spaces_between_special_tokens", "return_tokens_as_token_ids", "return_token_ids", "use_beam_search",
              "length_penalty", "add_special_tokens", "guided_whitespace_pattern", "logprob_token_ids", "documents",
              "chat_template", "mm_processor_kwargs", "media_io_kwargs", "priority", "cache_salt",
@@ -233,7 +233,7 @@ class Parser:
                              "model", 404, "model_not_found")
         req.model = self.model_id
         self._refusals(kind, body)
-        req.prompts, req.prompt_texts = self._prompts(kind, body)
+        req.prompts, req.prompt_texts = self._truncated(body, *self._prompts(kind, body))
         if kind == "chat" and not self._template_flags(body)[1]["add_generation_prompt"]:
             req.role = body["messages"][-1]["role"]     # (as vLLM's: the message the prompt leaves open)
         req.n = _number(body, "n", 1, MAX_N, integer=True, default=1)
@@ -460,6 +460,26 @@ class Parser:
         if cont:        # (passed only when asked: a tokenizer's own template function may not take it)
             kwargs["continue_final_message"] = True
         return cont, kwargs
+
+    def _truncated(self, body, prompts: list[list[int]], texts: list) -> tuple[list[list[int]], list]:
+        """vLLM's truncate_prompt_tokens: each prompt's last k tokens (after the chat template), -1 as many as the
+        model's context length (every token where it is not known); a prompt cut short is echoed as its kept
+        tokens' text (the string given no longer writes them)."""
+        k = _number(body, "truncate_prompt_tokens", -1, 2**63 - 1, integer=True)
+        if k is None:
+            return prompts, texts
+        if k == 0:
+            raise BadRequest("truncate_prompt_tokens must be -1 (the model's context length) or at least 1 (the "
+                             "number of prompt tokens kept), got 0", "truncate_prompt_tokens")
+        if k == -1:
+            if self.context is None:
+                return prompts, texts
+            k = self.context
+        if self.context is not None and k > self.context:
+            raise BadRequest(f"truncate_prompt_tokens value ({k}) is greater than the model's maximum context length "
+                             f"({self.context}). Please select a smaller truncation size.", "truncate_prompt_tokens")
+        kept = [p[-k:] for p in prompts]
+        return kept, [t if len(p) == len(q) else None for t, p, q in zip(texts, prompts, kept)]
 
     def _completion_prompt(self, p, where: str) -> list[int]:
         """One prompt of /v1/completions: a non-empty string, or a non-empty list of token ids."""

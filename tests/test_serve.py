@@ -256,6 +256,55 @@ def test_a_default_max_tokens_shrinks_to_each_prompts_own_room(server):
         parse.context = saved
 
 
+def test_truncate_prompt_tokens_keeps_the_last_k_prompt_tokens(server):
+    """vLLM's truncate_prompt_tokens: the prompt's last k tokens are the prompt -- the same completion as those
+    tokens sent alone, usage counting them -- on both endpoints; -1 is the model's context length."""
+    from samplec.integrations.mlx_lm import local_tokenizer
+    tok = local_tokenizer(512)              # (the demo's tokenizer, loaded apart from the server's)
+    c = server["client"]
+    kw = dict(model="demo", max_tokens=6, temperature=1.0, seed=5, logprobs=1)
+    ids = [(i * 37) % 500 + 2 for i in range(30)]
+    for prompt in (ids, "A sampler chain reads the logits of every row and draws one token"):
+        full = prompt if isinstance(prompt, list) else list(tok.encode(prompt))
+        assert len(full) > 7
+        cut = c.completions.create(prompt=prompt, extra_body={"truncate_prompt_tokens": 7}, **kw)
+        alone = c.completions.create(prompt=full[-7:], **kw)
+        assert cut.usage.prompt_tokens == 7 and cut.choices[0].text == alone.choices[0].text
+        assert cut.choices[0].logprobs.token_logprobs == alone.choices[0].logprobs.token_logprobs
+        more = c.completions.create(prompt=prompt, extra_body={"truncate_prompt_tokens": 1000}, **kw)
+        assert more.usage.prompt_tokens == len(full)
+    # (echo: the kept tokens, written back as their text and scored as a prompt of their own)
+    e = c.completions.create(model="demo", prompt=ids, max_tokens=0, echo=True, logprobs=0,
+                             extra_body={"truncate_prompt_tokens": 5}).choices[0]
+    assert e.text == tok.decode(ids[-5:]) and len(e.logprobs.tokens) == 5 and e.logprobs.token_logprobs[0] is None
+    # chat: the last k tokens of the templated conversation (the demo tokenizer has no template: role lines)
+    chat = c.chat.completions.create(model="demo", messages=MSG, max_tokens=6, temperature=1.0, seed=5,
+                                     extra_body={"truncate_prompt_tokens": 4})
+    lines = list(tok.encode(f"user: {MSG[0]['content']}\nassistant:"))
+    assert len(lines) > 4 and chat.usage.prompt_tokens == 4
+    assert chat.choices[0].message.content == c.completions.create(prompt=lines[-4:], **kw).choices[0].text
+    parse = server["app"].parse
+    saved, parse.context = parse.context, 20
+    try:
+        url = server["base"] + "/v1/completions"
+        status, r = post(url, {"model": "demo", "prompt": ids, "max_tokens": 0, "echo": True,
+                               "truncate_prompt_tokens": -1})
+        assert status == 200 and r["usage"]["prompt_tokens"] == 20, r
+        status, err = post(url, {"model": "demo", "prompt": ids, "truncate_prompt_tokens": 21})
+        assert status == 400 and err["error"]["param"] == "truncate_prompt_tokens", err
+        status, r = post(url, {"model": "demo", "prompt": ids, "truncate_prompt_tokens": 12, "temperature": 0})
+        assert status == 200 and r["usage"] == {"prompt_tokens": 12, "completion_tokens": 8, "total_tokens": 20}, r
+    finally:
+        parse.context = saved
+    status, r = post(server["base"] + "/v1/completions", {"model": "demo", "prompt": ids, "max_tokens": 1,
+                                                          "truncate_prompt_tokens": -1})
+    assert status == 200 and r["usage"]["prompt_tokens"] == 30      # (no context length known: every token)
+    for bad in (0, -2, 2.5, True, "4"):
+        status, err = post(server["base"] + "/v1/chat/completions", {"model": "demo", "messages": MSG,
+                                                                     "truncate_prompt_tokens": bad})
+        assert status == 400 and err["error"]["param"] == "truncate_prompt_tokens", (bad, err)
+
+
 def test_min_tokens_past_a_default_max_tokens_shrunk_to_the_room_is_a_400(server):
     """vLLM checks min_tokens against the effective max_tokens: a default one that shrinks to the room a prompt
     leaves in the context bounds min_tokens too (a 400 naming it, and the prompt whose room is short), not the
@@ -1067,7 +1116,7 @@ def test_vllm_structured_output_refusals_name_the_field(server, extra, param):
     ("chat", dict(extra_body={"samplec_sampler": "nope"}), "samplec_sampler"),
     ("chat", dict(extra_body={"frobnicate": 1}), "frobnicate"),
     ("chat", dict(extra_body={"prompt_logprobs": 1}), "prompt_logprobs"),
-    ("completion", dict(extra_body={"truncate_prompt_tokens": 4}), "truncate_prompt_tokens"),
+    ("completion", dict(extra_body={"use_beam_search": True}), "use_beam_search"),
     ("completion", dict(extra_body={"bad_words": ["x"]}), "bad_words"),
     ("completion", dict(suffix="x"), "suffix"),
     ("completion", dict(max_tokens=0), "max_tokens"),
