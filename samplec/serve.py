@@ -136,6 +136,7 @@ class Request:
     continuous_usage: bool = False     # (vLLM's continuous_usage_stats: every chunk carries its choice's usage)
     logprobs: bool = False
     top_logprobs: int = 0
+    token_ids: bool = False            # (vLLM's return_tokens_as_token_ids: logprobs name tokens "token_id:N")
     chain: str | None = None
     grammar: object = None             # a samplec.structured.Grammar
     model: str = ""
@@ -167,7 +168,8 @@ COMMON = {"model", "max_tokens", "n", "seed", "stop", "stream", "stream_options"
           "safety_identifier", "prompt_cache_key", "samplec_sampler", "grammar", "response_format",
           "stop_token_ids", "min_tokens", "ignore_eos", "include_stop_str_in_output", "skip_special_tokens",
           "allowed_token_ids", "guided_json", "guided_regex", "guided_choice", "guided_grammar",
-          "guided_decoding_backend", "structured_outputs", "truncate_prompt_tokens", *FIELDS}
+          "guided_decoding_backend", "structured_outputs", "truncate_prompt_tokens", "return_tokens_as_token_ids",
+          *FIELDS}
 INFORMATIONAL = {"user", "metadata", "safety_identifier", "prompt_cache_key"}   # accepted; they change no token
 # vLLM's structured-output fields (its older guided_* ones and the keys of its structured_outputs object) -> the
 # grammar kind each becomes (`Parser._grammar`); guided_grammar and structured_outputs.grammar are Lark or GBNF text,
@@ -180,7 +182,7 @@ STRUCTURED_OPTIONS = {"disable_any_whitespace", "disable_fallback"}   # accepted
 GUIDED_BACKENDS = ("auto", "guidance")     # the guided_decoding_backend names that are this server's (llguidance)
 # vLLM's request fields this server does not take (answered 400 naming the field, saying whose it is)
 VLLM_ONLY = {"truncation_side", "prompt_logprobs", "bad_words",
-             "spaces_between_special_tokens", "return_tokens_as_token_ids", "return_token_ids", "use_beam_search",
+             "spaces_between_special_tokens", "return_token_ids", "use_beam_search",
              "length_penalty", "add_special_tokens", "guided_whitespace_pattern", "logprob_token_ids", "documents",
              "chat_template", "mm_processor_kwargs", "media_io_kwargs", "priority", "cache_salt",
              "kv_transfer_params", "vllm_xargs", "thinking_token_budget", "include_reasoning", "repetition_detection",
@@ -309,6 +311,7 @@ class Parser:
             # (a round of proposals shares one bias: positions past min_tokens would stay held)
             raise BadRequest("min_tokens: not supported by a server with a draft model", "min_tokens")
         self._logprobs(kind, body, req)
+        req.token_ids = self._bool(body, "return_tokens_as_token_ids")
         self._values(body, req)
         req.bias = self._bias(body)
         chain = body.get("samplec_sampler")
@@ -1605,7 +1608,12 @@ class Formatter:
     def __init__(self, token_bytes):
         self.token_bytes = token_bytes
 
-    def token_text(self, t: int) -> tuple[str, list[int]]:
+    def token_text(self, t: int, as_ids: bool = False) -> tuple[str, list[int]]:
+        """A token as a logprobs entry writes it: (its text, its bytes); with `as_ids` (vLLM's
+        return_tokens_as_token_ids) "token_id:N" and that string's bytes, as vLLM writes them."""
+        if as_ids:
+            s = f"token_id:{int(t)}"
+            return s, list(s.encode())
         b = self.token_bytes(int(t))
         try:
             return b.decode("utf-8"), list(b)
@@ -1621,41 +1629,41 @@ class Formatter:
             return sum(1 for o in row.offsets if o < upto)
         return len(row.offsets) - (1 if row.stop_token and not stop_entry else 0)
 
-    def chat_entries(self, row: Row, lo: int, hi: int, top: int) -> list[dict]:
-        """Chat's `logprobs.content` entries for the row's tokens lo..hi-1."""
+    def chat_entries(self, row: Row, lo: int, hi: int, top: int, as_ids: bool = False) -> list[dict]:
+        """Chat's `logprobs.content` entries for the row's tokens lo..hi-1 (`as_ids`: tokens written as ids)."""
         out = []
         for tok, processed, raw, ids, vals in row.records[lo:hi]:
             alternatives = []
             for i, v in zip(ids[:top], vals[:top]) if ids is not None else ():
-                t, b = self.token_text(i)
+                t, b = self.token_text(i, as_ids)
                 alternatives.append({"token": t, "logprob": float(v), "bytes": b})
-            text, b = self.token_text(tok)
+            text, b = self.token_text(tok, as_ids)
             out.append({"token": text, "logprob": raw, "bytes": b, "top_logprobs": alternatives,
                         "processed_logprob": processed})
         return out
 
-    def legacy(self, row: Row, lo: int, hi: int, top: int) -> dict:
+    def legacy(self, row: Row, lo: int, hi: int, top: int, as_ids: bool = False) -> dict:
         """The completions endpoint's logprobs (tokens, token_logprobs, top_logprobs as dicts, text_offset) of the
         row's samples lo..hi-1 (with echo, their offsets count from the start of the prompt's text)."""
         shift = len(row.echo.text) if row.echo is not None else 0
-        return self._legacy(row.records[lo:hi], [o + shift for o in row.offsets[lo:hi]], top)
+        return self._legacy(row.records[lo:hi], [o + shift for o in row.offsets[lo:hi]], top, as_ids)
 
-    def echoed(self, row: Row, top: int) -> dict:
+    def echoed(self, row: Row, top: int, as_ids: bool = False) -> dict:
         """The legacy logprobs of the row's prompt (echo)."""
-        return self._legacy(row.echo.records, row.echo.offsets, top)
+        return self._legacy(row.echo.records, row.echo.offsets, top, as_ids)
 
-    def _legacy(self, recs: list, offsets: list[int], top: int) -> dict:
+    def _legacy(self, recs: list, offsets: list[int], top: int, as_ids: bool) -> dict:
         tops = []
         for tok, _, raw, ids, vals in recs:
             d = {}
             if ids is not None:
                 for i, v in zip(ids[:top], vals[:top]):
-                    d.setdefault(self.token_text(i)[0], float(v))
+                    d.setdefault(self.token_text(i, as_ids)[0], float(v))
             if raw is not None:     # (as OpenAI's: the sampled token too, so up to top + 1 entries -- logprobs 0: 1)
-                d.setdefault(self.token_text(tok)[0], raw)
+                d.setdefault(self.token_text(tok, as_ids)[0], raw)
                 d = dict(sorted(d.items(), key=lambda kv: -kv[1]))
             tops.append(d if raw is not None or ids is not None else None)   # (a prompt's first token: null)
-        return {"tokens": [self.token_text(r[0])[0] for r in recs],
+        return {"tokens": [self.token_text(r[0], as_ids)[0] for r in recs],
                 "token_logprobs": [r[2] for r in recs],
                 "top_logprobs": tops,
                 "text_offset": offsets,
@@ -1931,12 +1939,13 @@ class Handler(BaseHTTPRequestHandler):
             n = fmt.kept(r, len(r.text), req.kind == "completion")
             if req.kind == "chat":
                 c = {"index": r.index, "message": {"role": req.role, "content": r.text},
-                     "logprobs": {"content": fmt.chat_entries(r, 0, n, req.top_logprobs)} if req.logprobs
+                     "logprobs": {"content": fmt.chat_entries(r, 0, n, req.top_logprobs, req.token_ids)}
+                     if req.logprobs
                      else None, "finish_reason": r.finish, "stop_reason": r.stop_reason}
             else:
-                lp = fmt.legacy(r, 0, n, req.top_logprobs) if req.logprobs else None
+                lp = fmt.legacy(r, 0, n, req.top_logprobs, req.token_ids) if req.logprobs else None
                 if r.echo is not None and lp is not None:
-                    lp = _joined(fmt.echoed(r, req.top_logprobs), lp)
+                    lp = _joined(fmt.echoed(r, req.top_logprobs, req.token_ids), lp)
                 c = {"index": r.index, "text": (r.echo.text if r.echo is not None else "") + r.text,
                      "logprobs": lp, "finish_reason": r.finish, "stop_reason": r.stop_reason}
             choices.append(c)
@@ -1987,7 +1996,7 @@ class Handler(BaseHTTPRequestHandler):
             if ev == "echo":        # (each choice's first chunk: its prompt)
                 for r in job.rows:
                     send([{"index": r.index, "text": r.echo.text,
-                           "logprobs": fmt.echoed(r, req.top_logprobs) if req.logprobs else None,
+                           "logprobs": fmt.echoed(r, req.top_logprobs, req.token_ids) if req.logprobs else None,
                            "finish_reason": None, "stop_reason": None}], so_far(r))
                 continue
             r = job.rows[i]
@@ -2000,8 +2009,8 @@ class Handler(BaseHTTPRequestHandler):
             if delta or n > lo or final:
                 lp = None
                 if req.logprobs:
-                    lp = {"content": fmt.chat_entries(r, lo, n, req.top_logprobs)} if req.kind == "chat" \
-                        else fmt.legacy(r, lo, n, req.top_logprobs)
+                    lp = {"content": fmt.chat_entries(r, lo, n, req.top_logprobs, req.token_ids)} \
+                        if req.kind == "chat" else fmt.legacy(r, lo, n, req.top_logprobs, req.token_ids)
                 # (stop_reason as vLLM's: on every completions chunk, on chat's last one)
                 if req.kind == "chat":
                     c = {"index": r.index, "delta": {"content": delta} if delta else {}, "logprobs": lp,

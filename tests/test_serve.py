@@ -256,6 +256,49 @@ def test_a_default_max_tokens_shrinks_to_each_prompts_own_room(server):
         parse.context = saved
 
 
+def _token_id(s: str) -> int:
+    assert s.startswith("token_id:"), s
+    return int(s[len("token_id:"):])
+
+
+def test_return_tokens_as_token_ids_names_every_logprobs_token_by_its_id(server):
+    """vLLM's return_tokens_as_token_ids: each token of the logprobs -- the sampled one and the alternatives, the
+    completions endpoint's `tokens` and `top_logprobs` keys, an echoed prompt's -- is written "token_id:N" (chat's
+    `bytes` are that string's, as vLLM's); the ids decode to the text, the log-probabilities are the same."""
+    from samplec.integrations.mlx_lm import local_tokenizer
+    tok = local_tokenizer(512)
+    c = server["client"]
+    ids = [(i * 41) % 500 + 3 for i in range(6)]
+    kw = dict(model="demo", prompt=ids, max_tokens=8, temperature=1.0, seed=8, logprobs=3, echo=True)
+    plain = c.completions.create(**kw).choices[0].logprobs
+    for stream in (False, True):
+        got = c.completions.create(**kw, stream=stream, extra_body={"return_tokens_as_token_ids": True})
+        chunks = [ch.choices[0] for ch in got] if stream else got.choices
+        tokens = [t for ch in chunks for t in (ch.logprobs.tokens if ch.logprobs else [])]
+        tops = [d for ch in chunks for d in (ch.logprobs.top_logprobs if ch.logprobs else [])]
+        lps = [v for ch in chunks for v in (ch.logprobs.token_logprobs if ch.logprobs else [])]
+        text = "".join(ch.text for ch in chunks)
+        sampled = [_token_id(t) for t in tokens]
+        assert sampled[:len(ids)] == ids and lps == plain.token_logprobs
+        assert tok.decode(sampled) == text
+        assert tops[0] is None
+        for d, pd, t in zip(tops[1:], plain.top_logprobs[1:], tokens[1:]):
+            assert t in d and sorted(d.values()) == sorted(pd.values())
+            assert {tok.decode([_token_id(k)]) for k in d} >= {k for k in pd if not k.startswith("bytes:")}
+    chat = dict(model="demo", messages=MSG, max_tokens=8, temperature=1.0, seed=8, logprobs=True, top_logprobs=2)
+    plain = c.chat.completions.create(**chat).choices[0]
+    for stream in (False, True):
+        got = c.chat.completions.create(**chat, stream=stream, extra_body={"return_tokens_as_token_ids": True})
+        chunks = [ch.choices[0] for ch in got if ch.choices] if stream else got.choices
+        entries = [e for ch in chunks for e in ((ch.logprobs.content or []) if ch.logprobs else [])]
+        text = "".join((ch.delta.content or "") if stream else ch.message.content for ch in chunks)
+        assert text == plain.message.content and tok.decode([_token_id(e.token) for e in entries]) == text
+        for e, pe in zip(entries, plain.logprobs.content, strict=True):
+            assert e.bytes == list(e.token.encode()) and e.logprob == pe.logprob
+            assert [a.logprob for a in e.top_logprobs] == [a.logprob for a in pe.top_logprobs]
+            assert all(a.bytes == list(a.token.encode()) and _token_id(a.token) >= 0 for a in e.top_logprobs)
+
+
 def test_truncate_prompt_tokens_keeps_the_last_k_prompt_tokens(server):
     """vLLM's truncate_prompt_tokens: the prompt's last k tokens are the prompt -- the same completion as those
     tokens sent alone, usage counting them -- on both endpoints; -1 is the model's context length."""
