@@ -18,7 +18,7 @@ from typing import List, Optional
 import typer
 
 from samplec.diagnostics import SamplecError, SamplecWarning
-from samplec.files import read_file, read_source, write_atomic
+from samplec.files import compiled, read_file, read_source, write_atomic
 
 # (rich_markup_mode=None: plain help -- typer's rich panels list every flag as taking a `<bool>`)
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False, rich_markup_mode=None,
@@ -133,7 +133,7 @@ def _load_program(path: Path, sampler: str | None, opt: int | None, bindings: di
 
 
 def _is_compiled(path: Path) -> bool:
-    """A compiled program: a .smpb, or a file of another name that starts as one (a flatbuffer's identifier)."""
+    """A compiled program: a .smpb, or a file of another name that starts as one (`files.compiled`)."""
     if path.suffix == ".smpb":
         return True
     try:
@@ -143,7 +143,7 @@ def _is_compiled(path: Path) -> bool:
             head = f.read(8)
     except OSError:
         return False
-    return head[4:8] == b"SMPB" and b"\x00" in head[:4]      # (as read_source tells one from a source)
+    return compiled(head)
 
 
 @app.command("compile")
@@ -303,7 +303,7 @@ def inspect(file: Path = typer.Argument(..., metavar="FILE", help="a compiled .s
     """Print the IR of a compiled program, as lowered for the target it runs on."""
     import samplec
     data = read_file(file)
-    if file.suffix == ".smp" or b"sampler " in data[:4096] and data[4:8] != b"SMPB":
+    if file.suffix == ".smp" or b"sampler " in data[:4096] and not compiled(data):
         raise SamplecError(f"{file} is a .smp source; `inspect` reads compiled .smpb programs. To see its IR, "
                            f"run `samplec compile {file} --emit ir`")
     prog = samplec.load(file, target=target)
@@ -520,8 +520,7 @@ def run(
     pairs = _pairs(list(param or []) + list(more_params or []), "--param")
     arrays = {n: v for n, v in pairs.items() if n in _array_params(prog)}   # --param NAME=FILE.npy
     values = runner.parse_params(prog, {n: v for n, v in pairs.items() if n not in arrays})
-    kinds = {p.name: p.kind for p in prog.params}
-    values.update({n: _array_value(runner.load_array(Path(v), f"--param {n}"), kinds[n]) for n, v in arrays.items()})
+    values.update({n: runner.load_array(Path(v), f"--param {n}") for n, v in arrays.items()})
     for flag, kind, value in (("--seed", "seed", seed), ("--history", "tokens", history),
                               ("--mask", "mask", mask), ("--bias", "bias", bias)):
         if value is not None:
@@ -529,7 +528,7 @@ def run(
             if name in values:
                 raise SamplecError(f"{flag} and --param {name} give the same parameter: pass one")
             values[name] = runner.parse_value(prog, name, value, flag=flag) if kind == "seed" else \
-                _array_value(runner.load_array(value, flag), kind)
+                runner.load_array(value, flag)
     _check_required(prog, values, seeds_given_by_draws=bool(draws))
     if draws:
         result = runner.draws(prog, x, values, draws)
@@ -546,12 +545,6 @@ def run(
 
 _FLAG_OF_KIND = {"seed": "--seed N", "tokens": "--history FILE.npy", "mask": "--mask FILE.npy",
                  "bias": "--bias FILE.npy"}
-
-
-def _array_value(arr, kind: str):
-    """An array read for a parameter of `kind`: a token history of any integer dtype as its ids."""
-    from samplec import runner
-    return runner.token_ids(arr) if kind == "tokens" else arr
 
 
 def _array_params(prog) -> set[str]:

@@ -46,10 +46,16 @@ def read_file(path: str | os.PathLike, limit: int = MAX_FILE_BYTES) -> bytes:
     return data
 
 
+def compiled(data: bytes) -> bool:
+    """Whether a file's bytes start as a compiled program (.smpb): a flatbuffer's root offset -- never text -- and
+    its identifier."""
+    return data[4:8] == b"SMPB" and b"\x00" in data[:4]
+
+
 def read_source(path: str | os.PathLike) -> str:
     """A .smp file's text (UTF-8; a byte-order mark is not part of the source)."""
     data = read_file(path)
-    if data[4:8] == b"SMPB" and b"\x00" in data[:4]:     # (a flatbuffer's root offset: never text)
+    if compiled(data):
         raise SamplecError(f"{path}: a compiled program (.smpb), not a .smp source (`samplec run` or "
                            "`samplec inspect` takes it)")
     try:

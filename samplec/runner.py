@@ -44,15 +44,6 @@ def load_array(path: Path, flag: str) -> mx.array:
     return data
 
 
-def token_ids(arr: mx.array) -> mx.array:
-    """A token history read from a file, as the program takes it: an unsigned one (`np.save` of small ids often
-    writes uint8/uint16/uint32) as int32, its ids past int32 held at 2**31 - 1 -- still an id >= V, the error that
-    names its rows -- never wrapped to a negative id (padding)."""
-    if arr.dtype in (mx.uint8, mx.uint16, mx.uint32, mx.uint64):
-        return mx.minimum(arr, mx.array(2**31 - 1, dtype=arr.dtype)).astype(mx.int32)
-    return arr
-
-
 def _reader_error(e: Exception, path: Path) -> str:
     """MLX's reader message, or what it means where the message is a bare C++ exception name or MLX's inside."""
     text = str(e)
@@ -302,5 +293,5 @@ def _chi2(row: dict, n: int) -> float:
     return float(sum((c - n * p) ** 2 / (n * p) for c, p in zip(row["counts"], row["probability"]) if p > 0))
 
 
-__all__ = ["load_array", "token_ids", "parse_params", "parse_value", "param_of_kind", "draws", "format_draws",
+__all__ = ["load_array", "parse_params", "parse_value", "param_of_kind", "draws", "format_draws",
            "to_json", "format_outputs"]
