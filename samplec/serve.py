@@ -43,7 +43,9 @@ import numpy as np
 
 from samplec.decode import GENERATED, step_seeds
 from samplec.diagnostics import SamplecError
+from samplec import tools
 from samplec.program import Program
+from samplec.tools import ToolError, template_message
 
 SERVER_CHAIN = """
 sampler mlx_lm_server(h: tokens, generated: tokens, seed: seed, pos: int, allowed: mask,
@@ -142,6 +144,7 @@ class Request:
     model: str = ""
     role: str = "assistant"            # (chat) the answer's role: the last message's without a generation prompt
     echo: bool = False                 # (completions) each choice's text and logprobs begin with its prompt's
+    tools: object = None               # (chat) a samplec.tools.Tools: the request's tools and tool_choice
     prompt_texts: list = field(default_factory=list)    # per prompt: the string given, or None (token ids)
     body: dict | None = None           # the request as received (what rank 0 sends the other ranks)
 
@@ -235,7 +238,9 @@ class Parser:
                              "model", 404, "model_not_found")
         req.model = self.model_id
         self._refusals(kind, body)
-        req.prompts, req.prompt_texts = self._truncated(body, *self._prompts(kind, body))
+        if kind == "chat":
+            req.tools = self._tools(body)
+        req.prompts, req.prompt_texts = self._truncated(body, *self._prompts(kind, body, req.tools))
         if kind == "chat" and not self._template_flags(body)[1]["add_generation_prompt"]:
             req.role = body["messages"][-1]["role"]     # (as vLLM's: the message the prompt leaves open)
         req.n = _number(body, "n", 1, MAX_N, integer=True, default=1)
@@ -322,7 +327,7 @@ class Parser:
             raise BadRequest(f"samplec_sampler: no chain named {chain!r} (this server has: "
                              f"{', '.join(self.programs)})", "samplec_sampler")
         req.chain = chain or next(iter(self.programs))
-        req.grammar = self._grammar(body, req.chain)
+        req.grammar = self._grammar(body, req.chain, req.tools)
         req.allowed = self._allowed(body, req.chain)
         if req.logprobs and self.sharded:
             names = {k.split(".")[0] for k, _ in self.programs[req.chain].graph.outputs}
@@ -349,11 +354,8 @@ class Parser:
         def off(name, ok=lambda v: v is None):
             if name in body and not ok(body[name]):
                 raise BadRequest(f"{name}: not supported by samplec serve", name)
-        for name in ("tools", "functions"):
-            off(name, lambda v: v is None or v == [])
-        off("tool_choice", lambda v: v in (None, "none"))
+        off("functions", lambda v: v is None or v == [])      # (OpenAI's deprecated forms of tools, tool_choice)
         off("function_call", lambda v: v in (None, "none"))
-        off("parallel_tool_calls", lambda v: v is None or isinstance(v, bool))
         for name in ("audio", "prediction", "web_search_options", "suffix", "reasoning_effort", "verbosity"):
             off(name)
         off("modalities", lambda v: v is None or v == ["text"])
@@ -366,7 +368,20 @@ class Parser:
                 raise BadRequest(f"{name} must be {what}, got {json.dumps(body[name])[:100]}", name)
         off("chat_template_kwargs", lambda v: v is None or isinstance(v, dict))
 
-    def _prompts(self, kind, body) -> tuple[list[list[int]], list]:
+    def _tools(self, body):
+        """The request's tools and tool_choice (samplec.tools); `auto` needs the tokenizer's tool-call format."""
+        try:
+            t = tools.parse(body)
+        except ToolError as e:
+            raise BadRequest(str(e), e.field) from None
+        if t is not None and t.choice == "auto" and not getattr(self.tokenizer, "has_tool_calling", False):
+            raise BadRequest("tool_choice: \"auto\" tool choice needs a model whose tokenizer has a tool-call format "
+                             "(mlx-lm reads one from its chat template); this model's has none -- ask for "
+                             "\"required\" or a named function (grammar-constrained calls), or \"none\"",
+                             "tool_choice")
+        return t
+
+    def _prompts(self, kind, body, calls=None) -> tuple[list[list[int]], list]:
         """The prompts' tokens, and per prompt the string given (None: given as token ids, or chat's messages)."""
         if kind == "completion":
             if "prompt" not in body:
@@ -388,14 +403,18 @@ class Parser:
             plain = []
             for i, m in enumerate(msgs):
                 where = f"messages[{i}]"
-                if not isinstance(m, dict) or m.get("role") not in ("system", "developer", "user", "assistant"):
-                    raise BadRequest(f"{where}: a message is an object with a role of system, developer, user "
-                                     "or assistant", where)
-                extra = set(m) - {"role", "content", "name"}
+                if not isinstance(m, dict) or m.get("role") not in ("system", "developer", "user", "assistant",
+                                                                    "tool"):
+                    raise BadRequest(f"{where}: a message is an object with a role of system, developer, user, "
+                                     "assistant or tool", where)
+                own = {"assistant": {"tool_calls"}, "tool": {"tool_call_id"}}.get(m["role"], set())
+                extra = set(m) - {"role", "content", "name"} - own
                 if extra:
                     raise BadRequest(f"{where}.{sorted(extra)[0]}: not supported by samplec serve",
                                      f"{where}.{sorted(extra)[0]}")
                 c = m.get("content")
+                if c is None and m["role"] == "assistant" and m.get("tool_calls"):
+                    c = ""          # (an assistant message of tool calls alone)
                 if isinstance(c, list):
                     parts = []
                     for part in c:
@@ -411,9 +430,15 @@ class Parser:
                 if name is not None and not isinstance(name, str):
                     raise BadRequest(f"{where}.name must be a string, got {json.dumps(name)[:100]}",
                                      f"{where}.name")
+                try:
+                    fields = template_message(m, where) if own else {}
+                except ToolError as e:
+                    raise BadRequest(str(e), e.field) from None
                 plain.append({"role": "system" if m["role"] == "developer" else m["role"], "content": c,
-                              **({"name": name} if name is not None else {})})
+                              **({"name": name} if name is not None else {}), **fields})
             cont, kwargs = self._template_flags(body)
+            if calls is not None:       # (every tool choice's: "none" too, as vLLM passes them)
+                kwargs["tools"] = [dict(t) for t in calls.functions]
             if getattr(self.tokenizer, "has_chat_template", False):
                 try:
                     tokens = self.tokenizer.apply_chat_template(plain, tokenize=True, **kwargs)
@@ -423,7 +448,9 @@ class Parser:
                     tokens = tokens["input_ids"]
                 tokens = list(tokens)
             else:
-                lines = [f"{m['role']}: {m['content']}" for m in plain]
+                lines = [f"{m['role']}: {m['content']}" + "".join(
+                    f"<tool_call>{json.dumps(c['function'])}</tool_call>" for c in m.get("tool_calls", ()))
+                    for m in plain]
                 # (continue_final_message: the last line left open -- no newline after it)
                 text = "\n".join(lines) if cont else "".join(f"{line}\n" for line in lines) + \
                     ("assistant:" if kwargs["add_generation_prompt"] else "")
@@ -584,11 +611,14 @@ class Parser:
         bits[ids] = True
         return np.packbits(bits, bitorder="little").view("<i4").astype(np.int32)
 
-    def _grammar(self, body, chain: str):
+    def _grammar(self, body, chain: str, calls=None):
         """The request's grammar, from whichever field asks for one: response_format (json_object, json_schema),
-        samplec's `grammar`, vLLM's guided_* fields or its structured_outputs object -- one of them at most (vLLM
-        refuses two kinds of constraint in one request too)."""
+        samplec's `grammar`, vLLM's guided_* fields, its structured_outputs object or a forced tool_choice (the
+        calls' JSON schema, as vLLM's) -- one of them at most (vLLM refuses two kinds of constraint in one request
+        too)."""
         specs = self._grammar_specs(body)
+        if calls is not None and calls.forced:
+            specs.append(("json_schema", tools.forced_schema(calls), "tool_choice"))
         if len(specs) > 1:
             (_, _, first), (_, _, second) = specs[:2]
             raise BadRequest(f"{second}: only one kind of structured output per request, and {first} is given too",
@@ -1184,6 +1214,12 @@ class Engine:
         except Exception:  # noqa: BLE001 - a tokenizer without the attribute
             special = []
         self.special_ids = set(int(t) for t in special) - self.eos_ids
+        # (a tool-call format's markers write their text in a choice that reads calls, special tokens or not)
+        self.tool_markers = set()
+        for name in ("tool_call_start_tokens", "tool_call_end_tokens"):
+            marker = getattr(tokenizer, name, None)
+            if marker is not None and len(marker) == 1:
+                self.tool_markers.add(int(marker[0]))
         self.sampler = BatchSampler(programs, grammars, self.vocab_shard)
         self.token_bytes = token_bytes
         self.max_batch = max_batch
@@ -1503,7 +1539,8 @@ class Engine:
         req = row.job.req
         # (special tokens -- an end-of-sequence a request ignores too -- write no text, as vLLM's
         # skip_special_tokens default; with it false, their own text)
-        quiet = req.skip_special and (token in self.special_ids or token in self.eos_ids)
+        quiet = req.skip_special and (token in self.special_ids or token in self.eos_ids) and not (
+            req.tools is not None and req.tools.choice == "auto" and token in self.tool_markers)
         if token in row.stop_ids or row.failed:     # (end-of-sequence, one of the request's stop_token_ids)
             # (its text only with include_stop_str_in_output, as vLLM's)
             b = self.token_bytes(token) if req.include_stop and not quiet and not row.failed else b""
@@ -1938,10 +1975,13 @@ class Handler(BaseHTTPRequestHandler):
         for r in job.rows:
             n = fmt.kept(r, len(r.text), req.kind == "completion")
             if req.kind == "chat":
-                c = {"index": r.index, "message": {"role": req.role, "content": r.text},
+                message, finish = {"content": r.text}, r.finish
+                if req.tools is not None:
+                    message, finish = tools.answer(req.tools, self.app.tokenizer, r.text, r.finish)
+                c = {"index": r.index, "message": {"role": req.role, **message},
                      "logprobs": {"content": fmt.chat_entries(r, 0, n, req.top_logprobs, req.token_ids)}
                      if req.logprobs
-                     else None, "finish_reason": r.finish, "stop_reason": r.stop_reason}
+                     else None, "finish_reason": finish, "stop_reason": r.stop_reason}
             else:
                 lp = fmt.legacy(r, 0, n, req.top_logprobs, req.token_ids) if req.logprobs else None
                 if r.echo is not None and lp is not None:
@@ -1977,6 +2017,8 @@ class Handler(BaseHTTPRequestHandler):
             prompt = len(req.prompts[r.index // req.n if r is not None else 0])
             done = r.delivered if r is not None else 0
             return {"prompt_tokens": prompt, "completion_tokens": done, "total_tokens": prompt + done}
+        calls = {r.index: tools.Stream(req.tools, self.app.tokenizer) for r in job.rows} \
+            if req.tools is not None else {}
         if req.kind == "chat":
             send([{"index": r.index, "delta": {"role": req.role, "content": ""}, "logprobs": None,
                    "finish_reason": None} for r in job.rows], so_far())
@@ -2013,8 +2055,12 @@ class Handler(BaseHTTPRequestHandler):
                         if req.kind == "chat" else fmt.legacy(r, lo, n, req.top_logprobs, req.token_ids)
                 # (stop_reason as vLLM's: on every completions chunk, on chat's last one)
                 if req.kind == "chat":
-                    c = {"index": r.index, "delta": {"content": delta} if delta else {}, "logprobs": lp,
-                         "finish_reason": r.finish if final else None}
+                    split = calls.get(r.index)
+                    d = split.delta(delta, final) if split is not None else {"content": delta} if delta else {}
+                    finish = (split.finish_reason(r.finish) if split is not None else r.finish) if final else None
+                    if not d and not final and not (lp or {}).get("content"):
+                        continue        # (text held back by a tool call being written)
+                    c = {"index": r.index, "delta": d, "logprobs": lp, "finish_reason": finish}
                     send([{**c, "stop_reason": r.stop_reason} if final else c], so_far(r))
                 else:
                     send([{"index": r.index, "text": delta, "logprobs": lp,

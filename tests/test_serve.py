@@ -1128,7 +1128,7 @@ def test_vllm_structured_output_refusals_name_the_field(server, extra, param):
 # ---- refusals
 
 @pytest.mark.parametrize("kind, fields, param", [
-    ("chat", dict(tools=[{"type": "function", "function": {"name": "f", "parameters": {}}}]), "tools"),
+    ("chat", dict(tools=[{"type": "function", "function": {"name": "f", "parameters": {}}}]), "tool_choice"),
     ("chat", dict(audio={"voice": "x", "format": "wav"}), "audio"),
     ("chat", dict(modalities=["text", "audio"]), "modalities"),
     ("chat", dict(store=True), "store"),
