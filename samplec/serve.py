@@ -43,7 +43,7 @@ import numpy as np
 
 from samplec.decode import GENERATED, step_seeds
 from samplec.diagnostics import SamplecError
-from samplec import tools
+from samplec import responses, tools
 from samplec.program import Program
 from samplec.tools import ToolError, template_message
 
@@ -1878,7 +1878,7 @@ class Handler(BaseHTTPRequestHandler):
     def do_POST(self):
         path = self.path.split("?")[0].rstrip("/")
         kind = {"/v1/chat/completions": "chat", "/chat/completions": "chat", "/v1/completions": "completion",
-                "/completions": "completion"}.get(path)
+                "/completions": "completion", "/v1/responses": "responses", "/responses": "responses"}.get(path)
         try:
             raw = self._read_body()
         except BadRequest as e:
@@ -1899,7 +1899,21 @@ class Handler(BaseHTTPRequestHandler):
                 raise BadRequest(f"the request body is not UTF-8 JSON ({type(e).__name__}: {e})"[:300]) from None
             except RecursionError:
                 raise BadRequest("the request body is JSON nested too deeply to read") from None
-            req = self.app.parse(kind, body)
+            answer = None
+            if kind == "responses":     # (the chat request it amounts to; errors name the Responses fields)
+                try:
+                    chat = responses.to_chat(body)
+                    answer = responses.Answer(body, chat, self.app.model_id)
+                    req = self.app.parse("chat", chat)
+                except responses.RequestError as e:
+                    raise BadRequest(str(e), e.field) from None
+                except BadRequest as e:
+                    name = responses.field_name(e.param)
+                    if name != e.param:
+                        raise BadRequest(str(e).replace(e.param, name), name, e.status, e.code) from None
+                    raise
+            else:
+                req = self.app.parse(kind, body)
         except BadRequest as e:
             return self._error(e)
         except Exception as e:  # noqa: BLE001 - a body no check foresaw: answered, never a dropped connection
@@ -1907,7 +1921,9 @@ class Handler(BaseHTTPRequestHandler):
             return self._error(BadRequest(f"the request could not be read ({type(e).__name__}: {e})"[:300]))
         job = self.app.engine.submit(req)
         try:
-            if req.stream:
+            if answer is not None:
+                self._respond_stream(job, answer) if req.stream else self._respond(job, answer)
+            elif req.stream:
                 self._stream(job)
             else:
                 self._complete(job)
@@ -1991,14 +2007,46 @@ class Handler(BaseHTTPRequestHandler):
             choices.append(c)
         self._send(200, {**self._head(req), "choices": choices, "usage": self._usage(job)})
 
-    def _stream(self, job: Job):
-        req = job.req
+    def _events_head(self):
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Cache-Control", "no-cache")
         self.send_header("Connection", "close")
         self.end_headers()
         self.close_connection = True
+
+    def _pieces(self, job: Job):
+        """A streamed job's pieces as the rows grow: ("echo", None, ...) once the prompts are scored; per row
+        ("piece", row, text added, first entry, entries so far, final) -- the text a chunk may send (the characters
+        that could begin a stop string held back; with include_stop_str_in_output none: the text is cut after the
+        stop string, never before a character already sent) and the range of its logprobs entries; ("error", ...)
+        when the job failed (its last)."""
+        req, fmt = job.req, self.app.format
+        hold = 0 if req.include_stop else max((len(s) for s in req.stop), default=1) - 1
+        left = len(job.rows)
+        while left:
+            ev, i, _ = self._wait(job, watch=True)     # (a client that leaves before a chunk is due: noticed)
+            if ev == "error":
+                yield "error", None, "", 0, 0, True
+                return
+            if ev == "echo":        # (each choice's first chunk: its prompt)
+                yield "echo", None, "", 0, 0, False
+                continue
+            r = job.rows[i]
+            final = ev == "done"
+            upto = len(r.text) if final else max(r.emitted, len(r.text) - hold)
+            n = fmt.kept(r, upto, req.kind == "completion") if final else sum(1 for o in r.offsets if o < upto)
+            n = max(n, r.entries_sent)
+            delta, lo = r.text[r.emitted:upto], r.entries_sent
+            r.emitted, r.entries_sent = upto, n
+            if delta or n > lo or final:
+                yield "piece", r, delta, lo, n, final
+            if final:
+                left -= 1
+
+    def _stream(self, job: Job):
+        req = job.req
+        self._events_head()
         head = self._head(req)
         head["object"] = "chat.completion.chunk" if req.kind == "chat" else "text_completion"
         fmt = self.app.format
@@ -2022,12 +2070,7 @@ class Handler(BaseHTTPRequestHandler):
         if req.kind == "chat":
             send([{"index": r.index, "delta": {"role": req.role, "content": ""}, "logprobs": None,
                    "finish_reason": None} for r in job.rows], so_far())
-        # (the characters that could begin a stop string are held back; with include_stop_str_in_output none:
-        # the text is cut after the stop string, never before a character already sent)
-        hold = 0 if req.include_stop else max((len(s) for s in req.stop), default=1) - 1
-        left = len(job.rows)
-        while left:
-            ev, i, _ = self._wait(job, watch=True)     # (a client that leaves before a chunk is due: noticed)
+        for ev, r, delta, lo, n, final in self._pieces(job):
             if ev == "error":
                 kind = "invalid_request_error" if job.status < 500 else "server_error"
                 self.wfile.write(b"data: " + json.dumps({"error": {"message": job.error, "type": kind,
@@ -2035,44 +2078,80 @@ class Handler(BaseHTTPRequestHandler):
                                  + b"\n\ndata: [DONE]\n\n")      # (the end every stream has, as vLLM's)
                 self.wfile.flush()
                 return
-            if ev == "echo":        # (each choice's first chunk: its prompt)
+            if ev == "echo":
                 for r in job.rows:
                     send([{"index": r.index, "text": r.echo.text,
                            "logprobs": fmt.echoed(r, req.top_logprobs, req.token_ids) if req.logprobs else None,
                            "finish_reason": None, "stop_reason": None}], so_far(r))
                 continue
-            r = job.rows[i]
-            final = ev == "done"
-            upto = len(r.text) if final else max(r.emitted, len(r.text) - hold)
-            n = fmt.kept(r, upto, req.kind == "completion") if final else sum(1 for o in r.offsets if o < upto)
-            n = max(n, r.entries_sent)
-            delta, lo = r.text[r.emitted:upto], r.entries_sent
-            r.emitted, r.entries_sent = upto, n
-            if delta or n > lo or final:
-                lp = None
-                if req.logprobs:
-                    lp = {"content": fmt.chat_entries(r, lo, n, req.top_logprobs, req.token_ids)} \
-                        if req.kind == "chat" else fmt.legacy(r, lo, n, req.top_logprobs, req.token_ids)
-                # (stop_reason as vLLM's: on every completions chunk, on chat's last one)
-                if req.kind == "chat":
-                    split = calls.get(r.index)
-                    d = split.delta(delta, final) if split is not None else {"content": delta} if delta else {}
-                    finish = (split.finish_reason(r.finish) if split is not None else r.finish) if final else None
-                    if not d and not final and not (lp or {}).get("content"):
-                        continue        # (text held back by a tool call being written)
-                    c = {"index": r.index, "delta": d, "logprobs": lp, "finish_reason": finish}
-                    send([{**c, "stop_reason": r.stop_reason} if final else c], so_far(r))
-                else:
-                    send([{"index": r.index, "text": delta, "logprobs": lp,
-                           "finish_reason": r.finish if final else None,
-                           "stop_reason": r.stop_reason if final else None}], so_far(r))
-            if final:
-                left -= 1
+            lp = None
+            if req.logprobs:
+                lp = {"content": fmt.chat_entries(r, lo, n, req.top_logprobs, req.token_ids)} \
+                    if req.kind == "chat" else fmt.legacy(r, lo, n, req.top_logprobs, req.token_ids)
+            # (stop_reason as vLLM's: on every completions chunk, on chat's last one)
+            if req.kind == "chat":
+                split = calls.get(r.index)
+                d = split.delta(delta, final) if split is not None else {"content": delta} if delta else {}
+                finish = (split.finish_reason(r.finish) if split is not None else r.finish) if final else None
+                if not d and not final and not (lp or {}).get("content"):
+                    continue        # (text held back by a tool call being written)
+                c = {"index": r.index, "delta": d, "logprobs": lp, "finish_reason": finish}
+                send([{**c, "stop_reason": r.stop_reason} if final else c], so_far(r))
+            else:
+                send([{"index": r.index, "text": delta, "logprobs": lp,
+                       "finish_reason": r.finish if final else None,
+                       "stop_reason": r.stop_reason if final else None}], so_far(r))
         if req.include_usage:
             chunk = {**head, "choices": [], "usage": self._usage(job)}
             self.wfile.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
         self.wfile.write(b"data: [DONE]\n\n")
         self.wfile.flush()
+
+    # -- OpenAI's Responses API (samplec/responses.py): one choice of the chat machinery, written as a Response
+
+    def _message(self, job: Job, r: Row) -> tuple[dict, str]:
+        """A finished chat choice's message fields and finish reason (its tool calls read, where it has tools)."""
+        req = job.req
+        if req.tools is None:
+            return {"content": r.text}, r.finish
+        return tools.answer(req.tools, self.app.tokenizer, r.text, r.finish)
+
+    def _respond(self, job: Job, answer):
+        req = job.req
+        while True:
+            ev, _, _ = self._wait(job, watch=True)
+            if ev == "error":
+                return self._error(BadRequest(job.error or "generation failed",
+                                              responses.field_name(job.param), job.status))
+            if ev == "done":
+                break
+        r, fmt = job.rows[0], self.app.format
+        message, finish = self._message(job, r)
+        entries = fmt.chat_entries(r, 0, fmt.kept(r, len(r.text), False), req.top_logprobs, req.token_ids) \
+            if req.logprobs else None
+        usage = answer.usage(len(req.prompts[0]), r.delivered)
+        self._send(200, responses.response(answer, message, finish, entries, usage))
+
+    def _respond_stream(self, job: Job, answer):
+        req, fmt = job.req, self.app.format
+        self._events_head()
+        events = responses.Events(answer)
+        split = tools.Stream(req.tools, self.app.tokenizer) if req.tools is not None else None
+
+        def send(evs):
+            for e in evs:
+                self.wfile.write(responses.stream_lines(e))
+            self.wfile.flush()
+        send(events.start())
+        for ev, r, delta, lo, n, final in self._pieces(job):
+            if ev == "error":
+                return send([events.error(job.error, responses.field_name(job.param))])
+            entries = fmt.chat_entries(r, lo, n, req.top_logprobs, req.token_ids) if req.logprobs else None
+            d = split.delta(delta, final) if split is not None else {"content": delta} if delta else {}
+            send(events.delta(d, entries))
+            if final:
+                finish = split.finish_reason(r.finish) if split is not None else r.finish
+                send(events.finish(finish, answer.usage(len(req.prompts[0]), r.delivered), req.logprobs))
 
 
 def _fingerprint() -> str:

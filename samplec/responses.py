@@ -1,0 +1,366 @@
+"""OpenAI's Responses API (`POST /v1/responses`) for `samplec serve`, over the chat machinery.
+
+A Responses request is read as the chat request it amounts to (`to_chat`: `instructions` a system message first,
+`input` the messages -- a string one user message; `function_call` and `function_call_output` items an assistant's
+calls and tool messages --, `max_output_tokens`, `text.format` as `response_format`, flat function tools as chat's
+nested ones), so that every check, the sampling, the tools and the log-probabilities are the chat endpoint's; the
+answer is written back as a Response object (`response`) or as its stream of typed events (`Events`). Nothing is
+stored: `store` is accepted and answered `false`, `previous_response_id` and `conversation` are refused.
+"""
+from __future__ import annotations
+
+import json
+import time
+import uuid
+
+# fields taken as they are by the chat request (sampling values of samplec's and vLLM's, the seed, ...)
+PASSED = {"model", "temperature", "top_p", "stream", "parallel_tool_calls", "user", "metadata", "service_tier",
+          "safety_identifier", "prompt_cache_key", "seed", "samplec_sampler", "logit_bias", "presence_penalty",
+          "frequency_penalty", "top_k", "min_p", "repetition_penalty", "repetition_context_size",
+          "presence_context_size", "frequency_context_size", "xtc_probability", "xtc_threshold", "stop",
+          "stop_token_ids", "min_tokens", "ignore_eos", "skip_special_tokens", "allowed_token_ids",
+          "include_stop_str_in_output"}
+OWN = {"input", "instructions", "max_output_tokens", "text", "tools", "tool_choice", "top_logprobs", "include",
+       "store", "truncation", "reasoning", "stream_options", "background", "previous_response_id", "conversation",
+       "max_tool_calls", "prompt"}
+INCLUDES = {"message.output_text.logprobs", "reasoning.encrypted_content", "file_search_call.results",
+            "web_search_call.results", "web_search_call.action.sources", "message.input_image.image_url",
+            "computer_call_output.output.image_url", "code_interpreter_call.outputs"}
+LOGPROBS = "message.output_text.logprobs"
+# the chat request's field -> the Responses request's, for the errors the chat checks raise
+NAMES = {"messages": "input", "max_completion_tokens": "max_output_tokens", "response_format": "text.format",
+         "response_format.json_schema": "text.format", "stream_options": "stream_options"}
+
+
+class RequestError(ValueError):
+    """A Responses request at fault: the message and the field."""
+
+    def __init__(self, message: str, field: str):
+        super().__init__(message)
+        self.field = field
+
+
+def field_name(chat_field: str | None) -> str | None:
+    """The Responses request's name for a field the chat checks named."""
+    if chat_field is None:
+        return None
+    if chat_field.startswith("messages["):
+        return "input" + chat_field[len("messages"):]
+    return NAMES.get(chat_field, chat_field)
+
+
+def to_chat(body) -> dict:
+    """The chat request a Responses request amounts to (RequestError names the Responses field at fault)."""
+    if not isinstance(body, dict):
+        raise RequestError("the request body must be a JSON object", None)
+    for name in body:
+        if name not in PASSED and name not in OWN:
+            raise RequestError(f"unrecognized request argument supplied: {name}", name)
+    for name in ("previous_response_id", "conversation", "prompt"):
+        if body.get(name) is not None:
+            raise RequestError(f"{name}: not supported by samplec serve (it stores no responses and no prompts: "
+                               "send the whole conversation in input)", name)
+    if body.get("background"):
+        raise RequestError("background: not supported by samplec serve", "background")
+    if body.get("reasoning") not in (None, {}) and not (isinstance(body["reasoning"], dict) and all(
+            v is None for v in body["reasoning"].values())):
+        raise RequestError("reasoning: not supported by samplec serve", "reasoning")
+    if body.get("truncation") not in (None, "disabled"):
+        raise RequestError("truncation: only \"disabled\" is supported (a conversation past the context is a 400)",
+                           "truncation")
+    if body.get("max_tool_calls") is not None:
+        raise RequestError("max_tool_calls: not supported by samplec serve", "max_tool_calls")
+    store = body.get("store")
+    if store is not None and not isinstance(store, bool):
+        raise RequestError("store must be true or false", "store")
+    chat = {k: v for k, v in body.items() if k in PASSED}
+    so = body.get("stream_options")
+    if so is not None:
+        if not isinstance(so, dict) or set(so) - {"include_obfuscation"}:
+            raise RequestError("stream_options: only {\"include_obfuscation\": bool} is supported", "stream_options")
+    messages = []
+    instructions = body.get("instructions")
+    if instructions is not None:
+        if not isinstance(instructions, str):
+            raise RequestError("instructions must be a string", "instructions")
+        messages.append({"role": "system", "content": instructions})
+    messages += _messages(body.get("input"))
+    chat["messages"] = messages
+    if body.get("max_output_tokens") is not None:
+        chat["max_completion_tokens"] = body["max_output_tokens"]
+    include = body.get("include") or []
+    if not isinstance(include, list) or not all(isinstance(i, str) for i in include):
+        raise RequestError("include must be a list of strings", "include")
+    for i, name in enumerate(include):
+        if name not in INCLUDES:
+            raise RequestError(f"include[{i}]: unknown value {name!r}", f"include[{i}]")
+    top = body.get("top_logprobs")
+    if LOGPROBS in include:
+        chat["logprobs"] = True
+        if top is not None:
+            chat["top_logprobs"] = top
+    elif top is not None:
+        if isinstance(top, bool) or not isinstance(top, int) or not 0 <= top <= 20:
+            raise RequestError(f"top_logprobs must be an integer in [0, 20], got {json.dumps(top)[:40]}",
+                               "top_logprobs")
+    fmt = (body.get("text") or {}).get("format") if isinstance(body.get("text"), dict) else None
+    if body.get("text") is not None and not isinstance(body["text"], dict):
+        raise RequestError("text must be an object: {\"format\": ...}", "text")
+    if isinstance(body.get("text"), dict) and set(body["text"]) - {"format", "verbosity"}:
+        raise RequestError(f"text.{sorted(set(body['text']) - {'format', 'verbosity'})[0]}: not supported", "text")
+    if fmt is not None:
+        if not isinstance(fmt, dict) or fmt.get("type") not in ("text", "json_object", "json_schema"):
+            raise RequestError("text.format: type must be text, json_object or json_schema", "text.format")
+        if fmt["type"] == "json_schema":
+            if not isinstance(fmt.get("schema"), dict):
+                raise RequestError("text.format: a json_schema format has a schema (an object)", "text.format")
+            chat["response_format"] = {"type": "json_schema", "json_schema": {
+                "name": fmt.get("name", "response"), "schema": fmt["schema"], "strict": fmt.get("strict")}}
+        elif fmt["type"] == "json_object":
+            chat["response_format"] = {"type": "json_object"}
+    if body.get("tools") is not None:
+        chat["tools"] = _tools(body["tools"])
+    choice = body.get("tool_choice")
+    if choice is not None:
+        if isinstance(choice, dict) and choice.get("type") == "function":
+            if not isinstance(choice.get("name"), str):
+                raise RequestError("tool_choice: {\"type\": \"function\", \"name\": ...}", "tool_choice")
+            chat["tool_choice"] = {"type": "function", "function": {"name": choice["name"]}}
+        elif choice in ("none", "auto", "required"):
+            chat["tool_choice"] = choice
+        else:
+            raise RequestError("tool_choice must be \"none\", \"auto\", \"required\" or {\"type\": \"function\", "
+                               "\"name\": ...}", "tool_choice")
+    return chat
+
+
+def _text(content, where: str) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = []
+        for j, part in enumerate(content):
+            if not isinstance(part, dict) or part.get("type") not in ("input_text", "output_text", "text") or \
+                    not isinstance(part.get("text"), str):
+                raise RequestError(f"{where}.content[{j}]: only text parts (input_text, output_text) are supported",
+                                   f"{where}.content[{j}]")
+            parts.append(part["text"])
+        return "".join(parts)
+    raise RequestError(f"{where}.content must be a string or a list of text parts", f"{where}.content")
+
+
+def _messages(items) -> list[dict]:
+    """`input` as chat messages: a string one user message; each message item a message, consecutive
+    function_call items one assistant message of calls, each function_call_output a tool message."""
+    if isinstance(items, str):
+        return [{"role": "user", "content": items}]
+    if not isinstance(items, list) or not items:
+        raise RequestError("input must be a string or a non-empty list of items", "input")
+    out = []
+    for i, item in enumerate(items):
+        where = f"input[{i}]"
+        if not isinstance(item, dict):
+            raise RequestError(f"{where}: an item is an object", where)
+        kind = item.get("type", "message")
+        if kind == "message":
+            role = item.get("role")
+            if role not in ("user", "assistant", "system", "developer"):
+                raise RequestError(f"{where}.role must be user, assistant, system or developer", f"{where}.role")
+            out.append({"role": role, "content": _text(item.get("content"), where)})
+        elif kind == "function_call":
+            for key in ("call_id", "name", "arguments"):
+                if not isinstance(item.get(key), str):
+                    raise RequestError(f"{where}.{key} must be a string", f"{where}.{key}")
+            c = {"id": item["call_id"], "type": "function",
+                 "function": {"name": item["name"], "arguments": item["arguments"]}}
+            if out and out[-1]["role"] == "assistant" and out[-1].get("tool_calls") and not out[-1]["content"]:
+                out[-1]["tool_calls"].append(c)
+            else:
+                out.append({"role": "assistant", "content": None, "tool_calls": [c]})
+        elif kind == "function_call_output":
+            if not isinstance(item.get("call_id"), str):
+                raise RequestError(f"{where}.call_id must be a string", f"{where}.call_id")
+            output = item.get("output")
+            out.append({"role": "tool", "tool_call_id": item["call_id"],
+                        "content": output if isinstance(output, str) else _text(output, where)})
+        else:
+            raise RequestError(f"{where}: items of type {kind!r} are not supported (message, function_call and "
+                               "function_call_output are)", where)
+    return out
+
+
+def _tools(given) -> list[dict]:
+    """Responses' flat function tools as chat's (`{"type": "function", "function": {...}}`)."""
+    if not isinstance(given, list):
+        raise RequestError("tools must be a list of function tools", "tools")
+    out = []
+    for i, t in enumerate(given):
+        if not isinstance(t, dict) or t.get("type") != "function":
+            raise RequestError(f"tools[{i}]: only function tools are supported", f"tools[{i}]")
+        out.append({"type": "function", "function": {k: v for k, v in t.items() if k != "type"}})
+    return out
+
+
+def _id(prefix: str) -> str:
+    return f"{prefix}_{uuid.uuid4().hex}"
+
+
+class Answer:
+    """One Response being written: its request, its id and the fields every event repeats."""
+
+    def __init__(self, body: dict, chat: dict, model: str):
+        self.body, self.chat = body, chat
+        self.id, self.created = _id("resp"), int(time.time())
+        self.model = model
+        self.message_id = _id("msg")
+
+    def frame(self, status: str, output: list, usage: dict | None, finish: str | None = None) -> dict:
+        """The Response object."""
+        b = self.body
+        fmt = (b.get("text") or {}).get("format") or {"type": "text"}
+        return {
+            "id": self.id, "object": "response", "created_at": self.created, "status": status,
+            "background": False, "error": None,
+            "incomplete_details": {"reason": "max_output_tokens"} if finish == "length" else None,
+            "instructions": b.get("instructions"), "max_output_tokens": b.get("max_output_tokens"),
+            "max_tool_calls": None, "model": self.model, "output": output,
+            "parallel_tool_calls": b.get("parallel_tool_calls", True), "previous_response_id": None,
+            "reasoning": {"effort": None, "summary": None}, "service_tier": b.get("service_tier") or "default",
+            "store": False, "temperature": b.get("temperature", 1.0), "text": {"format": fmt},
+            "tool_choice": b.get("tool_choice", "auto"), "tools": b.get("tools") or [],
+            "top_logprobs": b.get("top_logprobs", 0), "top_p": b.get("top_p", 1.0), "truncation": "disabled",
+            "usage": usage, "user": b.get("user"), "metadata": b.get("metadata") or {},
+        }
+
+    @staticmethod
+    def usage(prompt: int, done: int) -> dict:
+        return {"input_tokens": prompt, "input_tokens_details": {"cached_tokens": 0}, "output_tokens": done,
+                "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": prompt + done}
+
+    @staticmethod
+    def status(finish: str) -> str:
+        return "incomplete" if finish == "length" else "completed"
+
+    def message(self, text: str, logprobs, status: str) -> dict:
+        part = {"type": "output_text", "text": text, "annotations": []}
+        if logprobs is not None:
+            part["logprobs"] = logprobs
+        return {"type": "message", "id": self.message_id, "status": status, "role": "assistant", "content": [part]}
+
+    @staticmethod
+    def function_call(c: dict, status: str = "completed") -> dict:
+        return {"type": "function_call", "id": _id("fc"), "call_id": c["id"], "name": c["function"]["name"],
+                "arguments": c["function"]["arguments"], "status": status}
+
+
+def logprobs(entries: list[dict]) -> list[dict]:
+    """Chat's logprobs entries as an output_text part's."""
+    return [{"token": e["token"], "logprob": e["logprob"], "bytes": e["bytes"],
+             "top_logprobs": [{"token": a["token"], "logprob": a["logprob"], "bytes": a["bytes"]}
+                              for a in e["top_logprobs"]]} for e in entries]
+
+
+def response(answer: Answer, message: dict, finish: str, entries: list | None, usage: dict) -> dict:
+    """A finished Response: the message's text (where it has any, or where it made no call) and its calls."""
+    status = answer.status(finish)
+    output = []
+    content = message.get("content")
+    if content or not message.get("tool_calls"):
+        output.append(answer.message(content or "", logprobs(entries) if entries is not None else None, status))
+    output += [answer.function_call(c) for c in message.get("tool_calls") or ()]
+    return answer.frame(status, output, usage, finish)
+
+
+class Events:
+    """A Response's stream of typed events (`response.created`, `response.output_text.delta`, ...,
+    `response.completed`), each numbered, from the chat stream's deltas (`tools.Stream`'s)."""
+
+    def __init__(self, answer: Answer):
+        self.answer, self.n = answer, 0
+        self.output: list[dict] = []
+        self.text, self.text_index = None, None        # the message item being written, and its place
+        self.calls: dict[int, int] = {}                 # a call's index -> its output item's place
+        self.arguments: dict[int, str] = {}
+        self.entries: list = []
+
+    def _event(self, kind: str, **fields) -> dict:
+        e = {"type": kind, "sequence_number": self.n, **fields}
+        self.n += 1
+        return e
+
+    def start(self) -> list[dict]:
+        frame = self.answer.frame("in_progress", [], None)
+        return [self._event("response.created", response=frame), self._event("response.in_progress", response=frame)]
+
+    def delta(self, d: dict, entries: list | None) -> list[dict]:
+        """The events of one chat delta (content, tool_calls) and its tokens' logprobs entries."""
+        out = []
+        lp = logprobs(entries) if entries is not None else []
+        if d.get("content") or lp and not d.get("tool_calls"):
+            if self.text is None:
+                out += self._open_message()
+            self.text += d.get("content", "")
+            self.entries += lp
+            out.append(self._event("response.output_text.delta", item_id=self.answer.message_id,
+                                   output_index=self.text_index, content_index=0, delta=d.get("content", ""),
+                                   logprobs=lp))
+        for c in d.get("tool_calls") or ():
+            k = c["index"]
+            if k not in self.calls:
+                item = {"type": "function_call", "id": _id("fc"), "call_id": c["id"], "name": c["function"]["name"],
+                        "arguments": "", "status": "in_progress"}
+                self.calls[k], self.arguments[k] = len(self.output), ""
+                self.output.append(item)
+                out.append(self._event("response.output_item.added", output_index=self.calls[k], item=dict(item)))
+            piece = c["function"].get("arguments") or ""
+            if piece:
+                self.arguments[k] += piece
+                item = self.output[self.calls[k]]
+                out.append(self._event("response.function_call_arguments.delta", item_id=item["id"],
+                                       output_index=self.calls[k], delta=piece))
+        return out
+
+    def _open_message(self) -> list[dict]:
+        self.text, self.text_index = "", len(self.output)
+        item = {"type": "message", "id": self.answer.message_id, "status": "in_progress", "role": "assistant",
+                "content": []}
+        self.output.append(item)
+        return [self._event("response.output_item.added", output_index=self.text_index, item=dict(item)),
+                self._event("response.content_part.added", item_id=self.answer.message_id,
+                            output_index=self.text_index, content_index=0,
+                            part={"type": "output_text", "text": "", "annotations": []})]
+
+    def finish(self, finish: str, usage: dict, with_logprobs: bool) -> list[dict]:
+        """The closing events: each item done, then the whole Response."""
+        status = self.answer.status(finish)
+        out = []
+        if self.text is None and not self.calls:
+            out += self._open_message()
+        for place, item in enumerate(self.output):
+            if item["type"] == "message":
+                done = self.answer.message(self.text, self.entries if with_logprobs else None, status)
+                part = done["content"][0]
+                out.append(self._event("response.output_text.done", item_id=item["id"], output_index=place,
+                                       content_index=0, text=self.text, logprobs=self.entries))
+                out.append(self._event("response.content_part.done", item_id=item["id"], output_index=place,
+                                       content_index=0, part=part))
+                self.output[place] = done
+            else:
+                k = next(k for k, p in self.calls.items() if p == place)
+                done = {**item, "arguments": self.arguments[k], "status": "completed"}
+                out.append(self._event("response.function_call_arguments.done", item_id=item["id"],
+                                       output_index=place, arguments=self.arguments[k], name=item["name"]))
+                self.output[place] = done
+            out.append(self._event("response.output_item.done", output_index=place, item=self.output[place]))
+        kind = "response.completed" if status == "completed" else "response.incomplete"
+        out.append(self._event(kind, response=self.answer.frame(status, self.output, usage, finish)))
+        return out
+
+    def error(self, message: str, param: str | None, code: str | None = None) -> dict:
+        return self._event("error", code=code, message=message, param=param)
+
+
+def stream_lines(event: dict) -> bytes:
+    """One event as server-sent events write it (its type as the event's name, as OpenAI's)."""
+    return f"event: {event['type']}\n".encode() + b"data: " + json.dumps(event).encode() + b"\n\n"
+
