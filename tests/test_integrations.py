@@ -765,3 +765,116 @@ def test_one_sequences_state_follows_only_the_sequence_it_drew_for():
     s = Sampler(prog, seed=2)
     call(s, first)
     assert call(s, first + [drawn]) == followed != call(Sampler(prog, seed=2), first + [drawn])
+
+
+def _joined_run(model, s, plan, steps=30):
+    """BatchGenerator with one Sampler `s` for every request; `plan`: {step: [(prompt, max_tokens, key)]} inserted
+    at that step (key None: the default processors). The tokens per uid, and `len(s.steps)` after each step."""
+    from mlx_lm.generate import BatchGenerator
+    g = BatchGenerator(model, stop_tokens=[], sampler=s, logits_processors=s.logits_processors)
+    out, counts = {}, []
+    for step in range(steps):
+        for prompt, m, key in plan.get(step, ()):
+            procs = None if key is None else [s.logits_processors_for(key)]
+            out[g.insert([prompt], max_tokens=[m], logits_processors=procs)[0]] = []
+        for r in g.next_generated():
+            out[r.uid].append(int(r.token))
+        counts.append(len(s.steps))
+    g.close()
+    return list(out.values()), counts
+
+
+def test_a_request_joining_a_shared_samplers_batch_keeps_the_running_rows_steps(model, nucleus_prog):
+    """mlx-lm's BatchGenerator samples a joining request's first step in a call of its own: one row at a position
+    that follows none of the last step's, as a new generation's first step looks. The steps of the rows already
+    running stay (they were dropped, the join taken for a new generation), the join's step records its own row, and
+    the batch's later steps every row -- a batch of one joined as well. Plain decoding's new generation (one row
+    again at the next step) still starts a new list."""
+    A, B, C = [5, 17, 300], [9, 9, 9, 9, 9], [100, 200]
+    for plan in ({0: [(A, 8, None), (B, 8, None)], 3: [(C, 4, None)]}, {0: [(A, 8, None)], 3: [(C, 4, None)]}):
+        s = Sampler(nucleus_prog, seed=2)
+        toks, counts = _joined_run(model, s, plan)
+        widths = [len(st.position) for st in s.steps]
+        assert counts == sorted(counts) and sum(widths) == sum(m + 1 for at in plan.values() for _, m, _ in at)
+        first = [st.position[0] for st in s.steps if len(st.position) == len(plan[0])]
+        assert first[:3] == [3, 4, 5] and 1 in widths and max(widths) == len(plan[0]) + 1, widths
+        joined = [st.position for st in s.steps].index((2,))            # (C's first step: its prompt's length)
+        assert joined >= 3 and s.steps[joined + 1].position[-1] == 3
+        assert all(st.rows == (None,) * len(st.position) for st in s.steps)
+        for prompt, got in zip([p for at in plan.values() for p, _, _ in at], toks):
+            assert got == generate(model, nucleus_prog, prompt, len(got), seed=2)
+        with pytest.raises(SamplecError, match=r"batches of \[1, .*logits_processors_for\(key\).*row=key"):
+            s.output("token")
+    s = Sampler(nucleus_prog, seed=2)
+    for prompt in (A, C):
+        toks = [t for t, _ in generate_step(mx.array(prompt), model, max_tokens=5, sampler=s,
+                                            logits_processors=s.logits_processors)]
+        assert [st.position for st in s.steps] == [(len(prompt) + i,) for i in range(6)]
+        assert s.output("token")[:5, 0].tolist() == toks
+    for key in (None, "a"):         # (requests one at a time: separate generations, unless they have keys)
+        s = Sampler(nucleus_prog, seed=2)
+        _joined_run(model, s, {0: [(A, 4, key)], 10: [(C, 4, key and "c")]})
+        assert [st.position for st in s.steps] == [(3 + i,) for i in range(5) if key] + [(2 + i,) for i in range(5)]
+        if key:
+            assert s.output("token", row="a").shape == (5,) and s.output("token", row="c").shape == (5,)
+
+
+def test_flags_of_steps_before_a_join_or_a_leave_are_all_read_and_never_waited_for(model, nucleus_prog):
+    """Rows joining and leaving a shared Sampler's batch: every call's check flags are read once (none dropped
+    with the steps of a join, none read twice), and during the run only those of calls two model steps back
+    (mlx-lm has synced on them) -- a join reads no flag of the running rows' step still queued."""
+    class Counted:                   # counts the decode steps (one-token forward passes) mlx-lm has run
+        def __init__(self, inner):
+            self.inner, self.steps = inner, 0
+            self.layers = inner.layers
+
+        def __call__(self, x, cache=None):
+            self.steps += x.shape[1] == 1
+            return self.inner(x, cache=cache)
+    counted = Counted(model)
+    s = Sampler(nucleus_prog, seed=1)
+    made, read = {}, []
+
+    class Watched:                   # the adapter's ProgramFeed: when each call's flags were made and read
+        def __init__(self, feed):
+            self.feed = feed
+
+        def __getattr__(self, name):
+            return getattr(self.feed, name)
+
+        def __call__(self, *a, **k):
+            outs, checks = self.feed(*a, **k)
+            made[id(checks)] = (checks, counted.steps)
+            return outs, checks
+
+        def first_fired(self, checks, *a):
+            read.append((id(checks), counted.steps - made[id(checks)][1]))
+            return self.feed.first_fired(checks, *a)
+    s._feed = Watched(s._feed)
+    plan = {0: [([5, 17, 300, 4], 4, None), ([9, 9, 9, 9, 9], 12, None)], 2: [([1, 2, 3], 6, None)],
+            5: [([7, 7], 5, None)]}
+    _joined_run(counted, s, plan)
+    during = [lag for _, lag in read]
+    s.check()
+    assert during and min(during) >= 2, during
+    assert sorted(i for i, _ in read) == sorted(made) and len(made) == len(s.steps)
+
+
+def test_a_check_that_fires_names_the_request_and_output_reads_one_request(nucleus_prog):
+    """A row recorded by `logits_processors_for(key)`: the step records the key, a run-time check that fires on
+    the row names it, and `output(name, row=key)` stacks that request's outputs alone."""
+    s = Sampler(nucleus_prog, seed=3)
+    x = mx.array(np.random.default_rng(0).standard_normal((2, 64)).astype(np.float32))
+    bad = mx.concatenate([x[:1], mx.full((1, 64), float("nan"))])
+    for step, logits in enumerate([x, x, bad]):
+        for i, (key, seq) in enumerate([("a", [4, 5, 6]), ("b", [1, 2])]):
+            s.logits_processors_for(key)[0](mx.array(seq + [0] * step), logits[i:i + 1])
+        s(logits)
+    assert [st.rows for st in s.steps] == [("a", "b")] * 3
+    with pytest.raises(SamplecError, match=r"at position 4 \(row 1 of 2\) of request 'b'"):
+        s.check()
+    assert s.output("token", row="b").shape == (3,)
+    assert s.output("token", row="a").tolist() == s.output("token")[:, 0].tolist()
+    assert s.output("top_logprobs", ids=True, row="b").shape == (3, 5)
+    with pytest.raises(SamplecError, match=r"row='c'\): no step sampled that request.*logits_processors_for\('c'\)"):
+        s.output("token", row="c")

@@ -173,3 +173,48 @@ def test_batch_generator_rows_are_the_specs_draws(model):
                 seq, raw = rows[u][i]
                 assert seq == prompts[u] + out[u][:i]
                 assert tok == expected_token(raw, seed=seeds[u], position=len(seq), **REFERENCE), (shared, u, i)
+
+
+def test_requests_that_join_and_leave_a_shared_samplers_batch_keep_their_steps(model):
+    """One Sampler for a BatchGenerator whose requests join mid-run (mlx-lm samples a joining request's first
+    step in a call of its own, after the running rows') and leave: every row's token is still the spec's draw at
+    its position, and the steps keep accumulating -- each request's outputs (read by the key its processors were
+    made for) are the tokens mlx-lm yielded for it, at its positions, those of the rows already running kept
+    across every join."""
+    prompts = {"A": [5, 17, 300, 42], "B": [9, 9, 9, 9, 9, 9, 9], "C": [100, 200], "D": [7, 8, 9]}
+    plan = {0: [("A", 6), ("B", 14)], 3: [("C", 8)], 7: [("D", 10)]}     # step: (request, max_tokens) inserted
+    s = Sampler(samplec.compile(CHAIN), seed=11, **VALUES)
+    g = BatchGenerator(model, stop_tokens=[], sampler=s)
+    seen: dict[str, list] = {}
+
+    def record(name):
+        def processor(tokens, logits):
+            seen.setdefault(name, []).append((np.array(tokens).reshape(-1).tolist(),
+                                              np.array(logits.astype(mx.float32))[0]))
+            return logits
+        return processor
+    names, out = {}, {}
+    for step in range(40):
+        for name, m in plan.get(step, ()):
+            procs = [record(name), *s.logits_processors_for(name)]
+            names[g.insert([prompts[name]], max_tokens=[m], logits_processors=[procs])[0]] = name
+        for r in g.next_generated():
+            out.setdefault(names[r.uid], []).append(r.token)
+    g.close()
+    s.check()
+    for name, m in (x for at in plan.values() for x in at):
+        assert len(out[name]) == m
+        for i, tok in enumerate(out[name]):
+            seq, raw = seen[name][i]
+            assert seq == prompts[name] + out[name][:i]
+            assert tok == expected_token(raw, seed=11, position=len(seq), **REFERENCE), (name, i)
+        # (mlx-lm samples one token ahead: a request's last step is sampled, then dropped with the request)
+        mine = [st for st in s.steps if name in st.rows]
+        assert [st.position[st.rows.index(name)] for st in mine] == \
+            list(range(len(prompts[name]), len(prompts[name]) + m + 1))
+        assert s.output("token", row=name)[:m].tolist() == out[name]
+    rows = [st.rows for st in s.steps]
+    assert rows[0] == ("A", "B") and ("C",) in rows and ("D",) in rows          # (the joins: calls of their own)
+    assert rows.index(("C",)) > rows.index(("A", "B")) + 2                     # (... mid-run, the steps kept)
+    assert ("B", "C", "D") in rows and ("B", "D") in rows and rows[-1] == ("D",)   # (A, C, then B left)
+    assert sum(map(len, rows)) == sum(m + 1 for at in plan.values() for _, m in at)   # (no row's step lost)

@@ -10,6 +10,10 @@
     sampler.check()                       # surface run-time check failures of the last steps
     lp = sampler.output("logprob")        # [steps, 1]: the program's outputs, step by step
 
+One Sampler for the requests of mlx-lm's `BatchGenerator`: give each `logits_processors=
+[sampler.logits_processors_for(key)]`; the steps go on across requests that join and leave, each recording its
+rows' keys, and `sampler.output("logprob", row=key)` is one request's.
+
 How it fits mlx-lm (mlx_lm/generate.py, `generate_step._step`): for each token, mlx-lm runs the model, calls every
 logits processor as `proc(tokens, logits)` with the whole sequence so far (prompt + generated), then calls
 `sampler(logprobs)` with `logprobs = logits - logsumexp(logits)`. The adapter's processor does not change the
@@ -42,6 +46,7 @@ tokenizer without downloading anything; tests, `examples/decode_loop.py` and `be
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import warnings
 from dataclasses import dataclass
@@ -66,9 +71,11 @@ _OWN_PROCESSORS = ("give a request inserted with another sampler its own logits 
 @dataclass(frozen=True)
 class Step:
     """One sampler call: the position(s) of the token sampled (one per row; -1 when the adapter's logits processor
-    was not installed) and the program's outputs."""
+    was not installed), the program's outputs, and each row's request: the key its processors were made for
+    (`Sampler.logits_processors_for(key)`), None for a row recorded by `Sampler.logits_processors`."""
     position: tuple[int, ...]
     outputs: Outputs
+    rows: tuple = ()
 
 
 class Sampler:
@@ -80,7 +87,9 @@ class Sampler:
     or only the generated tokens with `prompt_in_history=False`; a second history named `generated` or `output`
     gets the generated tokens (vLLM's chain). `steps` lists the program's outputs for every
     sampler call of the current generation (mlx-lm samples one token ahead, so there may be one more step than
-    tokens it yielded); a new generation (a position that does not follow the last one) starts a new list.
+    tokens it yielded); a new generation (one sequence at a position that follows none of the last step's) starts
+    a new list. Under mlx-lm's BatchGenerator the list goes on across requests that join (their first step a call
+    of its own) and leave; `logits_processors_for(key)` makes one request's steps readable by its key.
     """
 
     def __init__(self, program: Program, seed: int | None = 0, *, prompt_in_history: bool = True, grammar=None,
@@ -100,10 +109,10 @@ class Sampler:
             names = ", ".join(p.name for p in program.params) or "none"
             raise SamplecError(f"unknown parameter '{unknown[0]}' for the sampler '{program.name}' "
                                f"(parameters: {names})")
-        # the processor's records of this step not yet taken by a sampler call: mlx-lm runs every row's processors,
-        # then the samplers (BatchGenerator: one call for the batch, or one call per row, in row order, where the
-        # rows' samplers differ); a call takes the first B records left
-        self._captured: list[tuple[mx.array, mx.array]] = []
+        # the processor's records of this step not yet taken by a sampler call (sequence, logits, the request's
+        # key): mlx-lm runs every row's processors, then the samplers (BatchGenerator: one call for the batch, or
+        # one call per row, in row order, where the rows' samplers differ); a call takes the first B records left
+        self._captured: list[tuple[mx.array, mx.array, object]] = []
         self._sampled = False       # whether the sampler was called since the processor's last record
         self._step_calls = 0        # the sampler's calls on this step's records so far
         self._warned = False
@@ -120,8 +129,16 @@ class Sampler:
         self._calls = 0
         self._blind_calls = 0       # sampler calls without the processor (see __call__)
         self._offset = 0            # tokens before the sequence mlx-lm hands the processor (`reset(offset=)`)
-        self._unchecked: list[tuple[list[mx.array], tuple[int, ...], int]] = []    # (flags, positions, step)
+        # (flags, positions, step, the rows' request keys)
+        self._unchecked: list[tuple[list[mx.array], tuple[int, ...], int, tuple]] = []
         self._step_no = 0           # the sampler's steps (a step sampled row by row is several calls)
+        # whether a step since the generation's start sampled several rows (mlx-lm's BatchGenerator): a sequence
+        # that follows none of the last step's is then a request joining the batch, never a new generation
+        self._batched = False
+        # a one-sequence generation's sequence that follows none of the last step's: the Step of that call, until
+        # the next step says whether it starts a new generation (one row again: the steps before it go) or was a
+        # request joining BatchGenerator's batch of one (two rows: nothing goes)
+        self._restart: Step | None = None
         self._last_position: int | None = None
         self._last_positions: frozenset = frozenset()
         # the last call's sequence (one row, lazy: read only by `_resampled`, so that a step never waits for the
@@ -131,6 +148,19 @@ class Sampler:
         self._history_last: int | None = None         # the history's last entries only (`speculative_request`)
         self.steps: list[Step] = []
         self.logits_processors = [self._capture]
+
+    def logits_processors_for(self, key) -> list:
+        """The adapter's processors for one request of a batch, the steps recording `key` for its row
+        (`Step.rows`; `output(name, row=key)` stacks that request's outputs):
+
+            g.insert([prompt], logits_processors=[sampler.logits_processors_for("req-1")])
+
+        The same as `logits_processors` otherwise; the key is any hashable value (the same for the request's
+        whole run, each running request its own). A request's first step never starts a new generation: the steps
+        go on over the generator's whole run, requests one at a time too, until `reset()` or a new generation of
+        rows without a key."""
+        hash(key)
+        return [functools.partial(self._capture, key=key)]
 
     def speculative(self, prompt, *, first_position: int | None = None) -> dict:
         """Arm the sampler for one run of mlx-lm's speculative decoding; returns the keyword arguments to give it:
@@ -161,7 +191,7 @@ class Sampler:
         return {"sampler": self, "logits_processors": self.logits_processors}
 
     # ---- the logits processor: record the raw logits and the sequence ----
-    def _capture(self, tokens: mx.array, logits: mx.array) -> mx.array:
+    def _capture(self, tokens: mx.array, logits: mx.array, key=None) -> mx.array:
         if self._sampled:       # a new step: the last one's records were all taken, one per row sampled
             self._sampled, self._step_calls = False, 0
             if self._captured:
@@ -176,7 +206,7 @@ class Sampler:
                               "sampler=sampler with logits_processors=sampler.logits_processors); it keeps only "
                               f"its last {_MAX_CAPTURED} records", stacklevel=2)
             del self._captured[:len(self._captured) - _MAX_CAPTURED + 1]
-        self._captured.append((tokens, logits))
+        self._captured.append((tokens, logits, key))
         return logits
 
     # ---- the sampler ----
@@ -209,12 +239,17 @@ class Sampler:
                                    "to mlx-lm together with sampler=sampler (BatchGenerator.insert: "
                                    "logits_processors=[sampler.logits_processors] for each request it samples)")
             logits, positions, history = logprobs, (-1,) * B, None     # positions unknown (and unused)
+        starting = False        # (a one-sequence start the next step settles: this call's Step becomes `_restart`)
         if self._draft is not None:
             self._rewind(captured, positions)
         elif captured and B == 1 and not row_by_row and positions[0] - 1 not in self._last_positions:
             self._resampled(rows_tokens[0], positions[0])
-            self._new_generation(captured)
+            starting = self._start(captured)
             self._prompt_len = positions[0]
+        elif captured:
+            self._batched |= B > 1 or row_by_row
+            if self._restart is not None and self._step_calls == 1:      # (the step after the start)
+                self._settle()
         one = B == 1 and not row_by_row         # (one sequence)
         self._last_position = positions[0] if one else None
         # (a batch that shrinks to one row -- BatchGenerator's other requests finished -- goes on: its position
@@ -278,8 +313,11 @@ class Sampler:
                 self._draft.states[positions[0]] = self._state
         # materialize every output with the token: a kept step then holds small arrays, not a graph over [B, V]
         mx.async_eval(*outs, *[f for _, f in flags])
-        self._unchecked.append((flags, positions, self._step_no))
-        self.steps.append(Step(positions, self._feed.outputs(outs)))
+        keys = tuple(c[2] for c in captured) if captured else (None,) * B
+        self._unchecked.append((flags, positions, self._step_no, keys))
+        self.steps.append(Step(positions, self._feed.outputs(outs), keys))
+        if starting:
+            self._restart = self.steps[-1]
         while self._draft is None and self._unchecked and self._unchecked[0][2] <= self._step_no - _CHECK_LAG:
             self._check_one(self._unchecked.pop(0))
         return outs[self._feed.token_index]
@@ -376,13 +414,13 @@ class Sampler:
 
     def _from_captured(self, captured, B: int, V: int):
         if B == 1 and len(captured) == 1 and self._draft is None:     # (mlx-lm's generate_step: one sequence)
-            tokens, logits = captured[0]
+            tokens, logits, _ = captured[0]
             if tokens.ndim == 1 and logits.shape == (1, V):
                 n = tokens.shape[0]
                 history = pad_history(tokens[None], n) if self._feed.needs_history else None
                 return logits, (n + self._offset,), history, [tokens]
         rows_logits, rows_tokens = [], []
-        for tokens, logits in captured:
+        for tokens, logits, _ in captured:
             logits = logits if logits.ndim == 2 else logits[None]
             if self._draft is not None:     # (mlx-lm's speculative loop hands the sequence from the prompt's end)
                 tokens = mx.concatenate([self._draft.prefix, tokens.reshape(-1).astype(mx.int32)])
@@ -411,23 +449,40 @@ class Sampler:
             history = pad_history(mx.stack(rows), width)
         return logits, positions, history, rows_tokens
 
-    def _new_generation(self, captured) -> None:
-        self.check()
-        self.steps = []
+    def _start(self, captured) -> bool:
+        """A call of one sequence that follows none of the last step's: a new generation, or a request joining
+        mlx-lm's BatchGenerator mid-run (its first step is a call of its own, after the batch's). A join keeps
+        everything: the steps and the check flags still to read are the running rows' (the flags are read at their
+        usual lag: the running rows' last step may still be queued). Once a step has sampled several rows, or for
+        a row recorded with a key (`logits_processors_for`: a request of a batch), it is a join; before, the next
+        step tells (`_settle`): True."""
+        for tokens, logits, _ in captured if self._feed.needs_history else ():   # (the sequence is the prompt)
+            self._feed.check_history(np.array(tokens), logits.shape[-1])
+        if self._batched or captured[0][2] is not None:
+            return False
         self._state = None
         if self._grammar is not None:
             self._grammar.restart()
-        if captured and self._feed.needs_history:   # the first call of a run: the sequence is the prompt
-            for tokens, logits in captured:
-                self._feed.check_history(np.array(tokens), logits.shape[-1])
+        return True
+
+    def _settle(self) -> None:
+        """The step after a one-sequence start: several rows (a request joined a batch of one) keep every step;
+        one row (a new generation) drops the steps before the start's."""
+        start, self._restart = self._restart, None
+        if self._batched:
+            return
+        at = next((i for i in range(len(self.steps) - 1, -1, -1) if self.steps[i] is start), 0)
+        del self.steps[:at]
 
     def _check_one(self, entry) -> None:
-        checks, positions = entry[:2]
+        checks, positions, _, keys = entry
         fired = self._feed.first_fired(checks)
         if fired is not None:
             message, row = fired
             where = f"at position {positions[row]}" if len(positions) == 1 else \
                 f"at position {positions[row]} (row {row} of {len(positions)})"
+            if keys[row] is not None:
+                where += f" of request {keys[row]!r}"
             raise SamplecError(f"{message} ({where})")
 
     # ---- results ----
@@ -443,19 +498,27 @@ class Sampler:
             raise SamplecError("the sampler has not been called yet")
         return self.steps[-1].outputs
 
-    def output(self, name: str, ids: bool = False) -> mx.array:
+    def output(self, name: str, ids: bool = False, *, row=None) -> mx.array:
         """One output stacked over the steps: [steps, B] (or [steps, B, n] for top_logprobs / candidates,
-        their values, or their ids with `ids=True`)."""
+        their values, or their ids with `ids=True`). `row=key`: one request's, over the steps that sampled it
+        (its processors made by `logits_processors_for(key)`): [steps] (or [steps, n])."""
         self.check()
         if not self.steps:
             raise SamplecError("the sampler has not been called yet")
-        vals = [getattr(s.outputs, name) for s in self.steps]
+        steps = self.steps if row is None else [s for s in self.steps if row in s.rows]
+        if not steps:
+            raise SamplecError(f"output('{name}', row={row!r}): no step sampled that request (pass "
+                               f"logits_processors=[sampler.logits_processors_for({row!r})] for it)")
+        vals = [getattr(s.outputs, name) for s in steps]
         if hasattr(vals[0], "ids"):
             vals = [v.ids if ids else v.values for v in vals]
+        if row is not None:
+            return mx.stack([v[s.rows.index(row)] for v, s in zip(vals, steps)])
         sizes = sorted({v.shape[0] for v in vals})
         if len(sizes) > 1:
             raise SamplecError(f"output('{name}'): the steps have batches of {sizes} rows (mlx-lm's BatchGenerator "
-                               "changed the batch): read each step's sampler.steps[i].outputs and its positions")
+                               "changed the batch): give each request logits_processors_for(key) and read "
+                               "output(name, row=key), or read each step's outputs, positions and rows")
         return mx.stack(vals)
 
     def reset(self, offset: int = 0) -> None:
@@ -468,6 +531,7 @@ class Sampler:
             raise SamplecError(f"reset: offset must be an integer >= 0, got {offset!r}")
         self._captured, self._unchecked, self.steps, self._last_position = [], [], [], None
         self._sampled, self._step_calls = False, 0
+        self._batched, self._restart = False, None
         self._sequence, self._last_positions = None, frozenset()
         self._blind_calls, self._offset = 0, int(offset)
         self._state, self._left, self._carried, self._one = None, [], {}, None
