@@ -12,7 +12,8 @@ Layers, each owned here except the model:
   tokens (a packed bitmask: all ones, or the row's grammar's mask). A row's token depends only on its own logits,
   values, seed, position and mask (spec section 4), so a request gives the same tokens alone or in any batch.
 - Text: token bytes (the grammar engine's tokenizer view), UTF-8 decoded incrementally; stop strings are found in
-  the text (also across tokens), the text ends just before the first one.
+  the text (also across tokens), the text ends just before the one that came (of several within one token, the
+  first in the request's list, as vLLM's).
 - With `--draft-model`, requests without a grammar are decoded speculatively, each with its own target and draft
   KV caches (`Speculation`, `Engine._speculate`): the draft proposes with the row's chain at the row's seed,
   positions and history, the chain runs once over the target's verified positions (`BatchSampler.draw`, the call
@@ -78,6 +79,8 @@ MAX_PROMPTS = 64            # the most prompts one /v1/completions request may h
 MAX_CHOICES = 256           # the most choices (prompts x n) of one request
 MAX_STOP = 16               # the most stop strings
 MAX_STOP_IDS = 256          # the most stop_token_ids
+MAX_BAD_WORDS = 128         # the most token sequences bad_words may become (vLLM's VLLM_MAX_NUM_BAD_WORDS default)
+MAX_BAD_WORD_TOKENS = 1024  # the most tokens in them all (vLLM's VLLM_MAX_BAD_WORDS_TOTAL_TOKENS default)
 MAX_TOKENS = 1 << 20
 MAX_BODY = 16 << 20
 MAX_DRAFT = 64              # the most tokens --num-draft may propose a round
@@ -129,6 +132,7 @@ class Request:
     allowed: np.ndarray | None = None  # (vLLM's allowed_token_ids) the tokens a choice may draw: a packed bitmask
     stop: list[str] = field(default_factory=list)
     stop_token_ids: list[int] = field(default_factory=list)     # (vLLM's: token ids that end a choice too)
+    bad_words: list[tuple[int, ...]] = field(default_factory=list)  # (vLLM's: token sequences never completed)
     min_tokens: int = 0                # (vLLM's: no end-of-sequence or stop token before this many)
     ignore_eos: bool = False           # (vLLM's: end-of-sequence does not end a choice; stop_token_ids still do)
     include_stop: bool = False         # (vLLM's include_stop_str_in_output: the stop string / stop token's text kept)
@@ -145,6 +149,8 @@ class Request:
     role: str = "assistant"            # (chat) the answer's role: the last message's without a generation prompt
     echo: bool = False                 # (completions) each choice's text and logprobs begin with its prompt's
     tools: object = None               # (chat) a samplec.tools.Tools: the request's tools and tool_choice
+    echo_message: str = ""             # (chat, vLLM's echo) the last message's content, which each answer begins with
+    prompt_logprobs: int | None = None  # (vLLM's) each prompt token's log-probability and the top n there
     prompt_texts: list = field(default_factory=list)    # per prompt: the string given, or None (token ids)
     body: dict | None = None           # the request as received (what rank 0 sends the other ranks)
 
@@ -165,14 +171,14 @@ CHAT_ONLY = {"messages", "max_completion_tokens", "top_logprobs", "response_form
              "parallel_tool_calls", "functions", "function_call", "audio", "modalities", "prediction",
              "reasoning_effort", "verbosity", "web_search_options", "store", "chat_template_kwargs",
              "add_generation_prompt", "continue_final_message"}
-COMPLETION_ONLY = {"prompt", "best_of", "echo", "suffix"}
+COMPLETION_ONLY = {"prompt", "best_of", "suffix"}
 COMMON = {"model", "max_tokens", "n", "seed", "stop", "stream", "stream_options", "logprobs", "logit_bias",
           "temperature", "top_p", "presence_penalty", "frequency_penalty", "user", "metadata", "service_tier",
           "safety_identifier", "prompt_cache_key", "samplec_sampler", "grammar", "response_format",
           "stop_token_ids", "min_tokens", "ignore_eos", "include_stop_str_in_output", "skip_special_tokens",
           "allowed_token_ids", "guided_json", "guided_regex", "guided_choice", "guided_grammar",
           "guided_decoding_backend", "structured_outputs", "truncate_prompt_tokens", "return_tokens_as_token_ids",
-          *FIELDS}
+          "echo", "bad_words", "prompt_logprobs", "spaces_between_special_tokens", *FIELDS}
 INFORMATIONAL = {"user", "metadata", "safety_identifier", "prompt_cache_key"}   # accepted; they change no token
 # vLLM's structured-output fields (its older guided_* ones and the keys of its structured_outputs object) -> the
 # grammar kind each becomes (`Parser._grammar`); guided_grammar and structured_outputs.grammar are Lark or GBNF text,
@@ -184,8 +190,7 @@ STRUCTURED = {"json": "json_schema", "regex": "regex", "choice": "choice", "gram
 STRUCTURED_OPTIONS = {"disable_any_whitespace", "disable_fallback"}   # accepted: JSON is compact, nothing falls back
 GUIDED_BACKENDS = ("auto", "guidance")     # the guided_decoding_backend names that are this server's (llguidance)
 # vLLM's request fields this server does not take (answered 400 naming the field, saying whose it is)
-VLLM_ONLY = {"truncation_side", "prompt_logprobs", "bad_words",
-             "spaces_between_special_tokens", "return_token_ids", "use_beam_search",
+VLLM_ONLY = {"truncation_side", "return_token_ids", "use_beam_search",
              "length_penalty", "add_special_tokens", "guided_whitespace_pattern", "logprob_token_ids", "documents",
              "chat_template", "mm_processor_kwargs", "media_io_kwargs", "priority", "cache_salt",
              "kv_transfer_params", "vllm_xargs", "thinking_token_budget", "include_reasoning", "repetition_detection",
@@ -247,7 +252,14 @@ class Parser:
         if req.choices > MAX_CHOICES:
             raise BadRequest(f"n: {len(req.prompts)} prompts of {req.n} choices each make {req.choices} choices; "
                              f"the limit is {MAX_CHOICES}", "n")
-        req.echo = kind == "completion" and self._bool(body, "echo")
+        echo = self._bool(body, "echo")
+        req.echo = kind == "completion" and echo
+        if kind == "chat" and echo:
+            # (vLLM's chat echo: the answer begins with the last message when it is of the answer's role)
+            last = body["messages"][-1]
+            if last["role"] == req.role:
+                c = last.get("content")
+                req.echo_message = c if isinstance(c, str) else "".join(part["text"] for part in c)
         mt, mct = body.get("max_tokens"), body.get("max_completion_tokens")
         if mt is not None and mct is not None and mt != mct:
             raise BadRequest("max_tokens and max_completion_tokens differ: give one", "max_completion_tokens")
@@ -293,6 +305,7 @@ class Parser:
             # (vLLM's: usage on every chunk too; its include_usage defaults to true then -- false turns both off)
             req.include_usage = req.include_usage or continuous and so.get("include_usage") is None
             req.continuous_usage = req.include_usage and continuous
+        req.prompt_logprobs = self._prompt_logprobs(body, req.stream)
         req.stop = self._stop(body)
         ids = body.get("stop_token_ids")
         if ids is not None:
@@ -312,6 +325,9 @@ class Parser:
         req.ignore_eos = self._bool(body, "ignore_eos")
         req.include_stop = self._bool(body, "include_stop_str_in_output")
         req.skip_special = body.get("skip_special_tokens") is None or self._bool(body, "skip_special_tokens")
+        # (accepted: a choice's text is its tokens' own bytes, which put no space between special tokens either way
+        # -- what vLLM's detokenizer for fast tokenizers gives, docs/serve.md)
+        self._bool(body, "spaces_between_special_tokens")
         if req.min_tokens and self.speculative:
             # (a round of proposals shares one bias: positions past min_tokens would stay held)
             raise BadRequest("min_tokens: not supported by a server with a draft model", "min_tokens")
@@ -319,6 +335,7 @@ class Parser:
         req.token_ids = self._bool(body, "return_tokens_as_token_ids")
         self._values(body, req)
         req.bias = self._bias(body)
+        req.bad_words = self._bad_words(body)
         chain = body.get("samplec_sampler")
         if chain is not None and not isinstance(chain, str):
             raise BadRequest(f"samplec_sampler must be a string (a chain's name), got {json.dumps(chain)[:100]}",
@@ -338,6 +355,9 @@ class Parser:
         if req.echo and req.logprobs and self.sharded:
             raise BadRequest("echo: the prompt's log-probabilities are not available on a server with a "
                              "vocabulary-sharded LM head", "echo")
+        if req.prompt_logprobs is not None and self.sharded:
+            raise BadRequest("prompt_logprobs: the prompt's log-probabilities are not available on a server with a "
+                             "vocabulary-sharded LM head", "prompt_logprobs")
         req.body = body
         return req
 
@@ -537,6 +557,62 @@ class Parser:
             raise BadRequest(f"stop must be a string or a list of at most {MAX_STOP} strings", "stop")
         return list(dict.fromkeys(x for x in items if x))     # (an empty string stops nothing, as OpenAI's)
 
+    def _prompt_logprobs(self, body, stream: bool) -> int | None:
+        """vLLM's prompt_logprobs: None, or how many of the most likely tokens each prompt position lists (besides
+        the prompt's own token), at most TOP as vLLM's default max_logprobs -- so -1, vLLM's whole vocabulary, is a
+        400 too; with stream only 0, as vLLM's."""
+        n = _number(body, "prompt_logprobs", -1, None, integer=True)
+        if n is None:
+            return None
+        if stream and n != 0:
+            raise BadRequest("`prompt_logprobs` are not available when `stream=True`.", "prompt_logprobs")
+        if n == -1 or n > TOP:
+            raise BadRequest(f"prompt_logprobs: requested prompt logprobs of {self.vocab if n == -1 else n}, which "
+                             f"is greater than max allowed: {TOP}", "prompt_logprobs")
+        return n
+
+    def _bad_words(self, body) -> list[tuple[int, ...]]:
+        """vLLM's bad_words as the token sequences it bans: each word (its leading spaces stripped) as the tokenizer
+        encodes it, and again after one space when that gives as many tokens beginning with another one (the word
+        in the middle of a text), as vLLM's SamplingParams.update_from_tokenizer."""
+        words = body.get("bad_words")
+        if words is None:
+            return []
+        if not isinstance(words, list) or not all(isinstance(w, str) for w in words):
+            raise BadRequest(f"bad_words must be a list of strings, got {json.dumps(words)[:100]}", "bad_words")
+        seqs: list[tuple[int, ...]] = []
+        for w in words:
+            plain = self._encode(w.lstrip())
+            if not plain:
+                raise BadRequest(f"bad_words: {json.dumps(w)[:100]} has no tokens (an empty word bans nothing)",
+                                 "bad_words")
+            seqs.append(plain)
+            spaced = self._encode(" " + w.lstrip())
+            if spaced and spaced[0] != plain[0] and len(spaced) == len(plain):
+                seqs.append(spaced)
+            if len(seqs) > MAX_BAD_WORDS:
+                raise BadRequest(f"bad_words: too many bad words: they make more than {MAX_BAD_WORDS} token "
+                                 "sequences (each word and its form after a space)", "bad_words")
+        if sum(len(q) for q in seqs) > MAX_BAD_WORD_TOKENS:
+            raise BadRequest(f"bad_words: their token sequences hold more than {MAX_BAD_WORD_TOKENS} tokens",
+                             "bad_words")
+        past = sorted({t for q in seqs for t in q if not 0 <= t < self.vocab})
+        if past:
+            raise BadRequest(f"bad_words: the tokenizer gives ids past the model's vocabulary of {self.vocab}: "
+                             f"{past[:8]}", "bad_words")
+        if self.speculative and any(len(q) > 1 for q in seqs):
+            # (a round of proposals shares one bias: a ban that follows the proposals before it cannot hold)
+            raise BadRequest("bad_words: a word of more than one token is not supported by a server with a draft "
+                             "model", "bad_words")
+        return seqs
+
+    def _encode(self, text: str) -> tuple[int, ...]:
+        """The text's tokens without special tokens (no beginning-of-sequence), as vLLM encodes a bad word."""
+        try:
+            return tuple(int(t) for t in self.tokenizer.encode(text, add_special_tokens=False))
+        except TypeError:       # (a tokenizer whose encode takes no add_special_tokens)
+            return tuple(int(t) for t in self.tokenizer.encode(text))
+
     def _logprobs(self, kind, body, req):
         lp = body.get("logprobs")
         if kind == "chat":
@@ -734,6 +810,11 @@ class Row:
         self.stop_ids = (set() if req.ignore_eos else set(job.eos_ids)) | set(req.stop_token_ids)
         self.held = sorted(self.stop_ids) if req.min_tokens else []
         self.min_tokens = req.min_tokens
+        # (vLLM's bad_words: a one-token word is banned at every step, a longer one's last token where the tokens
+        # the row has generated end with the ones before it)
+        self.bad_always = tuple(sorted({q[0] for q in req.bad_words if len(q) == 1}))
+        self.bad_after = [(q[:-1], q[-1]) for q in req.bad_words if len(q) > 1]
+        self._banned_at: tuple = (-1, ())
         # (how many tokens each history holds, -1: all; in a chain with a generated-tokens history the presence
         # and frequency windows read that one, and its other histories the repetition window alone)
         seq = WINDOWS[:1] if split_history else WINDOWS
@@ -776,20 +857,37 @@ class Row:
 
     @property
     def biased(self) -> bool:
-        """Whether the row's logits take a bias this step (its logit_bias, its stop ids held off)."""
-        return bool(self.bias) or self.step < self.min_tokens and bool(self.held)
+        """Whether the row's logits take a bias this step (its logit_bias, its stop ids held off, its bad words)."""
+        return bool(self.bias) or self.step < self.min_tokens and bool(self.held) or bool(self.banned())
+
+    def banned(self) -> tuple[int, ...]:
+        """The tokens the row's bad words ban at this step (ascending): each one-token word's, and the last token
+        of each longer word whose other tokens the row's generated tokens end with (vLLM's rule: the prompt's
+        tokens do not count)."""
+        if not self.bad_after:
+            return self.bad_always
+        if self._banned_at[0] != self.step:
+            out = set(self.bad_always)
+            for before, last in self.bad_after:
+                k = len(before)
+                if len(self.records) >= k and tuple(int(r[0]) for r in self.records[-k:]) == before:
+                    out.add(last)
+            self._banned_at = (self.step, tuple(sorted(out)))
+        return self._banned_at[1]
 
     def bias_entries(self, width: int) -> tuple[np.ndarray, np.ndarray]:
         """The row's logit_bias on the logits it sees (`width` ids from `vocab_start`: a rank's slice of them),
-        and -inf on its stop ids while fewer than `min_tokens` samples are drawn: (columns int64, values float32),
-        ascending; made once per slice and phase."""
+        -inf on its stop ids while fewer than `min_tokens` samples are drawn and on the tokens its bad words ban
+        (`banned`): (columns int64, values float32), ascending; made once per slice, phase and ban."""
         holding = self.step < self.min_tokens
-        key = (self.vocab_start, width, holding)
+        banned = self.banned()
+        key = (self.vocab_start, width, holding, banned)
         if self._bias_at != key:
             lo = self.vocab_start
             bias = dict(self.bias)
             if holding:
                 bias.update((i, -np.inf) for i in self.held)
+            bias.update((i, -np.inf) for i in banned)
             ids = sorted(i for i in bias if lo <= i < lo + width)
             self._bias_cols = (np.array([i - lo for i in ids], np.int64), np.array([bias[i] for i in ids],
                                                                                    np.float32))
@@ -1077,25 +1175,29 @@ def _tops(lp: mx.array, k: int) -> list[tuple[np.ndarray, np.ndarray]]:
     return out
 
 
-def prompt_logprobs(model, tokens: list[int], top: int):
+def prompt_logprobs(model, tokens: list[int], top: int, ranked: bool = False):
     """A prompt's entries as a sample's (`Row.records`): each token's log-probability under the model given the
     tokens before it -- log_softmax of its logits, no logit_bias (the model's own distribution of the prompt, as
     vLLM's prompt_logprobs) -- and its `top` most likely tokens there; the first token's entry is (token, None,
-    None, None, None). A generator: it scores PROMPT_CHUNK positions a forward pass and yields after each (the
-    engine runs the batch's steps in between), and returns the entries."""
+    None, None, None). With `ranked`, each token's rank there too (vLLM's: how many tokens are at least as likely,
+    itself included; None for the first). A generator: it scores PROMPT_CHUNK positions a forward pass and yields
+    after each (the engine runs the batch's steps in between), and returns (the entries, the ranks or None)."""
     from samplec.decode import _make_cache
     cache = _make_cache(model)
     seq = mx.array(tokens, dtype=mx.int32)
     out = [(tokens[0], None, None, None, None)]
+    ranks: list | None = [None] if ranked else None
     for lo in range(0, len(tokens) - 1, PROMPT_CHUNK):
         hi = min(len(tokens) - 1, lo + PROMPT_CHUNK)
         x = model(seq[lo:hi][None], cache=cache)[0].astype(mx.float32)       # (predicts tokens lo+1 .. hi)
         lp = x - mx.logsumexp(x, axis=-1, keepdims=True)
-        own = np.array(mx.take_along_axis(lp, seq[lo + 1:hi + 1, None], axis=1))[:, 0]
-        for t, v, (ids, vals) in zip(tokens[lo + 1:hi + 1], own, _tops(lp, top)):
+        own = mx.take_along_axis(lp, seq[lo + 1:hi + 1, None], axis=1)
+        if ranks is not None:
+            ranks.extend(np.array(mx.sum(lp >= own, axis=1)).tolist())
+        for t, v, (ids, vals) in zip(tokens[lo + 1:hi + 1], np.array(own)[:, 0], _tops(lp, top)):
             out.append((t, None, float(v), ids, vals))
         yield
-    return out
+    return out, ranks
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -1154,7 +1256,8 @@ class Job:
         self.status = 500                  # the HTTP status of an error (503: a rank of a sharded server stopped)
         self.param: str | None = None      # the request field an error names
         self.number = 0                    # its number in admission order (the same on every rank)
-        self.scoring = None                # (echo with logprobs) the generator scoring its prompts
+        self.scoring = None                # (echo with logprobs, prompt_logprobs) the generator scoring its prompts
+        self.prompt_scores: list = []      # (prompt_logprobs) per prompt: (its entries, their ranks)
 
 
     def fail(self, e: SamplecError, index: int) -> None:
@@ -1201,7 +1304,7 @@ class Engine:
         self.draft, self.num_draft = draft, num_draft
         self.spec: list[Row] = []            # rows decoded speculatively (with the draft), in admission order
         self.spec_waiting: list[Row] = []    # such rows past --max-batch, waiting for a place
-        self.scoring: list[Job] = []         # echo requests whose prompts are being scored, a chunk a step
+        self.scoring: list[Job] = []         # requests whose prompts are being scored, a chunk a step
         self.eos_ids = set(int(t) for t in (getattr(tokenizer, "eos_token_ids", None) or []))
         # (the tokenizer's own end-of-sequence: a choice it ends has no stop_reason, as vLLM's; the model's other
         # end-of-sequence ids -- its generation config's -- are stop token ids there, named in stop_reason)
@@ -1419,25 +1522,38 @@ class Engine:
 
     def _admit(self, job: Job):
         req = job.req
+        echoes = None
         if req.echo:
             echoes = [self._echo_text(tokens, given, req.skip_special)
                       for tokens, given in zip(req.prompts, req.prompt_texts)]
             for r in job.rows:
                 r.echo = echoes[r.index // req.n]
-            if req.logprobs:        # (scored a chunk at a time between the batch's steps: `_score`)
-                job.scoring = self._scoring(job, echoes)
-                self.scoring.append(job)
-                return
+        # (echo with logprobs, prompt_logprobs -- not sent in a stream, as vLLM's: scored a chunk at a time between
+        # the batch's steps, `_score`)
+        if req.echo and req.logprobs or req.prompt_logprobs is not None and not req.stream:
+            job.scoring = self._scoring(job, echoes if req.echo and req.logprobs else None)
+            self.scoring.append(job)
+            return
+        if req.echo:
             job.events.put(("echo", 0, None))
         self._start(job)
 
-    def _scoring(self, job: Job, echoes: list):
-        """Score each prompt (`prompt_logprobs`), a chunk a step."""
-        for echo, tokens in zip(echoes, job.req.prompts):
-            echo.records = yield from prompt_logprobs(self.model, tokens, job.req.top_logprobs)
+    def _scoring(self, job: Job, echoes: list | None):
+        """Score each prompt once (`prompt_logprobs`), a chunk a step, for echo's logprobs and vLLM's
+        prompt_logprobs both: the most likely tokens the larger of the two asks for."""
+        req = job.req
+        ranked = req.prompt_logprobs is not None
+        top = max(req.top_logprobs if echoes is not None else 0, req.prompt_logprobs or 0)
+        for i, tokens in enumerate(req.prompts):
+            records, ranks = yield from prompt_logprobs(self.model, tokens, top, ranked)
+            if echoes is not None:
+                echoes[i].records = records
+            if ranked:
+                job.prompt_scores.append((records, ranks))
 
     def _score(self) -> None:
-        """One chunk of the first request being scored (echo); a request scored whole starts decoding."""
+        """One chunk of the first request being scored (echo, prompt_logprobs); a request scored whole starts
+        decoding."""
         if not self.scoring:
             return
         job = self.scoring[0]
@@ -1449,12 +1565,14 @@ class Engine:
         except Exception as e:  # noqa: BLE001 - the prompt's forward pass failed: this request fails, alone
             self.scoring.pop(0)
             logging.exception("samplec serve: the prompt's log-probabilities failed")
-            job.error = f"echo: the prompt's log-probabilities failed: {type(e).__name__}: {e}"
+            name = "echo" if job.req.echo else "prompt_logprobs"
+            job.error = f"{name}: the prompt's log-probabilities failed: {type(e).__name__}: {e}"
             for r in job.rows:
                 r.finish = "error"
             job.events.put(("error", 0, None))
             return
-        job.events.put(("echo", 0, None))
+        if job.req.echo:
+            job.events.put(("echo", 0, None))
         self._start(job)
 
     def _start(self, job: Job) -> None:
@@ -1568,7 +1686,9 @@ class Engine:
             hits = [(i, k) for k, i in enumerate(text.find(s, max(0, before - len(s) + 1)) for s in stop) if i >= 0]
         row.offsets.append(before + early)
         if hits:
-            i, k = min(hits)
+            # (several found at once: the first of the request's list wins, wherever it lies in the text -- vLLM's
+            # stop checker goes through the list in order)
+            i, k = hits[0]
             text = text[:i + len(stop[k]) if req.include_stop else i]
         row.text = text
         if hits:
@@ -1705,6 +1825,35 @@ class Formatter:
                 "top_logprobs": tops,
                 "text_offset": offsets,
                 "processed_logprobs": [r[1] for r in recs]}
+
+    def prompt_entries(self, records: list, ranks: list, n: int) -> list:
+        """vLLM's prompt_logprobs of one prompt: per token, null for the first, else {token id: {"logprob", "rank",
+        "decoded_token"}} holding the prompt's token (its rank: `prompt_logprobs`' ranks) and then the n most
+        likely tokens there (ranks 1 .. n; the prompt's token among them takes its place there, first in the
+        object), as vLLM's logprobs processor builds it; -inf is written -9999.0, as vLLM's chat endpoint clamps it
+        (valid JSON)."""
+        out: list = [None]
+        for (tok, _, raw, ids, vals), rank in zip(records[1:], ranks[1:]):
+            d = {str(tok): {"logprob": _finite(raw), "rank": int(rank), "decoded_token": self.token_text(tok)[0]}}
+            for k, (i, v) in enumerate(zip(ids[:n], vals[:n])):
+                d[str(int(i))] = {"logprob": _finite(float(v)), "rank": k + 1,
+                                  "decoded_token": self.token_text(i)[0]}
+            out.append(d)
+        return out
+
+
+def _finite(v: float) -> float:
+    return -9999.0 if v == -math.inf else v
+
+
+def _id_offsets(lp: dict, start: int) -> dict:
+    """Legacy logprobs whose tokens are written `token_id:N` (return_tokens_as_token_ids) with vLLM's text_offset:
+    from `start`, each entry's offset adds the length of the token string before it (not an offset in the text)."""
+    offsets, at = [], start
+    for t in lp["tokens"]:
+        offsets.append(at)
+        at += len(t)
+    return {**lp, "text_offset": offsets}
 
 
 def _joined(a: dict, b: dict) -> dict:
@@ -1988,12 +2137,16 @@ class Handler(BaseHTTPRequestHandler):
             if ev == "done":
                 left -= 1
         fmt, choices = self.app.format, []
+        prompts = None if req.prompt_logprobs is None else \
+            [fmt.prompt_entries(records, ranks, req.prompt_logprobs) for records, ranks in job.prompt_scores]
         for r in job.rows:
             n = fmt.kept(r, len(r.text), req.kind == "completion")
             if req.kind == "chat":
                 message, finish = {"content": r.text}, r.finish
                 if req.tools is not None:
                     message, finish = tools.answer(req.tools, self.app.tokenizer, r.text, r.finish)
+                if req.echo_message:
+                    message["content"] = req.echo_message + (message.get("content") or "")
                 c = {"index": r.index, "message": {"role": req.role, **message},
                      "logprobs": {"content": fmt.chat_entries(r, 0, n, req.top_logprobs, req.token_ids)}
                      if req.logprobs
@@ -2002,10 +2155,17 @@ class Handler(BaseHTTPRequestHandler):
                 lp = fmt.legacy(r, 0, n, req.top_logprobs, req.token_ids) if req.logprobs else None
                 if r.echo is not None and lp is not None:
                     lp = _joined(fmt.echoed(r, req.top_logprobs, req.token_ids), lp)
+                if lp is not None and req.token_ids:
+                    lp = _id_offsets(lp, 0)
                 c = {"index": r.index, "text": (r.echo.text if r.echo is not None else "") + r.text,
                      "logprobs": lp, "finish_reason": r.finish, "stop_reason": r.stop_reason}
+                if prompts is not None:     # (vLLM's: on each choice of the completions endpoint)
+                    c["prompt_logprobs"] = prompts[r.index // req.n]
             choices.append(c)
-        self._send(200, {**self._head(req), "choices": choices, "usage": self._usage(job)})
+        answer = {**self._head(req), "choices": choices, "usage": self._usage(job)}
+        if prompts is not None and req.kind == "chat":      # (vLLM's: on the chat answer itself)
+            answer["prompt_logprobs"] = prompts[0]
+        self._send(200, answer)
 
     def _events_head(self):
         self.send_response(200)
@@ -2070,6 +2230,10 @@ class Handler(BaseHTTPRequestHandler):
         if req.kind == "chat":
             send([{"index": r.index, "delta": {"role": req.role, "content": ""}, "logprobs": None,
                    "finish_reason": None} for r in job.rows], so_far())
+            if req.echo_message:        # (vLLM's chat echo: the last message first, a chunk per choice)
+                for r in job.rows:
+                    send([{"index": r.index, "delta": {"content": req.echo_message}, "logprobs": None,
+                           "finish_reason": None}], so_far())
         for ev, r, delta, lo, n, final in self._pieces(job):
             if ev == "error":
                 kind = "invalid_request_error" if job.status < 500 else "server_error"
@@ -2080,14 +2244,19 @@ class Handler(BaseHTTPRequestHandler):
                 return
             if ev == "echo":
                 for r in job.rows:
+                    lp = fmt.echoed(r, req.top_logprobs, req.token_ids) if req.logprobs else None
                     send([{"index": r.index, "text": r.echo.text,
-                           "logprobs": fmt.echoed(r, req.top_logprobs, req.token_ids) if req.logprobs else None,
+                           "logprobs": _id_offsets(lp, 0) if lp is not None and req.token_ids else lp,
                            "finish_reason": None, "stop_reason": None}], so_far(r))
                 continue
             lp = None
             if req.logprobs:
                 lp = {"content": fmt.chat_entries(r, lo, n, req.top_logprobs, req.token_ids)} \
                     if req.kind == "chat" else fmt.legacy(r, lo, n, req.top_logprobs, req.token_ids)
+                if req.kind == "completion" and req.token_ids:
+                    # (vLLM's stream: a chunk's first offset is the choice's text sent before it)
+                    sent = r.emitted - len(delta)
+                    lp = _id_offsets(lp, sent + (len(r.echo.text) if r.echo is not None else 0))
             # (stop_reason as vLLM's: on every completions chunk, on chat's last one)
             if req.kind == "chat":
                 split = calls.get(r.index)

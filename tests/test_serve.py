@@ -280,6 +280,14 @@ def test_return_tokens_as_token_ids_names_every_logprobs_token_by_its_id(server)
         text = "".join(ch.text for ch in chunks)
         sampled = [_token_id(t) for t in tokens]
         assert sampled[:len(ids)] == ids and lps == plain.token_logprobs
+        # (vLLM's text_offset: the lengths of the token strings added up -- in a stream from each chunk's first
+        # entry, which is the text sent before the chunk)
+        sent = 0
+        for ch in chunks:
+            if ch.logprobs and ch.logprobs.tokens:
+                want = [sent + sum(len(t) for t in ch.logprobs.tokens[:j]) for j in range(len(ch.logprobs.tokens))]
+                assert ch.logprobs.text_offset == want
+            sent += len(ch.text)
         assert tok.decode(sampled) == text
         assert tops[0] is None
         for d, pd, t in zip(tops[1:], plain.top_logprobs[1:], tokens[1:]):
@@ -495,6 +503,71 @@ def test_echo_streams_the_prompt_first_then_the_completion(server):
     assert whole.logprobs.token_logprobs[-5:] == plain.logprobs.token_logprobs
 
 
+def _check_prompt_logprobs(app, ids: list[int], plp: list, n: int) -> None:
+    """vLLM's prompt_logprobs of one prompt against log_softmax of the model's logits (one forward pass here): null
+    first, then per token {id: {logprob, rank, decoded_token}} holding the prompt's token first (its rank: how many
+    tokens are at least as likely) and the n most likely tokens (ranks 1 .. n)."""
+    want = _model_logprobs(app, ids)
+    assert len(plp) == len(ids) and plp[0] is None
+    for j in range(1, len(ids)):
+        d, row = plp[j], want[j - 1]
+        assert list(d)[0] == str(ids[j])
+        own = d[str(ids[j])]
+        assert own["logprob"] == pytest.approx(float(row[ids[j]]), abs=1e-4)
+        assert np.sum(row >= own["logprob"] + 1e-4) < own["rank"] <= np.sum(row >= own["logprob"] - 1e-4)
+        top = {int(k): v for k, v in d.items() if v["rank"] <= n}
+        assert sorted(v["rank"] for v in top.values()) == list(range(1, n + 1))
+        assert len(d) == n + (ids[j] not in top)
+        assert np.allclose(sorted((v["logprob"] for v in top.values()), reverse=True), np.sort(row)[::-1][:n],
+                           atol=1e-4)
+        for k, v in d.items():
+            assert v["decoded_token"] == app.format.token_text(int(k))[0]
+            assert v["logprob"] == pytest.approx(float(row[int(k)]), abs=1e-4)
+
+
+def test_vllms_prompt_logprobs_score_each_prompt_token_under_the_model(server):
+    """vLLM's prompt_logprobs on both endpoints -- each completions choice its own prompt's, chat's on the answer --
+    with echo's logprobs from the same scoring; 0 lists the prompt's tokens alone; past 20 (-1, vLLM's whole
+    vocabulary, too) or with a stream (but 0) a 400 naming it."""
+    app, url = server["app"], server["base"]
+    prompts = ["A sampler chain", [400, 1, 2, 77, 300]]
+    status, r = post(url + "/v1/completions", {"model": "demo", "prompt": prompts, "n": 2, "max_tokens": 2,
+                                               "temperature": 0, "prompt_logprobs": 3})
+    assert status == 200, r
+    for ch in r["choices"]:
+        p = prompts[ch["index"] // 2]
+        _check_prompt_logprobs(app, app.tokenizer.encode(p) if isinstance(p, str) else p, ch["prompt_logprobs"], 3)
+    chat = {"model": "demo", "messages": MSG, "max_tokens": 2, "temperature": 0}
+    status, r = post(url + "/v1/chat/completions", {**chat, "prompt_logprobs": 2})
+    ids = app.parse("chat", chat).prompts[0]
+    assert status == 200 and "prompt_logprobs" not in r["choices"][0]
+    _check_prompt_logprobs(app, ids, r["prompt_logprobs"], 2)
+    status, r = post(url + "/v1/completions", {"model": "demo", "prompt": prompts[1], "max_tokens": 1,
+                                               "prompt_logprobs": 0, "echo": True, "logprobs": 1})
+    assert all(len(d) == 1 for d in r["choices"][0]["prompt_logprobs"][1:])
+    assert all(len(d) <= 2 for d in r["choices"][0]["logprobs"]["top_logprobs"][1:])
+    status, r = post(url + "/v1/completions", {"model": "demo", "prompt": prompts[1], "max_tokens": 1,
+                                               "prompt_logprobs": 5, "echo": True, "logprobs": 1})
+    _check_prompt_logprobs(app, prompts[1], r["choices"][0]["prompt_logprobs"], 5)
+    assert all(len(d) <= 2 for d in r["choices"][0]["logprobs"]["top_logprobs"][1:])   # (echo's own top 1)
+    status, r = post(url + "/v1/completions", {"model": "demo", "prompt": "x", "max_tokens": 2})
+    assert "prompt_logprobs" not in r["choices"][0]
+    chunks = list(server["client"].completions.create(model="demo", prompt="x", max_tokens=2, stream=True,
+                                                      extra_body={"prompt_logprobs": 0}))
+    assert chunks[-1].choices[0].finish_reason == "length"
+    for body in ({"prompt_logprobs": -1}, {"prompt_logprobs": 21}, {"prompt_logprobs": -2},
+                 {"prompt_logprobs": "1"}, {"prompt_logprobs": True}, {"prompt_logprobs": 1, "stream": True}):
+        for path, base in (("/v1/completions", {"model": "demo", "prompt": "x"}), ("/v1/chat/completions", chat)):
+            status, err = post(url + path, {**base, **body})
+            assert status == 400 and err["error"]["param"] == "prompt_logprobs", (body, err)
+    import copy
+    parse = copy.copy(app.parse)
+    parse.sharded = True
+    with pytest.raises(serve.BadRequest) as err:
+        parse("completion", {"prompt": "x", "prompt_logprobs": 1})
+    assert err.value.param == "prompt_logprobs"
+
+
 def test_echo_logprobs_are_refused_by_a_vocabulary_sharded_server(server):
     import copy
     parse = copy.copy(server["app"].parse)
@@ -520,7 +593,7 @@ def test_bad_prompts_and_echo_are_400_naming_the_field(server, body, param):
     status, answer = post(server["base"] + "/v1/completions", {"model": "demo", **body})
     assert status == 400 and answer["error"]["param"] == param, answer
     status, answer = post(server["base"] + "/v1/chat/completions", {"model": "demo", "messages": MSG,
-                                                                     "echo": True})
+                                                                     "echo": "yes"})
     assert status == 400 and answer["error"]["param"] == "echo", answer
 
 
@@ -642,6 +715,21 @@ def test_vllms_skip_special_tokens_false_writes_special_tokens(server):
         assert e.value.body["param"] == next(iter(bad))
 
 
+def test_vllms_spaces_between_special_tokens_is_accepted_and_changes_no_text(server):
+    """spaces_between_special_tokens: true or false, the text is the same -- each token writes its own bytes, so
+    special tokens written one after another (skip_special_tokens false) have no space between them either way, as
+    vLLM's detokenizer for fast tokenizers writes them."""
+    c = server["client"]
+    kw = dict(model="demo", prompt=[0, 1, 0, 5, 6], max_tokens=6, temperature=1.0, seed=3, echo=True)
+    for skip in (True, False):
+        base = c.completions.create(**kw, extra_body={"skip_special_tokens": skip}).choices[0].text
+        assert ("<s></s><s>" in base) == (not skip)
+        for between in (True, False):
+            assert c.completions.create(**kw, extra_body={"skip_special_tokens": skip,
+                                                          "spaces_between_special_tokens": between}
+                                        ).choices[0].text == base
+
+
 def test_a_stop_string_that_ends_in_a_replaced_byte_is_found(server):
     """A token that ends a pending UTF-8 sequence early adds its U+FFFD before its own text: a stop string that
     ends there is found too."""
@@ -752,6 +840,33 @@ def _stop_reasons(c, kind: str, **kw) -> list:
     return out + [(chunks[-1].finish_reason, chunks[-1].model_extra["stop_reason"])]
 
 
+def test_of_stop_strings_one_token_completes_the_first_listed_wins(server):
+    """vLLM's stop checker goes through the request's stop list in order: when one new token completes two stop
+    strings, the first of the list wins -- its stop_reason, the text cut at it -- even where the other begins
+    earlier in the text; streamed and not the same."""
+    c = server["client"]
+    found = None
+    for seed in range(40):
+        kw = dict(model="demo", prompt="Quick brown foxes", max_tokens=30, temperature=1.0, seed=seed, logprobs=0)
+        full = c.completions.create(**kw).choices[0]
+        text, offs = full.text, full.logprobs.text_offset
+        for a, b in zip(offs, offs[1:]):     # (a token of two characters or more, each stop string new there)
+            if b - a >= 2 and text.find(text[a]) == a and text.find(text[a + 1:b]) == a + 1:
+                found = kw, text, text[a], text[a + 1:b], a
+                break
+        if found:
+            break
+    assert found, "no token of two new characters"
+    kw, text, early, late, at = found
+    for stop, reason, cut in (([late, early], late, at + 1), ([early, late], early, at)):
+        r = c.completions.create(**kw, stop=stop).choices[0]
+        assert (r.text, r.finish_reason, r.model_extra["stop_reason"]) == (text[:cut], "stop", reason), stop
+        streamed = [ch.choices[0] for ch in c.completions.create(**kw, stop=stop, stream=True) if ch.choices]
+        assert "".join(ch.text for ch in streamed) == r.text and streamed[-1].model_extra["stop_reason"] == reason
+        kept = c.completions.create(**kw, stop=stop, extra_body={"include_stop_str_in_output": True}).choices[0]
+        assert kept.text == text[:cut + len(reason)] and kept.model_extra["stop_reason"] == reason
+
+
 def test_vllms_stop_reason_names_the_stop_string_or_token_id(server):
     """vLLM's stop_reason on each choice: the stop string that ended it, or the stop_token_ids id; null for the
     tokenizer's end-of-sequence and for length (vLLM's check_stop sets it for stop ids only). A model's other
@@ -827,6 +942,79 @@ def test_vllms_allowed_token_ids_keep_the_draws_to_those_tokens(server):
         with pytest.raises(openai.BadRequestError) as e:
             c.completions.create(**kw, extra_body={"allowed_token_ids": bad})
         assert e.value.body["param"] == "allowed_token_ids", bad
+
+
+def _bad_word_sequences(tok, word: str) -> list[tuple[int, ...]]:
+    """vLLM's SamplingParams.update_from_tokenizer, written out: the word (leading spaces stripped) and, when it
+    gives as many tokens beginning with another one, the word after a space."""
+    plain = tuple(tok.encode(word.lstrip(), add_special_tokens=False))
+    spaced = tuple(tok.encode(" " + word.lstrip(), add_special_tokens=False))
+    return [plain] + ([spaced] if spaced[0] != plain[0] and len(spaced) == len(plain) else [])
+
+
+def _holds(ids: list[int], seq: tuple[int, ...]) -> bool:
+    return any(tuple(ids[i:i + len(seq)]) == seq for i in range(len(ids) - len(seq) + 1))
+
+
+def test_vllms_bad_words_never_complete_a_bad_word(server):
+    """vLLM's bad_words: a one-token word's token is never drawn -- the tokens a logit_bias of -100 on it gives --
+    and a longer word's last token is banned where the tokens generated so far end with its others (the prompt's
+    do not count), so the word never appears; what greedy decoding gave up to there is unchanged, and the token
+    after is what a logit_bias of -100 on that last token gives. Streamed and not the same; with n = 2 each choice
+    has its own history (each is what its seed gives alone). A bad value is a 400 naming bad_words."""
+    c, tok = server["client"], server["app"].tokenizer
+
+    def gen(prompt, stream=False, **extra):
+        r = c.completions.create(model="demo", prompt=prompt, max_tokens=24, temperature=0, logprobs=0,
+                                 stream=stream, extra_body={"return_tokens_as_token_ids": True, **extra})
+        chunks = [ch.choices[0] for ch in r if ch.choices] if stream else r.choices
+        return [_token_id(t) for ch in chunks for t in (ch.logprobs.tokens if ch.logprobs else [])]
+    single = pair = None
+    for prompt in ("Quick brown foxes", "A sampler chain", "The compiler reads", "Count the tokens"):
+        greedy = gen(prompt)
+        for j, t in enumerate(greedy):
+            w = tok.decode([t])
+            seqs = _bad_word_sequences(tok, w) if w.strip() else []
+            if single is None and seqs and all(len(q) == 1 for q in seqs) and (t,) in seqs:
+                single = prompt, greedy, w, {q[0] for q in seqs}
+        for p in range(len(greedy) - 1):
+            w = tok.decode(greedy[p:p + 2])
+            seqs = _bad_word_sequences(tok, w) if w.strip() else []
+            if tuple(greedy[p:p + 2]) not in seqs or any(len(q) != 2 for q in seqs) or \
+                    any(_holds(greedy[:p + 1], q) for q in seqs):
+                continue
+            last = {q[1] for q in seqs if q[0] == greedy[p]}
+            if not last & set(greedy[:p + 1]):
+                pair = prompt, greedy, w, p, last
+                break
+        if single and pair:
+            break
+    assert single and pair, "no bad word candidates in the greedy texts"
+    prompt, greedy, w, banned = single
+    got = gen(prompt, bad_words=[w])
+    assert not banned & set(got) and got != greedy
+    assert got == gen(prompt, logit_bias={str(t): -100 for t in banned}) == gen(prompt, True, bad_words=[w])
+    prompt, greedy, w, p, last = pair
+    got = gen(prompt, bad_words=[w])
+    assert not any(_holds(got, q) for q in _bad_word_sequences(tok, w))
+    ref = gen(prompt, logit_bias={str(t): -100 for t in last})
+    assert got[:p + 1] == greedy[:p + 1] and got[p + 1] != greedy[p + 1] and got[:p + 2] == ref[:p + 2]
+    assert got == gen(prompt, True, bad_words=[w])
+    # n = 2: each choice bans by its own tokens
+    kw = dict(model="demo", prompt=prompt, max_tokens=24, temperature=1.0, seed=5, logprobs=0)
+    both = c.completions.create(**kw, n=2, extra_body={"bad_words": [w, "the"], "return_tokens_as_token_ids": True})
+    for i, ch in enumerate(both.choices):
+        alone = c.completions.create(**{**kw, "seed": 5 + i}, extra_body={"bad_words": [w, "the"]}).choices[0]
+        assert ch.text == alone.text
+        ids = [_token_id(t) for t in ch.logprobs.tokens]
+        assert not any(_holds(ids, q) for q in _bad_word_sequences(tok, w) + _bad_word_sequences(tok, "the"))
+    r = c.chat.completions.create(model="demo", messages=MSG, max_tokens=8, temperature=0,
+                                  extra_body={"bad_words": [w]})
+    assert r.choices[0].finish_reason in ("length", "stop")
+    for bad in ("x", [1], [""], ["   "], [None], {"x": 1}):
+        with pytest.raises(openai.BadRequestError) as e:
+            c.completions.create(model="demo", prompt="x", max_tokens=2, extra_body={"bad_words": bad})
+        assert e.value.body["param"] == "bad_words", bad
 
 
 def test_top_k_minus_one_is_off_as_in_vllm(server):
@@ -1158,9 +1346,11 @@ def test_vllm_structured_output_refusals_name_the_field(server, extra, param):
     ("chat", dict(extra_body={"grammar": {"type": "prolog", "value": "x"}}), "grammar"),
     ("chat", dict(extra_body={"samplec_sampler": "nope"}), "samplec_sampler"),
     ("chat", dict(extra_body={"frobnicate": 1}), "frobnicate"),
-    ("chat", dict(extra_body={"prompt_logprobs": 1}), "prompt_logprobs"),
+    ("chat", dict(extra_body={"prompt_logprobs": 21}), "prompt_logprobs"),
+    ("chat", dict(extra_body={"length_penalty": 1.0}), "length_penalty"),
     ("completion", dict(extra_body={"use_beam_search": True}), "use_beam_search"),
-    ("completion", dict(extra_body={"bad_words": ["x"]}), "bad_words"),
+    ("completion", dict(extra_body={"bad_words": "x"}), "bad_words"),
+    ("completion", dict(extra_body={"spaces_between_special_tokens": "no"}), "spaces_between_special_tokens"),
     ("completion", dict(suffix="x"), "suffix"),
     ("completion", dict(max_tokens=0), "max_tokens"),
     ("completion", dict(best_of=3), "best_of"),
@@ -1445,6 +1635,35 @@ def test_vllms_add_generation_prompt_and_continue_final_message(server, monkeypa
     assert status == 400 and err["error"]["param"] == "continue_final_message"
 
 
+def test_vllms_chat_echo_begins_the_answer_with_the_last_message_of_its_role(server):
+    """vLLM's chat echo: each answer begins with the last message's content when that message is of the answer's
+    role (a continued assistant message; without a generation prompt, any); streamed, the echoed content comes
+    first, a chunk per choice after the role chunk. Another role's last message echoes nothing."""
+    c = server["client"]
+    chat = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Count the"}]
+    kw = dict(model="demo", messages=chat, max_tokens=6, temperature=1.0, seed=4, n=2)
+    for extra in ({"continue_final_message": True}, {}):
+        plain = c.chat.completions.create(**kw, extra_body=extra)
+        echoed = c.chat.completions.create(**kw, extra_body={**extra, "echo": True})
+        assert [e.message.content for e in echoed.choices] == ["Count the" + p.message.content
+                                                               for p in plain.choices]
+        assert echoed.usage == plain.usage
+        chunks = list(c.chat.completions.create(**kw, stream=True, extra_body={**extra, "echo": True}))
+        assert [(x.index, x.delta.content) for ch in chunks[1:3] for x in ch.choices] == \
+            [(0, "Count the"), (1, "Count the")]
+        got: dict = {}
+        for ch in chunks:
+            for x in ch.choices:
+                got[x.index] = got.get(x.index, "") + (x.delta.content or "")
+        assert got == {e.index: e.message.content for e in echoed.choices}
+    one = dict(model="demo", messages=MSG, max_tokens=4, temperature=0)
+    assert c.chat.completions.create(**one, extra_body={"echo": True}).choices[0].message.content == \
+        c.chat.completions.create(**one).choices[0].message.content
+    r = c.chat.completions.create(**one, extra_body={"echo": True, "add_generation_prompt": False})
+    plain = c.chat.completions.create(**one, extra_body={"add_generation_prompt": False})
+    assert r.choices[0].message.content == MSG[0]["content"] + plain.choices[0].message.content
+
+
 def test_a_messages_name_is_a_string_passed_to_the_template(server, monkeypatch):
     """A message's name (OpenAI's participant name) must be a string (400 naming messages[i].name); the chat template
     reads it, as vLLM passes it on."""
@@ -1564,23 +1783,29 @@ def test_a_port_in_use_exits_at_once_with_one_line(server):
 
 def test_the_batchs_logit_bias_is_one_scatter_equal_to_each_rows_addition():
     """`add_bias`: every row's logit_bias (a rank's slice of the ids where `vocab_start` says so, a row repeated as
-    a speculative round repeats it, rows without one) added to its row as `x + b` adds it, in one scatter."""
+    a speculative round repeats it, rows without one) added to its row as `x + b` adds it, and -inf on the tokens
+    its bad words ban at this step, in one scatter."""
     from samplec.backend_mlx.launches import launches, primitives
     V = 1000
     rng = np.random.default_rng(0)
-    x = rng.normal(0, 3, (5, V)).astype(np.float32)
 
     class R:            # (the fields of serve.Row that add_bias reads)
         bias_entries = serve.Row.bias_entries
         biased = serve.Row.biased
+        banned = serve.Row.banned
 
-        def __init__(self, bias, start=0):
+        def __init__(self, bias, start=0, bad=(), generated=()):
             self.bias, self.vocab_start, self._bias_at, self._bias_cols = bias, start, None, ()
-            self.step, self.min_tokens, self.held = 0, 0, []
+            self.step, self.min_tokens, self.held = len(generated), 0, []
+            self.bad_always = tuple(sorted(q[0] for q in bad if len(q) == 1))
+            self.bad_after = [(q[:-1], q[-1]) for q in bad if len(q) > 1]
+            self.records, self._banned_at = [(t,) for t in generated], (-1, ())
     a = R({3: 1.5, 999: -100.0, 17: 0.25})
     b = R({})
     c = R({1200: 2.0, 1000: -1.0, 5: 7.0}, start=1000)      # (a second rank's slice: ids 1000..1999)
-    rows = [a, b, c, a, c]
+    d = R({}, bad=[(40,), (7, 9), (8, 11)], generated=[5, 7])     # (bans 40 and 9; 11 only after 8)
+    rows = [a, b, c, a, c, d]
+    x = rng.normal(0, 3, (len(rows), V)).astype(np.float32)
     got = serve.add_bias(mx.array(x), rows)
     ops = primitives([got])         # (the lazy graph, before it is evaluated)
     assert launches(ops) == 1 and sum(n for op, n in ops.items() if "catter" in op) == 1, ops
@@ -1589,9 +1814,10 @@ def test_the_batchs_logit_bias_is_one_scatter_equal_to_each_rows_addition():
         for tok, v in r.bias.items():
             if r.vocab_start <= tok < r.vocab_start + V:
                 want[i, tok - r.vocab_start] = want[i, tok - r.vocab_start] + np.float32(v)
-    assert np.array_equal(np.array(got), want)
+    want[5, [9, 40]] = -np.inf
+    assert d.banned() == (9, 40) and np.array_equal(np.array(got), want)
     xm = mx.array(x)
-    assert serve.add_bias(xm, [b] * 5) is xm         # (no row biased: the logits as they are)
+    assert serve.add_bias(xm, [b] * len(rows)) is xm         # (no row biased: the logits as they are)
 
 
 def test_steps_without_logprobs_leave_the_models_logprobs_unevaluated(server, monkeypatch):
