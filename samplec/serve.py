@@ -44,8 +44,9 @@ import numpy as np
 
 from samplec.decode import GENERATED, step_seeds
 from samplec.diagnostics import SamplecError
-from samplec import responses, tools
+from samplec import reasoning, responses, tools
 from samplec.program import Program
+from samplec.reply import Reply
 from samplec.tools import ToolError, template_message
 
 SERVER_CHAIN = """
@@ -150,6 +151,7 @@ class Request:
     echo: bool = False                 # (completions) each choice's text and logprobs begin with its prompt's
     tools: object = None               # (chat) a samplec.tools.Tools: the request's tools and tool_choice
     echo_message: str = ""             # (chat, vLLM's echo) the last message's content, which each answer begins with
+    include_reasoning: bool = True     # (chat, vLLM's) the model's thinking returned as the message's reasoning
     prompt_logprobs: int | None = None  # (vLLM's) each prompt token's log-probability and the top n there
     prompt_texts: list = field(default_factory=list)    # per prompt: the string given, or None (token ids)
     body: dict | None = None           # the request as received (what rank 0 sends the other ranks)
@@ -170,7 +172,7 @@ class Request:
 CHAT_ONLY = {"messages", "max_completion_tokens", "top_logprobs", "response_format", "tools", "tool_choice",
              "parallel_tool_calls", "functions", "function_call", "audio", "modalities", "prediction",
              "reasoning_effort", "verbosity", "web_search_options", "store", "chat_template_kwargs",
-             "add_generation_prompt", "continue_final_message"}
+             "add_generation_prompt", "continue_final_message", "include_reasoning"}
 COMPLETION_ONLY = {"prompt", "best_of", "suffix"}
 COMMON = {"model", "max_tokens", "n", "seed", "stop", "stream", "stream_options", "logprobs", "logit_bias",
           "temperature", "top_p", "presence_penalty", "frequency_penalty", "user", "metadata", "service_tier",
@@ -193,7 +195,7 @@ GUIDED_BACKENDS = ("auto", "guidance")     # the guided_decoding_backend names t
 VLLM_ONLY = {"truncation_side", "return_token_ids", "use_beam_search",
              "length_penalty", "add_special_tokens", "guided_whitespace_pattern", "logprob_token_ids", "documents",
              "chat_template", "mm_processor_kwargs", "media_io_kwargs", "priority", "cache_salt",
-             "kv_transfer_params", "vllm_xargs", "thinking_token_budget", "include_reasoning", "repetition_detection",
+             "kv_transfer_params", "vllm_xargs", "thinking_token_budget", "repetition_detection",
              "prompt_embeds", "watermarking", "stream_interval"}
 
 
@@ -245,6 +247,7 @@ class Parser:
         self._refusals(kind, body)
         if kind == "chat":
             req.tools = self._tools(body)
+            req.include_reasoning = body.get("include_reasoning") is None or self._bool(body, "include_reasoning")
         req.prompts, req.prompt_texts = self._truncated(body, *self._prompts(kind, body, req.tools))
         if kind == "chat" and not self._template_flags(body)[1]["add_generation_prompt"]:
             req.role = body["messages"][-1]["role"]     # (as vLLM's: the message the prompt leaves open)
@@ -1323,6 +1326,8 @@ class Engine:
             marker = getattr(tokenizer, name, None)
             if marker is not None and len(marker) == 1:
                 self.tool_markers.add(int(marker[0]))
+        # (and a reasoning model's think markers in every chat choice: its thinking is told from its answer)
+        self.think_markers = reasoning.marker_ids(tokenizer)
         self.sampler = BatchSampler(programs, grammars, self.vocab_shard)
         self.token_bytes = token_bytes
         self.max_batch = max_batch
@@ -1658,7 +1663,8 @@ class Engine:
         # (special tokens -- an end-of-sequence a request ignores too -- write no text, as vLLM's
         # skip_special_tokens default; with it false, their own text)
         quiet = req.skip_special and (token in self.special_ids or token in self.eos_ids) and not (
-            req.tools is not None and req.tools.choice == "auto" and token in self.tool_markers)
+            req.tools is not None and req.tools.choice == "auto" and token in self.tool_markers
+            or req.kind == "chat" and token in self.think_markers)
         if token in row.stop_ids or row.failed:     # (end-of-sequence, one of the request's stop_token_ids)
             # (its text only with include_stop_str_in_output, as vLLM's)
             b = self.token_bytes(token) if req.include_stop and not quiet and not row.failed else b""
@@ -2142,9 +2148,7 @@ class Handler(BaseHTTPRequestHandler):
         for r in job.rows:
             n = fmt.kept(r, len(r.text), req.kind == "completion")
             if req.kind == "chat":
-                message, finish = {"content": r.text}, r.finish
-                if req.tools is not None:
-                    message, finish = tools.answer(req.tools, self.app.tokenizer, r.text, r.finish)
+                message, finish = Reply(req, self.app.tokenizer, r.prompt).message(r.text, r.finish)
                 if req.echo_message:
                     message["content"] = req.echo_message + (message.get("content") or "")
                 c = {"index": r.index, "message": {"role": req.role, **message},
@@ -2225,8 +2229,7 @@ class Handler(BaseHTTPRequestHandler):
             prompt = len(req.prompts[r.index // req.n if r is not None else 0])
             done = r.delivered if r is not None else 0
             return {"prompt_tokens": prompt, "completion_tokens": done, "total_tokens": prompt + done}
-        calls = {r.index: tools.Stream(req.tools, self.app.tokenizer) for r in job.rows} \
-            if req.tools is not None else {}
+        replies = {r.index: Reply(req, self.app.tokenizer, r.prompt) for r in job.rows} if req.kind == "chat" else {}
         if req.kind == "chat":
             send([{"index": r.index, "delta": {"role": req.role, "content": ""}, "logprobs": None,
                    "finish_reason": None} for r in job.rows], so_far())
@@ -2259,11 +2262,11 @@ class Handler(BaseHTTPRequestHandler):
                     lp = _id_offsets(lp, sent + (len(r.echo.text) if r.echo is not None else 0))
             # (stop_reason as vLLM's: on every completions chunk, on chat's last one)
             if req.kind == "chat":
-                split = calls.get(r.index)
-                d = split.delta(delta, final) if split is not None else {"content": delta} if delta else {}
-                finish = (split.finish_reason(r.finish) if split is not None else r.finish) if final else None
+                reply = replies[r.index]
+                d = reply.delta(delta, final)
+                finish = reply.finish_reason(r.finish) if final else None
                 if not d and not final and not (lp or {}).get("content"):
-                    continue        # (text held back by a tool call being written)
+                    continue        # (text held back: a marker or a tool call being written)
                 c = {"index": r.index, "delta": d, "logprobs": lp, "finish_reason": finish}
                 send([{**c, "stop_reason": r.stop_reason} if final else c], so_far(r))
             else:
@@ -2279,11 +2282,8 @@ class Handler(BaseHTTPRequestHandler):
     # -- OpenAI's Responses API (samplec/responses.py): one choice of the chat machinery, written as a Response
 
     def _message(self, job: Job, r: Row) -> tuple[dict, str]:
-        """A finished chat choice's message fields and finish reason (its tool calls read, where it has tools)."""
-        req = job.req
-        if req.tools is None:
-            return {"content": r.text}, r.finish
-        return tools.answer(req.tools, self.app.tokenizer, r.text, r.finish)
+        """A finished chat choice's message fields and finish reason (its reasoning and tool calls read)."""
+        return Reply(job.req, self.app.tokenizer, r.prompt).message(r.text, r.finish)
 
     def _respond(self, job: Job, answer):
         req = job.req
@@ -2305,7 +2305,7 @@ class Handler(BaseHTTPRequestHandler):
         req, fmt = job.req, self.app.format
         self._events_head()
         events = responses.Events(answer)
-        split = tools.Stream(req.tools, self.app.tokenizer) if req.tools is not None else None
+        reply = Reply(req, self.app.tokenizer, job.rows[0].prompt)
 
         def send(evs):
             for e in evs:
@@ -2316,10 +2316,9 @@ class Handler(BaseHTTPRequestHandler):
             if ev == "error":
                 return send([events.error(job.error, responses.field_name(job.param))])
             entries = fmt.chat_entries(r, lo, n, req.top_logprobs, req.token_ids) if req.logprobs else None
-            d = split.delta(delta, final) if split is not None else {"content": delta} if delta else {}
-            send(events.delta(d, entries))
+            send(events.delta(reply.delta(delta, final), entries))
             if final:
-                finish = split.finish_reason(r.finish) if split is not None else r.finish
+                finish = reply.finish_reason(r.finish)
                 send(events.finish(finish, answer.usage(len(req.prompts[0]), r.delivered), req.logprobs))
 
 

@@ -17,6 +17,8 @@ import json
 import uuid
 from dataclasses import dataclass
 
+from samplec.spans import Spans
+
 
 class ToolError(ValueError):
     """A request's tools or tool_choice at fault: the message and the field."""
@@ -185,32 +187,11 @@ class Calls:
     given back as content, markers included (nothing the model wrote is lost)."""
 
     def __init__(self, start: str, end: str, parse, tools: Tools):
-        self.start, self.end, self.parse, self.tools = start, end, parse, tools
-        self.pending, self.inside = "", False
-        self.calls = 0
+        self.spans, self.parse, self.tools = Spans(start, end), parse, tools
+        self.body, self.calls = "", 0
 
     def feed(self, text: str) -> tuple[str, list[dict]]:
-        self.pending += text
-        content, calls = "", []
-        while True:
-            if not self.inside:
-                i = self.pending.find(self.start)
-                if i < 0:
-                    keep = _partial(self.pending, self.start)
-                    content += self.pending[:len(self.pending) - keep]
-                    self.pending = self.pending[len(self.pending) - keep:]
-                    return content, calls
-                content += self.pending[:i]
-                self.pending, self.inside = self.pending[i + len(self.start):], True
-            j = self.pending.find(self.end) if self.end else -1
-            if j < 0:
-                return content, calls
-            body, self.pending, self.inside = self.pending[:j], self.pending[j + len(self.end):], False
-            got = self._parsed(body)
-            if got is None:
-                content += self.start + body + self.end
-            else:
-                calls += got
+        return self._take(self.spans.feed(text))
 
     def finish_with(self, text: str) -> tuple[str, list[dict]]:
         """A whole text's content and calls."""
@@ -219,16 +200,31 @@ class Calls:
         return content + more, calls + rest
 
     def finish(self) -> tuple[str, list[dict]]:
-        content, calls = self.feed("")
-        if self.inside:
-            got = self._parsed(self.pending)
+        content, calls = self._take(self.spans.finish())
+        if self.spans.inside:       # (a call the choice's end left open: read if it parses, else text)
+            got = self._parsed(self.body)
             if got is None:
-                content += self.start + self.pending
+                content += self.spans.start + self.body
             else:
                 calls += got
-        else:
-            content += self.pending
-        self.pending, self.inside = "", False
+            self.spans.inside = False
+        self.body = ""
+        return content, calls
+
+    def _take(self, events) -> tuple[str, list[dict]]:
+        content, calls = "", []
+        for kind, text in events:
+            if kind == "out":
+                content += text
+            elif kind == "in":
+                self.body += text
+            else:
+                got = self._parsed(self.body)
+                if got is None:
+                    content += self.spans.start + self.body + self.spans.end
+                else:
+                    calls += got
+                self.body = ""
         return content, calls
 
     def _parsed(self, body: str) -> list[dict] | None:
@@ -245,14 +241,6 @@ class Calls:
             got = got[:1]
         self.calls += len(got)
         return [call(g["name"], g.get("arguments", {})) for g in got]
-
-
-def _partial(text: str, marker: str) -> int:
-    """How many characters at the end of `text` could begin `marker`."""
-    for k in range(min(len(text), len(marker) - 1), 0, -1):
-        if marker.startswith(text[-k:]):
-            return k
-    return 0
 
 
 def splitter(tokenizer, tools: Tools) -> Calls:

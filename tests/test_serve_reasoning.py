@@ -1,0 +1,116 @@
+"""A reasoning model's thinking in `samplec serve`'s chat answers: what the model writes between its think markers
+is the message's `reasoning` (and `reasoning_content`), the rest its content, as mlx-lm's server and vLLM's
+reasoning parsers answer; a prompt that opened a think block starts the answer in it; tool calls are read from the
+content only; streamed deltas put together are the whole answer; `include_reasoning: false` leaves it out. Shown
+with the demo model scripted to write given text (tests/test_serve_tools.py's `Scripted`) and a tokenizer whose
+vocabulary has `<think>` and `</think>` (mlx-lm reads the markers off it)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytest.importorskip("mlx_lm")
+openai = pytest.importorskip("openai")
+pytest.importorskip("llguidance")
+
+from test_serve_tools import CALL, TOOLS, Scripted, start, stop  # noqa: E402
+
+MSG = [{"role": "user", "content": "Why?"}]
+# a ChatML template; `think` in the template's arguments opens the answer's think block (as DeepSeek-R1's does)
+TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+            "{% if add_generation_prompt %}<|im_start|>assistant\n{% if think %}<think>\n{% endif %}{% endif %}")
+
+
+@pytest.fixture(scope="module", params=["plain", "special"])
+def server(request):
+    """Markers as ordinary added tokens (Qwen's) and as special tokens (skipped from text by default)."""
+    from mlx_lm.tokenizer_utils import TokenizerWrapper
+    from mlx_lm.tool_parsers import json_tools
+
+    from samplec.integrations.mlx_lm import local_tokenizer, random_llama
+    hf = local_tokenizer(510)._tokenizer
+    if request.param == "special":
+        hf.add_special_tokens({"additional_special_tokens": ["<think>", "</think>"]})
+    else:
+        hf.add_tokens(["<think>", "</think>"])
+    hf.chat_template = TEMPLATE
+    tok = TokenizerWrapper(hf, tool_parser=json_tools.parse_tool_call, tool_call_start="<tool_call>",
+                           tool_call_end="</tool_call>")
+    assert tok.has_thinking and tok.think_start_tokens == (510,)
+    model = Scripted(random_llama(0, vocab=512), tok.eos_token_id)
+    box = start(model, tok)
+    box.update(model=model, tok=tok)
+    yield box
+    stop(box)
+
+
+def ask(box, text: str, think: bool = False, stream: bool = False, **kw):
+    tok = box["tok"]
+    prompt = tok.apply_chat_template(MSG, add_generation_prompt=True, tokenize=True, think=think)
+    box["model"].expect(len(prompt), tok.encode(text, add_special_tokens=False))
+    args = dict(model="demo", messages=MSG, seed=0, max_tokens=200, stream=stream, **kw)
+    if think:
+        args["extra_body"] = {**args.get("extra_body", {}), "chat_template_kwargs": {"think": True}}
+    return box["client"].chat.completions.create(**args)
+
+
+def fields(m) -> tuple:
+    extra = m.model_extra or {}
+    assert extra.get("reasoning") == extra.get("reasoning_content")
+    calls = [(t.function.name, json.loads(t.function.arguments)) for t in m.tool_calls or ()]
+    return extra.get("reasoning"), m.content, calls
+
+
+def joined(stream) -> tuple:
+    thought, content, calls, finish = "", "", {}, None
+    for chunk in stream:
+        for ch in chunk.choices:
+            d = ch.delta
+            extra = d.model_extra or {}
+            assert extra.get("reasoning") == extra.get("reasoning_content")
+            thought += extra.get("reasoning") or ""
+            content += d.content or ""
+            for tc in d.tool_calls or ():
+                calls.setdefault(tc.index, [tc.function.name, ""])[1] += tc.function.arguments or ""
+            finish = ch.finish_reason or finish
+    return thought or None, content, [(n, json.loads(a)) for n, a in (calls[i] for i in sorted(calls))], finish
+
+
+@pytest.mark.parametrize("text,think,want", [
+    ("<think>\nLet me see.\n</think>\n\nBecause.", False, ("\nLet me see.\n", "\n\nBecause.", [])),
+    ("Let me see.\n</think>\n\nBecause.", True, ("Let me see.\n", "\n\nBecause.", [])),
+    ("Because.", False, (None, "Because.", [])),
+    ("Still thinking", True, ("Still thinking", "", [])),
+    ("<think>Weather.</think>" + CALL, False, ("Weather.", None, [("get_weather", {"city": "Paris",
+                                                                                   "unit": "celsius"})])),
+])
+def test_thinking_is_the_messages_reasoning(server, text, think, want):
+    tools = {"tools": TOOLS} if want[2] else {}
+    r = ask(server, text, think, **tools)
+    assert fields(r.choices[0].message) == want
+    assert r.choices[0].finish_reason == ("tool_calls" if want[2] else "stop")
+    thought, content, calls, finish = joined(ask(server, text, think, stream=True, **tools))
+    assert (thought, content or None, calls) == (want[0], want[1] or None, want[2])
+    assert finish == r.choices[0].finish_reason
+
+
+def test_include_reasoning_false_leaves_it_out(server):
+    text = "<think>Hmm.</think>Because."
+    r = ask(server, text, extra_body={"include_reasoning": False})
+    assert fields(r.choices[0].message) == (None, "Because.", [])
+    assert joined(ask(server, text, stream=True, extra_body={"include_reasoning": False}))[:2] == (None, "Because.")
+    with pytest.raises(openai.BadRequestError) as e:
+        ask(server, text, extra_body={"include_reasoning": "no"})
+    assert e.value.body["param"] == "include_reasoning"
+
+
+def test_completions_keep_the_text_as_written(server):
+    """The completions endpoint answers text: the markers stay (special ones written as skip_special_tokens says)."""
+    tok = server["tok"]
+    prompt = "Why?"
+    text = "<think>Hmm.</think>Because."
+    server["model"].expect(len(tok.encode(prompt)), tok.encode(text, add_special_tokens=False))
+    r = server["client"].completions.create(model="demo", prompt=prompt, seed=0, max_tokens=50)
+    special = 510 in tok._tokenizer.all_special_ids
+    assert r.choices[0].text == ("Hmm.Because." if special else text)
