@@ -248,8 +248,9 @@ class Parser:
         if kind == "chat":
             req.tools = self._tools(body)
             req.include_reasoning = body.get("include_reasoning") is None or self._bool(body, "include_reasoning")
-        req.prompts, req.prompt_texts = self._truncated(body, *self._prompts(kind, body, req.tools))
-        if kind == "chat" and not self._template_flags(body)[1]["add_generation_prompt"]:
+        flags = self._template_flags(body) if kind == "chat" else None
+        req.prompts, req.prompt_texts = self._truncated(body, *self._prompts(kind, body, req.tools, flags))
+        if kind == "chat" and not flags[1]["add_generation_prompt"]:
             req.role = body["messages"][-1]["role"]     # (as vLLM's: the message the prompt leaves open)
         req.n = _number(body, "n", 1, MAX_N, integer=True, default=1)
         if req.choices > MAX_CHOICES:
@@ -262,7 +263,8 @@ class Parser:
             last = body["messages"][-1]
             if last["role"] == req.role:
                 c = last.get("content")
-                req.echo_message = c if isinstance(c, str) else "".join(part["text"] for part in c)
+                req.echo_message = c if isinstance(c, str) else \
+                    "".join(part["text"] for part in c) if isinstance(c, list) else ""     # (calls alone: none)
         mt, mct = body.get("max_tokens"), body.get("max_completion_tokens")
         if mt is not None and mct is not None and mt != mct:
             raise BadRequest("max_tokens and max_completion_tokens differ: give one", "max_completion_tokens")
@@ -404,8 +406,9 @@ class Parser:
                              "tool_choice")
         return t
 
-    def _prompts(self, kind, body, calls=None) -> tuple[list[list[int]], list]:
-        """The prompts' tokens, and per prompt the string given (None: given as token ids, or chat's messages)."""
+    def _prompts(self, kind, body, calls=None, flags=None) -> tuple[list[list[int]], list]:
+        """The prompts' tokens, and per prompt the string given (None: given as token ids, or chat's messages);
+        `calls`: the request's tools, `flags`: its `_template_flags` (chat)."""
         if kind == "completion":
             if "prompt" not in body:
                 raise BadRequest("prompt is required", "prompt")
@@ -459,7 +462,8 @@ class Parser:
                     raise BadRequest(str(e), e.field) from None
                 plain.append({"role": "system" if m["role"] == "developer" else m["role"], "content": c,
                               **({"name": name} if name is not None else {}), **fields})
-            cont, kwargs = self._template_flags(body)
+            cont, kwargs = flags if flags is not None else self._template_flags(body)
+            kwargs = dict(kwargs)
             if calls is not None:       # (every tool choice's: "none" too, as vLLM passes them)
                 kwargs["tools"] = [dict(t) for t in calls.functions]
             if getattr(self.tokenizer, "has_chat_template", False):

@@ -369,3 +369,15 @@ def test_auto_reads_calls_whose_markers_are_special_tokens():
         assert r.choices[0].message.content == text.replace("<tool_call>", "").replace("</tool_call>", "")
     finally:
         stop(box)
+
+
+def test_echo_after_an_assistant_message_of_calls_alone(server):
+    """vLLM's chat echo continuing an assistant message that holds calls and no content: nothing to echo."""
+    c = server["client"]
+    msgs = MSG + [{"role": "assistant", "content": None, "tool_calls": [
+        {"id": "call_1", "type": "function", "function": {"name": "now", "arguments": "{}"}}]}]
+    kw = dict(messages=msgs, tools=TOOLS, tool_choice="none", seed=5, max_tokens=6)
+    alone = create(c, **kw, extra_body={"add_generation_prompt": False})
+    r = create(c, **kw, extra_body={"add_generation_prompt": False, "echo": True})
+    assert r.choices[0].message.role == "assistant"
+    assert r.choices[0].message.content == alone.choices[0].message.content
