@@ -366,6 +366,54 @@ class Parser:
         req.body = body
         return req
 
+    def tokenize(self, body) -> dict:
+        """vLLM's /tokenize: a prompt's tokens as the completions endpoint reads it (`prompt`; `add_special_tokens`,
+        default true: the tokenizer's beginning-of-sequence) or a conversation's as the chat endpoint does
+        (`messages`, its template's fields, `tools`); `return_token_strs`: each token's string too."""
+        if not isinstance(body, dict):
+            raise BadRequest("the request body must be a JSON object")
+        model = body.get("model")
+        if model is not None and model != self.model_id:
+            raise BadRequest(f"model: '{model}' is not served here (this server serves '{self.model_id}')",
+                             "model", 404, "model_not_found")
+        chat = "messages" in body
+        known = {"model", "add_special_tokens", "return_token_strs"} | (
+            {"messages", "add_generation_prompt", "continue_final_message", "chat_template_kwargs", "tools",
+             "tool_choice", "parallel_tool_calls"} if chat else {"prompt"})
+        for name in body:
+            if name not in known:
+                raise BadRequest(f"unrecognized request argument supplied: {name}", name)
+        specials = body.get("add_special_tokens")
+        if specials is not None and not isinstance(specials, bool):
+            raise BadRequest("add_special_tokens must be true or false", "add_special_tokens")
+        if chat:
+            calls = self._tools({k: v for k, v in body.items() if k in ("tools", "parallel_tool_calls")} |
+                                {"tool_choice": "none"}) if body.get("tools") else None
+            tokens = self._prompts("chat", body, calls)[0][0]
+        else:
+            p = body.get("prompt")
+            if isinstance(p, str) and specials is False:
+                tokens = list(self.tokenizer.encode(p, add_special_tokens=False))
+            else:
+                tokens = self._completion_prompt(p, "prompt") if p != "" else []
+        out = {"count": len(tokens), "max_model_len": self.context, "tokens": tokens, "token_strs": None}
+        if self._bool(body, "return_token_strs"):
+            out["token_strs"] = list(self.tokenizer.convert_ids_to_tokens(tokens))
+        return out
+
+    def detokenize(self, body) -> dict:
+        """vLLM's /detokenize: token ids' text (`{"tokens": [...]}` -> `{"prompt": text}`)."""
+        if not isinstance(body, dict):
+            raise BadRequest("the request body must be a JSON object")
+        for name in body:
+            if name not in ("model", "tokens"):
+                raise BadRequest(f"unrecognized request argument supplied: {name}", name)
+        ids = body.get("tokens")
+        if not isinstance(ids, list) or not all(isinstance(t, int) and not isinstance(t, bool) and
+                                                0 <= t < self.vocab for t in ids):
+            raise BadRequest(f"tokens must be a list of token ids in [0, {self.vocab})", "tokens")
+        return {"prompt": self.tokenizer.decode(ids)}
+
     @staticmethod
     def _bool(body, name, label=None):
         v = body.get(name)
@@ -2049,6 +2097,17 @@ class Handler(BaseHTTPRequestHandler):
                 return self._error(BadRequest("the request body did not arrive in time", None, 408))
             except OSError:
                 return None
+        tool = {"/tokenize": "tokenize", "/v1/tokenize": "tokenize", "/detokenize": "detokenize",
+                "/v1/detokenize": "detokenize"}.get(path)
+        if tool is not None:        # (vLLM's)
+            try:
+                try:
+                    body = json.loads(raw.decode("utf-8"))
+                except (UnicodeDecodeError, ValueError, RecursionError) as e:
+                    raise BadRequest(f"the request body is not UTF-8 JSON ({type(e).__name__})") from None
+                return self._send(200, getattr(self.app.parse, tool)(body))
+            except BadRequest as e:
+                return self._error(e)
         if kind is None:
             return self._error(BadRequest(f"no such endpoint: POST {path}", None, 404))
         try:

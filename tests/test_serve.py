@@ -1929,3 +1929,25 @@ def test_the_http_layers_own_refusals_are_json_errors(server):
         err = json.loads(body)["error"]
         assert err["type"] in ("invalid_request_error", "server_error") and err["message"]
     assert post(server["base"] + "/v1/completions", dict(prompt="x", max_tokens=2))[0] == 200
+
+
+def test_tokenize_and_detokenize_as_vllms(server):
+    """vLLM's /tokenize (a prompt as the completions endpoint reads it, a conversation as chat's) and
+    /detokenize; the same request's usage counts the same tokens; bad fields are 400s naming them."""
+    c, base, tok = server["client"], server["base"], server["app"].tokenizer
+    status, t = post(base + "/tokenize", {"prompt": "Count the tokens", "return_token_strs": True})
+    r = c.completions.create(model="demo", prompt="Count the tokens", max_tokens=1, seed=0)
+    assert status == 200 and t["count"] == len(t["tokens"]) == r.usage.prompt_tokens == len(t["token_strs"])
+    assert t["token_strs"] == tok.convert_ids_to_tokens(t["tokens"])
+    assert post(base + "/detokenize", {"tokens": t["tokens"]})[1]["prompt"] == tok.decode(t["tokens"])
+    assert post(base + "/v1/tokenize", {"prompt": "Count", "add_special_tokens": False})[1]["tokens"] == \
+        list(tok.encode("Count", add_special_tokens=False))
+    status, t = post(base + "/tokenize", {"messages": MSG})
+    r = c.chat.completions.create(model="demo", messages=MSG, seed=0, max_tokens=1)
+    assert status == 200 and t["count"] == r.usage.prompt_tokens
+    for path, body, param in (("/tokenize", {"prompt": 5}, "prompt"), ("/tokenize", {"prompt": "x", "n": 2}, "n"),
+                              ("/detokenize", {"tokens": [-1]}, "tokens"),
+                              ("/tokenize", {"messages": [{"role": "wizard"}]}, "messages[0]"),
+                              ("/tokenize", {"prompt": "x", "model": "other"}, "model")):
+        status, err = post(base + path, body)
+        assert status in (400, 404) and err["error"]["param"] == param, (body, err)

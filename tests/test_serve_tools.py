@@ -381,3 +381,4 @@ def test_echo_after_an_assistant_message_of_calls_alone(server):
     r = create(c, **kw, extra_body={"add_generation_prompt": False, "echo": True})
     assert r.choices[0].message.role == "assistant"
     assert r.choices[0].message.content == alone.choices[0].message.content
+
