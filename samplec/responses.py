@@ -10,6 +10,7 @@ stored: `store` is accepted and answered `false`, `previous_response_id` and `co
 from __future__ import annotations
 
 import json
+import re
 import time
 import uuid
 
@@ -40,17 +41,33 @@ class RequestError(ValueError):
         self.field = field
 
 
-def field_name(chat_field: str | None) -> str | None:
-    """The Responses request's name for a field the chat checks named."""
+def field_name(chat_field: str | None, origins: list | None = None) -> str | None:
+    """The Responses request's name for a field the chat checks named: `messages[k]...` the input item (or
+    `instructions`) chat message k came from (`origins`, as `to_chat` filled it: a merged assistant message's
+    `tool_calls[j]` is its j-th function_call item), a tool's `tools[i].function.X` the flat tool's `tools[i].X`,
+    `response_format...` `text.format...`."""
     if chat_field is None:
         return None
-    if chat_field.startswith("messages["):
-        return "input" + chat_field[len("messages"):]
+    m = re.match(r"messages\[(\d+)\](?:\.tool_calls\[(\d+)\](?:\.function)?)?(.*)$", chat_field)
+    if m:
+        k, j, rest = int(m.group(1)), m.group(2), m.group(3)
+        if origins is None or k >= len(origins):
+            return "input"
+        where = origins[k][int(j)] if j is not None and int(j) < len(origins[k]) else origins[k][0]
+        rest = {".tool_call_id": ".call_id", ".id": ".call_id"}.get(rest, rest)
+        return where + ("" if where == "instructions" else rest)
+    m = re.match(r"(tools\[\d+\])\.function(.*)$", chat_field)
+    if m:
+        return m.group(1) + m.group(2)
+    for chat, own in (("response_format.json_schema", "text.format"), ("response_format", "text.format")):
+        if chat_field.startswith(chat + "."):
+            return own + chat_field[len(chat):]
     return NAMES.get(chat_field, chat_field)
 
 
-def to_chat(body) -> dict:
-    """The chat request a Responses request amounts to (RequestError names the Responses field at fault)."""
+def to_chat(body, origins: list | None = None) -> dict:
+    """The chat request a Responses request amounts to (RequestError names the Responses field at fault);
+    `origins`, where given, is filled with where each chat message came from (for `field_name`)."""
     if not isinstance(body, dict):
         raise RequestError("the request body must be a JSON object", None)
     for name in body:
@@ -84,7 +101,10 @@ def to_chat(body) -> dict:
         if not isinstance(instructions, str):
             raise RequestError("instructions must be a string", "instructions")
         messages.append({"role": "system", "content": instructions})
-    messages += _messages(body.get("input"))
+    where = [["instructions"]] if instructions is not None else []
+    messages += _messages(body.get("input"), where)
+    if origins is not None:
+        origins[:] = where
     chat["messages"] = messages
     if body.get("max_output_tokens") is not None:
         chat["max_completion_tokens"] = body["max_output_tokens"]
@@ -149,10 +169,12 @@ def _text(content, where: str) -> str:
     raise RequestError(f"{where}.content must be a string or a list of text parts", f"{where}.content")
 
 
-def _messages(items) -> list[dict]:
+def _messages(items, origins: list) -> list[dict]:
     """`input` as chat messages: a string one user message; each message item a message, consecutive
-    function_call items one assistant message of calls, each function_call_output a tool message."""
+    function_call items one assistant message of calls, each function_call_output a tool message (`origins`:
+    each message's input items, appended)."""
     if isinstance(items, str):
+        origins.append(["input"])
         return [{"role": "user", "content": items}]
     if not isinstance(items, list) or not items:
         raise RequestError("input must be a string or a non-empty list of items", "input")
@@ -167,6 +189,7 @@ def _messages(items) -> list[dict]:
             if role not in ("user", "assistant", "system", "developer"):
                 raise RequestError(f"{where}.role must be user, assistant, system or developer", f"{where}.role")
             out.append({"role": role, "content": _text(item.get("content"), where)})
+            origins.append([where])
         elif kind == "function_call":
             for key in ("call_id", "name", "arguments"):
                 if not isinstance(item.get(key), str):
@@ -175,14 +198,17 @@ def _messages(items) -> list[dict]:
                  "function": {"name": item["name"], "arguments": item["arguments"]}}
             if out and out[-1]["role"] == "assistant" and out[-1].get("tool_calls") and not out[-1]["content"]:
                 out[-1]["tool_calls"].append(c)
+                origins[-1].append(where)
             else:
                 out.append({"role": "assistant", "content": None, "tool_calls": [c]})
+                origins.append([where])
         elif kind == "function_call_output":
             if not isinstance(item.get("call_id"), str):
                 raise RequestError(f"{where}.call_id must be a string", f"{where}.call_id")
             output = item.get("output")
             out.append({"role": "tool", "tool_call_id": item["call_id"],
                         "content": output if isinstance(output, str) else _text(output, where)})
+            origins.append([where])
         else:
             raise RequestError(f"{where}: items of type {kind!r} are not supported (message, function_call and "
                                "function_call_output are)", where)
@@ -206,27 +232,36 @@ def _id(prefix: str) -> str:
 
 
 class Answer:
-    """One Response being written: its request, its id and the fields every event repeats."""
+    """One Response being written: its request, its id and the fields every event repeats. `named`: a function
+    named by tool_choice is called (its arguments stream, and a call cut short is `incomplete`); `auto`: calls are
+    read out of the model's text (blank text around them is no message)."""
 
     def __init__(self, body: dict, chat: dict, model: str):
         self.body, self.chat = body, chat
         self.id, self.created = _id("resp"), int(time.time())
         self.model = model
         self.message_id = _id("msg")
+        self.origins: list = []         # (where each chat message came from: to_chat's, for field_name)
+        choice = chat.get("tool_choice", "auto" if chat.get("tools") else "none")
+        self.named = isinstance(choice, dict)
+        self.auto = choice == "auto" and bool(chat.get("tools"))
 
-    def frame(self, status: str, output: list, usage: dict | None, finish: str | None = None) -> dict:
-        """The Response object."""
+    def frame(self, status: str, output: list, usage: dict | None, finish: str | None = None,
+              error: dict | None = None) -> dict:
+        """The Response object (`status`: in_progress, completed, incomplete or failed)."""
         b = self.body
-        fmt = (b.get("text") or {}).get("format") or {"type": "text"}
+        text = b.get("text") if isinstance(b.get("text"), dict) else {}
         return {
             "id": self.id, "object": "response", "created_at": self.created, "status": status,
-            "background": False, "error": None,
-            "incomplete_details": {"reason": "max_output_tokens"} if finish == "length" else None,
+            "completed_at": int(time.time()) if status == "completed" else None,
+            "background": False, "error": error,
+            "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
             "instructions": b.get("instructions"), "max_output_tokens": b.get("max_output_tokens"),
             "max_tool_calls": None, "model": self.model, "output": output,
             "parallel_tool_calls": b.get("parallel_tool_calls", True), "previous_response_id": None,
             "reasoning": {"effort": None, "summary": None}, "service_tier": b.get("service_tier") or "default",
-            "store": False, "temperature": b.get("temperature", 1.0), "text": {"format": fmt},
+            "store": False, "temperature": b.get("temperature", 1.0),
+            "text": {"format": text.get("format") or {"type": "text"}, "verbosity": text.get("verbosity", "medium")},
             "tool_choice": b.get("tool_choice", "auto"), "tools": b.get("tools") or [],
             "top_logprobs": b.get("top_logprobs", 0), "top_p": b.get("top_p", 1.0), "truncation": "disabled",
             "usage": usage, "user": b.get("user"), "metadata": b.get("metadata") or {},
@@ -234,21 +269,24 @@ class Answer:
 
     @staticmethod
     def usage(prompt: int, done: int) -> dict:
-        return {"input_tokens": prompt, "input_tokens_details": {"cached_tokens": 0}, "output_tokens": done,
-                "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": prompt + done}
+        return {"input_tokens": prompt, "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
+                "output_tokens": done, "output_tokens_details": {"reasoning_tokens": 0},
+                "total_tokens": prompt + done}
 
     @staticmethod
     def status(finish: str) -> str:
         return "incomplete" if finish == "length" else "completed"
 
     def message(self, text: str, logprobs, status: str) -> dict:
-        part = {"type": "output_text", "text": text, "annotations": []}
-        if logprobs is not None:
-            part["logprobs"] = logprobs
+        part = {"type": "output_text", "text": text, "annotations": [], "logprobs": logprobs or []}
         return {"type": "message", "id": self.message_id, "status": status, "role": "assistant", "content": [part]}
 
-    @staticmethod
-    def function_call(c: dict, status: str = "completed") -> dict:
+    def call_status(self, status: str) -> str:
+        """A finished call's status: a named function's arguments the length limit cut are incomplete (a call read
+        out of the text, or `required`'s, is whole when it is read at all)."""
+        return "incomplete" if self.named and status == "incomplete" else "completed"
+
+    def function_call(self, c: dict, status: str = "completed") -> dict:
         return {"type": "function_call", "id": _id("fc"), "call_id": c["id"], "name": c["function"]["name"],
                 "arguments": c["function"]["arguments"], "status": status}
 
@@ -267,13 +305,20 @@ def response(answer: Answer, message: dict, finish: str, entries: list | None, u
     content = message.get("content")
     if content or not message.get("tool_calls"):
         output.append(answer.message(content or "", logprobs(entries) if entries is not None else None, status))
-    output += [answer.function_call(c) for c in message.get("tool_calls") or ()]
+    output += [answer.function_call(c, answer.call_status(status)) for c in message.get("tool_calls") or ()]
     return answer.frame(status, output, usage, finish)
 
 
 class Events:
-    """A Response's stream of typed events (`response.created`, `response.output_text.delta`, ...,
-    `response.completed`), each numbered, from the chat stream's deltas (`tools.Stream`'s)."""
+    """A Response's stream of typed events, each numbered from 0 (`sequence_number`), from the chat stream's deltas
+    (`tools.Stream`'s), in OpenAI's order: `response.created`, `response.in_progress`; per output item
+    `response.output_item.added`, its content (`response.content_part.added`, `response.output_text.delta`...,
+    `response.output_text.done`, `response.content_part.done`; or `response.function_call_arguments.delta`...,
+    `response.function_call_arguments.done`), `response.output_item.done`; then `response.completed` (or
+    `response.incomplete` where max_output_tokens cut it, as OpenAI's). A call read whole out of the text is done
+    at once; the message stays open to the end (text the model writes between its calls is the one message's, as
+    the answer not streamed has it); under `auto` blank text is held until more comes (blank text beside calls is
+    no message)."""
 
     def __init__(self, answer: Answer):
         self.answer, self.n = answer, 0
@@ -281,7 +326,9 @@ class Events:
         self.text, self.text_index = None, None        # the message item being written, and its place
         self.calls: dict[int, int] = {}                 # a call's index -> its output item's place
         self.arguments: dict[int, str] = {}
+        self.done: set[int] = set()                     # the places of the items already done
         self.entries: list = []
+        self.held, self.held_entries = "", []           # (auto: blank text not yet a message)
 
     def _event(self, kind: str, **fields) -> dict:
         e = {"type": kind, "sequence_number": self.n, **fields}
@@ -296,14 +343,12 @@ class Events:
         """The events of one chat delta (content, tool_calls) and its tokens' logprobs entries."""
         out = []
         lp = logprobs(entries) if entries is not None else []
-        if d.get("content") or lp and not d.get("tool_calls"):
-            if self.text is None:
-                out += self._open_message()
-            self.text += d.get("content", "")
-            self.entries += lp
-            out.append(self._event("response.output_text.delta", item_id=self.answer.message_id,
-                                   output_index=self.text_index, content_index=0, delta=d.get("content", ""),
-                                   logprobs=lp))
+        text = d.get("content") or ""
+        if text or lp and not d.get("tool_calls"):
+            if self.text is None and self.answer.auto and not (self.held + text).strip():
+                self.held, self.held_entries = self.held + text, self.held_entries + lp
+            else:
+                out += self._write(text, lp)
         for c in d.get("tool_calls") or ():
             k = c["index"]
             if k not in self.calls:
@@ -318,6 +363,20 @@ class Events:
                 item = self.output[self.calls[k]]
                 out.append(self._event("response.function_call_arguments.delta", item_id=item["id"],
                                        output_index=self.calls[k], delta=piece))
+            if not self.answer.named:       # (read whole out of the text: done now)
+                out += self._close(self.calls[k], "completed")
+        return out
+
+    def _write(self, text: str, lp: list) -> list[dict]:
+        out = []
+        if self.text is None:
+            out += self._open_message()
+        text, lp = self.held + text, self.held_entries + lp
+        self.held, self.held_entries = "", []
+        self.text += text
+        self.entries += lp
+        out.append(self._event("response.output_text.delta", item_id=self.answer.message_id,
+                               output_index=self.text_index, content_index=0, delta=text, logprobs=lp))
         return out
 
     def _open_message(self) -> list[dict]:
@@ -328,36 +387,49 @@ class Events:
         return [self._event("response.output_item.added", output_index=self.text_index, item=dict(item)),
                 self._event("response.content_part.added", item_id=self.answer.message_id,
                             output_index=self.text_index, content_index=0,
-                            part={"type": "output_text", "text": "", "annotations": []})]
+                            part={"type": "output_text", "text": "", "annotations": [], "logprobs": []})]
+
+    def _close(self, place: int, status: str, with_logprobs: bool = False) -> list[dict]:
+        """An output item's closing events (its content's, then `response.output_item.done`)."""
+        out, item = [], self.output[place]
+        if item["type"] == "message":
+            done = self.answer.message(self.text, self.entries if with_logprobs else None, status)
+            part = done["content"][0]
+            out.append(self._event("response.output_text.done", item_id=item["id"], output_index=place,
+                                   content_index=0, text=self.text, logprobs=part["logprobs"]))
+            out.append(self._event("response.content_part.done", item_id=item["id"], output_index=place,
+                                   content_index=0, part=part))
+        else:
+            k = next(k for k, p in self.calls.items() if p == place)
+            done = {**item, "arguments": self.arguments[k], "status": self.answer.call_status(status)}
+            out.append(self._event("response.function_call_arguments.done", item_id=item["id"],
+                                   output_index=place, arguments=self.arguments[k], name=item["name"]))
+        self.output[place] = done
+        self.done.add(place)
+        out.append(self._event("response.output_item.done", output_index=place, item=done))
+        return out
 
     def finish(self, finish: str, usage: dict, with_logprobs: bool) -> list[dict]:
-        """The closing events: each item done, then the whole Response."""
+        """The closing events: each item not yet done, then the whole Response."""
         status = self.answer.status(finish)
         out = []
-        if self.text is None and not self.calls:
+        if self.text is None and not self.calls:        # (no call: the text is the message, however blank)
             out += self._open_message()
-        for place, item in enumerate(self.output):
-            if item["type"] == "message":
-                done = self.answer.message(self.text, self.entries if with_logprobs else None, status)
-                part = done["content"][0]
-                out.append(self._event("response.output_text.done", item_id=item["id"], output_index=place,
-                                       content_index=0, text=self.text, logprobs=self.entries))
-                out.append(self._event("response.content_part.done", item_id=item["id"], output_index=place,
-                                       content_index=0, part=part))
-                self.output[place] = done
-            else:
-                k = next(k for k, p in self.calls.items() if p == place)
-                done = {**item, "arguments": self.arguments[k], "status": "completed"}
-                out.append(self._event("response.function_call_arguments.done", item_id=item["id"],
-                                       output_index=place, arguments=self.arguments[k], name=item["name"]))
-                self.output[place] = done
-            out.append(self._event("response.output_item.done", output_index=place, item=self.output[place]))
+            if self.held or self.held_entries:
+                out += self._write("", [])
+        for place in range(len(self.output)):
+            if place not in self.done:
+                out += self._close(place, status, with_logprobs)
         kind = "response.completed" if status == "completed" else "response.incomplete"
         out.append(self._event(kind, response=self.answer.frame(status, self.output, usage, finish)))
         return out
 
-    def error(self, message: str, param: str | None, code: str | None = None) -> dict:
-        return self._event("error", code=code, message=message, param=param)
+    def error(self, message: str, param: str | None, status: int) -> list[dict]:
+        """A generation that failed: OpenAI's `error` event, then `response.failed` (the Response with its error)."""
+        code = "invalid_prompt" if status < 500 else "server_error"
+        e = self._event("error", code=code, message=message, param=param)
+        return [e, self._event("response.failed", response=self.answer.frame(
+            "failed", self.output, None, error={"code": code, "message": message}))]
 
 
 def stream_lines(event: dict) -> bytes:

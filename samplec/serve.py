@@ -2119,14 +2119,16 @@ class Handler(BaseHTTPRequestHandler):
                 raise BadRequest("the request body is JSON nested too deeply to read") from None
             answer = None
             if kind == "responses":     # (the chat request it amounts to; errors name the Responses fields)
+                origins = []
                 try:
-                    chat = responses.to_chat(body)
+                    chat = responses.to_chat(body, origins)
                     answer = responses.Answer(body, chat, self.app.model_id)
+                    answer.origins = origins
                     req = self.app.parse("chat", chat)
                 except responses.RequestError as e:
                     raise BadRequest(str(e), e.field) from None
                 except BadRequest as e:
-                    name = responses.field_name(e.param)
+                    name = responses.field_name(e.param, origins)
                     if name != e.param:
                         raise BadRequest(str(e).replace(e.param, name), name, e.status, e.code) from None
                     raise
@@ -2354,7 +2356,7 @@ class Handler(BaseHTTPRequestHandler):
             ev, _, _ = self._wait(job, watch=True)
             if ev == "error":
                 return self._error(BadRequest(job.error or "generation failed",
-                                              responses.field_name(job.param), job.status))
+                                              responses.field_name(job.param, answer.origins), job.status))
             if ev == "done":
                 break
         r, fmt = job.rows[0], self.app.format
@@ -2377,7 +2379,8 @@ class Handler(BaseHTTPRequestHandler):
         send(events.start())
         for ev, r, delta, lo, n, final in self._pieces(job):
             if ev == "error":
-                return send([events.error(job.error, responses.field_name(job.param))])
+                return send(events.error(job.error or "generation failed",
+                                         responses.field_name(job.param, answer.origins), job.status or 500))
             entries = fmt.chat_entries(r, lo, n, req.top_logprobs, req.token_ids) if req.logprobs else None
             send(events.delta(reply.delta(delta, final), entries))
             if final:

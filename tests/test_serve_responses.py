@@ -1,0 +1,452 @@
+"""OpenAI's Responses API (`POST /v1/responses`) in `samplec serve`, driven by the official `openai` client and
+checked against the chat endpoint it stands on: the same text, finish (status), usage and log-probabilities for
+the same request; `text.format` against its schema (jsonschema); function tools' calls against their parameters;
+the stream's events against the SDK's own event types, OpenAI's order and the answer not streamed (the SDK's
+`responses.stream()` helper included); input items reaching the prompt as chat's messages do; bad requests 400s
+naming the Responses field."""
+from __future__ import annotations
+
+import json
+import urllib.request
+
+import pytest
+
+pytest.importorskip("mlx_lm")
+openai = pytest.importorskip("openai")
+jsonschema = pytest.importorskip("jsonschema")
+pytest.importorskip("llguidance")
+pydantic = pytest.importorskip("pydantic")
+
+from openai.types.responses import Response, ResponseStreamEvent  # noqa: E402
+
+from test_serve_tools import CALL, TOOLS, WEATHER, Scripted, TEMPLATE, start, stop  # noqa: E402
+
+from samplec import serve  # noqa: E402
+
+FLAT = [{"type": "function", **t["function"]} for t in TOOLS]     # (Responses' tools: flat)
+SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
+EVENT = pydantic.TypeAdapter(ResponseStreamEvent)
+STOP = ["e", "o", "a"]      # (stops the demo model's text early: a response that completes)
+
+
+@pytest.fixture(scope="module")
+def server():
+    box = start()
+    host, port = box["httpd"].server_address[:2]
+    box["url"] = f"http://{host}:{port}/v1"
+    yield box
+    stop(box)
+
+
+def respond(c, x="Tell me about Paris.", y="Be brief.", seed=0, extra=None, **kw):
+    return c.responses.create(model="demo", input=x, instructions=y, extra_body={"seed": seed, **(extra or {})},
+                              **kw)
+
+
+def chat(c, x="Tell me about Paris.", y="Be brief.", seed=0, extra=None, **kw):
+    return c.chat.completions.create(model="demo", messages=[{"role": "system", "content": y},
+                                                             {"role": "user", "content": x}],
+                                     seed=seed, extra_body=extra or None, **kw)
+
+
+def raw(server, body: dict):
+    """The server's own JSON (a Response, or the stream's events) checked against the SDK's types by validation
+    (the client builds its objects without it)."""
+    req = urllib.request.Request(server["url"] + "/responses", json.dumps({"model": "demo", **body}).encode(),
+                                 {"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=120) as r:
+        assert r.status == 200
+        text = r.read().decode()
+    if not body.get("stream"):
+        return Response.model_validate(json.loads(text)).to_dict(), json.loads(text)
+    events = []
+    for block in text.strip().split("\n\n"):
+        lines = dict(line.split(": ", 1) for line in block.split("\n"))
+        e = json.loads(lines["data"])
+        assert lines["event"] == e["type"]
+        EVENT.validate_python(e)
+        events.append(e)
+    return events
+
+
+def same(a: dict, b: dict) -> dict:
+    """A Response with what differs between two answers to one request left out: ids (a call's too), times, and
+    the SDK's parsed_* fields."""
+    drop = {"id", "call_id", "created_at", "completed_at", "parsed_arguments", "parsed"}
+    if isinstance(a, dict):
+        return {k: same(v, None) for k, v in a.items() if k not in drop}
+    if isinstance(a, list):
+        return [same(v, None) for v in a]
+    return a
+
+
+def check_order(events: list[dict]):
+    """OpenAI's order: created, in_progress; each output item added, its content, done (one item at a time, but
+    for a message that stays open while calls read out of its text are written); one closing lifecycle event;
+    sequence numbers 0, 1, 2, ...; every event of an item naming that item and its place."""
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    assert [e["type"] for e in events[:2]] == ["response.created", "response.in_progress"]
+    assert events[-1]["type"] in ("response.completed", "response.incomplete")
+    rid = events[0]["response"]["id"]
+    assert all(e["response"]["id"] == rid for e in (events[1], events[-1]))
+    open_items, seen = {}, []
+    for e in events[2:-1]:
+        t = e["type"]
+        if t == "response.output_item.added":
+            assert e["output_index"] == len(seen) and e["item"]["status"] == "in_progress"
+            open_items[e["output_index"]] = {"item": e["item"], "parts": [], "text": "", "args": "", "done": []}
+            seen.append(e["item"]["id"])
+            continue
+        o = open_items[e["output_index"]]
+        assert e.get("item_id", e.get("item", {}).get("id")) == o["item"]["id"]
+        kind = o["item"]["type"]
+        if t == "response.content_part.added":
+            assert kind == "message" and not o["parts"] and e["content_index"] == 0
+            o["parts"].append(e["part"])
+        elif t == "response.output_text.delta":
+            assert kind == "message" and o["parts"] and not o["done"]
+            o["text"] += e["delta"]
+        elif t == "response.output_text.done":
+            assert kind == "message" and e["text"] == o["text"] and not o["done"]
+            o["done"].append(t)
+        elif t == "response.content_part.done":
+            assert o["done"] == ["response.output_text.done"] and e["part"]["text"] == o["text"]
+            o["done"].append(t)
+        elif t == "response.function_call_arguments.delta":
+            assert kind == "function_call" and not o["done"]
+            o["args"] += e["delta"]
+        elif t == "response.function_call_arguments.done":
+            assert kind == "function_call" and e["arguments"] == o["args"] and not o["done"]
+            o["done"].append(t)
+        elif t == "response.output_item.done":
+            want = ["response.output_text.done", "response.content_part.done"] if kind == "message" else \
+                ["response.function_call_arguments.done"]
+            assert o["done"] == want
+            if kind == "message":
+                assert e["item"]["content"][0]["text"] == o["text"]
+            else:
+                assert e["item"]["arguments"] == o["args"]
+            del open_items[e["output_index"]]
+        else:
+            raise AssertionError(f"unexpected event {t}")
+        if kind == "function_call":       # (a call is written whole before the next item begins)
+            assert e["output_index"] == len(seen) - 1
+    assert not open_items, "items never done"
+    final = events[-1]["response"]["output"]
+    assert [i["id"] for i in final] == seen
+
+
+def test_text_is_the_chat_endpoints(server):
+    """input "x" with instructions "y" is chat's [system y, user x]: the same text for the same seed and values,
+    the finish as the status (length: incomplete, max_output_tokens), the same usage."""
+    c = server["client"]
+    for seed, extra, n in ((0, None, 12), (1, {"top_k": 5}, 9), (2, {"stop": STOP}, 40), (3, {"min_p": 0.1}, 30)):
+        ch = chat(c, seed=seed, extra=extra, max_completion_tokens=n, temperature=0.8)
+        r = respond(c, seed=seed, extra=extra, max_output_tokens=n, temperature=0.8)
+        want = ch.choices[0].message.content
+        assert r.output_text == want and r.object == "response" and r.model == "demo"
+        (m,) = r.output
+        assert m.type == "message" and m.role == "assistant" and [p.type for p in m.content] == ["output_text"]
+        finish = ch.choices[0].finish_reason
+        assert r.status == ("incomplete" if finish == "length" else "completed") == m.status
+        assert (r.incomplete_details.reason if r.incomplete_details else None) == \
+            ("max_output_tokens" if finish == "length" else None)
+        assert (r.usage.input_tokens, r.usage.output_tokens, r.usage.total_tokens) == \
+            (ch.usage.prompt_tokens, ch.usage.completion_tokens, ch.usage.total_tokens)
+        assert r.store is False and r.max_output_tokens == n and r.instructions == "Be brief."
+    assert respond(c, seed=2, extra={"stop": STOP}, max_output_tokens=40).status == "completed"
+    # a list of message items (developer: a system message) is the same conversation
+    items = [{"role": "developer", "content": "Be brief."},
+             {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Tell me about Paris."}]}]
+    r = c.responses.create(model="demo", input=items, max_output_tokens=10, extra_body={"seed": 5})
+    assert r.output_text == chat(c, seed=5, max_completion_tokens=10).choices[0].message.content
+
+
+def test_the_response_object_is_the_sdks(server):
+    """The JSON the server writes validates as the SDK's Response (not merely built from it)."""
+    r, body = raw(server, {"input": "hi", "max_output_tokens": 5, "seed": 0, "metadata": {"k": "v"}})
+    assert body["object"] == "response" and body["status"] == "incomplete" and body["metadata"] == {"k": "v"}
+    assert body["usage"]["input_tokens_details"]["cached_tokens"] == 0
+    r, body = raw(server, {"input": "hi", "max_output_tokens": 60, "seed": 0, "stop": STOP})
+    assert body["status"] == "completed" and body["completed_at"] >= body["created_at"]
+    assert body["incomplete_details"] is None
+
+
+@pytest.mark.parametrize("extra,n", [({"stop": STOP}, 60), (None, 10)])
+def test_streamed_is_not_streamed(server, extra, n):
+    """The stream's events are the SDK's types, in OpenAI's order, numbered 0, 1, ...; their deltas joined are the
+    text not streamed, and the closing event's Response is the one not streamed (response.incomplete where
+    max_output_tokens cut it, as OpenAI's: the SDK's stream helper then has no final response)."""
+    c = server["client"]
+    body = {"input": "Tell me about Paris.", "instructions": "Be brief.", "max_output_tokens": n, "seed": 7,
+            **(extra or {})}
+    _, whole = raw(server, body)
+    events = raw(server, {**body, "stream": True})
+    check_order(events)
+    text = "".join(e["delta"] for e in events if e["type"] == "response.output_text.delta")
+    assert text == whole["output"][0]["content"][0]["text"]
+    want = "response.completed" if whole["status"] == "completed" else "response.incomplete"
+    assert events[-1]["type"] == want and (extra is None) == (want == "response.incomplete")
+    assert same(events[-1]["response"], None) == same(whole, None)
+    # the client's own stream (create(stream=True)) and its helper
+    kw = dict(model="demo", input=body["input"], instructions="Be brief.", max_output_tokens=n,
+              extra_body={"seed": 7, **(extra or {})})
+    got = list(c.responses.create(stream=True, **kw))
+    assert [e.type for e in got] == [e["type"] for e in events]
+    with c.responses.stream(**kw) as s:
+        seen = list(s)
+        assert "".join(e.delta for e in seen if e.type == "response.output_text.delta") == text
+        if want == "response.completed":
+            final = s.get_final_response()
+            assert same(final.to_dict(), None) == same(Response.model_validate(whole).to_dict(), None)
+            assert final.output_text == text
+        else:
+            assert seen[-1].type == "response.incomplete"
+            assert seen[-1].response.incomplete_details.reason == "max_output_tokens"
+            with pytest.raises(RuntimeError, match="response.completed"):
+                s.get_final_response()
+
+
+def test_logprobs_are_the_chat_endpoints(server):
+    """include ["message.output_text.logprobs"] with top_logprobs: the output_text part's logprobs are chat's
+    for the same request (token, logprob, bytes, alternatives); streamed, the deltas' logprobs joined are
+    the same; without include the part has none."""
+    c = server["client"]
+    ch = chat(c, seed=4, max_completion_tokens=8, logprobs=True, top_logprobs=3)
+    want = [(t.token, t.logprob, t.bytes, [(a.token, a.logprob, a.bytes) for a in t.top_logprobs])
+            for t in ch.choices[0].logprobs.content]
+    assert len(want) == 8
+    r = respond(c, seed=4, max_output_tokens=8, include=["message.output_text.logprobs"], top_logprobs=3)
+    got = [(t.token, t.logprob, t.bytes, [(a.token, a.logprob, a.bytes) for a in t.top_logprobs])
+           for t in r.output[0].content[0].logprobs]
+    assert got == want
+    events = raw(server, {"input": "Tell me about Paris.", "instructions": "Be brief.", "max_output_tokens": 8,
+                          "seed": 4, "include": ["message.output_text.logprobs"], "top_logprobs": 3,
+                          "stream": True})
+    check_order(events)
+    streamed = [lp for e in events if e["type"] == "response.output_text.delta" for lp in e["logprobs"]]
+    assert [(t["token"], t["logprob"], [(a["token"], a["logprob"]) for a in t["top_logprobs"]])
+            for t in streamed] == [(t[0], t[1], [(a[0], a[1]) for a in t[3]]) for t in want]
+    assert respond(c, seed=4, max_output_tokens=8, top_logprobs=3).output[0].content[0].logprobs == []
+
+
+def test_text_format_json_schema(server):
+    """text.format json_schema: the text is JSON valid against the schema, as chat's response_format gives."""
+    c = server["client"]
+    schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 8},
+                                               "age": {"type": "integer", "minimum": 0, "maximum": 120}},
+              "required": ["name", "age"], "additionalProperties": False}
+    for seed in range(3):
+        r = respond(c, seed=seed, max_output_tokens=80,
+                    text={"format": {"type": "json_schema", "name": "person", "schema": schema, "strict": True}})
+        assert r.status == "completed"
+        jsonschema.validate(json.loads(r.output_text), schema)
+        ch = chat(c, seed=seed, max_completion_tokens=80, response_format={
+            "type": "json_schema", "json_schema": {"name": "person", "schema": schema, "strict": True}})
+        assert r.output_text == ch.choices[0].message.content
+        assert r.text.format.type == "json_schema" and r.text.format.name == "person"
+    r = respond(c, seed=0, max_output_tokens=60, text={"format": {"type": "json_object"}})
+    ch = chat(c, seed=0, max_completion_tokens=60, response_format={"type": "json_object"})
+    assert r.output_text == ch.choices[0].message.content
+
+
+def calls_of(resp) -> list[tuple[str, str]]:
+    return [(o.name, o.arguments) for o in resp.output if o.type == "function_call"]
+
+
+@pytest.mark.parametrize("choice", [{"type": "function", "name": "get_weather"}, "required"])
+def test_function_tools_are_called(server, choice):
+    """Flat function tools with tool_choice a named function or required: function_call items (call_id, name,
+    arguments valid against the tool's parameters), chat's calls for the same seed; streamed the same items, in
+    OpenAI's order, and the stream helper's final response the one not streamed."""
+    c = server["client"]
+    chat_choice = {"type": "function", "function": {"name": "get_weather"}} if isinstance(choice, dict) else choice
+    made = 0
+    for seed in range(3):
+        kw = dict(seed=seed, max_output_tokens=300, temperature=1.0, tools=FLAT, tool_choice=choice)
+        r = respond(c, **kw)
+        ch = chat(c, seed=seed, max_completion_tokens=300, temperature=1.0, tools=TOOLS, tool_choice=chat_choice)
+        want = [(t.function.name, t.function.arguments) for t in ch.choices[0].message.tool_calls or ()]
+        assert calls_of(r) == want
+        if r.status == "incomplete":        # (cut short)
+            continue
+        made += 1
+        assert want and all(o.type == "function_call" for o in r.output)
+        for o in r.output:
+            assert o.call_id.startswith("call_") and o.status == "completed"
+            jsonschema.validate(json.loads(o.arguments), SCHEMAS[o.name])
+        body = {"input": "Tell me about Paris.", "instructions": "Be brief.", "max_output_tokens": 300,
+                "temperature": 1.0, "seed": seed, "tools": FLAT, "tool_choice": choice}
+        events = raw(server, {**body, "stream": True})
+        check_order(events)
+        _, whole = raw(server, body)
+        assert [(i["name"], i["arguments"]) for i in events[-1]["response"]["output"]] == want
+        assert same(events[-1]["response"], None) == same(whole, None)
+        sk = {k: v for k, v in kw.items() if k not in ("seed", "max_output_tokens")}
+        with c.responses.stream(model="demo", input=body["input"], instructions="Be brief.", max_output_tokens=300,
+                                extra_body={"seed": seed}, **sk) as s:
+            final = s.get_final_response()
+        assert calls_of(final) == want
+        assert same(final.to_dict(), None) == same(Response.model_validate(whole).to_dict(), None)
+    assert made
+
+
+def test_function_call_items_reach_the_prompt(server):
+    """function_call and function_call_output input items are chat's assistant tool_calls and tool messages: the
+    prompt has chat's token count (and not the count without them)."""
+    c = server["client"]
+    args = json.dumps({"city": "Paris", "unit": "celsius"})
+    items = [{"role": "user", "content": "What is the weather in Paris?"},
+             {"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": args},
+             {"type": "function_call", "call_id": "call_2", "name": "now", "arguments": "{}"},
+             {"type": "function_call_output", "call_id": "call_1", "output": "sunny"},
+             {"type": "function_call_output", "call_id": "call_2", "output": [{"type": "input_text", "text": "noon"}]}]
+    messages = [{"role": "system", "content": "Be brief."}, items[0],
+                {"role": "assistant", "content": None, "tool_calls": [
+                    {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": args}},
+                    {"id": "call_2", "type": "function", "function": {"name": "now", "arguments": "{}"}}]},
+                {"role": "tool", "tool_call_id": "call_1", "content": "sunny"},
+                {"role": "tool", "tool_call_id": "call_2", "content": "noon"}]
+    ch = c.chat.completions.create(model="demo", messages=messages, seed=3, max_completion_tokens=6, tools=TOOLS,
+                                   tool_choice="none")
+    r = c.responses.create(model="demo", instructions="Be brief.", input=items, max_output_tokens=6, tools=FLAT,
+                           tool_choice="none", extra_body={"seed": 3})
+    assert r.usage.input_tokens == ch.usage.prompt_tokens
+    assert r.output_text == ch.choices[0].message.content
+    bare = c.responses.create(model="demo", instructions="Be brief.", input=items[:1], max_output_tokens=6,
+                              extra_body={"seed": 3})
+    assert bare.usage.input_tokens < r.usage.input_tokens
+
+
+@pytest.mark.parametrize("body,param", [
+    ({"input": None}, "input"),
+    ({"input": []}, "input"),
+    ({"input": [{"role": "robot", "content": "hi"}]}, "input[0].role"),
+    ({"input": [{"type": "image", "url": "x"}]}, "input[0]"),
+    ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, "input[0].content[0]"),
+    ({"input": [{"role": "user", "content": "hi"}, {"type": "function_call", "call_id": "c", "name": "now"}]},
+     "input[1].arguments"),
+    ({"input": [{"type": "function_call_output", "output": "x"}]}, "input[0].call_id"),
+    ({"max_output_tokens": 0}, "max_output_tokens"),
+    ({"max_output_tokens": "ten"}, "max_output_tokens"),
+    ({"text": {"format": {"type": "xml"}}}, "text.format"),
+    ({"text": {"format": {"type": "json_schema", "name": "x"}}}, "text.format"),
+    ({"tools": [{"type": "web_search"}]}, "tools[0]"),
+    ({"tools": [{"type": "function", "parameters": WEATHER}], "tool_choice": "required"}, "tools[0].name"),
+    ({"tools": [FLAT[0], FLAT[0]], "tool_choice": "required"}, "tools[1].name"),
+    ({"tools": FLAT, "tool_choice": {"type": "function", "name": "nope"}}, "tool_choice"),
+    ({"tools": FLAT, "tool_choice": {"type": "file_search"}}, "tool_choice"),
+    ({"tool_choice": "required"}, "tool_choice"),
+    ({"include": ["message.output_text.everything"]}, "include[0]"),
+    ({"include": ["message.output_text.logprobs", 3]}, "include"),
+    ({"include": ["message.output_text.logprobs"], "top_logprobs": 50}, "top_logprobs"),
+    ({"top_logprobs": -1}, "top_logprobs"),
+    ({"previous_response_id": "resp_1"}, "previous_response_id"),
+    ({"conversation": "conv_1"}, "conversation"),
+    ({"background": True}, "background"),
+    ({"reasoning": {"effort": "high"}}, "reasoning"),
+    ({"store": "yes"}, "store"),
+    ({"instructions": ["x"]}, "instructions"),
+    ({"temperature": -1}, "temperature"),
+    ({"frobnicate": 1}, "frobnicate"),
+    ({"n": 2}, "n"),
+    ({"messages": [{"role": "user", "content": "hi"}]}, "messages"),
+    ({"max_tokens": 5}, "max_tokens"),
+])
+def test_bad_requests_are_400s_naming_the_responses_field(server, body, param):
+    c = server["client"]
+    kw = {"input": "hi", **body}
+    with pytest.raises(openai.BadRequestError) as e:
+        c.post("/responses", cast_to=Response, body={"model": "demo", **kw})
+    assert e.value.status_code == 400 and e.value.body["param"] == param, e.value.body
+    assert e.value.body["type"] == "invalid_request_error"
+
+
+def test_store_is_accepted_and_nothing_stored(server):
+    """store: true is accepted and answered store: false; no response can be retrieved."""
+    c = server["client"]
+    r = respond(c, max_output_tokens=3, store=True)
+    assert r.store is False and r.status == "incomplete"
+    with pytest.raises(openai.NotFoundError):
+        c.responses.retrieve(r.id)
+
+
+# -- auto: a model scripted to write calls in its tokenizer's format
+
+@pytest.fixture(scope="module")
+def scripted():
+    from mlx_lm.tokenizer_utils import TokenizerWrapper
+    from mlx_lm.tool_parsers import json_tools
+
+    model, tok = serve.demo_model()
+    hf = tok._tokenizer
+    hf.chat_template = TEMPLATE
+    tok = TokenizerWrapper(hf, tool_parser=json_tools.parse_tool_call, tool_call_start=json_tools.tool_call_start,
+                           tool_call_end=json_tools.tool_call_end)
+    s = Scripted(model, tok.eos_token_id)
+    box = start(s, tok)
+    host, port = box["httpd"].server_address[:2]
+    box.update(model=s, tok=tok, url=f"http://{host}:{port}/v1")
+    yield box
+    stop(box)
+
+
+def say(box, text: str):
+    tok = box["tok"]
+    msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Tell me about Paris."}]
+    prompt = tok.apply_chat_template(msgs, tools=TOOLS, add_generation_prompt=True, tokenize=True)
+    box["model"].expect(len(prompt), tok.encode(text, add_special_tokens=False))
+
+
+@pytest.mark.parametrize("text,content,calls", [
+    (CALL, None, [("get_weather", {"city": "Paris", "unit": "celsius"})]),
+    ("\n" + CALL + "\n", None, [("get_weather", {"city": "Paris", "unit": "celsius"})]),
+    ("Let me look. " + CALL, "Let me look. ", [("get_weather", {"city": "Paris", "unit": "celsius"})]),
+    ("It is sunny in Paris.", "It is sunny in Paris.", []),
+])
+def test_auto_calls_read_from_the_text(scripted, text, content, calls):
+    """auto: the calls the model wrote are function_call items after the message of the text around them (none
+    where that text is blank), as chat's tool_calls and content; streamed, the same output in OpenAI's order."""
+    c = scripted["client"]
+    say(scripted, text)
+    ch = chat(c, max_completion_tokens=200, tools=TOOLS)
+    m = ch.choices[0].message
+    assert m.content == content
+    assert [(t.function.name, json.loads(t.function.arguments)) for t in m.tool_calls or ()] == calls
+    say(scripted, text)
+    r = respond(c, max_output_tokens=200, tools=FLAT)
+    assert r.status == "completed"
+    assert [o.type for o in r.output] == ["message"] * (content is not None) + ["function_call"] * len(calls)
+    assert r.output_text == (content or "")
+    assert [(n, json.loads(a)) for n, a in calls_of(r)] == calls
+    say(scripted, text)
+    _, whole = raw(scripted, {"input": "Tell me about Paris.", "instructions": "Be brief.", "max_output_tokens": 200,
+                              "seed": 0, "tools": FLAT})
+    say(scripted, text)
+    events = raw(scripted, {"input": "Tell me about Paris.", "instructions": "Be brief.", "max_output_tokens": 200,
+                            "seed": 0, "tools": FLAT, "stream": True})
+    check_order(events)
+    assert same(events[-1]["response"], None) == same(whole, None)
+
+
+def test_chat_field_names_are_the_input_items():
+    """A chat check's field (messages[k]..., tools[i].function..., response_format...) named as the Responses
+    request has it: the input item chat message k came from (instructions first; consecutive function_call items
+    one assistant message, its calls by position)."""
+    from samplec import responses
+    origins = []
+    items = [{"role": "user", "content": "hi"},
+             {"type": "function_call", "call_id": "a", "name": "now", "arguments": "{}"},
+             {"type": "function_call", "call_id": "b", "name": "now", "arguments": "{}"},
+             {"type": "function_call_output", "call_id": "b", "output": "noon"}]
+    chat = responses.to_chat({"instructions": "Be brief.", "input": items}, origins)
+    assert [m["role"] for m in chat["messages"]] == ["system", "user", "assistant", "tool"]
+    name = responses.field_name
+    assert name("messages[0].content", origins) == "instructions"
+    assert name("messages[1].content", origins) == "input[0].content"
+    assert name("messages[2].tool_calls[1].function.arguments", origins) == "input[2].arguments"
+    assert name("messages[2].tool_calls[0].id", origins) == "input[1].call_id"
+    assert name("messages[3].tool_call_id", origins) == "input[3].call_id"
+    assert name("tools[2].function.parameters") == "tools[2].parameters"
+    assert name("response_format.json_schema.schema") == "text.format.schema"
+    assert name("max_completion_tokens") == "max_output_tokens" and name("messages") == "input"
