@@ -20,7 +20,7 @@ PASSED = {"model", "temperature", "top_p", "stream", "parallel_tool_calls", "use
           "frequency_penalty", "top_k", "min_p", "repetition_penalty", "repetition_context_size",
           "presence_context_size", "frequency_context_size", "xtc_probability", "xtc_threshold", "stop",
           "stop_token_ids", "min_tokens", "ignore_eos", "skip_special_tokens", "allowed_token_ids",
-          "include_stop_str_in_output"}
+          "include_stop_str_in_output", "chat_template_kwargs"}
 OWN = {"input", "instructions", "max_output_tokens", "text", "tools", "tool_choice", "top_logprobs", "include",
        "store", "truncation", "reasoning", "stream_options", "background", "previous_response_id", "conversation",
        "max_tool_calls", "prompt"}
@@ -240,7 +240,7 @@ class Answer:
         self.body, self.chat = body, chat
         self.id, self.created = _id("resp"), int(time.time())
         self.model = model
-        self.message_id = _id("msg")
+        self.message_id, self.reasoning_id = _id("msg"), _id("rs")
         self.origins: list = []         # (where each chat message came from: to_chat's, for field_name)
         choice = chat.get("tool_choice", "auto" if chat.get("tools") else "none")
         self.named = isinstance(choice, dict)
@@ -286,6 +286,11 @@ class Answer:
         out of the text, or `required`'s, is whole when it is read at all)."""
         return "incomplete" if self.named and status == "incomplete" else "completed"
 
+    def reasoning(self, text: str, status: str) -> dict:
+        """A reasoning model's thinking as a reasoning item (its text the content, no summary)."""
+        return {"type": "reasoning", "id": self.reasoning_id, "summary": [],
+                "content": [{"type": "reasoning_text", "text": text}], "status": status}
+
     def function_call(self, c: dict, status: str = "completed") -> dict:
         return {"type": "function_call", "id": _id("fc"), "call_id": c["id"], "name": c["function"]["name"],
                 "arguments": c["function"]["arguments"], "status": status}
@@ -301,7 +306,7 @@ def logprobs(entries: list[dict]) -> list[dict]:
 def response(answer: Answer, message: dict, finish: str, entries: list | None, usage: dict) -> dict:
     """A finished Response: the message's text (where it has any, or where it made no call) and its calls."""
     status = answer.status(finish)
-    output = []
+    output = [answer.reasoning(message["reasoning"], status)] if message.get("reasoning") else []
     content = message.get("content")
     if content or not message.get("tool_calls"):
         output.append(answer.message(content or "", logprobs(entries) if entries is not None else None, status))
@@ -329,6 +334,7 @@ class Events:
         self.done: set[int] = set()                     # the places of the items already done
         self.entries: list = []
         self.held, self.held_entries = "", []           # (auto: blank text not yet a message)
+        self.thought, self.thought_place = None, None   # the reasoning item being written, and its place
 
     def _event(self, kind: str, **fields) -> dict:
         e = {"type": kind, "sequence_number": self.n, **fields}
@@ -342,8 +348,12 @@ class Events:
     def delta(self, d: dict, entries: list | None) -> list[dict]:
         """The events of one chat delta (content, tool_calls) and its tokens' logprobs entries."""
         out = []
+        if d.get("reasoning"):
+            out += self._think(d["reasoning"])
         lp = logprobs(entries) if entries is not None else []
         text = d.get("content") or ""
+        if (text or d.get("tool_calls")) and self.thought is not None and self.thought_place not in self.done:
+            out += self._close(self.thought_place, "completed")
         if text or lp and not d.get("tool_calls"):
             if self.text is None and self.answer.auto and not (self.held + text).strip():
                 self.held, self.held_entries = self.held + text, self.held_entries + lp
@@ -365,6 +375,21 @@ class Events:
                                        output_index=self.calls[k], delta=piece))
             if not self.answer.named:       # (read whole out of the text: done now)
                 out += self._close(self.calls[k], "completed")
+        return out
+
+    def _think(self, text: str) -> list[dict]:
+        out = []
+        if self.thought is None:
+            self.thought, self.thought_place = "", len(self.output)
+            item = {"type": "reasoning", "id": self.answer.reasoning_id, "summary": [], "content": [],
+                    "status": "in_progress"}
+            self.output.append(item)
+            out += [self._event("response.output_item.added", output_index=self.thought_place, item=dict(item)),
+                    self._event("response.content_part.added", item_id=item["id"], output_index=self.thought_place,
+                                content_index=0, part={"type": "reasoning_text", "text": ""})]
+        self.thought += text
+        out.append(self._event("response.reasoning_text.delta", item_id=self.answer.reasoning_id,
+                               output_index=self.thought_place, content_index=0, delta=text))
         return out
 
     def _write(self, text: str, lp: list) -> list[dict]:
@@ -392,7 +417,13 @@ class Events:
     def _close(self, place: int, status: str, with_logprobs: bool = False) -> list[dict]:
         """An output item's closing events (its content's, then `response.output_item.done`)."""
         out, item = [], self.output[place]
-        if item["type"] == "message":
+        if item["type"] == "reasoning":
+            done = self.answer.reasoning(self.thought, status)
+            out.append(self._event("response.reasoning_text.done", item_id=item["id"], output_index=place,
+                                   content_index=0, text=self.thought))
+            out.append(self._event("response.content_part.done", item_id=item["id"], output_index=place,
+                                   content_index=0, part=done["content"][0]))
+        elif item["type"] == "message":
             done = self.answer.message(self.text, self.entries if with_logprobs else None, status)
             part = done["content"][0]
             out.append(self._event("response.output_text.done", item_id=item["id"], output_index=place,
@@ -413,6 +444,8 @@ class Events:
         """The closing events: each item not yet done, then the whole Response."""
         status = self.answer.status(finish)
         out = []
+        if self.thought is not None and self.thought_place not in self.done:
+            out += self._close(self.thought_place, status)
         if self.text is None and not self.calls:        # (no call: the text is the message, however blank)
             out += self._open_message()
             if self.held or self.held_entries:

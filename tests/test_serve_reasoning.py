@@ -114,3 +114,42 @@ def test_completions_keep_the_text_as_written(server):
     r = server["client"].completions.create(model="demo", prompt=prompt, seed=0, max_tokens=50)
     special = 510 in tok._tokenizer.all_special_ids
     assert r.choices[0].text == ("Hmm.Because." if special else text)
+
+
+@pytest.mark.parametrize("text,think,want", [
+    ("<think>Hmm, rain.</think>Because.", False, ("Hmm, rain.", "Because.")),
+    ("Cut short while thinking", True, ("Cut short while thinking", "")),
+    ("Because.", False, (None, "Because.")),
+])
+def test_responses_answer_thinking_as_a_reasoning_item(server, text, think, want):
+    """The Responses API: the thinking is a reasoning item (its content one reasoning_text) before the message;
+    streamed, its reasoning_text deltas put together are the same, and the stream helper's final response the
+    non-streamed one's output."""
+    tok, c = server["tok"], server["client"]
+
+    def respond(stream=False):
+        prompt = tok.apply_chat_template(MSG, add_generation_prompt=True, tokenize=True, think=think)
+        server["model"].expect(len(prompt), tok.encode(text, add_special_tokens=False))
+        extra = {"seed": 0, **({"chat_template_kwargs": {"think": True}} if think else {})}
+        return c.responses.create(model="demo", input=MSG[0]["content"], max_output_tokens=200, stream=stream,
+                                  extra_body=extra)
+    r = respond()
+    kinds = [o.type for o in r.output]
+    if want[0] is None:
+        assert kinds == ["message"]
+    else:
+        assert kinds == ["reasoning", "message"] and r.output[0].summary == []
+        assert [(p.type, p.text) for p in r.output[0].content] == [("reasoning_text", want[0])]
+    assert r.output_text == want[1] and r.status == "completed"
+    thought, said, types = "", "", []
+    for e in respond(stream=True):
+        types.append(e.type)
+        thought += e.delta if e.type == "response.reasoning_text.delta" else ""
+        said += e.delta if e.type == "response.output_text.delta" else ""
+        if e.type == "response.completed":
+            final = e.response
+    assert (thought or None, said) == want
+    assert [o.type for o in final.output] == kinds and final.output_text == r.output_text
+    if want[0] is not None:
+        assert types.index("response.reasoning_text.done") < types.index("response.output_item.done") < \
+            types.index("response.content_part.added", types.index("response.output_item.done"))
