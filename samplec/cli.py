@@ -356,7 +356,9 @@ def import_cmd(
 def serve(
     mlx_lm_args: Optional[List[str]] = typer.Argument(None, metavar="[SERVER FLAGS]...",
                                                        help="server flags: --model, --host, --port, --max-batch, "
-                                                            "--draft-model, --num-draft, --rank-timeout"),
+                                                            "--draft-model, --num-draft, --rank-timeout, "
+                                                            "--chat-template, --chat-template-args, "
+                                                            "--tool-call-parser"),
     sampler: Optional[List[str]] = typer.Option(None, "--sampler", help="a chain FILE.smp[:NAME] (repeatable; the "
                                                 "first is the default, a request names another with "
                                                 "\"samplec_sampler\")"),

@@ -227,6 +227,7 @@ class Parser:
         self.sharded = False                  # the model's LM head is split over ranks (logits slices)
         self.context: int | None = None       # the model's context length, where known
         self.speculative = False              # the server decodes with a draft model
+        self.template_args: dict = {}         # --chat-template-args: the template's arguments by default
 
     def __call__(self, kind: str, body) -> Request:
         if not isinstance(body, dict):
@@ -534,14 +535,13 @@ class Parser:
             raise BadRequest("messages: no tokens to start from", "messages")
         return [tokens], [None]
 
-    @staticmethod
-    def _template_flags(body) -> tuple[bool, dict]:
+    def _template_flags(self, body) -> tuple[bool, dict]:
         """(continue_final_message, the chat template's keyword arguments): the request's chat_template_kwargs with
         add_generation_prompt and continue_final_message resolved. A top-level field given wins over
         chat_template_kwargs (vLLM's renderer merges its own fields over them); left out, chat_template_kwargs'
         value applies (as vLLM passed them over its own arguments before its renderer), else the default:
         add_generation_prompt true -- false with continue_final_message, which leaves the last message open."""
-        user = body.get("chat_template_kwargs") or {}
+        user = {**self.template_args, **(body.get("chat_template_kwargs") or {})}   # (the request's win)
         fixed = sorted(set(user) & {"tokenize", "conversation", "messages", "chat_template"})
         if fixed:
             raise BadRequest(f"chat_template_kwargs: {fixed[0]} is set by the server", "chat_template_kwargs")
@@ -2459,6 +2459,13 @@ def parse_args(argv: list[str]):
     p.add_argument("--trust-remote-code", action="store_true")
     p.add_argument("--rank-timeout", type=float, default=None,
                    help="under mlx.launch: seconds a rank waits for the others in one plan or step")
+    p.add_argument("--chat-template", default=None,
+                   help="a chat template (Jinja) or the path of a file holding one, over the model's")
+    p.add_argument("--chat-template-args", default=None,
+                   help="JSON object: the chat template's arguments, under each request's chat_template_kwargs")
+    p.add_argument("--tool-call-parser", default=None,
+                   help="mlx-lm's tool parser for tool_choice auto (a module of mlx_lm.tool_parsers), over the "
+                        "one mlx-lm reads off the chat template")
     p.add_argument("--log-level", default="WARNING")
     return p.parse_args(argv)
 
@@ -2489,6 +2496,7 @@ def serve(argv: list[str], samplers: list[str], demo: bool, ready=None):
         raise SamplecError("samplec serve needs mlx-lm: pip install mlx-lm "
                            "(or pip install -e '.[mlx-lm]' in a checkout)") from None
     programs = load_programs(samplers)
+    template, template_args, parser_name = chat_options(args)
     # under mlx.launch (a group of several ranks): the LM head is split over the ranks, rank 0 serves HTTP and
     # the others follow its steps (docs/distributed.md, samplec serve)
     group = mx.distributed.init()
@@ -2516,10 +2524,17 @@ def serve(argv: list[str], samplers: list[str], demo: bool, ready=None):
         if demo:
             model, tokenizer = demo_model()
             model_id = "demo"
+            if template is not None or parser_name is not None:     # (mlx-lm's load reads them for a model)
+                tokenizer = rewrapped(tokenizer, template, parser_name)
         else:
+            config = {"trust_remote_code": args.trust_remote_code}
+            if template is not None:
+                config["chat_template"] = template
+            if parser_name is not None:
+                config["tool_parser_type"] = parser_name
             try:
                 from mlx_lm import load
-                model, tokenizer = load(args.model, tokenizer_config={"trust_remote_code": args.trust_remote_code})
+                model, tokenizer = load(args.model, tokenizer_config=config)
             except Exception as e:  # noqa: BLE001 - mlx-lm and huggingface_hub raise many kinds
                 raise SamplecError(f"cannot load the model {args.model!r}: {_first_line(e)}") from None
             model_id = args.model
@@ -2531,6 +2546,7 @@ def serve(argv: list[str], samplers: list[str], demo: bool, ready=None):
             logging.info("samplec serve: rank %d of %d holds token ids [%d, %d) of the LM head", group.rank(),
                          group.size(), s.start, s.start + s.size)
         app = Server(model, tokenizer, programs, model_id, args.max_batch, draft, num_draft, args.rank_timeout)
+        app.parse.template_args = template_args
         if ranks and threading.current_thread() is threading.main_thread():
             # (mlx.launch ends the other ranks with SIGTERM once one exits: rank 0 still answers its requests)
             import signal
@@ -2554,6 +2570,62 @@ def serve(argv: list[str], samplers: list[str], demo: bool, ready=None):
             httpd.server_close()
         if app is not None:
             app.engine.stop()
+
+
+def chat_options(args) -> tuple[str | None, dict, str | None]:
+    """--chat-template (a template, or a file's path: read), --chat-template-args (a JSON object) and
+    --tool-call-parser (a module of mlx_lm.tool_parsers), checked before anything loads."""
+    template = args.chat_template
+    if template is not None:
+        path = Path(template)
+        try:
+            if path.is_file():
+                template = path.read_text()
+        except OSError as e:
+            raise SamplecError(f"--chat-template {template}: cannot read it: {e.strerror or e}") from None
+        if not template.strip():
+            raise SamplecError("--chat-template: the template is empty")
+    template_args = {}
+    if args.chat_template_args is not None:
+        try:
+            template_args = json.loads(args.chat_template_args)
+        except ValueError as e:
+            raise SamplecError(f"--chat-template-args: not JSON ({e})") from None
+        if not isinstance(template_args, dict):
+            raise SamplecError("--chat-template-args: a JSON object of the template's arguments, as "
+                               "'{\"enable_thinking\": false}'")
+        fixed = sorted(set(template_args) & {"tokenize", "conversation", "messages", "chat_template"})
+        if fixed:
+            raise SamplecError(f"--chat-template-args: {fixed[0]} is set by the server")
+    name = args.tool_call_parser
+    if name is not None:
+        import importlib
+        import pkgutil
+
+        import mlx_lm.tool_parsers as parsers
+        names = sorted(m.name for m in pkgutil.iter_modules(parsers.__path__) if not m.name.startswith("_"))
+        if name not in names:
+            raise SamplecError(f"--tool-call-parser {name}: mlx-lm has no such tool parser (it has: "
+                               f"{', '.join(names)})")
+        importlib.import_module(f"mlx_lm.tool_parsers.{name}")
+    return template, template_args, name
+
+
+def rewrapped(tokenizer, template: str | None, parser_name: str | None):
+    """A TokenizerWrapper over the same Hugging Face tokenizer with another chat template and tool parser (the
+    demo model's; a model's are read by mlx-lm's load)."""
+    import importlib
+
+    from mlx_lm.tokenizer_utils import TokenizerWrapper
+    hf = tokenizer._tokenizer
+    if template is not None:
+        hf.chat_template = template
+    kw = {}
+    if parser_name is not None:
+        module = importlib.import_module(f"mlx_lm.tool_parsers.{parser_name}")
+        kw = dict(tool_parser=module.parse_tool_call, tool_call_start=module.tool_call_start,
+                  tool_call_end=module.tool_call_end)
+    return TokenizerWrapper(hf, eos_token_ids=tokenizer.eos_token_ids, **kw)
 
 
 def load_draft(path: str, trust_remote_code: bool = False):

@@ -1,0 +1,88 @@
+"""`samplec serve`'s chat options: --chat-template (a template, or a file holding one), --chat-template-args (the
+template's arguments, under each request's chat_template_kwargs, as mlx-lm's server) and --tool-call-parser (one
+of mlx-lm's tool parsers for tool_choice auto); each bad value a clear error before anything is served."""
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+pytest.importorskip("mlx_lm")
+openai = pytest.importorskip("openai")
+
+from samplec import serve  # noqa: E402
+from samplec.diagnostics import SamplecError  # noqa: E402
+
+TEMPLATE = ("{% if tools %}[tools: {{ tools | length }}]{% endif %}{% for m in messages %}<{{ m.role }}>"
+            "{{ m.content }}\n{% endfor %}{% if add_generation_prompt %}<assistant>{% if think %}<think>{% endif %}"
+            "{% endif %}")
+TOOLS = [{"type": "function", "function": {"name": "now", "parameters": {"type": "object", "properties": {}}}}]
+MSG = [{"role": "user", "content": "hi"}]
+
+
+def start(argv):
+    box, ready = {}, threading.Event()
+
+    def on_ready(httpd, app):
+        box.update(httpd=httpd, app=app)
+        ready.set()
+    t = threading.Thread(target=serve.serve, args=(["--host", "127.0.0.1", "--port", "0", *argv], [], True,
+                                                   on_ready), daemon=True)
+    t.start()
+    assert ready.wait(120), "the server did not start"
+    host, port = box["httpd"].server_address[:2]
+    box["client"] = openai.OpenAI(base_url=f"http://{host}:{port}/v1", api_key="none", max_retries=0, timeout=120)
+    box["thread"] = t
+    return box
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    path = tmp_path_factory.mktemp("t") / "template.jinja"
+    path.write_text(TEMPLATE)
+    box = start(["--chat-template", str(path), "--chat-template-args", '{"think": true}',
+                 "--tool-call-parser", "json_tools"])
+    yield box
+    box["httpd"].shutdown()
+    box["thread"].join(60)
+
+
+def test_the_template_and_its_arguments_make_the_prompt(server):
+    tok, c = server["app"].tokenizer, server["client"]
+
+    def prompt_tokens(**kw):
+        return c.chat.completions.create(model="demo", messages=MSG, max_tokens=1, seed=0, **kw).usage.prompt_tokens
+    assert prompt_tokens() == len(tok.encode("<user>hi\n<assistant><think>"))
+    # (a request's chat_template_kwargs win over --chat-template-args)
+    assert prompt_tokens(extra_body={"chat_template_kwargs": {"think": False}}) == \
+        len(tok.encode("<user>hi\n<assistant>"))
+    # (the tools reach the template; auto is served: the tool parser was given)
+    r = c.chat.completions.create(model="demo", messages=MSG, max_tokens=3, seed=0, tools=TOOLS)
+    assert r.usage.prompt_tokens == len(tok.encode("[tools: 1]<user>hi\n<assistant><think>"))
+    assert tok.has_tool_calling and tok.tool_call_start == "<tool_call>"
+
+
+def test_the_template_given_as_text(tmp_path):
+    box = start(["--chat-template", "{% for m in messages %}{{ m.content }}|{% endfor %}"])
+    try:
+        tok = box["app"].tokenizer
+        r = box["client"].chat.completions.create(model="demo", messages=MSG * 2, max_tokens=1, seed=0)
+        assert r.usage.prompt_tokens == len(tok.encode("hi|hi|"))
+        with pytest.raises(openai.BadRequestError) as e:     # (no tool parser: auto is a 400)
+            box["client"].chat.completions.create(model="demo", messages=MSG, max_tokens=1, tools=TOOLS)
+        assert e.value.body["param"] == "tool_choice"
+    finally:
+        box["httpd"].shutdown()
+        box["thread"].join(60)
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--chat-template-args", "{think"], "--chat-template-args: not JSON"),
+    (["--chat-template-args", "[1]"], "a JSON object"),
+    (["--chat-template-args", '{"messages": []}'], "messages is set by the server"),
+    (["--tool-call-parser", "hermes9"], "no such tool parser (it has: "),
+    (["--chat-template", "  "], "the template is empty"),
+])
+def test_bad_options_are_clear_errors(argv, message):
+    with pytest.raises(SamplecError, match=message.replace("(", r"\(").replace("[", r"\[")):
+        serve.serve(["--host", "127.0.0.1", "--port", "0", *argv], [], True, lambda *a: None)
