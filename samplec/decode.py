@@ -196,6 +196,49 @@ class ProgramFeed:
                 value.shape[0] if isinstance(value, (np.ndarray, mx.array)) and value.ndim == 1 else 1
             _scalar_param(p, value, max(rows, 1))
 
+    def request_values(self, values: dict, who: str) -> dict:
+        """One request's values of the program's scalar parameters (a seed, a temperature, ...), checked as a call
+        checks them; an error names the parameter and `who`."""
+        from samplec.program import SCALAR_NP, _scalar_param
+        kinds = {p.name: p for p in self.program.params}
+        out = {}
+        for name, value in values.items():
+            p = kinds.get(name)
+            if p is None:
+                raise SamplecError(f"{who}: unknown parameter '{name}' for the sampler '{self.program.name}' "
+                                   f"(parameters: {', '.join(kinds) or 'none'})")
+            if p.kind not in SCALAR_NP or p.kind == "state" or name in self.position_names:
+                raise SamplecError(f"{who}: '{name}' ({p.kind}) is not a value a request gives (its scalar "
+                                   "parameters are: " + ", ".join(q.name for q in self.program.params
+                                                                  if q.kind in SCALAR_NP and q.kind != "state" and
+                                                                  q.name not in self.position_names) + ")")
+            try:
+                _scalar_param(p, value, 1)
+            except SamplecError as e:       # (one value: the call's "(row 0)" says nothing here)
+                raise SamplecError(f"{who}: {str(e).replace(' (row 0)', '')}") from None
+            out[name] = int(value) if p.kind in ("seed", "int") else float(value)
+        return out
+
+    def rows_values(self, keys: list, values: dict) -> dict | None:
+        """The values given per request (`request_values`, by key) as one list a row for the rows' `keys`; a row
+        without its own value takes the feed's (None: no row has one)."""
+        names = sorted({n for k in keys for n in values.get(k, ())})
+        if not names:
+            return None
+        defaults = {p.name: p.default for p in self.program.params}
+        out = {}
+        for n in names:
+            base = self.params.get(n, defaults.get(n))
+            col = []
+            for k in keys:
+                v = values.get(k, {}).get(n, base)
+                if v is None or v == "os":
+                    raise SamplecError(f"missing required parameter '{n}' for the row of request {k!r} (give it "
+                                       "to the Sampler or to that request's logits_processors_for)")
+                col.append(v)
+            out[n] = col
+        return out
+
     def check_arrays(self, set_by=()) -> None:
         """A required array parameter (a `mask`, a `bias`) not given is an error when the loop is set up, not at its
         first step after the prompt's prefill; `set_by`: the names the loop sets at each step (a grammar's mask)."""
@@ -266,15 +309,15 @@ class ProgramFeed:
 
     def __call__(self, logits: mx.array, positions: Sequence[int], history: mx.array | None = None,
                  state: list[mx.array] | None = None, *, one_sequence: bool = False, generated=None,
-                 last: int | None = None) \
+                 last: int | None = None, rows: dict | None = None) \
             -> tuple[list[mx.array], list[tuple]]:
         """One lazy call (`Program.queue`: after a loop's first steps, its short path): logits [B, V], positions
         [B] (Python integers), history int32 [B, H] (the sequence's: prompt and generated tokens, already padded;
         or None), `generated`: how many of each row's history tokens were generated (where `needs_generated`),
         state: the previous step's `next_state` (None: the first step). `one_sequence`: the B rows are positions of
         one sequence (speculative verification), so a value given for one row holds on every row. `last`: the
-        sequence's history keeps its last `last` tokens (`histories`). (outputs, checks: `Program.queue`'s, read
-        with `first_fired`)."""
+        sequence's history keeps its last `last` tokens (`histories`). `rows`: values one per row over the feed's
+        (`rows_values`). (outputs, checks: `Program.queue`'s, read with `first_fired`)."""
         if logits.ndim == 1:
             logits = logits[None]
         if logits.dtype != mx.float32:
@@ -282,6 +325,8 @@ class ProgramFeed:
         B = logits.shape[0]
         call = dict(self.params) if not one_sequence else \
             {k: _one_row_on(v, B, self._kinds[k]) for k, v in self.params.items()}
+        if rows:
+            call.update(rows)
         for p in self._drawn_seeds:
             if p.name not in call:      # (drawn from the OS once: the loop's draws share it, as a seed passed)
                 call[p.name] = self._drawn_for(1 if one_sequence else B) * (B if one_sequence else 1)

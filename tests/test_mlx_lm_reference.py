@@ -218,3 +218,49 @@ def test_requests_that_join_and_leave_a_shared_samplers_batch_keep_their_steps(m
     assert rows.index(("C",)) > rows.index(("A", "B")) + 2                     # (... mid-run, the steps kept)
     assert ("B", "C", "D") in rows and ("B", "D") in rows and rows[-1] == ("D",)   # (A, C, then B left)
     assert sum(map(len, rows)) == sum(m + 1 for at in plan.values() for _, m in at)   # (no row's step lost)
+
+
+def test_a_shared_samplers_requests_give_their_own_values(model):
+    """One Sampler for a BatchGenerator whose requests each give their own seed and sampling values
+    (`logits_processors_for(key, seed=..., t=...)`, a server's per-request values), joining and leaving: every
+    row's token is the spec's draw with its request's values, and a request without values of its own takes the
+    Sampler's."""
+    prompts = {"A": [5, 17, 300, 42], "B": [9, 9, 9, 9, 9, 9, 9], "C": [100, 200], "D": [7, 8, 9]}
+    own = {"A": dict(seed=3, t=0.7, k=5), "B": dict(seed=2**64 - 5, p=0.5), "C": {}, "D": dict(seed=12, m=0.2)}
+    plan = {0: [("A", 6), ("B", 14)], 2: [("C", 8)], 5: [("D", 10)]}
+    s = Sampler(samplec.compile(CHAIN), seed=11, **VALUES)
+    g = BatchGenerator(model, stop_tokens=[], sampler=s)
+    seen: dict[str, list] = {}
+
+    def record(name):
+        def processor(tokens, logits):
+            seen.setdefault(name, []).append((np.array(tokens).reshape(-1).tolist(),
+                                              np.array(logits.astype(mx.float32))[0]))
+            return logits
+        return processor
+    names, out = {}, {}
+    for step in range(40):
+        for name, m in plan.get(step, ()):
+            procs = [record(name), *s.logits_processors_for(name, **own[name])]
+            names[g.insert([prompts[name]], max_tokens=[m], logits_processors=[procs])[0]] = name
+        for r in g.next_generated():
+            out.setdefault(names[r.uid], []).append(r.token)
+            if r.finish_reason is not None:
+                s.release(names[r.uid])
+    g.close()
+    s.check()
+    field = dict(t="temperature", p="top_p", m="min_p", k="top_k")
+    for name, m in (x for at in plan.values() for x in at):
+        values = {**REFERENCE, **{field[k]: v for k, v in own[name].items() if k != "seed"}}
+        seed = own[name].get("seed", 11)
+        assert len(out[name]) == m
+        for i, tok in enumerate(out[name]):
+            seq, raw = seen[name][i]
+            assert tok == expected_token(raw, seed=seed, position=len(seq), **values), (name, i)
+    assert s._values == {}      # (each released as it finished)
+    with pytest.raises(samplec.SamplecError, match="request 'X': unknown parameter 'tempo'"):
+        s.logits_processors_for("X", tempo=1.0)
+    with pytest.raises(samplec.SamplecError, match=r"request 'X': t = -1 is out of range \[0, inf\]$"):
+        s.logits_processors_for("X", t=-1.0)
+    with pytest.raises(samplec.SamplecError, match="'pos' .* is not a value a request gives"):
+        s.logits_processors_for("X", pos=3)

@@ -148,19 +148,36 @@ class Sampler:
         self._history_last: int | None = None         # the history's last entries only (`speculative_request`)
         self.steps: list[Step] = []
         self.logits_processors = [self._capture]
+        self._values: dict = {}     # a request's key -> its own values (`logits_processors_for`)
 
-    def logits_processors_for(self, key) -> list:
+    def logits_processors_for(self, key, **values) -> list:
         """The adapter's processors for one request of a batch, the steps recording `key` for its row
-        (`Step.rows`; `output(name, row=key)` stacks that request's outputs):
+        (`Step.rows`; `output(name, row=key)` stacks that request's outputs), and the request's own values of the
+        program's scalar parameters (its seed, temperature, top_p, ...: a server's per-request values; the others
+        are the Sampler's):
 
-            g.insert([prompt], logits_processors=[sampler.logits_processors_for("req-1")])
+            g.insert([prompt], logits_processors=[sampler.logits_processors_for("req-1", seed=7, temp=0.8)])
 
-        The same as `logits_processors` otherwise; the key is any hashable value (the same for the request's
-        whole run, each running request its own). A request's first step never starts a new generation: the steps
-        go on over the generator's whole run, requests one at a time too, until `reset()` or a new generation of
-        rows without a key."""
+        Each call then runs the program once for the batch with one value a row, whichever requests it holds. The
+        same as `logits_processors` otherwise; the key is any hashable value (the same for the request's whole
+        run, each running request its own). A request's first step never starts a new generation: the steps go on
+        over the generator's whole run, requests one at a time too, until `reset()` or a new generation of rows
+        without a key."""
         hash(key)
+        if values:
+            self._values[key] = self._feed.request_values(values, f"request {key!r}")
+            if self._rows:
+                raise SamplecError(f"request {key!r}: values one per request with a Sampler given values one per "
+                                   "row: give the Sampler plain values and each request its own")
+        else:
+            self._values.pop(key, None)
         return [functools.partial(self._capture, key=key)]
+
+    def release(self, key) -> None:
+        """Forget a finished request's values (`logits_processors_for(key, ...)`): a long-running generator's
+        requests are many, and mlx-lm does not tell the sampler when one ends (its response's `finish_reason`
+        tells the caller)."""
+        self._values.pop(key, None)
 
     def speculative(self, prompt, *, first_position: int | None = None) -> dict:
         """Arm the sampler for one run of mlx-lm's speculative decoding; returns the keyword arguments to give it:
@@ -297,8 +314,10 @@ class Sampler:
         # seed by the calls since the Sampler was made or reset -- fresh noise each step, `decode.step_seed`)
         at = [max(p, 0) for p in positions] if captured else [self._blind_calls] * B
         self._blind_calls += not captured
+        per_request = self._feed.rows_values([c[2] for c in captured], self._values) \
+            if captured and self._values else None
         outs, flags = self._feed(logits, at, history, state=self._state, generated=generated,
-                                 last=self._history_last)
+                                 last=self._history_last, rows=per_request)
         if self._grammar is not None:
             self._grammar.after(outs[self._feed.token_index])
         self._state = self._feed.next_state(outs)       # a state output (mirostat's mu) feeds the next step
