@@ -440,7 +440,6 @@ class Parser:
             typed, what = (dict, "an object") if name == "metadata" else (str, "a string")
             if body.get(name) is not None and not isinstance(body[name], typed):
                 raise BadRequest(f"{name} must be {what}, got {json.dumps(body[name])[:100]}", name)
-        off("chat_template_kwargs", lambda v: v is None or isinstance(v, dict))
 
     def _tools(self, body):
         """The request's tools and tool_choice (samplec.tools); `auto` needs the tokenizer's tool-call format."""
@@ -541,7 +540,11 @@ class Parser:
         chat_template_kwargs (vLLM's renderer merges its own fields over them); left out, chat_template_kwargs'
         value applies (as vLLM passed them over its own arguments before its renderer), else the default:
         add_generation_prompt true -- false with continue_final_message, which leaves the last message open."""
-        user = {**self.template_args, **(body.get("chat_template_kwargs") or {})}   # (the request's win)
+        user = body.get("chat_template_kwargs")
+        if user is not None and not isinstance(user, dict):
+            raise BadRequest(f"chat_template_kwargs must be an object, got {json.dumps(user)[:100]}",
+                             "chat_template_kwargs")
+        user = {**self.template_args, **(user or {})}      # (the request's win over --chat-template-args)
         fixed = sorted(set(user) & {"tokenize", "conversation", "messages", "chat_template"})
         if fixed:
             raise BadRequest(f"chat_template_kwargs: {fixed[0]} is set by the server", "chat_template_kwargs")
@@ -2108,6 +2111,9 @@ class Handler(BaseHTTPRequestHandler):
                 return self._send(200, getattr(self.app.parse, tool)(body))
             except BadRequest as e:
                 return self._error(e)
+            except Exception as e:  # noqa: BLE001 - a body no check foresaw: answered, never a dropped connection
+                logging.exception("samplec serve: a %s request the parser could not read", tool)
+                return self._error(BadRequest(f"the request could not be read ({type(e).__name__}: {e})"[:300]))
         if kind is None:
             return self._error(BadRequest(f"no such endpoint: POST {path}", None, 404))
         try:

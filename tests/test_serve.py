@@ -1948,6 +1948,11 @@ def test_tokenize_and_detokenize_as_vllms(server):
     for path, body, param in (("/tokenize", {"prompt": 5}, "prompt"), ("/tokenize", {"prompt": "x", "n": 2}, "n"),
                               ("/detokenize", {"tokens": [-1]}, "tokens"),
                               ("/tokenize", {"messages": [{"role": "wizard"}]}, "messages[0]"),
-                              ("/tokenize", {"prompt": "x", "model": "other"}, "model")):
+                              ("/tokenize", {"prompt": "x", "model": "other"}, "model"),
+                              ("/tokenize", {"messages": MSG, "chat_template_kwargs": "x"}, "chat_template_kwargs"),
+                              ("/tokenize", {"messages": MSG, "chat_template_kwargs": [1]},
+                               "chat_template_kwargs"),
+                              ("/v1/chat/completions", {"messages": MSG, "chat_template_kwargs": [1]},
+                               "chat_template_kwargs")):
         status, err = post(base + path, body)
         assert status in (400, 404) and err["error"]["param"] == param, (body, err)
