@@ -154,7 +154,8 @@ def to_chat(body, origins: list | None = None) -> dict:
     return chat
 
 
-def _text(content, where: str) -> str:
+def _text(content, where: str, key: str = "content") -> str:
+    """A message item's content (or a function_call_output's `output`: `key`) as text."""
     if isinstance(content, str):
         return content
     if isinstance(content, list):
@@ -162,11 +163,11 @@ def _text(content, where: str) -> str:
         for j, part in enumerate(content):
             if not isinstance(part, dict) or part.get("type") not in ("input_text", "output_text", "text") or \
                     not isinstance(part.get("text"), str):
-                raise RequestError(f"{where}.content[{j}]: only text parts (input_text, output_text) are supported",
-                                   f"{where}.content[{j}]")
+                raise RequestError(f"{where}.{key}[{j}]: only text parts (input_text, output_text) are supported",
+                                   f"{where}.{key}[{j}]")
             parts.append(part["text"])
         return "".join(parts)
-    raise RequestError(f"{where}.content must be a string or a list of text parts", f"{where}.content")
+    raise RequestError(f"{where}.{key} must be a string or a list of text parts", f"{where}.{key}")
 
 
 def _messages(items, origins: list) -> list[dict]:
@@ -207,7 +208,7 @@ def _messages(items, origins: list) -> list[dict]:
                 raise RequestError(f"{where}.call_id must be a string", f"{where}.call_id")
             output = item.get("output")
             out.append({"role": "tool", "tool_call_id": item["call_id"],
-                        "content": output if isinstance(output, str) else _text(output, where)})
+                        "content": _text(output, where, "output")})
             origins.append([where])
         else:
             raise RequestError(f"{where}: items of type {kind!r} are not supported (message, function_call and "
