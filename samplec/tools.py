@@ -127,14 +127,12 @@ def call(name: str, arguments) -> dict:
 
 
 def forced_calls(tools: Tools, text: str) -> list[dict] | None:
-    """A forced choice's output read as its calls (None: the output is not what the grammar writes -- it was cut by
-    max_tokens or a stop string -- and stays text)."""
+    """A forced choice's output read as its calls. A named function's output is its call's arguments however far
+    they came (one cut by max_tokens or a stop string too, as vLLM's: the stream has sent them as the call's; no
+    output, no call); `required`'s is None where it is not the array the grammar writes (cut short: it stays
+    text)."""
     if tools.choice == "named":
-        try:
-            json.loads(text)
-        except ValueError:
-            return None
-        return [call(tools.name, text)]
+        return [call(tools.name, text)] if text else None
     try:
         calls = json.loads(text)
     except ValueError:

@@ -118,6 +118,21 @@ def test_a_named_function_is_called_with_arguments_of_its_schema(server):
     assert json.loads(r.choices[0].message.tool_calls[0].function.arguments) == {}
 
 
+def test_a_named_call_cut_short_is_the_same_call_streamed_or_not(server):
+    """A named function's arguments cut by max_tokens: the call with its arguments as far as they came
+    (finish_reason "length"), as vLLM's -- the stream has sent them as the call's, and the answer not streamed is
+    what the stream put together gives."""
+    c = server["client"]
+    kw = dict(tools=TOOLS, tool_choice=named("get_weather"), seed=0, max_tokens=5)
+    ch = create(c, **kw).choices[0]
+    assert ch.finish_reason == "length" and ch.message.content is None
+    (call,) = ch.message.tool_calls
+    assert call.function.name == "get_weather" and call.function.arguments.startswith("{")
+    content, calls, finish = streamed(c, **kw)
+    assert (content, finish) == ("", "length")
+    assert [(x["name"], x["arguments"]) for x in calls] == [("get_weather", call.function.arguments)]
+
+
 def test_required_makes_one_or_more_calls_of_the_tools(server):
     """tool_choice "required": a JSON array of {name, parameters} (vLLM's schema) read as the calls, each name one
     of the tools and its arguments valid for it; finish_reason "tool_calls"; parallel_tool_calls false: one call."""
