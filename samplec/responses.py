@@ -355,11 +355,19 @@ class Events:
         text = d.get("content") or ""
         if (text or d.get("tool_calls")) and self.thought is not None and self.thought_place not in self.done:
             out += self._close(self.thought_place, "completed")
-        if text or lp and not d.get("tool_calls"):
+        if text:
             if self.text is None and self.answer.auto and not (self.held + text).strip():
                 self.held, self.held_entries = self.held + text, self.held_entries + lp
             else:
                 out += self._write(text, lp)
+        elif lp:
+            # (tokens of no text of the message's: thinking, a call being written, `required`'s array -- their
+            # entries go to the message, as the answer not streamed has them all, once there is one: none is
+            # opened for them)
+            if self.text is not None:
+                out += self._write("", lp)
+            else:
+                self.held_entries += lp
         for c in d.get("tool_calls") or ():
             k = c["index"]
             if k not in self.calls:
@@ -449,8 +457,8 @@ class Events:
             out += self._close(self.thought_place, status)
         if self.text is None and not self.calls:        # (no call: the text is the message, however blank)
             out += self._open_message()
-            if self.held or self.held_entries:
-                out += self._write("", [])
+        if self.text is not None and (self.held or self.held_entries):
+            out += self._write("", [])
         for place in range(len(self.output)):
             if place not in self.done:
                 out += self._close(place, status, with_logprobs)

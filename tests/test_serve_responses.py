@@ -291,6 +291,37 @@ def test_function_tools_are_called(server, choice):
     assert made
 
 
+@pytest.mark.parametrize("extra", [
+    {"tool_choice": {"type": "function", "name": "get_weather"}, "max_output_tokens": 5},
+    {"tool_choice": {"type": "function", "name": "get_weather"}, "max_output_tokens": 5,
+     "include": ["message.output_text.logprobs"]},
+    {"tool_choice": "required", "max_output_tokens": 300, "include": ["message.output_text.logprobs"]},
+    {"tool_choice": "required", "max_output_tokens": 8, "include": ["message.output_text.logprobs"]},
+])
+def test_forced_calls_streamed_are_not_streamed(server, extra):
+    """Forced calls, cut short or not, with logprobs or not: the stream's closing Response is the one not streamed
+    (a named call cut by max_output_tokens an incomplete function_call either way, `required`'s calls with no
+    message beside them, `required`'s array cut short a message), and chat's answer has the same calls."""
+    body = {"input": "Tell me about Paris.", "instructions": "Be brief.", "seed": 0, "tools": FLAT, **extra}
+    _, whole = raw(server, body)
+    events = raw(server, {**body, "stream": True})
+    check_order(events)
+    assert same(events[-1]["response"], None) == same(whole, None)
+    choice = extra["tool_choice"]
+    ch = chat(server["client"], seed=0, max_completion_tokens=extra["max_output_tokens"], tools=TOOLS,
+              tool_choice={"type": "function", "function": {"name": choice["name"]}} if isinstance(choice, dict)
+              else choice)
+    assert calls_of_dict(whole) == [(t.function.name, t.function.arguments)
+                                    for t in ch.choices[0].message.tool_calls or ()]
+    if isinstance(choice, dict):
+        (item,) = whole["output"]
+        assert item["type"] == "function_call" and item["status"] == "incomplete" == whole["status"]
+
+
+def calls_of_dict(resp: dict) -> list[tuple[str, str]]:
+    return [(o["name"], o["arguments"]) for o in resp["output"] if o["type"] == "function_call"]
+
+
 def test_function_call_items_reach_the_prompt(server):
     """function_call and function_call_output input items are chat's assistant tool_calls and tool messages: the
     prompt has chat's token count (and not the count without them)."""
