@@ -121,10 +121,12 @@ def test_completions_keep_the_text_as_written(server):
     ("Cut short while thinking", True, ("Cut short while thinking", "")),
     ("Because.", False, (None, "Because.")),
 ])
-def test_responses_answer_thinking_as_a_reasoning_item(server, text, think, want):
+@pytest.mark.parametrize("logprobs", [False, True])
+def test_responses_answer_thinking_as_a_reasoning_item(server, text, think, want, logprobs):
     """The Responses API: the thinking is a reasoning item (its content one reasoning_text) before the message;
     streamed, its reasoning_text deltas put together are the same, and the stream helper's final response the
-    non-streamed one's output."""
+    non-streamed one's output. With logprobs, every token's entry is the message's, streamed (the message opened
+    only once the thinking is done) or not."""
     tok, c = server["tok"], server["client"]
 
     def respond(stream=False):
@@ -132,7 +134,7 @@ def test_responses_answer_thinking_as_a_reasoning_item(server, text, think, want
         server["model"].expect(len(prompt), tok.encode(text, add_special_tokens=False))
         extra = {"seed": 0, **({"chat_template_kwargs": {"think": True}} if think else {})}
         return c.responses.create(model="demo", input=MSG[0]["content"], max_output_tokens=200, stream=stream,
-                                  extra_body=extra)
+                                  extra_body=extra, include=["message.output_text.logprobs"] if logprobs else None)
     r = respond()
     kinds = [o.type for o in r.output]
     if want[0] is None:
@@ -153,3 +155,7 @@ def test_responses_answer_thinking_as_a_reasoning_item(server, text, think, want
     if want[0] is not None:
         assert types.index("response.reasoning_text.done") < types.index("response.output_item.done") < \
             types.index("response.content_part.added", types.index("response.output_item.done"))
+    if logprobs:
+        entries = r.output[-1].content[0].logprobs
+        assert len(entries) == r.usage.output_tokens - 1        # (every token's but the end-of-sequence)
+        assert [e.token for e in final.output[-1].content[0].logprobs] == [e.token for e in entries]
