@@ -8,12 +8,17 @@ from __future__ import annotations
 from samplec.spans import Spans
 
 
-def thinking(tokenizer, prompt: list[int]):
-    """The choice's splitter, or None for a tokenizer without think markers."""
+def thinking(tokenizer, prompt: list[int], constrained: bool = False):
+    """The choice's splitter, or None for a tokenizer without think markers. `constrained`: a grammar constrains
+    the output from its first token (samplec's grammars are not held off until the thinking ends, as vLLM's
+    reasoning-aware structured outputs are), so what it writes is the answer, even after a prompt that opened a
+    think block (think markers the grammar itself writes are still read)."""
     if not getattr(tokenizer, "has_thinking", False) or not tokenizer.think_start or not tokenizer.think_end:
         return None
     initial = getattr(tokenizer, "response_initial_state", None)
-    if initial in ("reasoning", "normal"):
+    if constrained:
+        inside = False
+    elif initial in ("reasoning", "normal"):
         inside = initial == "reasoning"
     else:
         inside = tokenizer.rfind_think_start(prompt) > tokenizer.rfind_think_end(prompt)

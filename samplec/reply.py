@@ -9,7 +9,7 @@ from samplec import reasoning, tools
 class Reply:
     def __init__(self, req, tokenizer, prompt: list[int]):
         self.req, self.tokenizer = req, tokenizer
-        self.think = reasoning.thinking(tokenizer, prompt)
+        self.think = reasoning.thinking(tokenizer, prompt, req.grammar is not None)
         self.calls = tools.Stream(req.tools, tokenizer) if req.tools is not None else None
 
     def _reasoning(self, text: str) -> dict:

@@ -116,6 +116,17 @@ def test_completions_keep_the_text_as_written(server):
     assert r.choices[0].text == ("Hmm.Because." if special else text)
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_grammar_after_an_opened_think_block_is_the_content(server, stream):
+    """A grammar constrains the output from its first token (not after the thinking, as vLLM's reasoning-aware
+    structured outputs): after a prompt that opened a think block, what it writes is the content, never the
+    reasoning."""
+    text = '{"a":1}'
+    r = ask(server, text, think=True, stream=stream, response_format={"type": "json_object"})
+    got = joined(r)[:2] if stream else fields(r.choices[0].message)[:2]
+    assert got == (None, text)
+
+
 @pytest.mark.parametrize("text,think,want", [
     ("<think>Hmm, rain.</think>Because.", False, ("Hmm, rain.", "Because.")),
     ("Cut short while thinking", True, ("Cut short while thinking", "")),
