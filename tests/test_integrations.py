@@ -698,6 +698,38 @@ def test_the_decode_loop_example_runs(monkeypatch, capsys):
     assert "agree token for token: True" in capsys.readouterr().out
 
 
+class Counted:
+    """A model that counts the decode steps (one-token forward passes) mlx-lm has run."""
+
+    def __init__(self, inner):
+        self.inner, self.steps = inner, 0
+        self.layers = inner.layers
+
+    def __call__(self, x, cache=None):
+        self.steps += x.shape[1] == 1
+        return self.inner(x, cache=cache)
+
+
+class Watched:
+    """The adapter's ProgramFeed, watched: when each call's check flags were made (`made`: id -> (flags, the
+    model's decode steps then)) and read (`read`: (id, decode steps since they were made))."""
+
+    def __init__(self, feed, counted: Counted):
+        self.feed, self.counted, self.made, self.read = feed, counted, {}, []
+
+    def __getattr__(self, name):
+        return getattr(self.feed, name)
+
+    def __call__(self, *a, **k):
+        outs, checks = self.feed(*a, **k)
+        self.made[id(checks)] = (checks, self.counted.steps)
+        return outs, checks
+
+    def first_fired(self, checks, *a):
+        self.read.append((id(checks), self.counted.steps - self.made[id(checks)][1]))
+        return self.feed.first_fired(checks, *a)
+
+
 def test_rows_sampled_one_by_one_read_check_flags_of_finished_steps_only(model, nucleus_prog):
     """Sampled row by row (a shared Sampler beside a request with another sampler), a step is several calls; the
     flags read after a call are those of steps two model steps back (mlx-lm has synced on them), not of an
@@ -705,38 +737,14 @@ def test_rows_sampled_one_by_one_read_check_flags_of_finished_steps_only(model, 
     from mlx_lm.generate import BatchGenerator
     from mlx_lm.sample_utils import make_sampler
 
-    class Counted:                   # counts the decode steps (one-token forward passes) mlx-lm has run
-        def __init__(self, inner):
-            self.inner, self.steps = inner, 0
-            self.layers = inner.layers
-
-        def __call__(self, x, cache=None):
-            self.steps += x.shape[1] == 1
-            return self.inner(x, cache=cache)
     counted = Counted(model)
     s = Sampler(nucleus_prog, seed=1)
-    made, read = {}, []
-
-    class Watched:                   # the adapter's ProgramFeed: when each call's flags were made and read
-        def __init__(self, feed):
-            self.feed = feed
-
-        def __getattr__(self, name):
-            return getattr(self.feed, name)
-
-        def __call__(self, *a, **k):
-            outs, checks = self.feed(*a, **k)
-            made[id(checks)] = (checks, counted.steps)
-            return outs, checks
-
-        def first_fired(self, checks, *a):
-            read.append(counted.steps - made[id(checks)][1])
-            return self.feed.first_fired(checks, *a)
-    s._feed = Watched(s._feed)
+    watched = s._feed = Watched(s._feed, counted)
     g = BatchGenerator(counted, stop_tokens=[], sampler=s, logits_processors=s.logits_processors)
     g.insert([[5, 17, 300, 4], [9, 9, 9, 9, 9], [1, 2, 3, 4]], max_tokens=[10] * 3)
     g.insert([[100, 200, 7]], max_tokens=[10], samplers=[make_sampler(temp=0.0)], logits_processors=[[]])
     _batch_tokens(g, [])
+    read = [lag for _, lag in watched.read]
     assert read and min(read) >= 2, read
 
 
@@ -823,34 +831,10 @@ def test_flags_of_steps_before_a_join_or_a_leave_are_all_read_and_never_waited_f
     """Rows joining and leaving a shared Sampler's batch: every call's check flags are read once (none dropped
     with the steps of a join, none read twice), and during the run only those of calls two model steps back
     (mlx-lm has synced on them) -- a join reads no flag of the running rows' step still queued."""
-    class Counted:                   # counts the decode steps (one-token forward passes) mlx-lm has run
-        def __init__(self, inner):
-            self.inner, self.steps = inner, 0
-            self.layers = inner.layers
-
-        def __call__(self, x, cache=None):
-            self.steps += x.shape[1] == 1
-            return self.inner(x, cache=cache)
     counted = Counted(model)
     s = Sampler(nucleus_prog, seed=1)
-    made, read = {}, []
-
-    class Watched:                   # the adapter's ProgramFeed: when each call's flags were made and read
-        def __init__(self, feed):
-            self.feed = feed
-
-        def __getattr__(self, name):
-            return getattr(self.feed, name)
-
-        def __call__(self, *a, **k):
-            outs, checks = self.feed(*a, **k)
-            made[id(checks)] = (checks, counted.steps)
-            return outs, checks
-
-        def first_fired(self, checks, *a):
-            read.append((id(checks), counted.steps - made[id(checks)][1]))
-            return self.feed.first_fired(checks, *a)
-    s._feed = Watched(s._feed)
+    watched = s._feed = Watched(s._feed, counted)
+    made, read = watched.made, watched.read
     plan = {0: [([5, 17, 300, 4], 4, None), ([9, 9, 9, 9, 9], 12, None)], 2: [([1, 2, 3], 6, None)],
             5: [([7, 7], 5, None)]}
     _joined_run(counted, s, plan)

@@ -175,15 +175,10 @@ def test_batch_generator_rows_are_the_specs_draws(model):
                 assert tok == expected_token(raw, seed=seeds[u], position=len(seq), **REFERENCE), (shared, u, i)
 
 
-def test_requests_that_join_and_leave_a_shared_samplers_batch_keep_their_steps(model):
-    """One Sampler for a BatchGenerator whose requests join mid-run (mlx-lm samples a joining request's first
-    step in a call of its own, after the running rows') and leave: every row's token is still the spec's draw at
-    its position, and the steps keep accumulating -- each request's outputs (read by the key its processors were
-    made for) are the tokens mlx-lm yielded for it, at its positions, those of the rows already running kept
-    across every join."""
-    prompts = {"A": [5, 17, 300, 42], "B": [9, 9, 9, 9, 9, 9, 9], "C": [100, 200], "D": [7, 8, 9]}
-    plan = {0: [("A", 6), ("B", 14)], 3: [("C", 8)], 7: [("D", 10)]}     # step: (request, max_tokens) inserted
-    s = Sampler(samplec.compile(CHAIN), seed=11, **VALUES)
+def batch_run(model, s, prompts: dict, plan: dict, processors) -> tuple[dict, dict]:
+    """A BatchGenerator sampled by the shared Sampler `s`, the requests of `plan` ({step: [(name, max_tokens)]})
+    inserted at their steps with `processors(name)` after a recorder, each released as it finishes: (what each
+    request's processors saw -- its sequence and raw logits -- step by step, the tokens each got)."""
     g = BatchGenerator(model, stop_tokens=[], sampler=s)
     seen: dict[str, list] = {}
 
@@ -196,11 +191,26 @@ def test_requests_that_join_and_leave_a_shared_samplers_batch_keep_their_steps(m
     names, out = {}, {}
     for step in range(40):
         for name, m in plan.get(step, ()):
-            procs = [record(name), *s.logits_processors_for(name)]
+            procs = [record(name), *processors(name)]
             names[g.insert([prompts[name]], max_tokens=[m], logits_processors=[procs])[0]] = name
         for r in g.next_generated():
             out.setdefault(names[r.uid], []).append(r.token)
+            if r.finish_reason is not None:
+                s.release(names[r.uid])
     g.close()
+    return seen, out
+
+
+def test_requests_that_join_and_leave_a_shared_samplers_batch_keep_their_steps(model):
+    """One Sampler for a BatchGenerator whose requests join mid-run (mlx-lm samples a joining request's first
+    step in a call of its own, after the running rows') and leave: every row's token is still the spec's draw at
+    its position, and the steps keep accumulating -- each request's outputs (read by the key its processors were
+    made for) are the tokens mlx-lm yielded for it, at its positions, those of the rows already running kept
+    across every join."""
+    prompts = {"A": [5, 17, 300, 42], "B": [9, 9, 9, 9, 9, 9, 9], "C": [100, 200], "D": [7, 8, 9]}
+    plan = {0: [("A", 6), ("B", 14)], 3: [("C", 8)], 7: [("D", 10)]}     # step: (request, max_tokens) inserted
+    s = Sampler(samplec.compile(CHAIN), seed=11, **VALUES)
+    seen, out = batch_run(model, s, prompts, plan, s.logits_processors_for)
     s.check()
     for name, m in (x for at in plan.values() for x in at):
         assert len(out[name]) == m
@@ -229,25 +239,7 @@ def test_a_shared_samplers_requests_give_their_own_values(model):
     own = {"A": dict(seed=3, t=0.7, k=5), "B": dict(seed=2**64 - 5, p=0.5), "C": {}, "D": dict(seed=12, m=0.2)}
     plan = {0: [("A", 6), ("B", 14)], 2: [("C", 8)], 5: [("D", 10)]}
     s = Sampler(samplec.compile(CHAIN), seed=11, **VALUES)
-    g = BatchGenerator(model, stop_tokens=[], sampler=s)
-    seen: dict[str, list] = {}
-
-    def record(name):
-        def processor(tokens, logits):
-            seen.setdefault(name, []).append((np.array(tokens).reshape(-1).tolist(),
-                                              np.array(logits.astype(mx.float32))[0]))
-            return logits
-        return processor
-    names, out = {}, {}
-    for step in range(40):
-        for name, m in plan.get(step, ()):
-            procs = [record(name), *s.logits_processors_for(name, **own[name])]
-            names[g.insert([prompts[name]], max_tokens=[m], logits_processors=[procs])[0]] = name
-        for r in g.next_generated():
-            out.setdefault(names[r.uid], []).append(r.token)
-            if r.finish_reason is not None:
-                s.release(names[r.uid])
-    g.close()
+    seen, out = batch_run(model, s, prompts, plan, lambda name: s.logits_processors_for(name, **own[name]))
     s.check()
     field = dict(t="temperature", p="top_p", m="min_p", k="top_k")
     for name, m in (x for at in plan.values() for x in at):

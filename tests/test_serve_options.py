@@ -3,8 +3,6 @@ template's arguments, under each request's chat_template_kwargs, as mlx-lm's ser
 of mlx-lm's tool parsers for tool_choice auto); each bad value a clear error before anything is served."""
 from __future__ import annotations
 
-import threading
-
 import pytest
 
 pytest.importorskip("mlx_lm")
@@ -12,28 +10,13 @@ openai = pytest.importorskip("openai")
 
 from samplec import serve  # noqa: E402
 from samplec.diagnostics import SamplecError  # noqa: E402
+from serve_util import start, stop  # noqa: E402
 
 TEMPLATE = ("{% if tools %}[tools: {{ tools | length }}]{% endif %}{% for m in messages %}<{{ m.role }}>"
             "{{ m.content }}\n{% endfor %}{% if add_generation_prompt %}<assistant>{% if think %}<think>{% endif %}"
             "{% endif %}")
 TOOLS = [{"type": "function", "function": {"name": "now", "parameters": {"type": "object", "properties": {}}}}]
 MSG = [{"role": "user", "content": "hi"}]
-
-
-def start(argv):
-    box, ready = {}, threading.Event()
-
-    def on_ready(httpd, app):
-        box.update(httpd=httpd, app=app)
-        ready.set()
-    t = threading.Thread(target=serve.serve, args=(["--host", "127.0.0.1", "--port", "0", *argv], [], True,
-                                                   on_ready), daemon=True)
-    t.start()
-    assert ready.wait(120), "the server did not start"
-    host, port = box["httpd"].server_address[:2]
-    box["client"] = openai.OpenAI(base_url=f"http://{host}:{port}/v1", api_key="none", max_retries=0, timeout=120)
-    box["thread"] = t
-    return box
 
 
 @pytest.fixture(scope="module")
@@ -43,8 +26,7 @@ def server(tmp_path_factory):
     box = start(["--chat-template", str(path), "--chat-template-args", '{"think": true}',
                  "--tool-call-parser", "json_tools"])
     yield box
-    box["httpd"].shutdown()
-    box["thread"].join(60)
+    stop(box)
 
 
 def test_the_template_and_its_arguments_make_the_prompt(server):
@@ -72,8 +54,7 @@ def test_the_template_given_as_text(tmp_path):
             box["client"].chat.completions.create(model="demo", messages=MSG, max_tokens=1, tools=TOOLS)
         assert e.value.body["param"] == "tool_choice"
     finally:
-        box["httpd"].shutdown()
-        box["thread"].join(60)
+        stop(box)
 
 
 @pytest.mark.parametrize("argv,message", [

@@ -2,7 +2,7 @@
 is the message's `reasoning` (and `reasoning_content`), the rest its content, as mlx-lm's server and vLLM's
 reasoning parsers answer; a prompt that opened a think block starts the answer in it; tool calls are read from the
 content only; streamed deltas put together are the whole answer; `include_reasoning: false` leaves it out. Shown
-with the demo model scripted to write given text (tests/test_serve_tools.py's `Scripted`) and a tokenizer whose
+with the demo model scripted to write given text (tests/serve_util.py's `Scripted`) and a tokenizer whose
 vocabulary has `<think>` and `</think>` (mlx-lm reads the markers off it)."""
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ pytest.importorskip("mlx_lm")
 openai = pytest.importorskip("openai")
 pytest.importorskip("llguidance")
 
-from test_serve_tools import CALL, TOOLS, Scripted, start, stop  # noqa: E402
+from serve_util import scripted_server, stop  # noqa: E402
+from test_serve_tools import CALL, TOOLS  # noqa: E402
 
 MSG = [{"role": "user", "content": "Why?"}]
 # a ChatML template; `think` in the template's arguments opens the answer's think block (as DeepSeek-R1's does)
@@ -25,22 +26,14 @@ TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|i
 @pytest.fixture(scope="module", params=["plain", "special"])
 def server(request):
     """Markers as ordinary added tokens (Qwen's) and as special tokens (skipped from text by default)."""
-    from mlx_lm.tokenizer_utils import TokenizerWrapper
-    from mlx_lm.tool_parsers import json_tools
-
-    from samplec.integrations.mlx_lm import local_tokenizer, random_llama
+    from samplec.integrations.mlx_lm import local_tokenizer
     hf = local_tokenizer(510)._tokenizer
     if request.param == "special":
         hf.add_special_tokens({"additional_special_tokens": ["<think>", "</think>"]})
     else:
         hf.add_tokens(["<think>", "</think>"])
-    hf.chat_template = TEMPLATE
-    tok = TokenizerWrapper(hf, tool_parser=json_tools.parse_tool_call, tool_call_start="<tool_call>",
-                           tool_call_end="</tool_call>")
-    assert tok.has_thinking and tok.think_start_tokens == (510,)
-    model = Scripted(random_llama(0, vocab=512), tok.eos_token_id)
-    box = start(model, tok)
-    box.update(model=model, tok=tok)
+    box = scripted_server(TEMPLATE, hf)
+    assert box["tok"].has_thinking and box["tok"].think_start_tokens == (510,)
     yield box
     stop(box)
 

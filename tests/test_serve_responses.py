@@ -19,7 +19,8 @@ pydantic = pytest.importorskip("pydantic")
 
 from openai.types.responses import Response, ResponseStreamEvent  # noqa: E402
 
-from test_serve_tools import CALL, TOOLS, WEATHER, Scripted, TEMPLATE, start, stop  # noqa: E402
+from serve_util import scripted_server, start, stop  # noqa: E402
+from test_serve_tools import CALL, TEMPLATE, TOOLS, WEATHER  # noqa: E402
 
 from samplec import serve  # noqa: E402
 
@@ -32,8 +33,6 @@ STOP = ["e", "o", "a"]      # (stops the demo model's text early: a response tha
 @pytest.fixture(scope="module")
 def server():
     box = start()
-    host, port = box["httpd"].server_address[:2]
-    box["url"] = f"http://{host}:{port}/v1"
     yield box
     stop(box)
 
@@ -409,18 +408,7 @@ def test_store_is_accepted_and_nothing_stored(server):
 
 @pytest.fixture(scope="module")
 def scripted():
-    from mlx_lm.tokenizer_utils import TokenizerWrapper
-    from mlx_lm.tool_parsers import json_tools
-
-    model, tok = serve.demo_model()
-    hf = tok._tokenizer
-    hf.chat_template = TEMPLATE
-    tok = TokenizerWrapper(hf, tool_parser=json_tools.parse_tool_call, tool_call_start=json_tools.tool_call_start,
-                           tool_call_end=json_tools.tool_call_end)
-    s = Scripted(model, tok.eos_token_id)
-    box = start(s, tok)
-    host, port = box["httpd"].server_address[:2]
-    box.update(model=s, tok=tok, url=f"http://{host}:{port}/v1")
+    box = scripted_server(TEMPLATE)
     yield box
     stop(box)
 

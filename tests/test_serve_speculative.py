@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -22,6 +21,7 @@ from mlx_lm.utils import save_config, save_model  # noqa: E402
 
 from samplec import SamplecError, serve  # noqa: E402
 from samplec.integrations.mlx_lm import noisy_copy, random_llama  # noqa: E402
+from serve_util import start, stop  # noqa: E402
 
 V = 512                   # the demo model's vocabulary
 NEVER = 7                 # the token the stubborn draft always proposes (requests bias it away from the target)
@@ -62,22 +62,6 @@ def drafts(tmp_path_factory):
             "other_vocab": save(random_llama(1, vocab=256), dict(DEMO, vocab_size=256), root / "other_vocab")}
 
 
-def start(argv: list[str]):
-    ready, box = threading.Event(), {}
-
-    def on_ready(httpd, app):
-        box.update(httpd=httpd, app=app)
-        ready.set()
-    t = threading.Thread(target=serve.serve, args=(["--host", "127.0.0.1", "--port", "0", *argv], [], True,
-                                                   on_ready), daemon=True)
-    t.start()
-    assert ready.wait(120), "the server did not start"
-    host, port = box["httpd"].server_address[:2]
-    box["client"] = openai.OpenAI(base_url=f"http://{host}:{port}/v1", api_key="none", max_retries=0, timeout=120)
-    box["thread"] = t
-    return box
-
-
 @pytest.fixture(scope="module")
 def servers(drafts):
     boxes = {"plain": start([]),
@@ -86,8 +70,7 @@ def servers(drafts):
              "never": start(["--draft-model", drafts["never"]])}
     yield boxes
     for box in boxes.values():
-        box["httpd"].shutdown()
-        box["thread"].join(60)
+        stop(box)
 
 
 MSG = [{"role": "user", "content": "Count the tokens"}]

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import random
-import threading
 
 import pytest
 
@@ -16,9 +15,8 @@ openai = pytest.importorskip("openai")
 jsonschema = pytest.importorskip("jsonschema")
 pytest.importorskip("llguidance")
 
-import mlx.core as mx  # noqa: E402
-
 from samplec import serve, tools  # noqa: E402
+from serve_util import scripted_server, start, stop  # noqa: E402
 
 WEATHER = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12},
                                            "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
@@ -39,33 +37,6 @@ TEMPLATE = (
     "\"arguments\": {{ c.function.arguments | tojson }}}\n</tool_call>{% endfor %}{% endif %}"
     "{% if m.tool_call_id %} [{{ m.tool_call_id }}]{% endif %}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
-
-
-def start(model=None, tokenizer=None):
-    box, ready = {}, threading.Event()
-
-    def on_ready(httpd, app):
-        box.update(httpd=httpd, app=app)
-        ready.set()
-    saved = serve.demo_model
-    if model is not None:
-        serve.demo_model = lambda: (model, tokenizer)
-    try:
-        t = threading.Thread(target=serve.serve, args=(["--host", "127.0.0.1", "--port", "0"], [], True, on_ready),
-                             daemon=True)
-        t.start()
-        assert ready.wait(120), "the server did not start"
-    finally:
-        serve.demo_model = saved
-    host, port = box["httpd"].server_address[:2]
-    box["client"] = openai.OpenAI(base_url=f"http://{host}:{port}/v1", api_key="none", max_retries=0, timeout=120)
-    box["thread"] = t
-    return box
-
-
-def stop(box):
-    box["httpd"].shutdown()
-    box["thread"].join(60)
 
 
 @pytest.fixture(scope="module")
@@ -226,43 +197,9 @@ def test_tool_messages_and_calls_reach_the_chat_template(server, monkeypatch):
 
 # -- auto: a model scripted to write a given text, and the tokenizer's own tool parser
 
-class Scripted:
-    """The demo model with its logits pushed toward a script: after the prompt, the script's tokens, then
-    end-of-sequence (whatever the sampler's values: the push is 10^4)."""
-
-    def __init__(self, model, eos: int):
-        self.model, self.eos, self.prompt, self.script, self.seen = model, eos, 0, [], []
-
-    def expect(self, prompt: int, script: list[int]):
-        self.prompt, self.script, self.seen = prompt, script, []
-
-    def __getattr__(self, name):
-        return getattr(self.model, name)
-
-    def __call__(self, inputs, cache=None, **kw):
-        logits = self.model(inputs, cache=cache, **kw)
-        self.seen += inputs[0].tolist()
-        step = len(self.seen) - self.prompt
-        if step < 0:
-            return logits
-        t = self.script[step] if step < len(self.script) else self.eos
-        push = mx.zeros((logits.shape[-1],)).at[t].add(1e4)
-        return logits + push
-
-
 @pytest.fixture(scope="module")
 def scripted():
-    from mlx_lm.tokenizer_utils import TokenizerWrapper
-    from mlx_lm.tool_parsers import json_tools
-
-    model, tok = serve.demo_model()
-    hf = tok._tokenizer
-    hf.chat_template = TEMPLATE
-    tok = TokenizerWrapper(hf, tool_parser=json_tools.parse_tool_call, tool_call_start=json_tools.tool_call_start,
-                           tool_call_end=json_tools.tool_call_end)
-    s = Scripted(model, tok.eos_token_id)
-    box = start(s, tok)
-    box.update(model=s, tok=tok)
+    box = scripted_server(TEMPLATE)
     yield box
     stop(box)
 
@@ -358,19 +295,11 @@ def test_required_schema_is_vllms():
 def test_auto_reads_calls_whose_markers_are_special_tokens():
     """A format whose markers are special tokens (skipped from text by default): under auto they are written into
     the text the parser reads, and the content around the calls has none of them."""
-    from mlx_lm.tokenizer_utils import TokenizerWrapper
-    from mlx_lm.tool_parsers import json_tools
-
-    from samplec.integrations.mlx_lm import local_tokenizer, random_llama
+    from samplec.integrations.mlx_lm import local_tokenizer
     hf = local_tokenizer(510)._tokenizer
     hf.add_special_tokens({"additional_special_tokens": ["<tool_call>", "</tool_call>"]})
-    hf.chat_template = TEMPLATE
-    tok = TokenizerWrapper(hf, tool_parser=json_tools.parse_tool_call, tool_call_start="<tool_call>",
-                           tool_call_end="</tool_call>")
-    assert tok.tool_call_start_tokens == (510,) and 510 in hf.all_special_ids
-    model = Scripted(random_llama(0, vocab=512), tok.eos_token_id)
-    box = start(model, tok)
-    box.update(model=model, tok=tok)
+    box = scripted_server(TEMPLATE, hf)
+    assert box["tok"].tool_call_start_tokens == (510,) and 510 in hf.all_special_ids
     try:
         text = "Sure. " + CALL
         say(box, text)
