@@ -1332,6 +1332,19 @@ class Job:
             self.param = on[0] if on else None
         elif stage in FIELDS or stage == "logit_bias":
             self.param = stage
+        elif stage == "allow":
+            # (the chain's mask and bias are the request's constraints: a grammar's tokens, allowed_token_ids,
+            # bad_words and min_tokens' bans, logit_bias -- together they left no token to draw; the fields that
+            # narrow a grammar are named first, as the ones to change)
+            req = self.req
+            given = [name for name, on in (("allowed_token_ids", req.allowed is not None),
+                                           ("bad_words", bool(req.bad_words)), ("min_tokens", req.min_tokens > 0),
+                                           ("logit_bias", bool(req.bias))) if on]
+            grammar = getattr(req.grammar, "field", None)
+            named = given + ([grammar] if grammar else [])
+            if named:
+                self.param = named[0]
+                e = SamplecError(f"the request's {' and '.join(named)} leave no token to draw ({e})")
         self.status = 400 if self.param is not None else 500
         self.error = f"choice {index}: {e}"
         self.events.put(("error", index, None))

@@ -92,7 +92,7 @@ class Grammar:
 
     def __init__(self, tokenizer: Tokenizer, text: str, kind: str, field: str = "grammar"):
         llg = _llguidance()
-        self.tokenizer, self.kind = tokenizer, kind
+        self.tokenizer, self.kind, self.field = tokenizer, kind, field
         self.text = text
         try:
             error, messages = llg.LLMatcher.validate_grammar_with_warnings(text, tokenizer.ll)

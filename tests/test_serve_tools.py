@@ -326,3 +326,18 @@ def test_echo_after_an_assistant_message_of_calls_alone(server):
     assert r.choices[0].message.role == "assistant"
     assert r.choices[0].message.content == alone.choices[0].message.content
 
+
+
+@pytest.mark.parametrize("extra,param", [({"allowed_token_ids": [5]}, "allowed_token_ids"),
+                                         ({"bad_words": ["["]}, "bad_words")])
+def test_constraints_that_leave_no_token_are_a_400_naming_them(server, extra, param):
+    """A forced call's grammar with allowed_token_ids or bad_words that leave none of its tokens: the request's
+    fault, a 400 (an error event, streamed) naming the field that narrows the grammar -- not a server error."""
+    c = server["client"]
+    kw = dict(tools=TOOLS, tool_choice="required", max_tokens=20, seed=0, extra_body=extra)
+    with pytest.raises(openai.BadRequestError) as e:
+        create(c, **kw)
+    assert e.value.body["param"] == param and "tool_choice" in e.value.body["message"]
+    with pytest.raises(openai.APIError, match=f"{param} and tool_choice leave no token to draw"):
+        for _ in create(c, stream=True, **kw):
+            pass
