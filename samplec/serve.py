@@ -752,7 +752,10 @@ class Parser:
         too)."""
         specs = self._grammar_specs(body)
         if calls is not None and calls.forced:
-            specs.append(("json_schema", tools.forced_schema(calls), "tool_choice"))
+            try:
+                specs.append(("json_schema", tools.forced_schema(calls), "tool_choice"))
+            except ToolError as e:
+                raise BadRequest(str(e), e.field) from None
         if len(specs) > 1:
             (_, _, first), (_, _, second) = specs[:2]
             raise BadRequest(f"{second}: only one kind of structured output per request, and {first} is given too",

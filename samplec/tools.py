@@ -112,8 +112,14 @@ def forced_schema(tools: Tools) -> dict:
     if not tools.parallel:
         schema["maxItems"] = 1
     defs = {}
-    for t in tools.functions:      # (each function's own $defs, where its parameters refer to them, at the root)
-        defs.update((t["function"].get("parameters") or {}).get("$defs", {}))
+    for i, t in enumerate(tools.functions):   # (each function's own $defs, where its parameters refer to them, at
+        own = (t["function"].get("parameters") or {}).get("$defs", {})      # the root; one name, one schema: vLLM's)
+        for name, d in own.items() if isinstance(own, dict) else ():
+            if name in defs and defs[name] != d:
+                raise ToolError(f"tools[{i}].function.parameters: the definition '{name}' differs from another "
+                                "tool's of that name, which tool_choice \"required\" cannot tell apart (rename it)",
+                                f"tools[{i}].function.parameters")
+            defs[name] = d
     if defs:
         schema["$defs"] = defs
     return schema

@@ -166,6 +166,9 @@ def test_auto_needs_a_tool_call_format(server):
      "messages[0].tool_calls"),
     ({"messages": [{"role": "user", "content": "hi", "tool_calls": []}]}, "messages[0].tool_calls"),
     ({"functions": [{"name": "f"}]}, "functions"),
+    ({"tools": [{"type": "function", "function": {"name": n, "parameters": {
+        "$defs": {"Unit": {"enum": [u]}}, "type": "object", "properties": {"u": {"$ref": "#/$defs/Unit"}}}}}
+        for n, u in (("f", "c"), ("g", "f"))], "tool_choice": "required"}, "tools[1].function.parameters"),
 ])
 def test_bad_tools_are_400s_naming_the_field(server, body, param):
     c = server["client"]
