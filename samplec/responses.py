@@ -30,7 +30,8 @@ INCLUDES = {"message.output_text.logprobs", "reasoning.encrypted_content", "file
 LOGPROBS = "message.output_text.logprobs"
 # the chat request's field -> the Responses request's, for the errors the chat checks raise
 NAMES = {"messages": "input", "max_completion_tokens": "max_output_tokens", "response_format": "text.format",
-         "response_format.json_schema": "text.format", "stream_options": "stream_options"}
+         "response_format.json_schema": "text.format", "stream_options": "stream_options",
+         "reasoning_effort": "reasoning.effort"}
 
 
 class RequestError(ValueError):
@@ -79,9 +80,13 @@ def to_chat(body, origins: list | None = None) -> dict:
                                "send the whole conversation in input)", name)
     if body.get("background"):
         raise RequestError("background: not supported by samplec serve", "background")
-    if body.get("reasoning") not in (None, {}) and not (isinstance(body["reasoning"], dict) and all(
-            v is None for v in body["reasoning"].values())):
-        raise RequestError("reasoning: not supported by samplec serve", "reasoning")
+    reasoning = body.get("reasoning")
+    if reasoning is not None:
+        if not isinstance(reasoning, dict) or set(reasoning) - {"effort", "summary", "generate_summary"}:
+            raise RequestError("reasoning must be {\"effort\": ..., \"summary\": ...}", "reasoning")
+        if reasoning.get("summary") not in (None, "auto", "concise", "detailed") or \
+                reasoning.get("generate_summary") not in (None, "auto", "concise", "detailed"):
+            raise RequestError("reasoning.summary must be auto, concise or detailed", "reasoning.summary")
     if body.get("truncation") not in (None, "disabled"):
         raise RequestError("truncation: only \"disabled\" is supported (a conversation past the context is a 400)",
                            "truncation")
@@ -91,6 +96,8 @@ def to_chat(body, origins: list | None = None) -> dict:
     if store is not None and not isinstance(store, bool):
         raise RequestError("store must be true or false", "store")
     chat = {k: v for k, v in body.items() if k in PASSED}
+    if reasoning is not None and reasoning.get("effort") is not None:
+        chat["reasoning_effort"] = reasoning["effort"]      # (the chat request's: checked there)
     so = body.get("stream_options")
     if so is not None:
         if not isinstance(so, dict) or set(so) - {"include_obfuscation"}:
@@ -260,7 +267,9 @@ class Answer:
             "instructions": b.get("instructions"), "max_output_tokens": b.get("max_output_tokens"),
             "max_tool_calls": None, "model": self.model, "output": output,
             "parallel_tool_calls": b.get("parallel_tool_calls", True), "previous_response_id": None,
-            "reasoning": {"effort": None, "summary": None}, "service_tier": b.get("service_tier") or "default",
+            "reasoning": {"effort": (b.get("reasoning") or {}).get("effort"),
+                          "summary": (b.get("reasoning") or {}).get("summary")},
+            "service_tier": b.get("service_tier") or "default",
             "store": False, "temperature": b.get("temperature", 1.0),
             "text": {"format": text.get("format") or {"type": "text"}, "verbosity": text.get("verbosity", "medium")},
             "tool_choice": b.get("tool_choice", "auto"), "tools": b.get("tools") or [],

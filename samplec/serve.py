@@ -181,6 +181,7 @@ COMMON = {"model", "max_tokens", "n", "seed", "stop", "stream", "stream_options"
           "allowed_token_ids", "guided_json", "guided_regex", "guided_choice", "guided_grammar",
           "guided_decoding_backend", "structured_outputs", "truncate_prompt_tokens", "return_tokens_as_token_ids",
           "echo", "bad_words", "prompt_logprobs", "spaces_between_special_tokens", *FIELDS}
+EFFORTS = ("none", "minimal", "low", "medium", "high")     # OpenAI's reasoning_effort values
 INFORMATIONAL = {"user", "metadata", "safety_identifier", "prompt_cache_key"}   # accepted; they change no token
 # vLLM's structured-output fields (its older guided_* ones and the keys of its structured_outputs object) -> the
 # grammar kind each becomes (`Parser._grammar`); guided_grammar and structured_outputs.grammar are Lark or GBNF text,
@@ -430,7 +431,7 @@ class Parser:
                 raise BadRequest(f"{name}: not supported by samplec serve", name)
         off("functions", lambda v: v is None or v == [])      # (OpenAI's deprecated forms of tools, tool_choice)
         off("function_call", lambda v: v in (None, "none"))
-        for name in ("audio", "prediction", "web_search_options", "suffix", "reasoning_effort", "verbosity"):
+        for name in ("audio", "prediction", "web_search_options", "suffix", "verbosity"):
             off(name)
         off("modalities", lambda v: v is None or v == ["text"])
         off("store", lambda v: v in (None, False))
@@ -544,7 +545,14 @@ class Parser:
         if user is not None and not isinstance(user, dict):
             raise BadRequest(f"chat_template_kwargs must be an object, got {json.dumps(user)[:100]}",
                              "chat_template_kwargs")
-        user = {**self.template_args, **(user or {})}      # (the request's win over --chat-template-args)
+        effort = body.get("reasoning_effort")
+        if effort is not None and effort not in EFFORTS:
+            raise BadRequest(f"reasoning_effort must be one of {', '.join(EFFORTS)}, got {json.dumps(effort)[:60]}",
+                             "reasoning_effort")
+        # (reasoning_effort reaches the template as vLLM passes it -- a template that reads it, gpt-oss's, decides
+        # what it means; chat_template_kwargs' own win)
+        user = {**self.template_args, **({"reasoning_effort": effort} if effort is not None else {}),
+                **(user or {})}      # (the request's win over --chat-template-args)
         fixed = sorted(set(user) & {"tokenize", "conversation", "messages", "chat_template"})
         if fixed:
             raise BadRequest(f"chat_template_kwargs: {fixed[0]} is set by the server", "chat_template_kwargs")

@@ -67,3 +67,29 @@ def test_the_template_given_as_text(tmp_path):
 def test_bad_options_are_clear_errors(argv, message):
     with pytest.raises(SamplecError, match=message.replace("(", r"\(").replace("[", r"\[")):
         serve.serve(["--host", "127.0.0.1", "--port", "0", *argv], [], True, lambda *a: None)
+
+
+def test_reasoning_effort_reaches_the_template(server):
+    """Chat's reasoning_effort and the Responses API's reasoning.effort are the template's `reasoning_effort` (as
+    vLLM passes it: a template that reads it decides what it means); chat_template_kwargs' own wins."""
+    import json
+    import urllib.request
+    tok, c, app = server["app"].tokenizer, server["client"], server["app"]
+    app.tokenizer._tokenizer.chat_template = "{{ reasoning_effort or 'unset' }}|" + TEMPLATE
+    try:
+        def prompt_tokens(**kw):
+            return c.chat.completions.create(model="demo", messages=MSG, max_tokens=1, seed=0,
+                                             **kw).usage.prompt_tokens
+        base = "<user>hi\n<assistant><think>"
+        assert prompt_tokens() == len(tok.encode("unset|" + base))
+        assert prompt_tokens(reasoning_effort="low") == len(tok.encode("low|" + base))
+        assert prompt_tokens(reasoning_effort="low", extra_body={"chat_template_kwargs": {
+            "reasoning_effort": "high"}}) == len(tok.encode("high|" + base))
+        r = c.responses.create(model="demo", input="hi", max_output_tokens=1, reasoning={"effort": "medium"},
+                               extra_body={"seed": 0})
+        assert r.usage.input_tokens == len(tok.encode("medium|" + base)) and r.reasoning.effort == "medium"
+        with pytest.raises(openai.BadRequestError) as e:
+            prompt_tokens(reasoning_effort="extreme")
+        assert e.value.body["param"] == "reasoning_effort"
+    finally:
+        app.tokenizer._tokenizer.chat_template = TEMPLATE
