@@ -344,3 +344,25 @@ def test_constraints_that_leave_no_token_are_a_400_naming_them(server, extra, pa
     with pytest.raises(openai.APIError, match=f"{param} and tool_choice leave no token to draw"):
         for _ in create(c, stream=True, **kw):
             pass
+
+
+def test_the_python_blocks_of_docs_serve_run(server):
+    """Every ```python block of docs/serve.md runs as written against the demo server, with the names its prose
+    leaves to the reader (the client, a context and continuation, a model, program, schema)."""
+    import re
+    from pathlib import Path
+
+    import samplec
+    root = Path(__file__).resolve().parent.parent
+    text = (root / "docs" / "serve.md").read_text().replace("http://127.0.0.1:8080/v1", str(server["client"].base_url))
+    blocks = re.findall(r"```python\n(.*?)```", text, re.S)
+    assert len(blocks) >= 5
+    tok = server["app"].tokenizer
+    model, _ = serve.demo_model()
+    given = dict(client=server["client"], context_ids=tok.encode("The compiler"), continuation_ids=[300, 12],
+                 tokenizer=tok, model=model, prompt_ids=tok.encode("A sampler chain"),
+                 program=samplec.compile("sampler g(allowed: mask, seed: seed = 0, pos: int = 0) -> token { "
+                                         "allow(allowed) temperature(0.8) sample(seed, position = pos) }"),
+                 schema={"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]})
+    for block in blocks:
+        exec(compile(block, "docs/serve.md", "exec"), dict(given))
