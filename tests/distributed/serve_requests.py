@@ -24,6 +24,10 @@ REQUESTS = {
     "structured": ("chat", dict(messages=MSG, max_tokens=16, temperature=1.0, seed=6,
                                 response_format={"type": "json_schema",
                                                  "json_schema": {"name": "n", "schema": SCHEMA}})),
+    "tools": ("chat", dict(messages=MSG, max_tokens=40, temperature=1.0, seed=8, tool_choice="required",
+                           tools=[{"type": "function", "function": {"name": "count", "parameters": SCHEMA}}])),
+    "responses": ("responses", dict(instructions="Be brief.", input="Count the tokens", max_output_tokens=12,
+                                    temperature=1.0, extra_body={"seed": 9})),
 }
 STREAMED = ("sampled", "completion_n")      # sent again with stream: true
 # sent again all at once (one batch)
@@ -33,7 +37,8 @@ CONCURRENT = ("sampled", "penalties", "hot", "completion_n", "greedy", "prompts_
 def send(client, name: str, stream: bool = False) -> dict:
     """The response as a dict; a streamed one as {"texts": [...], "usage": ...}."""
     kind, kw = REQUESTS[name]
-    create = client.chat.completions.create if kind == "chat" else client.completions.create
+    create = {"chat": client.chat.completions.create, "completion": client.completions.create,
+              "responses": client.responses.create}[kind]
     if not stream:
         return create(model="demo", **kw).model_dump()
     texts: dict[int, str] = {}
@@ -48,5 +53,17 @@ def send(client, name: str, stream: bool = False) -> dict:
 
 
 def text_of(response: dict) -> list[str]:
-    """Each choice's text (non-streamed response)."""
-    return [c["message"]["content"] if "message" in c else c["text"] for c in response["choices"]]
+    """Each choice's text (non-streamed response): a chat message's content and its calls' names and arguments; a
+    Response's output text."""
+    if response.get("object") == "response":
+        return ["".join(p["text"] for o in response["output"] if o["type"] == "message" for p in o["content"])]
+    return [(c["message"]["content"] or "") + "".join(t["function"]["name"] + t["function"]["arguments"]
+                                                    for t in c["message"].get("tool_calls") or ())
+            if "message" in c else c["text"] for c in response["choices"]]
+
+
+def finishes_of(response: dict) -> list:
+    """Each choice's finish reason (a Response's status)."""
+    if response.get("object") == "response":
+        return [response["status"]]
+    return [c["finish_reason"] for c in response["choices"]]
