@@ -229,11 +229,15 @@ class Parser:
         self.context: int | None = None       # the model's context length, where known
         self.speculative = False              # the server decodes with a draft model
         self.template_args: dict = {}         # --chat-template-args: the template's arguments by default
+        # each chain's own scalar parameters that no OpenAI or vLLM field names (a llama.cpp chain's typical_p,
+        # mirostat_tau, dry_multiplier, ...): a request sets them by name, as the chain's values for its rows
+        self.own = {name: own_params(prog) for name, prog in programs.items()}
+        self.chain_fields = set().union(*self.own.values()) if self.own else set()
 
     def __call__(self, kind: str, body) -> Request:
         if not isinstance(body, dict):
             raise BadRequest("the request body must be a JSON object")
-        allowed = COMMON | (CHAT_ONLY if kind == "chat" else COMPLETION_ONLY)
+        allowed = COMMON | (CHAT_ONLY if kind == "chat" else COMPLETION_ONLY) | self.chain_fields
         for name in body:
             if name not in allowed:
                 other = "/v1/completions" if name in COMPLETION_ONLY else "/v1/chat/completions"
@@ -351,6 +355,7 @@ class Parser:
             raise BadRequest(f"samplec_sampler: no chain named {chain!r} (this server has: "
                              f"{', '.join(self.programs)})", "samplec_sampler")
         req.chain = chain or next(iter(self.programs))
+        self._own_values(body, req)
         req.grammar = self._grammar(body, req.chain, req.tools)
         req.allowed = self._allowed(body, req.chain)
         if req.logprobs and self.sharded:
@@ -715,6 +720,29 @@ class Parser:
             if v is not None:
                 raw[name] = v
         req.values = {name: FIELDS[name](raw[name]) for name in FIELDS}
+
+    def _own_values(self, body, req) -> None:
+        """The chain's own parameters the request sets (by name; checked by the parameter's own range, as a call
+        checks it), into `req.values`; one the chain requires and the request leaves out is a 400 naming it."""
+        from samplec.program import _scalar_param
+        own = self.own[req.chain]
+        for name in sorted(self.chain_fields - set(own)):
+            if name in body:
+                raise BadRequest(f"{name}: the chain '{req.chain}' has no parameter of that name (it takes "
+                                 f"{', '.join(sorted(own)) or 'none of its own'})", name)
+        for name, p in own.items():
+            v = body.get(name)
+            if v is None:
+                if p.required:
+                    raise BadRequest(f"{name} is required by the chain '{req.chain}'", name)
+                continue
+            if isinstance(v, bool) or not isinstance(v, (int, float)):
+                raise BadRequest(f"{name} must be a number, got {json.dumps(v)[:60]}", name)
+            try:
+                _scalar_param(p, v, 1)
+            except SamplecError as e:
+                raise BadRequest(f"{name}: {str(e).replace(' (row 0)', '')}", name) from None
+            req.values[name] = int(v) if p.kind == "int" else float(v)
 
     def _bias(self, body) -> dict:
         b = body.get("logit_bias")
@@ -1119,6 +1147,8 @@ class BatchSampler:
                 kw[p.name] = list(positions)
             elif p.name in FIELDS:
                 kw[p.name] = [r.values[p.name] for r in rows]
+            elif p.kind in ("float", "int"):        # (a chain's own parameter: the request's value, or its default)
+                kw[p.name] = [r.values.get(p.name, p.default) for r in rows]
         self.calls += 1
         self.widest = max(self.widest, len(rows))
         constrained = sum(r.matcher is not None for r in rows)
@@ -2435,6 +2465,13 @@ class HTTPServer(ThreadingHTTPServer):
 # ---------------------------------------------------------------------------------------------------------------
 # start-up
 
+def own_params(prog: Program) -> dict:
+    """A served chain's own scalar parameters: float and int ones that are not samplec's request fields (FIELDS),
+    an OpenAI or vLLM field, or a position."""
+    taken = set(FIELDS) | COMMON | CHAT_ONLY | COMPLETION_ONLY | VLLM_ONLY | positions_of(prog)
+    return {p.name: p for p in prog.params if p.kind in ("float", "int") and p.name not in taken}
+
+
 def positions_of(prog: Program) -> set[str]:
     """The parameters a served chain is given the position in: those a draw takes as its position, and any named
     `pos` or `position`."""
@@ -2458,7 +2495,7 @@ def load_programs(specs: list[str], top: int = TOP) -> dict[str, Program]:
         driven = positions_of(prog)
         for p in prog.params:       # (what no request fills must have a default: else every request would fail)
             filled = p.kind in ("tokens", "seed", "mask") or p.kind == "int" and p.name in driven or \
-                p.kind in ("float", "int") and p.name in FIELDS
+                p.kind in ("float", "int") and (p.name in FIELDS or p.name in own_params(prog))
             if not filled and p.required:
                 raise SamplecError(f"--sampler {spec}: no request field fills the chain's parameter '{p.name}' "
                                    f"({p.kind}) and it has no default (the fields a chain reads: "

@@ -11,8 +11,9 @@ import openai
 from samplec import serve
 
 
-def start(argv=(), model=None, tokenizer=None) -> dict:
-    """A server (`serve.serve` with `argv`, the demo model's place taken by `model` and `tokenizer` where given):
+def start(argv=(), model=None, tokenizer=None, samplers=()) -> dict:
+    """A server (`serve.serve` with `argv` and the chains `samplers` -- `--sampler` values --, the demo model's
+    place taken by `model` and `tokenizer` where given):
     {"httpd", "app", "client" (the openai client), "thread", "url"}."""
     box, ready = {}, threading.Event()
 
@@ -23,8 +24,8 @@ def start(argv=(), model=None, tokenizer=None) -> dict:
     if model is not None:
         serve.demo_model = lambda: (model, tokenizer)
     try:
-        t = threading.Thread(target=serve.serve, args=(["--host", "127.0.0.1", "--port", "0", *argv], [], True,
-                                                       on_ready), daemon=True)
+        t = threading.Thread(target=serve.serve, args=(["--host", "127.0.0.1", "--port", "0", *argv], list(samplers),
+                                                       True, on_ready), daemon=True)
         t.start()
         assert ready.wait(120), "the server did not start"
     finally:

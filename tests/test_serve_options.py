@@ -93,3 +93,39 @@ def test_reasoning_effort_reaches_the_template(server):
         assert e.value.body["param"] == "reasoning_effort"
     finally:
         app.tokenizer._tokenizer.chat_template = TEMPLATE
+
+
+def test_a_chains_own_parameters_are_request_fields(tmp_path):
+    """A served chain's own scalar parameters (llama.cpp's typical_p, top_n_sigma, repeat_penalty, penalty_last_n
+    here) are request fields of their names: a request's values give the tokens the same chain gives with those
+    values as its defaults; each is checked by the parameter's own range; another chain's is a 400."""
+    from pathlib import Path
+    root = Path(__file__).resolve().parent.parent
+    source = (root / "examples" / "llama_cpp_default.smp").read_text()
+    own = {"typical_p": 0.5, "top_n_sigma": 1.5, "repeat_penalty": 1.3, "penalty_last_n": 8}
+    fixed = source
+    for name, value in own.items():
+        before = fixed
+        fixed = __import__("re").sub(rf"({name}: (?:float|int) = )[-0-9.]+", rf"\g<1>{value}", fixed, count=1)
+        assert fixed != before, name
+    (tmp_path / "fixed.smp").write_text(fixed)
+    a = start(samplers=[str(root / "examples" / "llama_cpp_default.smp") + ":llama_cpp_default",
+                        str(root / "examples" / "llama.smp") + ":nucleus"])
+    b = start(samplers=[str(tmp_path / "fixed.smp") + ":llama_cpp_default"])
+    try:
+        def text(box, **kw):
+            r = box["client"].chat.completions.create(model="demo", messages=MSG, max_tokens=24, seed=3,
+                                                      temperature=1.0, **kw)
+            return r.choices[0].message.content
+        given = text(a, extra_body=own)
+        assert given == text(b)
+        assert given != text(a)         # (the values matter: the chain's defaults give other tokens)
+        for bad, param in (({"typical_p": -0.5}, "typical_p"), ({"penalty_last_n": 2.5}, "penalty_last_n"),
+                           ({"typical_p": "x"}, "typical_p"),
+                           ({"samplec_sampler": "nucleus", "typical_p": 0.5}, "typical_p")):
+            with pytest.raises(openai.BadRequestError) as e:
+                text(a, extra_body=bad)
+            assert e.value.body["param"] == param, (bad, e.value.body)
+    finally:
+        stop(a)
+        stop(b)
