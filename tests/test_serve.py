@@ -1756,10 +1756,14 @@ def test_start_up_errors_are_one_samplec_error(argv, message):
 
 
 def test_a_chain_with_a_parameter_no_request_fills_is_refused_at_start_up(tmp_path):
-    """A `--sampler` chain whose required parameter no request field fills (a bias, a float of another name) would
-    fail every request: the server refuses it before it listens, naming the parameter."""
+    """A `--sampler` chain whose required parameter no request field fills (a bias) would fail every request: the
+    server refuses it before it listens, naming the parameter. A required float of the chain's own is a request
+    field (each request must give it)."""
     from samplec.diagnostics import SamplecError
-    for decl, name in (("b: bias", "b"), ("t: float", "t")):
+    own = tmp_path / "own.smp"
+    own.write_text("sampler c(seed: seed, t: float) -> token { temperature(t) sample(seed) }\n")
+    assert list(serve.load_programs([str(own)])) == ["c"]
+    for decl, name in (("b: bias", "b"),):
         src = tmp_path / f"{name}.smp"
         src.write_text(f"sampler c(seed: seed, {decl}) -> token {{ temperature(0.7) sample(seed) }}\n")
         with pytest.raises(SamplecError, match=f"parameter '{name}'"):
