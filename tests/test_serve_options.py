@@ -129,3 +129,16 @@ def test_a_chains_own_parameters_are_request_fields(tmp_path):
     finally:
         stop(a)
         stop(b)
+
+
+def test_a_required_parameter_of_the_chains_own_is_required_of_each_request(tmp_path):
+    (tmp_path / "own.smp").write_text("sampler c(seed: seed, t: float) -> token { temperature(t) sample(seed) }\n")
+    box = start(samplers=[str(tmp_path / "own.smp")])
+    try:
+        c = box["client"]
+        with pytest.raises(openai.BadRequestError) as e:
+            c.chat.completions.create(model="demo", messages=MSG, max_tokens=2)
+        assert e.value.body["param"] == "t" and "required by the chain 'c'" in e.value.body["message"]
+        assert c.chat.completions.create(model="demo", messages=MSG, max_tokens=2, extra_body={"t": 0.5}).usage
+    finally:
+        stop(box)
