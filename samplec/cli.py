@@ -358,7 +358,7 @@ def serve(
                                                        help="server flags: --model, --host, --port, --max-batch, "
                                                             "--draft-model, --num-draft, --rank-timeout, "
                                                             "--chat-template, --chat-template-args, "
-                                                            "--tool-call-parser"),
+                                                            "--tool-call-parser, --responses-store"),
     sampler: Optional[List[str]] = typer.Option(None, "--sampler", help="a chain FILE.smp[:NAME] (repeatable; the "
                                                 "first is the default, a request names another with "
                                                 "\"samplec_sampler\")"),

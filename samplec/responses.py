@@ -4,15 +4,24 @@ A Responses request is read as the chat request it amounts to (`to_chat`: `instr
 `input` the messages -- a string one user message; `function_call` and `function_call_output` items an assistant's
 calls and tool messages --, `max_output_tokens`, `text.format` as `response_format`, flat function tools as chat's
 nested ones), so that every check, the sampling, the tools and the log-probabilities are the chat endpoint's; the
-answer is written back as a Response object (`response`) or as its stream of typed events (`Events`). Nothing is
-stored: `store` is accepted and answered `false`, `previous_response_id` and `conversation` are refused.
+answer is written back as a Response object (`response`) or as its stream of typed events (`Events`).
+
+OpenAI's conversation state (`Store`): a Response created with `store` (OpenAI's default) is kept in memory with the
+conversation it was generated from -- its input's messages after any previous response's, without `instructions`
+-- and its output as the assistant messages that follow (`carried`: text and calls; a reasoning item's thinking is
+not carried, as vLLM's); `previous_response_id` starts the next request's messages with them (the new request's
+instructions first, as OpenAI's: a previous response's are not carried over). The store is bounded (the least
+recently used response goes first) and shared by the server's threads. `conversation` (OpenAI's Conversations API)
+is refused.
 """
 from __future__ import annotations
 
 import json
 import re
+import threading
 import time
 import uuid
+from collections import OrderedDict
 
 # fields taken as they are by the chat request (sampling values of samplec's and vLLM's, the seed, ...)
 PASSED = {"model", "temperature", "top_p", "stream", "parallel_tool_calls", "user", "metadata", "service_tier",
@@ -35,11 +44,56 @@ NAMES = {"messages": "input", "max_completion_tokens": "max_output_tokens", "res
 
 
 class RequestError(ValueError):
-    """A Responses request at fault: the message and the field."""
+    """A Responses request at fault: the message, the field and the HTTP status (a previous response not stored: 404,
+    with OpenAI's code)."""
 
-    def __init__(self, message: str, field: str):
+    def __init__(self, message: str, field: str, status: int = 400, code: str | None = None):
         super().__init__(message)
-        self.field = field
+        self.field, self.status, self.code = field, status, code
+
+
+class Store:
+    """Stored Responses, at most `capacity` (0: none are kept), the least recently used (created, read or continued)
+    evicted first: id -> (the Response, the conversation a next response continues: its chat messages, without
+    instructions, ending with the response's output). One lock: the server answers on many threads."""
+
+    def __init__(self, capacity: int = 1000):
+        self.capacity = capacity
+        self.items: OrderedDict[str, tuple[dict, tuple]] = OrderedDict()
+        self.lock = threading.Lock()
+
+    def keep(self, answer: "Answer", response: dict) -> None:
+        """A finished Response (completed or incomplete) of a request stored (`answer.stored`)."""
+        if not answer.stored:
+            return
+        conversation = tuple(answer.conversation) + tuple(carried(response["output"]))
+        with self.lock:
+            self.items[answer.id] = (response, conversation)
+            self.items.move_to_end(answer.id)
+            while len(self.items) > self.capacity:
+                self.items.popitem(last=False)
+
+    def get(self, rid: str) -> tuple[dict, tuple] | None:
+        with self.lock:
+            item = self.items.get(rid)
+            if item is not None:
+                self.items.move_to_end(rid)
+            return item
+
+    def delete(self, rid: str) -> bool:
+        with self.lock:
+            return self.items.pop(rid, None) is not None
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+
+def carried(output: list[dict]) -> list[dict]:
+    """A Response's output as the chat messages a next request continues from: its message and function_call items
+    read as input items are (the same conversation sent whole gives the same prompt); a reasoning item is dropped,
+    as vLLM drops it (input items cannot carry one either, and chat templates leave earlier turns' thinking out)."""
+    items = [i for i in output if i["type"] in ("message", "function_call")]
+    return _messages(items, []) if items else []
 
 
 def field_name(chat_field: str | None, origins: list | None = None) -> str | None:
@@ -56,7 +110,7 @@ def field_name(chat_field: str | None, origins: list | None = None) -> str | Non
             return "input"
         where = origins[k][int(j)] if j is not None and int(j) < len(origins[k]) else origins[k][0]
         rest = {".tool_call_id": ".call_id", ".id": ".call_id"}.get(rest, rest)
-        return where + ("" if where == "instructions" else rest)
+        return where + ("" if where in ("instructions", "previous_response_id") else rest)
     m = re.match(r"(tools\[\d+\])\.function(.*)$", chat_field)
     if m:
         return m.group(1) + m.group(2)
@@ -66,18 +120,31 @@ def field_name(chat_field: str | None, origins: list | None = None) -> str | Non
     return NAMES.get(chat_field, chat_field)
 
 
-def to_chat(body, origins: list | None = None) -> dict:
+def to_chat(body, origins: list | None = None, store: Store | None = None) -> dict:
     """The chat request a Responses request amounts to (RequestError names the Responses field at fault);
-    `origins`, where given, is filled with where each chat message came from (for `field_name`)."""
+    `origins`, where given, is filled with where each chat message came from (for `field_name`). A
+    `previous_response_id` is looked up in `store`: its conversation follows the instructions, before the input."""
     if not isinstance(body, dict):
         raise RequestError("the request body must be a JSON object", None)
     for name in body:
         if name not in PASSED and name not in OWN:
             raise RequestError(f"unrecognized request argument supplied: {name}", name)
-    for name in ("previous_response_id", "conversation", "prompt"):
-        if body.get(name) is not None:
-            raise RequestError(f"{name}: not supported by samplec serve (it stores no responses and no prompts: "
-                               "send the whole conversation in input)", name)
+    if body.get("conversation") is not None:
+        raise RequestError("conversation: not supported by samplec serve (OpenAI's Conversations API: continue a "
+                           "stored response with previous_response_id, or send the whole conversation in input)",
+                           "conversation")
+    if body.get("prompt") is not None:
+        raise RequestError("prompt: not supported by samplec serve (it stores no prompts)", "prompt")
+    previous = body.get("previous_response_id")
+    history: tuple = ()
+    if previous is not None:
+        if not isinstance(previous, str):
+            raise RequestError("previous_response_id must be a string", "previous_response_id")
+        item = store.get(previous) if store is not None else None
+        if item is None:        # (OpenAI's answer: never stored, stored with store false, evicted or deleted)
+            raise RequestError(f"Previous response with id '{previous}' not found.", "previous_response_id", 404,
+                               "previous_response_not_found")
+        history = item[1]
     if body.get("background"):
         raise RequestError("background: not supported by samplec serve", "background")
     reasoning = body.get("reasoning")
@@ -109,6 +176,8 @@ def to_chat(body, origins: list | None = None) -> dict:
             raise RequestError("instructions must be a string", "instructions")
         messages.append({"role": "system", "content": instructions})
     where = [["instructions"]] if instructions is not None else []
+    messages += history
+    where += [["previous_response_id"] for _ in history]
     messages += _messages(body.get("input"), where)
     if origins is not None:
         origins[:] = where
@@ -242,10 +311,14 @@ def _id(prefix: str) -> str:
 class Answer:
     """One Response being written: its request, its id and the fields every event repeats. `named`: a function
     named by tool_choice is called (its arguments stream, and a call cut short is `incomplete`); `auto`: calls are
-    read out of the model's text (blank text around them is no message)."""
+    read out of the model's text (blank text around them is no message). `stored`: kept once finished (`store`
+    not false, and a store that keeps any); `conversation`: the chat messages it is generated from, without the
+    instructions (what a next response continues, before this one's output)."""
 
-    def __init__(self, body: dict, chat: dict, model: str):
+    def __init__(self, body: dict, chat: dict, model: str, store: Store | None = None):
         self.body, self.chat = body, chat
+        self.stored = body.get("store") is not False and store is not None and store.capacity > 0
+        self.conversation = chat["messages"][1:] if body.get("instructions") is not None else chat["messages"]
         self.id, self.created = _id("resp"), int(time.time())
         self.model = model
         self.message_id, self.reasoning_id = _id("msg"), _id("rs")
@@ -266,11 +339,12 @@ class Answer:
             "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
             "instructions": b.get("instructions"), "max_output_tokens": b.get("max_output_tokens"),
             "max_tool_calls": None, "model": self.model, "output": output,
-            "parallel_tool_calls": b.get("parallel_tool_calls", True), "previous_response_id": None,
+            "parallel_tool_calls": b.get("parallel_tool_calls", True),
+            "previous_response_id": b.get("previous_response_id"),
             "reasoning": {"effort": (b.get("reasoning") or {}).get("effort"),
                           "summary": (b.get("reasoning") or {}).get("summary")},
             "service_tier": b.get("service_tier") or "default",
-            "store": False, "temperature": b.get("temperature", 1.0),
+            "store": self.stored, "temperature": b.get("temperature", 1.0),
             "text": {"format": text.get("format") or {"type": "text"}, "verbosity": text.get("verbosity", "medium")},
             "tool_choice": b.get("tool_choice", "auto"), "tools": b.get("tools") or [],
             "top_logprobs": b.get("top_logprobs", 0), "top_p": b.get("top_p", 1.0), "truncation": "disabled",

@@ -1979,12 +1979,17 @@ def _joined(a: dict, b: dict) -> dict:
 # ---------------------------------------------------------------------------------------------------------------
 # HTTP
 
+# stored Responses kept by default (--responses-store): each holds its Response and its conversation's messages
+RESPONSES_STORE = 1000
+
+
 class Server:
     """The model, its tokenizer, the engine and the request parser: what each handler thread reads."""
 
     def __init__(self, model, tokenizer, programs, model_id: str, max_batch: int = 32, draft=None,
-                 num_draft: int = 4, rank_timeout: float | None = None):
+                 num_draft: int = 4, rank_timeout: float | None = None, responses_store: int = RESPONSES_STORE):
         self.model_id = model_id
+        self.responses = responses.Store(responses_store)     # (stored Responses: previous_response_id, GET)
         self.created = int(time.time())
         self.tokenizer = tokenizer
         shard = getattr(model, "samplec_vocab", None)       # an LM head split over ranks (shard_lm_head)
@@ -2107,7 +2112,42 @@ class Handler(BaseHTTPRequestHandler):
             return self._error(BadRequest(f"model '{name}' is not served here", "model", 404, "model_not_found"))
         if path in ("/health", "/v1/health"):
             return self._send(200, {"status": "ok", "active_rows": self.app.engine.active})
+        rid = self._response_id(path)
+        if rid is not None:         # (OpenAI's retrieve: a stored Response)
+            item = self.app.responses.get(rid)
+            if item is None:
+                return self._error(self._no_response(rid))
+            return self._send(200, item[0])
         return self._error(BadRequest(f"no such endpoint: GET {path}", None, 404))
+
+    def do_DELETE(self):
+        """OpenAI's delete of a stored Response: `{"id", "object": "response.deleted", "deleted": true}`."""
+        path = self.path.split("?")[0].rstrip("/")
+        if self.headers.get("Content-Length") or self.headers.get("Transfer-Encoding"):
+            try:
+                self._read_body()       # (a body is not read, but taken off the connection)
+            except (BadRequest, OSError) as e:
+                self.close_connection = True
+                return self._error(e if isinstance(e, BadRequest) else BadRequest("the request body did not "
+                                                                                  "arrive in time", None, 408))
+        rid = self._response_id(path)
+        if rid is None:
+            return self._error(BadRequest(f"no such endpoint: DELETE {path}", None, 404))
+        if not self.app.responses.delete(rid):
+            return self._error(self._no_response(rid))
+        return self._send(200, {"id": rid, "object": "response.deleted", "deleted": True})
+
+    @staticmethod
+    def _response_id(path: str) -> str | None:
+        """The id of `/v1/responses/{id}` (also without `/v1`)."""
+        for head in ("/v1/responses/", "/responses/"):
+            if path.startswith(head) and "/" not in path[len(head):] and path[len(head):]:
+                return path[len(head):]
+        return None
+
+    @staticmethod
+    def _no_response(rid: str) -> BadRequest:
+        return BadRequest(f"Response with id '{rid}' not found.", None, 404, "not_found")
 
     def _read_body(self) -> bytes:
         """The request body: Content-Length bytes, or the chunks of `Transfer-Encoding: chunked` (HTTP/1.1)."""
@@ -2181,12 +2221,12 @@ class Handler(BaseHTTPRequestHandler):
             if kind == "responses":     # (the chat request it amounts to; errors name the Responses fields)
                 origins = []
                 try:
-                    chat = responses.to_chat(body, origins)
-                    answer = responses.Answer(body, chat, self.app.model_id)
+                    chat = responses.to_chat(body, origins, self.app.responses)
+                    answer = responses.Answer(body, chat, self.app.model_id, self.app.responses)
                     answer.origins = origins
                     req = self.app.parse("chat", chat)
                 except responses.RequestError as e:
-                    raise BadRequest(str(e), e.field) from None
+                    raise BadRequest(str(e), e.field, e.status, e.code) from None
                 except BadRequest as e:
                     name = responses.field_name(e.param, origins)
                     if name != e.param:
@@ -2424,7 +2464,9 @@ class Handler(BaseHTTPRequestHandler):
         entries = fmt.chat_entries(r, 0, fmt.kept(r, len(r.text), False), req.top_logprobs, req.token_ids) \
             if req.logprobs else None
         usage = answer.usage(len(req.prompts[0]), r.delivered)
-        self._send(200, responses.response(answer, message, finish, entries, usage))
+        resp = responses.response(answer, message, finish, entries, usage)
+        self.app.responses.keep(answer, resp)      # (before it is sent: a client may continue it at once)
+        self._send(200, resp)
 
     def _respond_stream(self, job: Job, answer):
         req, fmt = job.req, self.app.format
@@ -2445,7 +2487,9 @@ class Handler(BaseHTTPRequestHandler):
             send(events.delta(reply.delta(delta, final), entries))
             if final:
                 finish = reply.finish_reason(r.finish)
-                send(events.finish(finish, answer.usage(len(req.prompts[0]), r.delivered), req.logprobs))
+                closing = events.finish(finish, answer.usage(len(req.prompts[0]), r.delivered), req.logprobs)
+                self.app.responses.keep(answer, closing[-1]["response"])   # (complete or incomplete; before sent)
+                send(closing)
 
 
 def _fingerprint() -> str:
@@ -2533,6 +2577,9 @@ def parse_args(argv: list[str]):
     p.add_argument("--tool-call-parser", default=None,
                    help="mlx-lm's tool parser for tool_choice auto (a module of mlx_lm.tool_parsers), over the "
                         "one mlx-lm reads off the chat template")
+    p.add_argument("--responses-store", type=int, default=RESPONSES_STORE,
+                   help="stored Responses kept in memory (previous_response_id, GET /v1/responses/ID), the least "
+                        "recently used evicted first; 0 stores none")
     p.add_argument("--log-level", default="WARNING")
     return p.parse_args(argv)
 
@@ -2545,6 +2592,9 @@ def serve(argv: list[str], samplers: list[str], demo: bool, ready=None):
         raise SamplecError(f"--port {args.port}: a port number lies in 0..65535")
     if not 1 <= args.max_batch <= 1024:
         raise SamplecError(f"--max-batch {args.max_batch}: must lie in 1..1024")
+    if args.responses_store < 0:
+        raise SamplecError(f"--responses-store {args.responses_store}: a count of responses, 0 or more (0: none "
+                           "stored)")
     if not demo and not args.model:
         raise SamplecError("samplec serve needs --model PATH (or --demo for the built-in random model)")
     num_draft = 4
@@ -2612,7 +2662,8 @@ def serve(argv: list[str], samplers: list[str], demo: bool, ready=None):
             s = model.samplec_vocab
             logging.info("samplec serve: rank %d of %d holds token ids [%d, %d) of the LM head", group.rank(),
                          group.size(), s.start, s.start + s.size)
-        app = Server(model, tokenizer, programs, model_id, args.max_batch, draft, num_draft, args.rank_timeout)
+        app = Server(model, tokenizer, programs, model_id, args.max_batch, draft, num_draft, args.rank_timeout,
+                     args.responses_store)
         app.parse.template_args = template_args
         if ranks and threading.current_thread() is threading.main_thread():
             # (mlx.launch ends the other ranks with SIGTERM once one exits: rank 0 still answers its requests)

@@ -7,6 +7,7 @@ naming the Responses field."""
 from __future__ import annotations
 
 import json
+import urllib.error
 import urllib.request
 
 import pytest
@@ -152,7 +153,8 @@ def test_text_is_the_chat_endpoints(server):
             ("max_output_tokens" if finish == "length" else None)
         assert (r.usage.input_tokens, r.usage.output_tokens, r.usage.total_tokens) == \
             (ch.usage.prompt_tokens, ch.usage.completion_tokens, ch.usage.total_tokens)
-        assert r.store is False and r.max_output_tokens == n and r.instructions == "Be brief."
+        assert r.max_output_tokens == n and r.instructions == "Be brief."
+        assert r.store is True and c.responses.retrieve(r.id).to_dict() == r.to_dict()      # (kept: OpenAI's default)
     assert respond(c, seed=2, extra={"stop": STOP}, max_output_tokens=40).status == "completed"
     # a list of message items (developer: a system message) is the same conversation
     items = [{"role": "developer", "content": "Be brief."},
@@ -374,7 +376,7 @@ def test_function_call_items_reach_the_prompt(server):
     ({"include": ["message.output_text.logprobs", 3]}, "include"),
     ({"include": ["message.output_text.logprobs"], "top_logprobs": 50}, "top_logprobs"),
     ({"top_logprobs": -1}, "top_logprobs"),
-    ({"previous_response_id": "resp_1"}, "previous_response_id"),
+    ({"previous_response_id": 1}, "previous_response_id"),
     ({"conversation": "conv_1"}, "conversation"),
     ({"background": True}, "background"),
     ({"reasoning": {"effort": "extreme"}}, "reasoning.effort"),
@@ -397,13 +399,228 @@ def test_bad_requests_are_400s_naming_the_responses_field(server, body, param):
     assert e.value.body["type"] == "invalid_request_error"
 
 
-def test_store_is_accepted_and_nothing_stored(server):
-    """store: true is accepted and answered store: false; no response can be retrieved."""
-    c = server["client"]
-    r = respond(c, max_output_tokens=3, store=True)
-    assert r.store is False and r.status == "incomplete"
+# -- conversation state: stored Responses, previous_response_id, retrieve and delete
+
+LOGPROBS = ["message.output_text.logprobs"]
+
+
+def said(r) -> dict:
+    """What a turn said and cost: its text, calls, status, prompt size and log-probabilities."""
+    part = [p for o in r.output if o.type == "message" for p in o.content]
+    return {"text": r.output_text, "calls": calls_of(r), "status": r.status, "input": r.usage.input_tokens,
+            "logprobs": [(t.token, t.logprob, [(a.token, a.logprob) for a in t.top_logprobs])
+                         for p in part for t in p.logprobs or ()]}
+
+
+def turn(c, x, seed, previous=None, y=None, **kw):
+    """One turn, continued from `previous` where given (logprobs included, a few tokens)."""
+    kw = {"max_output_tokens": 8, "include": LOGPROBS, "top_logprobs": 2, **kw}
+    if y is not None:
+        kw["instructions"] = y
+    if previous is not None:
+        kw["previous_response_id"] = previous
+    return c.responses.create(model="demo", input=x, extra_body={"seed": seed}, **kw)
+
+
+def whole(c, items, seed, y=None, **kw):
+    """The same turn with the whole conversation sent as input items (and not stored)."""
+    return turn(c, items, seed, y=y, store=False, **kw)
+
+
+def http(server, method: str, path: str, body: dict | None = None) -> tuple[int, dict]:
+    """A request as the server answers it (status, JSON), errors included."""
+    req = urllib.request.Request(server["url"] + path, json.dumps(body).encode() if body is not None else None,
+                                 {"Content-Type": "application/json"}, method=method)
+    try:
+        with urllib.request.urlopen(req, timeout=120) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def gone(c, rid: str):
+    """A response not stored: retrieve is a 404, and continuing it a 404 naming previous_response_id."""
     with pytest.raises(openai.NotFoundError):
-        c.responses.retrieve(r.id)
+        c.responses.retrieve(rid)
+    with pytest.raises(openai.NotFoundError) as e:
+        turn(c, "Go on.", 0, previous=rid)
+    assert e.value.status_code == 404 and e.value.body["param"] == "previous_response_id"
+    assert rid in e.value.body["message"]
+
+
+def test_previous_response_id_is_the_whole_conversation(server):
+    """Turns chained with previous_response_id are the same turns sent whole (input items, the earlier answers as
+    assistant messages), and chat's messages: the same text, prompt size and log-probabilities, three turns on."""
+    c = server["client"]
+    r1 = turn(c, "Tell me about Paris.", 0, y="Be brief.")
+    assert r1.store is True and r1.previous_response_id is None
+    r2 = turn(c, "And Rome?", 1, previous=r1.id, y="Be brief.")
+    items = [{"role": "user", "content": "Tell me about Paris."}, {"role": "assistant", "content": r1.output_text},
+             {"role": "user", "content": "And Rome?"}]
+    w2 = whole(c, items, 1, y="Be brief.")
+    assert said(r2) == said(w2) and r2.previous_response_id == r1.id
+    assert said(r2)["input"] > said(turn(c, "And Rome?", 1, y="Be brief."))["input"]     # (the history is there)
+    r3 = turn(c, "And Berlin?", 2, previous=r2.id, y="Be brief.")
+    items += [{"role": "assistant", "content": r2.output_text}, {"role": "user", "content": "And Berlin?"}]
+    assert said(r3) == said(whole(c, items, 2, y="Be brief."))
+    ch = c.chat.completions.create(model="demo", messages=[{"role": "system", "content": "Be brief."}, *items],
+                                   seed=2, max_completion_tokens=8, logprobs=True, top_logprobs=2)
+    assert (r3.output_text, r3.usage.input_tokens) == (ch.choices[0].message.content, ch.usage.prompt_tokens)
+    assert said(r3)["logprobs"] == [(t.token, t.logprob, [(a.token, a.logprob) for a in t.top_logprobs])
+                                    for t in ch.choices[0].logprobs.content]
+    # a list of items continued the same: a developer message in the input is the conversation's, carried on
+    r4 = turn(c, [{"role": "developer", "content": "Use French."}, {"role": "user", "content": "Lyon?"}], 3,
+              previous=r3.id)
+    items += [{"role": "assistant", "content": r3.output_text}, {"role": "developer", "content": "Use French."},
+              {"role": "user", "content": "Lyon?"}]
+    r5 = turn(c, "Nice?", 4, previous=r4.id)
+    items += [{"role": "assistant", "content": r4.output_text}, {"role": "user", "content": "Nice?"}]
+    assert said(r5) == said(whole(c, items, 4))
+
+
+def test_instructions_are_not_carried_over(server):
+    """As OpenAI's: a previous response's instructions do not reach the next prompt; the new request's are a system
+    message first, before the stored conversation."""
+    c = server["client"]
+    r1 = turn(c, "Tell me about Paris.", 0, y="Be brief.")
+    items = [{"role": "user", "content": "Tell me about Paris."}, {"role": "assistant", "content": r1.output_text},
+             {"role": "user", "content": "And Rome?"}]
+    bare = turn(c, "And Rome?", 5, previous=r1.id)
+    assert said(bare) == said(whole(c, items, 5)) and bare.instructions is None
+    assert said(bare)["input"] != said(whole(c, items, 5, y="Be brief."))["input"]
+    other = turn(c, "And Rome?", 5, previous=r1.id, y="Answer in one word.")
+    assert said(other) == said(whole(c, items, 5, y="Answer in one word."))
+
+
+def test_function_calls_are_carried(server):
+    """A turn's function_call items are the conversation's: the next turn gives only a function_call_output naming
+    the call_id, and the prompt is the one with the call and its output sent whole (and chat's)."""
+    c = server["client"]
+    name = {"type": "function", "name": "get_weather"}
+    for seed in range(6):
+        r1 = turn(c, "What is the weather in Paris?", seed, y="Be brief.", tools=FLAT, tool_choice=name,
+                  max_output_tokens=300, include=[], top_logprobs=None)
+        if r1.status == "completed":
+            break
+    (call,) = [o for o in r1.output if o.type == "function_call"]
+    out = {"type": "function_call_output", "call_id": call.call_id, "output": "sunny, 21 C"}
+    r2 = turn(c, [out], 3, previous=r1.id, y="Be brief.", tools=FLAT, tool_choice="none")
+    items = [{"role": "user", "content": "What is the weather in Paris?"},
+             {"type": "function_call", "call_id": call.call_id, "name": call.name, "arguments": call.arguments}, out]
+    assert said(r2) == said(whole(c, items, 3, y="Be brief.", tools=FLAT, tool_choice="none"))
+    ch = c.chat.completions.create(model="demo", seed=3, max_completion_tokens=8, tools=TOOLS, tool_choice="none",
+                                   messages=[{"role": "system", "content": "Be brief."}, items[0],
+                                             {"role": "assistant", "content": None, "tool_calls": [
+                                                 {"id": call.call_id, "type": "function",
+                                                  "function": {"name": call.name, "arguments": call.arguments}}]},
+                                             {"role": "tool", "tool_call_id": call.call_id, "content": out["output"]}])
+    assert (r2.output_text, r2.usage.input_tokens) == (ch.choices[0].message.content, ch.usage.prompt_tokens)
+
+
+def test_retrieve_and_delete(server):
+    """GET /v1/responses/{id} is the stored Response as it was answered (streamed: the closing event's); DELETE
+    removes it (OpenAI's `response.deleted` answer), after which it cannot be read, continued or deleted again."""
+    c = server["client"]
+    r = turn(c, "Tell me about Paris.", 0, y="Be brief.")
+    got = c.responses.retrieve(r.id)
+    assert got.to_dict() == r.to_dict() and got.store is True
+    status, body = http(server, "GET", f"/responses/{r.id}")
+    assert status == 200 and Response.model_validate(body).to_dict() == r.to_dict()
+    for n, extra in ((60, {"stop": STOP}), (6, None)):      # (completed and incomplete streams both kept)
+        events = raw(server, {"input": "Hi", "max_output_tokens": n, "seed": 3, "stream": True, **(extra or {})})
+        last = events[-1]["response"]
+        assert events[0]["response"]["store"] is True and last["status"] in ("completed", "incomplete")
+        assert c.responses.retrieve(last["id"]).to_dict() == Response.model_validate(last).to_dict()
+        nxt = turn(c, "Go on.", 4, previous=last["id"])
+        text = "".join(e["delta"] for e in events if e["type"] == "response.output_text.delta")
+        items = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": text},
+                 {"role": "user", "content": "Go on."}]
+        assert said(nxt) == said(whole(c, items, 4))
+    status, body = http(server, "DELETE", f"/responses/{r.id}")
+    assert status == 200 and body == {"id": r.id, "object": "response.deleted", "deleted": True}
+    gone(c, r.id)
+    status, body = http(server, "DELETE", f"/responses/{r.id}")
+    assert status == 404 and r.id in body["error"]["message"]
+    c.responses.delete(last["id"])          # (the client's own delete)
+    gone(c, last["id"])
+
+
+def test_store_false_is_not_kept(server):
+    """store: false is answered store: false and kept nowhere: retrieve and previous_response_id are 404s, as for
+    an id never given, streamed or not."""
+    c = server["client"]
+    r = turn(c, "Tell me about Paris.", 0, store=False)
+    assert r.store is False
+    gone(c, r.id)
+    gone(c, "resp_" + "0" * 32)
+    events = raw(server, {"input": "Hi", "max_output_tokens": 6, "seed": 3, "stream": True, "store": False})
+    assert events[-1]["response"]["store"] is False
+    gone(c, events[-1]["response"]["id"])
+
+
+def test_a_bounded_store_evicts_the_least_recently_used():
+    """--responses-store 2: a third response evicts the least recently used one -- a response read or continued is
+    used -- and what is left continues as the whole conversation does; --responses-store 0 keeps nothing (store
+    answered false); a negative count is refused."""
+    box = start(["--responses-store", "2"])
+    try:
+        c = box["client"]
+        a, b = turn(c, "One.", 0), turn(c, "Two.", 1)
+        c.responses.retrieve(a.id)                  # (a used: b is now the least recently used)
+        d = turn(c, "Three.", 2)
+        gone(c, b.id)
+        assert c.responses.retrieve(a.id).to_dict() == a.to_dict()
+        e = turn(c, "Four.", 3, previous=d.id)      # (d continued, then e stored: a goes)
+        gone(c, a.id)
+        items = [{"role": "user", "content": "Three."}, {"role": "assistant", "content": d.output_text},
+                 {"role": "user", "content": "Four."}]
+        assert said(e) == said(whole(c, items, 3))
+        assert len(box["app"].responses) == 2
+        assert c.responses.retrieve(d.id).to_dict() == d.to_dict()
+    finally:
+        stop(box)
+    box = start(["--responses-store", "0"])
+    try:
+        c = box["client"]
+        r = turn(c, "One.", 0, store=True)
+        assert r.store is False and len(box["app"].responses) == 0
+        gone(c, r.id)
+    finally:
+        stop(box)
+    with pytest.raises(serve.SamplecError, match="--responses-store"):
+        serve.serve(["--responses-store", "-1"], [], True)
+
+
+def test_concurrent_conversations_stay_their_own(server):
+    """Several threads each chaining their own conversation (store and continue at once): every turn is its
+    conversation sent whole."""
+    import threading
+    c = server["client"]
+    runs, errors = {}, []
+
+    def run(k):
+        try:
+            previous, said_turns = None, []
+            for t in range(3):
+                r = turn(c, f"Conversation {k}, turn {t}.", 10 * k + t, previous=previous)
+                said_turns.append(r)
+                previous = r.id
+            runs[k] = said_turns
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+    threads = [threading.Thread(target=run, args=(k,)) for k in range(5)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    assert not errors, errors
+    for k, turns in runs.items():
+        items = []
+        for t, r in enumerate(turns):
+            items.append({"role": "user", "content": f"Conversation {k}, turn {t}."})
+            assert said(r) == said(whole(c, items, 10 * k + t))
+            items.append({"role": "assistant", "content": r.output_text})
+    assert len(runs) == 5
 
 
 # -- auto: a model scripted to write calls in its tokenizer's format
