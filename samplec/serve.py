@@ -231,7 +231,7 @@ class Parser:
         self.template_args: dict = {}         # --chat-template-args: the template's arguments by default
         # each chain's own scalar parameters that no OpenAI or vLLM field names (a llama.cpp chain's typical_p,
         # mirostat_tau, dry_multiplier, ...): a request sets them by name, as the chain's values for its rows
-        self.own = {name: own_params(prog) for name, prog in programs.items()}
+        self.own = {name: own_params(prog) for name, prog in programs.items() if prog is not None}
         self.chain_fields = set().union(*self.own.values()) if self.own else set()
 
     def __call__(self, kind: str, body) -> Request:
@@ -725,7 +725,7 @@ class Parser:
         """The chain's own parameters the request sets (by name; checked by the parameter's own range, as a call
         checks it), into `req.values`; one the chain requires and the request leaves out is a 400 naming it."""
         from samplec.program import _scalar_param
-        own = self.own[req.chain]
+        own = self.own.get(req.chain, {})
         for name in sorted(self.chain_fields - set(own)):
             if name in body:
                 raise BadRequest(f"{name}: the chain '{req.chain}' has no parameter of that name (it takes "
