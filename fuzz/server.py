@@ -1,6 +1,6 @@
 """Fuzz `samplec serve` (the demo model, in this process, on a loopback port): malformed JSON, wrong types, absurd
-max_tokens / top_logprobs, bad sampling values, unknown chains, clients that hang up mid-stream, and bursts of
-concurrent requests. A 4xx answer naming the problem is 'rejected'; a 5xx, a dead server or a refused connection
+max_tokens / top_logprobs, bad sampling values, unknown chains, tools and tool choices, the Responses API's fields,
+clients that hang up mid-stream, and bursts of concurrent requests on the three endpoints. A 4xx answer naming the problem is 'rejected'; a 5xx, a dead server or a refused connection
 is a 'traceback'; over the limit is a 'hang'; 'silent' is a 200 to a bad request, or a seeded control request
 whose text changes while the others run."""
 from __future__ import annotations
@@ -51,8 +51,66 @@ BAD = [("temperature", -1), ("temperature", "hot"), ("top_p", 3), ("top_p", "hig
        ("samplec_sampler", 3), ("stream", "maybe"), ("prompt", 12), ("prompt", ""), ("messages", [])]
 
 
+TOOL = {"type": "function", "function": {"name": "count", "parameters": {
+    "type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}}}
+# chat's tools and the fields beside them: (field, value) good and bad
+CHAT_GOOD = [("tools", [TOOL]), ("tool_choice", "none"), ("tool_choice", "required"),
+             ("tool_choice", {"type": "function", "function": {"name": "count"}}), ("parallel_tool_calls", False),
+             ("include_reasoning", False), ("reasoning_effort", "low"), ("bad_words", ["the", " a"]),
+             ("echo", True), ("prompt_logprobs", 2), ("logprobs", True)]
+CHAT_BAD = [("tools", {"count": 1}), ("tools", [{"type": "function", "function": {}}]), ("tools", [TOOL, TOOL]),
+            ("tool_choice", "sometimes"), ("tool_choice", {"type": "function", "function": {"name": "nope"}}),
+            ("parallel_tool_calls", "yes"), ("include_reasoning", 1), ("reasoning_effort", "max"),
+            ("bad_words", [3]), ("prompt_logprobs", 99), ("messages", [{"role": "tool", "content": 5}]),
+            ("messages", [{"role": "assistant", "content": None, "tool_calls": [{"function": {"name": "x"}}]}])]
+# the Responses API's fields
+RESP_GOOD = [("instructions", "Be brief."), ("text", {"format": {"type": "json_object"}}),
+             ("tools", [{"type": "function", "name": "count", "parameters": TOOL["function"]["parameters"]}]),
+             ("include", ["message.output_text.logprobs"]), ("top_logprobs", 3), ("store", False),
+             ("reasoning", {"effort": "low"}), ("temperature", 0.5),
+             ("input", [{"role": "user", "content": [{"type": "input_text", "text": "hi"}]},
+                        {"type": "function_call", "call_id": "c", "name": "count", "arguments": "{}"},
+                        {"type": "function_call_output", "call_id": "c", "output": "3"}])]
+RESP_BAD = [("input", 5), ("input", []), ("input", [{"type": "image"}]), ("max_output_tokens", 0),
+            ("text", {"format": {"type": "xml"}}), ("tools", [{"type": "web_search"}]), ("include", ["nope"]),
+            ("previous_response_id", "resp_never"), ("n", 2), ("messages", []), ("truncation", "auto"),
+            ("tool_choice", {"type": "function"}), ("top_logprobs", 30), ("conversation", "c")]
+
+
 def case(rng: random.Random):
-    """(body, expect): expect 'bad' (4xx) or 'good' (200)."""
+    """(path, body, expect): expect 'bad' (4xx) or 'good' (200)."""
+    r = rng.random()
+    if r < 0.3:         # (chat, with tools and the fields beside them)
+        body = dict(messages=[{"role": "user", "content": rng.choice(["Count", "hi"])}], max_tokens=rng.randint(1, 24),
+                    seed=rng.randrange(2**32), temperature=rng.choice([0.0, 0.7, 1.2]))
+        body.update(rng.sample(CHAT_GOOD, rng.randint(0, 3)))
+        if body.get("tool_choice") not in (None, "none") and "tools" not in body:
+            body["tools"] = [TOOL]
+        if "tools" in body and "tool_choice" not in body:       # (auto needs a tool-call format: the demo's has none)
+            body["tool_choice"] = rng.choice(["none", "required"])
+        if body.get("tool_choice") not in (None, "none"):       # (bans could leave a forced call's grammar no token)
+            body.pop("bad_words", None)
+        return ("/v1/chat/completions", *_spoiled(body, CHAT_BAD, rng))
+    if r < 0.45:        # (the Responses API)
+        body = dict(input=rng.choice(["Count", "hi"]), max_output_tokens=rng.randint(1, 24),
+                    seed=rng.randrange(2**32), stream=rng.random() < 0.3)
+        body.update(rng.sample(RESP_GOOD, rng.randint(0, 3)))
+        if "tools" in body:         # (a forced call: auto needs a tool-call format; one constraint a request)
+            body["tool_choice"] = "required"
+            body.pop("text", None)
+        return ("/v1/responses", *_spoiled(body, RESP_BAD, rng))
+    return "/v1/completions", *_completion(rng)
+
+
+def _spoiled(body: dict, bad: list, rng: random.Random):
+    """(body, expect): half the time one of `bad`'s fields set over it."""
+    if rng.random() < 0.5:
+        name, value = rng.choice(bad)
+        return {**body, name: value}, "bad"
+    return body, "good"
+
+
+def _completion(rng: random.Random):
     r = rng.random()
     if r < 0.15:
         return rng.choice([b"{", b"[]", b"null", b'{"prompt": "x", "max_tokens": NaN', b"\xff\xfe",
@@ -81,7 +139,8 @@ def fuzz(seconds: float, seed: int = 0) -> Counts:
     counts = Counts("server")
     httpd, thread = start()
     host, port = httpd.server_address[:2]
-    url = f"http://{host}:{port}/v1/completions"
+    base = f"http://{host}:{port}"
+    url = base + "/v1/completions"
     want = json.loads(post(url, CONTROL)[1])["choices"][0]["text"]
     deadline = Deadline(seconds)
     try:
@@ -90,8 +149,8 @@ def fuzz(seconds: float, seed: int = 0) -> Counts:
                 if rng.random() < 0.1:
                     hang_up(host, port, rng)
                 batch = [case(rng) for _ in range(rng.randint(1, 12))]
-                results = list(pool.map(lambda be: _one(url, be[0]), batch))
-                for (body, expect), (status, text) in zip(batch, results):
+                results = list(pool.map(lambda c: _one(base + c[0], c[1]), batch))
+                for (_, body, expect), (status, text) in zip(batch, results):
                     if status is None:
                         kind, what = ("hang" if "timed out" in text else "traceback"), text
                     elif status >= 500:
