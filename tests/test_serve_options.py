@@ -72,8 +72,6 @@ def test_bad_options_are_clear_errors(argv, message):
 def test_reasoning_effort_reaches_the_template(server):
     """Chat's reasoning_effort and the Responses API's reasoning.effort are the template's `reasoning_effort` (as
     vLLM passes it: a template that reads it decides what it means); chat_template_kwargs' own wins."""
-    import json
-    import urllib.request
     tok, c, app = server["app"].tokenizer, server["client"], server["app"]
     app.tokenizer._tokenizer.chat_template = "{{ reasoning_effort or 'unset' }}|" + TEMPLATE
     try:
