@@ -245,10 +245,7 @@ class Parser:
                     " (a field of vLLM's that samplec serve does not support)" if name in VLLM_ONLY else ""
                 raise BadRequest(f"unrecognized request argument supplied: {name}{hint}", name)
         req = Request(kind=kind, prompts=[])
-        model = body.get("model")
-        if model is not None and model != self.model_id:
-            raise BadRequest(f"model: '{model}' is not served here (this server serves '{self.model_id}')",
-                             "model", 404, "model_not_found")
+        self._served(body)
         req.model = self.model_id
         self._refusals(kind, body)
         if kind == "chat":
@@ -373,16 +370,20 @@ class Parser:
         req.body = body
         return req
 
+    def _served(self, body) -> None:
+        """A `model` other than the served one is a 404 naming it."""
+        model = body.get("model")
+        if model is not None and model != self.model_id:
+            raise BadRequest(f"model: '{model}' is not served here (this server serves '{self.model_id}')",
+                             "model", 404, "model_not_found")
+
     def tokenize(self, body) -> dict:
         """vLLM's /tokenize: a prompt's tokens as the completions endpoint reads it (`prompt`; `add_special_tokens`,
         default true: the tokenizer's beginning-of-sequence) or a conversation's as the chat endpoint does
         (`messages`, its template's fields, `tools`); `return_token_strs`: each token's string too."""
         if not isinstance(body, dict):
             raise BadRequest("the request body must be a JSON object")
-        model = body.get("model")
-        if model is not None and model != self.model_id:
-            raise BadRequest(f"model: '{model}' is not served here (this server serves '{self.model_id}')",
-                             "model", 404, "model_not_found")
+        self._served(body)
         chat = "messages" in body
         known = {"model", "add_special_tokens", "return_token_strs"} | (
             {"messages", "add_generation_prompt", "continue_final_message", "chat_template_kwargs", "tools",
